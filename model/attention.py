@@ -1,0 +1,197 @@
+"""Multi-head attention (Vaswani et al. 2017, section 3.2.2) in NumPy.
+
+Parameters carry PyTorch's `nn.MultiheadAttention` state-dict names and layouts, so one set of
+tensors loads into both (`load_state_dict` / `state_dict`), and options mean what they mean there.
+Inputs are batch-first: [batch, time, features]; an unbatched [time, features] input also works.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import masks as M
+from .functional import AttentionStages, attention_stages, linear
+
+
+class MultiHeadAttention:
+    """h heads of scaled dot-product attention, each on its own d_head = embed_dim / h slice.
+
+    Every head projects queries, keys and values into a small subspace, attends there, and the
+    heads' outputs are concatenated and mixed by out_proj. Options, as in PyTorch:
+      bias           biases on the q/k/v and output projections
+      add_bias_kv    a learned key and value appended to every sequence (a "sink" to attend to)
+      add_zero_attn  an all-zero key and value appended after that
+      kdim, vdim     feature sizes of key/value inputs when they differ from embed_dim (cross-attention)
+      dropout        on the attention weights in training; identity here (inference only)
+    and two of ours: temperature (divides the scaled scores) and causal (a look-ahead mask).
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
+                 vdim: int | None = None, temperature: float = 1.0, causal: bool = False,
+                 seed: int = 0):
+        if embed_dim <= 0 or num_heads <= 0:
+            raise ValueError(f"embed_dim and num_heads must be positive; got {embed_dim} and {num_heads}")
+        if embed_dim % num_heads:
+            raise ValueError(f"num_heads must divide embed_dim: {embed_dim} is not divisible by {num_heads}; "
+                             f"pick num_heads from {[h for h in range(1, embed_dim + 1) if embed_dim % h == 0][:12]}...")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1); got {dropout}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0; got {temperature}")
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
+        self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
+        self.same_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self.dropout, self.bias, self.temperature, self.causal = dropout, bias, temperature, causal
+        self.add_bias_kv, self.add_zero_attn = add_bias_kv, add_zero_attn
+        self.params = self._init_params(np.random.default_rng(seed))
+
+    # ---- parameters -------------------------------------------------------------------------
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        E = self.embed_dim
+        shapes = ({"in_proj_weight": (3 * E, E)} if self.same_dim else
+                  {"q_proj_weight": (E, E), "k_proj_weight": (E, self.kdim), "v_proj_weight": (E, self.vdim)})
+        if self.bias:
+            shapes["in_proj_bias"] = (3 * E,)
+        if self.add_bias_kv:
+            shapes |= {"bias_k": (1, 1, E), "bias_v": (1, 1, E)}
+        shapes["out_proj.weight"] = (E, E)
+        if self.bias:
+            shapes["out_proj.bias"] = (E,)
+        return shapes
+
+    def _init_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Xavier-uniform projections and zero biases, as PyTorch initialises them."""
+        params = {}
+        for name, shape in self.param_shapes().items():
+            if name.endswith("bias") and name != "bias_k" and name != "bias_v":
+                params[name] = np.zeros(shape, np.float32)
+            else:
+                fan_out, fan_in = shape[-2], shape[-1]
+                limit = np.sqrt(6.0 / (fan_in + fan_out))
+                params[name] = rng.uniform(-limit, limit, shape).astype(np.float32)
+        return params
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {k: v.copy() for k, v in self.params.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load tensors named and shaped as `nn.MultiheadAttention.state_dict()` (arrays or tensors)."""
+        expected = self.param_shapes()
+        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise KeyError(f"state dict does not match this MultiHeadAttention(embed_dim={self.embed_dim}, "
+                           f"kdim={self.kdim}, vdim={self.vdim}, bias={self.bias}, add_bias_kv={self.add_bias_kv}): "
+                           f"missing {missing}, unexpected {unexpected}")
+        loaded = {}
+        for name, shape in expected.items():
+            value = np.asarray(state[name].detach().cpu().numpy() if hasattr(state[name], "detach") else state[name],
+                               dtype=np.float32)
+            if value.shape != shape:
+                raise ValueError(f"{name} has shape {value.shape}; this module needs {shape}")
+            loaded[name] = value.copy()
+        self.params = loaded
+
+    def _projection(self, which: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Weight [E, in] and bias [E] of the q (0), k (1) or v (2) projection."""
+        E, p = self.embed_dim, self.params
+        w = p["in_proj_weight"][which * E:(which + 1) * E] if self.same_dim else p[("q", "k", "v")[which] + "_proj_weight"]
+        b = p["in_proj_bias"][which * E:(which + 1) * E] if self.bias else None
+        return w, b
+
+    # ---- forward ----------------------------------------------------------------------------
+    def __call__(self, query, key=None, value=None, key_padding_mask=None, attn_mask=None,
+                 need_weights: bool = True, average_attn_weights: bool = True, causal: bool | None = None,
+                 return_stages: bool = False):
+        """Attend from query [B, Tq, E] to key [B, S, kdim] / value [B, S, vdim] (self-attention if omitted).
+
+        key_padding_mask: [B, S], True (or additive -inf) on keys to ignore.
+        attn_mask: [Tq, S], [B*num_heads, Tq, S] (PyTorch's forms) or [B|1, H|1, Tq, S]; boolean
+                   True = masked out, or an additive float mask.
+        Returns (output [B, Tq, E], weights [B, Tq, S'] averaged over heads, [B, H, Tq, S'] per head,
+        or None), S' counting any bias_kv / zero_attn keys; with return_stages, also the stages.
+        """
+        query = np.asarray(query, np.float32)
+        key = query if key is None else np.asarray(key, np.float32)
+        value = key if value is None else np.asarray(value, np.float32)
+        unbatched = query.ndim == 2
+        if unbatched:
+            query, key, value = query[None], key[None], value[None]
+            key_padding_mask = None if key_padding_mask is None else np.asarray(key_padding_mask)[None]
+        self._check_inputs(query, key, value)
+        B, Tq, E = query.shape
+        S, H, dh = key.shape[1], self.num_heads, self.head_dim
+
+        q = linear(query, *self._projection(0))                           # [B, Tq, E]
+        k = linear(key, *self._projection(1))                             # [B, S, E]
+        v = linear(value, *self._projection(2))                           # [B, S, E]
+
+        mask = self._mask(attn_mask, key_padding_mask, causal, B, Tq, S)  # [B|1, H|1, Tq, S] or None
+        if self.add_bias_kv:                                              # one learned extra key/value
+            k = np.concatenate([k, np.broadcast_to(self.params["bias_k"], (B, 1, E))], axis=1)
+            v = np.concatenate([v, np.broadcast_to(self.params["bias_v"], (B, 1, E))], axis=1)
+            mask = _pad_keys(mask)
+        q, k, v = (x.reshape(B, -1, H, dh).transpose(0, 2, 1, 3) for x in (q, k, v))  # [B, H, T, dh]
+        if self.add_zero_attn:                                            # one all-zero extra key/value
+            zeros = np.zeros((B, H, 1, dh), np.float32)
+            k, v = np.concatenate([k, zeros], axis=2), np.concatenate([v, zeros], axis=2)
+            mask = _pad_keys(mask)
+
+        stages = attention_stages(q, k, mask, self.temperature)           # each [B, H, Tq, S']
+        out = (stages.probs @ v).transpose(0, 2, 1, 3).reshape(B, Tq, E)  # heads concatenated
+        out = linear(out, self.params["out_proj.weight"], self.params.get("out_proj.bias"))
+
+        weights = None
+        if need_weights:
+            weights = stages.probs.mean(axis=1) if average_attn_weights else stages.probs
+        if unbatched:
+            out = out[0]
+            weights = None if weights is None else weights[0]
+        if return_stages:
+            return out, weights, AttentionStages(*(s[0] if unbatched else s for s in stages)), (q, k, v)
+        return out, weights
+
+    def _check_inputs(self, query, key, value):
+        if query.ndim != 3 or key.ndim != 3 or value.ndim != 3:
+            raise ValueError(f"query, key and value must all be [batch, time, features] (or all unbatched "
+                             f"[time, features]); got shapes {query.shape}, {key.shape}, {value.shape}")
+        if query.shape[-1] != self.embed_dim:
+            raise ValueError(f"query has {query.shape[-1]} features; this module's embed_dim is {self.embed_dim}")
+        if key.shape[-1] != self.kdim:
+            raise ValueError(f"key has {key.shape[-1]} features but kdim is {self.kdim}; "
+                             f"construct with kdim={key.shape[-1]} for cross-attention")
+        if value.shape[-1] != self.vdim:
+            raise ValueError(f"value has {value.shape[-1]} features but vdim is {self.vdim}; "
+                             f"construct with vdim={value.shape[-1]}")
+        if key.shape[:2] != value.shape[:2] or query.shape[0] != key.shape[0]:
+            raise ValueError(f"query {query.shape}, key {key.shape} and value {value.shape} must share the batch "
+                             f"size, and key and value the sequence length")
+
+    def _mask(self, attn_mask, key_padding_mask, causal, B, Tq, S):
+        """All masks as one additive [B|1, H|1, Tq, S] array (or None)."""
+        H = self.num_heads
+        parts = []
+        if attn_mask is not None:
+            m = np.asarray(attn_mask)
+            if m.ndim == 2 and m.shape == (Tq, S):
+                m = m[None, None]
+            elif m.ndim == 3 and m.shape == (B * H, Tq, S):
+                m = m.reshape(B, H, Tq, S)
+            elif not (m.ndim == 4 and m.shape[2:] == (Tq, S) and m.shape[0] in (1, B) and m.shape[1] in (1, H)):
+                raise ValueError(f"attn_mask has shape {m.shape}; expected (Tq, S) = {(Tq, S)}, "
+                                 f"(batch*num_heads, Tq, S) = {(B * H, Tq, S)}, or (B|1, H|1, Tq, S)")
+            parts.append(M.to_additive(m))
+        if key_padding_mask is not None:
+            kpm = np.asarray(key_padding_mask)
+            if kpm.shape != (B, S):
+                raise ValueError(f"key_padding_mask has shape {kpm.shape}; expected (batch, keys) = {(B, S)}")
+            parts.append(M.to_additive(kpm)[:, None, None, :])
+        if self.causal if causal is None else causal:
+            parts.append(M.causal_mask(Tq, S)[None, None])
+        return M.combine(*parts)
+
+
+def _pad_keys(mask: np.ndarray | None) -> np.ndarray | None:
+    """Let every query see one more key (appended last): a zero column on an additive mask."""
+    if mask is None:
+        return None
+    return np.concatenate([mask, np.zeros(mask.shape[:-1] + (1,), np.float32)], axis=-1)

@@ -1,0 +1,50 @@
+"""Attention masks, all turned into one additive float mask.
+
+An additive mask holds 0 where a query may look at a key and MASKED (a huge negative number) where
+it may not; it is added to the scaled scores before the softmax, so masked keys get weight exactly 0.
+MASKED is float32's lowest finite value rather than -inf, as Hugging Face does: a query whose every
+key is masked then spreads evenly instead of producing NaN, and sums of masks clip instead of
+overflowing. Boolean masks follow PyTorch's convention: True means *masked out*.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+MASKED = np.float32(np.finfo(np.float32).min)
+
+
+def causal_mask(t_query: int, t_key: int | None = None) -> np.ndarray:
+    """Look-ahead mask [Tq, Tk]: query i may see keys 0..i, never a later one (the future)."""
+    t_key = t_query if t_key is None else t_key
+    future = np.triu(np.ones((t_query, t_key), dtype=bool), k=1)
+    return to_additive(future)
+
+
+def padding_mask(keep: np.ndarray) -> np.ndarray:
+    """From a [B, S] keep-mask (1 = real token, 0 = padding) to an additive [B, 1, 1, S] mask on keys."""
+    keep = np.asarray(keep)
+    if keep.ndim != 2:
+        raise ValueError(f"padding keep-mask must be [batch, keys]; got shape {keep.shape}")
+    return to_additive(keep == 0)[:, None, None, :]
+
+
+def to_additive(mask: np.ndarray) -> np.ndarray:
+    """Boolean (True = masked out) to additive float32; float masks pass through as float32."""
+    mask = np.asarray(mask)
+    if mask.dtype == bool:
+        return np.where(mask, MASKED, np.float32(0.0)).astype(np.float32)
+    if not np.issubdtype(mask.dtype, np.floating):
+        raise TypeError(f"a mask must be boolean (True = masked out) or additive float; got dtype {mask.dtype}")
+    return mask.astype(np.float32, copy=False)
+
+
+def combine(*masks: np.ndarray | None) -> np.ndarray | None:
+    """Sum any number of masks (boolean or additive, broadcastable) into one additive mask."""
+    masks = [to_additive(m) for m in masks if m is not None]
+    if not masks:
+        return None
+    out = masks[0]
+    with np.errstate(over="ignore"):
+        for m in masks[1:]:
+            out = out + m
+    return np.maximum(out, MASKED)
