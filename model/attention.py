@@ -176,9 +176,9 @@ class MultiHeadAttention:
                 m = m[None, None]
             elif m.ndim == 3 and m.shape == (B * H, Tq, S):
                 m = m.reshape(B, H, Tq, S)
-            elif not (m.ndim == 4 and m.shape[2:] == (Tq, S) and m.shape[0] in (1, B) and m.shape[1] in (1, H)):
+            elif not (m.ndim == 4 and m.shape[3] == S and m.shape[2] in (1, Tq) and m.shape[0] in (1, B) and m.shape[1] in (1, H)):
                 raise ValueError(f"attn_mask has shape {m.shape}; expected (Tq, S) = {(Tq, S)}, "
-                                 f"(batch*num_heads, Tq, S) = {(B * H, Tq, S)}, or (B|1, H|1, Tq, S)")
+                                 f"(batch*num_heads, Tq, S) = {(B * H, Tq, S)}, or (B|1, H|1, Tq|1, S)")
             parts.append(M.to_additive(m))
         if key_padding_mask is not None:
             kpm = np.asarray(key_padding_mask)

@@ -1,0 +1,224 @@
+"""Text in, attention out: tokenizer, masks, onnxruntime sessions (or the NumPy reference), trimming.
+
+    rt = Runtime(zoo.get("minilm"))
+    [res] = rt.run(["The cat sat on the mat."])
+    res.tokens, res.attentions  # [L, H, T, T], rows sum to 1
+
+The ONNX graph is built from the NumPy model on first use and cached on disk under a key made of
+the weights and the exporter's source, so a change to either rebuilds it.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Sequence
+
+import numpy as np
+
+from . import export as _export
+from . import masks as M
+from . import transformer as _transformer
+from .weights import state_dict
+from .zoo import ModelSpec
+
+Engine = Literal["onnx", "numpy"]
+
+
+def cache_dir() -> Path:
+    """Where exported graphs live: $ATTNSCOPE_CACHE, else ~/.cache/attnscope."""
+    return Path(os.environ.get("ATTNSCOPE_CACHE") or Path.home() / ".cache" / "attnscope")
+
+
+def default_providers() -> list[str]:
+    """CUDA first where onnxruntime-gpu and a GPU are present, the CPU always."""
+    import onnxruntime as ort
+    available = ort.get_available_providers()
+    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+
+
+@dataclass
+class Encoding:
+    """One tokenised text (or sentence pair), unpadded."""
+    ids: list[int]
+    type_ids: list[int]
+    tokens: list[str]
+    offsets: list[tuple[int, int]]   # character span in its own text (the pair's second text for segment 1)
+    special: list[bool]              # [CLS], [SEP] and the like
+    segments: list[int]              # 0 first text, 1 second text, -1 special token
+    truncated: bool
+
+
+@dataclass
+class AttentionResult:
+    """Everything the model computed for one text, trimmed to its own tokens."""
+    model: str
+    engine: Engine
+    provider: str
+    causal: bool
+    encoding: Encoding
+    attentions: np.ndarray               # [L, H, T, T] probabilities, query x key
+    hidden: np.ndarray                   # [T, D] final hidden states
+    mask: np.ndarray                     # [T, T] the additive mask the model saw (0 or masks.MASKED)
+    masked_keys: list[int] = field(default_factory=list)
+    stages: dict[str, np.ndarray] | None = None  # q, k [L, H, T, dh]; scores, scaled, masked [L, H, T, T]
+    seconds: float = 0.0
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.encoding.tokens
+
+
+class Runtime:
+    """One model, its tokenizer, and its onnxruntime sessions (built lazily, shared across threads)."""
+
+    def __init__(self, spec: ModelSpec, providers: Sequence[str] | None = None, threads: int = 0):
+        self.spec = spec
+        self.model = spec.build()
+        self.tokenizer = spec.tokenizer()
+        self.tokenizer.enable_truncation(spec.max_tokens, strategy="longest_first")
+        self.providers = list(providers) if providers else default_providers()
+        self.threads = threads
+        self._sessions: dict[bool, object] = {}
+        self._lock = threading.Lock()
+        self._key: str | None = None
+
+    @property
+    def cfg(self):
+        return self.model.cfg
+
+    # ---- tokenising -------------------------------------------------------------------------
+    def encode(self, text: str, pair: str | None = None) -> Encoding:
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("text is empty: give at least one non-blank character")
+        if pair is not None and not self.spec.pair:
+            raise ValueError(f"model {self.spec.id!r} takes a single text, not a sentence pair")
+        if pair is not None and not pair.strip():
+            raise ValueError("text_pair is blank: leave it out or give at least one non-blank character")
+        enc = self.tokenizer.encode(text, pair)
+        return Encoding(enc.ids, enc.type_ids, enc.tokens, [tuple(o) for o in enc.offsets],
+                        [bool(s) for s in enc.special_tokens_mask],
+                        [-1 if s is None else s for s in enc.sequence_ids], bool(enc.overflowing))
+
+    # ---- masks ------------------------------------------------------------------------------
+    def build_mask(self, lengths: Sequence[int], causal: bool,
+                   masked_keys: Sequence[Sequence[int]] | None = None) -> np.ndarray:
+        """One additive mask [B, 1, T, T]: padding + (causal) + user-masked keys.
+
+        A masked key is hidden from every query but itself, so each query keeps at least one key
+        (the causal first token would otherwise have none and its row would be undefined).
+        """
+        B, T = len(lengths), max(lengths)
+        keep = np.arange(T)[None, :] < np.asarray(lengths)[:, None]                 # [B, T]
+        hidden = np.zeros((B, 1, T, T), bool)
+        for b, keys in enumerate(masked_keys or ()):
+            for j in keys or ():
+                if not 0 <= j < lengths[b]:
+                    raise ValueError(f"mask_tokens index {j} is out of range: this text has {lengths[b]} tokens "
+                                     f"(0..{lengths[b] - 1})")
+                hidden[b, 0, :, j] = True
+        hidden &= ~np.eye(T, dtype=bool)
+        mask = M.combine(M.padding_mask(keep), M.causal_mask(T)[None, None] if causal else None, hidden)
+        return np.ascontiguousarray(np.broadcast_to(mask, (B, 1, T, T)))
+
+    # ---- running ----------------------------------------------------------------------------
+    def run(self, texts: str | Sequence[str], pairs: Sequence[str | None] | None = None, *,
+            causal: bool | None = None, masked_keys: Sequence[Sequence[int]] | None = None,
+            engine: Engine = "onnx", stages: bool = False) -> list[AttentionResult]:
+        """Run a batch of texts (padded together) and return one trimmed result per text."""
+        t0 = time.perf_counter()
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts:
+            raise ValueError("no texts given")
+        pairs = list(pairs) if pairs is not None else [None] * len(texts)
+        if len(pairs) != len(texts):
+            raise ValueError(f"{len(pairs)} pairs for {len(texts)} texts: give one pair (or None) per text")
+        if engine not in ("onnx", "numpy"):
+            raise ValueError(f"engine must be 'onnx' or 'numpy'; got {engine!r}")
+        causal = self.cfg.causal if causal is None else bool(causal)
+        encs = [self.encode(t, p) for t, p in zip(texts, pairs)]
+        lengths = [len(e.ids) for e in encs]
+        B, T = len(encs), max(lengths)
+        ids, types = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)
+        for b, e in enumerate(encs):
+            ids[b, :lengths[b]], types[b, :lengths[b]] = e.ids, e.type_ids
+        mask = self.build_mask(lengths, causal, masked_keys)
+
+        if engine == "numpy":
+            out = self.model(ids, types if self.model.wtt is not None else None, mask, stages=stages)
+            hidden, attn, st, provider = out.hidden, out.attentions, out.stages, "numpy"
+        else:
+            sess = self.session(stages)
+            feeds = {"input_ids": ids, "attention_mask": mask}
+            if self.model.wtt is not None:
+                feeds["token_type_ids"] = types
+            names = ["hidden", "attentions"] + (list(_transformer.STAGES) if stages else [])
+            outs = dict(zip(names, sess.run(names, feeds)))
+            hidden, attn, provider = outs.pop("hidden"), outs.pop("attentions"), sess.get_providers()[0]
+            st = outs if stages else None
+        seconds = time.perf_counter() - t0
+
+        results = []
+        for b, (e, n) in enumerate(zip(encs, lengths)):
+            s = None
+            if st is not None:
+                s = {k: np.ascontiguousarray(v[:, b, :, :n, :] if k in ("q", "k") else v[:, b, :, :n, :n])
+                     for k, v in st.items()}
+            results.append(AttentionResult(
+                self.spec.id, engine, provider, causal, e, np.ascontiguousarray(attn[:, b, :, :n, :n]),
+                np.ascontiguousarray(hidden[b, :n]), mask[b, 0, :n, :n].copy(),
+                sorted(set(masked_keys[b])) if masked_keys and masked_keys[b] else [], s, seconds))
+        return results
+
+    # ---- ONNX -------------------------------------------------------------------------------
+    def cache_key(self) -> str:
+        """Hash of the weights and of the exporter's source: either changing rebuilds the graph."""
+        if self._key is None:
+            h = hashlib.sha256()
+            for mod in (_export, _transformer):
+                h.update(Path(mod.__file__).read_bytes())
+            h.update(repr(self.cfg).encode())
+            for name, value in sorted(state_dict(self.model).items()):
+                h.update(name.encode())
+                h.update(np.ascontiguousarray(value).tobytes())
+            self._key = h.hexdigest()[:16]
+        return self._key
+
+    def onnx_path(self, stages: bool = False) -> Path:
+        """The exported graph, building it (with a progress bar) if it is not cached yet."""
+        path = cache_dir() / f"{self.spec.id}{'-stages' if stages else ''}-{self.cache_key()}.onnx"
+        if not path.is_file():
+            print(f"attnscope: exporting {self.spec.id} to {path}", file=sys.stderr)
+            _export.export(self.model, path, stages=stages, desc=self.spec.id)
+        return path
+
+    def session(self, stages: bool = False):
+        """The onnxruntime session (with or without teaching outputs); a corrupt cached file is rebuilt."""
+        with self._lock:
+            if stages not in self._sessions:
+                path = self.onnx_path(stages)
+                try:
+                    self._sessions[stages] = self._open(path)
+                except Exception as e:  # noqa: BLE001 - onnxruntime raises its own error types
+                    print(f"attnscope: cached graph {path.name} is unreadable ({type(e).__name__}); rebuilding",
+                          file=sys.stderr)
+                    path.unlink(missing_ok=True)
+                    self._sessions[stages] = self._open(self.onnx_path(stages))
+            return self._sessions[stages]
+
+    def _open(self, path: Path):
+        import onnxruntime as ort
+        available = ort.get_available_providers()
+        unknown = [p for p in self.providers if p not in available]
+        if unknown:
+            raise ValueError(f"execution provider(s) {unknown} are not available in this onnxruntime; "
+                             f"available: {available}")
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads = self.threads
+        so.log_severity_level = 3
+        return ort.InferenceSession(str(path), so, providers=self.providers)

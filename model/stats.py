@@ -1,0 +1,83 @@
+"""Numbers derived from attention probabilities: entropy, per-head summaries, rollout, downsampling.
+
+All functions take probabilities p [..., Tq, Tk] whose rows sum to 1 and broadcast over leading axes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .masks import MASKED
+
+HEAD_STATS = ("mean_entropy", "first_token_mass", "last_token_mass", "diagonal_mass", "previous_token_mass",
+              "mean_distance")
+
+
+def entropy(p: np.ndarray) -> np.ndarray:
+    """Shannon entropy of each row in nats, -sum p log p (0 log 0 = 0). [..., Tq]"""
+    p = np.asarray(p, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return -np.where(p > 0, p * np.log(p), 0.0).sum(axis=-1)
+
+
+def visible_keys(mask: np.ndarray) -> np.ndarray:
+    """How many keys each query may see, from an additive mask [..., Tq, Tk]. [..., Tq]"""
+    return (np.asarray(mask) > MASKED / 2).sum(axis=-1)
+
+
+def normalized_entropy(p: np.ndarray, n_visible: np.ndarray) -> np.ndarray:
+    """Entropy / log(visible keys): 0 = all weight on one key, 1 = spread evenly. 0 when one key is visible."""
+    n = np.asarray(n_visible, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(n > 1, entropy(p) / np.log(np.maximum(n, 2)), 0.0)
+
+
+def row_stats(p: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+    """Per query row: entropy (nats), normalised entropy, max weight. Each [..., Tq]."""
+    return {"entropy": entropy(p), "normalized_entropy": normalized_entropy(p, visible_keys(mask)),
+            "max_weight": np.asarray(p).max(axis=-1).astype(np.float64)}
+
+
+def head_stats(p: np.ndarray) -> dict[str, np.ndarray]:
+    """Per head [...]: the means over query rows of what each head is known for.
+
+    first/last token mass: weight on key 0 ([CLS]) and key T-1 ([SEP] for BERT);
+    diagonal / previous-token mass: weight on key i / i-1 from query i (previous averages over i >= 1);
+    mean distance: sum_j p_ij |i - j|, in tokens.
+    """
+    p = np.asarray(p, np.float64)
+    T = p.shape[-1]
+    idx = np.arange(T)
+    diag = p[..., idx, idx]
+    prev = p[..., idx[1:], idx[:-1]].mean(axis=-1) if T > 1 else np.zeros(p.shape[:-2])
+    dist = (p * np.abs(idx[:, None] - idx[None, :])).sum(axis=-1)
+    return {"mean_entropy": entropy(p).mean(axis=-1), "first_token_mass": p[..., :, 0].mean(axis=-1),
+            "last_token_mass": p[..., :, -1].mean(axis=-1), "diagonal_mass": diag.mean(axis=-1),
+            "previous_token_mass": prev, "mean_distance": dist.mean(axis=-1)}
+
+
+def rollout(attentions: np.ndarray, residual: float = 0.5) -> np.ndarray:
+    """Attention rollout (Abnar & Zuidema 2020) over layers of [L, H, T, T]: how much each token's
+    final representation draws on each input token, counting the residual path as identity. [T, T]"""
+    A = np.asarray(attentions, np.float64).mean(axis=1)                   # [L, T, T], heads averaged
+    A = residual * np.eye(A.shape[-1]) + (1 - residual) * A
+    out = np.eye(A.shape[-1])
+    for layer in A:
+        out = layer @ out
+    return out / out.sum(axis=-1, keepdims=True)
+
+
+def downsample(p: np.ndarray, size: int) -> np.ndarray:
+    """Block-average the last two axes to at most size x size (for overview thumbnails).
+
+    Blocks split T as evenly as possible, so each output cell is the mean weight of its block.
+    """
+    T_q, T_k = p.shape[-2], p.shape[-1]
+    if size <= 0:
+        raise ValueError(f"resolution must be positive; got {size}")
+    if T_q <= size and T_k <= size:
+        return np.asarray(p)
+    p = np.asarray(p, np.float64)
+    rq = np.linspace(0, T_q, min(size, T_q) + 1).astype(int)
+    rk = np.linspace(0, T_k, min(size, T_k) + 1).astype(int)
+    sums = np.add.reduceat(np.add.reduceat(p, rq[:-1], axis=-2), rk[:-1], axis=-1)
+    return sums / (np.diff(rq)[:, None] * np.diff(rk)[None, :])
