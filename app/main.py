@@ -1,0 +1,49 @@
+"""The FastAPI application: `uvicorn app.main:app` or `attnscope serve`."""
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.middleware.gzip import GZipMiddleware
+from fastapi.staticfiles import StaticFiles
+
+from . import __version__, errors, pages, routes
+from .middleware import BodyLimit, SecurityHeaders
+from .service import AttentionService
+from .settings import Settings, get_settings
+
+DESCRIPTION = """
+Attention matrices, entropy and the steps of scaled dot-product attention for real transformer models,
+computed by onnxruntime from graphs exported from a NumPy reference implementation.
+
+Every answer is a pure function of the request: results are cached and carry an ETag.
+Large tensors can be fetched in a compact binary form (`Accept: application/vnd.attnscope.tensors`).
+"""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.service.load()
+        yield
+
+    app = FastAPI(title="attnscope", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app.state.settings = settings
+    app.state.service = AttentionService(settings)
+    errors.install(app)
+    app.include_router(routes.router)
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(directory=pages.ROOT / "static"), name="static")
+    app.add_middleware(GZipMiddleware, minimum_size=1000)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Content-Type", "Accept", "If-None-Match"])
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
+app = create_app()

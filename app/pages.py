@@ -1,0 +1,30 @@
+"""The page routes: one Jinja2 template, the static files, and plotly.js from the installed package."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import plotly
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse
+from fastapi.templating import Jinja2Templates
+
+from .deps import get_service
+
+ROOT = Path(__file__).resolve().parents[1]
+PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+templates = Jinja2Templates(directory=ROOT / "templates")
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/")
+def index(request: Request):
+    svc = get_service(request)
+    return templates.TemplateResponse(request, "index.html", {"models": svc.models(),
+                                                              "default_model": svc.settings.default_model,
+                                                              "settings": svc.settings})
+
+
+@router.get("/vendor/plotly.min.js")
+def plotly_js():
+    return FileResponse(PLOTLY_JS, media_type="application/javascript",
+                        headers={"Cache-Control": "public, max-age=86400"})

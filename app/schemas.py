@@ -1,0 +1,140 @@
+"""Every request and response body of the REST API, in one place (the OpenAPI at /docs comes from here)."""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from model.stats import HEAD_STATS
+
+
+def _json_int(v):
+    """JSON integers only: no true/false, no "3" strings (pydantic's lax mode would take both)."""
+    if isinstance(v, (bool, str)):
+        raise ValueError("must be a JSON integer")
+    return v
+
+
+def _json_bool(v):
+    if not isinstance(v, bool):
+        raise ValueError("must be true or false")
+    return v
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_int)]
+JsonBool = Annotated[bool, BeforeValidator(_json_bool)]
+Index = Annotated[JsonInt, Field(ge=0, le=4095)]
+Matrix = list[list[float]]
+
+EXAMPLE_TEXT = "The animal didn't cross the street because it was too tired."
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelInfo(BaseModel):
+    id: str = Field(description="model id to pass as `model`", examples=["minilm"])
+    title: str
+    description: str
+    kind: Literal["encoder", "decoder"] = Field(description="decoders are causal: each token sees only the past")
+    layers: int
+    heads: int
+    d_model: int
+    d_head: int
+    max_tokens: int = Field(description="longer inputs are truncated to this many tokens (and flagged)")
+    pair: bool = Field(description="accepts `text_pair` (sentence pairs with segment embeddings)")
+    provider: str = Field(description="onnxruntime execution provider in use", examples=["CPUExecutionProvider"])
+
+
+class RunOptions(Strict):
+    """What to run: shared by /api/attention and /api/stages."""
+    model: str = Field("minilm", description="a model id from GET /api/models", examples=["minilm"])
+    text: str = Field(description="the text to analyse (the first sentence of a pair)", examples=[EXAMPLE_TEXT])
+    text_pair: str | None = Field(None, description="optional second sentence (encoder models only)")
+    causal: JsonBool | None = Field(None, description="apply the look-ahead mask: each query sees only earlier keys. "
+                                    "Default: the model's own (true for decoders, false for encoders)")
+    mask_tokens: list[Index] = Field(default_factory=list, description="token indices to hide as keys from every "
+                                     "other query before re-running the model (each token still sees itself)")
+    engine: Literal["onnx", "numpy"] = Field("onnx", description="onnx: the served graph; numpy: the reference")
+
+
+class AttentionRequest(RunOptions):
+    layers: list[Index] | None = Field(None, description="layers to return (0-based); all when omitted",
+                                       examples=[[0, 5]])
+    heads: list[Index] | None = Field(None, description="heads to return (0-based); all when omitted")
+    include: list[Literal["attention", "entropy", "summary", "rollout"]] = Field(
+        default=["attention", "entropy", "summary"],
+        description="parts of the answer to compute: leave out `attention` for summaries without matrices")
+    resolution: Annotated[JsonInt, Field(ge=1, le=512)] | None = Field(
+        None, description="block-average each matrix to at most resolution x resolution (overview thumbnails); "
+        "`blocks` then gives each cell's token range")
+    precision: Annotated[JsonInt, Field(ge=1, le=8)] | None = Field(
+        None, description="round JSON numbers to this many decimals (smaller answers); full float32 when omitted")
+    dtype: Literal["float32", "float16"] = Field("float32", description="tensor dtype of the binary form")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "minilm", "text": EXAMPLE_TEXT, "layers": [4], "heads": [3]}]})
+
+
+class StagesRequest(RunOptions):
+    layer: Index = Field(description="0-based layer")
+    head: Index = Field(description="0-based head")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "tiny-gpt", "text": "The cat sat on the mat", "layer": 0, "head": 1}]})
+
+
+class Tokens(BaseModel):
+    model: str
+    engine: Literal["onnx", "numpy"]
+    provider: str = Field(description="execution provider that ran the model (`numpy` for the reference)")
+    causal: bool
+    truncated: bool = Field(description="the input was longer than max_tokens and was cut")
+    tokens: list[str]
+    offsets: list[list[int]] = Field(description="[start, end) character span of each token in its own text")
+    special: list[bool] = Field(description="true for [CLS], [SEP] and other special tokens")
+    segments: list[int] = Field(description="0: text, 1: text_pair, -1: special token")
+    masked_tokens: list[int] = Field(description="token indices hidden as keys")
+    timing_ms: dict[str, float] = Field(description="model: forward pass; total: request handling")
+
+
+class AttentionResponse(Tokens):
+    layers: list[int] = Field(description="the layers in `attention`, in order")
+    heads: list[int] = Field(description="the heads in `attention`, in order")
+    attention: list[list[Matrix]] | None = Field(
+        None, description="[layer][head][query][key] probabilities; rows sum to 1 (block means if `resolution`)")
+    blocks: list[list[int]] | None = Field(
+        None, description="with `resolution`: [start, end) token range of each row/column block")
+    entropy: list[list[list[float]]] | None = Field(None, description="[layer][head][query] in nats, -sum p log p")
+    normalized_entropy: list[list[list[float]]] | None = Field(
+        None, description="[layer][head][query] entropy / log(visible keys): 0 focused, 1 uniform")
+    max_weight: list[list[list[float]]] | None = Field(None, description="[layer][head][query] largest weight")
+    summary: dict[str, list[list[float]]] | None = Field(
+        None, description=f"per-head statistics [layer][head]: {', '.join(HEAD_STATS)}")
+    rollout: Matrix | None = Field(None, description="attention rollout over all layers [query][key]")
+
+
+class StagesResponse(Tokens):
+    layer: int
+    head: int
+    d_head: int
+    scale: float = Field(description="1 / (sqrt(d_head) * temperature), the factor applied to the raw scores")
+    q: Matrix = Field(description="queries [token][d_head]")
+    k: Matrix = Field(description="keys [token][d_head]")
+    scores: Matrix = Field(description="q . k^T [query][key]")
+    scaled: Matrix = Field(description="scores * scale")
+    mask: Matrix = Field(description="additive mask: 0 visible, -3.4e38 (float32 min, i.e. minus infinity) hidden")
+    masked: Matrix = Field(description="scaled + mask")
+    probs: Matrix = Field(description="softmax of each masked row: the attention weights")
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    models: dict[str, str] = Field(description="loaded model id -> execution provider")
+    version: str
+
+
+class Error(BaseModel):
+    detail: str = Field(description="what went wrong and what to change")
+    errors: list[dict] | None = Field(None, description="per-field validation errors, when there are several")

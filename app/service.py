@@ -1,0 +1,245 @@
+"""The attention service: loaded runtimes, a result cache, bounded concurrency, and answer payloads.
+
+Routes call this; it calls model.runtime and model.stats. Results are a pure function of
+(model, input, options), so they are cached by content hash and carry an ETag derived from the request.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sys
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import anyio
+import numpy as np
+import orjson
+
+from model import stats, zoo
+from model.runtime import AttentionResult, Runtime
+
+from . import __version__
+from .errors import ApiError
+from .schemas import AttentionRequest, ModelInfo, RunOptions, StagesRequest
+from .settings import Settings
+
+
+@dataclass
+class Computed:
+    """A model run plus the per-row and per-head numbers derived from it (for every layer and head)."""
+    result: AttentionResult
+    rows: dict[str, np.ndarray]      # entropy, normalized_entropy, max_weight: [L, H, T]
+    heads: dict[str, np.ndarray]     # HEAD_STATS: [L, H]
+
+    @classmethod
+    def of(cls, result: AttentionResult) -> "Computed":
+        return cls(result, stats.row_stats(result.attentions, result.mask), stats.head_stats(result.attentions))
+
+    @property
+    def nbytes(self) -> int:
+        r = self.result
+        arrays = [r.attentions, r.hidden, r.mask, *self.rows.values(), *(r.stages or {}).values()]
+        return sum(a.nbytes for a in arrays)
+
+
+class ResultCache:
+    """Least-recently-used, bounded by bytes; thread-safe."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.bytes = max_bytes, 0
+        self._items: OrderedDict[str, Computed] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Computed | None:
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+            return item
+
+    def put(self, key: str, item: Computed) -> None:
+        size = item.nbytes
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = item
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, old = self._items.popitem(last=False)
+                self.bytes -= old.nbytes
+
+
+class AttentionService:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.runtimes: dict[str, Runtime] = {}
+        self.cache = ResultCache(settings.cache_mb * 2**20)
+        self._slots: asyncio.Semaphore | None = None
+        self._waiting = 0
+        self._pending: dict[str, asyncio.Future] = {}
+
+    # ---- start-up ---------------------------------------------------------------------------
+    def load(self) -> None:
+        """Build every configured model and open its session (exporting the graph on first start)."""
+        for model_id in self.settings.models:
+            spec = zoo.get(model_id)
+            rt = Runtime(spec, providers=self.settings.providers or None, threads=self.settings.threads)
+            rt.session(stages=False)
+            self.runtimes[model_id] = rt
+            print(f"attnscope: {model_id} ready on {rt.session().get_providers()[0]}", file=sys.stderr)
+
+    def runtime(self, model_id: str) -> Runtime:
+        rt = self.runtimes.get(model_id)
+        if rt is None:
+            raise ApiError(404, f"unknown model {model_id!r}; available: {', '.join(self.runtimes)}")
+        return rt
+
+    def models(self) -> list[ModelInfo]:
+        return [ModelInfo(id=i, title=rt.spec.title, description=rt.spec.description, kind=rt.spec.kind,
+                          layers=rt.cfg.n_layers, heads=rt.cfg.n_heads, d_model=rt.cfg.d_model,
+                          d_head=rt.cfg.d_head, max_tokens=rt.spec.max_tokens, pair=rt.spec.pair,
+                          provider=rt.session().get_providers()[0])
+                for i, rt in self.runtimes.items()]
+
+    # ---- running ----------------------------------------------------------------------------
+    def key(self, opts: RunOptions, stages: bool) -> str:
+        """Content hash of everything that determines a model run (and of the model's weights and graph)."""
+        rt = self.runtime(opts.model)
+        material = [opts.model, rt.cache_key(), opts.engine, opts.text, opts.text_pair, opts.causal,
+                    sorted(set(opts.mask_tokens)), stages]
+        return hashlib.sha256(orjson.dumps(material)).hexdigest()[:32]
+
+    def check(self, opts: RunOptions) -> Runtime:
+        rt = self.runtime(opts.model)
+        chars = len(opts.text) + len(opts.text_pair or "")
+        if chars > self.settings.max_chars:
+            raise ApiError(413, f"text is {chars} characters; the limit is {self.settings.max_chars} "
+                                f"(ATTNSCOPE_MAX_CHARS). The model reads at most {rt.spec.max_tokens} tokens anyway")
+        if len(opts.mask_tokens) > self.settings.max_mask_tokens:
+            raise ApiError(422, f"mask_tokens has {len(opts.mask_tokens)} entries; the limit is "
+                                f"{self.settings.max_mask_tokens}")
+        return rt
+
+    async def compute(self, opts: RunOptions, stages: bool = False) -> tuple[Computed, bool]:
+        """The (cached) run for these options; returns (computed, cache_hit)."""
+        rt = self.check(opts)
+        key = self.key(opts, stages)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit, True
+        if key in self._pending:                                # the same run is under way: share it
+            return await asyncio.shield(self._pending[key]), True
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.settings.max_inflight)
+        if self._slots.locked() and self._waiting >= self.settings.max_queue:
+            raise ApiError(503, f"busy: {self.settings.max_inflight} model runs in flight and "
+                                f"{self._waiting} waiting; retry shortly", headers={"Retry-After": "1"})
+        future = asyncio.get_running_loop().create_future()
+        self._pending[key] = future
+        try:
+            self._waiting += 1
+            try:
+                await self._slots.acquire()
+            finally:
+                self._waiting -= 1
+            try:
+                computed = await anyio.to_thread.run_sync(self._run, rt, opts, stages)
+            finally:
+                self._slots.release()
+            self.cache.put(key, computed)
+            future.set_result(computed)
+            return computed, False
+        except BaseException as e:
+            if not future.done():
+                future.set_exception(e)
+                future.exception()  # mark retrieved: waiters re-raise it, nobody else needs to
+            raise
+        finally:
+            self._pending.pop(key, None)
+
+    @staticmethod
+    def _run(rt: Runtime, opts: RunOptions, stages: bool) -> Computed:
+        try:
+            [res] = rt.run([opts.text], [opts.text_pair], causal=opts.causal,
+                           masked_keys=[opts.mask_tokens] if opts.mask_tokens else None,
+                           engine=opts.engine, stages=stages)
+        except ValueError as e:  # the runtime's word for bad input
+            raise ApiError(422, str(e)) from None
+        return Computed.of(res)
+
+    # ---- answers ----------------------------------------------------------------------------
+    def etag(self, opts: RunOptions, fmt: str) -> str:
+        material = [__version__, self.key(opts, isinstance(opts, StagesRequest)), opts.model_dump(mode="json"), fmt]
+        return 'W/"' + hashlib.sha256(orjson.dumps(material)).hexdigest()[:32] + '"'
+
+    @staticmethod
+    def _tokens(c: Computed) -> dict:
+        r, e = c.result, c.result.encoding
+        return {"model": r.model, "engine": r.engine, "provider": r.provider, "causal": r.causal,
+                "truncated": e.truncated, "tokens": e.tokens, "offsets": [list(o) for o in e.offsets],
+                "special": e.special, "segments": e.segments, "masked_tokens": r.masked_keys}
+
+    @staticmethod
+    def _select(name: str, asked: list[int] | None, n: int) -> list[int]:
+        if asked is None:
+            return list(range(n))
+        if not asked:
+            raise ApiError(422, f"{name} is empty: leave it out for all {n}, or list indices 0..{n - 1}")
+        bad = [i for i in asked if i >= n]
+        if bad:
+            raise ApiError(422, f"{name} {bad} out of range: this model has {n} {name} (0..{n - 1})")
+        return list(dict.fromkeys(asked))
+
+    def validate(self, opts: RunOptions) -> Runtime:
+        """Every check that needs only the request and the model, so bad input fails before a model run."""
+        rt = self.check(opts)
+        stages = isinstance(opts, StagesRequest)
+        self._select("layers", [opts.layer] if stages else opts.layers, rt.cfg.n_layers)
+        self._select("heads", [opts.head] if stages else opts.heads, rt.cfg.n_heads)
+        return rt
+
+    def attention_payload(self, c: Computed, req: AttentionRequest, binary: bool) -> dict:
+        r = c.result
+        L, H, T = r.attentions.shape[:3]
+        layers, heads = self._select("layers", req.layers, L), self._select("heads", req.heads, H)
+        sel = np.ix_(layers, heads)
+        out = self._tokens(c) | {"layers": layers, "heads": heads}
+        if "attention" in req.include:
+            side = min(T, req.resolution or T)
+            cells = len(layers) * len(heads) * side * side
+            limit = self.settings.max_binary_cells if binary else self.settings.max_json_cells
+            if cells > limit:
+                raise ApiError(422, f"this answer would hold {cells:,} attention values; the "
+                                    f"{'binary' if binary else 'JSON'} limit is {limit:,}. Ask for fewer layers or "
+                                    f"heads, set resolution"
+                                    + ("" if binary else ", or ask for the binary form (Accept: "
+                                       "application/vnd.attnscope.tensors)"))
+            att = r.attentions[sel]                                          # [l, h, T, T]
+            if req.resolution and T > req.resolution:
+                att = stats.downsample(att, req.resolution).astype(np.float32)
+                edges = np.linspace(0, T, req.resolution + 1).astype(int)
+                out["blocks"] = [[int(a), int(b)] for a, b in zip(edges[:-1], edges[1:])]
+            out["attention"] = att
+        if "entropy" in req.include:
+            out |= {name: c.rows[name][sel].astype(np.float32) for name in c.rows}
+        if "summary" in req.include:
+            out["summary"] = {name: v[sel].astype(np.float64) for name, v in c.heads.items()}
+        if "rollout" in req.include:
+            out["rollout"] = stats.rollout(r.attentions).astype(np.float32)
+        return out
+
+    def stages_payload(self, c: Computed, req: StagesRequest) -> dict:
+        r, rt = c.result, self.runtime(req.model)
+        l, h = req.layer, req.head
+        st = {name: v[l, h] for name, v in r.stages.items()}
+        return self._tokens(c) | {"layer": l, "head": h, "d_head": rt.cfg.d_head,
+                                  "scale": float(1.0 / (np.sqrt(rt.cfg.d_head) * rt.cfg.temperature)),
+                                  **st, "mask": r.mask, "probs": r.attentions[l, h]}
+
+    @staticmethod
+    def timing(c: Computed, started: float) -> dict[str, float]:
+        return {"model": round(c.result.seconds * 1000, 3), "total": round((time.perf_counter() - started) * 1000, 3)}

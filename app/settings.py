@@ -1,0 +1,44 @@
+"""Settings from ATTNSCOPE_* environment variables, each with a default that works out of the box."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def _csv(value):
+    return [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+
+
+CSV = Annotated[list[str], NoDecode, BeforeValidator(_csv)]  # "a,b" in the environment -> ["a", "b"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ATTNSCOPE_")
+
+    models: CSV = Field(default=["minilm", "tiny-gpt"],
+                                                    description="zoo models to load, comma-separated")
+    default_model: str = "minilm"
+    providers: CSV = Field(default=[], description="onnxruntime execution providers in "
+                                                      "order of preference; empty = CUDA if present, then CPU")
+    threads: int = Field(default=0, ge=0, description="onnxruntime intra-op threads per session; 0 = one per core")
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # limits (documented in the README; each refusal names the limit it hit)
+    max_body_bytes: int = 1_000_000      # request body, 413 beyond
+    max_chars: int = 20_000              # characters of text (+ text_pair), 413 beyond
+    max_mask_tokens: int = 512           # entries in mask_tokens
+    max_json_cells: int = 8_000_000      # attention cells (layers x heads x T x T) in one JSON answer, 422 beyond
+    max_binary_cells: int = 40_000_000   # the same for the binary form
+    max_inflight: int = 2                # model runs at once (2 cores)
+    max_queue: int = 32                  # requests waiting for a run slot; beyond it, 503 with Retry-After
+    cache_mb: int = 768                  # results kept for repeated views (LRU by bytes)
+    cors_origins: CSV = Field(default=[], description="CORS allow-list; empty = CORS off")
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

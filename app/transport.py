@@ -1,0 +1,69 @@
+"""The two wire forms of an answer: JSON (default) and a compact binary tensor form.
+
+Binary (`Accept: application/vnd.attnscope.tensors`):
+    b"ATSC" | uint32 little-endian n | n bytes of UTF-8 JSON header | zero padding to 8 bytes | tensor data
+The header holds every non-tensor field plus "tensors": [{name, dtype, shape, offset}] with offsets
+from the start of the data section; tensors are little-endian float32 or float16, C order.
+"""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import orjson
+
+BINARY = "application/vnd.attnscope.tensors"
+MAGIC = b"ATSC"
+
+
+def wants_binary(accept: str | None) -> bool:
+    return bool(accept) and BINARY in accept
+
+
+def to_json(payload: dict, precision: int | None = None) -> bytes:
+    """Serialise with numpy arrays written directly (fast), optionally rounded to `precision` decimals."""
+    if precision is not None:
+        payload = {k: np.round(v, precision) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v
+                   for k, v in payload.items()}
+    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY, default=_default)
+
+
+def _default(obj):
+    if isinstance(obj, np.ndarray):  # non-contiguous or unusual dtypes
+        return np.ascontiguousarray(obj, dtype=np.float64 if obj.dtype.kind == "f" else None).tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot serialise {type(obj).__name__}")
+
+
+def to_binary(payload: dict, dtype: str = "float32") -> bytes:
+    """Arrays of floats go to the data section in `dtype`; everything else into the JSON header."""
+    header, chunks, offset = {}, [], 0
+    tensors = []
+    for key, value in payload.items():
+        if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.ndim >= 2:
+            data = np.ascontiguousarray(value, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
+            tensors.append({"name": key, "dtype": dtype, "shape": list(value.shape), "offset": offset})
+            pad = (-len(data)) % 8
+            chunks.append(data + b"\0" * pad)
+            offset += len(data) + pad
+        else:
+            header[key] = value
+    header["tensors"] = tensors
+    head = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY, default=_default)
+    head += b" " * ((-(len(head) + 8)) % 8)  # data section starts 8-aligned
+    return MAGIC + struct.pack("<I", len(head)) + head + b"".join(chunks)
+
+
+def from_binary(blob: bytes) -> dict:
+    """Decode the binary form back into a dict of header fields and numpy arrays (for clients and tests)."""
+    if blob[:4] != MAGIC:
+        raise ValueError("not an attnscope tensor answer (bad magic)")
+    (n,) = struct.unpack("<I", blob[4:8])
+    header = orjson.loads(blob[8:8 + n])
+    data = memoryview(blob)[8 + n:]
+    for t in header.pop("tensors"):
+        dt = np.dtype(t["dtype"]).newbyteorder("<")
+        count = int(np.prod(t["shape"]))
+        header[t["name"]] = np.frombuffer(data, dt, count, t["offset"]).reshape(t["shape"])
+    return header
