@@ -1,0 +1,94 @@
+"""Shared pytest setup, in sections: environment, model runtimes (and, later, live server, browser)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ---- environment ---------------------------------------------------------------------------
+# Exported ONNX graphs go to a stable, gitignored folder in the repo, so repeated runs reuse them
+# (the cache key covers weights and exporter source, so stale graphs are never used). Set at
+# import time, before any test builds a Runtime; an ATTNSCOPE_CACHE already set wins.
+os.environ.setdefault("ATTNSCOPE_CACHE", str(ROOT / ".cache" / "onnx"))
+
+
+# ---- model runtimes ------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def runtimes():
+    """id -> Runtime for every zoo model, built once per session (sessions open lazily)."""
+    from model import zoo
+    from model.runtime import Runtime
+
+    return {model_id: Runtime(spec) for model_id, spec in zoo.ZOO.items()}
+
+
+@pytest.fixture(scope="session")
+def minilm(runtimes):
+    """The real all-MiniLM-L6-v2 Runtime."""
+    return runtimes["minilm"]
+
+
+# ---- live server ---------------------------------------------------------------------------
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def live_server():
+    """A real uvicorn serving app.main:app on a free loopback port; yields its base URL."""
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1",
+                             "--port", str(port), "--log-level", "warning"], cwd=ROOT)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120  # first start may export graphs
+    while True:
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.2)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+# ---- browser (pytest-playwright on Debian's chromium; never `playwright install`) ------------
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):
+    return {**browser_type_launch_args, "executable_path": os.environ.get("CHROMIUM", "/usr/bin/chromium"),
+            "args": CHROMIUM_ARGS}
+
+
+@pytest.fixture(scope="session")
+def base_url(live_server):
+    """Lets browser tests call page.goto("/")."""
+    return live_server
+
+
+@pytest.fixture
+def console_errors(page):
+    """Console errors, uncaught page errors and failed requests seen while the test ran."""
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+    page.on("requestfailed", lambda r: errors.append(f"requestfailed: {r.url} {r.failure}"))
+    return errors
