@@ -1,0 +1,34 @@
+"""The README's curl examples work as written, against a real server."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def curl_commands() -> list[str]:
+    text = README.read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    joined = [line for b in blocks for line in b.replace("\\\n", " ").splitlines()]
+    return [line.strip() for line in joined if line.strip().startswith("curl ")]
+
+
+def test_readme_has_curl_for_every_endpoint():
+    cmds = " ".join(curl_commands())
+    for path in ("/api/models", "/api/attention", "/api/stages", "/api/models/minilm/onnx", "/healthz"):
+        assert path in cmds, path
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+@pytest.mark.parametrize("cmd", curl_commands())
+def test_readme_curl_example(cmd, live_server, tmp_path):
+    cmd = cmd.replace("http://127.0.0.1:8000", live_server).replace("curl ", "curl --fail-with-body ", 1)
+    out = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stdout[-500:] + out.stderr[-500:]
+    produced = out.stdout or b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    assert produced, "the example printed and wrote nothing"
