@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import anyio
 import numpy as np
@@ -26,22 +25,9 @@ from .schemas import AttentionRequest, ModelInfo, RunOptions, StagesRequest
 from .settings import Settings
 
 
-@dataclass
-class Computed:
-    """A model run plus the per-row and per-head numbers derived from it (for every layer and head)."""
-    result: AttentionResult
-    rows: dict[str, np.ndarray]      # entropy, normalized_entropy, max_weight: [L, H, T]
-    heads: dict[str, np.ndarray]     # HEAD_STATS: [L, H]
-
-    @classmethod
-    def of(cls, result: AttentionResult) -> "Computed":
-        return cls(result, stats.row_stats(result.attentions, result.mask), stats.head_stats(result.attentions))
-
-    @property
-    def nbytes(self) -> int:
-        r = self.result
-        arrays = [r.attentions, r.hidden, r.mask, *self.rows.values(), *(r.stages or {}).values()]
-        return sum(a.nbytes for a in arrays)
+def nbytes(result: AttentionResult) -> int:
+    arrays = [result.attentions, result.hidden, result.mask, *(result.stages or {}).values()]
+    return sum(a.nbytes for a in arrays)
 
 
 class ResultCache:
@@ -49,18 +35,18 @@ class ResultCache:
 
     def __init__(self, max_bytes: int):
         self.max_bytes, self.bytes = max_bytes, 0
-        self._items: OrderedDict[str, Computed] = OrderedDict()
+        self._items: OrderedDict[str, AttentionResult] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> Computed | None:
+    def get(self, key: str) -> AttentionResult | None:
         with self._lock:
             item = self._items.get(key)
             if item is not None:
                 self._items.move_to_end(key)
             return item
 
-    def put(self, key: str, item: Computed) -> None:
-        size = item.nbytes
+    def put(self, key: str, item: AttentionResult) -> None:
+        size = nbytes(item)
         if size > self.max_bytes:
             return
         with self._lock:
@@ -70,7 +56,7 @@ class ResultCache:
             self.bytes += size
             while self.bytes > self.max_bytes:
                 _, old = self._items.popitem(last=False)
-                self.bytes -= old.nbytes
+                self.bytes -= nbytes(old)
 
 
 class AttentionService:
@@ -124,7 +110,7 @@ class AttentionService:
                                 f"{self.settings.max_mask_tokens}")
         return rt
 
-    async def compute(self, opts: RunOptions, stages: bool = False) -> tuple[Computed, bool]:
+    async def compute(self, opts: RunOptions, stages: bool = False) -> tuple[AttentionResult, bool]:
         """The (cached) run for these options; returns (computed, cache_hit)."""
         rt = self.check(opts)
         key = self.key(opts, stages)
@@ -162,14 +148,14 @@ class AttentionService:
             self._pending.pop(key, None)
 
     @staticmethod
-    def _run(rt: Runtime, opts: RunOptions, stages: bool) -> Computed:
+    def _run(rt: Runtime, opts: RunOptions, stages: bool) -> AttentionResult:
         try:
             [res] = rt.run([opts.text], [opts.text_pair], causal=opts.causal,
                            masked_keys=[opts.mask_tokens] if opts.mask_tokens else None,
                            engine=opts.engine, stages=stages)
         except ValueError as e:  # the runtime's word for bad input
             raise ApiError(422, str(e)) from None
-        return Computed.of(res)
+        return res
 
     # ---- answers ----------------------------------------------------------------------------
     def etag(self, opts: RunOptions, fmt: str) -> str:
@@ -177,8 +163,8 @@ class AttentionService:
         return 'W/"' + hashlib.sha256(orjson.dumps(material)).hexdigest()[:32] + '"'
 
     @staticmethod
-    def _tokens(c: Computed) -> dict:
-        r, e = c.result, c.result.encoding
+    def _tokens(r: AttentionResult) -> dict:
+        e = r.encoding
         return {"model": r.model, "engine": r.engine, "provider": r.provider, "causal": r.causal,
                 "truncated": e.truncated, "tokens": e.tokens, "offsets": [list(o) for o in e.offsets],
                 "special": e.special, "segments": e.segments, "masked_tokens": r.masked_keys}
@@ -202,12 +188,13 @@ class AttentionService:
         self._select("heads", [opts.head] if stages else opts.heads, rt.cfg.n_heads)
         return rt
 
-    def attention_payload(self, c: Computed, req: AttentionRequest, binary: bool) -> dict:
-        r = c.result
+    def attention_payload(self, r: AttentionResult, req: AttentionRequest, binary: bool) -> dict:
+        """The asked layers x heads; entropy and summaries are computed on that selection only."""
         L, H, T = r.attentions.shape[:3]
         layers, heads = self._select("layers", req.layers, L), self._select("heads", req.heads, H)
         sel = np.ix_(layers, heads)
-        out = self._tokens(c) | {"layers": layers, "heads": heads}
+        out = self._tokens(r) | {"layers": layers, "heads": heads}
+        probs = r.attentions[sel]                                            # [l, h, T, T]
         if "attention" in req.include:
             side = min(T, req.resolution or T)
             cells = len(layers) * len(heads) * side * side
@@ -218,28 +205,28 @@ class AttentionService:
                                     f"heads, set resolution"
                                     + ("" if binary else ", or ask for the binary form (Accept: "
                                        "application/vnd.attnscope.tensors)"))
-            att = r.attentions[sel]                                          # [l, h, T, T]
+            att = probs
             if req.resolution and T > req.resolution:
                 att = stats.downsample(att, req.resolution).astype(np.float32)
                 edges = np.linspace(0, T, req.resolution + 1).astype(int)
                 out["blocks"] = [[int(a), int(b)] for a, b in zip(edges[:-1], edges[1:])]
             out["attention"] = att
         if "entropy" in req.include:
-            out |= {name: c.rows[name][sel].astype(np.float32) for name in c.rows}
+            out |= stats.row_stats(probs, r.mask)
         if "summary" in req.include:
-            out["summary"] = {name: v[sel].astype(np.float64) for name, v in c.heads.items()}
+            out["summary"] = stats.head_stats(probs)
         if "rollout" in req.include:
             out["rollout"] = stats.rollout(r.attentions).astype(np.float32)
         return out
 
-    def stages_payload(self, c: Computed, req: StagesRequest) -> dict:
-        r, rt = c.result, self.runtime(req.model)
+    def stages_payload(self, r: AttentionResult, req: StagesRequest) -> dict:
+        rt = self.runtime(req.model)
         l, h = req.layer, req.head
         st = {name: v[l, h] for name, v in r.stages.items()}
-        return self._tokens(c) | {"layer": l, "head": h, "d_head": rt.cfg.d_head,
+        return self._tokens(r) | {"layer": l, "head": h, "d_head": rt.cfg.d_head,
                                   "scale": float(1.0 / (np.sqrt(rt.cfg.d_head) * rt.cfg.temperature)),
                                   **st, "mask": r.mask, "probs": r.attentions[l, h]}
 
     @staticmethod
-    def timing(c: Computed, started: float) -> dict[str, float]:
-        return {"model": round(c.result.seconds * 1000, 3), "total": round((time.perf_counter() - started) * 1000, 3)}
+    def timing(r: AttentionResult, started: float) -> dict[str, float]:
+        return {"model": round(r.seconds * 1000, 3), "total": round((time.perf_counter() - started) * 1000, 3)}
