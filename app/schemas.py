@@ -80,6 +80,9 @@ class AttentionRequest(RunOptions):
 class StagesRequest(RunOptions):
     layer: Index = Field(description="0-based layer")
     head: Index = Field(description="0-based head")
+    limit: Annotated[JsonInt, Field(ge=1, le=512)] | None = Field(
+        None, description="return the matrices for the first `limit` tokens only (queries and keys), e.g. to show "
+        "the numbers of a long text's opening; `probs` rows are then partial. All tokens when omitted")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"model": "tiny-gpt", "text": "The cat sat on the mat", "layer": 0, "head": 1}]})

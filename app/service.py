@@ -222,10 +222,11 @@ class AttentionService:
     def stages_payload(self, r: AttentionResult, req: StagesRequest) -> dict:
         rt = self.runtime(req.model)
         l, h = req.layer, req.head
-        st = {name: v[l, h] for name, v in r.stages.items()}
+        n = req.limit or len(r.tokens)
+        st = {name: v[l, h, :n, :] if name in ("q", "k") else v[l, h, :n, :n] for name, v in r.stages.items()}
         return self._tokens(r) | {"layer": l, "head": h, "d_head": rt.cfg.d_head,
                                   "scale": float(1.0 / (np.sqrt(rt.cfg.d_head) * rt.cfg.temperature)),
-                                  **st, "mask": r.mask, "probs": r.attentions[l, h]}
+                                  **st, "mask": r.mask[:n, :n], "probs": r.attentions[l, h, :n, :n]}
 
     @staticmethod
     def timing(r: AttentionResult, started: float) -> dict[str, float]:

@@ -263,3 +263,12 @@ def test_live_server_errors_leave_it_healthy(live_server):
             "Content-Type": "application/json"}).status_code == 400
         assert http.post(f"{live_server}/api/attention", json={"text": "hi", "layers": [99]}).status_code == 422
         assert http.get(f"{live_server}/healthz").json()["status"] == "ok"
+
+
+def test_stages_limit_trims_to_the_first_tokens(client):
+    text = " ".join(["word"] * 100)
+    full = client.post("/api/stages", json={"text": text, "layer": 0, "head": 0}).json()
+    part = client.post("/api/stages", json={"text": text, "layer": 0, "head": 0, "limit": 10}).json()
+    assert len(part["tokens"]) == len(full["tokens"]) == 102
+    assert np.array(part["probs"]).shape == (10, 10) and np.array(part["q"]).shape == (10, 32)
+    np.testing.assert_array_equal(np.array(part["scores"]), np.array(full["scores"])[:10, :10])
