@@ -29,8 +29,10 @@ def to_json(payload: dict, precision: int | None = None) -> bytes:
 
 
 def _default(obj):
-    if isinstance(obj, np.ndarray):  # non-contiguous or unusual dtypes
-        return np.ascontiguousarray(obj, dtype=np.float64 if obj.dtype.kind == "f" else None).tolist()
+    if isinstance(obj, np.ndarray):  # orjson writes only C-contiguous arrays natively: copy (same dtype)
+        if obj.flags.c_contiguous:
+            return obj.tolist()
+        return np.ascontiguousarray(obj)
     if isinstance(obj, np.generic):
         return obj.item()
     raise TypeError(f"cannot serialise {type(obj).__name__}")
