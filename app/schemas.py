@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from model.stats import HEAD_STATS
 
@@ -21,9 +21,26 @@ def _json_bool(v):
     return v
 
 
-JsonInt = Annotated[int, BeforeValidator(_json_int)]
+def _unicode(v: str) -> str:
+    """Valid Unicode only: a JSON escape like "\\ud800" decodes to half a surrogate pair, which no tokenizer or
+    UTF-8 encoder takes."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"contains a lone UTF-16 surrogate (U+{ord(v[e.start]):04X} at character {e.start}); "
+                         "send valid Unicode (a character above U+FFFF is a surrogate pair, never half of one)"
+                         ) from None
+    return v
+
+
+def _bounded(ge: int, le: int):
+    """A JSON integer in [ge, le]. The bounds come before the validator so OpenAPI shows them as minimum/maximum."""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_json_int)]
+
+
 JsonBool = Annotated[bool, BeforeValidator(_json_bool)]
-Index = Annotated[JsonInt, Field(ge=0, le=4095)]
+Text = Annotated[str, AfterValidator(_unicode)]
+Index = _bounded(0, 4095)
 Matrix = list[list[float]]
 
 EXAMPLE_TEXT = "The animal didn't cross the street because it was too tired."
@@ -49,9 +66,9 @@ class ModelInfo(BaseModel):
 
 class RunOptions(Strict):
     """What to run: shared by /api/attention and /api/stages."""
-    model: str = Field("minilm", description="a model id from GET /api/models", examples=["minilm"])
-    text: str = Field(description="the text to analyse (the first sentence of a pair)", examples=[EXAMPLE_TEXT])
-    text_pair: str | None = Field(None, description="optional second sentence (encoder models only)")
+    model: Text = Field("minilm", description="a model id from GET /api/models", examples=["minilm"])
+    text: Text = Field(description="the text to analyse (the first sentence of a pair)", examples=[EXAMPLE_TEXT])
+    text_pair: Text | None = Field(None, description="optional second sentence (encoder models only)")
     causal: JsonBool | None = Field(None, description="apply the look-ahead mask: each query sees only earlier keys. "
                                     "Default: the model's own (true for decoders, false for encoders)")
     mask_tokens: list[Index] = Field(default_factory=list, description="token indices to hide as keys from every "
@@ -66,10 +83,10 @@ class AttentionRequest(RunOptions):
     include: list[Literal["attention", "entropy", "summary", "rollout"]] = Field(
         default=["attention", "entropy", "summary"],
         description="parts of the answer to compute: leave out `attention` for summaries without matrices")
-    resolution: Annotated[JsonInt, Field(ge=1, le=512)] | None = Field(
+    resolution: _bounded(1, 512) | None = Field(
         None, description="block-average each matrix to at most resolution x resolution (overview thumbnails); "
         "`blocks` then gives each cell's token range")
-    precision: Annotated[JsonInt, Field(ge=1, le=8)] | None = Field(
+    precision: _bounded(1, 8) | None = Field(
         None, description="round JSON numbers to this many decimals (smaller answers); full float32 when omitted")
     dtype: Literal["float32", "float16"] = Field("float32", description="tensor dtype of the binary form")
 
@@ -80,7 +97,7 @@ class AttentionRequest(RunOptions):
 class StagesRequest(RunOptions):
     layer: Index = Field(description="0-based layer")
     head: Index = Field(description="0-based head")
-    limit: Annotated[JsonInt, Field(ge=1, le=512)] | None = Field(
+    limit: _bounded(1, 512) | None = Field(
         None, description="return the matrices for the first `limit` tokens only (queries and keys), e.g. to show "
         "the numbers of a long text's opening; `probs` rows are then partial. All tokens when omitted")
 
