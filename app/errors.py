@@ -13,19 +13,26 @@ class ApiError(Exception):
         self.status, self.detail, self.headers = status, detail, headers
 
 
+def _clip(text: str, limit: int = 80) -> str:
+    """Echo client-supplied text safely: lone surrogates escaped (they cannot be encoded), long names cut."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def _field(loc) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    parts = [_clip(str(p)) for p in loc if p not in ("body", "query", "path")]
     return ".".join(parts) or "body"
 
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError):
-        return JSONResponse({"detail": exc.detail}, exc.status, headers=exc.headers)
+        return JSONResponse({"detail": _clip(exc.detail, 1000)}, exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError):
-        errors = [{"field": _field(e.get("loc", ())), "message": e.get("msg", "invalid")} for e in exc.errors()]
+        errors = [{"field": _field(e.get("loc", ())), "message": _clip(e.get("msg", "invalid"), 300)}
+                  for e in exc.errors()]
         if any(e.get("type") == "json_invalid" for e in exc.errors()):
             return JSONResponse({"detail": "the request body is not valid JSON"}, 400)
         detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])

@@ -81,7 +81,8 @@ class AttentionService:
     def runtime(self, model_id: str) -> Runtime:
         rt = self.runtimes.get(model_id)
         if rt is None:
-            raise ApiError(404, f"unknown model {model_id!r}; available: {', '.join(self.runtimes)}")
+            shown = model_id if len(model_id) <= 64 else model_id[:64] + "…"
+            raise ApiError(404, f"unknown model {shown!r}; available: {', '.join(self.runtimes)}")
         return rt
 
     def models(self) -> list[ModelInfo]:
