@@ -1,0 +1,151 @@
+// The ONE data-fetch module: every request to the backend goes through here.
+// Answers are fetched in the binary tensor form (b"ATSC" | uint32 n | JSON header | 8-aligned
+// tensors), decoded into Tensor objects, and cached in memory keyed by the request, so switching
+// views or heads never refetches what is already here.
+
+export const BINARY = "application/vnd.attnscope.tensors";
+
+export class ApiError extends Error {
+  constructor(status, detail) {
+    super(detail);
+    this.status = status;
+    this.detail = detail;
+  }
+}
+
+/** A decoded n-d float tensor (C order), held as Float32Array whatever the wire dtype. */
+export class Tensor {
+  constructor(data, shape) {
+    this.data = data;
+    this.shape = shape;
+    this.strides = shape.map((_, i) => shape.slice(i + 1).reduce((a, b) => a * b, 1));
+  }
+  /** Element at a full index. */
+  at(...idx) {
+    let o = 0;
+    for (let i = 0; i < idx.length; i++) o += idx[i] * this.strides[i];
+    return this.data[o];
+  }
+  /** The trailing sub-array at a leading index (zero-copy): t.sub(l, h) of [L,H,T,T] is one T x T matrix. */
+  sub(...idx) {
+    let o = 0;
+    for (let i = 0; i < idx.length; i++) o += idx[i] * this.strides[i];
+    const shape = this.shape.slice(idx.length);
+    return new Tensor(this.data.subarray(o, o + shape.reduce((a, b) => a * b, 1)), shape);
+  }
+  /** Row i of a matrix (zero-copy Float32Array). */
+  row(i) {
+    const n = this.shape[this.shape.length - 1];
+    return this.data.subarray(i * n, (i + 1) * n);
+  }
+  /** Nested plain arrays (for JSON export). */
+  toArray() {
+    const rec = (off, dim) => dim === this.shape.length - 1
+      ? Array.from(this.data.subarray(off, off + this.shape[dim]))
+      : Array.from({ length: this.shape[dim] }, (_, i) => rec(off + i * this.strides[dim], dim + 1));
+    return rec(0, 0);
+  }
+}
+
+// ---- float16 ---------------------------------------------------------------------------------
+function halfToFloat(h) {
+  const s = h & 0x8000 ? -1 : 1, e = (h >> 10) & 0x1f, f = h & 0x3ff;
+  if (e === 0) return s * f * 2 ** -24;
+  if (e === 31) return f ? NaN : s * Infinity;
+  return s * (1 + f / 1024) * 2 ** (e - 15);
+}
+
+let HALF_TABLE = null;
+function decodeFloat16(buffer, offset, count) {
+  if (typeof Float16Array === "function") return Float32Array.from(new Float16Array(buffer, offset, count));
+  HALF_TABLE ??= Float32Array.from({ length: 65536 }, (_, i) => halfToFloat(i));
+  const raw = new Uint16Array(buffer, offset, count), out = new Float32Array(count);
+  for (let i = 0; i < count; i++) out[i] = HALF_TABLE[raw[i]];
+  return out;
+}
+
+/** Decode the binary form into the header's fields plus one Tensor per tensor. */
+export function decodeBinary(buffer) {
+  const bytes = new Uint8Array(buffer);
+  if (buffer.byteLength < 8 || String.fromCharCode(...bytes.subarray(0, 4)) !== "ATSC") {
+    throw new ApiError(0, "the server sent an answer this page cannot read (bad magic)");
+  }
+  const n = new DataView(buffer).getUint32(4, true);
+  const header = JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + n)));
+  const base = 8 + n;
+  for (const t of header.tensors || []) {
+    const count = t.shape.reduce((a, b) => a * b, 1);
+    const data = t.dtype === "float16"
+      ? decodeFloat16(buffer, base + t.offset, count)
+      : new Float32Array(buffer.slice(base + t.offset, base + t.offset + 4 * count));
+    header[t.name] = new Tensor(data, t.shape);
+  }
+  delete header.tensors;
+  header.bytes = buffer.byteLength;
+  return header;
+}
+
+// ---- requests --------------------------------------------------------------------------------
+const cache = new Map();      // key -> Promise of a decoded answer (in-flight requests are shared)
+const MAX_ENTRIES = 40;
+export const log = [];        // {path, body, bytes, ms} of every network request (status line, tests)
+
+function cacheKey(path, body) {
+  const sorted = Object.keys(body).sort().reduce((o, k) => ((o[k] = body[k]), o), {});
+  return path + " " + JSON.stringify(sorted);
+}
+
+async function fetchBinary(path, body) {
+  const started = performance.now();
+  let response;
+  try {
+    response = await fetch(path, {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Accept: `${BINARY}, application/json;q=0.5` },
+      body: JSON.stringify(body),
+    });
+  } catch (err) {
+    throw new ApiError(0, `could not reach the server (${err.message}); is it still running?`);
+  }
+  if (!response.ok) {
+    let detail = `${response.status} ${response.statusText}`;
+    try {
+      const j = await response.json();
+      if (j && typeof j.detail === "string") detail = j.detail;
+    } catch { /* not JSON: keep the status line */ }
+    throw new ApiError(response.status, detail);
+  }
+  const answer = decodeBinary(await response.arrayBuffer());
+  log.push({ path, body, bytes: answer.bytes, ms: performance.now() - started });
+  if (log.length > 200) log.shift();
+  return answer;
+}
+
+function cached(path, body) {
+  const key = cacheKey(path, body);
+  let p = cache.get(key);
+  if (p) {
+    cache.delete(key);           // refresh its place in the LRU order
+  } else {
+    p = fetchBinary(path, body);
+    p.catch(() => cache.delete(key));
+  }
+  cache.set(key, p);
+  while (cache.size > MAX_ENTRIES) cache.delete(cache.keys().next().value);
+  return p;
+}
+
+/** POST /api/attention (binary). Options: layers, heads, include, resolution, dtype. */
+export function attention(body) {
+  return cached("/api/attention", body);
+}
+
+/** POST /api/stages (binary): q, k, scores, scaled, mask, masked, probs for one layer and head. */
+export function stages(body) {
+  return cached("/api/stages", body);
+}
+
+/** Is this answer already cached (or on its way)? */
+export function has(path, body) {
+  return cache.has(cacheKey(path, body));
+}

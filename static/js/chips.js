@@ -1,0 +1,55 @@
+// The token strip: one chip per token. A click pins the token's row or masks it as a key
+// (the "Clicking a token" switch); keyboard: arrows / Home / End move, Enter pins or masks,
+// "m" always toggles the mask, "p" always pins.
+import { h, replace, tokenLabel } from "./dom.js";
+
+function toggled(list, i) {
+  return list.includes(i) ? list.filter((x) => x !== i) : [...list, i].sort((a, b) => a - b);
+}
+
+/** Draw the chips for an answer's tokens under state st; go(patch) changes the state. */
+export function renderChips(container, meta, st, go) {
+  const hadFocus = container.contains(document.activeElement)
+    ? Number(document.activeElement.dataset.index) : null;
+  const masked = new Set(meta.masked_tokens);
+  const focusIndex = hadFocus ?? st.pin ?? 0;
+  const act = (i, how) => {
+    if (how === "mask") go({ mask: toggled(st.mask, i) });
+    else go({ pin: st.pin === i ? null : i });
+  };
+  const chips = meta.tokens.map((tok, i) => {
+    const special = meta.special[i], isMasked = masked.has(i), pinned = st.pin === i;
+    const states = [special && "special token", isMasked && "masked", pinned && "pinned"].filter(Boolean);
+    return h("button", {
+      type: "button",
+      class: ["chip", special && "special", meta.segments[i] === 1 && "seg1", isMasked && "masked",
+        pinned && "pinned"].filter(Boolean).join(" "),
+      "data-index": i,
+      "aria-pressed": st.click === "mask" ? String(isMasked) : String(pinned),
+      "aria-label": `token ${i}: ${tok}${states.length ? " (" + states.join(", ") + ")" : ""}`,
+      tabindex: i === focusIndex ? "0" : "-1",
+      onclick: () => act(i, st.click),
+    }, h("span", { class: "tok", text: tokenLabel(tok) }), h("span", { class: "idx", "aria-hidden": "true", text: i }));
+  });
+  replace(container, chips);
+  container.onkeydown = (e) => {
+    const i = Number(e.target.dataset?.index);
+    if (Number.isNaN(i)) return;
+    const n = chips.length;
+    const moves = { ArrowRight: i + 1, ArrowDown: i + 1, ArrowLeft: i - 1, ArrowUp: i - 1, Home: 0, End: n - 1 };
+    if (e.key in moves) {
+      e.preventDefault();
+      const j = Math.max(0, Math.min(n - 1, moves[e.key]));
+      chips[i].tabIndex = -1;
+      chips[j].tabIndex = 0;
+      chips[j].focus();
+    } else if (e.key === "m" || e.key === "M") {
+      e.preventDefault();
+      act(i, "mask");
+    } else if (e.key === "p" || e.key === "P") {
+      e.preventDefault();
+      act(i, "pin");
+    }
+  };
+  if (hadFocus !== null && chips[hadFocus]) chips[hadFocus].focus();
+}

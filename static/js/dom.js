@@ -1,0 +1,57 @@
+// Small DOM helpers. Token strings and user text are untrusted: they only ever reach the page
+// through textContent / attributes set here, never through innerHTML.
+
+/** Create an element: h("button", {class: "chip", "aria-pressed": "true", onclick: fn}, "text", child...). */
+export function h(tag, attrs = {}, ...children) {
+  const el = tag.startsWith("svg:")
+    ? document.createElementNS("http://www.w3.org/2000/svg", tag.slice(4))
+    : document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on") && typeof v === "function") el.addEventListener(k.slice(2), v);
+    else if (k === "dataset") Object.assign(el.dataset, v);
+    else if (k === "text") el.textContent = v;
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  append(el, children);
+  return el;
+}
+
+export function svg(tag, attrs = {}, ...children) {
+  return h("svg:" + tag, attrs, ...children);
+}
+
+function append(el, children) {
+  for (const c of children.flat(Infinity)) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+}
+
+/** Replace all children of el. */
+export function replace(el, ...children) {
+  el.replaceChildren();
+  append(el, children);
+  return el;
+}
+
+/** Find or create a direct child with a data-part name (views reuse their DOM between renders). */
+export function part(container, name, tag = "div", attrs = {}) {
+  let el = container.querySelector(`:scope > [data-part="${name}"]`);
+  if (!el) {
+    el = h(tag, { ...attrs, "data-part": name });
+    container.append(el);
+  }
+  return el;
+}
+
+/** Escape text for Plotly, which renders pseudo-HTML (<b>, <br>, <a href>) in labels and hover text. */
+export function plotlyText(s) {
+  return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
+/** A token as shown on screen: visible quotes-free text, whitespace made visible. */
+export function tokenLabel(tok) {
+  const s = String(tok);
+  return s === "" ? "∅" : s.replace(/\s/g, "␣");
+}

@@ -1,0 +1,270 @@
+// Wiring: URL state -> controls, fetches (through api.js) -> the active view's render().
+import * as api from "./api.js";
+import { renderChips } from "./chips.js";
+import { h, replace } from "./dom.js";
+import { canvasToPng, download, downloadCSV, downloadJSON, svgBlob, svgToPng } from "./export.js";
+import { runOptions } from "./matrix.js";
+import { fmtBytes, fmtMs, SCALE_NAME } from "./scale.js";
+import * as state from "./state.js";
+import * as head from "./views/head.js";
+import * as lines from "./views/lines.js";
+import * as model from "./views/model.js";
+import * as summary from "./views/summary.js";
+import * as entropy from "./views/entropy.js";
+import * as stages from "./views/stages.js";
+
+const VIEWS = { head, lines, model, summary, entropy, stages };
+const $ = (id) => document.getElementById(id);
+const app = $("app");
+
+// ---- models (from the template's <option data-*>) -----------------------------------------------
+const MODELS = Object.fromEntries([...$("model").options].map((o) => [o.value, {
+  id: o.value, title: o.dataset.title, kind: o.dataset.kind, layers: Number(o.dataset.layers),
+  heads: Number(o.dataset.heads), d_head: Number(o.dataset.dHead), max_tokens: Number(o.dataset.maxTokens),
+  pair: o.dataset.pair === "true", description: o.dataset.description,
+}]));
+state.configure({ model: app.dataset.defaultModel, text: app.dataset.exampleText });
+
+/** Clamp a state to what the model offers; returns [state, changed]. */
+function normalize(st) {
+  const fixed = { ...st };
+  if (!MODELS[fixed.model]) fixed.model = app.dataset.defaultModel;
+  const info = MODELS[fixed.model];
+  fixed.layer = Math.min(fixed.layer, info.layers - 1);
+  fixed.head = Math.min(fixed.head, info.heads - 1);
+  if (fixed.heads) fixed.heads = fixed.heads.filter((x) => x < info.heads);
+  if (!info.pair) fixed.text_pair = "";
+  if (!state.STEP_TOKENS.includes(fixed.n)) fixed.n = 12;
+  if (fixed.step > 4) fixed.step = 0;
+  const changed = JSON.stringify(fixed) !== JSON.stringify(st);
+  return [fixed, changed];
+}
+
+// ---- controls -------------------------------------------------------------------------------------
+function options(select, n, label) {
+  if (select.options.length === n) return;
+  replace(select, [...Array(n).keys()].map((i) => h("option", { value: i, text: `${label} ${i}` })));
+}
+
+function syncControls(st, info) {
+  $("model").value = st.model;
+  $("model-desc").textContent = info.description;
+  if (document.activeElement !== $("text")) $("text").value = st.text;
+  if (document.activeElement !== $("text-pair")) $("text-pair").value = st.text_pair;
+  $("pair-field").hidden = !info.pair;
+  options($("layer"), info.layers, "layer");
+  options($("head"), info.heads, "head");
+  $("layer").value = st.layer;
+  $("head").value = st.head;
+  const causal = st.causal ?? info.kind === "decoder";
+  $("causal").checked = causal;
+  $("causal-hint").textContent = info.kind === "decoder"
+    ? (causal ? "(the model's own setting)" : "(what-if: off for a causal model)")
+    : (causal ? "(what-if: this encoder was trained without it)" : "");
+  $("hide-special").checked = st.hide_special;
+  for (const r of document.querySelectorAll("input[name=click]")) r.checked = r.value === st.click;
+  $("stat").value = st.stat;
+  $("stat-field").hidden = st.view !== "summary";
+  $("clear-mask").hidden = st.mask.length === 0;
+  $("large-toggle").setAttribute("aria-pressed", String(st.large));
+  document.documentElement.classList.toggle("large", st.large);
+  for (const a of document.querySelectorAll("#tabs a")) {
+    a.href = state.href({ view: a.dataset.view });
+    if (a.dataset.view === st.view) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+  const view = VIEWS[st.view];
+  $("view-title").textContent = view.title;
+  $("view-help").textContent = view.help;
+  for (const el of document.querySelectorAll(".view")) el.hidden = el.dataset.view !== st.view;
+  document.title = `${view.title} · ${st.text.slice(0, 40)} · attnscope`;
+}
+
+// ---- status and errors ------------------------------------------------------------------------------
+function setStatus(text) {
+  $("status").textContent = text;
+}
+
+function showError(err) {
+  const box = $("error");
+  box.textContent = err instanceof api.ApiError
+    ? `The server refused: ${err.detail}` + (err.status ? ` (HTTP ${err.status})` : "")
+    : `Something went wrong: ${err.message}`;
+  box.hidden = false;
+  setStatus("");
+}
+
+function clearError() {
+  $("error").hidden = true;
+  $("error").textContent = "";
+}
+
+function tokenInfo(meta, st) {
+  const parts = [`${meta.tokens.length} tokens`];
+  if (meta.truncated) parts.push(`input truncated to the model's ${MODELS[st.model].max_tokens}-token limit`);
+  if (meta.masked_tokens.length) parts.push(`${meta.masked_tokens.length} masked as keys (${meta.masked_tokens.join(", ")})`);
+  if (st.pin !== null && st.pin < meta.tokens.length) parts.push(`token ${st.pin} pinned`);
+  $("token-info").textContent = parts.join(" · ");
+}
+
+// ---- plotting (one place for the Plotly config) ----------------------------------------------------
+const PLOT_CONFIG = {
+  responsive: true, displaylogo: false, scrollZoom: false,
+  modeBarButtonsToRemove: ["lasso2d", "select2d"],
+  toImageButtonOptions: { format: "png", scale: 2, filename: "attnscope" },
+};
+
+function plot(el, data, layout) {
+  const st = state.get();
+  const filename = `attnscope-${st.model}-${st.view}-L${st.layer}H${st.head}`;
+  return window.Plotly.react(el, data, layout,
+    { ...PLOT_CONFIG, toImageButtonOptions: { ...PLOT_CONFIG.toImageButtonOptions, filename } });
+}
+
+// ---- the update loop ----------------------------------------------------------------------------
+let generation = 0;
+const current = { exports: null };
+
+function fetchAll(reqs, run) {
+  return Promise.all(reqs.map(({ endpoint, ...params }) => api[endpoint]({ ...run, ...params })));
+}
+
+async function update() {
+  const [st, changed] = normalize(state.get());
+  if (changed) return state.go(st, { replace: true });
+  const info = MODELS[st.model];
+  syncControls(st, info);
+  const view = VIEWS[st.view];
+  const container = document.querySelector(`.view[data-view="${st.view}"]`);
+  const gen = ++generation;
+  if (!st.text.trim()) {
+    replace($("chips"));
+    $("token-info").textContent = "";
+    setStatus("Type some text and press Run.");
+    return;
+  }
+  clearError();
+  $("view-area").setAttribute("aria-busy", "true");
+  setStatus("Running the model…");
+  const started = performance.now();
+  const run = runOptions(st, info);
+  try {
+    // The per-view request does not depend on the tokens (except the line view's head limit), so
+    // both go out together; the server runs the model once and shares the run.
+    const metaP = api.attention({ ...run, include: ["summary"] });
+    let dataP = view.needsMeta ? null : fetchAll(view.requests(st, info, null), run);
+    dataP?.catch(() => {});
+    const meta = await metaP;
+    if (gen !== generation) return;
+    renderChips($("chips"), meta, st, state.go);
+    tokenInfo(meta, st);
+    dataP ??= fetchAll(view.requests(st, info, meta), run);
+    const results = await dataP;
+    if (gen !== generation) return;
+    const drawing = [];
+    const ctx = { info, go: state.go, href: state.href, large: st.large, font: st.large ? 18 : 13,
+      plot: (...args) => drawing.push(plot(...args)) };
+    const shownState = { ...st, pin: st.pin !== null && st.pin < meta.tokens.length ? st.pin : null };
+    current.exports = null;
+    current.exports = view.render(container, { meta, results }, shownState, ctx);
+    await Promise.all(drawing);
+    if (gen !== generation) return;
+    container.dataset.renders = String(Number(container.dataset.renders || 0) + 1);
+    container.dataset.state = location.search;
+    const bytes = [meta, ...results].reduce((s, r) => s + (r.bytes || 0), 0);
+    setStatus(`${info.title} · ${meta.tokens.length} tokens · model run ${fmtMs(meta.timing_ms.model)} · ` +
+      `drawn in ${fmtMs(performance.now() - started)} · ${fmtBytes(bytes)} of data` +
+      (meta.provider ? ` · ${meta.provider.replace("ExecutionProvider", "")}` : ""));
+    updateExportButtons();
+  } catch (err) {
+    if (gen !== generation) return;
+    console.warn(err);
+    showError(err);
+  } finally {
+    if (gen === generation) $("view-area").setAttribute("aria-busy", "false");
+  }
+}
+
+// ---- export ------------------------------------------------------------------------------------
+function updateExportButtons() {
+  const ex = current.exports || {};
+  $("export-png").disabled = !(ex.plot || ex.svg || ex.canvas);
+  $("export-svg").disabled = !(ex.plot || ex.svg);
+  $("export-csv").disabled = !ex.csv;
+  $("export-json").disabled = !ex.json;
+}
+
+async function exportAs(kind) {
+  const ex = current.exports;
+  if (!ex) return;
+  try {
+    if (kind === "csv") downloadCSV(ex.name, ex.csv());
+    else if (kind === "json") downloadJSON(ex.name, ex.json());
+    else if (ex.plot) await window.Plotly.downloadImage(ex.plot, { format: kind, filename: ex.name, scale: kind === "png" ? 2 : 1 });
+    else if (ex.svg) download(`${ex.name}.${kind}`, kind === "svg" ? svgBlob(ex.svg) : await svgToPng(ex.svg));
+    else if (ex.canvas && kind === "png") download(`${ex.name}.png`, await canvasToPng(ex.canvas()));
+    setStatus(`Downloaded ${ex.name}.${kind}`);
+  } catch (err) {
+    showError(err);
+  }
+}
+
+async function copyPermalink() {
+  const url = location.href;
+  try {
+    await navigator.clipboard.writeText(url);
+    setStatus("Permalink copied: it opens this exact view, text and settings.");
+  } catch {
+    const field = $("permalink-field");
+    field.hidden = false;
+    field.value = url;
+    field.focus();
+    field.select();
+    setStatus("Copy the selected link (Ctrl+C).");
+  }
+}
+
+// ---- events ---------------------------------------------------------------------------------------
+function wire() {
+  $("input-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    // the same text again re-runs anyway (answered from the cache)
+    if (!state.go({ text: $("text").value, text_pair: $("text-pair").value, mask: [], pin: null })) update();
+  });
+  $("model").addEventListener("change", (e) => {
+    const info = MODELS[e.target.value];
+    const st = state.get();
+    state.go({ model: info.id, layer: Math.min(st.layer, info.layers - 1), head: Math.min(st.head, info.heads - 1),
+      mask: [], pin: null, causal: null, heads: null, text_pair: info.pair ? st.text_pair : "" });
+  });
+  $("layer").addEventListener("change", (e) => state.go({ layer: Number(e.target.value) }));
+  $("head").addEventListener("change", (e) => state.go({ head: Number(e.target.value) }));
+  $("causal").addEventListener("change", (e) => {
+    const info = MODELS[state.get().model];
+    state.go({ causal: e.target.checked === (info.kind === "decoder") ? null : e.target.checked });
+  });
+  $("hide-special").addEventListener("change", (e) => state.go({ hide_special: e.target.checked }));
+  for (const r of document.querySelectorAll("input[name=click]")) {
+    r.addEventListener("change", (e) => state.go({ click: e.target.value }));
+  }
+  $("clear-mask").addEventListener("click", () => state.go({ mask: [] }));
+  $("stat").addEventListener("change", (e) => state.go({ stat: e.target.value }));
+  $("large-toggle").addEventListener("click", () => state.go({ large: !state.get().large }));
+  $("copy-link").addEventListener("click", copyPermalink);
+  for (const kind of ["png", "svg", "csv", "json"]) $(`export-${kind}`).addEventListener("click", () => exportAs(kind));
+  $("tabs").addEventListener("click", (e) => {
+    const a = e.target.closest("a[data-view]");
+    if (!a || e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey || e.altKey) return;
+    e.preventDefault();
+    state.go({ view: a.dataset.view });
+  });
+  $("text").addEventListener("keydown", (e) => {   // Ctrl/Cmd+Enter runs
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("input-form").requestSubmit();
+  });
+  $("scale-name").textContent = SCALE_NAME;
+  state.subscribe(update);
+}
+
+wire();
+// write the full state into the URL (so the first permalink is complete), then draw
+if (!state.go({}, { replace: true })) update();

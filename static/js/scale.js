@@ -1,0 +1,113 @@
+// The ONE colour-scale and number-format module. Every view takes its colours and its number
+// formatting from here, so a heatmap, a canvas thumbnail and a table cell agree.
+
+// cividis (Nuñez, Anderton & Renslow 2018): sequential, perceptually uniform, readable with every
+// common form of colour blindness. Same stops as Plotly's built-in "Cividis".
+const CIVIDIS = [
+  [0, [0, 32, 76]], [0.058824, [0, 42, 102]], [0.117647, [0, 52, 110]], [0.176471, [39, 63, 108]],
+  [0.235294, [60, 74, 107]], [0.294118, [76, 85, 107]], [0.352941, [91, 95, 109]], [0.411765, [104, 106, 112]],
+  [0.470588, [117, 117, 117]], [0.529412, [131, 129, 120]], [0.588235, [146, 140, 120]],
+  [0.647059, [161, 152, 118]], [0.705882, [176, 165, 114]], [0.764706, [192, 177, 109]],
+  [0.823529, [209, 191, 102]], [0.882353, [225, 204, 92]], [0.941176, [243, 219, 79]], [1, [255, 233, 69]],
+];
+
+// Diverging, colour-blind safe (ColorBrewer PuOr): purple for negative, orange for positive.
+const PUOR = [
+  [0, [84, 39, 136]], [0.125, [128, 115, 172]], [0.25, [178, 171, 210]], [0.375, [216, 218, 235]],
+  [0.5, [247, 247, 247]], [0.625, [254, 224, 182]], [0.75, [253, 184, 99]], [0.875, [224, 130, 20]],
+  [1, [179, 88, 6]],
+];
+
+const rgbString = ([r, g, b]) => `rgb(${r},${g},${b})`;
+
+/** Plotly colorscales built from the same stops. */
+export const plotlyScale = CIVIDIS.map(([t, c]) => [t, rgbString(c)]);
+export const plotlyDiverging = PUOR.map(([t, c]) => [t, rgbString(c)]);
+export const SCALE_NAME = "cividis (colour-blind safe)";
+
+function interpolate(stops, t) {
+  if (!(t > 0)) return stops[0][1];
+  if (t >= 1) return stops[stops.length - 1][1];
+  let i = 1;
+  while (stops[i][0] < t) i++;
+  const [t0, c0] = stops[i - 1], [t1, c1] = stops[i];
+  const f = (t - t0) / (t1 - t0);
+  return [0, 1, 2].map((k) => Math.round(c0[k] + f * (c1[k] - c0[k])));
+}
+
+/** 256-entry RGB lookup table (Uint8ClampedArray, 3 bytes per entry) for canvas drawing. */
+export const LUT = (() => {
+  const lut = new Uint8ClampedArray(256 * 3);
+  for (let i = 0; i < 256; i++) lut.set(interpolate(CIVIDIS, i / 255), i * 3);
+  return lut;
+})();
+
+/** Sequential colour of t in [0, 1]. */
+export function color(t) {
+  return rgbString(interpolate(CIVIDIS, t));
+}
+
+/** Diverging colour of v in [-absmax, absmax]. */
+export function divergingColor(v, absmax) {
+  const t = absmax > 0 ? 0.5 + 0.5 * Math.max(-1, Math.min(1, v / absmax)) : 0.5;
+  return rgbString(interpolate(PUOR, t));
+}
+
+function luminance([r, g, b]) {
+  return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255;
+}
+
+/** Black or white text, whichever reads on the sequential colour of t. */
+export function textOn(t) {
+  return luminance(interpolate(CIVIDIS, t)) > 0.45 ? "#111" : "#fff";
+}
+
+export function textOnDiverging(v, absmax) {
+  const t = absmax > 0 ? 0.5 + 0.5 * Math.max(-1, Math.min(1, v / absmax)) : 0.5;
+  return luminance(interpolate(PUOR, t)) > 0.45 ? "#111" : "#fff";
+}
+
+// Categorical colours for heads (line view, entropy view): Paul Tol's "muted" palette plus three
+// Okabe–Ito colours; distinguishable with colour blindness when only a few are shown at once.
+export const HEAD_COLORS = ["#332288", "#CC6677", "#117733", "#DDAA33", "#88CCEE", "#882255",
+  "#44AA99", "#999933", "#AA4499", "#0072B2", "#E69F00", "#555555"];
+export const headColor = (h) => HEAD_COLORS[h % HEAD_COLORS.length];
+
+// ---- numbers ----------------------------------------------------------------------------------
+const MINUS = "\u2212";
+/** The additive mask's "minus infinity": float32 lowest (-3.4028235e38) or anything below -1e38. */
+export const isMinusInf = (v) => v === -Infinity || v <= -1e38;
+
+/** Fixed decimals for tables and labels; −∞ for masked scores; a true minus sign. */
+export function fmt(v, digits = 4) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "–";
+  if (isMinusInf(v)) return MINUS + "∞";
+  if (v === Infinity) return "∞";
+  const s = v !== 0 && Math.abs(v) < 0.5 * 10 ** -digits ? v.toExponential(1) : v.toFixed(digits);
+  return s.replace("-", MINUS);
+}
+
+/** The shortest decimal that reads back as the same float32: the exact value the model produced. */
+export function fmtExact(v) {
+  if (isMinusInf(v)) return MINUS + "∞";
+  const f = Math.fround(v);
+  for (let p = 1; p <= 9; p++) {
+    const s = f.toPrecision(p);
+    if (Math.fround(Number(s)) === f) return String(Number(s)).replace("-", MINUS);
+  }
+  return String(f).replace("-", MINUS);
+}
+
+/** Plain ASCII version of fmtExact for CSV / JSON / data attributes (parseFloat reads it back). */
+export function exactString(v) {
+  if (isMinusInf(v)) return "-Infinity";
+  return fmtExact(v).replace(MINUS, "-");
+}
+
+export function fmtMs(ms) {
+  return ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${Math.round(ms)} ms`;
+}
+
+export function fmtBytes(n) {
+  return n >= 1 << 20 ? `${(n / (1 << 20)).toFixed(1)} MB` : n >= 1024 ? `${Math.round(n / 1024)} KB` : `${n} B`;
+}

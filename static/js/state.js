@@ -1,0 +1,101 @@
+// All state lives in the URL query string: every view is a link, back/forward works, and the
+// "copy permalink" button just copies location.href.
+
+export const VIEWS = ["head", "lines", "model", "summary", "entropy", "stages"];
+export const STATS = ["mean_entropy", "first_token_mass", "last_token_mass", "previous_token_mass",
+  "diagonal_mass", "mean_distance"];
+export const STEP_TOKENS = [6, 8, 12, 16, 24, 32];
+
+// Name, default, kind. Order here is the order in the URL.
+const FIELDS = [
+  ["model", "", "str"], ["text", "", "str"], ["text_pair", "", "str"], ["view", "head", "view"],
+  ["layer", 0, "int"], ["head", 0, "int"], ["causal", null, "tri"], ["mask", [], "ints"],
+  ["pin", null, "int?"], ["hide_special", false, "bool"], ["click", "pin", "click"],
+  ["stat", "mean_entropy", "stat"], ["heads", null, "ints?"], ["all_heads", false, "bool"],
+  ["step", 0, "int"], ["n", 12, "int"], ["large", false, "bool"],
+];
+const ALWAYS = new Set(["model", "text", "view", "layer", "head"]);   // written even when default
+let defaults = Object.fromEntries(FIELDS.map(([k, d]) => [k, d]));
+
+/** Set the page's defaults (the default model and example text come from the template). */
+export function configure(patch) {
+  defaults = { ...defaults, ...patch };
+}
+
+function parseInts(s) {
+  return [...new Set(s.split(",").map((x) => x.trim()).filter((x) => /^\d+$/.test(x)).map(Number))]
+    .sort((a, b) => a - b);
+}
+
+/** State object from a query string. Unknown or malformed values fall back to defaults. */
+export function parse(search = location.search) {
+  const q = new URLSearchParams(search);
+  const st = {};
+  for (const [k, , kind] of FIELDS) {
+    const d = defaults[k];
+    const raw = q.get(k);
+    if (raw === null) { st[k] = Array.isArray(d) ? [...d] : d; continue; }
+    switch (kind) {
+      case "str": st[k] = raw; break;
+      case "view": st[k] = VIEWS.includes(raw) ? raw : d; break;
+      case "stat": st[k] = STATS.includes(raw) ? raw : d; break;
+      case "click": st[k] = raw === "mask" ? "mask" : "pin"; break;
+      case "int": st[k] = /^\d+$/.test(raw) ? Number(raw) : d; break;
+      case "int?": st[k] = /^\d+$/.test(raw) ? Number(raw) : null; break;
+      case "tri": st[k] = raw === "1" || raw === "true" ? true : raw === "0" || raw === "false" ? false : null; break;
+      case "bool": st[k] = raw === "1" || raw === "true"; break;
+      case "ints": st[k] = parseInts(raw); break;
+      case "ints?": st[k] = raw === "" ? null : parseInts(raw); break;
+    }
+  }
+  return st;
+}
+
+/** Query string for a state (defaults left out, except the fields that make a link self-contained). */
+export function serialize(st) {
+  const q = new URLSearchParams();
+  for (const [k, , kind] of FIELDS) {
+    const v = st[k], d = defaults[k];
+    const same = Array.isArray(v) ? Array.isArray(d) && v.join() === d.join() : v === d;
+    if (same && !ALWAYS.has(k)) continue;
+    if (v === null || v === undefined) continue;
+    if (kind === "tri" || kind === "bool") q.set(k, v ? "1" : "0");
+    else if (Array.isArray(v)) q.set(k, v.join(","));
+    else q.set(k, String(v));
+  }
+  return "?" + q.toString();
+}
+
+let current = null;
+const listeners = [];
+
+/** The current state (parsed once per URL change). */
+export function get() {
+  return (current ??= parse());
+}
+
+/** A link to the current state changed by patch. */
+export function href(patch = {}) {
+  return location.pathname + serialize({ ...get(), ...patch });
+}
+
+/** Change state: push a history entry (or replace it) and tell the listeners; false if nothing changed. */
+export function go(patch, { replace = false } = {}) {
+  const next = { ...get(), ...patch };
+  const url = location.pathname + serialize(next);
+  if (url === location.pathname + location.search) return false;
+  history[replace ? "replaceState" : "pushState"](null, "", url);
+  current = parse();
+  listeners.forEach((cb) => cb(current));
+  return true;
+}
+
+/** Call cb(state) after every change, including back/forward. */
+export function subscribe(cb) {
+  listeners.push(cb);
+}
+
+window.addEventListener("popstate", () => {
+  current = parse();
+  listeners.forEach((cb) => cb(current));
+});

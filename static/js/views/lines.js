@@ -1,0 +1,211 @@
+// Line view (BertViz style): queries on the left, keys on the right, a line per weight whose
+// opacity is the weight, one colour per head. Hover or focus a token to see only its lines.
+import { h, part, replace, svg, tokenLabel } from "../dom.js";
+import { subMatrix, visibleTokens } from "../matrix.js";
+import { exactString, fmt, headColor } from "../scale.js";
+
+export const title = "Line view";
+export const help = "Each line joins a query (left) to a key (right); the stronger the weight, the more opaque the line. " +
+  "Colours are heads. Hover or focus a token (Tab into the drawing, then the arrow keys) to show only its lines; " +
+  "click it to pin it.";
+export const needsMeta = true;
+
+const LEVELS = 32;           // opacity levels for the overview (one <path> per head and level)
+const MIN_WEIGHT = 1 / 64;   // lighter lines are invisible anyway: not drawn in the overview
+const MAX_SEGMENTS = 6000;   // overview cap for long inputs (strongest lines kept)
+
+/** How many heads may be drawn at once for T tokens (keeps the transfer and the drawing light). */
+export function maxHeads(T, H) {
+  return Math.min(H, T <= 64 ? H : T <= 128 ? 6 : T <= 256 ? 3 : 2);
+}
+
+export function selectedHeads(st, T, H) {
+  const limit = maxHeads(T, H);
+  let heads = st.heads ?? (limit >= H ? [...Array(H).keys()] : [st.head]);
+  heads = heads.filter((x) => x < H).slice(0, limit);
+  return heads.length ? heads : [Math.min(st.head, H - 1)];
+}
+
+/** One request per head (float16): toggling a head fetches only that head. */
+export function requests(st, info, meta) {
+  return selectedHeads(st, meta.tokens.length, info.heads).map((hd) => (
+    { endpoint: "attention", layers: [st.layer], heads: [hd], include: ["attention"], dtype: "float16" }));
+}
+
+function headPicker(el, st, T, H, heads, ctx) {
+  const limit = maxHeads(T, H);
+  const set = new Set(heads);
+  const boxes = [...Array(H).keys()].map((hd) => {
+    const on = set.has(hd);
+    return h("label", { class: "head-check" },
+      h("input", {
+        type: "checkbox", checked: on, disabled: !on && set.size >= limit, "data-head": hd,
+        onchange: (e) => {
+          const next = e.target.checked ? [...set, hd] : [...set].filter((x) => x !== hd);
+          ctx.go({ heads: next.sort((a, b) => a - b) });
+        },
+      }),
+      h("span", { class: "swatch", style: `background:${headColor(hd)}`, "aria-hidden": "true" }),
+      `head ${hd}`);
+  });
+  replace(el,
+    h("fieldset", { class: "heads" }, h("legend", { text: `Heads of layer ${st.layer}` }), boxes,
+      h("span", { class: "buttons" },
+        limit >= H && h("button", { type: "button", class: "small", text: "All", onclick: () => ctx.go({ heads: null }) }),
+        h("button", { type: "button", class: "small", text: "Only the current head", onclick: () => ctx.go({ heads: [st.head] }) }))),
+    h("p", { class: "hint", text: limit < H
+      ? `For ${T} tokens at most ${limit} heads are drawn at once, so the drawing stays light; untick one to pick another.`
+      : "Lines lighter than 1/64 are not drawn in the overview (they would be invisible)." }));
+}
+
+export function render(container, { meta, results }, st, ctx) {
+  const T = meta.tokens.length;
+  const heads = results.map((r) => r.heads[0]);
+  const renorm = st.hide_special && meta.special.some(Boolean);
+  const idx = visibleTokens(meta, st.hide_special);
+  const n = idx.length;
+  const mats = results.map((r) => subMatrix(r.attention.sub(0, 0), idx, renorm).z);
+
+  headPicker(part(container, "picker", "div", { class: "picker" }), st, T, ctx.info.heads, heads, ctx);
+  const note = part(container, "note", "p", { class: "note" });
+  note.textContent = renorm
+    ? "[CLS] and [SEP] are hidden; each query's remaining weights are renormalised to sum to 1."
+    : "All tokens shown; line opacity is the model's own weight.";
+  const wrap = part(container, "wrap", "div", { class: "lines-layout" });
+  const scroller = part(wrap, "scroller", "div", { class: "lines-scroll" });
+  const aside = part(wrap, "focus", "div", { class: "side focus-list", "aria-live": "polite" });
+
+  const rh = ctx.large ? 28 : 20, fs = ctx.large ? 18 : 13;
+  const colW = ctx.large ? 190 : 150, gap = 240, pad = 24;
+  const W = colW * 2 + gap, H = n * rh + pad * 2;
+  const xl = colW, xr = colW + gap;
+  const y = (p) => pad + p * rh + rh / 2;
+
+  // Overview: bucket every visible line by head and opacity level into one path each.
+  let segs = [];
+  mats.forEach((z, hi) => z.forEach((row, a) => row.forEach((w, b) => {
+    if (w >= MIN_WEIGHT) segs.push([hi, a, b, w]);
+  })));
+  const capped = segs.length > MAX_SEGMENTS;
+  if (capped) segs = segs.sort((s1, s2) => s2[3] - s1[3]).slice(0, MAX_SEGMENTS);
+  const buckets = new Map();
+  for (const [hi, a, b, w] of segs) {
+    const key = hi * (LEVELS + 1) + Math.min(LEVELS, Math.round(w * LEVELS));
+    (buckets.get(key) ?? buckets.set(key, []).get(key)).push(`M${xl + 6} ${y(a)}L${xr - 6} ${y(b)}`);
+  }
+  const overview = svg("g", { class: "overview" }, [...buckets].map(([key, d]) => svg("path", {
+    d: d.join(""), stroke: headColor(heads[Math.floor(key / (LEVELS + 1))]),
+    "stroke-opacity": ((key % (LEVELS + 1)) / LEVELS).toFixed(3), "stroke-width": 2, fill: "none",
+  })));
+  const focusG = svg("g", { class: "focus-lines" });
+
+  const tokenText = (p, side) => {
+    const i = idx[p];
+    const masked = meta.masked_tokens.includes(i), pinned = st.pin === i;
+    return svg("text", {
+      x: side === "q" ? xl - 4 : xr + 4, y: y(p), "text-anchor": side === "q" ? "end" : "start",
+      "dominant-baseline": "central", "font-size": fs, "font-family": "system-ui, sans-serif",
+      fill: meta.special[i] ? "#666" : "#111", "font-weight": pinned ? "bold" : "normal",
+      "text-decoration": masked ? "line-through" : "none",
+      class: "tok-label", tabindex: p === 0 ? "0" : "-1", role: "button", "data-side": side, "data-pos": p, "data-index": i,
+      "aria-label": `${side === "q" ? "query" : "key"} ${i}: ${meta.tokens[i]}${masked ? " (masked)" : ""}`,
+    }, tokenLabel(meta.tokens[i]));
+  };
+  const qLabels = idx.map((_, p) => tokenText(p, "q"));
+  const kLabels = idx.map((_, p) => tokenText(p, "k"));
+  const drawing = svg("svg", {
+    width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "lines-svg", role: "group",
+    "aria-label": `Attention lines of layer ${st.layer}, heads ${heads.join(", ")}: ${n} queries on the left, ${n} keys on the right`,
+  },
+  svg("rect", { x: 0, y: 0, width: W, height: H, fill: "#fff" }),
+  svg("text", { x: xl - 4, y: pad / 2, "text-anchor": "end", "font-size": fs - 2, fill: "#555", "font-family": "system-ui, sans-serif" }, "query"),
+  svg("text", { x: xr + 4, y: pad / 2, "font-size": fs - 2, fill: "#555", "font-family": "system-ui, sans-serif" }, "key"),
+  overview, focusG, svg("g", {}, qLabels), svg("g", {}, kLabels));
+  replace(scroller, drawing);
+
+  // Focus: one token's lines, each with its exact weight as opacity, and the numbers beside.
+  const focus = (side, p) => {
+    [...qLabels, ...kLabels].forEach((t) => t.classList.remove("active"));
+    if (p === null) {
+      overview.setAttribute("opacity", "1");
+      replace(focusG);
+      replace(aside, h("p", { class: "hint", text: "Hover or focus a token to see its lines and their exact weights." }));
+      aside.dataset.focus = "";
+      return;
+    }
+    (side === "q" ? qLabels : kLabels)[p].classList.add("active");
+    overview.setAttribute("opacity", "0.12");
+    const lines = [], items = [];
+    mats.forEach((z, hi) => {
+      const ws = side === "q" ? z[p] : z.map((row) => row[p]);
+      ws.forEach((w, o) => {
+        if (w <= 0) return;
+        const [a, b] = side === "q" ? [p, o] : [o, p];
+        lines.push(svg("line", {
+          x1: xl + 6, y1: y(a), x2: xr - 6, y2: y(b), stroke: headColor(heads[hi]),
+          "stroke-opacity": Math.min(1, w).toFixed(4), "stroke-width": 2.5,
+        }));
+      });
+      const top = ws.map((w, o) => [w, o]).sort((u, v) => v[0] - u[0]).slice(0, 5);
+      items.push(h("li", {},
+        h("span", { class: "swatch", style: `background:${headColor(heads[hi])}`, "aria-hidden": "true" }),
+        h("strong", { text: `head ${heads[hi]}: ` }),
+        top.map(([w, o], r) => h("span", {
+          class: "w", "data-head": heads[hi], "data-other": idx[o], "data-weight": exactString(w),
+        }, r ? ", " : "", tokenLabel(meta.tokens[idx[o]]), ` ${fmt(w, 3)}`))));
+    });
+    replace(focusG, lines);
+    const i = idx[p];
+    replace(aside,
+      h("h3", {}, side === "q" ? `Query ${i} ` : `Key ${i} `, h("q", { class: "tok", text: tokenLabel(meta.tokens[i]) })),
+      h("p", { class: "hint", text: side === "q" ? "Where it looks: its strongest keys per head (weights sent as float16, 3 decimals; the head view has the exact float32):" : "Who looks at it: the strongest queries per head (float16 weights, 3 decimals):" }),
+      h("ul", { class: "focus-items" }, items));
+    aside.dataset.focus = `${side}${i}`;
+  };
+  const pinPos = st.pin === null ? -1 : idx.indexOf(st.pin);
+  const rest = () => focus("q", pinPos >= 0 ? pinPos : null);
+  const onLabel = (e) => {
+    const t = e.target.closest?.(".tok-label");
+    return t ? [t.dataset.side, Number(t.dataset.pos), Number(t.dataset.index)] : null;
+  };
+  drawing.addEventListener("mouseover", (e) => { const l = onLabel(e); if (l) focus(l[0], l[1]); });
+  drawing.addEventListener("mouseleave", rest);
+  drawing.addEventListener("focusin", (e) => { const l = onLabel(e); if (l) focus(l[0], l[1]); });
+  drawing.addEventListener("focusout", (e) => { if (!drawing.contains(e.relatedTarget)) rest(); });
+  drawing.addEventListener("click", (e) => { const l = onLabel(e); if (l) ctx.go({ pin: st.pin === l[2] ? null : l[2] }); });
+  drawing.addEventListener("keydown", (e) => {
+    const l = onLabel(e);
+    if (!l) return;
+    const list = l[0] === "q" ? qLabels : kLabels;
+    const moves = { ArrowDown: l[1] + 1, ArrowUp: l[1] - 1, Home: 0, End: n - 1 };
+    if (e.key in moves) {
+      e.preventDefault();
+      const j = Math.max(0, Math.min(n - 1, moves[e.key]));
+      list[l[1]].setAttribute("tabindex", "-1");
+      list[j].setAttribute("tabindex", "0");
+      list[j].focus();
+      list[j].scrollIntoView({ block: "nearest" });
+    } else if (e.key === "Enter" || e.key === " ") {
+      e.preventDefault();
+      ctx.go({ pin: st.pin === l[2] ? null : l[2] });
+    }
+  });
+  rest();
+  if (capped) note.textContent += ` Long input: the overview draws the ${MAX_SEGMENTS} strongest lines; hover a token for all of its lines.`;
+  container.dataset.layer = st.layer;
+  container.dataset.head = st.head;
+  container.dataset.heads = heads.join(",");
+
+  return {
+    svg: drawing,
+    name: `attnscope-${st.model}-L${st.layer}-lines`,
+    csv: () => [["layer", "head", "query_index", "query_token", "key_index", "key_token", "weight"],
+      ...mats.flatMap((z, hi) => z.flatMap((row, a) => row.map((w, b) =>
+        [st.layer, heads[hi], idx[a], meta.tokens[idx[a]], idx[b], meta.tokens[idx[b]], Number(exactString(w))])))],
+    json: () => ({
+      model: st.model, text: st.text, layer: st.layer, heads, dtype: "float16", renormalised: renorm,
+      token_indices: idx, tokens: idx.map((i) => meta.tokens[i]),
+      attention: mats.map((z) => z.map((r) => r.map((w) => Number(exactString(w))))),
+    }),
+  };
+}
