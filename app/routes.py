@@ -4,6 +4,8 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
+import anyio
+
 from fastapi import APIRouter, Depends, Header, Response
 from fastapi.responses import FileResponse
 
@@ -42,15 +44,21 @@ async def _respond(req: AttentionRequest | StagesRequest, svc: AttentionService,
     if if_none_match == etag:
         return Response(status_code=304, headers={"ETag": etag})
     computed, hit = await svc.compute(req, stages=stages)
-    payload = svc.stages_payload(computed, req) if stages else svc.attention_payload(computed, req, binary)
-    payload["timing_ms"] = svc.timing(computed, started)
+    # statistics and serialisation take up to a second for 512 tokens: in a worker thread, a bounded number at once
+    body = await anyio.to_thread.run_sync(_body, svc, computed, req, stages, binary, started,
+                                          limiter=svc.render_slots())
     headers = {"ETag": etag, "X-Cache": "hit" if hit else "miss", "Cache-Control": "private, max-age=3600",
                "Vary": "Accept"}
+    return Response(body, media_type=transport.BINARY if binary else "application/json", headers=headers)
+
+
+def _body(svc: AttentionService, computed, req: AttentionRequest | StagesRequest, stages: bool, binary: bool,
+          started: float) -> bytes:
+    payload = svc.stages_payload(computed, req) if stages else svc.attention_payload(computed, req, binary)
+    payload["timing_ms"] = svc.timing(computed, started)
     if binary:
-        return Response(transport.to_binary(payload, getattr(req, "dtype", "float32")),
-                        media_type=transport.BINARY, headers=headers)
-    return Response(transport.to_json(payload, getattr(req, "precision", None)), media_type="application/json",
-                    headers=headers)
+        return transport.to_binary(payload, getattr(req, "dtype", "float32"))
+    return transport.to_json(payload, getattr(req, "precision", None))
 
 
 @router.post("/api/attention", response_model=AttentionResponse, tags=["attention"],
@@ -84,7 +92,9 @@ def model_onnx(model_id: str, svc: Service, stages: bool = False):
                         filename=f"{model_id}{'-stages' if stages else ''}.onnx")
 
 
-@router.get("/healthz", response_model=Health, tags=["health"], summary="Liveness and loaded models")
-def healthz(svc: Service):
+@router.get("/healthz", response_model=Health, tags=["health"], summary="Readiness, loaded models and model runs")
+async def healthz(svc: Service):
+    """Answers only once every configured model is loaded (the server does not listen before), and on the event
+    loop itself, so it stays prompt while long runs are in flight."""
     from . import __version__
-    return Health(status="ok", models={m.id: m.provider for m in svc.models()}, version=__version__)
+    return Health(status="ok", models={m.id: m.provider for m in svc.models()}, version=__version__, **svc.runs())

@@ -153,6 +153,10 @@ class Health(BaseModel):
     status: Literal["ok"]
     models: dict[str, str] = Field(description="loaded model id -> execution provider")
     version: str
+    running: int = Field(description="model runs in flight now")
+    waiting: int = Field(description="requests waiting for a run slot")
+    max_inflight: int = Field(description="model runs at once (ATTNSCOPE_MAX_INFLIGHT)")
+    max_queue: int = Field(description="waiting requests beyond which the answer is 503 (ATTNSCOPE_MAX_QUEUE)")
 
 
 class Error(BaseModel):

@@ -65,7 +65,8 @@ class AttentionService:
         self.runtimes: dict[str, Runtime] = {}
         self.cache = ResultCache(settings.cache_mb * 2**20)
         self._slots: asyncio.Semaphore | None = None
-        self._waiting = 0
+        self._render: anyio.CapacityLimiter | None = None
+        self._waiting = self._running = 0
         self._pending: dict[str, asyncio.Future] = {}
 
     # ---- start-up ---------------------------------------------------------------------------
@@ -133,9 +134,11 @@ class AttentionService:
                 await self._slots.acquire()
             finally:
                 self._waiting -= 1
+            self._running += 1
             try:
                 computed = await anyio.to_thread.run_sync(self._run, rt, opts, stages)
             finally:
+                self._running -= 1
                 self._slots.release()
             self.cache.put(key, computed)
             future.set_result(computed)
@@ -147,6 +150,17 @@ class AttentionService:
             raise
         finally:
             self._pending.pop(key, None)
+
+    def runs(self) -> dict[str, int]:
+        """Model runs in flight and requests waiting for a slot (/healthz shows them)."""
+        return {"running": self._running, "waiting": self._waiting, "max_inflight": self.settings.max_inflight,
+                "max_queue": self.settings.max_queue}
+
+    def render_slots(self) -> anyio.CapacityLimiter:
+        """Answers built at once: a 512-token answer briefly holds a few hundred MB of copies."""
+        if self._render is None:
+            self._render = anyio.CapacityLimiter(self.settings.max_renders)
+        return self._render
 
     @staticmethod
     def _run(rt: Runtime, opts: RunOptions, stages: bool) -> AttentionResult:
@@ -195,7 +209,8 @@ class AttentionService:
         layers, heads = self._select("layers", req.layers, L), self._select("heads", req.heads, H)
         sel = np.ix_(layers, heads)
         out = self._tokens(r) | {"layers": layers, "heads": heads}
-        probs = r.attentions[sel]                                            # [l, h, T, T]
+        everything = layers == list(range(L)) and heads == list(range(H))
+        probs = r.attentions if everything else r.attentions[sel]            # [l, h, T, T]; no copy for all
         if "attention" in req.include:
             side = min(T, req.resolution or T)
             cells = len(layers) * len(heads) * side * side

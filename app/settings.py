@@ -35,6 +35,7 @@ class Settings(BaseSettings):
     max_binary_cells: int = 40_000_000   # the same for the binary form
     max_inflight: int = 2                # model runs at once (2 cores)
     max_queue: int = 32                  # requests waiting for a run slot; beyond it, 503 with Retry-After
+    max_renders: int = Field(default=4, ge=1)  # answers serialised at once (worker threads); the rest wait
     cache_mb: int = 768                  # results kept for repeated views (LRU by bytes)
     cors_origins: CSV = Field(default=[], description="CORS allow-list; empty = CORS off")
 

@@ -198,6 +198,9 @@ class Runtime:
 
     def session(self, stages: bool = False):
         """The onnxruntime session (with or without teaching outputs); a corrupt cached file is rebuilt."""
+        sess = self._sessions.get(stages)
+        if sess is not None:  # the common case takes no lock: building the other graph can take seconds
+            return sess
         with self._lock:
             if stages not in self._sessions:
                 path = self.onnx_path(stages)
