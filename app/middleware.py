@@ -9,6 +9,7 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline';
 SECURITY_HEADERS = [(b"content-security-policy", CSP.encode()), (b"x-content-type-options", b"nosniff"),
                     (b"x-frame-options", b"DENY"), (b"referrer-policy", b"no-referrer"),
                     (b"cross-origin-opener-policy", b"same-origin")]
+_SECURITY_NAMES = {name for name, _ in SECURITY_HEADERS}
 
 
 class SecurityHeaders:
@@ -20,8 +21,9 @@ class SecurityHeaders:
             return await self.app(scope, receive, send)
 
         async def send_with_headers(message):
-            if message["type"] == "http.response.start":
-                message["headers"] = list(message.get("headers", [])) + SECURITY_HEADERS
+            if message["type"] == "http.response.start":  # exactly one of each, whoever set them before
+                message["headers"] = [(k, v) for k, v in message.get("headers", [])
+                                      if k.lower() not in _SECURITY_NAMES] + SECURITY_HEADERS
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
@@ -64,5 +66,5 @@ class BodyLimit:
         body = orjson.dumps(detail)
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")] + SECURITY_HEADERS})
+                                (b"connection", b"close")]})  # SecurityHeaders, outside this, adds the rest
         await send({"type": "http.response.body", "body": body})

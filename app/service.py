@@ -109,7 +109,7 @@ class AttentionService:
                                 f"(ATTNSCOPE_MAX_CHARS). The model reads at most {rt.spec.max_tokens} tokens anyway")
         if len(opts.mask_tokens) > self.settings.max_mask_tokens:
             raise ApiError(422, f"mask_tokens has {len(opts.mask_tokens)} entries; the limit is "
-                                f"{self.settings.max_mask_tokens}")
+                                f"{self.settings.max_mask_tokens} (ATTNSCOPE_MAX_MASK_TOKENS)")
         return rt
 
     async def compute(self, opts: RunOptions, stages: bool = False) -> tuple[AttentionResult, bool]:
@@ -125,7 +125,8 @@ class AttentionService:
             self._slots = asyncio.Semaphore(self.settings.max_inflight)
         if self._slots.locked() and self._waiting >= self.settings.max_queue:
             raise ApiError(503, f"busy: {self.settings.max_inflight} model runs in flight and "
-                                f"{self._waiting} waiting; retry shortly", headers={"Retry-After": "1"})
+                                f"{self._waiting} waiting (ATTNSCOPE_MAX_INFLIGHT, ATTNSCOPE_MAX_QUEUE); "
+                                f"retry shortly", headers={"Retry-After": "1"})
         future = asyncio.get_running_loop().create_future()
         self._pending[key] = future
         try:
@@ -217,7 +218,8 @@ class AttentionService:
             limit = self.settings.max_binary_cells if binary else self.settings.max_json_cells
             if cells > limit:
                 raise ApiError(422, f"this answer would hold {cells:,} attention values; the "
-                                    f"{'binary' if binary else 'JSON'} limit is {limit:,}. Ask for fewer layers or "
+                                    f"{'binary' if binary else 'JSON'} limit is {limit:,} "
+                                    f"(ATTNSCOPE_MAX_{'BINARY' if binary else 'JSON'}_CELLS). Ask for fewer layers or "
                                     f"heads, set resolution"
                                     + ("" if binary else ", or ask for the binary form (Accept: "
                                        "application/vnd.attnscope.tensors)"))
