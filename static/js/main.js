@@ -110,6 +110,7 @@ function tokenInfo(meta, st) {
 // ---- plotting (one place for the Plotly config) ----------------------------------------------------
 const PLOT_CONFIG = {
   responsive: true, displaylogo: false, scrollZoom: false,
+  showSendToCloud: false,          // Plotly 4 offers "Share chart" (an upload to Plotly Cloud) by default: never
   modeBarButtonsToRemove: ["lasso2d", "select2d"],
   toImageButtonOptions: { format: "png", scale: 2, filename: "attnscope" },
 };

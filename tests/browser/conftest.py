@@ -1,0 +1,94 @@
+"""Helpers for the browser suite: API calls to compare against, waiting for a view to draw,
+dialog and CSP-violation recorders, screenshots into test-artifacts/."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlencode
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+EXAMPLE = "The animal didn't cross the street because it was too tired."
+
+# The visible view has drawn the state now in the URL, and nothing is loading.
+DRAWN_JS = """(view) => {
+  const v = document.querySelector('.view:not([hidden])');
+  return !!v && (!view || v.dataset.view === view) && v.dataset.state === location.search
+    && document.getElementById('view-area').getAttribute('aria-busy') === 'false';
+}"""
+
+
+@pytest.fixture(scope="session")
+def browser_context_args(browser_context_args):
+    return {**browser_context_args, "viewport": {"width": 1366, "height": 900}}
+
+
+def wait_drawn(page, view: str | None = None, timeout: float = 30_000) -> None:
+    page.wait_for_function(DRAWN_JS, arg=view, timeout=timeout)
+
+
+def open_app(page, view: str | None = None, **params) -> None:
+    """Open the page with the given state in the URL and wait until its view has drawn."""
+    if view:
+        params["view"] = view
+    page.goto("/" + ("?" + urlencode(params) if params else ""))
+    wait_drawn(page, view)
+
+
+def screenshot(page, name: str, full_page: bool = True) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=full_page)
+    return path
+
+
+def update_docs_screenshot() -> bool:
+    """docs/screenshot.png is rewritten only when asked (ATTNSCOPE_UPDATE_SCREENSHOT=1), so test runs leave git clean."""
+    return os.environ.get("ATTNSCOPE_UPDATE_SCREENSHOT") == "1"
+
+
+@pytest.fixture
+def api(live_server):
+    """POST /api/attention (JSON) with the page's defaults; returns the decoded answer."""
+    def call(path: str = "/api/attention", **body):
+        body.setdefault("model", "minilm")
+        body.setdefault("text", EXAMPLE)
+        r = httpx.post(live_server + path, json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+    return call
+
+
+@pytest.fixture
+def dialogs(page):
+    """Every alert/confirm/prompt the page opens (there must be none)."""
+    seen = []
+
+    def on_dialog(d):
+        seen.append(d.message)
+        d.dismiss()
+    page.on("dialog", on_dialog)
+    return seen
+
+
+@pytest.fixture
+def csp_violations(page):
+    """securitypolicyviolation events, collected from before the page's own scripts run."""
+    page.add_init_script("""
+      window.__cspViolations = [];
+      document.addEventListener('securitypolicyviolation', (e) => {
+        window.__cspViolations.push(`${e.violatedDirective} ${e.blockedURI} ${e.sourceFile}:${e.lineNumber}`);
+      });
+    """)
+    return lambda: page.evaluate("window.__cspViolations")
+
+
+def plot_point(page, plot_selector: str, x: float, y: float) -> tuple[float, float]:
+    """Page coordinates of data point (x, y) in a Plotly plot (for real mouse hovers and clicks)."""
+    return tuple(page.evaluate("""([sel, x, y]) => {
+      const gd = document.querySelector(sel), fl = gd._fullLayout, r = gd.getBoundingClientRect();
+      return [r.left + fl.xaxis._offset + fl.xaxis.l2p(x), r.top + fl.yaxis._offset + fl.yaxis.l2p(y)];
+    }""", [plot_selector, x, y]))
