@@ -13,6 +13,10 @@ class ApiError(Exception):
         self.status, self.detail, self.headers = status, detail, headers
 
 
+class StartupError(Exception):
+    """The app cannot start: the message is one line saying what is wrong and the command that fixes it."""
+
+
 def _clip(text: str, limit: int = 80) -> str:
     """Echo client-supplied text safely: lone surrogates escaped (they cannot be encoded), long names cut."""
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -9,7 +9,7 @@ from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddle
 from fastapi.staticfiles import StaticFiles
 
 from . import __version__, errors, pages, routes
-from .middleware import BodyLimit, SecurityHeaders
+from .middleware import BodyLimit, SecurityHeaders, StartupFailure
 from .service import AttentionService
 from .transport import BINARY
 from .settings import Settings, get_settings
@@ -46,6 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                            allow_headers=["Content-Type", "Accept", "If-None-Match"])
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(SecurityHeaders)
+    app.add_middleware(StartupFailure)
     return app
 
 

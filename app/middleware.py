@@ -1,7 +1,11 @@
-"""ASGI middleware: request-body limit and security headers."""
+"""ASGI middleware: request-body limit, security headers, and a one-line start-up failure."""
 from __future__ import annotations
 
+import sys
+
 import orjson
+
+from .errors import StartupError
 
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
        "font-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
@@ -68,3 +72,23 @@ class BodyLimit:
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})  # SecurityHeaders, outside this, adds the rest
         await send({"type": "http.response.body", "body": body})
+
+
+class StartupFailure:
+    """A StartupError reaches the server as its own line (what is wrong, the command that fixes it) instead of
+    the traceback Starlette hands over; the server then exits non-zero."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "lifespan":
+            return await self.app(scope, receive, send)
+
+        async def send_plain(message):
+            error = sys.exc_info()[1]  # Starlette sends the failure from inside its `except` block
+            if message["type"] == "lifespan.startup.failed" and isinstance(error, StartupError):
+                message = {**message, "message": f"attnscope: cannot start: {error}"}
+            await send(message)
+
+        await self.app(scope, receive, send_plain)

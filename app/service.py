@@ -20,7 +20,7 @@ from model import stats, zoo
 from model.runtime import AttentionResult, Runtime
 
 from . import __version__
-from .errors import ApiError
+from .errors import ApiError, StartupError
 from .schemas import AttentionRequest, ModelInfo, RunOptions, StagesRequest
 from .settings import Settings
 
@@ -71,11 +71,23 @@ class AttentionService:
 
     # ---- start-up ---------------------------------------------------------------------------
     def load(self) -> None:
-        """Build every configured model and open its session (exporting the graph on first start)."""
+        """Build every configured model and open its session (exporting the graph on first start).
+        Whatever stops a model from loading becomes one StartupError line naming the fix."""
         for model_id in self.settings.models:
-            spec = zoo.get(model_id)
-            rt = Runtime(spec, providers=self.settings.providers or None, threads=self.settings.threads)
-            rt.session(stages=False)
+            try:
+                rt = Runtime(zoo.get(model_id), providers=self.settings.providers or None,
+                             threads=self.settings.threads)
+                rt.session(stages=False)
+            except zoo.ModelUnavailable as e:
+                raise StartupError(f"model {model_id!r}: {e}") from None
+            except KeyError as e:
+                raise StartupError(f"ATTNSCOPE_MODELS: {e.args[0]}") from None
+            except ValueError as e:  # the runtime's word for a bad option (e.g. an unknown execution provider)
+                raise StartupError(f"model {model_id!r}: {e}; fix: set ATTNSCOPE_PROVIDERS to available ones, or "
+                                   f"leave it empty for the default") from None
+            except OSError as e:
+                raise StartupError(f"model {model_id!r}: cannot write its ONNX graph ({e}); fix: point "
+                                   f"ATTNSCOPE_CACHE at a writable folder") from None
             self.runtimes[model_id] = rt
             print(f"attnscope: {model_id} ready on {rt.session().get_providers()[0]}", file=sys.stderr)
 

@@ -188,9 +188,13 @@ class Runtime:
             self._key = h.hexdigest()[:16]
         return self._key
 
+    def cached_path(self, stages: bool = False) -> Path:
+        """Where the exported graph lives in the cache (it may not exist yet)."""
+        return cache_dir() / f"{self.spec.id}{'-stages' if stages else ''}-{self.cache_key()}.onnx"
+
     def onnx_path(self, stages: bool = False) -> Path:
         """The exported graph, building it (with a progress bar) if it is not cached yet."""
-        path = cache_dir() / f"{self.spec.id}{'-stages' if stages else ''}-{self.cache_key()}.onnx"
+        path = self.cached_path(stages)
         if not path.is_file():
             print(f"attnscope: exporting {self.spec.id} to {path}", file=sys.stderr)
             _export.export(self.model, path, stages=stages, desc=self.spec.id)
@@ -203,6 +207,7 @@ class Runtime:
             return sess
         with self._lock:
             if stages not in self._sessions:
+                self._check_providers()  # a bad option, not a corrupt file: never delete a good graph for it
                 path = self.onnx_path(stages)
                 try:
                     self._sessions[stages] = self._open(path)
@@ -213,13 +218,16 @@ class Runtime:
                     self._sessions[stages] = self._open(self.onnx_path(stages))
             return self._sessions[stages]
 
-    def _open(self, path: Path):
+    def _check_providers(self) -> None:
         import onnxruntime as ort
         available = ort.get_available_providers()
         unknown = [p for p in self.providers if p not in available]
         if unknown:
             raise ValueError(f"execution provider(s) {unknown} are not available in this onnxruntime; "
                              f"available: {available}")
+
+    def _open(self, path: Path):
+        import onnxruntime as ort
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.intra_op_num_threads = self.threads

