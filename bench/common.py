@@ -1,0 +1,55 @@
+"""Shared by the bench scripts: texts of an exact token length and a uvicorn server on loopback."""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches "
+         "in the old market square near the river").split()
+
+
+def text_of_tokens(rt, n: int) -> str:
+    """A text that the runtime's tokenizer turns into exactly n tokens (specials included)."""
+    words = []
+    while len(rt.encode(" ".join(words + [WORDS[len(words) % len(WORDS)]])).ids) <= n:
+        words.append(WORDS[len(words) % len(WORDS)])
+    text = " ".join(words)
+    assert len(rt.encode(text).ids) == n, (n, len(rt.encode(text).ids))
+    return text
+
+
+@contextlib.contextmanager
+def server(env: dict[str, str] | None = None):
+    """uvicorn app.main:app on a free 127.0.0.1 port; yields (base_url, pid); always stopped."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port",
+                             str(port), "--log-level", "warning"], cwd=ROOT, env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.2)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
