@@ -52,13 +52,13 @@ class Strict(BaseModel):
 
 class ModelInfo(BaseModel):
     id: str = Field(description="model id to pass as `model`", examples=["minilm"])
-    title: str
-    description: str
+    title: str = Field(description="human-readable name")
+    description: str = Field(description="what the model is and where its weights come from")
     kind: Literal["encoder", "decoder"] = Field(description="decoders are causal: each token sees only the past")
-    layers: int
-    heads: int
-    d_model: int
-    d_head: int
+    layers: int = Field(description="transformer blocks")
+    heads: int = Field(description="attention heads per block")
+    d_model: int = Field(description="width of the residual stream")
+    d_head: int = Field(description="width of each head's queries and keys: d_model / heads")
     max_tokens: int = Field(description="longer inputs are truncated to this many tokens (and flagged)")
     pair: bool = Field(description="accepts `text_pair` (sentence pairs with segment embeddings)")
     provider: str = Field(description="onnxruntime execution provider in use", examples=["CPUExecutionProvider"])
@@ -106,12 +106,12 @@ class StagesRequest(RunOptions):
 
 
 class Tokens(BaseModel):
-    model: str
-    engine: Literal["onnx", "numpy"]
+    model: str = Field(description="the model id that answered")
+    engine: Literal["onnx", "numpy"] = Field(description="onnx: the served graph; numpy: the reference")
     provider: str = Field(description="execution provider that ran the model (`numpy` for the reference)")
-    causal: bool
+    causal: bool = Field(description="whether the look-ahead mask was applied")
     truncated: bool = Field(description="the input was longer than max_tokens and was cut")
-    tokens: list[str]
+    tokens: list[str] = Field(description="the model's tokens, [CLS]/[SEP] included")
     offsets: list[list[int]] = Field(description="[start, end) character span of each token in its own text")
     special: list[bool] = Field(description="true for [CLS], [SEP] and other special tokens")
     segments: list[int] = Field(description="0: text, 1: text_pair, -1: special token")
@@ -136,9 +136,9 @@ class AttentionResponse(Tokens):
 
 
 class StagesResponse(Tokens):
-    layer: int
-    head: int
-    d_head: int
+    layer: int = Field(description="the layer shown")
+    head: int = Field(description="the head shown")
+    d_head: int = Field(description="width of q and k")
     scale: float = Field(description="1 / (sqrt(d_head) * temperature), the factor applied to the raw scores")
     q: Matrix = Field(description="queries [token][d_head]")
     k: Matrix = Field(description="keys [token][d_head]")
@@ -150,9 +150,9 @@ class StagesResponse(Tokens):
 
 
 class Health(BaseModel):
-    status: Literal["ok"]
+    status: Literal["ok"] = Field(description="ok once every model is loaded and its session is open")
     models: dict[str, str] = Field(description="loaded model id -> execution provider")
-    version: str
+    version: str = Field(description="attnscope version")
     running: int = Field(description="model runs in flight now")
     waiting: int = Field(description="requests waiting for a run slot")
     max_inflight: int = Field(description="model runs at once (ATTNSCOPE_MAX_INFLIGHT)")

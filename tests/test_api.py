@@ -272,3 +272,17 @@ def test_stages_limit_trims_to_the_first_tokens(client):
     assert len(part["tokens"]) == len(full["tokens"]) == 102
     assert np.array(part["probs"]).shape == (10, 10) and np.array(part["q"]).shape == (10, 32)
     np.testing.assert_array_equal(np.array(part["scores"]), np.array(full["scores"])[:10, :10])
+
+
+def test_openapi_describes_every_field_and_error(client):
+    spec = client.get("/openapi.json").json()
+    undocumented = [f"{name}.{prop}" for name, schema in spec["components"]["schemas"].items()
+                    if name in {"ModelInfo", "AttentionRequest", "StagesRequest", "AttentionResponse",
+                                "StagesResponse", "Health", "Error"}
+                    for prop, p in schema.get("properties", {}).items() if "description" not in p]
+    assert undocumented == []
+    for path in ("/api/attention", "/api/stages"):
+        op = spec["paths"][path]["post"]
+        assert {"400", "404", "413", "422", "503"} <= set(op["responses"])
+        assert "examples" in spec["components"]["schemas"][op["requestBody"]["content"]["application/json"]
+                                                           ["schema"]["$ref"].split("/")[-1]]
