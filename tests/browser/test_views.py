@@ -67,7 +67,11 @@ def test_head_view_type_pick_hover_pin(page: Page, console_errors, api):
     wait_drawn(page, "head")
     expect(page.locator("#view-head [data-part=pinned]")).to_have_attribute("data-pin", "6")
     assert pinned_weights(page)[1] == pytest.approx(att[6][1], abs=1e-6)
-    screenshot(page, "head")
+    # the README's picture: the example sentence, "it" pinned in a head that links it to "animal"
+    page.set_viewport_size({"width": 1366, "height": 1330})
+    open_app(page, "head", text=EXAMPLE, layer=3, head=1, pin=10)
+    assert pinned_weights(page)[2] > 0.5
+    screenshot(page, "head", full_page=False)
     if update_docs_screenshot():
         shutil.copy(ROOT / "test-artifacts" / "head.png", ROOT / "docs" / "screenshot.png")
     assert console_errors == []

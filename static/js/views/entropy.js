@@ -30,7 +30,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   note.textContent = st.hide_special && meta.special.some(Boolean)
     ? "[CLS] and [SEP] rows are left out; the values are the model's own, over all keys."
     : "One point per query token.";
-  const plot = part(container, "plot", "div", { class: "plot entropy-plot", role: "img" });
+  const plot = part(container, "plot", "div", { class: "plot entropy-plot", role: "figure" });
   plot.setAttribute("aria-label", `Entropy per query token for layer ${st.layer}, head ${st.head}. The table below lists the values.`);
 
   const traces = [];

@@ -50,8 +50,8 @@ function pinnedPanel(panel, { meta, idx, z, raw, rowMass }, st, renorm, ctx) {
     h("h3", {}, `Pinned query ${q}: `, h("q", { class: "tok", text: tokenLabel(meta.tokens[q]) })),
     h("p", { class: "hint" },
       rows.length > LIST_LIMIT ? `Its ${LIST_LIMIT} largest of ${rows.length} weights, largest first. ` : "Its weight on every key. ",
-      renorm ? `Shown keys held ${fmt(rowMass[pos], 4)} of the row's weight before renormalising; ` : "",
-      `the shown row sums to ${fmt(sum, 6)}.`),
+      renorm ? `The keys shown held ${fmt(rowMass[pos], 4)} of the row's weight before renormalising. ` : "",
+      `The row ${renorm ? "as shown " : ""}sums to ${fmt(sum, 6)}.`),
     table,
     h("button", { type: "button", class: "small", onclick: () => ctx.go({ pin: null }), text: "Unpin" }));
   panel.dataset.pin = String(q);
@@ -75,7 +75,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     : st.hide_special ? "No special tokens in this input: nothing is hidden."
       : "All tokens shown; these are the model's own weights (each row sums to 1).";
   const layout = part(container, "layout", "div", { class: "head-layout" });
-  const plot = part(layout, "plot", "div", { class: "plot square", role: "img" });
+  const plot = part(layout, "plot", "div", { class: "plot square", role: "figure" });
   const side = part(layout, "side", "div", { class: "side" });
   const readout = part(side, "readout", "p", { class: "readout" });
   const panel = part(side, "pinned", "div", { class: "pinned" });
@@ -97,7 +97,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   }
   const pinPos = st.pin === null ? -1 : idx.indexOf(st.pin);
   const shapes = pinPos < 0 ? [] : [{
-    type: "rect", xref: "paper", yref: "y", x0: 0, x1: 1, y0: pinPos - 0.5, y1: pinPos + 0.5,
+    type: "rect", xref: "x", yref: "y", x0: -0.5, x1: n - 0.5, y0: pinPos - 0.5, y1: pinPos + 0.5,
     line: { color: "#ff7f0e", width: 3 }, fillcolor: "rgba(0,0,0,0)",
   }];
   const axis = (t) => ({

@@ -26,7 +26,7 @@ export function render(container, { results: [ans] }, st, ctx) {
   const L = ans.layers.length, H = ans.heads.length;
   const note = part(container, "note", "p", { class: "note" });
   note.textContent = explain + " Computed over all tokens, special ones included.";
-  const plot = part(container, "plot", "div", { class: "plot summary-plot", role: "img" });
+  const plot = part(container, "plot", "div", { class: "plot summary-plot", role: "figure" });
   plot.setAttribute("aria-label", `${label} of every head: ${L} layers by ${H} heads. The table below lists the values.`);
   const big = ctx.large;
   ctx.plot(plot, [{
