@@ -6,7 +6,7 @@ from typing import Annotated
 
 import anyio
 
-from fastapi import APIRouter, Depends, Header, Response
+from fastapi import APIRouter, Depends, Header, Path, Response
 from fastapi.responses import FileResponse
 
 from . import transport
@@ -84,8 +84,8 @@ async def stages(req: StagesRequest, svc: Service, accept: Annotated[str | None,
 @router.get("/api/models/{model_id}/onnx", tags=["models"], summary="Download the exported ONNX graph",
             response_class=FileResponse,
             responses={200: {"content": {"application/octet-stream": {}}, "description": "The .onnx file"},
-                       404: ERRORS[404]})
-def model_onnx(model_id: str, svc: Service, stages: bool = False):
+                       404: ERRORS[404], 422: ERRORS[422]})
+def model_onnx(model_id: Annotated[str, Path(examples=["tiny-gpt"])], svc: Service, stages: bool = False):
     """The graph the app runs (open it in Netron). `stages=true` adds the teaching outputs (q, k, scores, ...)."""
     rt = svc.runtime(model_id)
     return FileResponse(rt.onnx_path(stages), media_type="application/octet-stream",
