@@ -9,7 +9,7 @@ from typing import Callable, Literal
 
 from tokenizers import Tokenizer
 
-from .transformer import Transformer, TransformerConfig
+from .transformer import Transformer
 
 
 MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json")
@@ -63,6 +63,11 @@ def bert_tokenizer() -> Tokenizer:
     return tok
 
 
+def _tiny_gpt() -> Transformer:
+    from .teaching import wired_gpt
+    return wired_gpt()
+
+
 def _minilm() -> Transformer:
     from .weights import load_bert
     path = minilm_dir()
@@ -70,10 +75,6 @@ def _minilm() -> Transformer:
         return load_bert(path)
     except Exception as e:  # noqa: BLE001 - safetensors, json and shape errors alike
         raise _unreadable("the weights (config.json, model.safetensors)", e) from None
-
-
-TINY_GPT = TransformerConfig(vocab_size=30522, max_positions=512, d_model=64, n_heads=4, n_layers=4, d_ff=256,
-                             norm_first=True, causal=True, final_norm=True)
 
 
 @dataclass(frozen=True)
@@ -93,9 +94,10 @@ ZOO: dict[str, ModelSpec] = {s.id: s for s in [
               "sentence-transformers/all-MiniLM-L6-v2: a 6-layer, 12-head BERT encoder (post-norm, d_model 384), "
               "pretrained; the real model.", "encoder", _minilm, bert_tokenizer, pair=True),
     ModelSpec("tiny-gpt", "Tiny GPT (teaching)",
-              "A 4-layer, 4-head GPT-2 style decoder (pre-norm, causal, d_model 64) with fixed-seed random weights "
-              "and MiniLM's tokenizer: the causal mask made visible, not a trained model.", "decoder",
-              lambda: Transformer(TINY_GPT, seed=1234), bert_tokenizer),
+              "A 4-layer, 4-head GPT-2 style decoder (pre-norm, causal, d_model 64) for teaching, with MiniLM's "
+              "tokenizer. Its first heads are wired by hand to show textbook patterns: layer 0 previous-token, "
+              "first-token sink, self and uniform-average heads; layer 1 same-token and two-back heads. The rest "
+              "are seeded random: what untrained attention looks like.", "decoder", _tiny_gpt, bert_tokenizer),
 ]}
 
 

@@ -94,6 +94,17 @@ def test_stages_agree_between_engines(run, model_id, causal):
         assert np.array_equal(a.stages["masked"] <= MASKED / 2, np.broadcast_to(a.mask <= MASKED / 2, a.stages["masked"].shape))
 
 
+def unwired(rt) -> np.ndarray:
+    """[L, H] True for heads free to give every visible key some weight. The teaching model's
+    hand-wired heads are peaked enough (sink, self, previous token) that other weights underflow to 0."""
+    free = np.ones((rt.cfg.n_layers, rt.cfg.n_heads), bool)
+    if rt.spec.id == "tiny-gpt":
+        from model.teaching import PATTERNS
+        for layer, head in PATTERNS:
+            free[layer, head] = False
+    return free
+
+
 # ---- invariants, on both engines -----------------------------------------------------------
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("engine", ENGINES)
@@ -109,7 +120,9 @@ def test_rows_sum_to_one_and_padding_and_future_get_exactly_zero(runtimes, model
     if causal:
         assert np.all(attn[..., future] == 0.0), "causal rows must put exactly 0 on future keys"
     else:
-        assert np.all(attn[:, 1, :, :, :lengths[1]][..., future[:lengths[1], :lengths[1]]] > 0)
+        n = lengths[1]
+        seen = attn[:, 1, :, :n, :n][..., future[:n, :n]]                  # [L, H, future cells]
+        assert np.all(seen[unwired(runtimes[model_id])] > 0)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -135,7 +148,7 @@ def test_masked_keys_get_exactly_zero_from_every_other_query(runtimes, model_id,
             assert np.all(res.attentions[:, :, j, j] > 0), f"masked key {j} must still see itself"
         unmasked = [j for j in range(T) if j not in masked]
         if not causal and unmasked:
-            assert np.all(res.attentions[:, :, :, unmasked] > 0)
+            assert np.all(res.attentions[:, :, :, unmasked][unwired(runtimes[model_id])] > 0)
 
 
 # ---- errors a person can act on ------------------------------------------------------------
