@@ -95,6 +95,19 @@ def test_hide_special_renormalises_rows(page: Page, console_errors, api):
         assert w == pytest.approx(row[k] / mass, abs=1e-5)
     ticks = page.locator(f"{HEAD_PLOT} .xtick text").all_text_contents()
     assert "[CLS]" not in ticks and "[SEP]" not in ticks
+    # answers are cached in memory: going back to a head or a view fetches nothing
+    sent = []
+    page.on("request", lambda r: sent.append(r.url) if "/api/" in r.url else None)
+    page.select_option("#head", "6")
+    wait_drawn(page, "head")
+    assert len(sent) == 1
+    page.select_option("#head", "5")
+    wait_drawn(page, "head")
+    page.locator('#tabs a[data-view="summary"]').click()
+    wait_drawn(page, "summary")
+    page.go_back()
+    wait_drawn(page, "head")
+    assert len(sent) == 1
     assert console_errors == []
 
 
