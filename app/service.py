@@ -131,38 +131,42 @@ class AttentionService:
         hit = self.cache.get(key)
         if hit is not None:
             return hit, True
-        if key in self._pending:                                # the same run is under way: share it
-            return await asyncio.shield(self._pending[key]), True
+        run = self._pending.get(key)
+        if run is not None:                                     # the same run is under way: share it
+            return await asyncio.shield(run), True
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.settings.max_inflight)
         if self._slots.locked() and self._waiting >= self.settings.max_queue:
             raise ApiError(503, f"busy: {self.settings.max_inflight} model runs in flight and "
                                 f"{self._waiting} waiting (ATTNSCOPE_MAX_INFLIGHT, ATTNSCOPE_MAX_QUEUE); "
                                 f"retry shortly", headers={"Retry-After": "1"})
-        future = asyncio.get_running_loop().create_future()
-        self._pending[key] = future
+        # The run is a task of its own: a request that goes away (cancelled) neither cancels a run that other
+        # requests share nor leaks a slot or a count, and the result is still cached for its retry.
+        self._waiting += 1
+        run = asyncio.ensure_future(self._queued_run(rt, opts, stages, key))
+        self._pending[key] = run
+        run.add_done_callback(lambda done: self._run_done(key, done))
+        return await asyncio.shield(run), False
+
+    async def _queued_run(self, rt: Runtime, opts: RunOptions, stages: bool, key: str) -> AttentionResult:
         try:
-            self._waiting += 1
-            try:
-                await self._slots.acquire()
-            finally:
-                self._waiting -= 1
-            self._running += 1
-            try:
-                computed = await anyio.to_thread.run_sync(self._run, rt, opts, stages)
-            finally:
-                self._running -= 1
-                self._slots.release()
-            self.cache.put(key, computed)
-            future.set_result(computed)
-            return computed, False
-        except BaseException as e:
-            if not future.done():
-                future.set_exception(e)
-                future.exception()  # mark retrieved: waiters re-raise it, nobody else needs to
-            raise
+            await self._slots.acquire()
         finally:
-            self._pending.pop(key, None)
+            self._waiting -= 1
+        self._running += 1
+        try:
+            computed = await anyio.to_thread.run_sync(self._run, rt, opts, stages)
+        finally:
+            self._running -= 1
+            self._slots.release()
+        self.cache.put(key, computed)
+        return computed
+
+    def _run_done(self, key: str, run: asyncio.Future) -> None:
+        if self._pending.get(key) is run:
+            del self._pending[key]
+        if not run.cancelled():
+            run.exception()  # mark retrieved: the requests awaiting it re-raise it; nobody else needs to
 
     def runs(self) -> dict[str, int]:
         """Model runs in flight and requests waiting for a slot (/healthz shows them)."""
