@@ -74,6 +74,13 @@ def test_512_tokens_head_model_and_lines(page: Page, console_errors, api):
     wait_drawn(page, "lines")
     expect(page.locator("#view-lines input[type=checkbox]:disabled")).to_have_count(10)  # limit reached
     assert page.locator("#view-lines .overview path").count() > 0
+
+    page.evaluate("performance.clearResourceTimings()")
+    page.locator('#tabs a[data-view="stages"]').click()
+    wait_drawn(page, "stages", timeout=20_000)
+    stage_bytes = page.evaluate(API_BYTES)
+    assert stage_bytes < 100_000                          # only the tokens shown travel (limit), not 5 MB
+    print(f"512 tokens: steps view {stage_bytes / 1e6:.3f} MB")
     assert console_errors == []
 
 

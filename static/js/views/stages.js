@@ -9,7 +9,8 @@ export const help = "How one head turns queries and keys into attention weights,
   "model computed. Turn the causal mask on and off to see what it changes. Use the step buttons to reveal one step at a time.";
 
 export function requests(st) {
-  return [{ endpoint: "stages", layer: st.layer, head: st.head }];
+  // Only the tokens shown travel: `limit` trims every matrix server-side (512 tokens would be 5 MB).
+  return [{ endpoint: "stages", layer: st.layer, head: st.head, limit: st.n }];
 }
 
 function sentences(ans, info, n) {
