@@ -9,6 +9,7 @@ from fastapi.responses import FileResponse
 from fastapi.templating import Jinja2Templates
 
 from .deps import get_service
+from .schemas import EXAMPLE_TEXT
 
 ROOT = Path(__file__).resolve().parents[1]
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
@@ -21,7 +22,8 @@ def index(request: Request):
     svc = get_service(request)
     return templates.TemplateResponse(request, "index.html", {"models": svc.models(),
                                                               "default_model": svc.settings.default_model,
-                                                              "settings": svc.settings})
+                                                              "settings": svc.settings,
+                                                              "example_text": EXAMPLE_TEXT})
 
 
 @router.get("/vendor/plotly.min.js")
