@@ -13,6 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from bench.common import text_of_tokens  # noqa: E402
@@ -31,7 +32,6 @@ def main() -> None:
     feeds = {}
     for n in (128, 512):
         e = rt.encode(text_of_tokens(rt, n))
-        import numpy as np
         ids = np.array([e.ids])
         feeds[n] = {"input_ids": ids, "token_type_ids": np.zeros_like(ids), "attention_mask": rt.build_mask([n], False)}
 
@@ -47,7 +47,6 @@ def main() -> None:
 
     print(f"{'graph':<8} | {'level':<9} | {'threads':>7} | {'128 tok ms':>10} | {'512 tok ms':>10}")
     print("-" * 58)
-    base = None
     for stages in (False, True):
         for level_name, level in LEVELS.items():
             for threads in (1, 2):
@@ -58,7 +57,6 @@ def main() -> None:
                 sess = ort.InferenceSession(str(rt.onnx_path(stages)), so, providers=["CPUExecutionProvider"])
                 outs = ["hidden", "attentions"] + (["q", "k", "scores", "scaled", "masked"] if stages else [])
                 ms = [measure(sess, feeds[n], outs) for n in (128, 512)]
-                base = base or ms
                 print(f"{'stages' if stages else 'fast':<8} | {level_name:<9} | {threads:>7} | {ms[0]:10.2f} | "
                       f"{ms[1]:10.2f}")
     print("\nThe app uses the fast graph at level 'all' with intra_op_num_threads = 0 (one per core).")
