@@ -51,4 +51,6 @@ def install(app: FastAPI) -> None:
     async def unexpected(_: Request, exc: Exception):  # a bug: say so without leaking paths or tracebacks
         import logging
         logging.getLogger("attnscope").exception("unhandled error")
-        return JSONResponse({"detail": f"internal error ({type(exc).__name__}); please report it"}, 500)
+        from .middleware import SECURITY_HEADERS  # this answer is sent from outside the middleware that adds them
+        return JSONResponse({"detail": f"internal error ({type(exc).__name__}); please report it"}, 500,
+                            headers={k.decode(): v.decode() for k, v in SECURITY_HEADERS})

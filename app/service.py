@@ -136,8 +136,10 @@ class AttentionService:
             return await asyncio.shield(run), True
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.settings.max_inflight)
-        if self._slots.locked() and self._waiting >= self.settings.max_queue:
-            raise ApiError(503, f"busy: {self.settings.max_inflight} model runs in flight and "
+        # admitted runs (waiting or running) are counted the moment they are admitted, so a burst cannot slip
+        # past the bound before the first of it takes a slot
+        if self._waiting + self._running >= self.settings.max_inflight + self.settings.max_queue:
+            raise ApiError(503, f"busy: {self._running} model runs in flight and "
                                 f"{self._waiting} waiting (ATTNSCOPE_MAX_INFLIGHT, ATTNSCOPE_MAX_QUEUE); "
                                 f"retry shortly", headers={"Retry-After": "1"})
         # The run is a task of its own: a request that goes away (cancelled) neither cancels a run that other
