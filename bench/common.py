@@ -19,7 +19,10 @@ WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly 
 def text_of_tokens(rt, n: int) -> str:
     """A text that the runtime's tokenizer turns into exactly n tokens (specials included)."""
     words = []
-    while len(rt.encode(" ".join(words + [WORDS[len(words) % len(WORDS)]])).ids) <= n:
+    while True:
+        e = rt.encode(" ".join(words + [WORDS[len(words) % len(WORDS)]]))
+        if len(e.ids) > n or e.truncated:   # the runtime truncates at max_tokens: stop there too
+            break
         words.append(WORDS[len(words) % len(WORDS)])
     text = " ".join(words)
     assert len(rt.encode(text).ids) == n, (n, len(rt.encode(text).ids))
