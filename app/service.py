@@ -247,10 +247,11 @@ class AttentionService:
                 edges = np.linspace(0, T, req.resolution + 1).astype(int)
                 out["blocks"] = [[int(a), int(b)] for a, b in zip(edges[:-1], edges[1:])]
             out["attention"] = att
-        if "entropy" in req.include:
-            out |= stats.row_stats(probs, r.mask)
+        rows = stats.row_stats(probs, r.mask) if "entropy" in req.include else None
+        if rows is not None:
+            out |= rows
         if "summary" in req.include:
-            out["summary"] = stats.head_stats(probs)
+            out["summary"] = stats.head_stats(probs, rows["entropy"] if rows else None)
         if "rollout" in req.include:
             out["rollout"] = stats.rollout(r.attentions).astype(np.float32)
         return out

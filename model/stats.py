@@ -21,7 +21,9 @@ HEAD_STATS = ("mean_entropy", "first_token_mass", "last_token_mass", "diagonal_m
 def entropy(p: np.ndarray) -> np.ndarray:
     """Shannon entropy of each row in nats, -sum p log p (0 log 0 = 0). [..., Tq]"""
     p = _float(p)
-    return -(p * np.log(np.where(p > 0, p, 1))).sum(axis=-1)
+    log_p = np.zeros_like(p)
+    np.log(p, out=log_p, where=p > 0)
+    return -np.einsum("...k,...k->...", p, log_p)                         # one pass, no p*log_p temporary
 
 
 def visible_keys(mask: np.ndarray) -> np.ndarray:
@@ -29,32 +31,37 @@ def visible_keys(mask: np.ndarray) -> np.ndarray:
     return (np.asarray(mask) > MASKED / 2).sum(axis=-1)
 
 
+def _normalize(h: np.ndarray, n_visible: np.ndarray) -> np.ndarray:
+    n = np.asarray(n_visible, np.float64)
+    return np.where(n > 1, h / np.log(np.maximum(n, 2)), 0.0).astype(h.dtype)
+
+
 def normalized_entropy(p: np.ndarray, n_visible: np.ndarray) -> np.ndarray:
     """Entropy / log(visible keys): 0 = all weight on one key, 1 = spread evenly. 0 when one key is visible."""
-    n = np.asarray(n_visible, np.float64)
-    return np.where(n > 1, entropy(p) / np.log(np.maximum(n, 2)), 0.0).astype(_float(p).dtype)
+    return _normalize(entropy(p), n_visible)
 
 
 def row_stats(p: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
     """Per query row: entropy (nats), normalised entropy, max weight. Each [..., Tq]."""
-    return {"entropy": entropy(p), "normalized_entropy": normalized_entropy(p, visible_keys(mask)),
-            "max_weight": _float(p).max(axis=-1)}
+    h = entropy(p)
+    return {"entropy": h, "normalized_entropy": _normalize(h, visible_keys(mask)), "max_weight": _float(p).max(axis=-1)}
 
 
-def head_stats(p: np.ndarray) -> dict[str, np.ndarray]:
+def head_stats(p: np.ndarray, row_entropy: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per head [...]: the means over query rows of what each head is known for.
 
     first/last token mass: weight on key 0 ([CLS]) and key T-1 ([SEP] for BERT);
     diagonal / previous-token mass: weight on key i / i-1 from query i (previous averages over i >= 1);
-    mean distance: sum_j p_ij |i - j|, in tokens.
+    mean distance: sum_j p_ij |i - j|, in tokens. Pass row_entropy if it is already computed.
     """
     p = _float(p)
     T = p.shape[-1]
     idx = np.arange(T)
     diag = p[..., idx, idx]
     prev = p[..., idx[1:], idx[:-1]].mean(axis=-1) if T > 1 else np.zeros(p.shape[:-2])
-    dist = (p * np.abs(idx[:, None] - idx[None, :]).astype(p.dtype)).sum(axis=-1)
-    return {"mean_entropy": entropy(p).mean(axis=-1), "first_token_mass": p[..., :, 0].mean(axis=-1),
+    dist = np.einsum("...qk,qk->...q", p, np.abs(idx[:, None] - idx[None, :]).astype(p.dtype))
+    h = entropy(p) if row_entropy is None else row_entropy
+    return {"mean_entropy": h.mean(axis=-1), "first_token_mass": p[..., :, 0].mean(axis=-1),
             "last_token_mass": p[..., :, -1].mean(axis=-1), "diagonal_mass": diag.mean(axis=-1),
             "previous_token_mass": prev, "mean_distance": dist.mean(axis=-1)}
 
