@@ -49,15 +49,17 @@ async def _respond(req: AttentionRequest | StagesRequest, svc: AttentionService,
                                           limiter=svc.render_slots())
     headers = {"ETag": etag, "X-Cache": "hit" if hit else "miss", "Cache-Control": "private, max-age=3600",
                "Vary": "Accept"}
-    return Response(body, media_type=transport.BINARY if binary else "application/json", headers=headers)
+    if binary:
+        return transport.BuffersResponse(body, transport.BINARY, headers)
+    return Response(body, media_type="application/json", headers=headers)
 
 
 def _body(svc: AttentionService, computed, req: AttentionRequest | StagesRequest, stages: bool, binary: bool,
-          started: float) -> bytes:
+          started: float) -> bytes | list:
     payload = svc.stages_payload(computed, req) if stages else svc.attention_payload(computed, req, binary)
     payload["timing_ms"] = svc.timing(computed, started)
     if binary:
-        return transport.to_binary(payload, getattr(req, "dtype", "float32"))
+        return transport.binary_chunks(payload, getattr(req, "dtype", "float32"))
     return transport.to_json(payload, getattr(req, "precision", None))
 
 

@@ -11,6 +11,7 @@ import struct
 
 import numpy as np
 import orjson
+from starlette.responses import Response
 
 BINARY = "application/vnd.attnscope.tensors"
 MAGIC = b"ATSC"
@@ -38,32 +39,32 @@ def _default(obj):
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
-def to_binary(payload: dict, dtype: str = "float32") -> memoryview:
-    """Arrays of floats go to the data section in `dtype`; everything else into the JSON header.
+def binary_chunks(payload: dict, dtype: str = "float32") -> list[memoryview | bytes]:
+    """The binary form as a list of buffers to send one after another: the header, then each tensor.
 
-    Tensors are written straight into one zero-filled buffer (the padding): a 512-token answer is 75 MB,
-    so every extra copy counts."""
+    A float32 tensor that is already C-contiguous goes out as a view of its own memory, with no copy:
+    a 512-token answer is 75 MB, so copies are what costs. Other tensors are converted once."""
     header, arrays, offset = {}, [], 0
     tensors = []
     dt = np.dtype(dtype).newbyteorder("<")
     for key, value in payload.items():
         if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.ndim >= 2:
             tensors.append({"name": key, "dtype": dtype, "shape": list(value.shape), "offset": offset})
-            arrays.append((offset, value))
-            offset += value.size * dt.itemsize
-            offset += (-offset) % 8
+            data = value if value.dtype == dt and value.flags.c_contiguous else np.ascontiguousarray(value, dt)
+            pad = (-data.nbytes) % 8
+            arrays += [memoryview(data).cast("B")] + ([b"\0" * pad] if pad else [])
+            offset += data.nbytes + pad
         else:
             header[key] = value
     header["tensors"] = tensors
     head = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY, default=_default)
     head += b" " * ((-(len(head) + 8)) % 8)  # data section starts 8-aligned
-    start = 8 + len(head)
-    out = bytearray(start + offset)
-    out[:8] = MAGIC + struct.pack("<I", len(head))
-    out[8:start] = head
-    for at, value in arrays:
-        np.frombuffer(out, dt, value.size, start + at).reshape(value.shape)[...] = value
-    return memoryview(out)  # Starlette sends a memoryview as is: no final 75 MB copy
+    return [MAGIC + struct.pack("<I", len(head)) + head, *arrays]
+
+
+def to_binary(payload: dict, dtype: str = "float32") -> bytes:
+    """The binary form in one piece (the server streams binary_chunks instead)."""
+    return b"".join(binary_chunks(payload, dtype))
 
 
 def from_binary(blob: bytes | memoryview) -> dict:
@@ -78,3 +79,17 @@ def from_binary(blob: bytes | memoryview) -> dict:
         count = int(np.prod(t["shape"]))
         header[t["name"]] = np.frombuffer(data, dt, count, t["offset"]).reshape(t["shape"])
     return header
+
+
+class BuffersResponse(Response):
+    """Sends a list of buffers one after another under one Content-Length (no joining copy)."""
+
+    def __init__(self, buffers: list, media_type: str, headers: dict[str, str]):
+        self.buffers = buffers
+        super().__init__(None, media_type=media_type, headers=headers)
+        self.headers["content-length"] = str(sum(len(b) for b in buffers))
+
+    async def __call__(self, scope, receive, send):
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        for i, buf in enumerate(self.buffers):
+            await send({"type": "http.response.body", "body": buf, "more_body": i < len(self.buffers) - 1})
