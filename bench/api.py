@@ -10,7 +10,9 @@ this process while the server is idle. Ratios below 1.5x / 2x are the targets of
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -69,15 +71,27 @@ def main() -> None:
             r.raise_for_status()
             return (from_binary(r.content) if binary else orjson.loads(r.content)), r
 
-        print(f"in-process onnxruntime forward: 128 tokens {forward[128]:.1f} ms, 512 tokens {forward[512]:.1f} ms\n")
-        print(f"{'tokens':>6} | {'what':<18} | {'form':<6} | {'e2e ms':>8} | {'MB':>7} | {'e2e/forward':>11}")
-        print("-" * 70)
+        def curl_ms(body, binary):
+            """The same request from curl (C, output discarded): what the server and the wire cost."""
+            cmd = ["curl", "-s", "-o", "/dev/null", "-w", "%{time_total}", "-X", "POST", url + "/api/attention",
+                   "-H", "Content-Type: application/json", "-d", orjson.dumps(body).decode()]
+            cmd += ["-H", f"Accept: {BINARY}"] if binary else ["--compressed"]
+            return median_ms(lambda: subprocess.run(cmd, capture_output=True, check=True), args.repeats) if \
+                shutil.which("curl") else float("nan")
+
+        print(f"in-process onnxruntime forward: 128 tokens {forward[128]:.1f} ms, 512 tokens {forward[512]:.1f} ms")
+        print("e2e = request sent to response parsed by httpx (json.loads / from_binary); curl = the same request\n"
+              "from curl, output discarded (includes its process start, ~5 ms). Ratios are over the forward time.\n")
+        print(f"{'tokens':>6} | {'what':<18} | {'form':<6} | {'MB':>6} | {'httpx e2e ms':>12} | {'ratio':>6} | "
+              f"{'curl ms':>8} | {'ratio':>6}")
+        print("-" * 86)
         for n, what, extra, binary in cases:
             body = {"text": texts[n], **extra}
             size = len(call(body, binary)[1].content) / 1e6
             ms = median_ms(lambda: call(body, binary), args.repeats)
-            print(f"{n:>6} | {what:<18} | {'binary' if binary else 'JSON':<6} | {ms:8.1f} | {size:7.2f} | "
-                  f"{ms / forward[n]:10.2f}x")
+            c_ms = curl_ms(body, binary)
+            print(f"{n:>6} | {what:<18} | {'binary' if binary else 'JSON':<6} | {size:6.2f} | {ms:12.1f} | "
+                  f"{ms / forward[n]:5.2f}x | {c_ms:8.1f} | {c_ms / forward[n]:5.2f}x")
 
         print(f"\nbytes on the wire per view, 512 tokens (gzip accepted, as a browser does):")
         for view, (extra, binary) in VIEWS.items():
