@@ -210,12 +210,12 @@ class Runtime:
                 self._check_providers()  # a bad option, not a corrupt file: never delete a good graph for it
                 path = self.onnx_path(stages)
                 try:
-                    self._sessions[stages] = self._open(path)
+                    self._sessions[stages] = self._open(path, stages)
                 except Exception as e:  # noqa: BLE001 - onnxruntime raises its own error types
                     print(f"attnscope: cached graph {path.name} is unreadable ({type(e).__name__}); rebuilding",
                           file=sys.stderr)
                     path.unlink(missing_ok=True)
-                    self._sessions[stages] = self._open(self.onnx_path(stages))
+                    self._sessions[stages] = self._open(self.onnx_path(stages), stages)
             return self._sessions[stages]
 
     def _check_providers(self) -> None:
@@ -226,9 +226,12 @@ class Runtime:
             raise ValueError(f"execution provider(s) {unknown} are not available in this onnxruntime; "
                              f"available: {available}")
 
-    def _open(self, path: Path):
+    def _open(self, path: Path, stages: bool = False):
         import onnxruntime as ort
         so = ort.SessionOptions()
+        # An arena keeps its peak for good. The stages graph's peak is huge (four [L, H, T, T] outputs: two
+        # 512-token runs at once leave ~1.4 GB behind), and its runs are rare: it allocates per run instead.
+        so.enable_cpu_mem_arena = not stages
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.intra_op_num_threads = self.threads
         so.log_severity_level = 3
