@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -23,20 +21,9 @@ import httpx  # noqa: E402
 import orjson  # noqa: E402
 
 from app.transport import BINARY, from_binary  # noqa: E402
-from bench.common import server, text_of_tokens  # noqa: E402
+from bench.common import median_ms, server, text_of_tokens  # noqa: E402
 from model import zoo  # noqa: E402
 from model.runtime import Runtime  # noqa: E402
-
-
-def median_ms(fn, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
 
 
 # What each page view asks for (static/js): the head view one matrix, the model view thumbnails, ...

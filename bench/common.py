@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -14,6 +15,18 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches "
          "in the old market square near the river").split()
+
+
+def median_ms(fn, repeats: int, warmup: int = 2) -> float:
+    """Median wall time of fn() in milliseconds, after warm-up calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
 
 
 def text_of_tokens(rt, n: int) -> str:

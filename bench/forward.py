@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,25 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("ATTNSCOPE_CACHE", str(Path(__file__).resolve().parents[1] / ".cache" / "onnx"))
 
-
-def median_seconds(fn, repeats: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def text_of(rt, n_tokens: int) -> str:
-    """A text that MiniLM's tokenizer turns into exactly n_tokens tokens ([CLS] ... [SEP])."""
-    text = " ".join(["word"] * (n_tokens - 2))
-    got = len(rt.encode(text).ids)
-    if got != n_tokens:
-        raise RuntimeError(f"expected {n_tokens} tokens, got {got}")
-    return text
+from bench.common import median_ms, text_of_tokens  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -73,7 +54,7 @@ def main(argv=None) -> None:
           f"{rt.session(False).get_providers()[0]}", flush=True)
     rows = []
     for n in args.lengths:
-        text = text_of(rt, n)
+        text = text_of_tokens(rt, n)
         enc = rt.encode(text)
         ids, types = torch.tensor([enc.ids]), torch.tensor([enc.type_ids])
         mask = torch.ones_like(ids)
@@ -82,9 +63,9 @@ def main(argv=None) -> None:
             with torch.inference_mode():
                 hf(input_ids=ids, token_type_ids=types, attention_mask=mask, output_attentions=True)
 
-        t_onnx = median_seconds(lambda: rt.run(text, engine="onnx"), args.repeats, args.warmup)
-        t_numpy = median_seconds(lambda: rt.run(text, engine="numpy"), args.repeats, args.warmup)
-        t_hf = median_seconds(hf_forward, args.repeats, args.warmup)
+        t_onnx = median_ms(lambda: rt.run(text, engine="onnx"), args.repeats, args.warmup) / 1e3
+        t_numpy = median_ms(lambda: rt.run(text, engine="numpy"), args.repeats, args.warmup) / 1e3
+        t_hf = median_ms(hf_forward, args.repeats, args.warmup) / 1e3
         rows.append((n, t_onnx, t_numpy, t_hf))
 
     head = f"{'tokens':>6} | {'onnx ms':>9} | {'numpy ms':>9} | {'transformers ms':>15} | {'transformers/onnx':>17} | {'numpy/onnx':>10}"

@@ -32,39 +32,13 @@ def minilm(runtimes):
 
 
 # ---- live server ---------------------------------------------------------------------------
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def live_server():
     """A real uvicorn serving app.main:app on a free loopback port; yields its base URL."""
-    import subprocess
-    import sys
-    import time
+    from bench.common import server
 
-    import httpx
-
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1",
-                             "--port", str(port), "--log-level", "warning"], cwd=ROOT)
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120  # first start may export graphs
-    while True:
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.2)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    with server() as (url, _pid):
+        yield url
 
 
 # ---- browser (pytest-playwright on Debian's chromium; never `playwright install`) ------------
