@@ -16,20 +16,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ROOT = Path(__file__).resolve().parents[1]
+import httpx  # noqa: E402
+
+from bench.common import server  # noqa: E402
+
 BINARY = "application/vnd.attnscope.tensors"
 WORDS = ("time year people way day man thing woman life child world school state family student group country "
          "problem hand part place case week company system program question work government number night point "
@@ -88,12 +89,6 @@ def rss_mb(pid: int) -> float:
     return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_idle(url: str, timeout: float = 120) -> dict:
     deadline = time.monotonic() + timeout
     while True:
@@ -129,45 +124,23 @@ def main(argv=None) -> int:
 
     short, long = texts(args.texts, args.seed)
     requests = mix(short, long)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNSCOPE_") or k == "ATTNSCOPE_CACHE"}
-    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port",
-                               str(port), "--log-level", "warning"], cwd=ROOT, env=env)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.2)
+    with server() as (url, pid), tempfile.TemporaryDirectory() as tmp:
         settings = httpx.get(url + "/healthz").json()
-        with tempfile.TemporaryDirectory() as tmp:
-            script = Path(tmp) / "load.lua"
-            script.write_text(lua(requests, args.seed))
-            print(f"server pid {server.pid} on {url}; {len(requests)} distinct requests "
-                  f"({2 * args.texts} texts), weights in bench/load.py; wrk -t1 -c{args.connections}")
-            print(f"RSS after start: {rss_mb(server.pid):.0f} MB")
-            if args.warmup:
-                w = run_wrk(url, script, args.warmup, args.connections)
-                wait_idle(url)
-                print(f"warm-up {args.warmup} s: {w['requests']:.0f} requests, {w['rps']:.1f} req/s, "
-                      f"errors {w['errors']:.0f}, 503 {w['s503']:.0f}")
-            before = rss_mb(server.pid)
-            print(f"RSS after warm-up (idle): {before:.0f} MB")
-            r = run_wrk(url, script, args.duration, args.connections)
-            health = wait_idle(url)
-            after = rss_mb(server.pid)
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        script = Path(tmp) / "load.lua"
+        script.write_text(lua(requests, args.seed))
+        print(f"server pid {pid} on {url}; {len(requests)} distinct requests "
+              f"({2 * args.texts} texts), weights in bench/load.py; wrk -t1 -c{args.connections}")
+        print(f"RSS after start: {rss_mb(pid):.0f} MB")
+        if args.warmup:
+            w = run_wrk(url, script, args.warmup, args.connections)
+            wait_idle(url)
+            print(f"warm-up {args.warmup} s: {w['requests']:.0f} requests, {w['rps']:.1f} req/s, "
+                  f"errors {w['errors']:.0f}, 503 {w['s503']:.0f}")
+        before = rss_mb(pid)
+        print(f"RSS after warm-up (idle): {before:.0f} MB")
+        r = run_wrk(url, script, args.duration, args.connections)
+        health = wait_idle(url)
+        after = rss_mb(pid)
     growth = (after - before) / before * 100
     print(f"load {args.duration} s at {args.connections} connections: {r['requests']:.0f} requests, "
           f"{r['rps']:.1f} req/s, {r['mb_read']:.0f} MB read")
