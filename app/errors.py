@@ -45,6 +45,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException):
         detail = exc.detail if isinstance(exc.detail, str) else "request refused"
+        if exc.status_code == 400 and detail == "There was an error parsing the body":  # FastAPI's words
+            detail = "the request body could not be read: send UTF-8 JSON with Content-Type: application/json"
         return JSONResponse({"detail": detail}, exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)

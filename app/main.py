@@ -48,13 +48,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.service.load()
         yield
 
-    app = FastAPI(title="attnscope", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(title="attnscope", version=__version__, description=DESCRIPTION, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)  # /docs is ours: same Swagger UI, without the CDN (app/pages.py)
     app.state.settings = settings
     app.state.service = AttentionService(settings)
     errors.install(app)
     app.include_router(routes.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=pages.ROOT / "static"), name="static")
+    app.mount("/vendor/swagger", StaticFiles(directory=pages.SWAGGER_DIR), name="swagger")
     # level 4: most of the saving at a fraction of level 9's time; tensors are binary floats, not worth it
     app.add_middleware(GZipMiddleware, minimum_size=1000, compresslevel=4,
                        exclude_content_types=DEFAULT_EXCLUDED_CONTENT_TYPES + (BINARY, "application/octet-stream"))

@@ -1,8 +1,9 @@
-"""The page routes: one Jinja2 template, the static files, and plotly.js from the installed package."""
+"""The page routes: the app page, the API reference, and plotly.js / Swagger UI from installed packages."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import fastapi_offline
 import plotly
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
@@ -13,6 +14,7 @@ from .schemas import EXAMPLE_TEXT
 
 ROOT = Path(__file__).resolve().parents[1]
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+SWAGGER_DIR = Path(fastapi_offline.__file__).parent / "static"   # swagger-ui-bundle.js, swagger-ui.css
 templates = Jinja2Templates(directory=ROOT / "templates")
 router = APIRouter(include_in_schema=False)
 
@@ -24,6 +26,12 @@ def index(request: Request):
                                                               "default_model": svc.settings.default_model,
                                                               "settings": svc.settings,
                                                               "example_text": EXAMPLE_TEXT})
+
+
+@router.get("/docs")
+def docs(request: Request):
+    """Swagger UI on /openapi.json, served from the app (FastAPI's own page loads it from a CDN)."""
+    return templates.TemplateResponse(request, "docs.html", {})
 
 
 @router.get("/vendor/plotly.min.js")

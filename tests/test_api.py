@@ -210,6 +210,8 @@ def test_stages_errors(client):
 def test_malformed_json_and_oversized_body(client):
     r = client.post("/api/attention", content=b'{"text": "hi"', headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["detail"] == "the request body is not valid JSON"
+    r = client.post("/api/attention", content=b'{"text": "caf\xe9"}', headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "send UTF-8 JSON" in r.json()["detail"]
     r = client.post("/api/attention", content=b'{"text": "' + b"a" * 1_000_001 + b'"}',
                     headers={"Content-Type": "application/json"})
     assert r.status_code == 413 and "1,000,000-byte limit" in r.json()["detail"]
