@@ -60,6 +60,13 @@ EXPECTED = {"lone-high": (422, "lone UTF-16 surrogate (U+D800 at character 5)"),
 LEAKS = re.compile(r"Traceback|File \"|/work/|/home/|/usr/|site-packages|\.py\b")
 
 
+def run_in_fresh_loop(coro):
+    """asyncio.run in a thread of its own: pytest-playwright's sync API keeps an event loop running in the
+    main thread once a browser test has run, and asyncio.run refuses to start inside it."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 def variants(s: str) -> list[tuple[str, dict, dict]]:
     """(path, body, headers) for the string in every place a text goes, on every endpoint."""
     binary = {"Accept": BINARY}
@@ -257,7 +264,7 @@ def test_busy_is_503_with_retry_after_and_nothing_leaks():
             done = [await t for t in held]
             assert [r.status_code for r in done] == [200] * 3
     try:
-        asyncio.run(main())
+        run_in_fresh_loop(main())
     finally:
         gate.event.set()
     _idle(svc)
@@ -293,7 +300,7 @@ def test_cancelled_requests_leak_nothing_and_do_not_fail_others():
                 break
             await asyncio.sleep(0.02)
     try:
-        asyncio.run(main())
+        run_in_fresh_loop(main())
     finally:
         gate.event.set()
     _idle(svc)
