@@ -7,6 +7,7 @@ from the start of the data section; tensors are little-endian float32 or float16
 """
 from __future__ import annotations
 
+import functools
 import struct
 
 import numpy as np
@@ -39,6 +40,29 @@ def _default(obj):
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
+@functools.cache
+def _cast_f16():
+    """A one-node onnxruntime graph, Cast(float32 -> float16)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT16)], "to_float16",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def to_float16(a: np.ndarray) -> np.ndarray:
+    """float32 -> float16, bit for bit what numpy gives, but through onnxruntime's Cast: numpy takes a slow path
+    for results below float16's normal range, and a quarter of attention weights land there (358 ms vs 2-13 ms
+    for 512 tokens x 72 heads)."""
+    return _cast_f16().run(None, {"x": np.ascontiguousarray(a, np.float32)})[0]
+
+
 def binary_chunks(payload: dict, dtype: str = "float32") -> list[memoryview | bytes]:
     """The binary form as a list of buffers to send one after another: the header, then each tensor.
 
@@ -50,7 +74,12 @@ def binary_chunks(payload: dict, dtype: str = "float32") -> list[memoryview | by
     for key, value in payload.items():
         if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.ndim >= 2:
             tensors.append({"name": key, "dtype": dtype, "shape": list(value.shape), "offset": offset})
-            data = value if value.dtype == dt and value.flags.c_contiguous else np.ascontiguousarray(value, dt)
+            if value.dtype == dt and value.flags.c_contiguous:
+                data = value
+            elif dt == np.float16:
+                data = to_float16(value)
+            else:
+                data = np.ascontiguousarray(value, dt)
             pad = (-data.nbytes) % 8
             arrays += [memoryview(data).cast("B")] + ([b"\0" * pad] if pad else [])
             offset += data.nbytes + pad

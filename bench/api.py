@@ -50,6 +50,7 @@ def main() -> None:
     cases = [(128, "1 layer", {"layers": [3]}, False), (128, "1 layer", {"layers": [3]}, True),
              (128, "all 6 layers", {}, False), (128, "all 6 layers", {}, True),
              (512, "1 layer", {"layers": [3]}, True), (512, "all 6 layers", {}, True),
+             (512, "all 6, matrices only", {"include": ["attention"]}, True),
              (512, "all 6 layers f16", {"dtype": "float16"}, True)]
     with server({"ATTNSCOPE_CACHE_MB": "0", "ATTNSCOPE_MODELS": "minilm"}) as (url, _), \
             httpx.Client(base_url=url, timeout=120) as http:
@@ -69,7 +70,7 @@ def main() -> None:
         print(f"in-process onnxruntime forward: 128 tokens {forward[128]:.1f} ms, 512 tokens {forward[512]:.1f} ms")
         print("e2e = request sent to response parsed by httpx (json.loads / from_binary); curl = the same request\n"
               "from curl, output discarded (includes its process start, ~5 ms). Ratios are over the forward time.\n")
-        print(f"{'tokens':>6} | {'what':<18} | {'form':<6} | {'MB':>6} | {'httpx e2e ms':>12} | {'ratio':>6} | "
+        print(f"{'tokens':>6} | {'what':<20} | {'form':<6} | {'MB':>6} | {'httpx e2e ms':>12} | {'ratio':>6} | "
               f"{'curl ms':>8} | {'ratio':>6}")
         print("-" * 86)
         for n, what, extra, binary in cases:
@@ -77,7 +78,7 @@ def main() -> None:
             size = len(call(body, binary)[1].content) / 1e6
             ms = median_ms(lambda: call(body, binary), args.repeats)
             c_ms = curl_ms(body, binary)
-            print(f"{n:>6} | {what:<18} | {'binary' if binary else 'JSON':<6} | {size:6.2f} | {ms:12.1f} | "
+            print(f"{n:>6} | {what:<20} | {'binary' if binary else 'JSON':<6} | {size:6.2f} | {ms:12.1f} | "
                   f"{ms / forward[n]:5.2f}x | {c_ms:8.1f} | {c_ms / forward[n]:5.2f}x")
 
         print(f"\nbytes on the wire per view, 512 tokens (gzip accepted, as a browser does):")

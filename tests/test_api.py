@@ -288,3 +288,13 @@ def test_openapi_describes_every_field_and_error(client):
         assert {"400", "404", "413", "422", "503"} <= set(op["responses"])
         assert "examples" in spec["components"]["schemas"][op["requestBody"]["content"]["application/json"]
                                                            ["schema"]["$ref"].split("/")[-1]]
+
+
+def test_float16_conversion_is_bit_exact():
+    from app.transport import to_float16
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.random(10_000), rng.random(10_000) * 1e-5, [0, 1, 6.1e-5, 5.96e-8, 1e-9, 65504, 70000]])
+    x = x.astype(np.float32).reshape(-1, 1)
+    with np.errstate(over="ignore"):  # 70000 -> inf, on both sides
+        expected = x.astype(np.float16)
+    assert np.array_equal(to_float16(x).view(np.uint16), expected.view(np.uint16))
