@@ -10,8 +10,6 @@ this process while the server is idle. Ratios below 1.5x / 2x are the targets of
 from __future__ import annotations
 
 import argparse
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 
+from app.client import Client  # noqa: E402
 from app.transport import BINARY, from_binary  # noqa: E402
 from bench.common import median_ms, server, text_of_tokens  # noqa: E402
 from model import zoo  # noqa: E402
@@ -59,27 +58,23 @@ def main() -> None:
             r.raise_for_status()
             return (from_binary(r.content) if binary else orjson.loads(r.content)), r
 
-        def curl_ms(body, binary):
-            """The same request from curl (C, output discarded): what the server and the wire cost."""
-            cmd = ["curl", "-s", "-o", "/dev/null", "-w", "%{time_total}", "-X", "POST", url + "/api/attention",
-                   "-H", "Content-Type: application/json", "-d", orjson.dumps(body).decode()]
-            cmd += ["-H", f"Accept: {BINARY}"] if binary else ["--compressed"]
-            return median_ms(lambda: subprocess.run(cmd, capture_output=True, check=True), args.repeats) if \
-                shutil.which("curl") else float("nan")
+        client = Client(url)
 
         print(f"in-process onnxruntime forward: 128 tokens {forward[128]:.1f} ms, 512 tokens {forward[512]:.1f} ms")
-        print("e2e = request sent to response parsed by httpx (json.loads / from_binary); curl = the same request\n"
-              "from curl, output discarded (includes its process start, ~5 ms). Ratios are over the forward time.\n")
-        print(f"{'tokens':>6} | {'what':<20} | {'form':<6} | {'MB':>6} | {'httpx e2e ms':>12} | {'ratio':>6} | "
-              f"{'curl ms':>8} | {'ratio':>6}")
-        print("-" * 86)
+        print("e2e = request sent to response parsed (json.loads / from_binary), by httpx and by app.client (the\n"
+              "project's stdlib client for the binary form). Ratios are over the in-process forward time.\n")
+        print(f"{'tokens':>6} | {'what':<20} | {'form':<6} | {'MB':>6} | {'httpx ms':>8} | {'ratio':>6} | "
+              f"{'app.client ms':>13} | {'ratio':>6}")
+        print("-" * 90)
         for n, what, extra, binary in cases:
             body = {"text": texts[n], **extra}
             size = len(call(body, binary)[1].content) / 1e6
             ms = median_ms(lambda: call(body, binary), args.repeats)
-            c_ms = curl_ms(body, binary)
-            print(f"{n:>6} | {what:<20} | {'binary' if binary else 'JSON':<6} | {size:6.2f} | {ms:12.1f} | "
-                  f"{ms / forward[n]:5.2f}x | {c_ms:8.1f} | {c_ms / forward[n]:5.2f}x")
+            own = f"{median_ms(lambda: client.attention(**body), args.repeats):13.1f}" if binary else f"{'-':>13}"
+            own_ratio = f"{float(own) / forward[n]:5.2f}x" if binary else f"{'-':>6}"
+            print(f"{n:>6} | {what:<20} | {'binary' if binary else 'JSON':<6} | {size:6.2f} | {ms:8.1f} | "
+                  f"{ms / forward[n]:5.2f}x | {own} | {own_ratio}")
+        client.close()
 
         print(f"\nbytes on the wire per view, 512 tokens (gzip accepted, as a browser does):")
         for view, (extra, binary) in VIEWS.items():
