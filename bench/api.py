@@ -76,7 +76,7 @@ def main() -> None:
                   f"{ms / forward[n]:5.2f}x | {own} | {own_ratio}")
         client.close()
 
-        print(f"\nbytes on the wire per view, 512 tokens (gzip accepted, as a browser does):")
+        print("\nbytes on the wire per view, 512 tokens (gzip accepted, as a browser does):")
         for view, (extra, binary) in VIEWS.items():
             _, r = call({"text": texts[512], **extra}, binary)
             print(f"  {view:<34} {r.num_bytes_downloaded / 1e6:7.3f} MB")
