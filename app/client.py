@@ -13,9 +13,21 @@ from __future__ import annotations
 
 import http.client
 import json
+import mmap
 import urllib.parse
 
 from .transport import BINARY, from_binary
+
+
+def _buffer(n: int):
+    """A writable buffer of n bytes. Large ones are anonymous memory on transparent huge pages where the OS
+    offers them: faulting in 76 MB as 2 MB pages instead of 4 KB ones halves the time to receive a 512-token
+    answer (49 -> 23 ms here). The arrays decoded from it keep it alive."""
+    if n >= 4 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
+        m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        m.madvise(mmap.MADV_HUGEPAGE)
+        return m
+    return bytearray(n)
 
 
 class ApiError(Exception):
@@ -46,7 +58,7 @@ class Client:
             if resp.status != 200:
                 detail = json.loads(resp.read() or b"{}").get("detail", resp.reason)
                 raise ApiError(resp.status, detail)
-            buf = bytearray(int(resp.getheader("Content-Length")))
+            buf = _buffer(int(resp.getheader("Content-Length")))
             view, got = memoryview(buf), 0
             while got < len(buf):
                 n = resp.readinto(view[got:])

@@ -28,3 +28,12 @@ def test_client_raises_the_servers_message(live_server):
         api.attention(TEXT, layers=[9])
     assert e.value.status == 422
     assert api.attention("again")["tokens"][0] == "[CLS]"  # the connection is still usable
+
+
+def test_client_large_answer_on_huge_page_buffer(live_server):
+    api = Client(live_server)
+    text = "word " * 200
+    ans = api.attention(text, include=["attention"])                  # 6 x 12 x 202 x 202 floats: 11.7 MB
+    ref = httpx.post(f"{live_server}/api/attention", json={"text": text, "layers": [5], "heads": [11]}).json()
+    np.testing.assert_array_equal(ans["attention"][5, 11], np.array(ref["attention"][0][0], np.float32))
+    np.testing.assert_allclose(ans["attention"].sum(-1), 1.0, atol=1e-6)
