@@ -21,18 +21,22 @@ def _responsive(page) -> float:
     return time.perf_counter() - t
 
 
+def _timed_draw(page, action, view: str) -> tuple[float, int]:
+    """Run action, wait until view has drawn; seconds taken and /api/ bytes fetched meanwhile."""
+    page.evaluate("performance.clearResourceTimings()")
+    t = time.perf_counter()
+    action()
+    wait_drawn(page, view, timeout=20_000)
+    return time.perf_counter() - t, page.evaluate(API_BYTES)
+
+
 def test_512_tokens_head_model_and_lines(page: Page, console_errors, api):
     open_app(page, "head", layer=1, head=2)
     page.fill("#text", LONG)
-    page.evaluate("performance.clearResourceTimings()")
-    t = time.perf_counter()
-    page.get_by_role("button", name="Run").click()
-    wait_drawn(page, "head", timeout=20_000)
-    head_s = time.perf_counter() - t
+    head_s, head_bytes = _timed_draw(page, lambda: page.get_by_role("button", name="Run").click(), "head")
     assert _responsive(page) < 0.5
     expect(page.locator("#chips .chip")).to_have_count(512)
     expect(page.locator("#token-info")).to_contain_text("truncated")
-    head_bytes = page.evaluate(API_BYTES)
     assert 1_000_000 < head_bytes < 1_200_000            # one float32 512 x 512 matrix and the token list
     expect(page.locator("#view-head .main-svg").first).to_be_visible()
     print(f"\n512 tokens: head view drawn {head_s:.2f} s after submit, {head_bytes / 1e6:.2f} MB")
@@ -50,15 +54,10 @@ def test_512_tokens_head_model_and_lines(page: Page, console_errors, api):
         assert w == pytest.approx(ref[k], abs=1e-6)
     screenshot(page, "head-512", full_page=False)
 
-    page.evaluate("performance.clearResourceTimings()")
-    t = time.perf_counter()
-    page.locator('#tabs a[data-view="model"]').click()
-    wait_drawn(page, "model", timeout=20_000)
-    model_s = time.perf_counter() - t
+    model_s, model_bytes = _timed_draw(page, lambda: page.locator('#tabs a[data-view="model"]').click(), "model")
     assert _responsive(page) < 0.5
     expect(page.locator("#view-model a.thumb")).to_have_count(72)
     expect(page.locator("#view-model [data-part=note]")).to_contain_text("block")
-    model_bytes = page.evaluate(API_BYTES)
     assert model_bytes < 4_000_000
     print(f"512 tokens: model view drawn {model_s:.2f} s after the click, {model_bytes / 1e6:.2f} MB")
     screenshot(page, "model-512", full_page=False)
