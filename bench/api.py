@@ -3,7 +3,7 @@
     .venv/bin/python bench/api.py [--repeats 10]
 
 A real uvicorn on 127.0.0.1 with the result cache off (ATTNSCOPE_CACHE_MB=0), so every request runs
-the model. End-to-end = request sent to response parsed (json.loads or transport.from_binary).
+the model. End-to-end = request sent to response parsed (json.loads or wire.from_binary).
 The in-process forward is Runtime.run on the same text (tokenise + mask + onnxruntime), measured in
 this process while the server is idle. Ratios below 1.5x / 2x are the targets of the speed issue.
 """
@@ -18,11 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 
-from app.client import Client  # noqa: E402
-from app.transport import BINARY, from_binary  # noqa: E402
+from attnscope.app.client import Client  # noqa: E402
+from attnscope.app.wire import BINARY, from_binary  # noqa: E402
 from bench.common import median_ms, server, text_of_tokens  # noqa: E402
-from model import zoo  # noqa: E402
-from model.runtime import Runtime  # noqa: E402
+from attnscope.model import zoo  # noqa: E402
+from attnscope.model.runtime import Runtime  # noqa: E402
 
 
 # What each page view asks for (static/js): the head view one matrix, the model view thumbnails, ...

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from playwright.sync_api import sync_playwright  # noqa: E402
 
 from bench.common import server, text_of_tokens  # noqa: E402
-from model import zoo  # noqa: E402
-from model.runtime import Runtime  # noqa: E402
+from attnscope.model import zoo  # noqa: E402
+from attnscope.model.runtime import Runtime  # noqa: E402
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]

@@ -42,26 +42,35 @@ def text_of_tokens(rt, n: int) -> str:
     return text
 
 
-@contextlib.contextmanager
-def server(env: dict[str, str] | None = None):
-    """uvicorn app.main:app on a free 127.0.0.1 port; yields (base_url, pid); always stopped."""
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port",
+        return s.getsockname()[1]
+
+
+def wait_until_up(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
+    """Poll /healthz until it answers 200; raise if the process exits or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("server did not start")
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def server(env: dict[str, str] | None = None):
+    """uvicorn attnscope.app.main:app on a free 127.0.0.1 port; yields (base_url, pid); always stopped."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "attnscope.app.main:app", "--host", "127.0.0.1", "--port",
                              str(port), "--log-level", "warning"], cwd=ROOT, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.2)
+        wait_until_up(url, proc)
         yield url, proc.pid
     finally:
         proc.terminate()

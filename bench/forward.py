@@ -40,8 +40,8 @@ def main(argv=None) -> None:
 
     hf_logging.disable_progress_bar()
 
-    from model import zoo
-    from model.runtime import Runtime
+    from attnscope.model import zoo
+    from attnscope.model.runtime import Runtime
 
     rt = Runtime(zoo.get("minilm"), providers=["CPUExecutionProvider"], threads=args.threads)
     rt.session(False)  # export (first time only) and open the fast graph before timing

@@ -17,8 +17,8 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from bench.common import text_of_tokens  # noqa: E402
-from model import zoo  # noqa: E402
-from model.runtime import Runtime  # noqa: E402
+from attnscope.model import zoo  # noqa: E402
+from attnscope.model.runtime import Runtime  # noqa: E402
 
 LEVELS = {"disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
           "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}

@@ -14,8 +14,22 @@ def _float(p) -> np.ndarray:
     return p if np.issubdtype(p.dtype, np.floating) else p.astype(np.float64)
 
 
-HEAD_STATS = ("mean_entropy", "first_token_mass", "last_token_mass", "diagonal_mass", "previous_token_mass",
-              "mean_distance")
+# The per-head statistics: name -> (label, what it shows). The API's schema, the page's menu and its
+# explanations all come from here.
+STAT_INFO = {
+    "mean_entropy": ("mean entropy (nats)", "How spread out each row is, averaged over the queries: near 0 = every "
+                     "token looks at one key; high = attention spread over many keys."),
+    "first_token_mass": ("first-token mass", "Average weight on the first token ([CLS] for BERT). Many heads park "
+                         "their attention there when they have nothing to do."),
+    "last_token_mass": ("last-token mass", "Average weight on the last token ([SEP] for BERT): another common "
+                        "‘no-op’ place to put attention."),
+    "diagonal_mass": ("diagonal mass", "Average weight a token puts on itself."),
+    "previous_token_mass": ("previous-token mass", "Average weight a token puts on the token just before it: high "
+                            "for ‘previous-token’ heads."),
+    "mean_distance": ("mean distance (tokens)", "How far away the attended keys are, on average, in tokens: small = "
+                      "local heads, large = long-range heads."),
+}
+HEAD_STATS = tuple(STAT_INFO)
 
 
 def entropy(p: np.ndarray) -> np.ndarray:

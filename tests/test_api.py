@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from app.transport import BINARY, from_binary
-from model import stats
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.app.wire import BINARY, from_binary
+from attnscope.model import stats
 
 TEXT = "The animal didn't cross the street because it was too tired."
 
@@ -79,7 +79,7 @@ def test_decoder_is_causal_by_default_and_can_be_lifted(client):
 def test_masked_tokens_get_zero_as_keys(client):
     j = post(client, {"text": TEXT, "mask_tokens": [2, 5]}).json()
     att = np.array(j["attention"])
-    assert j["masked_tokens"] == [2, 5]
+    assert j["mask_tokens"] == [2, 5]
     for k in (2, 5):
         others = [i for i in range(att.shape[-2]) if i != k]
         assert np.all(att[..., others, k] == 0.0)
@@ -291,7 +291,7 @@ def test_openapi_describes_every_field_and_error(client):
 
 
 def test_float16_conversion_is_bit_exact():
-    from app.transport import to_float16
+    from attnscope.model.runtime import to_float16
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.random(10_000), rng.random(10_000) * 1e-5, [0, 1, 6.1e-5, 5.96e-8, 1e-9, 65504, 70000]])
     x = x.astype(np.float32).reshape(-1, 1)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from model.attention import MultiHeadAttention
+from attnscope.model.attention import MultiHeadAttention
 
 E, H = 8, 2          # embed_dim, num_heads (head_dim 4)
 B = 3                # batch

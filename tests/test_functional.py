@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as TF
 
-from model import functional as F
-from model import masks as M
-from model.masks import MASKED
+from attnscope.model import functional as F
+from attnscope.model import masks as M
+from attnscope.model.masks import MASKED
 
 ATOL = 1e-6
 

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import CHECKS, load_all_checks, max_response_time
 from schemathesis.config import SchemathesisConfig
 
-from app.main import create_app
-from app.settings import Settings
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
 
 SEED = 20_261_121
 POSITIVE_OK = ["2xx", "3xx", "401", "403", "404", "409", "413", "422", "429", "5xx"]  # 5xx: caught by ST101

@@ -25,7 +25,7 @@ LONG = " ".join(f"Sentence number {i} keeps going so that the text runs well pas
 
 @pytest.fixture(scope="module")
 def hf_model():
-    from model import zoo
+    from attnscope.model import zoo
 
     model = transformers.BertModel.from_pretrained(str(zoo.minilm_dir()), attn_implementation="eager")
     return model.eval()

@@ -20,11 +20,11 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.middleware import CSP
-from app.schemas import AttentionRequest
-from app.settings import Settings
-from app.transport import BINARY, from_binary
+from attnscope.app.main import create_app
+from attnscope.app.middleware import CSP
+from attnscope.app.schemas import AttentionRequest
+from attnscope.app.settings import Settings
+from attnscope.app.wire import BINARY, from_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "The cat sat on the mat."
@@ -222,13 +222,13 @@ class Gate:
 
     def __init__(self, svc):
         self.event, self.started = threading.Event(), 0
-        run = svc._run
+        run = svc._forward
 
         def held(*args):
             self.started += 1
             assert self.event.wait(30), "gate never opened"
             return run(*args)
-        svc._run = held
+        svc._forward = held
 
 
 def _idle(svc) -> None:
@@ -277,13 +277,14 @@ def test_cancelled_requests_leak_nothing_and_do_not_fail_others():
     svc = app.state.service
     svc.load()
     gate = Gate(svc)
-    shared, other = (AttentionRequest(model="tiny-gpt", text=t) for t in ("shared run", "queued run"))
+    shared, other = (svc.plan(AttentionRequest(model="tiny-gpt", text=t), binary=False)
+                     for t in ("shared run", "queued run"))
 
     async def main():
-        owner = asyncio.create_task(svc.compute(shared))
+        owner = asyncio.create_task(svc.run(shared))
         await asyncio.sleep(0.05)
-        follower = asyncio.create_task(svc.compute(shared))
-        waiter = asyncio.create_task(svc.compute(other))
+        follower = asyncio.create_task(svc.run(shared))
+        waiter = asyncio.create_task(svc.run(other))
         await asyncio.sleep(0.05)
         assert svc.runs()["running"] == 1 and svc.runs()["waiting"] == 1
         owner.cancel()
@@ -304,7 +305,7 @@ def test_cancelled_requests_leak_nothing_and_do_not_fail_others():
     finally:
         gate.event.set()
     _idle(svc)
-    assert svc.cache.get(svc.key(shared, False)) is not None and svc.cache.get(svc.key(other, False)) is not None
+    assert svc.cache.get(shared.key) is not None and svc.cache.get(other.key) is not None
 
 
 def test_clients_that_hang_up_leak_nothing_on_the_live_server(live_server):
@@ -421,6 +422,10 @@ def test_security_headers_on_the_live_server(live_server):
 def test_page_has_no_inline_script_and_no_other_origin(client):
     html = client.get("/").text
     for attrs, inner in re.findall(r"<script\b([^>]*)>(.*?)</script>", html, re.S):
+        if attrs.strip() == 'type="application/json" id="boot"':   # data, not code: CSP does not run it
+            json.loads(inner)
+            assert "</" not in inner
+            continue
         assert re.search(r'\bsrc="/[^/]', attrs) and not inner.strip(), f"inline or foreign script: {attrs!r}"
     assert not re.search(r'(?:src|href|action)="(?:https?:)?//', html), "a reference to another origin"
     assert not re.search(r"\son[a-z]+=", html), "an inline event handler"
@@ -431,7 +436,7 @@ def test_internal_errors_have_no_traceback_or_path(client, monkeypatch):
 
     def broken(*args, **kw):
         raise RuntimeError(f"boom in {ROOT}/app/service.py line 3")
-    monkeypatch.setattr(svc, "attention_payload", broken)
+    monkeypatch.setattr(svc, "_check_size", broken)
     with TestClient(client.app, raise_server_exceptions=False) as c:
         r = _send(c, "/api/attention", {"text": "an internal error " + uuid.uuid4().hex, "layers": [0]}, {})
     assert r.status_code == 500

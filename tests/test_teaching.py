@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model import stats
-from model.teaching import PATTERNS
+from attnscope.model import stats
+from attnscope.model.teaching import PATTERNS
 
 TEXT = "The cat sat on the mat and the cat slept while the dog barked at the cat."
 

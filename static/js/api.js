@@ -144,8 +144,3 @@ export function attention(body) {
 export function stages(body) {
   return cached("/api/stages", body);
 }
-
-/** Is this answer already cached (or on its way)? */
-export function has(path, body) {
-  return cache.has(cacheKey(path, body));
-}

@@ -1,7 +1,7 @@
 // The token strip: one chip per token. A click pins the token's row or masks it as a key
 // (the "Clicking a token" switch); keyboard: arrows / Home / End move, Enter pins or masks,
 // "m" always toggles the mask, "p" always pins.
-import { h, replace, tokenLabel } from "./dom.js";
+import { h, replace, rove, tokenLabel } from "./dom.js";
 
 function toggled(list, i) {
   return list.includes(i) ? list.filter((x) => x !== i) : [...list, i].sort((a, b) => a - b);
@@ -11,10 +11,10 @@ function toggled(list, i) {
 export function renderChips(container, meta, st, go) {
   const hadFocus = container.contains(document.activeElement)
     ? Number(document.activeElement.dataset.index) : null;
-  const masked = new Set(meta.masked_tokens);
+  const masked = new Set(meta.mask_tokens);
   const focusIndex = hadFocus ?? st.pin ?? 0;
   const act = (i, how) => {
-    if (how === "mask") go({ mask: toggled(st.mask, i) });
+    if (how === "mask") go({ mask_tokens: toggled(st.mask_tokens, i) });
     else go({ pin: st.pin === i ? null : i });
   };
   const chips = meta.tokens.map((tok, i) => {
@@ -35,15 +35,8 @@ export function renderChips(container, meta, st, go) {
   container.onkeydown = (e) => {
     const i = Number(e.target.dataset?.index);
     if (Number.isNaN(i)) return;
-    const n = chips.length;
-    const moves = { ArrowRight: i + 1, ArrowDown: i + 1, ArrowLeft: i - 1, ArrowUp: i - 1, Home: 0, End: n - 1 };
-    if (e.key in moves) {
-      e.preventDefault();
-      const j = Math.max(0, Math.min(n - 1, moves[e.key]));
-      chips[i].tabIndex = -1;
-      chips[j].tabIndex = 0;
-      chips[j].focus();
-    } else if (e.key === "m" || e.key === "M") {
+    if (rove(e, chips, i)) return;
+    if (e.key === "m" || e.key === "M") {
       e.preventDefault();
       act(i, "mask");
     } else if (e.key === "p" || e.key === "P") {

@@ -55,3 +55,18 @@ export function tokenLabel(tok) {
   const s = String(tok);
   return s === "" ? "∅" : s.replace(/\s/g, "␣");
 }
+
+/** Roving tabindex (one tab stop per list): arrow keys, Home and End move the focus along `items`, from
+ *  item i. `keys` maps arrow keys to steps. Returns true when the key was one of these (and handled). */
+export function rove(e, items, i, keys = { ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1 }) {
+  const n = items.length;
+  const to = e.key === "Home" ? 0 : e.key === "End" ? n - 1 : e.key in keys ? i + keys[e.key] : null;
+  if (to === null) return false;
+  e.preventDefault();
+  const j = Math.max(0, Math.min(n - 1, to));
+  items[i].setAttribute("tabindex", "-1");
+  items[j].setAttribute("tabindex", "0");
+  items[j].focus();
+  items[j].scrollIntoView?.({ block: "nearest" });
+  return true;
+}

@@ -1,9 +1,19 @@
 // Wiring: URL state -> controls, fetches (through api.js) -> the active view's render().
+//
+// The view contract: each module in views/ exports
+//   title, help            strings shown above the view
+//   requests(st, info, meta) -> [{endpoint, ...body}]   what to fetch (merged with the run's options)
+//   needsMeta              optional: true when requests() needs the tokens (meta) first
+//   render(container, {meta, results}, st, ctx) -> exports
+//                          a pure function of (data, state) drawing into its container; ctx gives
+//                          info (the model), boot, go/href (state changes and links), font, large, plot();
+//                          exports = {name, plot | svg | canvas, csv(), json()} for the export buttons.
 import * as api from "./api.js";
 import { renderChips } from "./chips.js";
 import { h, replace } from "./dom.js";
 import { canvasToPng, download, downloadCSV, downloadJSON, svgBlob, svgToPng } from "./export.js";
 import { runOptions } from "./matrix.js";
+import { plot } from "./plot.js";
 import { fmtBytes, fmtMs, SCALE_NAME } from "./scale.js";
 import * as state from "./state.js";
 import * as head from "./views/head.js";
@@ -13,22 +23,20 @@ import * as summary from "./views/summary.js";
 import * as entropy from "./views/entropy.js";
 import * as stages from "./views/stages.js";
 
-const VIEWS = { head, lines, model, summary, entropy, stages };
 const $ = (id) => document.getElementById(id);
-const app = $("app");
 
-// ---- models (from the template's <option data-*>) -----------------------------------------------
-const MODELS = Object.fromEntries([...$("model").options].map((o) => [o.value, {
-  id: o.value, title: o.dataset.title, kind: o.dataset.kind, layers: Number(o.dataset.layers),
-  heads: Number(o.dataset.heads), d_head: Number(o.dataset.dHead), max_tokens: Number(o.dataset.maxTokens),
-  pair: o.dataset.pair === "true", description: o.dataset.description,
-}]));
-state.configure({ model: app.dataset.defaultModel, text: app.dataset.exampleText });
+// ---- what the server offers: models, views and statistics, from the page's JSON boot block -------------
+const BOOT = JSON.parse($("boot").textContent);
+const MODULES = { head, lines, model, summary, entropy, stages };
+const VIEWS = Object.fromEntries(BOOT.views.map((v) => [v.id, MODULES[v.id]]));
+const MODELS = Object.fromEntries(BOOT.models.map((m) => [m.id, m]));
+state.configure({ model: BOOT.default_model, text: BOOT.example_text },
+  { views: BOOT.views.map((v) => v.id), stats: BOOT.stats.map((s) => s.id) });
 
 /** Clamp a state to what the model offers; returns [state, changed]. */
 function normalize(st) {
   const fixed = { ...st };
-  if (!MODELS[fixed.model]) fixed.model = app.dataset.defaultModel;
+  if (!MODELS[fixed.model]) fixed.model = BOOT.default_model;
   const info = MODELS[fixed.model];
   fixed.layer = Math.min(fixed.layer, info.layers - 1);
   fixed.head = Math.min(fixed.head, info.heads - 1);
@@ -65,7 +73,7 @@ function syncControls(st, info) {
   for (const r of document.querySelectorAll("input[name=click]")) r.checked = r.value === st.click;
   $("stat").value = st.stat;
   $("stat-field").hidden = st.view !== "summary";
-  $("clear-mask").hidden = st.mask.length === 0;
+  $("clear-mask").hidden = st.mask_tokens.length === 0;
   $("large-toggle").setAttribute("aria-pressed", String(st.large));
   document.documentElement.classList.toggle("large", st.large);
   for (const a of document.querySelectorAll("#tabs a")) {
@@ -102,24 +110,9 @@ function clearError() {
 function tokenInfo(meta, st) {
   const parts = [`${meta.tokens.length} tokens`];
   if (meta.truncated) parts.push(`input truncated to the model's ${MODELS[st.model].max_tokens}-token limit`);
-  if (meta.masked_tokens.length) parts.push(`${meta.masked_tokens.length} masked as keys (${meta.masked_tokens.join(", ")})`);
+  if (meta.mask_tokens.length) parts.push(`${meta.mask_tokens.length} masked as keys (${meta.mask_tokens.join(", ")})`);
   if (st.pin !== null && st.pin < meta.tokens.length) parts.push(`token ${st.pin} pinned`);
   $("token-info").textContent = parts.join(" · ");
-}
-
-// ---- plotting (one place for the Plotly config) ----------------------------------------------------
-const PLOT_CONFIG = {
-  responsive: true, displaylogo: false, scrollZoom: false,
-  showSendToCloud: false,          // Plotly 4 offers "Share chart" (an upload to Plotly Cloud) by default: never
-  modeBarButtonsToRemove: ["lasso2d", "select2d"],
-  toImageButtonOptions: { format: "png", scale: 2, filename: "attnscope" },
-};
-
-function plot(el, data, layout) {
-  const st = state.get();
-  const filename = `attnscope-${st.model}-${st.view}-L${st.layer}H${st.head}`;
-  return window.Plotly.react(el, data, layout,
-    { ...PLOT_CONFIG, toImageButtonOptions: { ...PLOT_CONFIG.toImageButtonOptions, filename } });
 }
 
 // ---- the update loop ----------------------------------------------------------------------------
@@ -163,8 +156,9 @@ async function update() {
     const results = await dataP;
     if (gen !== generation) return;
     const drawing = [];
-    const ctx = { info, go: state.go, href: state.href, large: st.large, font: st.large ? 18 : 13,
-      plot: (...args) => drawing.push(plot(...args)) };
+    const ctx = { info, boot: BOOT, go: state.go, href: state.href, large: st.large, font: st.large ? 18 : 13,
+      plot: (el, data, layout) => drawing.push(plot(el, data, layout, ctx.font,
+        `attnscope-${st.model}-${st.view}-L${st.layer}H${st.head}`)) };
     const shownState = { ...st, pin: st.pin !== null && st.pin < meta.tokens.length ? st.pin : null };
     current.exports = null;
     current.exports = view.render(container, { meta, results }, shownState, ctx);
@@ -230,13 +224,13 @@ function wire() {
   $("input-form").addEventListener("submit", (e) => {
     e.preventDefault();
     // the same text again re-runs anyway (answered from the cache)
-    if (!state.go({ text: $("text").value, text_pair: $("text-pair").value, mask: [], pin: null })) update();
+    if (!state.go({ text: $("text").value, text_pair: $("text-pair").value, mask_tokens: [], pin: null })) update();
   });
   $("model").addEventListener("change", (e) => {
     const info = MODELS[e.target.value];
     const st = state.get();
     state.go({ model: info.id, layer: Math.min(st.layer, info.layers - 1), head: Math.min(st.head, info.heads - 1),
-      mask: [], pin: null, causal: null, heads: null, text_pair: info.pair ? st.text_pair : "" });
+      mask_tokens: [], pin: null, causal: null, heads: null, text_pair: info.pair ? st.text_pair : "" });
   });
   $("layer").addEventListener("change", (e) => state.go({ layer: Number(e.target.value) }));
   $("head").addEventListener("change", (e) => state.go({ head: Number(e.target.value) }));
@@ -248,7 +242,7 @@ function wire() {
   for (const r of document.querySelectorAll("input[name=click]")) {
     r.addEventListener("change", (e) => state.go({ click: e.target.value }));
   }
-  $("clear-mask").addEventListener("click", () => state.go({ mask: [] }));
+  $("clear-mask").addEventListener("click", () => state.go({ mask_tokens: [] }));
   $("stat").addEventListener("change", (e) => state.go({ stat: e.target.value }));
   $("large-toggle").addEventListener("click", () => state.go({ large: !state.get().large }));
   $("copy-link").addEventListener("click", copyPermalink);

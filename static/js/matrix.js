@@ -45,6 +45,6 @@ export function runOptions(st, info) {
   const body = { model: st.model, text: st.text };
   if (info.pair && st.text_pair) body.text_pair = st.text_pair;
   if (st.causal !== null) body.causal = st.causal;
-  if (st.mask.length) body.mask_tokens = st.mask;
+  if (st.mask_tokens.length) body.mask_tokens = st.mask_tokens;
   return body;
 }

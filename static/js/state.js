@@ -1,25 +1,25 @@
 // All state lives in the URL query string: every view is a link, back/forward works, and the
 // "copy permalink" button just copies location.href.
 
-export const VIEWS = ["head", "lines", "model", "summary", "entropy", "stages"];
-export const STATS = ["mean_entropy", "first_token_mass", "last_token_mass", "previous_token_mass",
-  "diagonal_mass", "mean_distance"];
 export const STEP_TOKENS = [6, 8, 12, 16, 24, 32];
 
 // Name, default, kind. Order here is the order in the URL.
 const FIELDS = [
   ["model", "", "str"], ["text", "", "str"], ["text_pair", "", "str"], ["view", "head", "view"],
-  ["layer", 0, "int"], ["head", 0, "int"], ["causal", null, "tri"], ["mask", [], "ints"],
+  ["layer", 0, "int"], ["head", 0, "int"], ["causal", null, "tri"], ["mask_tokens", [], "ints"],
   ["pin", null, "int?"], ["hide_special", false, "bool"], ["click", "pin", "click"],
   ["stat", "mean_entropy", "stat"], ["heads", null, "ints?"], ["all_heads", false, "bool"],
   ["step", 0, "int"], ["n", 12, "int"], ["large", false, "bool"],
 ];
 const ALWAYS = new Set(["model", "text", "view", "layer", "head"]);   // written even when default
 let defaults = Object.fromEntries(FIELDS.map(([k, d]) => [k, d]));
+const choices = { view: [], stat: [] };   // the values a "view" / "stat" field may take
 
-/** Set the page's defaults (the default model and example text come from the template). */
-export function configure(patch) {
+/** Set the page's defaults and the views and statistics it offers (all from the server's boot block). */
+export function configure(patch, { views, stats }) {
   defaults = { ...defaults, ...patch };
+  choices.view = views;
+  choices.stat = stats;
 }
 
 function parseInts(s) {
@@ -37,8 +37,7 @@ export function parse(search = location.search) {
     if (raw === null) { st[k] = Array.isArray(d) ? [...d] : d; continue; }
     switch (kind) {
       case "str": st[k] = raw; break;
-      case "view": st[k] = VIEWS.includes(raw) ? raw : d; break;
-      case "stat": st[k] = STATS.includes(raw) ? raw : d; break;
+      case "view": case "stat": st[k] = choices[kind].includes(raw) ? raw : d; break;
       case "click": st[k] = raw === "mask" ? "mask" : "pin"; break;
       case "int": st[k] = /^\d+$/.test(raw) ? Number(raw) : d; break;
       case "int?": st[k] = /^\d+$/.test(raw) ? Number(raw) : null; break;

@@ -24,14 +24,14 @@ def test_mask_token_reruns_every_view(page: Page, console_errors, api):
     wait_drawn(page, "head")
     assert sent and all(body["mask_tokens"] == [3] for body in sent)
     assert any(body.get("layers") == [2] and body.get("heads") == [1] for body in sent)
-    assert "mask=3" in page.url
+    assert "mask_tokens=3" in page.url
     expect(page.locator('#chips .chip[data-index="3"]')).to_have_class("chip masked")
     expect(page.locator("#token-info")).to_contain_text("1 masked")
     # pin row 5 with the keyboard shortcut "p": the masked column is 0 there, as in the API
     page.locator('#chips .chip[data-index="5"]').press("p")
     wait_drawn(page, "head")
     ref = api(text=TEXT, layers=[2], heads=[1], include=["attention"], mask_tokens=[3])
-    assert ref["masked_tokens"] == [3]
+    assert ref["mask_tokens"] == [3]
     att = ref["attention"][0][0]
     rows = dict(page.locator("#view-head [data-part=pinned] tr[data-key]").evaluate_all(
         "rs => rs.map(r => [Number(r.dataset.key), Number(r.dataset.weight)])"))
@@ -45,13 +45,13 @@ def test_mask_token_reruns_every_view(page: Page, console_errors, api):
     for view in ("model", "entropy", "stages"):
         page.locator(f'#tabs a[data-view="{view}"]').click()
         wait_drawn(page, view)
-        assert "mask=3" in page.url
+        assert "mask_tokens=3" in page.url
     assert page.locator("#view-stages [data-stage=masked] td[data-q='5'][data-k='3']").inner_text() == "−∞"
     assert page.locator("#view-stages [data-stage=probs] td[data-q='5'][data-k='3']").inner_text() == "0.0000"
     # unmask
     page.get_by_role("button", name="Unmask all").click()
     wait_drawn(page, "stages")
-    assert "mask=" not in page.url
+    assert "mask_tokens=" not in page.url
     assert console_errors == []
 
 
@@ -73,7 +73,7 @@ def test_permalink_restores_state_and_history(page: Page, console_errors, contex
     expect(page.locator("#status")).to_contain_text("Permalink copied")
     link = page.evaluate("navigator.clipboard.readText()")
     assert link == page.url
-    for part in ("layer=4", "head=9", "hide_special=1", "pin=6", "mask=2", "view=head", "text=The+cat"):
+    for part in ("layer=4", "head=9", "hide_special=1", "pin=6", "mask_tokens=2", "view=head", "text=The+cat"):
         assert part in link
 
     fresh = context.new_page()
@@ -185,7 +185,7 @@ def test_keyboard_chips_and_thumbnails(page: Page, console_errors):
     assert page.evaluate("document.activeElement.dataset.index") == "2"   # focus kept after redraw
     page.keyboard.press("m")                                        # masks
     wait_drawn(page, "head")
-    assert "mask=2" in page.url
+    assert "mask_tokens=2" in page.url
     # a thumbnail is a link: focus it and press Enter
     page.locator('#tabs a[data-view="model"]').focus()
     page.keyboard.press("Enter")

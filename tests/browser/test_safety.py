@@ -16,7 +16,7 @@ VIEWS = ["head", "lines", "model", "summary", "entropy", "stages"]
 def _injected(page) -> list[str]:
     """Elements a payload would create if it were parsed as HTML anywhere in the page."""
     return page.evaluate("""() => [
-      ...document.querySelectorAll('img[src="x"], img[onerror], svg[onload], script:not([src]), [onerror], [onload]')
+      ...document.querySelectorAll('img[src="x"], img[onerror], svg[onload], script:not([src]):not(#boot), [onerror], [onload]')
     ].map(e => e.outerHTML.slice(0, 80))""")
 
 

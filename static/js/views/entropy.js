@@ -14,7 +14,6 @@ export function requests(st) {
 }
 
 export function render(container, { meta, results: [ans] }, st, ctx) {
-  const H = ans.heads.length;
   const hi = ans.heads.indexOf(st.head);
   const idx = visibleTokens(meta, st.hide_special);
   const xs = idx.map((_, p) => p);
@@ -50,15 +49,14 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   }
   const pinPos = st.pin === null ? -1 : idx.indexOf(st.pin);
   ctx.plot(plot, traces, {
-    template: "none", font: { size: ctx.font, family: "system-ui, sans-serif" },
-    title: { text: `Entropy per token · layer ${st.layer} · head ${st.head}`, font: { size: ctx.font + 2 } },
+    title: `Entropy per token · layer ${st.layer} · head ${st.head}`,
     margin: { l: 70, r: 20, t: 50, b: 110 }, showlegend: st.all_heads, legend: { orientation: "h", y: 1.08 },
     xaxis: { anchor: "y2", tickmode: "array", tickvals: ticks, ticktext: ticks.map((p) => labels[p]), tickangle: -60, zeroline: false },
     yaxis: { title: { text: "entropy (nats)" }, rangemode: "tozero", zeroline: false, domain: [0.55, 1], anchor: "x" },
     yaxis2: { title: { text: "normalised (0–1)" }, range: [0, 1.05], zeroline: false, domain: [0, 0.45], anchor: "x" },
     shapes: pinPos < 0 ? [] : [{ type: "line", xref: "x", yref: "paper", x0: pinPos, x1: pinPos, y0: 0, y1: 1,
       line: { color: "#ff7f0e", width: 2, dash: "dot" } }],
-    hovermode: "closest", paper_bgcolor: "#fff", plot_bgcolor: "#fff",
+    hovermode: "closest",
   });
 
   const e = pick(ans.entropy, hi), ne = pick(ans.normalized_entropy, hi), mw = pick(ans.max_weight, hi);

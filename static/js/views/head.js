@@ -38,7 +38,7 @@ function pinnedPanel(panel, { meta, idx, z, raw, rowMass }, st, renorm, ctx) {
       h("th", { scope: "col", "aria-hidden": "true", class: "bar-col" }))),
     h("tbody", {}, shown.map(({ k, w, raw: rw }) => h("tr", {
       "data-key": k, "data-weight": exactString(w), "data-raw": exactString(rw),
-      class: [meta.masked_tokens.includes(k) && "masked", meta.special[k] && "special"].filter(Boolean).join(" "),
+      class: [meta.mask_tokens.includes(k) && "masked", meta.special[k] && "special"].filter(Boolean).join(" "),
     },
     h("td", { class: "num", text: k }),
     h("td", { class: "tok", text: tokenLabel(meta.tokens[k]) }),
@@ -58,7 +58,6 @@ function pinnedPanel(panel, { meta, idx, z, raw, rowMass }, st, renorm, ctx) {
 }
 
 export function render(container, { meta, results: [ans] }, st, ctx) {
-  const T = meta.tokens.length;
   const renorm = st.hide_special && meta.special.some(Boolean);
   const idx = visibleTokens(ans, st.hide_special);
   const m = ans.attention.sub(0, 0);
@@ -105,12 +104,11 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     tickfont: { size: ctx.font - (n > 60 ? 2 : 0) }, showgrid: false, zeroline: false, fixedrange: false,
   });
   const layoutObj = {
-    template: "none", font: { size: ctx.font, family: "system-ui, sans-serif" },
-    title: { text: `${plotlyText(ctx.info.title)} · layer ${st.layer} · head ${st.head}`, font: { size: ctx.font + 2 } },
+    title: `${plotlyText(ctx.info.title)} · layer ${st.layer} · head ${st.head}`,
     margin: { l: 110, r: 20, t: 50, b: 110 },
     xaxis: { ...axis("key (attended to)"), tickangle: -60, side: "bottom", constrain: "domain" },
     yaxis: { ...axis("query (attending)"), autorange: "reversed", scaleanchor: "x", constrain: "domain" },
-    shapes, paper_bgcolor: "#fff", plot_bgcolor: "#fff", uirevision: `${st.model}|${st.text}|${n}`,
+    shapes, uirevision: `${st.model}|${st.text}|${n}`,
   };
   ctx.plot(plot, [trace], layoutObj);
   if (!plot.dataset.wired) {
@@ -142,7 +140,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
       ...z.map((r, a) => [`${idx[a]}:${tokensAt[a]}`, ...r.map((v) => Number(exactString(v)))])],
     json: () => ({
       model: st.model, text: st.text, text_pair: st.text_pair || null, layer: st.layer, head: st.head,
-      causal: meta.causal, masked_tokens: meta.masked_tokens, renormalised: renorm,
+      causal: meta.causal, mask_tokens: meta.mask_tokens, renormalised: renorm,
       token_indices: idx, tokens: tokensAt, attention: z.map((r) => r.map((v) => Number(exactString(v)))),
     }),
   };

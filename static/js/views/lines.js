@@ -1,6 +1,6 @@
 // Line view (BertViz style): queries on the left, keys on the right, a line per weight whose
 // opacity is the weight, one colour per head. Hover or focus a token to see only its lines.
-import { h, part, replace, svg, tokenLabel } from "../dom.js";
+import { h, part, replace, rove, svg, tokenLabel } from "../dom.js";
 import { subMatrix, visibleTokens } from "../matrix.js";
 import { exactString, fmt, headColor } from "../scale.js";
 
@@ -101,7 +101,7 @@ export function render(container, { meta, results }, st, ctx) {
 
   const tokenText = (p, side) => {
     const i = idx[p];
-    const masked = meta.masked_tokens.includes(i), pinned = st.pin === i;
+    const masked = meta.mask_tokens.includes(i), pinned = st.pin === i;
     return svg("text", {
       x: side === "q" ? xl - 4 : xr + 4, y: y(p), "text-anchor": side === "q" ? "end" : "start",
       "dominant-baseline": "central", "font-size": fs, "font-family": "system-ui, sans-serif",
@@ -176,16 +176,8 @@ export function render(container, { meta, results }, st, ctx) {
   drawing.addEventListener("keydown", (e) => {
     const l = onLabel(e);
     if (!l) return;
-    const list = l[0] === "q" ? qLabels : kLabels;
-    const moves = { ArrowDown: l[1] + 1, ArrowUp: l[1] - 1, Home: 0, End: n - 1 };
-    if (e.key in moves) {
-      e.preventDefault();
-      const j = Math.max(0, Math.min(n - 1, moves[e.key]));
-      list[l[1]].setAttribute("tabindex", "-1");
-      list[j].setAttribute("tabindex", "0");
-      list[j].focus();
-      list[j].scrollIntoView({ block: "nearest" });
-    } else if (e.key === "Enter" || e.key === " ") {
+    if (rove(e, l[0] === "q" ? qLabels : kLabels, l[1], { ArrowDown: 1, ArrowUp: -1 })) return;
+    if (e.key === "Enter" || e.key === " ") {
       e.preventDefault();
       ctx.go({ pin: st.pin === l[2] ? null : l[2] });
     }

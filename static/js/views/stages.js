@@ -15,14 +15,14 @@ export function requests(st) {
 
 function sentences(ans, info, n) {
   const s = Math.sqrt(ans.d_head);
-  const anyMasked = ans.masked_tokens.length > 0;
+  const anyMasked = ans.mask_tokens.length > 0;
   let maskText;
   if (ans.causal && anyMasked) {
     maskText = "The mask adds −∞ above the diagonal (a token cannot see the tokens after it) and in the columns of the masked tokens; elsewhere it adds 0.";
   } else if (ans.causal) {
     maskText = "The causal mask adds −∞ above the diagonal: a token cannot see the tokens after it. Everything else gets + 0.";
   } else if (anyMasked) {
-    maskText = `The mask adds −∞ in the columns of the masked token${ans.masked_tokens.length > 1 ? "s" : ""} (except on the diagonal: a token still sees itself) and 0 elsewhere.`;
+    maskText = `The mask adds −∞ in the columns of the masked token${ans.mask_tokens.length > 1 ? "s" : ""} (except on the diagonal: a token still sees itself) and 0 elsewhere.`;
   } else {
     maskText = "The mask adds 0 everywhere here: the causal mask is off and no token is masked, so this equals step 2.";
   }
@@ -80,7 +80,7 @@ function vectorTable(name, t, n, tokens) {
       [...Array(dims).keys()].map((d) => h("td", { class: "num", title: fmtExact(t.at(i, d)), text: fmt(t.at(i, d), 3) })))))));
 }
 
-export function render(container, { meta, results: [ans] }, st, ctx) {
+export function render(container, { results: [ans] }, st, ctx) {
   const T = ans.tokens.length;
   const n = Math.min(T, st.n);
   const steps = sentences(ans, ctx.info, n);
@@ -142,7 +142,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
         return isMinusInf(v) ? "-Infinity" : Number(exactString(v));
       }));
       return { model: st.model, text: st.text, layer: st.layer, head: st.head, causal: ans.causal,
-        masked_tokens: ans.masked_tokens, d_head: ans.d_head, scale: ans.scale, tokens_shown: n, tokens: ans.tokens.slice(0, n),
+        mask_tokens: ans.mask_tokens, d_head: ans.d_head, scale: ans.scale, tokens_shown: n, tokens: ans.tokens.slice(0, n),
         ...Object.fromEntries(kinds.map((k) => [k, cut(ans[k])])) };
     },
   };

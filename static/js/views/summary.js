@@ -6,22 +6,13 @@ export const title = "Head summary";
 export const help = "One number per head, for the whole input: pick a statistic to find heads that behave a " +
   "certain way. Click a cell (or a link in the table below) to open that head.";
 
-export const STAT_INFO = {
-  mean_entropy: ["mean entropy (nats)", "How spread out each row is, averaged over the queries: near 0 = every token looks at one key; high = attention spread over many keys."],
-  first_token_mass: ["first-token mass", "Average weight on the first token ([CLS] for BERT). Many heads park their attention there when they have nothing to do."],
-  last_token_mass: ["last-token mass", "Average weight on the last token ([SEP] for BERT): another common ‘no-op’ place to put attention."],
-  previous_token_mass: ["previous-token mass", "Average weight a token puts on the token just before it: high for ‘previous-token’ heads."],
-  diagonal_mass: ["diagonal mass", "Average weight a token puts on itself."],
-  mean_distance: ["mean distance (tokens)", "How far away the attended keys are, on average, in tokens: small = local heads, large = long-range heads."],
-};
-
 /** Summaries only: no matrices are transferred. */
 export function requests() {
   return [{ endpoint: "attention", include: ["summary"] }];
 }
 
 export function render(container, { results: [ans] }, st, ctx) {
-  const [label, explain] = STAT_INFO[st.stat];
+  const { label, help: explain } = ctx.boot.stats.find((x) => x.id === st.stat);
   const z = ans.summary[st.stat];
   const L = ans.layers.length, H = ans.heads.length;
   const note = part(container, "note", "p", { class: "note" });
@@ -35,14 +26,12 @@ export function render(container, { results: [ans] }, st, ctx) {
     texttemplate: "%{z:.2f}", textfont: { size: big ? 15 : 11 },
     hovertemplate: `layer %{y}, head %{x}<br>${label}: %{z:.6f}<extra>click to open</extra>`,
   }], {
-    template: "none", font: { size: ctx.font, family: "system-ui, sans-serif" },
-    title: { text: `${label} per head`, font: { size: ctx.font + 2 } },
+    title: `${label} per head`,
     margin: { l: 70, r: 20, t: 50, b: 60 },
     xaxis: { title: { text: "head" }, tickmode: "array", tickvals: ans.heads, showgrid: false, zeroline: false, fixedrange: true },
     yaxis: { title: { text: "layer" }, tickmode: "array", tickvals: ans.layers, autorange: "reversed", showgrid: false, zeroline: false, fixedrange: true },
     shapes: [{ type: "rect", x0: st.head - 0.5, x1: st.head + 0.5, y0: st.layer - 0.5, y1: st.layer + 0.5,
       line: { color: "#ff7f0e", width: 3 }, fillcolor: "rgba(0,0,0,0)" }],
-    paper_bgcolor: "#fff", plot_bgcolor: "#fff",
   });
   if (!plot.dataset.wired) {
     plot.dataset.wired = "1";

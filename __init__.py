@@ -1,0 +1,35 @@
+"""attnscope: what every attention head of a real transformer looks at, with the exact numbers.
+
+The import package maps the repository's top level: `attnscope.model` (NumPy reference, ONNX export,
+onnxruntime runtime, statistics), `attnscope.app` (FastAPI server, wire codec, client, CLI), and the
+page's `static/` and `templates/` as package data.
+
+In a script or notebook (no server needed):
+
+    import attnscope
+    m = attnscope.load("minilm")
+    r = m.run("The cat sat on the mat.")
+    r.tokens, r.token_ids, r.attentions.shape      # [...], [...], (layers, heads, T, T)
+    r.summary()["previous_token_mass"]              # [layers, heads]
+    attnscope.figures.head(r, layer=2, head=5).show()
+
+Against a running server: `attnscope.Client("http://127.0.0.1:8000")` (standard library + NumPy only).
+"""
+from __future__ import annotations
+
+__version__ = "0.2.0"
+__all__ = ["load", "Runtime", "AttentionResult", "Client", "figures", "__version__"]
+
+
+def __getattr__(name: str):
+    """Import on first use: `import attnscope` stays cheap, and the client needs neither onnxruntime nor FastAPI."""
+    if name in ("load", "Runtime", "AttentionResult"):
+        from .model import runtime
+        return getattr(runtime, name)
+    if name == "Client":
+        from .app.client import Client
+        return Client
+    if name == "figures":
+        from .app import figures
+        return figures
+    raise AttributeError(f"module 'attnscope' has no attribute {name!r}")

@@ -1,0 +1,104 @@
+"""The two wire forms of an answer, shared by the server and the client: JSON and a compact binary form.
+
+Decoding needs the standard library and NumPy only, so `attnscope.app.client` works in an environment with
+nothing else; encoding (which only the server does) imports orjson when it is first called.
+
+Binary (`Accept: application/vnd.attnscope.tensors`):
+    b"ATSC" | uint32 little-endian n | n bytes of UTF-8 JSON header | zero padding to 8 bytes | tensor data
+The header holds every non-tensor field plus "tensors": [{name, dtype, shape, offset}] with offsets
+from the start of the data section; tensors are little-endian float32 or float16, C order.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from typing import Callable
+
+import numpy as np
+
+BINARY = "application/vnd.attnscope.tensors"
+MAGIC = b"ATSC"
+
+
+def accepts_binary(accept: str | None) -> bool:
+    """True when the Accept header names the binary form with a non-zero quality (`;q=0` means "not this")."""
+    for part in (accept or "").split(","):
+        media, *params = (p.strip() for p in part.split(";"))
+        if media.lower() != BINARY:
+            continue
+        q = next((p.split("=", 1)[1] for p in params if p.replace(" ", "").lower().startswith("q=")), "1")
+        try:
+            return float(q) > 0
+        except ValueError:
+            return False
+    return False
+
+
+def _plain(obj):
+    """JSON fallback for numpy values in the header (small lists and scalars)."""
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot serialise {type(obj).__name__}")
+
+
+def _contiguous(obj):
+    """orjson writes C-contiguous float32/64 arrays itself; others come here: copied once, or as lists."""
+    if isinstance(obj, np.ndarray) and not obj.flags.c_contiguous:
+        return np.ascontiguousarray(obj)
+    return _plain(obj)
+
+
+def to_json(payload: dict) -> bytes:
+    """The JSON form; numpy arrays are written directly by orjson (fast; float32 as its shortest repr)."""
+    import orjson
+    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY, default=_contiguous)
+
+
+def is_tensor(value) -> bool:
+    """What travels in the binary form's data section: float arrays of two or more axes."""
+    return isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.ndim >= 2
+
+
+def binary_chunks(payload: dict, dtype: str = "float32",
+                  cast: Callable[[np.ndarray, np.dtype], np.ndarray] | None = None) -> list[memoryview | bytes]:
+    """The binary form as a list of buffers to send one after another: the header, then each tensor.
+
+    A tensor already in the wire dtype and C-contiguous goes out as a view of its own memory, with no copy
+    (a 512-token answer is 75 MB, so copies are what costs). Others are converted once, by `cast` when
+    given (the server passes onnxruntime's float16 Cast, much faster than numpy's for tiny values)."""
+    header, arrays, tensors, offset = {}, [], [], 0
+    dt = np.dtype(dtype).newbyteorder("<")
+    for key, value in payload.items():
+        if not is_tensor(value):
+            header[key] = value
+            continue
+        tensors.append({"name": key, "dtype": dtype, "shape": list(value.shape), "offset": offset})
+        if value.dtype == dt and value.flags.c_contiguous:
+            data = value
+        elif cast is not None:
+            data = cast(value, dt)
+        else:
+            data = np.ascontiguousarray(value, dt)
+        pad = (-data.nbytes) % 8
+        arrays += [memoryview(data).cast("B")] + ([b"\0" * pad] if pad else [])
+        offset += data.nbytes + pad
+    header["tensors"] = tensors
+    head = to_json(header)  # the same numbers, written the same way, as the JSON form
+    head += b" " * ((-(len(head) + 8)) % 8)  # data section starts 8-aligned
+    return [MAGIC + struct.pack("<I", len(head)) + head, *arrays]
+
+
+def from_binary(blob: bytes | bytearray | memoryview) -> dict:
+    """Decode the binary form into a dict of header fields and numpy arrays that view `blob` (no copies)."""
+    if bytes(blob[:4]) != MAGIC:
+        raise ValueError("not an attnscope tensor answer (bad magic)")
+    (n,) = struct.unpack("<I", blob[4:8])
+    header = json.loads(bytes(blob[8:8 + n]))
+    data = memoryview(blob)[8 + n:]
+    for t in header.pop("tensors"):
+        dt = np.dtype(t["dtype"]).newbyteorder("<")
+        count = int(np.prod(t["shape"]))
+        header[t["name"]] = np.frombuffer(data, dt, count, t["offset"]).reshape(t["shape"])
+    return header

@@ -1,0 +1,25 @@
+// The ONE Plotly setup: the config every chart gets and the base layout every view's layout extends.
+// Views pass only what is theirs (title text, margin, axes, shapes); this adds the rest.
+
+export const PLOT_CONFIG = {
+  responsive: true, displaylogo: false, scrollZoom: false,
+  showSendToCloud: false,          // Plotly 4 offers "Share chart" (an upload to Plotly Cloud) by default: never
+  modeBarButtonsToRemove: ["lasso2d", "select2d"],
+  toImageButtonOptions: { format: "png", scale: 2, filename: "attnscope" },
+};
+
+/** A view's layout on the shared base: no Plotly template, the page's font at `font` px, white paper, and a
+ *  string title turned into a title one size up. */
+export function withBase(layout, font) {
+  const title = typeof layout.title === "string" ? { text: layout.title, font: { size: font + 2 } } : layout.title;
+  return {
+    template: "none", font: { size: font, family: "system-ui, sans-serif" },
+    paper_bgcolor: "#fff", plot_bgcolor: "#fff", ...layout, title,
+  };
+}
+
+/** Draw (or redraw in place) a chart; `filename` names its PNG download. */
+export function plot(el, data, layout, font, filename) {
+  return window.Plotly.react(el, data, withBase(layout, font),
+    { ...PLOT_CONFIG, toImageButtonOptions: { ...PLOT_CONFIG.toImageButtonOptions, filename } });
+}
