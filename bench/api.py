@@ -20,9 +20,7 @@ import orjson  # noqa: E402
 
 from attnscope.app.client import Client  # noqa: E402
 from attnscope.app.wire import BINARY, from_binary  # noqa: E402
-from bench.common import median_ms, server, text_of_tokens  # noqa: E402
-from attnscope.model import zoo  # noqa: E402
-from attnscope.model.runtime import Runtime  # noqa: E402
+from bench.common import median_ms, runtime, server, text_of_tokens  # noqa: E402
 
 
 # What each page view asks for (static/js): the head view one matrix, the model view thumbnails, ...
@@ -41,7 +39,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
 
-    rt = Runtime(zoo.get("minilm"))
+    rt = runtime("minilm")
     rt.session()
     texts = {n: text_of_tokens(rt, n) for n in (128, 512)}
     forward = {n: median_ms(lambda t=t: rt.run([t]), args.repeats) for n, t in texts.items()}

@@ -20,9 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from bench.common import server, text_of_tokens  # noqa: E402
-from attnscope.model import zoo  # noqa: E402
-from attnscope.model.runtime import Runtime  # noqa: E402
+from bench.common import runtime, server, text_of_tokens  # noqa: E402
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -47,7 +45,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    rt = Runtime(zoo.get("minilm"))
+    rt = runtime("minilm")
     texts = {n: text_of_tokens(rt, n) for n in (128, 512)}
     rows = []
     with server({"ATTNSCOPE_CACHE_MB": "0", "ATTNSCOPE_MODELS": "minilm"}) as (url, _), sync_playwright() as p:

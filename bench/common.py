@@ -78,3 +78,13 @@ def server(env: dict[str, str] | None = None):
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+CACHE = Path(os.environ.setdefault("ATTNSCOPE_CACHE", str(ROOT / ".cache" / "onnx")))  # shared with the tests
+
+
+def runtime(model_id: str, **options):
+    """A zoo model on the benches' (and tests') graph cache."""
+    from attnscope.model import zoo
+    from attnscope.model.runtime import Runtime
+    return Runtime(zoo.get(model_id), cache_dir=CACHE, **options)

@@ -20,9 +20,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("ATTNSCOPE_CACHE", str(Path(__file__).resolve().parents[1] / ".cache" / "onnx"))
 
-from bench.common import median_ms, text_of_tokens  # noqa: E402
+from bench.common import median_ms, runtime, text_of_tokens  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -41,9 +40,8 @@ def main(argv=None) -> None:
     hf_logging.disable_progress_bar()
 
     from attnscope.model import zoo
-    from attnscope.model.runtime import Runtime
 
-    rt = Runtime(zoo.get("minilm"), providers=["CPUExecutionProvider"], threads=args.threads)
+    rt = runtime("minilm", providers=["CPUExecutionProvider"], threads=args.threads)
     rt.session(False)  # export (first time only) and open the fast graph before timing
     torch.set_num_threads(args.threads)
     hf = BertModel.from_pretrained(str(zoo.minilm_dir()), attn_implementation="eager").eval()

@@ -16,9 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
-from bench.common import text_of_tokens  # noqa: E402
-from attnscope.model import zoo  # noqa: E402
-from attnscope.model.runtime import Runtime  # noqa: E402
+from bench.common import runtime, text_of_tokens  # noqa: E402
 
 LEVELS = {"disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
           "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
@@ -28,7 +26,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
-    rt = Runtime(zoo.get("minilm"))
+    rt = runtime("minilm")
     feeds = {}
     for n in (128, 512):
         e = rt.encode(text_of_tokens(rt, n))
