@@ -106,3 +106,65 @@ def downsample(p: np.ndarray, size: int) -> np.ndarray:
     rk = np.linspace(0, T_k, min(size, T_k) + 1).astype(int)
     sums = np.add.reduceat(np.add.reduceat(p, rq[:-1], axis=-2), rk[:-1], axis=-1)
     return sums / (np.diff(rq)[:, None] * np.diff(rk)[None, :])
+
+
+# ---- head-finding scores ------------------------------------------------------------------------------
+# Each is a number per head in [0, 1]: the mean, over the queries for which the role has a target, of the weight
+# the head puts on that target. Roles from the circuits literature (Elhage et al. 2021; Olsson et al. 2022;
+# TransformerLens' head detectors).
+SCORE_INFO = {
+    "previous_token": "weight on key i-1 from query i, mean over queries i >= 1",
+    "next_token": "weight on key i+1 from query i, mean over queries i < T-1 (0 under a causal mask)",
+    "duplicate_token": "weight on earlier keys holding the same token as query i, mean over the queries whose "
+                       "token occurred earlier (on this text)",
+    "induction": "on a probe of N random tokens repeated twice (the API runs it): weight from query i in the "
+                 "second copy on key i-N+1, the token after the same token's first occurrence, mean over the "
+                 "second copy (TransformerLens' induction score)",
+    "first_token_sink": "weight on key 0 from every query i >= 1 (query 0 has only itself under a causal mask)",
+    "last_token": "weight on the last key ([SEP] for BERT), mean over all queries",
+}
+
+
+def _diagonal_mean(p: np.ndarray, offset: int) -> np.ndarray:
+    """Mean of p[..., i, i + offset] over the i where both exist. [...]"""
+    T = p.shape[-1]
+    n = T - abs(offset)
+    if n <= 0:
+        return np.zeros(p.shape[:-2], p.dtype)
+    i = np.arange(n) + max(0, -offset)
+    return p[..., i, i + offset].mean(axis=-1)
+
+
+def duplicate_token_score(p: np.ndarray, token_ids) -> np.ndarray:
+    """Weight on earlier keys with query i's own token, averaged over the queries that have one. [...]"""
+    ids = np.asarray(token_ids)
+    same = (ids[:, None] == ids[None, :]) & np.tri(len(ids), k=-1, dtype=bool)   # [Tq, Tk]: j < i, same token
+    has = same.any(axis=-1)
+    if not has.any():
+        return np.zeros(p.shape[:-2], np.float32)
+    mass = np.einsum("...qk,qk->...q", p, same.astype(p.dtype))                    # [..., Tq]
+    return mass[..., has].mean(axis=-1)
+
+
+def induction_score(p: np.ndarray, n: int, offset: int = 0) -> np.ndarray:
+    """On a probe [offset tokens] + r_1..r_n + r_1..r_n: weight from query offset+n+k on key offset+k+1,
+    mean over k = 0..n-2 (the second copy's queries that have a 'next token after the first copy'). [...]"""
+    q = offset + n + np.arange(n - 1)
+    return p[..., q, q - n + 1].mean(axis=-1)
+
+
+def head_scores(p: np.ndarray, token_ids) -> dict[str, np.ndarray]:
+    """Every score that the text itself defines (all but the induction probe's). Each [...]."""
+    T = p.shape[-1]
+    return {"previous_token": _diagonal_mean(p, -1), "next_token": _diagonal_mean(p, 1),
+            "duplicate_token": duplicate_token_score(p, token_ids),
+            "first_token_sink": p[..., 1:, 0].mean(axis=-1) if T > 1 else np.zeros(p.shape[:-2], p.dtype),
+            "last_token": p[..., :, -1].mean(axis=-1)}
+
+
+def probe_ids(vocab_size: int, n: int, avoid: set[int], seed: int = 0) -> list[int]:
+    """N distinct random token ids (no special tokens) repeated twice: the induction probe."""
+    rng = np.random.default_rng(seed)
+    pool = np.setdiff1d(np.arange(vocab_size), np.fromiter(avoid, int, len(avoid)))
+    first = rng.choice(pool, size=n, replace=False).tolist()
+    return first + first
