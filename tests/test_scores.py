@@ -76,7 +76,7 @@ def test_induction_score_on_a_constructed_induction_head():
 def test_scores_broadcast_over_layers_and_heads():
     p = np.stack([np.stack([PREV, SINK]), np.stack([LAST, NEXT])])   # [2, 2, T, T]
     s = stats.head_scores(p, range(T))
-    np.testing.assert_allclose(s["previous_token"], [[1, 0], [0, 0]])
+    np.testing.assert_allclose(s["previous_token"], [[1, 1 / (T - 1)], [0, 0]])   # SINK: query 1 -> key 0
     np.testing.assert_allclose(s["first_token_sink"], [[1 / (T - 1), 1], [0, 0]])   # PREV: query 1 on key 0
     np.testing.assert_allclose(s["last_token"], [[0, 0], [1, 1 / T]])   # NEXT: the last query on itself
 
