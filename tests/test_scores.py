@@ -78,7 +78,7 @@ def test_scores_broadcast_over_layers_and_heads():
     s = stats.head_scores(p, range(T))
     np.testing.assert_allclose(s["previous_token"], [[1, 1 / (T - 1)], [0, 0]])   # SINK: query 1 -> key 0
     np.testing.assert_allclose(s["first_token_sink"], [[1 / (T - 1), 1], [0, 0]])   # PREV: query 1 on key 0
-    np.testing.assert_allclose(s["last_token"], [[0, 0], [1, 1 / T]])   # NEXT: the last query on itself
+    np.testing.assert_allclose(s["last_token"], [[0, 0], [1, 2 / T]])   # NEXT: queries T-2 and T-1 on the last key
 
 
 def test_probe_ids_repeat_distinct_non_special_tokens():
