@@ -8,6 +8,7 @@ from typing import Callable, Literal
 
 from tokenizers import Tokenizer
 
+from .teaching import INDUCTION_EXPLANATION, INDUCTION_ROLES, TINY_GPT_ROLES
 from .transformer import Transformer
 
 
@@ -64,8 +65,13 @@ def bert_tokenizer(folder: Path | None = None) -> Tokenizer:
 
 
 def _tiny_gpt(folder: Path | None = None) -> Transformer:
-    from .teaching import wired_gpt
-    return wired_gpt()
+    from .teaching import tiny_gpt
+    return tiny_gpt()
+
+
+def _induction(folder: Path | None = None) -> Transformer:
+    from .teaching import induction_circuit
+    return induction_circuit()
 
 
 def _minilm(folder: Path | None = None) -> Transformer:
@@ -94,6 +100,8 @@ class ModelSpec:
 
     def load_tokenizer(self) -> Tokenizer:
         return self.tokenizer(self.folder)
+    head_roles: tuple[dict, ...] = ()  # wired heads: {"layer", "head", "role"}, role from teaching.ROLES
+    explanation: str = ""       # plain-language account of how the model works, for the page
 
 
 ZOO: dict[str, ModelSpec] = {s.id: s for s in [
@@ -101,10 +109,16 @@ ZOO: dict[str, ModelSpec] = {s.id: s for s in [
               "sentence-transformers/all-MiniLM-L6-v2: a 6-layer, 12-head BERT encoder (post-norm, d_model 384), "
               "pretrained; the real model.", "encoder", _minilm, bert_tokenizer, pair=True),
     ModelSpec("tiny-gpt", "Tiny GPT (teaching)",
-              "A 4-layer, 4-head GPT-2 style decoder (pre-norm, causal, d_model 64) for teaching, with MiniLM's "
-              "tokenizer. Its first heads are wired by hand to show textbook patterns: layer 0 previous-token, "
-              "first-token sink, self and uniform-average heads; layer 1 same-token and two-back heads. The rest "
-              "are seeded random: what untrained attention looks like.", "decoder", _tiny_gpt, bert_tokenizer),
+              "A 4-layer, 4-head GPT-2 style decoder (pre-norm, causal, d_model 128) for teaching, with MiniLM's "
+              "tokenizer. Six heads are wired by hand and do exactly what their role says (>= 0.99 of the weight "
+              "on the target, on any text): layer 0 previous-token, first-token, self and uniform heads; layer 1 "
+              "same-token and two-back heads. The rest are seeded random: what untrained attention looks like.",
+              "decoder", _tiny_gpt, bert_tokenizer, head_roles=TINY_GPT_ROLES),
+    ModelSpec("induction", "Induction circuit (teaching)",
+              "A 2-layer, 1-head attention-only decoder (d_model 324) built by hand, with MiniLM's tokenizer: a "
+              "previous-token head feeding an induction head, so after \"A B ... A\" it predicts B.",
+              "decoder", _induction, bert_tokenizer, max_tokens=256, head_roles=INDUCTION_ROLES,
+              explanation=INDUCTION_EXPLANATION),
 ]}
 
 

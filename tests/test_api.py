@@ -152,7 +152,7 @@ def test_stages_are_what_the_model_computed(client, runtimes):
     q, k = np.array(j["q"]), np.array(j["k"])
     np.testing.assert_allclose(j["scores"], q @ k.T, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(j["scaled"], np.array(j["scores"]) * j["scale"], rtol=1e-6, atol=1e-6)
-    assert j["scale"] == pytest.approx(1 / np.sqrt(16))
+    assert j["scale"] == pytest.approx(1 / np.sqrt(runtimes["tiny-gpt"].cfg.d_head))
     mask = np.array(j["mask"])
     assert np.all(mask[np.triu_indices(len(j["tokens"]), 1)] < -1e38) and np.all(np.tril(mask) == 0)
     assert np.all(np.array(j["probs"])[np.triu_indices(len(j["tokens"]), 1)] == 0.0)

@@ -84,8 +84,8 @@ def test_stages_agree_between_engines(run, model_id, causal):
         assert set(a.stages) == set(b.stages) == set(STAGES)
         np.testing.assert_array_equal(a.attentions, p.attentions)  # asking for stages changes nothing
         np.testing.assert_allclose(b.attentions, a.attentions, atol=ATOL, rtol=0, err_msg="probs")
-        for name in ("q", "k"):
-            np.testing.assert_allclose(b.stages[name], a.stages[name], atol=ATOL, rtol=0, err_msg=name)
+        for name in ("q", "k"):  # rtol: the induction head's q reaches ~300, where fp32 agrees to ~1e-6
+            np.testing.assert_allclose(b.stages[name], a.stages[name], atol=ATOL, rtol=2e-6, err_msg=name)
         for name in ("scores", "scaled", "masked"):
             assert_close_scaled(b.stages[name], a.stages[name], 1e-5, name)
         # the stages are what they say: scaled = scores / sqrt(d_head), masked = scaled + mask
@@ -95,13 +95,11 @@ def test_stages_agree_between_engines(run, model_id, causal):
 
 
 def unwired(rt) -> np.ndarray:
-    """[L, H] True for heads free to give every visible key some weight. The teaching model's
-    hand-wired heads are peaked enough (sink, self, previous token) that other weights underflow to 0."""
+    """[L, H] True for heads free to give every visible key some weight. The teaching models'
+    hand-wired heads (spec.head_roles) are peaked enough that other weights underflow to 0."""
     free = np.ones((rt.cfg.n_layers, rt.cfg.n_heads), bool)
-    if rt.spec.id == "tiny-gpt":
-        from attnscope.model.teaching import PATTERNS
-        for layer, head in PATTERNS:
-            free[layer, head] = False
+    for role in rt.spec.head_roles:
+        free[role["layer"], role["head"]] = False
     return free
 
 
@@ -145,7 +143,8 @@ def test_mask_tokens_get_exactly_zero_from_every_other_query(runtimes, model_id,
         for j in masked:
             others = np.arange(T) != j
             assert np.all(res.attentions[:, :, others, j] == 0.0), f"masked key {j} is still attended to"
-            assert np.all(res.attentions[:, :, j, j] > 0), f"masked key {j} must still see itself"
+            seen = res.attentions[:, :, j, j][unwired(runtimes[model_id])]   # a wired head may look away
+            assert np.all(seen > 0), f"masked key {j} must still see itself"
         unmasked = [j for j in range(T) if j not in masked]
         if not causal and unmasked:
             assert np.all(res.attentions[:, :, :, unmasked][unwired(runtimes[model_id])] > 0)
