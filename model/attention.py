@@ -1,15 +1,18 @@
-"""Multi-head attention (Vaswani et al. 2017, section 3.2.2) in NumPy.
+"""Multi-head attention (Vaswani et al. 2017, section 3.2.2) and grouped-query attention in NumPy.
 
-Parameters carry PyTorch's `nn.MultiheadAttention` state-dict names and layouts, so one set of
-tensors loads into both (`load_state_dict` / `state_dict`), and options mean what they mean there.
-Inputs are batch-first: [batch, time, features]; an unbatched [time, features] input also works.
+MultiHeadAttention carries PyTorch's `nn.MultiheadAttention` state-dict names and layouts, so one set
+of tensors loads into both (`load_state_dict` / `state_dict`), and options mean what they mean there
+(BERT, GPT-2). GroupedQueryAttention is the Llama family's: separate q/k/v/o projections named as in
+transformers, rotary positions, and fewer key/value heads than query heads.
+Inputs are batch-first: [batch, time, features]; an unbatched [time, features] input also works for
+MultiHeadAttention.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from . import masks as M
-from .functional import AttentionStages, attention_stages, linear
+from .functional import AttentionStages, ablate_heads, apply_rope, attention_stages, linear, repeat_kv
 
 
 class MultiHeadAttention:
@@ -101,12 +104,13 @@ class MultiHeadAttention:
     # ---- forward ----------------------------------------------------------------------------
     def __call__(self, query, key=None, value=None, key_padding_mask=None, attn_mask=None,
                  need_weights: bool = True, average_attn_weights: bool = True, causal: bool | None = None,
-                 return_stages: bool = False):
+                 return_stages: bool = False, head_mask=None):
         """Attend from query [B, Tq, E] to key [B, S, kdim] / value [B, S, vdim] (self-attention if omitted).
 
         key_padding_mask: [B, S], True (or additive -inf) on keys to ignore.
         attn_mask: [Tq, S], [B*num_heads, Tq, S] (PyTorch's forms) or [B|1, H|1, Tq, S]; boolean
                    True = masked out, or an additive float mask.
+        head_mask: (keep [B, H], mean [B, H], weights [B, Tq]) for functional.ablate_heads, or None.
         Returns (output [B, Tq, E], weights [B, Tq, S'] averaged over heads, [B, H, Tq, S'] per head,
         or None), S' counting any bias_kv / zero_attn keys; with return_stages, also the stages.
         """
@@ -137,7 +141,10 @@ class MultiHeadAttention:
             mask = _pad_keys(mask)
 
         stages = attention_stages(q, k, mask, self.temperature)           # each [B, H, Tq, S']
-        out = (stages.probs @ v).transpose(0, 2, 1, 3).reshape(B, Tq, E)  # heads concatenated
+        ctx = stages.probs @ v                                            # [B, H, Tq, dh] each head's output
+        if head_mask is not None:
+            ctx = ablate_heads(ctx, *head_mask)
+        out = ctx.transpose(0, 2, 1, 3).reshape(B, Tq, E)                 # heads concatenated
         out = linear(out, self.params["out_proj.weight"], self.params.get("out_proj.bias"))
 
         weights = None
@@ -188,6 +195,77 @@ class MultiHeadAttention:
         if self.causal if causal is None else causal:
             parts.append(M.causal_mask(Tq, S)[None, None])
         return M.combine(*parts)
+
+
+class GroupedQueryAttention:
+    """Grouped-query attention (Ainslie et al. 2023) with rotary positions: the Llama family's attention.
+
+    n_heads query heads share n_kv_heads key/value heads: query head h reads key/value group
+    h // (n_heads / n_kv_heads). n_kv_heads = n_heads is plain multi-head attention, 1 is multi-query.
+    Every query head still has its own attention pattern, and all of them are reported. Queries and
+    keys are rotated by their positions (RoPE) before the dot product, so scores see relative offsets.
+    d_head need not be d_model / n_heads. Parameters are named as transformers names them (q_proj,
+    k_proj, v_proj, o_proj; weights [out, in]); biases are off (Llama) or on q/k/v only (Qwen2).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, rope=None,
+                 qkv_bias: bool = False, out_bias: bool = False, temperature: float = 1.0, seed: int | None = 0,
+                 std: float = 0.02):
+        """Weights from N(0, std^2) by seed (seed=None: zeros, to be loaded); biases zero."""
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads must divide n_heads: {n_heads} query heads cannot share {n_kv_heads} "
+                             f"key/value heads evenly")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0; got {temperature}")
+        self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = d_model, n_heads, n_kv_heads, d_head
+        self.group = n_heads // n_kv_heads       # query heads per key/value head
+        self.rope = rope                         # (cos, sin), each [max_positions, d_head], or None
+        self.qkv_bias, self.out_bias, self.temperature = qkv_bias, out_bias, temperature
+        rng = None if seed is None else np.random.default_rng(seed)
+        self.params = {name: (np.zeros(shape, np.float32) if name.endswith("bias") or rng is None else
+                              (rng.standard_normal(shape) * std).astype(np.float32))
+                       for name, shape in self.param_shapes().items()}
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        D, q, kv = self.d_model, self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        shapes = {"q_proj.weight": (q, D), "k_proj.weight": (kv, D), "v_proj.weight": (kv, D), "o_proj.weight": (D, q)}
+        if self.qkv_bias:
+            shapes |= {"q_proj.bias": (q,), "k_proj.bias": (kv,), "v_proj.bias": (kv,)}
+        if self.out_bias:
+            shapes["o_proj.bias"] = (D,)
+        return shapes
+
+    def projection(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """Weight [out, in] and bias (or None) of q_proj, k_proj, v_proj or o_proj."""
+        return self.params[name + ".weight"], self.params.get(name + ".bias")
+
+    def __call__(self, x, attn_mask=None, head_mask=None, average_attn_weights: bool = False,
+                 return_stages: bool = False):
+        """x [B, T, D]; attn_mask additive [B|1, H|1, T, T]; head_mask as in MultiHeadAttention.
+
+        Returns (output [B, T, D], weights [B, H, T, T] per query head, or [B, T, T] averaged) and, with
+        return_stages, the stages and the (q, k, v) each query head used, [B, H, T, d_head] (q and k
+        after RoPE; k and v repeated per group).
+        """
+        B, T, _ = x.shape
+        H, Hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
+        q = linear(x, *self.projection("q_proj")).reshape(B, T, H, dh).transpose(0, 2, 1, 3)      # [B, H, T, dh]
+        k = linear(x, *self.projection("k_proj")).reshape(B, T, Hkv, dh).transpose(0, 2, 1, 3)    # [B, Hkv, T, dh]
+        v = linear(x, *self.projection("v_proj")).reshape(B, T, Hkv, dh).transpose(0, 2, 1, 3)    # [B, Hkv, T, dh]
+        if self.rope is not None:
+            cos, sin = (t[:T] for t in self.rope)                                                  # [T, dh]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)                                  # [B, H, T, dh]
+
+        stages = attention_stages(q, k, attn_mask, self.temperature)                               # [B, H, T, T]
+        ctx = stages.probs @ v                                                                     # [B, H, T, dh]
+        if head_mask is not None:
+            ctx = ablate_heads(ctx, *head_mask)
+        out = linear(ctx.transpose(0, 2, 1, 3).reshape(B, T, H * dh), *self.projection("o_proj"))  # [B, T, D]
+        weights = stages.probs.mean(axis=1) if average_attn_weights else stages.probs
+        if return_stages:
+            return out, weights, stages, (q, k, v)
+        return out, weights
 
 
 def _pad_keys(mask: np.ndarray | None) -> np.ndarray | None:

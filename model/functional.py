@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from scipy.special import erf
+from scipy.special import erf, expit
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -29,9 +29,66 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float =
     return (x - mean) / np.sqrt(var + eps) * weight + bias
 
 
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """RMSNorm (Zhang & Sennrich 2019): divide each position's features by their root mean square, then
+    scale. LayerNorm without the centring and the bias; Llama's choice. x * (1 / sqrt(mean(x^2) + eps)) * w,
+    in that order, as transformers' LlamaRMSNorm computes it."""
+    inv_rms = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + np.float32(eps))
+    return weight * (x * inv_rms)
+
+
 def gelu(x: np.ndarray) -> np.ndarray:
     """GELU, the exact form x * Phi(x) with the Gaussian CDF written through erf (not the tanh fit)."""
     return (0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))).astype(x.dtype, copy=False)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU through its tanh fit, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GPT-2's "gelu_new"."""
+    c = np.float32(np.sqrt(2.0 / np.pi))
+    return 0.5 * x * (1.0 + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """SiLU (swish), x * sigmoid(x): the gate's activation in SwiGLU."""
+    return x * expit(x)
+
+
+def rope_tables(n_positions: int, d_head: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of rotary position embeddings (Su et al. 2021), each [n_positions, d_head].
+
+    Feature pair (i, i + d_head/2) of position p turns by the angle p * theta^(-2i/d_head): fast for the
+    first pairs, slow for the last. The pairing is transformers' rotate-half convention (first half with
+    second half), not the interleaved (2i, 2i+1) one of the original paper and llama.cpp. Frequencies
+    and angles are rounded to float32 where transformers rounds them (its angles are float32 products):
+    at position 4000 a float32 angle is off by up to 2e-4 rad, and rounding alike keeps parity exact.
+    """
+    if d_head % 2:
+        raise ValueError(f"rotary embeddings need an even head dimension; got {d_head}")
+    exponents = np.arange(0, d_head, 2, dtype=np.float32) / np.float32(d_head)                 # 2i / d, float32
+    inv_freq = np.float32(1.0) / (theta ** exponents.astype(np.float64)).astype(np.float32)    # theta^(-2i/d)
+    angles = np.arange(n_positions, dtype=np.float32)[:, None] * inv_freq[None, :]   # [P, d/2], float32
+    angles = np.concatenate([angles, angles], axis=-1).astype(np.float64)             # [P, d]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def rotate_half(x: np.ndarray) -> np.ndarray:
+    """[x1, x2] -> [-x2, x1] on the last axis: a quarter turn of every (x1_i, x2_i) pair."""
+    x1, x2 = np.split(x, 2, axis=-1)
+    return np.concatenate([-x2, x1], axis=-1)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate each position's feature pairs by its angles: x [..., T, d], cos and sin [T, d].
+
+    Rotating queries and keys by their own positions makes q_i . k_j depend on i - j only.
+    """
+    return x * cos + rotate_half(x) * sin
+
+
+def repeat_kv(x: np.ndarray, n_rep: int) -> np.ndarray:
+    """Grouped-query attention's sharing: [B, H_kv, T, d] -> [B, H_kv * n_rep, T, d], so that query head h
+    reads key/value head h // n_rep (each kv head repeated n_rep times in a row, as transformers does)."""
+    return x if n_rep == 1 else np.repeat(x, n_rep, axis=1)
 
 
 def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -62,6 +119,27 @@ def attention_stages(q: np.ndarray, k: np.ndarray, mask: np.ndarray | None = Non
     scaled = scores * np.asarray(1.0 / (np.sqrt(q.shape[-1]) * temperature), dtype=q.dtype)
     masked = scaled if mask is None else scaled + mask
     return AttentionStages(scores, scaled, masked, softmax(masked, axis=-1))
+
+
+def position_weights(lengths: np.ndarray, T: int) -> np.ndarray:
+    """[B, T] weights of a plain average over each text's own tokens: 1/n on its n tokens, 0 on padding."""
+    lengths = np.asarray(lengths)
+    real = np.arange(T)[None, :] < lengths[:, None]
+    return (real / np.maximum(lengths, 1)[:, None]).astype(np.float32)
+
+
+def ablate_heads(ctx: np.ndarray, keep: np.ndarray, mean: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The head-mask contract: each head's output, kept or replaced.
+
+    ctx [B, H, T, d]: every head's output (its attention-weighted values, before the heads are
+    concatenated and mixed by the output projection); keep, mean [B, H]; weights [B, T] (see
+    position_weights). Returns keep * ctx + (1 - keep) * mean * avg, avg = sum_t weights_t ctx_t the
+    head's average output over the text: keep 1 leaves a head as it is (exactly), keep 0 ablates it,
+    to zeros (mean 0) or to its mean over the text's own positions (mean 1).
+    """
+    avg = np.einsum("bt,bhtd->bhd", weights, ctx)[:, :, None, :]          # [B, H, 1, d]
+    keep, mean = keep[:, :, None, None], mean[:, :, None, None]
+    return keep * ctx + (1 - keep) * mean * avg
 
 
 def scaled_dot_product_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,

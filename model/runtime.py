@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal, NamedTuple, Sequence
 
 import numpy as np
 
@@ -26,6 +26,8 @@ from . import masks as M
 from . import stats
 from . import transformer as _transformer
 from . import zoo
+from .functional import softmax
+from .tokens import is_byte_level, readable
 from .weights import state_dict
 from .zoo import ModelSpec
 
@@ -53,6 +55,13 @@ class Encoding:
     truncated: bool
 
 
+class NextToken(NamedTuple):
+    """One candidate for the token after the text: readable string, exact id, probability (full softmax)."""
+    token: str
+    id: int
+    prob: float
+
+
 @dataclass
 class AttentionResult:
     """Everything the model computed for one text, trimmed to its own tokens."""
@@ -67,6 +76,8 @@ class AttentionResult:
     mask_tokens: list[int] = field(default_factory=list)  # token indices hidden as keys
     stages: dict[str, np.ndarray] | None = None  # q, k [L, H, T, dh]; scores, scaled, masked [L, H, T, T]
     seconds: float = 0.0
+    next_tokens: list[NextToken] | None = None    # decoders with an LM head: top-k after the last token
+    token_logprobs: list[float | None] | None = None  # log p(token_i | tokens before it); None for the first
 
     @property
     def tokens(self) -> list[str]:
@@ -92,9 +103,10 @@ class Runtime:
                  cache_dir: str | Path = DEFAULT_CACHE):
         self.spec = spec
         self.cache_dir = Path(cache_dir)
-        self.model = spec.load_model()
-        self.tokenizer = spec.load_tokenizer()
+        self.model = spec.load_model(self.cache_dir)
+        self.tokenizer = spec.load_tokenizer(self.cache_dir)
         self.tokenizer.enable_truncation(spec.max_tokens, strategy="longest_first")
+        self.byte_level = is_byte_level(self.tokenizer)   # token strings shown through tokens.readable
         self.providers = list(providers) if providers else default_providers()
         self.threads = threads
         self._sessions: dict[bool, object] = {}
@@ -123,7 +135,8 @@ class Runtime:
         if pair is not None and not pair.strip():
             raise ValueError("text_pair is blank: leave it out or give at least one non-blank character")
         enc = self.tokenizer.encode(text, pair)
-        return Encoding(enc.ids, enc.type_ids, enc.tokens, [tuple(o) for o in enc.offsets],
+        tokens = [readable(t) for t in enc.tokens] if self.byte_level else enc.tokens
+        return Encoding(enc.ids, enc.type_ids, tokens, [tuple(o) for o in enc.offsets],
                         [bool(s) for s in enc.special_tokens_mask],
                         [-1 if s is None else s for s in enc.sequence_ids], bool(enc.overflowing))
 
@@ -148,11 +161,36 @@ class Runtime:
         mask = M.combine(M.padding_mask(keep), M.causal_mask(T)[None, None] if causal else None, masked_out)
         return np.ascontiguousarray(np.broadcast_to(mask, (B, 1, T, T)))
 
+    def token_string(self, token_id: int) -> str:
+        """The vocabulary entry of an id, as a person reads it."""
+        token = self.tokenizer.id_to_token(int(token_id))
+        return readable(token) if self.byte_level else token
+
     # ---- running ----------------------------------------------------------------------------
+    def feeds(self, ids: np.ndarray, types: np.ndarray, mask: np.ndarray, lengths: Sequence[int],
+              head_mask: np.ndarray | None = None, head_mean: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The ONNX graph's inputs. Head mask defaults keep every head (head_mask 1, head_mean 0);
+        given ones are [B|1, L, H] (see functional.ablate_heads)."""
+        B, (L, H) = len(ids), (self.cfg.n_layers, self.cfg.n_heads)
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if self.model.wtt is not None:
+            feeds["token_type_ids"] = types
+        for name, value, default in (("head_mask", head_mask, 1.0), ("head_mean", head_mean, 0.0)):
+            value = np.full((B, L, H), default, np.float32) if value is None else np.asarray(value, np.float32)
+            if value.ndim != 3 or value.shape[1:] != (L, H) or value.shape[0] not in (1, B):
+                raise ValueError(f"{name} must be [texts, layers, heads] = [{B}, {L}, {H}]; got shape {value.shape}")
+            feeds[name] = np.ascontiguousarray(np.broadcast_to(value, (B, L, H)))
+        feeds["lengths"] = np.asarray(lengths, np.int64)
+        return feeds
+
     def run(self, texts: str | Sequence[str], pairs: Sequence[str | None] | None = None, *,
             causal: bool | None = None, mask_tokens: Sequence[Sequence[int]] | None = None,
-            engine: Engine = "onnx", stages: bool = False) -> list[AttentionResult]:
-        """Run a batch of texts (padded together) and return one trimmed result per text."""
+            engine: Engine = "onnx", stages: bool = False, head_mask: np.ndarray | None = None,
+            head_mean: np.ndarray | None = None, top_k: int = 10) -> list[AttentionResult]:
+        """Run a batch of texts (padded together) and return one trimmed result per text.
+
+        head_mask, head_mean [B|1, L, H]: ablate heads (functional.ablate_heads); None keeps them all.
+        Decoders with an LM head also give the top_k next tokens and every token's log-probability."""
         t0 = time.perf_counter()
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts:
@@ -160,28 +198,56 @@ class Runtime:
         pairs = list(pairs) if pairs is not None else [None] * len(texts)
         if len(pairs) != len(texts):
             raise ValueError(f"{len(pairs)} pairs for {len(texts)} texts: give one pair (or None) per text")
+        encs = [self.encode(t, p) for t, p in zip(texts, pairs)]
+        return self.forward(encs, causal=causal, mask_tokens=mask_tokens, engine=engine, stages=stages,
+                            head_mask=head_mask, head_mean=head_mean, top_k=top_k, started=t0)
+
+    def encode_ids(self, ids: Sequence[int]) -> Encoding:
+        """An Encoding of token ids given directly (a probe of random tokens, say): no text, no offsets."""
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise ValueError("no token ids given")
+        bad = [i for i in ids if not 0 <= i < self.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside this model's vocabulary (0..{self.cfg.vocab_size - 1})")
+        specials = set(self.special_ids())
+        return Encoding(ids, [0] * len(ids), [self.token_string(i) for i in ids], [(0, 0)] * len(ids),
+                        [i in specials for i in ids], [-1 if i in specials else 0 for i in ids], False)
+
+    def special_ids(self) -> list[int]:
+        """Ids of the tokenizer's special tokens ([CLS], <|im_start|>, ...)."""
+        return sorted({t.id if hasattr(t, "id") else i for i, t in self.tokenizer.get_added_tokens_decoder().items()
+                       if t.special})
+
+    def forward(self, encs: Sequence[Encoding], *, causal: bool | None = None,
+                mask_tokens: Sequence[Sequence[int]] | None = None, engine: Engine = "onnx", stages: bool = False,
+                head_mask: np.ndarray | None = None, head_mean: np.ndarray | None = None, top_k: int = 10,
+                started: float | None = None) -> list[AttentionResult]:
+        """Run encoded inputs (padded together); options as in `run`."""
+        t0 = time.perf_counter() if started is None else started
         if engine not in ("onnx", "numpy"):
             raise ValueError(f"engine must be 'onnx' or 'numpy'; got {engine!r}")
         causal = self.cfg.causal if causal is None else bool(causal)
-        encs = [self.encode(t, p) for t, p in zip(texts, pairs)]
         lengths = [len(e.ids) for e in encs]
         B, T = len(encs), max(lengths)
         ids, types = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)
         for b, e in enumerate(encs):
             ids[b, :lengths[b]], types[b, :lengths[b]] = e.ids, e.type_ids
         mask = self.build_mask(lengths, causal, mask_tokens)
+        feeds = self.feeds(ids, types, mask, lengths, head_mask, head_mean)   # checks the head mask's shape
+        lm = list(_transformer.LM_OUTPUTS) if self.cfg.lm_head else []
 
         if engine == "numpy":
-            out = self.model(ids, types if self.model.wtt is not None else None, mask, stages=stages)
+            out = self.model(ids, types if self.model.wtt is not None else None, mask, stages=stages,
+                             head_mask=head_mask, head_mean=head_mean, lengths=np.asarray(lengths))
             hidden, attn, st, provider = out.hidden, out.attentions, out.stages, "numpy"
+            lm_out = {name: getattr(out, name) for name in lm}
         else:
             sess = self.session(stages)
-            feeds = {"input_ids": ids, "attention_mask": mask}
-            if self.model.wtt is not None:
-                feeds["token_type_ids"] = types
-            names = ["hidden", "attentions"] + (list(_transformer.STAGES) if stages else [])
+            names = ["hidden", "attentions"] + lm + (list(_transformer.STAGES) if stages else [])
             outs = dict(zip(names, sess.run(names, feeds)))
             hidden, attn, provider = outs.pop("hidden"), outs.pop("attentions"), sess.get_providers()[0]
+            lm_out = {name: outs.pop(name) for name in lm}
             st = outs if stages else None
         seconds = time.perf_counter() - t0
 
@@ -195,7 +261,18 @@ class Runtime:
                 self.spec.id, engine, provider, causal, e, np.ascontiguousarray(attn[:, b, :, :n, :n]),
                 np.ascontiguousarray(hidden[b, :n]), mask[b, 0, :n, :n].copy(),
                 sorted(set(mask_tokens[b])) if mask_tokens and mask_tokens[b] else [], s, seconds))
+            if lm_out:
+                results[-1].next_tokens = self.top_tokens(lm_out["next_token_logits"][b], top_k)
+                results[-1].token_logprobs = [None] + lm_out["token_logprobs"][b, 1:n].astype(float).tolist()
         return results
+
+    def top_tokens(self, logits: np.ndarray, k: int) -> list[NextToken]:
+        """The k most probable next tokens from logits [V], probabilities from the softmax over all V."""
+        probs = softmax(np.asarray(logits, np.float64))
+        k = max(0, min(int(k), len(probs)))
+        top = np.argpartition(-probs, k - 1)[:k] if k else np.array([], int)
+        top = top[np.argsort(-probs[top], kind="stable")]
+        return [NextToken(self.token_string(i), int(i), float(probs[i])) for i in top]
 
     # ---- ONNX -------------------------------------------------------------------------------
     def cache_key(self) -> str:

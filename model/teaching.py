@@ -231,7 +231,7 @@ def tiny_gpt(seed: int = 1234) -> Transformer:
 
 # ---- induction: previous-token head + induction head, by K-composition -----------------------
 INDUCTION_CONFIG = TransformerConfig(vocab_size=VOCAB, max_positions=256, d_model=324, n_heads=1, n_layers=2, d_ff=4,
-                                     norm_first=True, causal=True, final_norm=True)
+                                     norm_first=True, causal=True, final_norm=True, lm_head=True)  # tied: logits = ln_f(x) @ wte.T
 INDUCTION_ROLES = ({"layer": 0, "head": 0, "role": PREVIOUS_TOKEN}, {"layer": 1, "head": 0, "role": INDUCTION})
 INDUCTION_EXPLANATION = (
     "Two heads, one after the other. Layer 0's head is a previous-token head: each position looks one step "

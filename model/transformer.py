@@ -1,40 +1,68 @@
-"""Transformer blocks and stacks in NumPy: BERT's post-norm encoder and GPT-2's pre-norm decoder.
+"""Transformer blocks and stacks in NumPy: BERT's post-norm encoder, GPT-2's and Llama's pre-norm decoders.
 
-One `Transformer` class covers both; `TransformerConfig` says which. The attention mask is an
+One `Transformer` class covers all three; `TransformerConfig` says which. The attention mask is an
 *input* (additive, [B, 1|H, T, T]), built by the caller from padding, causality and user masks, so
-the same forward pass (and the same exported ONNX graph) serves every masking choice.
+the same forward pass (and the same exported ONNX graph) serves every masking choice. So is the
+head mask (which heads' outputs to keep, and what replaces the others), for ablations.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
-from .attention import MultiHeadAttention
-from .functional import gelu, layer_norm, linear
+from .attention import GroupedQueryAttention, MultiHeadAttention
+from .functional import gelu, gelu_tanh, layer_norm, linear, position_weights, rms_norm, rope_tables, silu
 
 STAGES = ("q", "k", "scores", "scaled", "masked")  # teaching outputs, besides the probabilities
+LM_OUTPUTS = ("next_token_logits", "token_logprobs")  # decoders with an LM head
+VOCAB_CHUNK = 8192  # the LM head's log-sum-exp runs over this many vocabulary rows at a time
 
 
 @dataclass(frozen=True)
 class TransformerConfig:
+    """Everything that shapes a model. The defaults are BERT's; the other families set:
+
+      GPT-2   norm_first, causal, final_norm (mlp="gelu_tanh" is the real GPT-2's activation)
+      Llama   norm_first, causal, final_norm, norm="rms", position="rope", mlp="swiglu",
+              attention="gqa", n_kv_heads, rope_theta, qkv_bias=False, bias=False, lm_head
+              (Qwen2 keeps qkv_bias=True)
+    """
     vocab_size: int
     max_positions: int
     d_model: int
     n_heads: int
     n_layers: int
     d_ff: int
-    norm_first: bool = False        # False: BERT post-norm; True: GPT-2 pre-norm
+    norm_first: bool = False        # False: BERT post-norm; True: GPT-2 / Llama pre-norm
     causal: bool = False            # decoders see only the past (the runtime builds that mask)
     type_vocab_size: int = 0        # BERT's segment (token type) embeddings; 0 = none
     embed_norm: bool = False        # BERT normalises the summed embeddings
-    final_norm: bool = False        # GPT-2 normalises after the last block
-    layer_norm_eps: float = 1e-5
+    final_norm: bool = False        # GPT-2 and Llama normalise after the last block
+    layer_norm_eps: float = 1e-5    # of every norm, LayerNorm or RMSNorm
     temperature: float = 1.0
+    norm: Literal["layer", "rms"] = "layer"
+    position: Literal["learned", "rope"] = "learned"    # a learned table added to the tokens, or rotary q/k
+    mlp: Literal["gelu", "gelu_tanh", "swiglu"] = "gelu"
+    attention: Literal["mha", "gqa"] = "mha"            # PyTorch's MultiheadAttention, or Llama's q/k/v/o
+    n_kv_heads: int = 0             # key/value heads shared by groups of query heads (gqa); 0 = n_heads
+    d_head: int = 0                 # features per head; 0 = d_model // n_heads
+    rope_theta: float = 10000.0     # RoPE's base: the slowest pair turns once per ~2 pi theta tokens
+    qkv_bias: bool = True           # biases on the q, k, v projections
+    bias: bool = True               # biases on the attention output and MLP projections
+    lm_head: bool = False           # next-token logits from the final hidden states
+    tie_embeddings: bool = True     # the LM head is the token embedding matrix (no weights of its own)
 
-    @property
-    def d_head(self) -> int:
-        return self.d_model // self.n_heads
+    def __post_init__(self):
+        if not self.n_kv_heads:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if not self.d_head:
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        if self.attention == "mha" and (self.position == "rope" or self.n_kv_heads != self.n_heads or
+                                        self.d_head * self.n_heads != self.d_model or self.qkv_bias != self.bias):
+            raise ValueError("RoPE, n_kv_heads != n_heads, d_head != d_model / n_heads and q/k/v biases without "
+                             "output biases need attention='gqa' (PyTorch's MultiheadAttention layout has none)")
 
 
 class LayerNorm:
@@ -45,10 +73,18 @@ class LayerNorm:
         return layer_norm(x, self.weight, self.bias, self.eps)
 
 
+class RMSNorm:
+    def __init__(self, dim: int, eps: float):
+        self.weight, self.eps = np.ones(dim, np.float32), eps
+
+    def __call__(self, x):
+        return rms_norm(x, self.weight, self.eps)
+
+
 class Linear:
-    def __init__(self, d_in: int, d_out: int, rng: np.random.Generator, std: float = 0.02):
-        self.weight = (rng.standard_normal((d_out, d_in)) * std).astype(np.float32)  # [out, in]
-        self.bias = np.zeros(d_out, np.float32)
+    def __init__(self, d_in: int, d_out: int, rng: np.random.Generator | None, std: float = 0.02, bias: bool = True):
+        self.weight = _normal(rng, (d_out, d_in), std)                  # [out, in]
+        self.bias = np.zeros(d_out, np.float32) if bias else None
 
     def __call__(self, x):
         return linear(x, self.weight, self.bias)
@@ -58,31 +94,56 @@ class MLP:
     """Position-wise feed-forward: Linear -> GELU -> Linear, applied to each token alone."""
 
     def __init__(self, cfg: TransformerConfig, rng):
-        self.fc, self.proj = Linear(cfg.d_model, cfg.d_ff, rng), Linear(cfg.d_ff, cfg.d_model, rng)
+        self.fc, self.proj = Linear(cfg.d_model, cfg.d_ff, rng, bias=cfg.bias), Linear(cfg.d_ff, cfg.d_model, rng, bias=cfg.bias)
+        self.act = gelu_tanh if cfg.mlp == "gelu_tanh" else gelu
 
     def __call__(self, x):
-        return self.proj(gelu(self.fc(x)))
+        return self.proj(self.act(self.fc(x)))
+
+
+class SwiGLU:
+    """Gated feed-forward (Shazeer 2020), Llama's MLP: down(silu(gate(x)) * up(x)).
+
+    The gate decides, feature by feature, how much of the up-projection passes."""
+
+    def __init__(self, cfg: TransformerConfig, rng):
+        self.gate = Linear(cfg.d_model, cfg.d_ff, rng, bias=cfg.bias)
+        self.up = Linear(cfg.d_model, cfg.d_ff, rng, bias=cfg.bias)
+        self.down = Linear(cfg.d_ff, cfg.d_model, rng, bias=cfg.bias)
+
+    def __call__(self, x):
+        return self.down(silu(self.gate(x)) * self.up(x))
 
 
 class TransformerBlock:
-    """Attention then MLP, each wrapped in a residual connection and a LayerNorm.
+    """Attention then MLP, each wrapped in a residual connection and a norm (N: LayerNorm or RMSNorm).
 
-    post-norm (BERT):  x = LN1(x + MHA(x));   x = LN2(x + MLP(x))
-    pre-norm (GPT-2):  x = x + MHA(LN1(x));   x = x + MLP(LN2(x))
+    post-norm (BERT):         x = N1(x + Attn(x));   x = N2(x + MLP(x))
+    pre-norm (GPT-2, Llama):  x = x + Attn(N1(x));   x = x + MLP(N2(x))
     Pre-norm keeps an un-normalised residual stream, which is what lets deep stacks train stably.
+    Llama's block is the pre-norm one with RMSNorm, grouped-query attention with RoPE, and SwiGLU.
     """
 
-    def __init__(self, cfg: TransformerConfig, rng):
+    def __init__(self, cfg: TransformerConfig, rng, rope=None):
         self.norm_first = cfg.norm_first
-        self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, temperature=cfg.temperature,
-                                       seed=int(rng.integers(2**31)))
-        self.ln1, self.ln2 = LayerNorm(cfg.d_model, cfg.layer_norm_eps), LayerNorm(cfg.d_model, cfg.layer_norm_eps)
-        self.mlp = MLP(cfg, rng)
+        seed = None if rng is None else int(rng.integers(2**31))
+        if cfg.attention == "gqa":
+            self.attn = GroupedQueryAttention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_head, rope=rope,
+                                              qkv_bias=cfg.qkv_bias, out_bias=cfg.bias, temperature=cfg.temperature,
+                                              seed=seed)
+        else:
+            self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, bias=cfg.bias, temperature=cfg.temperature,
+                                           seed=seed or 0)
+        Norm = RMSNorm if cfg.norm == "rms" else LayerNorm
+        self.ln1, self.ln2 = Norm(cfg.d_model, cfg.layer_norm_eps), Norm(cfg.d_model, cfg.layer_norm_eps)
+        self.mlp = SwiGLU(cfg, rng) if cfg.mlp == "swiglu" else MLP(cfg, rng)
 
-    def __call__(self, x, mask=None, stages: bool = False):
-        """x [B, T, D], mask additive [B, 1|H, T, T]. Returns x, probs [B, H, T, T], stages or None."""
+    def __call__(self, x, mask=None, head_mask=None, stages: bool = False):
+        """x [B, T, D], mask additive [B, 1|H, T, T], head_mask (keep, mean, weights) for this layer or None.
+        Returns x, probs [B, H, T, T], stages or None."""
         h = self.ln1(x) if self.norm_first else x
-        a, probs, st, (q, k, _) = self.attn(h, attn_mask=mask, average_attn_weights=False, return_stages=True)
+        a, probs, st, (q, k, _) = self.attn(h, attn_mask=mask, head_mask=head_mask, average_attn_weights=False,
+                                            return_stages=True)
         x = x + a if self.norm_first else self.ln1(x + a)
         x = x + self.mlp(self.ln2(x)) if self.norm_first else self.ln2(x + self.mlp(x))
         return x, probs, (dict(q=q, k=k, scores=st.scores, scaled=st.scaled, masked=st.masked) if stages else None)
@@ -90,46 +151,119 @@ class TransformerBlock:
 
 @dataclass
 class TransformerOutput:
-    hidden: np.ndarray                     # [B, T, D] after the last block
+    hidden: np.ndarray                     # [B, T, D] after the last block (and the final norm)
     attentions: np.ndarray                 # [L, B, H, T, T]
     stages: dict[str, np.ndarray] | None = field(default=None)  # name -> [L, B, H, T, T|d_head]
+    next_token_logits: np.ndarray | None = None   # [B, V] after each text's last token (LM head only)
+    token_logprobs: np.ndarray | None = None      # [B, T] log p(token_t | tokens before t); 0 at t = 0
 
 
 class Transformer:
-    """Token (+ position, + segment) embeddings, then n_layers blocks."""
+    """Token (+ position, + segment) embeddings, n_layers blocks, an optional final norm and LM head.
 
-    def __init__(self, cfg: TransformerConfig, seed: int = 0):
-        rng = np.random.default_rng(seed)
+    Weights are drawn from N(0, 0.02^2) by seed; seed=None leaves them zero, to be loaded (a 135M
+    model then costs nothing to construct)."""
+
+    def __init__(self, cfg: TransformerConfig, seed: int | None = 0):
+        rng = None if seed is None else np.random.default_rng(seed)
         self.cfg = cfg
-        self.wte = (rng.standard_normal((cfg.vocab_size, cfg.d_model)) * 0.02).astype(np.float32)     # tokens
-        self.wpe = (rng.standard_normal((cfg.max_positions, cfg.d_model)) * 0.02).astype(np.float32)  # positions
-        self.wtt = (rng.standard_normal((cfg.type_vocab_size, cfg.d_model)) * 0.02).astype(np.float32) \
-            if cfg.type_vocab_size else None                                                          # segments
-        self.ln_embed = LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.embed_norm else None
-        self.blocks = [TransformerBlock(cfg, rng) for _ in range(cfg.n_layers)]
-        self.ln_f = LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.final_norm else None
+        self.wte = _normal(rng, (cfg.vocab_size, cfg.d_model))                                    # tokens
+        self.wpe = _normal(rng, (cfg.max_positions, cfg.d_model)) if cfg.position == "learned" else None  # positions
+        self.wtt = _normal(rng, (cfg.type_vocab_size, cfg.d_model)) if cfg.type_vocab_size else None      # segments
+        self.rope = rope_tables(cfg.max_positions, cfg.d_head, cfg.rope_theta) \
+            if cfg.position == "rope" else None                                     # (cos, sin) [P, d_head]
+        Norm = RMSNorm if cfg.norm == "rms" else LayerNorm
+        self.ln_embed = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.embed_norm else None
+        self.blocks = [TransformerBlock(cfg, rng, self.rope) for _ in range(cfg.n_layers)]
+        self.ln_f = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.final_norm else None
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng, bias=False) \
+            if cfg.lm_head and not cfg.tie_embeddings else None                                       # [V, D]
+
+    @property
+    def unembedding(self) -> np.ndarray:
+        """The LM head's weight [V, D]: logits = hidden @ W^T. Tied: the token embedding itself."""
+        return self.wte if self.lm_head is None else self.lm_head.weight
 
     def embed(self, input_ids, token_type_ids=None):
         T = input_ids.shape[1]
         if T > self.cfg.max_positions:
             raise ValueError(f"{T} tokens is more than this model's {self.cfg.max_positions} positions; truncate the input")
-        x = self.wte[input_ids] + self.wpe[:T]                            # [B, T, D]
+        x = self.wte[input_ids]                                           # [B, T, D]
+        if self.wpe is not None:
+            x = x + self.wpe[:T]
         if self.wtt is not None:
             x = x + self.wtt[np.zeros_like(input_ids) if token_type_ids is None else token_type_ids]
         return x if self.ln_embed is None else self.ln_embed(x)
 
-    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, stages: bool = False) -> TransformerOutput:
-        """input_ids [B, T] int; attention_mask additive [B, 1|H, T, T] (None: everything visible)."""
+    def head_masks(self, head_mask, head_mean, lengths, B: int, T: int) -> list | None:
+        """Per layer (keep [B, H], mean [B, H], weights [B, T]) from head_mask and head_mean [B|1, L, H]."""
+        if head_mask is None and head_mean is None:
+            return None
+        L, H = self.cfg.n_layers, self.cfg.n_heads
+        arrays = []
+        for name, value, default in (("head_mask", head_mask, 1.0), ("head_mean", head_mean, 0.0)):
+            value = np.full((B, L, H), default, np.float32) if value is None else np.asarray(value, np.float32)
+            if value.ndim != 3 or value.shape[1:] != (L, H) or value.shape[0] not in (1, B):
+                raise ValueError(f"{name} must be [batch, layers, heads] = [{B}, {L}, {H}]; got shape {value.shape}")
+            arrays.append(np.broadcast_to(value, (B, L, H)))
+        keep, mean = arrays
+        weights = position_weights(lengths, T)
+        return [(keep[:, layer], mean[:, layer], weights) for layer in range(L)]
+
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, stages: bool = False,
+                 head_mask=None, head_mean=None, lengths=None) -> TransformerOutput:
+        """input_ids [B, T] int; attention_mask additive [B, 1|H, T, T] (None: everything visible);
+        head_mask, head_mean [B, L, H] (see functional.ablate_heads; None: keep every head);
+        lengths [B]: each text's real tokens, padding after them (None: all T)."""
         input_ids = np.asarray(input_ids, np.int64)
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must be [batch, tokens]; got shape {input_ids.shape}")
+        B, T = input_ids.shape
+        lengths = np.full(B, T) if lengths is None else np.asarray(lengths, np.int64)
+        per_layer = self.head_masks(head_mask, head_mean, lengths, B, T)
         x = self.embed(input_ids, token_type_ids)
         probs, st = [], {name: [] for name in STAGES}
-        for block in self.blocks:
-            x, p, s = block(x, attention_mask, stages)
+        for i, block in enumerate(self.blocks):
+            x, p, s = block(x, attention_mask, None if per_layer is None else per_layer[i], stages)
             probs.append(p)
             for name in st if stages else ():
                 st[name].append(s[name])
         if self.ln_f is not None:
             x = self.ln_f(x)
-        return TransformerOutput(x, np.stack(probs), {k: np.stack(v) for k, v in st.items()} if stages else None)
+        out = TransformerOutput(x, np.stack(probs), {k: np.stack(v) for k, v in st.items()} if stages else None)
+        if self.cfg.lm_head:
+            out.next_token_logits, out.token_logprobs = self.lm_outputs(x, input_ids, lengths)
+        return out
+
+    def lm_outputs(self, hidden, input_ids, lengths) -> tuple[np.ndarray, np.ndarray]:
+        """Next-token logits after each text's last token [B, V], and log p(token_t | tokens < t) [B, T].
+
+        log p(x_t | x_<t) = logit_{t-1}[x_t] - logsumexp_v logit_{t-1}[v]. The log-sum-exp runs over
+        VOCAB_CHUNK vocabulary rows at a time and the target logit is one dot product, so no [T, V]
+        array is ever held (at 4096 tokens and SmolLM2's 49152 words that would be 805 MB).
+        The first token has no context: its entry is 0. Log-probs are clipped at 0 (rounding noise).
+        """
+        W = self.unembedding                                              # [V, D]
+        B, T, _ = hidden.shape
+        last = hidden[np.arange(B), lengths - 1]                         # [B, D]
+        next_token_logits = last @ W.T                                    # [B, V]
+        following = np.concatenate([input_ids[:, 1:], np.zeros((B, 1), np.int64)], axis=1)   # x_{t+1}, [B, T]
+        target = np.einsum("btd,btd->bt", hidden, W[following])          # logit_t[x_{t+1}], [B, T]
+        lse = np.stack([_logsumexp(hidden @ W[v:v + VOCAB_CHUNK].T) for v in range(0, len(W), VOCAB_CHUNK)],
+                       axis=-1)                                           # [B, T, chunks]
+        logp_next = np.minimum(target - _logsumexp(lse), 0.0)             # log p(x_{t+1} | x_<=t), [B, T]
+        token_logprobs = np.concatenate([np.zeros((B, 1), np.float32), logp_next[:, :-1]], axis=1)
+        return next_token_logits, token_logprobs.astype(np.float32)
+
+
+def _normal(rng: np.random.Generator | None, shape, std: float = 0.02) -> np.ndarray:
+    """N(0, std^2) float32 weights, or zeros (not yet loaded) without a generator."""
+    if rng is None:
+        return np.zeros(shape, np.float32)
+    return (rng.standard_normal(shape) * std).astype(np.float32)
+
+
+def _logsumexp(x: np.ndarray) -> np.ndarray:
+    """log(sum(exp(x))) over the last axis, the max subtracted first so exp never overflows."""
+    m = x.max(axis=-1, keepdims=True)
+    return (np.log(np.exp(x - m).sum(axis=-1, keepdims=True)) + m)[..., 0]

@@ -1,7 +1,9 @@
-"""Weights in and out: Hugging Face BERT safetensors, our own flat state dict, and .npz files.
+"""Weights in and out: Hugging Face BERT safetensors, our own flat state dict, and .npz files
+(GGUF files have a module of their own, gguf.py).
 
-Our flat names follow PyTorch conventions ("blocks.0.attn.in_proj_weight", linear weights [out, in]),
-so a state dict moves between this package, PyTorch and NumPy files without renaming.
+Our flat names follow PyTorch conventions ("blocks.0.attn.in_proj_weight", linear weights [out, in];
+Llama-family attention keeps transformers' "blocks.0.attn.q_proj.weight"), so a state dict moves
+between this package, PyTorch and NumPy files without renaming.
 """
 from __future__ import annotations
 
@@ -10,23 +12,33 @@ from pathlib import Path
 
 import numpy as np
 
-from .transformer import Transformer, TransformerConfig
+from .transformer import Linear, Transformer, TransformerConfig
+
+
+def _params(prefix: str, module) -> dict[str, np.ndarray]:
+    """weight (and bias, where the module has one) of a norm or Linear."""
+    bias = getattr(module, "bias", None)
+    return {prefix + ".weight": module.weight} | ({} if bias is None else {prefix + ".bias": bias})
 
 
 def state_dict(model: Transformer) -> dict[str, np.ndarray]:
     """Every parameter of the model under a flat, PyTorch-style name."""
-    sd = {"wte": model.wte, "wpe": model.wpe}
-    if model.wtt is not None:
-        sd["wtt"] = model.wtt
+    sd = {"wte": model.wte}
+    for name in ("wpe", "wtt"):
+        if getattr(model, name) is not None:
+            sd[name] = getattr(model, name)
     if model.ln_embed is not None:
-        sd |= {"ln_embed.weight": model.ln_embed.weight, "ln_embed.bias": model.ln_embed.bias}
+        sd |= _params("ln_embed", model.ln_embed)
     for i, b in enumerate(model.blocks):
         p = f"blocks.{i}."
         sd |= {p + "attn." + k: v for k, v in b.attn.params.items()}
-        for name, mod in (("ln1", b.ln1), ("ln2", b.ln2), ("mlp.fc", b.mlp.fc), ("mlp.proj", b.mlp.proj)):
-            sd |= {p + name + ".weight": mod.weight, p + name + ".bias": mod.bias}
-    if model.ln_f is not None:
-        sd |= {"ln_f.weight": model.ln_f.weight, "ln_f.bias": model.ln_f.bias}
+        sd |= _params(p + "ln1", b.ln1) | _params(p + "ln2", b.ln2)
+        for name, linear in vars(b.mlp).items():          # fc, proj (GELU) or gate, up, down (SwiGLU)
+            if isinstance(linear, Linear):
+                sd |= _params(p + "mlp." + name, linear)
+    for name in ("ln_f", "lm_head"):
+        if getattr(model, name) is not None:
+            sd |= _params(name, getattr(model, name))
     return sd
 
 

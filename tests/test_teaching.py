@@ -138,9 +138,9 @@ def test_roles_hold_on_random_ids_with_many_repeats(runtimes, model_id):
         alphabet = np.r_[rng.choice(np.arange(999, rt.cfg.vocab_size), size, replace=False), 101, 102]
         n = spec.max_tokens if trial < 6 else int(rng.integers(2, spec.max_tokens))
         ids = np.r_[teaching.CLS_ID, rng.choice(alphabet, n - 1)]
-        [attn] = rt.session().run(["attentions"], {"input_ids": ids[None], "attention_mask": rt.build_mask([n], True)})
+        [res] = rt.forward([rt.encode_ids(ids)], causal=True)
         for hr in spec.head_roles:
-            scores = role_scores(attn[hr["layer"], 0, hr["head"]], hr["role"], ids)
+            scores = role_scores(res.attentions[hr["layer"], hr["head"]], hr["role"], ids)
             assert np.nanmin(scores) >= teaching.THRESHOLD, (hr, size, n)
 
 
@@ -160,8 +160,7 @@ def test_tiny_gpt_uniform_head_is_the_running_average(runtimes):
 # ---- the induction circuit -----------------------------------------------------------------
 def predict(rt, ids: np.ndarray) -> np.ndarray:
     """Next-token predictions [B, T] for id sequences [B, T], through the ONNX graph."""
-    mask = rt.build_mask([ids.shape[1]] * len(ids), causal=True)
-    [hidden] = rt.session().run(["hidden"], {"input_ids": ids, "attention_mask": mask})
+    hidden = np.stack([r.hidden for r in rt.forward([rt.encode_ids(row) for row in ids], causal=True)])
     return teaching.next_token_logits(rt.model, hidden).argmax(-1)
 
 
@@ -186,5 +185,13 @@ def test_induction_predicts_b_after_a_b_then_a(runtimes):
     rt = runtimes["induction"]
     [res] = rt.run(LONG + "Mr Dursley and Mrs")
     words = [rt.tokenizer.id_to_token(int(t)) for t in teaching.next_token_logits(rt.model, res.hidden).argmax(-1)]
-    assert res.tokens[-2:] == ["mrs", "[SEP]"] and words[-2] == "du"      # "... Mrs" -> "Du(rsley)"
+    assert res.tokens[-1] == "mrs" and words[-1] == "du"      # "... Mrs" -> "Du(rsley)"
+    assert res.next_tokens[0].token == "du"                  # the served prediction says the same
     assert words[res.tokens.index("drive")] == "[CLS]"       # no earlier copy: the head rests on [CLS]
+
+
+def test_induction_model_predicts_through_its_lm_head(runtimes):
+    """The served next-token prediction (the graph's LM head) completes "A B ... A" with B."""
+    [res] = runtimes["induction"].run("the quick brown fox saw a bird . the quick")
+    assert res.next_tokens[0].token == "brown" and res.next_tokens[0].prob > 0.5
+    assert res.token_logprobs[0] is None and len(res.token_logprobs) == len(res.tokens)

@@ -1,0 +1,227 @@
+"""Llama-family models from GGUF files (llama.cpp's format): config, de-quantised weights, tokenizer.
+
+    model = load_gguf(path, cache=folder)      # de-quantised once (progress bar), then read from the cache
+    tokenizer = gguf_tokenizer(path, cache=folder)
+
+`gguf` (llama.cpp's own reader) parses the file and de-quantises Q4_1 / Q8_0 blocks to float32.
+Two conventions differ from transformers, and both are undone here as transformers' GGUF loader
+undoes them (transformers/modeling_gguf_pytorch_utils.py, LlamaTensorProcessor):
+  - tensor shapes are listed fastest axis first (ne0, ne1); `dequantize` already returns [out, in];
+  - llama.cpp's converter permutes the rows of attn_q / attn_k for its interleaved RoPE (pairs 2i,
+    2i+1); transformers' rotate-half pairs (i, i + d/2), so the rows are put back (`unpermute`).
+The de-quantised weights are cached as one .safetensors file in a folder the caller passes in,
+under a key made of the GGUF file's bytes and this module's source, so a later start reads ~0.5 GB
+of float32 instead of parsing and de-quantising again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from .tokens import bytes_to_unicode
+from .transformer import Transformer, TransformerConfig
+from .weights import load_state_dict
+
+ARCHITECTURES = ("llama",)
+# GGUF tensor name (after "blk.N.") -> ours (after "blocks.N.")
+BLOCK_NAMES = {"attn_norm.weight": "ln1.weight", "attn_q.weight": "attn.q_proj.weight",
+               "attn_k.weight": "attn.k_proj.weight", "attn_v.weight": "attn.v_proj.weight",
+               "attn_output.weight": "attn.o_proj.weight", "ffn_norm.weight": "ln2.weight",
+               "ffn_gate.weight": "mlp.gate.weight", "ffn_up.weight": "mlp.up.weight",
+               "ffn_down.weight": "mlp.down.weight"}
+TOP_NAMES = {"token_embd.weight": "wte", "output_norm.weight": "ln_f.weight", "output.weight": "lm_head.weight"}
+
+
+def _reader(path):
+    import gguf
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no GGUF file at {path}")
+    return gguf.GGUFReader(path)
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def gguf_config(reader) -> TransformerConfig:
+    """Our config from the file's metadata ("llama.block_count", ...)."""
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"only Llama-family GGUF files are supported (general.architecture 'llama'); "
+                         f"this one is {arch!r}")
+    scaling = _field(reader, f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise ValueError(f"RoPE scaling {scaling!r} is not supported")
+    g = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    n_heads, d_model = g("attention.head_count"), g("embedding_length")
+    d_head = g("attention.key_length", d_model // n_heads)
+    if g("rope.dimension_count", d_head) != d_head:
+        raise ValueError(f"partial rotary embeddings (rope.dimension_count {g('rope.dimension_count')} of "
+                         f"head dim {d_head}) are not supported")
+    names = {t.name for t in reader.tensors}
+    return TransformerConfig(
+        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in reader.fields
+        else g("vocab_size"),
+        max_positions=g("context_length"), d_model=d_model, n_heads=n_heads, n_layers=g("block_count"),
+        d_ff=g("feed_forward_length"), norm_first=True, causal=True, final_norm=True,
+        layer_norm_eps=float(g("attention.layer_norm_rms_epsilon")), norm="rms", position="rope", mlp="swiglu",
+        attention="gqa", n_kv_heads=g("attention.head_count_kv", n_heads), d_head=d_head,
+        rope_theta=float(g("rope.freq_base", 10000.0)), qkv_bias=False, bias=False, lm_head=True,
+        tie_embeddings="output.weight" not in names)
+
+
+def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation: within each head, GGUF row 2i + j is row j * d/2 + i here.
+
+    llama.cpp's converter does w.reshape(n, 2, d/2, in).swapaxes(1, 2) so that its interleaved RoPE
+    pairs rows (2i, 2i+1); this is the inverse, as in transformers' GGUF loader."""
+    d = w.shape[0] // n_heads
+    return w.reshape(n_heads, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def read_weights(reader, cfg: TransformerConfig, progress=None) -> dict[str, np.ndarray]:
+    """Every tensor de-quantised to float32, renamed to our flat names, q/k rows un-permuted."""
+    import gguf
+
+    sd = {}
+    for t in reader.tensors:
+        w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)   # [out, in]
+        if t.name.startswith("blk."):
+            _, layer, rest = t.name.split(".", 2)
+            if rest not in BLOCK_NAMES:
+                raise ValueError(f"unexpected tensor {t.name} in a Llama GGUF file")
+            if rest == "attn_q.weight":
+                w = unpermute(w, cfg.n_heads)
+            elif rest == "attn_k.weight":
+                w = unpermute(w, cfg.n_kv_heads)
+            sd[f"blocks.{layer}.{BLOCK_NAMES[rest]}"] = w
+        elif t.name in TOP_NAMES:
+            sd[TOP_NAMES[t.name]] = w
+        elif t.name != "rope_freqs.weight":
+            raise ValueError(f"unexpected tensor {t.name} in a Llama GGUF file")
+        if progress:
+            progress(1)
+    return sd
+
+
+def cache_key(path) -> str:
+    """Hash of the GGUF file's bytes and of this loader's source: either changing rebuilds the cache."""
+    st = Path(path).stat()
+    return _cache_key(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.cache
+def _cache_key(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def _cached(cache, path: Path, suffix: str) -> Path | None:
+    return None if cache is None else Path(cache) / f"{path.stem}-{cache_key(path)}{suffix}"
+
+
+def _write_atomically(target: Path, write) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, target)
+
+
+def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) -> Transformer:
+    """A Transformer from a Llama-family GGUF file. With a cache folder, the de-quantised weights are
+    written to <cache>/<file name>-<key>.safetensors on the first call and read from there afterwards."""
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+    from tqdm import tqdm
+
+    path = Path(path)
+    cached, sd = _cached(cache, path, ".safetensors"), None
+    if cached is not None and cached.is_file():
+        try:
+            with safe_open(cached, "np") as f:
+                cfg = TransformerConfig(**json.loads(f.metadata()["config"]))
+            sd = load_file(cached)
+        except Exception:  # noqa: BLE001 - a truncated or foreign file: build it again below
+            cached.unlink(missing_ok=True)
+            sd = None
+    if sd is None:
+        reader = _reader(path)
+        cfg = gguf_config(reader)
+        with tqdm(total=len(reader.tensors), desc=f"{desc or path.stem}: de-quantising GGUF", unit="tensor",
+                  leave=False) as bar:
+            sd = read_weights(reader, cfg, progress=bar.update)
+        if cached is not None:
+            _write_atomically(cached, lambda tmp: save_file(sd, tmp, metadata={"config": json.dumps(asdict(cfg))}))
+    return load_state_dict(Transformer(cfg, seed=None), sd)
+
+
+# ---- tokenizer ------------------------------------------------------------------------------
+def _pre_tokenizer(pre: str | None):
+    """How text is split before BPE, by the file's tokenizer.ggml.pre (llama.cpp's names).
+
+    smollm: every digit alone, then GPT-2's regex (llama.cpp's LLAMA_VOCAB_PRE_TYPE_SMOLLM, and the
+    Digits + ByteLevel pre-tokenizer of SmolLM2's own tokenizer.json). transformers' GGUF loader has no
+    entry for "smollm" and falls back to GPT-2's regex alone; the two differ only where a numeral
+    outside 0-9 (², ½, ٣) follows a space or another such numeral, and there this follows the file.
+    """
+    from tokenizers import pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in (None, "default", "gpt2", "gpt-2"):
+        return byte_level
+    if pre == "smollm":
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    raise ValueError(f"GGUF pre-tokenizer {pre!r} is not supported (known: default, gpt2, smollm)")
+
+
+def build_tokenizer(tokens: list[str], merges: list[str], token_types: list[int], pre: str | None):
+    """A `tokenizers` byte-level BPE from a GGUF vocabulary: tokens in id order, "a b" merges best first,
+    and the control tokens (type 3, like <|im_start|>) as special tokens matched whole in the text.
+    No BOS or EOS is added: the runtime tokenises exactly what the user typed."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    byte_of = set(bytes_to_unicode().values())
+    spell = lambda t: t if set(t) <= byte_of else "".join(bytes_to_unicode()[b] for b in t.encode())  # noqa: E731
+    vocab = {spell(t): i for i, t in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab, [tuple(m.split(" ", 1)) for m in merges], fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = _pre_tokenizer(pre)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                            for t, kind in zip(tokens, token_types) if kind == 3 and set(t) <= byte_of])
+    return tok
+
+
+def gguf_tokenizer(path, cache: str | Path | None = None):
+    """The file's tokenizer (tokenizer.ggml.model "gpt2": byte-level BPE); cached as tokenizer.json."""
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    cached = _cached(cache, path, ".tokenizer.json")
+    if cached is not None and cached.is_file():
+        try:
+            return Tokenizer.from_file(str(cached))
+        except Exception:  # noqa: BLE001 - the tokenizers library raises plain Exception
+            cached.unlink(missing_ok=True)
+    reader = _reader(path)
+    kind = _field(reader, "tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"only byte-level BPE GGUF tokenizers (tokenizer.ggml.model 'gpt2') are supported; "
+                         f"this file's is {kind!r}")
+    tok = build_tokenizer(_field(reader, "tokenizer.ggml.tokens"), _field(reader, "tokenizer.ggml.merges"),
+                          _field(reader, "tokenizer.ggml.token_type"), _field(reader, "tokenizer.ggml.pre"))
+    if _field(reader, "tokenizer.ggml.add_bos_token"):
+        raise ValueError("this GGUF file asks for a BOS token before every text; that is not supported yet")
+    if cached is not None:
+        _write_atomically(cached, lambda tmp: tok.save(str(tmp)))
+    return tok
