@@ -1,8 +1,8 @@
-"""Answers as plain dicts: pure functions of (plan, result), no I/O, no state.
+"""Answers as plain dicts: pure functions of (plan, computed), no I/O, no state.
 
-Each function takes what the service validated (a Plan) and what the model computed (an
-AttentionResult) and returns the payload the wire codec encodes. Statistics are computed on the
-asked selection only.
+Each function takes what the service validated (a Plan) and what the model computed (a Computed: the
+run's AttentionResult and the extra runs it is compared with) and returns the payload the wire codec
+encodes. Statistics are computed on the asked selection only.
 """
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ def tokens(r: AttentionResult) -> dict:
             "special": e.special, "segments": e.segments, "mask_tokens": r.mask_tokens}
 
 
-def attention(plan, r: AttentionResult) -> dict:
-    """The asked layers x heads: matrices (optionally block-averaged), row statistics, per-head summaries."""
+def attention(plan, computed) -> dict:
+    """The asked layers x heads: matrices (optionally block-averaged), row statistics, per-head summaries,
+    and what else `include` names (predictions, head-finding scores, the effect of an ablation)."""
+    r = computed.result
     req, layers, heads = plan.request, plan.layers, plan.heads
     L, H, T = r.attentions.shape[:3]
     everything = layers == list(range(L)) and heads == list(range(H))
@@ -43,11 +45,60 @@ def attention(plan, r: AttentionResult) -> dict:
         out["summary"] = stats.head_stats(probs, rows["entropy"] if rows else None)
     if "rollout" in req.include:
         out["rollout"] = stats.rollout(r.attentions).astype(np.float32)
+    if "predictions" in req.include and r.next_tokens is not None:
+        out |= predictions(r)
+    if "scores" in req.include:
+        out["scores"] = scores(plan, probs, r, computed.extra["probe"])
+    if req.ablate:
+        out["ablate"] = [list(pair) for pair in req.ablate]
+    if "baseline" in computed.extra:
+        out["effect"] = effect(r, computed.extra["baseline"])
     return out
 
 
-def stages(plan, r: AttentionResult) -> dict:
+def predictions(r: AttentionResult) -> dict:
+    return {"next_tokens": [t._asdict() for t in r.next_tokens], "token_logprobs": r.token_logprobs}
+
+
+def scores(plan, probs: np.ndarray, r: AttentionResult, probe: AttentionResult) -> dict:
+    """Head-finding scores on the asked selection: from this text's attention, and the induction probe's."""
+    out = stats.head_scores(probs, r.token_ids)
+    n = (len(probe.token_ids) - probe.encoding.special.count(True)) // 2
+    offset = probe.encoding.special.index(False)
+    out["induction"] = stats.induction_score(probe.attentions[np.ix_(plan.layers, plan.heads)], n, offset)
+    return out
+
+
+def effect(ablated: AttentionResult, intact: AttentionResult) -> dict:
+    """What knocking heads out changed. Decoders: the next-token distribution (KL, top tokens) and each token's
+    log-prob; encoders: the mean-pooled embedding's cosine similarity."""
+    if intact.next_token_logits is not None:
+        before, after = (_log_softmax(x.next_token_logits) for x in (intact, ablated))
+        change = [None] + [a - b for a, b in zip(ablated.token_logprobs[1:], intact.token_logprobs[1:])]
+        return {"kl": float(np.sum(np.exp(before) * (before - after))),
+                "next_tokens_before": [t._asdict() for t in intact.next_tokens],
+                "token_logprob_change": change,
+                "mean_logprob_change": float(np.mean(change[1:])) if len(change) > 1 else 0.0}
+    a, b = (x.hidden.mean(axis=0).astype(np.float64) for x in (ablated, intact))
+    return {"cosine": float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))}
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    z = x - x.max()
+    return z - np.log(np.exp(z).sum())
+
+
+def importance(plan, computed) -> dict:
+    """Every head's single-head ablation effect (service.Importance)."""
+    r = computed.result
+    return {"model": plan.request.model, "tokens": r.tokens, "baseline": r.baseline, "importance": r.values,
+            "measure": "mean_logprob_change" if r.lm else "embedding_distance"}
+
+
+def stages(plan, computed) -> dict:
     """Every intermediate of one head, for the first `limit` tokens."""
+    r = computed.result
     req, cfg = plan.request, plan.runtime.cfg
     l, h = req.layer, req.head
     n = req.limit or len(r.tokens)

@@ -11,11 +11,12 @@ from fastapi import APIRouter, Depends, Header, Path, Response
 from fastapi.responses import FileResponse
 
 from .. import __version__
-from ..model.runtime import AttentionResult, to_float16
+from ..model.runtime import to_float16
 from . import payload, wire
 from .deps import get_service
-from .schemas import AttentionRequest, AttentionResponse, Error, Health, ModelInfo, StagesRequest, StagesResponse
-from .service import AttentionService, Plan
+from .schemas import (AttentionRequest, AttentionResponse, Error, Health, ImportanceRequest, ImportanceResponse,
+                      ModelInfo, StagesRequest, StagesResponse)
+from .service import AttentionService, Computed, Plan
 
 router = APIRouter()
 Service = Annotated[AttentionService, Depends(get_service)]
@@ -55,10 +56,10 @@ def _cast(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return to_float16(a) if dtype == np.float16 else np.ascontiguousarray(a, dtype)
 
 
-def _encode(build: Callable, plan: Plan, result: AttentionResult, started: float) -> bytes | list:
+def _encode(build: Callable, plan: Plan, computed: Computed, started: float) -> bytes | list:
     """Payload (pure functions) -> wire form. Runs in a worker thread: statistics and serialisation of a
     long text take up to a second, and the event loop must stay free."""
-    body = payload.timed(payload.rounded(build(plan, result), plan.request.precision), result, started)
+    body = payload.timed(payload.rounded(build(plan, computed), plan.request.precision), computed.result, started)
     if plan.binary:
         return wire.binary_chunks(body, plan.request.dtype, cast=_cast)
     return wire.to_json(body)
@@ -68,9 +69,9 @@ async def _answer(svc: AttentionService, plan: Plan, build: Callable, if_none_ma
                   started: float) -> Response:
     if if_none_match == plan.etag:
         return Response(status_code=304, headers={"ETag": plan.etag})
-    result, hit = await svc.run(plan)
-    body = await anyio.to_thread.run_sync(_encode, build, plan, result, started, limiter=svc.render_slots())
-    headers = {"ETag": plan.etag, "X-Cache": "hit" if hit else "miss", "Cache-Control": "private, max-age=3600",
+    computed = await svc.run(plan)
+    body = await anyio.to_thread.run_sync(_encode, build, plan, computed, started, limiter=svc.render_slots())
+    headers = {"ETag": plan.etag, "X-Cache": "hit" if computed.hit else "miss", "Cache-Control": "private, max-age=3600",
                "Vary": "Accept"}
     if plan.binary:
         return BuffersResponse(body, wire.BINARY, headers)
@@ -87,6 +88,19 @@ async def attention(req: AttentionRequest, svc: Service, accept: Annotated[str |
     started = time.perf_counter()
     plan = svc.plan(req, wire.accepts_binary(accept))
     return await _answer(svc, plan, payload.attention, if_none_match, started)
+
+
+@router.post("/api/importance", response_model=ImportanceResponse, tags=["interventions"],
+             summary="Rank heads by importance: each head's single-head ablation effect on one text",
+             responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
+async def importance(req: ImportanceRequest, svc: Service, accept: Annotated[str | None, Header()] = None,
+                     if_none_match: Annotated[str | None, Header()] = None):
+    """Knocks out every head in turn (batches of `batch` heads share one forward pass, the batch axis carrying
+    the head masks) and reports what each head alone changes: the text's mean token log-prob for models with
+    an LM head, the sentence embedding otherwise."""
+    started = time.perf_counter()
+    plan = svc.plan_importance(req, wire.accepts_binary(accept))
+    return await _answer(svc, plan, payload.importance, if_none_match, started)
 
 
 @router.post("/api/stages", response_model=StagesResponse, tags=["attention"],

@@ -5,7 +5,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from ..model.stats import HEAD_STATS
+from ..model.stats import HEAD_STATS, SCORE_INFO
+from ..model.teaching import ROLE_TARGETS
 
 
 def _json_int(v):
@@ -50,6 +51,12 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class HeadRole(BaseModel):
+    layer: int
+    head: int
+    role: Literal[tuple(ROLE_TARGETS)] = Field(description="; ".join(f"{k}: {v}" for k, v in ROLE_TARGETS.items()))
+
+
 class ModelInfo(BaseModel):
     id: str = Field(description="model id to pass as `model`", examples=["minilm"])
     title: str = Field(description="human-readable name")
@@ -62,6 +69,12 @@ class ModelInfo(BaseModel):
     max_tokens: int = Field(description="longer inputs are truncated to this many tokens (and flagged)")
     pair: bool = Field(description="accepts `text_pair` (sentence pairs with segment embeddings)")
     provider: str = Field(description="onnxruntime execution provider in use", examples=["CPUExecutionProvider"])
+    kv_heads: int = Field(description="key/value heads: query head h reads key/value group h // (heads / kv_heads) "
+                          "(grouped-query attention when fewer than heads)")
+    predictions: bool = Field(description="has an LM head: answers can include next-token predictions")
+    head_roles: list[HeadRole] = Field(default_factory=list, description="teaching models: what each hand-wired "
+                                       "head does, exactly (>= 0.99 of its weight on its role's target)")
+    explanation: str = Field("", description="teaching models: how the model works, in plain language")
 
 
 class RunOptions(Strict):
@@ -78,15 +91,24 @@ class RunOptions(Strict):
         None, description="round every number of the answer to this many decimals (smaller JSON); full float32 "
         "when omitted")
     dtype: Literal["float32", "float16"] = Field("float32", description="tensor dtype of the binary form")
+    ablate: list[Annotated[list[Index], Field(min_length=2, max_length=2)]] = Field(
+        default_factory=list, max_length=4096, examples=[[[3, 1], [5, 0]]],
+        description="heads to knock out, as [layer, head] pairs: their output (their slice of the concatenated "
+        "heads, before the output projection) is removed in the forward pass, so later layers, hidden states and "
+        "predictions change. In a grouped-query model the other heads of the group are left alone")
+    ablation: Literal["zero", "mean"] = Field("zero", description="zero: replace an ablated head's output with "
+                                              "zeros; mean: with its average over this text's positions")
 
 
 class AttentionRequest(RunOptions):
     layers: list[Index] | None = Field(None, description="layers to return (0-based); all when omitted",
                                        examples=[[0, 5]])
     heads: list[Index] | None = Field(None, description="heads to return (0-based); all when omitted")
-    include: list[Literal["attention", "entropy", "summary", "rollout"]] = Field(
+    include: list[Literal["attention", "entropy", "summary", "rollout", "predictions", "scores", "effect"]] = Field(
         default=["attention", "entropy", "summary"],
-        description="parts of the answer to compute: leave out `attention` for summaries without matrices")
+        description="parts of the answer to compute: leave out `attention` for summaries without matrices; "
+        "`predictions`: next_tokens and token_logprobs (models with an LM head; ignored for others); `scores`: "
+        "head-finding scores; `effect`: what `ablate` changed (ignored without `ablate`)")
     resolution: _bounded(1, 512) | None = Field(
         None, description="block-average each matrix to at most resolution x resolution (overview thumbnails); "
         "`blocks` then gives each cell's token range")
@@ -135,6 +157,57 @@ class AttentionResponse(Tokens):
     summary: dict[str, list[list[float]]] | None = Field(
         None, description=f"per-head statistics [layer][head]: {', '.join(HEAD_STATS)}")
     rollout: Matrix | None = Field(None, description="attention rollout over all layers [query][key]")
+    next_tokens: list[NextToken] | None = Field(None, description="with `predictions`: the 10 most probable "
+                                                "tokens after the last one")
+    token_logprobs: list[float | None] | None = Field(
+        None, description="with `predictions`: natural log p(token_i | the tokens before it); null for the first")
+    scores: dict[str, list[list[float]]] | None = Field(
+        None, description="with `scores`, per head [layer][head] in [0, 1]: "
+        + "; ".join(f"{k}: {v}" for k, v in SCORE_INFO.items()))
+    ablate: list[list[int]] | None = Field(None, description="the heads knocked out in this run, [layer, head]")
+    effect: Effect | None = Field(None, description="with `effect` and `ablate`: what the ablation changed")
+
+
+class ImportanceRequest(Strict):
+    """Single-head ablation of every head, one at a time, on one text."""
+    model: Text = Field("minilm", description="a model id from GET /api/models", examples=["minilm"])
+    text: Text = Field(description="the text to measure on", examples=[EXAMPLE_TEXT])
+    text_pair: Text | None = Field(None, description="optional second sentence (encoder models only)")
+    ablation: Literal["zero", "mean"] = Field("zero", description="what replaces the knocked-out head's output")
+    batch: _bounded(1, 64) = Field(16, description="heads ablated per forward pass (the batch axis carries "
+                                   "different head masks); changes the speed, never the numbers")
+    precision: _bounded(1, 8) | None = Field(None, description="round every number to this many decimals")
+    dtype: Literal["float32", "float16"] = Field("float32", description="tensor dtype of the binary form")
+
+
+class ImportanceResponse(BaseModel):
+    model: str = Field(description="the model id that answered")
+    tokens: list[str] = Field(description="the model's tokens")
+    measure: Literal["mean_logprob_change", "embedding_distance"] = Field(
+        description="mean_logprob_change (models with an LM head): the text's mean token log-prob with the head "
+        "knocked out minus intact (negative: the head helps); embedding_distance (others): 1 - cosine similarity "
+        "of the mean-pooled final hidden states with and without the head")
+    baseline: float = Field(description="the intact run's mean token log-prob (1.0 for embedding_distance)")
+    importance: list[list[float]] = Field(description="[layer][head] the measure for that head alone knocked out")
+    timing_ms: dict[str, float] = Field(description="model: all forward passes; total: request handling")
+
+
+class NextToken(BaseModel):
+    token: str = Field(description="the token as a person reads it (byte-level markers decoded, ␣ for a space)")
+    id: int = Field(description="its exact vocabulary id")
+    prob: float = Field(description="its probability under the full softmax over the vocabulary")
+
+
+class Effect(BaseModel):
+    """What knocking the heads out changed, against the same run with every head kept."""
+    kl: float | None = Field(None, description="decoders: KL(before || after) of the next-token distribution, nats")
+    next_tokens_before: list[NextToken] | None = Field(None, description="decoders: top next tokens with every "
+                                                      "head kept (`next_tokens` holds the ablated run's)")
+    token_logprob_change: list[float | None] | None = Field(
+        None, description="decoders: each token's log-prob, ablated minus intact (null for the first token)")
+    mean_logprob_change: float | None = Field(None, description="decoders: mean of token_logprob_change")
+    cosine: float | None = Field(None, description="encoders: cosine similarity of the mean-pooled final hidden "
+                                 "states (the sentence embedding) ablated vs intact; 1 = unchanged")
 
 
 class StagesResponse(Tokens):

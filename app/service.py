@@ -11,25 +11,41 @@ import asyncio
 import hashlib
 import logging
 import threading
+import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import anyio
+import numpy as np
 import orjson
 from fastapi import HTTPException
 
 from .. import __version__
-from ..model import zoo
-from ..model.runtime import AttentionResult, Runtime
+from ..model import stats, zoo
+from ..model.runtime import AttentionResult, Runtime, head_importance
 from .errors import StartupError
-from .schemas import AttentionRequest, ModelInfo, StagesRequest
+from .schemas import AttentionRequest, ImportanceRequest, ModelInfo, StagesRequest
 from .settings import Settings
 
 log = logging.getLogger("attnscope")
 
 
-def nbytes(result: AttentionResult) -> int:
+@dataclass(frozen=True)
+class Importance:
+    """Every head's single-head ablation effect on one text (model.runtime.head_importance)."""
+    tokens: list[str]
+    values: np.ndarray     # [L, H]
+    baseline: float
+    seconds: float
+    lm: bool               # measured on log-probs (an LM head) or on the embedding
+
+
+def nbytes(result: AttentionResult | Importance) -> int:
+    if isinstance(result, Importance):
+        return result.values.nbytes
     arrays = [result.attentions, result.hidden, result.mask, *(result.stages or {}).values()]
+    if result.next_token_logits is not None:
+        arrays.append(result.next_token_logits)
     return sum(a.nbytes for a in arrays)
 
 
@@ -73,6 +89,24 @@ class Plan:
     key: str              # content hash of the model run (cache key)
     etag: str             # of the answer: the run, every option, the wire form
     binary: bool
+    ids: tuple[int, ...] | None = None   # run these token ids instead of the text (the induction probe)
+    job: str = "run"      # "run": one forward pass; "importance": every head's single-head ablation
+    extra: dict[str, "Plan"] = field(default_factory=dict)   # other runs the answer needs: baseline, probe
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A plan's results: its own run and the extra runs the answer compares it with."""
+    result: AttentionResult
+    hit: bool
+    extra: dict[str, AttentionResult]
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.result.tokens
+
+
+PROBE_TOKENS = 50   # the induction probe: this many random tokens, repeated once
 
 
 def _select(name: str, asked: list[int] | None, n: int) -> list[int]:
@@ -130,7 +164,8 @@ class AttentionService:
         return [ModelInfo(id=i, title=rt.spec.title, description=rt.spec.description, kind=rt.spec.kind,
                           layers=rt.cfg.n_layers, heads=rt.cfg.n_heads, d_model=rt.cfg.d_model,
                           d_head=rt.cfg.d_head, max_tokens=rt.spec.max_tokens, pair=rt.spec.pair,
-                          provider=rt.provider)
+                          provider=rt.provider, kv_heads=rt.cfg.n_kv_heads, predictions=rt.cfg.lm_head,
+                          head_roles=list(rt.spec.head_roles), explanation=rt.spec.explanation)
                 for i, rt in self.runtimes.items()]
 
     # ---- planning: every check that needs only the request and the model, once ---------------
@@ -146,17 +181,58 @@ class AttentionService:
         stages = isinstance(req, StagesRequest)
         layers = _select("layers", [req.layer] if stages else req.layers, rt.cfg.n_layers)
         heads = _select("heads", [req.head] if stages else req.heads, rt.cfg.n_heads)
-        run = [req.model, rt.cache_key(), req.engine, req.text, req.text_pair, req.causal,
-               sorted(set(req.mask_tokens)), stages]
-        key = hashlib.sha256(orjson.dumps(run)).hexdigest()[:32]
-        answer = [__version__, key, req.model_dump(mode="json"), binary]
+        L, H = rt.cfg.n_layers, rt.cfg.n_heads
+        bad = [pair for pair in req.ablate if pair[0] >= L or pair[1] >= H]
+        if bad:
+            raise HTTPException(422, f"ablate {bad[:5]} out of range: this model has layers 0..{L - 1} and heads "
+                                     f"0..{H - 1}")
+        include = set(getattr(req, "include", ()))
+        plan = Plan(req, rt, layers, heads, stages, self._key(req, rt, stages), "", binary)
+        extra = {}
+        if "effect" in include and req.ablate:
+            intact = req.model_copy(update={"ablate": []})
+            extra["baseline"] = replace(plan, request=intact, key=self._key(intact, rt, stages))
+        if "scores" in include:
+            extra["probe"] = self._probe_plan(plan)
+        answer = [__version__, plan.key, req.model_dump(mode="json"), binary]
         etag = 'W/"' + hashlib.sha256(orjson.dumps(answer)).hexdigest()[:32] + '"'
-        return Plan(req, rt, layers, heads, stages, key, etag, binary)
+        return replace(plan, etag=etag, extra=extra)
+
+    @staticmethod
+    def _key(req, rt: Runtime, stages: bool, ids=None) -> str:
+        """Content hash of everything that determines a model run (and of the model's weights and graph)."""
+        run = [req.model, rt.cache_key(), req.engine, req.text, req.text_pair, req.causal,
+               sorted(set(req.mask_tokens)), stages, sorted(map(tuple, req.ablate)),
+               req.ablation if req.ablate else None, ids]
+        return hashlib.sha256(orjson.dumps(run)).hexdigest()[:32]
+
+    def plan_importance(self, req: ImportanceRequest, binary: bool) -> Plan:
+        rt = self.runtime(req.model)
+        if len(req.text) + len(req.text_pair or "") > self.settings.max_chars:
+            raise HTTPException(413, f"text is over the {self.settings.max_chars}-character limit (ATTNSCOPE_MAX_CHARS)")
+        material = ["importance", req.model, rt.cache_key(), req.text, req.text_pair, req.ablation]
+        key = hashlib.sha256(orjson.dumps(material)).hexdigest()[:32]
+        etag = 'W/"' + hashlib.sha256(orjson.dumps([__version__, key, req.model_dump(mode="json"), binary])
+                                      ).hexdigest()[:32] + '"'
+        return Plan(req, rt, list(range(rt.cfg.n_layers)), list(range(rt.cfg.n_heads)), False, key, etag, binary,
+                    job="importance")
+
+    def _probe_plan(self, plan: Plan) -> Plan:
+        """The induction probe: PROBE_TOKENS random non-special tokens repeated twice, wrapped in the specials the
+        tokenizer puts around any text (so [CLS] ... [SEP] for BERT), under this request's masks and ablations."""
+        rt = plan.runtime
+        n = min(PROBE_TOKENS, (rt.spec.max_tokens - 2) // 2)
+        opening = rt.encode("a")
+        first = opening.special.index(False)
+        ids = tuple(opening.ids[:first] + stats.probe_ids(rt.cfg.vocab_size, n, set(rt.special_ids()))
+                    + opening.ids[first + 1:])
+        req = plan.request.model_copy(update={"text_pair": None, "mask_tokens": []})
+        return replace(plan, request=req, stages=False, ids=ids, key=self._key(req, rt, False, ids))
 
     def _check_size(self, plan: Plan, tokens: int) -> None:
         """Once the token count is known: refuse an answer with more attention values than its wire form allows."""
         req = plan.request
-        if plan.stages or "attention" not in req.include:
+        if plan.stages or "attention" not in getattr(req, "include", ()):
             return
         side = min(tokens, req.resolution or tokens)
         cells = len(plan.layers) * len(plan.heads) * side * side
@@ -170,11 +246,12 @@ class AttentionService:
                                         "application/vnd.attnscope.tensors)"))
 
     # ---- running ----------------------------------------------------------------------------
-    async def run(self, plan: Plan) -> tuple[AttentionResult, bool]:
-        """The model's result for this plan, checked against the answer's size limit; returns (result, cache_hit)."""
+    async def run(self, plan: Plan) -> Computed:
+        """The model's result for this plan, checked against the answer's size limit, and its extra runs."""
         result, hit = await self._result(plan)
         self._check_size(plan, len(result.tokens))
-        return result, hit
+        extra = {name: (await self._result(sub))[0] for name, sub in plan.extra.items()}
+        return Computed(result, hit, extra)
 
     async def _result(self, plan: Plan) -> tuple[AttentionResult, bool]:
         hit = self.cache.get(plan.key)
@@ -214,12 +291,30 @@ class AttentionService:
         return computed
 
     @staticmethod
-    def _forward(plan: Plan) -> AttentionResult:
-        req = plan.request
+    def _forward(plan: Plan) -> AttentionResult | Importance:
+        req, rt = plan.request, plan.runtime
+        if plan.job == "importance":
+            t0 = time.perf_counter()
+            try:
+                values, baseline = head_importance(rt, req.text, ablation=req.ablation, batch=req.batch,
+                                                   pair=req.text_pair)
+            except ValueError as e:
+                raise HTTPException(422, str(e)) from None
+            return Importance(rt.encode(req.text, req.text_pair).tokens, values, baseline,
+                              time.perf_counter() - t0, rt.cfg.lm_head)
+        keep = mean = None
+        if req.ablate:
+            keep = np.ones((1, rt.cfg.n_layers, rt.cfg.n_heads), np.float32)
+            for layer, head in req.ablate:
+                keep[0, layer, head] = 0.0
+            mean = (1.0 - keep) if req.ablation == "mean" else np.zeros_like(keep)
+        options = dict(causal=req.causal, mask_tokens=[req.mask_tokens] if req.mask_tokens else None,
+                       engine=req.engine, stages=plan.stages, head_mask=keep, head_mean=mean)
         try:
-            [res] = plan.runtime.run([req.text], [req.text_pair], causal=req.causal,
-                                     mask_tokens=[req.mask_tokens] if req.mask_tokens else None,
-                                     engine=req.engine, stages=plan.stages)
+            if plan.ids is not None:
+                [res] = rt.forward([rt.encode_ids(plan.ids)], **options)
+            else:
+                [res] = rt.run([req.text], [req.text_pair], **options)
         except ValueError as e:  # the runtime's word for bad input
             raise HTTPException(422, str(e)) from None
         return res

@@ -164,7 +164,9 @@ def test_models_onnx_and_health(client):
     assert models[0] | {"description": ""} == {"id": "minilm", "title": "all-MiniLM-L6-v2", "description": "",
                                                  "kind": "encoder", "layers": 6, "heads": 12, "d_model": 384,
                                                  "d_head": 32, "max_tokens": 512, "pair": True,
-                                                 "provider": "CPUExecutionProvider"}
+                                                 "provider": "CPUExecutionProvider", "kv_heads": 12,
+                                                 "predictions": False, "head_roles": [], "explanation": ""}
+    assert [r["role"] for r in models[1]["head_roles"]][:2] == ["previous-token", "first-token"]
     r = client.get("/api/models/tiny-gpt/onnx")
     assert r.status_code == 200 and r.content[:2] == b"\x08\x08"  # ir_version 8, the first protobuf field
     import onnx

@@ -30,6 +30,7 @@ CONFIG = {
 }
 SEMANTIC = re.compile("|".join([
     r"^(layers|heads) \[[\d, ]+\] out of range: this model has \d+ \1 \(0\.\.\d+\)$",
+    r"^ablate \[\[[\d, \[\]]+\]\] out of range: this model has layers 0\.\.\d+ and heads 0\.\.\d+$",
     r"^text is empty: give at least one non-blank character$",
     r"^text_pair is blank: leave it out or give at least one non-blank character$",
     r"^model '[^']+' takes a single text, not a sentence pair$",

@@ -291,8 +291,8 @@ def test_cancelled_requests_leak_nothing_and_do_not_fail_others():
         waiter.cancel()
         await asyncio.sleep(0.05)
         gate.event.set()
-        result, hit = await follower
-        assert hit is True and result.tokens[0] == "[CLS]"
+        done = await follower
+        assert done.hit is True and done.result.tokens[0] == "[CLS]"
         for task in (owner, waiter):
             with pytest.raises(asyncio.CancelledError):
                 await task
