@@ -264,6 +264,8 @@ def _normal(rng: np.random.Generator | None, shape, std: float = 0.02) -> np.nda
 
 
 def _logsumexp(x: np.ndarray) -> np.ndarray:
-    """log(sum(exp(x))) over the last axis, the max subtracted first so exp never overflows."""
+    """log(sum(exp(x))) over the last axis, the max subtracted first so exp never overflows.
+    Works in place: x is scratch (a [B, T, VOCAB_CHUNK] chunk of logits is never copied)."""
     m = x.max(axis=-1, keepdims=True)
-    return (np.log(np.exp(x - m).sum(axis=-1, keepdims=True)) + m)[..., 0]
+    x -= m
+    return np.log(np.exp(x, out=x).sum(axis=-1)) + m[..., 0]
