@@ -131,11 +131,15 @@ def _cached(cache, path: Path, suffix: str) -> Path | None:
     return None if cache is None else Path(cache) / f"{path.stem}-{cache_key(path)}{suffix}"
 
 
-def _write_atomically(target: Path, write) -> None:
+def _write_atomically(target: Path, write, stale: str | None = None) -> None:
+    """write(tmp), then rename to target; then delete the files matching the glob `stale` (older keys)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
     write(tmp)
     os.replace(tmp, target)
+    for old in target.parent.glob(stale) if stale else ():
+        if old != target and ".tmp" not in old.name:
+            old.unlink(missing_ok=True)
 
 
 def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) -> Transformer:
@@ -162,7 +166,8 @@ def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) ->
                   leave=False) as bar:
             sd = read_weights(reader, cfg, progress=bar.update)
         if cached is not None:
-            _write_atomically(cached, lambda tmp: save_file(sd, tmp, metadata={"config": json.dumps(asdict(cfg))}))
+            _write_atomically(cached, lambda tmp: save_file(sd, tmp, metadata={"config": json.dumps(asdict(cfg))}),
+                              stale=f"{path.stem}-*.safetensors")   # 0.5 GB each: keep only the current one
     return load_state_dict(Transformer(cfg, seed=None), sd)
 
 
@@ -227,5 +232,5 @@ def gguf_tokenizer(path, cache: str | Path | None = None):
     if _field(reader, "tokenizer.ggml.add_bos_token"):
         raise ValueError("this GGUF file asks for a BOS token before every text; that is not supported yet")
     if cached is not None:
-        _write_atomically(cached, lambda tmp: tok.save(str(tmp)))
+        _write_atomically(cached, lambda tmp: tok.save(str(tmp)), stale=f"{path.stem}-*.tokenizer.json")
     return tok

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 import threading
 import time
@@ -253,6 +254,10 @@ class Runtime:
         if not path.is_file():
             print(f"attnscope: exporting {self.spec.id} to {path}", file=sys.stderr)
             _export.export(self.model, path, stages=stages, desc=self.spec.id)
+            stale = re.compile(re.escape(path.name[:-len("0123456789abcdef.onnx")]) + r"[0-9a-f]{16}\.onnx")
+            for old in path.parent.iterdir():   # graphs of older weights or exporters (SmolLM2's: 0.5 GB each)
+                if old != path and stale.fullmatch(old.name):
+                    old.unlink(missing_ok=True)
         return path
 
     def session(self, stages: bool = False):
