@@ -37,6 +37,8 @@ def text_of_tokens(rt, n: int) -> str:
         if len(e.ids) > n or e.truncated:   # the runtime truncates at max_tokens: stop there too
             break
         words.append(WORDS[len(words) % len(WORDS)])
+    if len(rt.encode(" ".join(words)).ids) < n:   # the next word took two tokens: end on a one-token word
+        words += next(([w] for w in WORDS if len(rt.encode(" ".join(words + [w])).ids) == n), [])
     text = " ".join(words)
     assert len(rt.encode(text).ids) == n, (n, len(rt.encode(text).ids))
     return text

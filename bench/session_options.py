@@ -31,7 +31,7 @@ def main() -> None:
     for n in (128, 512):
         e = rt.encode(text_of_tokens(rt, n))
         ids = np.array([e.ids])
-        feeds[n] = {"input_ids": ids, "token_type_ids": np.zeros_like(ids), "attention_mask": rt.build_mask([n], False)}
+        feeds[n] = rt.feeds(ids, np.zeros_like(ids), rt.build_mask([n], False), [n])
 
     def measure(sess, feed, outputs):
         for _ in range(2):

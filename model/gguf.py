@@ -15,11 +15,11 @@ of float32 instead of parsing and de-quantising again.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 from dataclasses import asdict
-import functools
 from pathlib import Path
 
 import numpy as np
@@ -105,7 +105,7 @@ def read_weights(reader, cfg: TransformerConfig, progress=None) -> dict[str, np.
             sd[f"blocks.{layer}.{BLOCK_NAMES[rest]}"] = w
         elif t.name in TOP_NAMES:
             sd[TOP_NAMES[t.name]] = w
-        elif t.name != "rope_freqs.weight":
+        else:   # e.g. rope_freqs (Llama 3's scaled RoPE): not supported, and never silently dropped
             raise ValueError(f"unexpected tensor {t.name} in a Llama GGUF file")
         if progress:
             progress(1)
@@ -131,11 +131,15 @@ def _cached(cache, path: Path, suffix: str) -> Path | None:
     return None if cache is None else Path(cache) / f"{path.stem}-{cache_key(path)}{suffix}"
 
 
-def _write_atomically(target: Path, write) -> None:
+def _write_atomically(target: Path, write, stale: str | None = None) -> None:
+    """write(tmp), then rename to target; then delete the files matching the glob `stale` (older keys)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
     write(tmp)
     os.replace(tmp, target)
+    for old in target.parent.glob(stale) if stale else ():
+        if old != target and ".tmp" not in old.name:
+            old.unlink(missing_ok=True)
 
 
 def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) -> Transformer:
@@ -162,7 +166,8 @@ def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) ->
                   leave=False) as bar:
             sd = read_weights(reader, cfg, progress=bar.update)
         if cached is not None:
-            _write_atomically(cached, lambda tmp: save_file(sd, tmp, metadata={"config": json.dumps(asdict(cfg))}))
+            _write_atomically(cached, lambda tmp: save_file(sd, tmp, metadata={"config": json.dumps(asdict(cfg))}),
+                              stale=f"{path.stem}-*.safetensors")   # 0.5 GB each: keep only the current one
     return load_state_dict(Transformer(cfg, seed=None), sd)
 
 
@@ -170,10 +175,11 @@ def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) ->
 def _pre_tokenizer(pre: str | None):
     """How text is split before BPE, by the file's tokenizer.ggml.pre (llama.cpp's names).
 
-    smollm: every digit alone, then GPT-2's regex (llama.cpp's LLAMA_VOCAB_PRE_TYPE_SMOLLM, and the
-    Digits + ByteLevel pre-tokenizer of SmolLM2's own tokenizer.json). transformers' GGUF loader has no
-    entry for "smollm" and falls back to GPT-2's regex alone; the two differ only where a numeral
-    outside 0-9 (², ½, ٣) follows a space or another such numeral, and there this follows the file.
+    smollm: every numeral alone, then GPT-2's regex (llama.cpp's LLAMA_VOCAB_PRE_TYPE_SMOLLM, and the
+    Digits + ByteLevel pre-tokenizer of SmolLM2's own tokenizer.json: its vocabulary has no multi-digit
+    token). transformers' GGUF loader has no entry for "smollm" and uses GPT-2's regex alone; the two
+    differ only at numerals outside 0-9 (², ½, ٣) and where two or more whitespace characters precede
+    a numeral ("x  12": "ĠĠ" "1" "2" here, "Ġ" "Ġ" "1" "2" there). This follows the file.
     """
     from tokenizers import pre_tokenizers
 
@@ -187,7 +193,8 @@ def _pre_tokenizer(pre: str | None):
 
 def build_tokenizer(tokens: list[str], merges: list[str], token_types: list[int], pre: str | None):
     """A `tokenizers` byte-level BPE from a GGUF vocabulary: tokens in id order, "a b" merges best first,
-    and the control tokens (type 3, like <|im_start|>) as special tokens matched whole in the text.
+    the control tokens (type 3, like <|im_start|>) as special tokens and the user-defined ones (type 4)
+    as added tokens, both matched whole in the text, as transformers' GGUF loader adds them.
     No BOS or EOS is added: the runtime tokenises exactly what the user typed."""
     from tokenizers import AddedToken, Tokenizer, decoders, models
 
@@ -197,8 +204,10 @@ def build_tokenizer(tokens: list[str], merges: list[str], token_types: list[int]
     tok = Tokenizer(models.BPE(vocab, [tuple(m.split(" ", 1)) for m in merges], fuse_unk=False, byte_fallback=False))
     tok.pre_tokenizer = _pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, normalized=False, special=True)
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True)                 # 3: control
                             for t, kind in zip(tokens, token_types) if kind == 3 and set(t) <= byte_of])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False)                          # 4: user-defined
+                    for t, kind in zip(tokens, token_types) if kind == 4 and t in vocab])
     return tok
 
 
@@ -223,5 +232,5 @@ def gguf_tokenizer(path, cache: str | Path | None = None):
     if _field(reader, "tokenizer.ggml.add_bos_token"):
         raise ValueError("this GGUF file asks for a BOS token before every text; that is not supported yet")
     if cached is not None:
-        _write_atomically(cached, lambda tmp: tok.save(str(tmp)))
+        _write_atomically(cached, lambda tmp: tok.save(str(tmp)), stale=f"{path.stem}-*.tokenizer.json")
     return tok

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -300,6 +301,10 @@ class Runtime:
         if not path.is_file():
             log.info("exporting %s to %s", self.spec.id, path)
             _export.export(self.model, path, stages=stages, desc=self.spec.id)
+            stale = re.compile(re.escape(path.name[:-len("0123456789abcdef.onnx")]) + r"[0-9a-f]{16}\.onnx")
+            for old in path.parent.iterdir():   # graphs of older weights or exporters (SmolLM2's: 0.5 GB each)
+                if old != path and stale.fullmatch(old.name):
+                    old.unlink(missing_ok=True)
         return path
 
     def session(self, stages: bool = False):

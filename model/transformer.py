@@ -4,6 +4,7 @@ One `Transformer` class covers all three; `TransformerConfig` says which. The at
 *input* (additive, [B, 1|H, T, T]), built by the caller from padding, causality and user masks, so
 the same forward pass (and the same exported ONNX graph) serves every masking choice. So is the
 head mask (which heads' outputs to keep, and what replaces the others), for ablations.
+export.build_graph writes every step below as ONNX nodes, in the same order, naming the code it mirrors.
 """
 from __future__ import annotations
 
@@ -242,6 +243,7 @@ class Transformer:
         VOCAB_CHUNK vocabulary rows at a time and the target logit is one dot product, so no [T, V]
         array is ever held (at 4096 tokens and SmolLM2's 49152 words that would be 805 MB).
         The first token has no context: its entry is 0. Log-probs are clipped at 0 (rounding noise).
+        Mirrored node for node by export._lm_outputs.
         """
         W = self.unembedding                                              # [V, D]
         B, T, _ = hidden.shape
@@ -264,6 +266,8 @@ def _normal(rng: np.random.Generator | None, shape, std: float = 0.02) -> np.nda
 
 
 def _logsumexp(x: np.ndarray) -> np.ndarray:
-    """log(sum(exp(x))) over the last axis, the max subtracted first so exp never overflows."""
+    """log(sum(exp(x))) over the last axis, the max subtracted first so exp never overflows.
+    Works in place: x is scratch (a [B, T, VOCAB_CHUNK] chunk of logits is never copied)."""
     m = x.max(axis=-1, keepdims=True)
-    return (np.log(np.exp(x - m).sum(axis=-1, keepdims=True)) + m)[..., 0]
+    x -= m
+    return np.log(np.exp(x, out=x).sum(axis=-1)) + m[..., 0]
