@@ -1,6 +1,7 @@
 """The models attnscope offers. Adding a model is adding a ModelSpec to ZOO; routes and pages follow."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -63,6 +64,15 @@ def bert_tokenizer(folder: Path | None = None) -> Tokenizer:
     return tok
 
 
+def minilm_trained_tokens(folder: Path | None = None, default: int = 256) -> int:
+    """The length all-MiniLM-L6-v2 was trained on: max_seq_length in its sentence_bert_config.json (256; its
+    positions go to 512, but past 256 they were never trained and heads break)."""
+    try:
+        return int(json.loads((minilm_dir(folder) / "sentence_bert_config.json").read_text())["max_seq_length"])
+    except (ModelUnavailable, OSError, KeyError, TypeError, ValueError):
+        return default
+
+
 def _tiny_gpt(folder: Path | None = None) -> Transformer:
     from .teaching import wired_gpt
     return wired_gpt()
@@ -85,8 +95,9 @@ class ModelSpec:
     kind: Literal["encoder", "decoder"]
     build: Callable[[Path | None], Transformer]   # folder (None: the default source) -> the NumPy model
     tokenizer: Callable[[Path | None], Tokenizer]
-    max_tokens: int = 512
+    max_tokens: int = 512       # the limit in force: longer inputs are truncated (and flagged)
     pair: bool = False          # accepts a sentence pair (segment embeddings)
+    trained_tokens: int | None = None  # the length it was trained on, if known: answers past it carry a warning
     folder: Path | None = None  # where the files come from, when not the default source
 
     def load_model(self) -> Transformer:
@@ -99,7 +110,8 @@ class ModelSpec:
 ZOO: dict[str, ModelSpec] = {s.id: s for s in [
     ModelSpec("minilm", "all-MiniLM-L6-v2",
               "sentence-transformers/all-MiniLM-L6-v2: a 6-layer, 12-head BERT encoder (post-norm, d_model 384), "
-              "pretrained; the real model.", "encoder", _minilm, bert_tokenizer, pair=True),
+              "pretrained; the real model.", "encoder", _minilm, bert_tokenizer, pair=True,
+              max_tokens=minilm_trained_tokens(), trained_tokens=minilm_trained_tokens()),
     ModelSpec("tiny-gpt", "Tiny GPT (teaching)",
               "A 4-layer, 4-head GPT-2 style decoder (pre-norm, causal, d_model 64) for teaching, with MiniLM's "
               "tokenizer. Its first heads are wired by hand to show textbook patterns: layer 0 previous-token, "
