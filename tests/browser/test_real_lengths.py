@@ -3,6 +3,7 @@
 apart, the summary's ranking, and the warning past the length a model was trained on."""
 from __future__ import annotations
 
+import json
 import struct
 import zlib
 from urllib.parse import urlencode
@@ -131,6 +132,10 @@ def test_head_view_at_250_tokens(page: Page, console_errors, api, big_viewport):
     top = max(max(r) for r in att)
     assert plot_js(page, "gd.data[gd.data.length - 1].zmax") == pytest.approx(top, abs=1e-6)
     expect(page.locator("#view-head [data-part=legend]")).to_contain_text(f"scaled to its maximum {top:.3f}")
+    with page.expect_download() as d:                          # exports follow the page's choice
+        page.locator("#export-json").click()
+    scale = json.loads(open(d.value.path(), encoding="utf-8").read())["colour_scale"]
+    assert scale["mode"] == "per head" and scale["zmax"] == pytest.approx(top, abs=1e-6)
     assert console_errors == []
 
 
