@@ -147,7 +147,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   const plot = part(wrap, "plot", "div", { class: "plot head-plot", role: "figure" });
   const tip = part(wrap, "tip", "div", { class: "tip", role: "tooltip", hidden: true });
   const side = part(layout, "side", "div", { class: "side" });
-  const readout = part(side, "readout", "p", { class: "readout", "aria-live": "polite" });
+  const readout = part(side, "readout", "p", { class: "readout" });
   const panel = part(side, "pinned", "div", { class: "pinned" });
   plot.setAttribute("aria-label", `Heatmap of layer ${st.layer}, head ${st.head}: ${nr} query rows by ${nc} key columns. ` +
     "Pin a token with the token chips to read its weights.");
