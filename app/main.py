@@ -12,7 +12,7 @@ from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddle
 from fastapi.staticfiles import StaticFiles
 
 from .. import __version__
-from . import errors, pages, routes
+from . import errors, pages, routes, schemas
 from .middleware import SECURITY_HEADERS, BodyLimit, SecurityHeaders, StartupFailure
 from .service import AttentionService
 from .settings import Settings, get_settings, setup_logging
@@ -53,6 +53,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="attnscope", version=__version__, description=DESCRIPTION, lifespan=lifespan,
                   docs_url=None, redoc_url=None)  # /docs is ours: same Swagger UI, without the CDN (app/pages.py)
     app.state.service = AttentionService(settings)
+    generic_openapi = app.openapi
+
+    def openapi() -> dict:  # built on first use, after the models loaded: indices bounded by the served models
+        if app.openapi_schema is None:
+            app.openapi_schema = schemas.bounded_by_models(generic_openapi(), app.state.service.models())
+        return app.openapi_schema
+
+    app.openapi = openapi
     errors.install(app, SECURITY_HEADERS)
     app.include_router(routes.router)
     app.include_router(pages.router)

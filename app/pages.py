@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 from fastapi.templating import Jinja2Templates
 
-from ..model.stats import STAT_INFO
+from ..model.stats import PAIR_STATS, STAT_INFO
 from .deps import get_service
 from .schemas import EXAMPLE_TEXT
 
@@ -30,7 +30,8 @@ def index(request: Request):
     boot = {"models": [m.model_dump() for m in models], "default_model": svc.settings.default_model,
             "example_text": EXAMPLE_TEXT, "max_chars": svc.settings.max_chars,
             "views": [{"id": v, "label": label} for v, label in VIEWS],
-            "stats": [{"id": k, "label": label, "help": text} for k, (label, text) in STAT_INFO.items()]}
+            "stats": [{"id": k, "label": label, "help": text, "pair_only": k in PAIR_STATS}
+                      for k, (label, text) in STAT_INFO.items()]}
     return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS,
                                                               "stats": STAT_INFO, "settings": svc.settings})
 

@@ -14,12 +14,22 @@ from ..model import stats
 from ..model.runtime import AttentionResult
 
 
-def tokens(r: AttentionResult) -> dict:
-    """The fields every answer shares: what ran, and the tokens it ran on."""
+def warnings(spec, r: AttentionResult) -> list[str]:
+    """What to know before trusting the numbers: positions past the length the model was trained on."""
+    T, trained = len(r.tokens), spec.trained_tokens
+    if trained is not None and T > trained:
+        return [f"{T} tokens is more than the {trained} {spec.title} was trained on: positions {trained} to {T - 1} "
+                f"are untrained, and its attention there can be an artefact of position rather than a finding"]
+    return []
+
+
+def tokens(plan, r: AttentionResult) -> dict:
+    """The fields every answer shares: what ran, the tokens it ran on, and any warnings."""
     e = r.encoding
     return {"model": r.model, "engine": r.engine, "provider": r.provider, "causal": r.causal,
             "truncated": e.truncated, "tokens": e.tokens, "token_ids": e.ids, "offsets": [list(o) for o in e.offsets],
-            "special": e.special, "segments": e.segments, "mask_tokens": r.mask_tokens}
+            "special": e.special, "segments": e.segments, "mask_tokens": r.mask_tokens,
+            "warnings": warnings(plan.runtime.spec, r)}
 
 
 def attention(plan, computed) -> dict:
@@ -30,7 +40,7 @@ def attention(plan, computed) -> dict:
     L, H, T = r.attentions.shape[:3]
     everything = layers == list(range(L)) and heads == list(range(H))
     probs = r.attentions if everything else r.attentions[np.ix_(layers, heads)]   # [l, h, T, T]; no copy for all
-    out = tokens(r) | {"layers": layers, "heads": heads}
+    out = tokens(plan, r) | {"layers": layers, "heads": heads}
     if "attention" in req.include:
         if req.resolution and T > req.resolution:
             out["attention"] = stats.downsample(probs, req.resolution).astype(np.float32)
@@ -42,7 +52,7 @@ def attention(plan, computed) -> dict:
     if rows is not None:
         out |= rows
     if "summary" in req.include:
-        out["summary"] = stats.head_stats(probs, rows["entropy"] if rows else None)
+        out["summary"] = stats.head_stats(probs, rows["entropy"] if rows else None, r.encoding.segments)
     if "rollout" in req.include:
         out["rollout"] = stats.rollout(r.attentions).astype(np.float32)
     if "predictions" in req.include and r.next_tokens is not None:
@@ -103,7 +113,7 @@ def stages(plan, computed) -> dict:
     l, h = req.layer, req.head
     n = req.limit or len(r.tokens)
     st = {name: v[l, h, :n, :] if name in ("q", "k") else v[l, h, :n, :n] for name, v in r.stages.items()}
-    return tokens(r) | {"layer": l, "head": h, "d_head": cfg.d_head,
+    return tokens(plan, r) | {"layer": l, "head": h, "d_head": cfg.d_head,
                         "scale": float(1.0 / (np.sqrt(cfg.d_head) * cfg.temperature)),
                         **st, "mask": r.mask[:n, :n], "probs": r.attentions[l, h, :n, :n]}
 
@@ -118,8 +128,10 @@ def rounded(payload: dict, precision: int | None) -> dict:
             return np.round(v, precision)
         if isinstance(v, dict):
             return {k: rnd(x) for k, x in v.items()}
-        if isinstance(v, float):
-            return round(v, precision)
+        if isinstance(v, list):
+            return [rnd(x) for x in v]
+        if isinstance(v, (float, np.floating)):
+            return round(float(v), precision)
         return v
 
     return {k: rnd(v) for k, v in payload.items()}

@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from ..model.stats import HEAD_STATS, SCORE_INFO
+from ..model.stats import HEAD_STATS, PAIR_STATS, SCORE_INFO
 from ..model.teaching import ROLE_TARGETS
 
 
@@ -41,7 +41,7 @@ def _bounded(ge: int, le: int):
 
 JsonBool = Annotated[bool, BeforeValidator(_json_bool)]
 Text = Annotated[str, AfterValidator(_unicode)]
-Index = _bounded(0, 4095)
+Index = _bounded(0, 4095)   # the OpenAPI narrows it to the served models (`bounded_by_models`)
 Matrix = list[list[float]]
 
 EXAMPLE_TEXT = "The animal didn't cross the street because it was too tired."
@@ -66,7 +66,11 @@ class ModelInfo(BaseModel):
     heads: int = Field(description="attention heads per block")
     d_model: int = Field(description="width of the residual stream")
     d_head: int = Field(description="width of each head's queries and keys: d_model / heads")
-    max_tokens: int = Field(description="longer inputs are truncated to this many tokens (and flagged)")
+    max_tokens: int = Field(description="longer inputs are truncated to this many tokens (and flagged `truncated`); "
+                            "by default the length the model was trained on (ATTNSCOPE_MAX_TOKENS may raise it)")
+    trained_tokens: int | None = Field(None, description="the length the model was trained on, when known: answers "
+                                       "past it carry a `warnings` entry (positions beyond it are untrained)")
+    max_positions: int = Field(description="the model's position limit: the most ATTNSCOPE_MAX_TOKENS may allow")
     pair: bool = Field(description="accepts `text_pair` (sentence pairs with segment embeddings)")
     provider: str = Field(description="onnxruntime execution provider in use", examples=["CPUExecutionProvider"])
     kv_heads: int = Field(description="key/value heads: query head h reads key/value group h // (heads / kv_heads) "
@@ -80,16 +84,19 @@ class ModelInfo(BaseModel):
 class RunOptions(Strict):
     """What to run: shared by /api/attention and /api/stages."""
     model: Text = Field("minilm", description="a model id from GET /api/models", examples=["minilm"])
-    text: Text = Field(description="the text to analyse (the first sentence of a pair)", examples=[EXAMPLE_TEXT])
-    text_pair: Text | None = Field(None, description="optional second sentence (encoder models only)")
+    text: Text = Field(description="the text to analyse (the first sentence of a pair); at least one non-blank "
+                       "character", examples=[EXAMPLE_TEXT], json_schema_extra={"pattern": r"\S"})
+    text_pair: Text | None = Field(None, description="optional second sentence (models with `pair` only); at least "
+                                   "one non-blank character", json_schema_extra={"pattern": r"\S"})
     causal: JsonBool | None = Field(None, description="apply the look-ahead mask: each query sees only earlier keys. "
                                     "Default: the model's own (true for decoders, false for encoders)")
     mask_tokens: list[Index] = Field(default_factory=list, description="token indices to hide as keys from every "
-                                     "other query before re-running the model (each token still sees itself)")
+                                     "other query before re-running the model (each token still sees itself); "
+                                     "each must be below the text's token count")
     engine: Literal["onnx", "numpy"] = Field("onnx", description="onnx: the served graph; numpy: the reference")
     precision: _bounded(1, 8) | None = Field(
-        None, description="round every number of the answer to this many decimals (smaller JSON); full float32 "
-        "when omitted")
+        None, description="round every computed number of the answer (matrices, entropies, summaries, stages) to "
+        "this many decimals (smaller JSON); full float32 when omitted. `timing_ms` keeps its 3 decimals")
     dtype: Literal["float32", "float16"] = Field("float32", description="tensor dtype of the binary form")
     ablate: list[Annotated[list[Index], Field(min_length=2, max_length=2)]] = Field(
         default_factory=list, max_length=4096, examples=[[[3, 1], [5, 0]]],
@@ -101,9 +108,10 @@ class RunOptions(Strict):
 
 
 class AttentionRequest(RunOptions):
-    layers: list[Index] | None = Field(None, description="layers to return (0-based); all when omitted",
-                                       examples=[[0, 5]])
-    heads: list[Index] | None = Field(None, description="heads to return (0-based); all when omitted")
+    layers: list[Index] | None = Field(None, description="layers to return (0-based); all when omitted. Each must "
+                                       "be below the chosen model's `layers` (GET /api/models)", examples=[[0, 5]])
+    heads: list[Index] | None = Field(None, description="heads to return (0-based); all when omitted. Each must be "
+                                      "below the chosen model's `heads` (GET /api/models)")
     include: list[Literal["attention", "entropy", "summary", "rollout", "predictions", "scores", "effect"]] = Field(
         default=["attention", "entropy", "summary"],
         description="parts of the answer to compute: leave out `attention` for summaries without matrices; "
@@ -111,15 +119,17 @@ class AttentionRequest(RunOptions):
         "head-finding scores; `effect`: what `ablate` changed (ignored without `ablate`)")
     resolution: _bounded(1, 512) | None = Field(
         None, description="block-average each matrix to at most resolution x resolution (overview thumbnails); "
-        "`blocks` then gives each cell's token range")
+        "`blocks` then gives each cell's token range. A cell is the mean weight of its block, so a row of cells sums "
+        "to about 1/(key block width), not 1: multiply each cell by its key block's width for the share of the "
+        "query block's attention on those keys (rows of that sum to 1)")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"model": "minilm", "text": EXAMPLE_TEXT, "layers": [4], "heads": [3]}]})
 
 
 class StagesRequest(RunOptions):
-    layer: Index = Field(description="0-based layer")
-    head: Index = Field(description="0-based head")
+    layer: Index = Field(description="0-based layer, below the chosen model's `layers` (GET /api/models)")
+    head: Index = Field(description="0-based head, below the chosen model's `heads` (GET /api/models)")
     limit: _bounded(1, 512) | None = Field(
         None, description="return the matrices for the first `limit` tokens only (queries and keys), e.g. to show "
         "the numbers of a long text's opening; `probs` rows are then partial. All tokens when omitted")
@@ -136,9 +146,17 @@ class Tokens(BaseModel):
     truncated: bool = Field(description="the input was longer than max_tokens and was cut")
     tokens: list[str] = Field(description="the model's tokens, [CLS]/[SEP] included")
     token_ids: list[int] = Field(description="the tokenizer's id of each token (exact, for any downstream use)")
-    offsets: list[list[int]] = Field(description="[start, end) character span of each token in its own text")
-    special: list[bool] = Field(description="true for [CLS], [SEP] and other special tokens")
-    segments: list[int] = Field(description="0: text, 1: text_pair, -1: special token")
+    offsets: list[list[int]] = Field(description=(
+        "[start, end) span of each token in its own text (`text` for segment 0, `text_pair` for 1; [0, 0] for an "
+        "added special token), counted in Unicode code points as Python's str indexes. JavaScript strings index "
+        "UTF-16 units, which differ after any character above U+FFFF (an emoji counts 2): use "
+        "`Array.from(text).slice(start, end).join('')`, not `text.slice(start, end)`"))
+    special: list[bool] = Field(description="true for [CLS], [SEP] and other special tokens, whether the tokenizer "
+                                "added them or they were typed into the text (a typed \"[SEP]\" is id 102 too); "
+                                "false for an [UNK] that stands for real text")
+    segments: list[int] = Field(description="0: text, 1: text_pair, -1: a special token the tokenizer added")
+    warnings: list[str] = Field(default_factory=list, description="things to know before trusting the numbers, e.g. "
+                                "the input is longer than the length the model was trained on")
     mask_tokens: list[int] = Field(description="token indices hidden as keys (as asked, sorted)")
     timing_ms: dict[str, float] = Field(description="model: forward pass; total: request handling")
 
@@ -147,15 +165,18 @@ class AttentionResponse(Tokens):
     layers: list[int] = Field(description="the layers in `attention`, in order")
     heads: list[int] = Field(description="the heads in `attention`, in order")
     attention: list[list[Matrix]] | None = Field(
-        None, description="[layer][head][query][key] probabilities; rows sum to 1 (block means if `resolution`)")
+        None, description="[layer][head][query][key] probabilities; rows sum to 1. With `resolution`: block means, "
+        "whose rows sum to about 1/(key block width) (see `resolution`)")
     blocks: list[list[int]] | None = Field(
         None, description="with `resolution`: [start, end) token range of each row/column block")
     entropy: list[list[list[float]]] | None = Field(None, description="[layer][head][query] in nats, -sum p log p")
     normalized_entropy: list[list[list[float]]] | None = Field(
-        None, description="[layer][head][query] entropy / log(visible keys): 0 focused, 1 uniform")
+        None, description="[layer][head][query] entropy / log(visible keys), within [0, 1]: 0 focused, 1 uniform "
+        "(0 when one key is visible)")
     max_weight: list[list[list[float]]] | None = Field(None, description="[layer][head][query] largest weight")
     summary: dict[str, list[list[float]]] | None = Field(
-        None, description=f"per-head statistics [layer][head]: {', '.join(HEAD_STATS)}")
+        None, description=f"per-head statistics [layer][head]: {', '.join(HEAD_STATS)}; for a sentence pair also "
+        f"{', '.join(PAIR_STATS)}")
     rollout: Matrix | None = Field(None, description="attention rollout over all layers [query][key]")
     next_tokens: list[NextToken] | None = Field(None, description="with `predictions`: the 10 most probable "
                                                 "tokens after the last one")
@@ -237,3 +258,31 @@ class Health(BaseModel):
 class Error(BaseModel):
     detail: str = Field(description="what went wrong and what to change")
     errors: list[dict] | None = Field(None, description="per-field validation errors, when there are several")
+
+
+def bounded_by_models(openapi: dict, models: list[ModelInfo]) -> dict:
+    """The OpenAPI with every layer, head and token index bounded by the largest served model, so that the schema
+    says what the server takes. Each request is still checked against its own model (a layer tiny-gpt lacks gets a
+    422 that names the model's range); with no models loaded the schema keeps its generic bound."""
+    if not models:
+        return openapi
+    top = {"layers": max(m.layers for m in models) - 1, "heads": max(m.heads for m in models) - 1,
+           "mask_tokens": max(m.max_tokens for m in models) - 1}
+    top |= {"layer": top["layers"], "head": top["heads"]}
+    note = {"layers": "layers", "heads": "heads", "layer": "layers", "head": "heads", "mask_tokens": "max_tokens"}
+
+    def narrow(node: dict, bound: int) -> None:
+        if "maximum" in node:
+            node["maximum"] = bound
+        for child in [node.get("items"), *node.get("anyOf", [])]:
+            if isinstance(child, dict):
+                narrow(child, bound)
+
+    for name in ("AttentionRequest", "StagesRequest"):
+        props = openapi.get("components", {}).get("schemas", {}).get(name, {}).get("properties", {})
+        for field, bound in top.items():
+            if field in props:
+                narrow(props[field], bound)
+                props[field]["description"] += (f". Here at most {bound}: the largest `{note[field]}` among the "
+                                                 "served models, each of which checks its own")
+    return openapi

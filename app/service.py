@@ -137,8 +137,13 @@ class AttentionService:
         st = self.settings
         for model_id in st.models:
             try:
-                rt = Runtime(zoo.get(model_id, st.model_dirs().get(model_id)), providers=st.providers or None,
-                             threads=st.threads, cache_dir=st.cache)
+                spec = zoo.get(model_id, st.model_dirs().get(model_id))
+                if model_id in st.max_tokens:  # ATTNSCOPE_MAX_TOKENS: up to the model's positions
+                    spec = replace(spec, max_tokens=st.max_tokens[model_id])
+                rt = Runtime(spec, providers=st.providers or None, threads=st.threads, cache_dir=st.cache)
+                if not 2 <= spec.max_tokens <= rt.cfg.max_positions:
+                    raise StartupError(f"ATTNSCOPE_MAX_TOKENS: {model_id}={spec.max_tokens}, but it takes 2 to "
+                                       f"{rt.cfg.max_positions} tokens (its positions); fix: set a limit in that range")
                 rt.session(stages=False)
             except zoo.ModelUnavailable as e:
                 raise StartupError(f"model {model_id!r}: {e}") from None
@@ -164,6 +169,7 @@ class AttentionService:
         return [ModelInfo(id=i, title=rt.spec.title, description=rt.spec.description, kind=rt.spec.kind,
                           layers=rt.cfg.n_layers, heads=rt.cfg.n_heads, d_model=rt.cfg.d_model,
                           d_head=rt.cfg.d_head, max_tokens=rt.spec.max_tokens, pair=rt.spec.pair,
+                          trained_tokens=rt.spec.trained_tokens, max_positions=rt.cfg.max_positions,
                           provider=rt.provider, kv_heads=rt.cfg.n_kv_heads, predictions=rt.cfg.lm_head,
                           head_roles=list(rt.spec.head_roles), explanation=rt.spec.explanation)
                 for i, rt in self.runtimes.items()]

@@ -22,6 +22,17 @@ def _csv(value):
 CSV = Annotated[list[str], NoDecode, BeforeValidator(_csv)]  # "a,b" in the environment -> ["a", "b"]
 
 
+def _limits(value):
+    if not isinstance(value, str):
+        return value
+    if any("=" not in v for v in _csv(value)):
+        raise ValueError(f"write model=tokens pairs, comma-separated (e.g. minilm=512); got {value!r}")
+    return dict(v.split("=", 1) for v in _csv(value))
+
+
+Limits = Annotated[dict[str, int], NoDecode, BeforeValidator(_limits)]  # "minilm=512" -> {"minilm": 512}
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSCOPE_")
 
@@ -37,6 +48,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = 1_000_000      # request body, 413 beyond
     max_chars: int = 20_000              # characters of text (+ text_pair), 413 beyond
     max_mask_tokens: int = 512           # entries in mask_tokens
+    max_tokens: Limits = Field(default={}, description="per-model token limit, e.g. minilm=512, up to the model's "
+                               "positions; default: the length it was trained on (answers past that carry a warning)")
     max_json_cells: int = 8_000_000      # attention cells (layers x heads x T x T) in one JSON answer, 422 beyond
     max_binary_cells: int = 40_000_000   # the same for the binary form
     max_inflight: int = 2                # model runs at once (2 cores)

@@ -20,7 +20,7 @@ import orjson  # noqa: E402
 
 from attnscope.app.client import Client  # noqa: E402
 from attnscope.app.wire import BINARY, from_binary  # noqa: E402
-from bench.common import median_ms, runtime, server, text_of_tokens  # noqa: E402
+from bench.common import WIDEST_ENV, median_ms, runtime, server, text_of_tokens  # noqa: E402
 
 
 # What each page view asks for (static/js): the head view one matrix, the model view thumbnails, ...
@@ -49,7 +49,7 @@ def main() -> None:
              (512, "1 layer", {"layers": [3]}, True), (512, "all 6 layers", {}, True),
              (512, "all 6, matrices only", {"include": ["attention"]}, True),
              (512, "all 6 layers f16", {"dtype": "float16"}, True)]
-    with server({"ATTNSCOPE_CACHE_MB": "0", "ATTNSCOPE_MODELS": "minilm"}) as (url, _), \
+    with server({"ATTNSCOPE_CACHE_MB": "0", "ATTNSCOPE_MODELS": "minilm", **WIDEST_ENV}) as (url, _), \
             httpx.Client(base_url=url, timeout=120) as http:
         def call(body, binary):
             r = http.post("/api/attention", json=body, headers={"Accept": BINARY} if binary else {})

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from bench.common import runtime, server, text_of_tokens  # noqa: E402
+from bench.common import WIDEST_ENV, runtime, server, text_of_tokens  # noqa: E402
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -48,7 +48,7 @@ def main() -> None:
     rt = runtime("minilm")
     texts = {n: text_of_tokens(rt, n) for n in (128, 512)}
     rows = []
-    with server({"ATTNSCOPE_CACHE_MB": "0", "ATTNSCOPE_MODELS": "minilm"}) as (url, _), sync_playwright() as p:
+    with server({"ATTNSCOPE_CACHE_MB": "0", "ATTNSCOPE_MODELS": "minilm", **WIDEST_ENV}) as (url, _), sync_playwright() as p:
         browser = p.chromium.launch(executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium"),
                                     args=CHROMIUM_ARGS)
         for n, text in texts.items():

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from bench.common import server  # noqa: E402
+from bench.common import WIDEST_ENV, server  # noqa: E402
 
 BINARY = "application/vnd.attnscope.tensors"
 WORDS = ("time year people way day man thing woman life child world school state family student group country "
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
 
     short, long = texts(args.texts, args.seed)
     requests = mix(short, long)
-    with server() as (url, pid), tempfile.TemporaryDirectory() as tmp:
+    with server(WIDEST_ENV) as (url, pid), tempfile.TemporaryDirectory() as tmp:
         settings = httpx.get(url + "/healthz").json()
         script = Path(tmp) / "load.lua"
         script.write_text(lua(requests, args.seed))

@@ -51,7 +51,7 @@ class Encoding:
     type_ids: list[int]
     tokens: list[str]
     offsets: list[tuple[int, int]]   # character span in its own text (the pair's second text for segment 1)
-    special: list[bool]              # [CLS], [SEP] and the like
+    special: list[bool]              # [CLS], [SEP] and the like, added by the tokenizer or typed in the text
     segments: list[int]              # 0 first text, 1 second text, -1 special token
     truncated: bool
 
@@ -137,9 +137,14 @@ class Runtime:
         if pair is not None and not pair.strip():
             raise ValueError("text_pair is blank: leave it out or give at least one non-blank character")
         enc = self.tokenizer.encode(text, pair)
+        # special: added by the tokenizer ([CLS], [SEP]), or typed into the text ("[SEP]" becomes id 102 too);
+        # an [UNK] standing for real text (an emoji) is not special: its span is not the token's own string
+        typed = {i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
+        own = (text, pair or "")
+        special = [bool(m) or (i in typed and own[s or 0][a:b] == tok) for m, i, s, (a, b), tok in
+                   zip(enc.special_tokens_mask, enc.ids, enc.sequence_ids, enc.offsets, enc.tokens)]
         tokens = [readable(t) for t in enc.tokens] if self.byte_level else enc.tokens
-        return Encoding(enc.ids, enc.type_ids, tokens, [tuple(o) for o in enc.offsets],
-                        [bool(s) for s in enc.special_tokens_mask],
+        return Encoding(enc.ids, enc.type_ids, tokens, [tuple(o) for o in enc.offsets], special,
                         [-1 if s is None else s for s in enc.sequence_ids], bool(enc.overflowing))
 
     # ---- masks ------------------------------------------------------------------------------

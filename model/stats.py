@@ -26,10 +26,15 @@ STAT_INFO = {
     "diagonal_mass": ("diagonal mass", "Average weight a token puts on itself."),
     "previous_token_mass": ("previous-token mass", "Average weight a token puts on the token just before it: high "
                             "for ‘previous-token’ heads."),
+    "next_token_mass": ("next-token mass", "Average weight a token puts on the token just after it: high for "
+                        "‘next-token’ heads (an encoder sees both ways; 0 under a causal mask)."),
     "mean_distance": ("mean distance (tokens)", "How far away the attended keys are, on average, in tokens: small = "
                       "local heads, large = long-range heads."),
+    "cross_sentence_mass": ("cross-sentence mass", "Sentence pairs only: average weight a token puts on the other "
+                            "sentence ([CLS] and the first [SEP] count as sentence A, the last [SEP] as B)."),
 }
-HEAD_STATS = tuple(STAT_INFO)
+PAIR_STATS = ("cross_sentence_mass",)                          # computed only when a sentence pair is given
+HEAD_STATS = tuple(k for k in STAT_INFO if k not in PAIR_STATS)  # computed for every input
 
 
 def entropy(p: np.ndarray) -> np.ndarray:
@@ -46,8 +51,9 @@ def visible_keys(mask: np.ndarray) -> np.ndarray:
 
 
 def _normalize(h: np.ndarray, n_visible: np.ndarray) -> np.ndarray:
+    """Clipped to [0, 1]: float32 rounding puts a uniform row's entropy a hair above log(n) (1.00000095)."""
     n = np.asarray(n_visible, np.float64)
-    return np.where(n > 1, h / np.log(np.maximum(n, 2)), 0.0).astype(h.dtype)
+    return np.clip(np.where(n > 1, h / np.log(np.maximum(n, 2)), 0.0), 0.0, 1.0).astype(h.dtype)
 
 
 def normalized_entropy(p: np.ndarray, n_visible: np.ndarray) -> np.ndarray:
@@ -61,23 +67,41 @@ def row_stats(p: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
     return {"entropy": h, "normalized_entropy": _normalize(h, visible_keys(mask)), "max_weight": _float(p).max(axis=-1)}
 
 
-def head_stats(p: np.ndarray, row_entropy: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def sentences(segments) -> np.ndarray:
+    """Sentence (0 = A, 1 = B) of each token from the tokenizer's segments (0, 1, -1 for an added special token):
+    a special token belongs to the sentence before it, [CLS] to A. [T]"""
+    out, current = [], 0
+    for s in segments:
+        current = s if s >= 0 else current
+        out.append(current)
+    return np.asarray(out, np.int64)
+
+
+def head_stats(p: np.ndarray, row_entropy: np.ndarray | None = None, segments=None) -> dict[str, np.ndarray]:
     """Per head [...]: the means over query rows of what each head is known for.
 
     first/last token mass: weight on key 0 ([CLS]) and key T-1 ([SEP] for BERT);
-    diagonal / previous-token mass: weight on key i / i-1 from query i (previous averages over i >= 1);
-    mean distance: sum_j p_ij |i - j|, in tokens. Pass row_entropy if it is already computed.
+    diagonal / previous / next-token mass: weight on key i / i-1 / i+1 from query i (averaged over the queries
+    that have one); mean distance: sum_j p_ij |i - j|, in tokens. Pass row_entropy if it is already computed.
+    With `segments` of a sentence pair, also cross-sentence mass: the weight each query puts on the other
+    sentence's keys (see `sentences`), averaged over all queries.
     """
     p = _float(p)
     T = p.shape[-1]
     idx = np.arange(T)
     diag = p[..., idx, idx]
-    prev = p[..., idx[1:], idx[:-1]].mean(axis=-1) if T > 1 else np.zeros(p.shape[:-2])
+    prev = p[..., idx[1:], idx[:-1]].mean(axis=-1) if T > 1 else np.zeros(p.shape[:-2], p.dtype)
+    nxt = p[..., idx[:-1], idx[1:]].mean(axis=-1) if T > 1 else np.zeros(p.shape[:-2], p.dtype)
     dist = np.einsum("...qk,qk->...q", p, np.abs(idx[:, None] - idx[None, :]).astype(p.dtype))
     h = entropy(p) if row_entropy is None else row_entropy
-    return {"mean_entropy": h.mean(axis=-1), "first_token_mass": p[..., :, 0].mean(axis=-1),
-            "last_token_mass": p[..., :, -1].mean(axis=-1), "diagonal_mass": diag.mean(axis=-1),
-            "previous_token_mass": prev, "mean_distance": dist.mean(axis=-1)}
+    out = {"mean_entropy": h.mean(axis=-1), "first_token_mass": p[..., :, 0].mean(axis=-1),
+           "last_token_mass": p[..., :, -1].mean(axis=-1), "diagonal_mass": diag.mean(axis=-1),
+           "previous_token_mass": prev, "next_token_mass": nxt, "mean_distance": dist.mean(axis=-1)}
+    if segments is not None and 1 in segments:
+        s = sentences(segments)
+        other = (s[:, None] != s[None, :]).astype(p.dtype)                   # [T, T] 1 where key is in the other
+        out["cross_sentence_mass"] = np.einsum("...qk,qk->...q", p, other).mean(axis=-1)
+    return out
 
 
 def rollout(attentions: np.ndarray, residual: float = 0.5) -> np.ndarray:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -77,6 +78,15 @@ def bos_tokenizer(folder: Path | None = None, cache: Path | None = None) -> Toke
     return tok
 
 
+def minilm_trained_tokens(folder: Path | None = None, default: int = 256) -> int:
+    """The length all-MiniLM-L6-v2 was trained on: max_seq_length in its sentence_bert_config.json (256; its
+    positions go to 512, but past 256 they were never trained and heads break)."""
+    try:
+        return int(json.loads((minilm_dir(folder) / "sentence_bert_config.json").read_text())["max_seq_length"])
+    except (ModelUnavailable, OSError, KeyError, TypeError, ValueError):
+        return default
+
+
 def _tiny_gpt(folder: Path | None = None, cache: Path | None = None) -> Transformer:
     from .teaching import tiny_gpt
     return tiny_gpt()
@@ -145,8 +155,9 @@ class ModelSpec:
     kind: Literal["encoder", "decoder"]
     build: Callable[[Path | None, Path | None], Transformer]
     tokenizer: Callable[[Path | None, Path | None], Tokenizer]
-    max_tokens: int = 512
+    max_tokens: int = 512       # the limit in force: longer inputs are truncated (and flagged)
     pair: bool = False          # accepts a sentence pair (segment embeddings)
+    trained_tokens: int | None = None  # the length it was trained on, if known: answers past it carry a warning
     folder: Path | None = None  # where the files come from, when not the default source
     head_roles: tuple[dict, ...] = ()  # wired heads: {"layer", "head", "role"}, role from teaching.ROLES
     explanation: str = ""       # plain-language account of how the model works, for the page
@@ -161,7 +172,8 @@ class ModelSpec:
 ZOO: dict[str, ModelSpec] = {s.id: s for s in [
     ModelSpec("minilm", "all-MiniLM-L6-v2",
               "sentence-transformers/all-MiniLM-L6-v2: a 6-layer, 12-head BERT encoder (post-norm, d_model 384), "
-              "pretrained; the real model.", "encoder", _minilm, bert_tokenizer, pair=True),
+              "pretrained; the real model.", "encoder", _minilm, bert_tokenizer, pair=True,
+              max_tokens=minilm_trained_tokens(), trained_tokens=minilm_trained_tokens()),
     ModelSpec("smollm2", "SmolLM2-135M-Instruct",
               "HuggingFaceTB/SmolLM2-135M-Instruct: a 30-layer Llama-family decoder (pre-norm, RMSNorm, RoPE, SwiGLU, "
               "d_model 576); 9 query heads share 3 key/value heads (grouped-query attention), so heads 0-2, 3-5 and "

@@ -38,7 +38,7 @@ def test_attention_equals_runtime(client, runtimes):
     np.testing.assert_allclose(att, ref.attentions, atol=1e-6, rtol=0)
     assert j["layers"] == list(range(6)) and j["heads"] == list(range(12))
     assert j["provider"] == "CPUExecutionProvider" and j["truncated"] is False
-    assert set(j["summary"]) == set(stats.HEAD_STATS)
+    assert set(j["summary"]) == set(stats.HEAD_STATS) | set(stats.PAIR_STATS)   # a pair: cross-sentence mass too
     np.testing.assert_allclose(j["summary"]["first_token_mass"], ref.attentions[..., 0].mean(-1), atol=1e-6)
 
 
@@ -163,7 +163,8 @@ def test_models_onnx_and_health(client):
     assert [m["id"] for m in models] == ["minilm", "tiny-gpt"]
     assert models[0] | {"description": ""} == {"id": "minilm", "title": "all-MiniLM-L6-v2", "description": "",
                                                  "kind": "encoder", "layers": 6, "heads": 12, "d_model": 384,
-                                                 "d_head": 32, "max_tokens": 512, "pair": True,
+                                                 "d_head": 32, "max_tokens": 256, "trained_tokens": 256,
+                                                 "max_positions": 512, "pair": True,
                                                  "provider": "CPUExecutionProvider", "kv_heads": 12,
                                                  "predictions": False, "head_roles": [], "explanation": ""}
     assert [r["role"] for r in models[1]["head_roles"]][:2] == ["previous-token", "first-token"]

@@ -66,11 +66,22 @@ def test_matches_transformers(minilm, hf_run, name, engine):
     assert_matches_hf(res, hf_run)
 
 
+@pytest.fixture(scope="module")
+def minilm_512(minilm):
+    """MiniLM raised to all 512 of its positions (as ATTNSCOPE_MAX_TOKENS=minilm=512 does); by default it stops at
+    the 256 it was trained on."""
+    from dataclasses import replace
+
+    from attnscope.model.runtime import Runtime
+    return Runtime(replace(minilm.spec, max_tokens=512), cache_dir=minilm.cache_dir)
+
+
 @pytest.mark.parametrize("engine", ENGINES)
-def test_truncated_at_512_matches_transformers(minilm, hf_run, engine):
-    [res] = minilm.run(LONG, engine=engine)
+@pytest.mark.parametrize("limit", [256, 512])
+def test_truncated_at_the_limit_matches_transformers(minilm, minilm_512, hf_run, engine, limit):
+    [res] = (minilm if limit == 256 else minilm_512).run(LONG, engine=engine)
     assert res.encoding.truncated is True
-    assert len(res.tokens) == 512
+    assert len(res.tokens) == limit
     assert res.tokens[0] == "[CLS]" and res.tokens[-1] == "[SEP]"
     assert_matches_hf(res, hf_run)
 

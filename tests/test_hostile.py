@@ -108,7 +108,8 @@ def check_answer(r, where: str) -> None:
 
 @pytest.fixture(scope="module")
 def client():
-    with TestClient(create_app(Settings())) as c:
+    """MiniLM up to its 512 positions (by default it stops at the 256 it was trained on): the limits at their widest."""
+    with TestClient(create_app(Settings(max_tokens={"minilm": 512}))) as c:
         yield c
 
 

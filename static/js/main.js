@@ -7,14 +7,15 @@
 //   render(container, {meta, results}, st, ctx) -> exports
 //                          a pure function of (data, state) drawing into its container; ctx gives
 //                          info (the model), boot, go/href (state changes and links), font, large, plot();
+//                          colours come from scale.js (the fixed 0–1 rule, st.scale), masks from matrix.js;
 //                          exports = {name, plot | svg | canvas, csv(), json()} for the export buttons.
 import * as api from "./api.js";
 import { renderChips } from "./chips.js";
 import { h, replace } from "./dom.js";
 import { canvasToPng, download, downloadCSV, downloadJSON, svgBlob, svgToPng } from "./export.js";
-import { runOptions } from "./matrix.js";
+import { ownMask, PAIR_FILTERS, runOptions } from "./matrix.js";
 import { plot } from "./plot.js";
-import { fmtBytes, fmtMs, SCALE_NAME } from "./scale.js";
+import { fmtBytes, fmtMs, SCALE_MODES, SCALE_NAME } from "./scale.js";
 import * as state from "./state.js";
 import * as head from "./views/head.js";
 import * as lines from "./views/lines.js";
@@ -57,8 +58,15 @@ function options(select, n, label) {
 function syncControls(st, info) {
   $("model").value = st.model;
   $("model-desc").textContent = info.description;
-  if (document.activeElement !== $("text")) $("text").value = st.text;
-  if (document.activeElement !== $("text-pair")) $("text-pair").value = st.text_pair;
+  if (!draft.edited) {                       // an edited text is never overwritten: it stays, marked pending
+    $("text").value = st.text;
+    $("text-pair").value = st.text_pair;
+  }
+  showDraft();
+  $("text-hint").textContent = `Press Run (or Ctrl+Enter in either box). Texts are cut at ${info.max_tokens} tokens` +
+    (info.trained_tokens && info.max_tokens > info.trained_tokens
+      ? ` (it was trained on ${info.trained_tokens}: longer answers carry a warning).`
+      : info.trained_tokens ? ", the length it was trained on." : ".");
   $("pair-field").hidden = !info.pair;
   options($("layer"), info.layers, "layer");
   options($("head"), info.heads, "head");
@@ -73,6 +81,11 @@ function syncControls(st, info) {
   for (const r of document.querySelectorAll("input[name=click]")) r.checked = r.value === st.click;
   $("stat").value = st.stat;
   $("stat-field").hidden = st.view !== "summary";
+  const pair = info.pair && Boolean(st.text_pair.trim());
+  for (const o of $("stat").options) o.disabled = PAIR_STATS.has(o.value) && !pair;
+  $("scale").value = st.scale;
+  $("pairs").value = st.pairs;
+  $("pairs-field").hidden = !pair || !["head", "lines"].includes(st.view);
   $("clear-mask").hidden = st.mask_tokens.length === 0;
   $("large-toggle").setAttribute("aria-pressed", String(st.large));
   document.documentElement.classList.toggle("large", st.large);
@@ -107,12 +120,57 @@ function clearError() {
   $("error").textContent = "";
 }
 
+/** The what-if banner: shown whenever the run's mask is not the model's own. */
+function showWhatIf(meta, info) {
+  const parts = [];
+  if (meta.causal !== (info.kind === "decoder")) {
+    parts.push(info.kind === "decoder"
+      ? `${info.title} is a causal model; here its mask is switched off, so every token also sees the tokens after it.`
+      : `${info.title} was trained without a causal mask; here it is applied in every layer, so each token sees only itself and the tokens before it.`);
+  }
+  const m = meta.mask_tokens;
+  if (m.length) parts.push(`Token${m.length > 1 ? "s" : ""} ${m.join(", ")} ${m.length > 1 ? "are" : "is"} hidden as keys from every other query, and the model re-ran without ${m.length > 1 ? "them" : "it"}.`);
+  const box = $("whatif");
+  box.hidden = ownMask(meta, info);
+  box.textContent = box.hidden ? "" : `What-if: ${parts.join(" ")} Every view shows this run, not the model's own weights; white cells are masked (weight exactly 0).`;
+}
+
+function showWarnings(meta) {
+  const box = $("warnings");
+  replace(box, (meta.warnings || []).map((w) => h("p", { text: `Warning: ${w}` })));
+  box.hidden = !(meta.warnings || []).length;
+}
+
 function tokenInfo(meta, st) {
   const parts = [`${meta.tokens.length} tokens`];
   if (meta.truncated) parts.push(`input truncated to the model's ${MODELS[st.model].max_tokens}-token limit`);
   if (meta.mask_tokens.length) parts.push(`${meta.mask_tokens.length} masked as keys (${meta.mask_tokens.join(", ")})`);
   if (st.pin !== null && st.pin < meta.tokens.length) parts.push(`token ${st.pin} pinned`);
   $("token-info").textContent = parts.join(" · ");
+}
+
+// ---- drafts: an edited text is never thrown away ------------------------------------------------------
+// Changing any control after editing the text runs the new text; a click on a token (which names a token of
+// the text already run) leaves the edit pending, and it is marked as such until it runs.
+const PAIR_STATS = new Set(BOOT.stats.filter((x) => x.pair_only).map((x) => x.id));
+const draft = { edited: false };
+
+function pending() {
+  const st = state.get();
+  return $("text").value !== st.text || (MODELS[st.model].pair && $("text-pair").value !== st.text_pair);
+}
+
+function showDraft() {
+  if (draft.edited && !pending()) draft.edited = false;
+  $("draft-note").hidden = !draft.edited;
+}
+
+/** state.go, carrying an edited text along unless the change names a token of the old one (a pin, a mask). */
+function go(patch, opts) {
+  const byToken = (patch.pin !== undefined && patch.pin !== null) || patch.mask_tokens?.length;
+  const next = draft.edited && pending() && !byToken
+    ? { text: $("text").value, text_pair: $("text-pair").value, mask_tokens: [], pin: null, ...patch } : patch;
+  return state.go(next, opts);
 }
 
 // ---- the update loop ----------------------------------------------------------------------------
@@ -133,6 +191,7 @@ async function update() {
   const gen = ++generation;
   if (!st.text.trim()) {
     replace($("chips"));
+    $("whatif").hidden = $("warnings").hidden = true;
     $("token-info").textContent = "";
     setStatus("Type some text and press Run.");
     return;
@@ -150,13 +209,15 @@ async function update() {
     dataP?.catch(() => {});
     const meta = await metaP;
     if (gen !== generation) return;
-    renderChips($("chips"), meta, st, state.go);
+    renderChips($("chips"), meta, st, go);
     tokenInfo(meta, st);
+    showWhatIf(meta, info);
+    showWarnings(meta);
     dataP ??= fetchAll(view.requests(st, info, meta), run);
     const results = await dataP;
     if (gen !== generation) return;
     const drawing = [];
-    const ctx = { info, boot: BOOT, go: state.go, href: state.href, large: st.large, font: st.large ? 18 : 13,
+    const ctx = { info, boot: BOOT, go, href: state.href, large: st.large, font: st.large ? 18 : 13,
       plot: (el, data, layout) => drawing.push(plot(el, data, layout, ctx.font,
         `attnscope-${st.model}-${st.view}-L${st.layer}H${st.head}`)) };
     const shownState = { ...st, pin: st.pin !== null && st.pin < meta.tokens.length ? st.pin : null };
@@ -223,39 +284,51 @@ async function copyPermalink() {
 function wire() {
   $("input-form").addEventListener("submit", (e) => {
     e.preventDefault();
+    draft.edited = false;
     // the same text again re-runs anyway (answered from the cache)
     if (!state.go({ text: $("text").value, text_pair: $("text-pair").value, mask_tokens: [], pin: null })) update();
   });
+  for (const box of [$("text"), $("text-pair")]) {
+    box.addEventListener("input", () => { draft.edited = true; showDraft(); });
+    box.addEventListener("keydown", (e) => {   // Ctrl/Cmd+Enter runs, from either box
+      if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
+        e.preventDefault();
+        $("input-form").requestSubmit();
+      }
+    });
+  }
   $("model").addEventListener("change", (e) => {
     const info = MODELS[e.target.value];
     const st = state.get();
-    state.go({ model: info.id, layer: Math.min(st.layer, info.layers - 1), head: Math.min(st.head, info.heads - 1),
-      mask_tokens: [], pin: null, causal: null, heads: null, text_pair: info.pair ? st.text_pair : "" });
+    const pairText = draft.edited ? $("text-pair").value : st.text_pair;
+    go({ model: info.id, layer: Math.min(st.layer, info.layers - 1), head: Math.min(st.head, info.heads - 1),
+      mask_tokens: [], pin: null, causal: null, heads: null, text_pair: info.pair ? pairText : "" });
   });
-  $("layer").addEventListener("change", (e) => state.go({ layer: Number(e.target.value) }));
-  $("head").addEventListener("change", (e) => state.go({ head: Number(e.target.value) }));
+  $("layer").addEventListener("change", (e) => go({ layer: Number(e.target.value) }));
+  $("head").addEventListener("change", (e) => go({ head: Number(e.target.value) }));
   $("causal").addEventListener("change", (e) => {
     const info = MODELS[state.get().model];
-    state.go({ causal: e.target.checked === (info.kind === "decoder") ? null : e.target.checked });
+    go({ causal: e.target.checked === (info.kind === "decoder") ? null : e.target.checked });
   });
-  $("hide-special").addEventListener("change", (e) => state.go({ hide_special: e.target.checked }));
+  $("hide-special").addEventListener("change", (e) => go({ hide_special: e.target.checked }));
   for (const r of document.querySelectorAll("input[name=click]")) {
-    r.addEventListener("change", (e) => state.go({ click: e.target.value }));
+    r.addEventListener("change", (e) => go({ click: e.target.value }));
   }
-  $("clear-mask").addEventListener("click", () => state.go({ mask_tokens: [] }));
-  $("stat").addEventListener("change", (e) => state.go({ stat: e.target.value }));
-  $("large-toggle").addEventListener("click", () => state.go({ large: !state.get().large }));
+  $("clear-mask").addEventListener("click", () => go({ mask_tokens: [] }));
+  $("stat").addEventListener("change", (e) => go({ stat: e.target.value }));
+  $("scale").addEventListener("change", (e) => go({ scale: e.target.value }));
+  $("pairs").addEventListener("change", (e) => go({ pairs: e.target.value }));
+  $("large-toggle").addEventListener("click", () => go({ large: !state.get().large }));
   $("copy-link").addEventListener("click", copyPermalink);
   for (const kind of ["png", "svg", "csv", "json"]) $(`export-${kind}`).addEventListener("click", () => exportAs(kind));
   $("tabs").addEventListener("click", (e) => {
     const a = e.target.closest("a[data-view]");
     if (!a || e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey || e.altKey) return;
     e.preventDefault();
-    state.go({ view: a.dataset.view });
+    go({ view: a.dataset.view });
   });
-  $("text").addEventListener("keydown", (e) => {   // Ctrl/Cmd+Enter runs
-    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("input-form").requestSubmit();
-  });
+  replace($("scale"), SCALE_MODES.map(([v, label]) => h("option", { value: v, text: label })));
+  replace($("pairs"), PAIR_FILTERS.map(([v, label]) => h("option", { value: v, text: label })));
   $("scale-name").textContent = SCALE_NAME;
   state.subscribe(update);
 }

@@ -1,4 +1,5 @@
-// Pure helpers on decoded answers: which tokens are shown, sub-matrices, renormalisation.
+// Pure helpers on decoded answers: which tokens are shown, sub-matrices, renormalisation, the mask,
+// sentence pairs, tick labels.
 
 /** Indices of the tokens to show: all, or all but the special tokens ([CLS], [SEP]). */
 export function visibleTokens(meta, hideSpecial) {
@@ -8,20 +9,20 @@ export function visibleTokens(meta, hideSpecial) {
 }
 
 /**
- * The rows/columns idx of a T x T matrix (a Tensor of shape [T, T]).
- * renorm: divide each row by its sum over the kept keys, so it sums to 1 again.
+ * The rows x cols of a T x T matrix (a Tensor of shape [T, T]).
+ * renormOver: null, or the keys over which each row is renormalised to sum to 1 (the visible ones).
  * Returns {z: number[][] (shown), raw: number[][] (the model's own), rowMass: kept mass per row}.
  */
-export function subMatrix(m, idx, renorm) {
+export function subMatrix(m, rows, cols = rows, renormOver = null) {
   const z = [], raw = [], rowMass = [];
-  for (const i of idx) {
+  for (const i of rows) {
     const row = m.row(i);
-    const r = idx.map((j) => row[j]);
+    const r = cols.map((j) => row[j]);
     let s = 0;
-    for (const v of r) s += v;
+    for (const j of renormOver ?? cols) s += row[j];
     raw.push(r);
     rowMass.push(s);
-    z.push(renorm && s > 0 ? r.map((v) => v / s) : r);
+    z.push(renormOver && s > 0 ? r.map((v) => v / s) : r);
   }
   return { z, raw, rowMass };
 }
@@ -32,11 +33,68 @@ export function maxOf(rows) {
   return m;
 }
 
+/** Is key j hidden from query i? The runtime's rule: causal (j > i) or a masked key (not on the diagonal). */
+export function maskRule(meta) {
+  const masked = new Set(meta.mask_tokens);
+  return (i, j) => (meta.causal && j > i) || (i !== j && masked.has(j));
+}
+
+/** Is this run's mask the model's own? False for a what-if: causal switched, or tokens masked. */
+export function ownMask(meta, info) {
+  return meta.causal === (info.kind === "decoder") && meta.mask_tokens.length === 0;
+}
+
+/** Index where sentence B starts (BertViz's split: [CLS] A [SEP] | B [SEP]), or -1 for a single text. */
+export function pairStart(meta) {
+  return meta.segments.indexOf(1);
+}
+
+/** Sentence of each token, 0 (A) or 1 (B). */
+export function sentences(meta) {
+  const b = pairStart(meta);
+  return meta.tokens.map((_, i) => (b >= 0 && i >= b ? 1 : 0));
+}
+
+export const PAIR_FILTERS = [["all", "all pairs"], ["ab", "A → B"], ["ba", "B → A"], ["within", "within each sentence"]];
+
+/**
+ * The queries (rows) and keys (cols) a pair filter shows, from the visible tokens idx, and keep(i, j):
+ * false for a cell the filter leaves out ("within": the other sentence). No pair: everything.
+ */
+export function pairView(meta, idx, filter) {
+  const s = sentences(meta), all = { rows: idx, cols: idx, keep: () => true, filter: "all" };
+  if (pairStart(meta) < 0 || filter === "all") return all;
+  const A = idx.filter((i) => s[i] === 0), B = idx.filter((i) => s[i] === 1);
+  if (filter === "ab" && A.length && B.length) return { rows: A, cols: B, keep: () => true, filter };
+  if (filter === "ba" && A.length && B.length) return { rows: B, cols: A, keep: () => true, filter };
+  if (filter === "within") return { rows: idx, cols: idx, keep: (i, j) => s[i] === s[j], filter };
+  return all;
+}
+
+/** Position in `list` (shown indices) after which sentence B starts, or -1: where a divider goes. */
+export function dividerAt(meta, list) {
+  const b = pairStart(meta);
+  if (b < 0) return -1;
+  const p = list.findIndex((i) => i >= b);
+  return p > 0 ? p : -1;
+}
+
 /** Keep at most ~n labels along an axis: returns the positions to label. */
 export function thinTicks(count, n = 40) {
   const step = Math.max(1, Math.ceil(count / n));
   const out = [];
   for (let i = 0; i < count; i += step) out.push(i);
+  return out;
+}
+
+/** Positions to label along an axis of `px` pixels showing positions lo..hi: every one when they fit
+ *  (`perLabel` pixels each), else every k-th. */
+export function ticksIn(lo, hi, px, perLabel) {
+  const a = Math.max(0, Math.ceil(lo)), b = Math.floor(hi);
+  if (b < a) return [];
+  const step = Math.max(1, Math.ceil((b - a + 1) / Math.max(1, Math.floor(px / perLabel))));
+  const out = [];
+  for (let i = Math.ceil(a / step) * step; i <= b; i += step) out.push(i);
   return out;
 }
 

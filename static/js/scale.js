@@ -67,6 +67,39 @@ export function textOnDiverging(v, absmax) {
   return luminance(interpolate(PUOR, t)) > 0.45 ? "#111" : "#fff";
 }
 
+// ---- the colour-range rule -----------------------------------------------------------------------
+// Probabilities and masses are coloured on a fixed 0–1 scale by default, in every view: a weight of 0.013 is
+// dark in every head and every thumbnail, and yellow always means "most of the row". The "per head" option
+// (state.scale = "head") stretches each picture to its own maximum, which is then named on the picture.
+// Other statistics have a fixed range of their own: entropy 0 to ln T nats, distance 0 to T − 1 tokens.
+export const SCALE_MODES = [["fixed", "fixed 0–1"], ["head", "per head"]];
+
+/** Masked cells (the model could not look there; weight exactly 0): white, which cividis never reaches. */
+export const MASKED_COLOR = "#ffffff";
+/** Cells left out by a filter (e.g. the other sentence of a pair): a light grey, lighter than any cividis tone. */
+export const FILTERED_COLOR = "#e4e6ea";
+
+/** The top of a quantity's fixed scale: 1 for probabilities and masses, ln T for entropy, T − 1 for distance. */
+export function fixedTop(stat, T, distNorm = false) {
+  if (stat === "mean_entropy") return Math.log(Math.max(T, 2));
+  if (stat === "mean_distance") return distNorm ? 1 : Math.max(T - 1, 1);
+  return 1;
+}
+
+/** The colour range of one picture: {zmin, zmax, perHead, label} where label says which scale it is on.
+ *  max: the picture's largest value; top: the quantity's fixed top (fixedTop). */
+export function colourRange(st, max, top = 1) {
+  const perHead = st.scale === "head";
+  const zmax = perHead ? Math.max(max, 1e-9) : top;
+  return { zmin: 0, zmax, perHead,
+    label: perHead ? `scaled to its maximum ${fmt(max, 3)}` : `fixed scale 0–${top === 1 ? 1 : fmt(top, 2)}` };
+}
+
+/** 0..255 index into LUT of value v on a colour range. */
+export function lutIndex(v, range) {
+  return Math.min(255, Math.max(0, Math.round((v / range.zmax) * 255)));
+}
+
 // Categorical colours for heads (line view, entropy view): Paul Tol's "muted" palette plus three
 // Okabe–Ito colours; distinguishable with colour blindness when only a few are shown at once.
 export const HEAD_COLORS = ["#332288", "#CC6677", "#117733", "#DDAA33", "#88CCEE", "#882255",

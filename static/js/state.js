@@ -3,13 +3,18 @@
 
 export const STEP_TOKENS = [6, 8, 12, 16, 24, 32];
 
-// Name, default, kind. Order here is the order in the URL.
+// Name, default, kind (a list of values = one of those). Order here is the order in the URL.
+//   scale: colours on the fixed 0–1 scale, or stretched to each picture's own maximum ("head")
+//   pairs: which query → key cells of a sentence pair the head and line views show
+//   dist_norm: mean distance divided by the longest possible (T − 1); sort: the summary's ranking order
 const FIELDS = [
   ["model", "", "str"], ["text", "", "str"], ["text_pair", "", "str"], ["view", "head", "view"],
   ["layer", 0, "int"], ["head", 0, "int"], ["causal", null, "tri"], ["mask_tokens", [], "ints"],
   ["pin", null, "int?"], ["hide_special", false, "bool"], ["click", "pin", "click"],
   ["stat", "mean_entropy", "stat"], ["heads", null, "ints?"], ["all_heads", false, "bool"],
   ["step", 0, "int"], ["n", 12, "int"], ["large", false, "bool"],
+  ["scale", "fixed", ["fixed", "head"]], ["pairs", "all", ["all", "ab", "ba", "within"]],
+  ["dist_norm", false, "bool"], ["sort", "-value", ["-value", "value", "layer", "-layer", "head", "-head"]],
 ];
 const ALWAYS = new Set(["model", "text", "view", "layer", "head"]);   // written even when default
 let defaults = Object.fromEntries(FIELDS.map(([k, d]) => [k, d]));
@@ -35,6 +40,7 @@ export function parse(search = location.search) {
     const d = defaults[k];
     const raw = q.get(k);
     if (raw === null) { st[k] = Array.isArray(d) ? [...d] : d; continue; }
+    if (Array.isArray(kind)) { st[k] = kind.includes(raw) ? raw : d; continue; }
     switch (kind) {
       case "str": st[k] = raw; break;
       case "view": case "stat": st[k] = choices[kind].includes(raw) ? raw : d; break;

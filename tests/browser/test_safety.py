@@ -6,7 +6,7 @@ from urllib.parse import urlencode
 import pytest
 from playwright.sync_api import Page, expect
 
-from .conftest import screenshot, wait_drawn
+from .conftest import plot_point, screenshot, wait_drawn
 
 pytestmark = pytest.mark.browser
 PAYLOADS = ["<img src=x onerror=alert(1)>", "<script>alert(1)</script>", '"><svg onload=alert(1)>']
@@ -51,15 +51,16 @@ def test_xss_payloads_shown_literally_everywhere(page: Page, console_errors, dia
 
 
 def test_hover_and_export_of_payload_tokens(page: Page, console_errors, dialogs):
-    """The hover box (Plotly pseudo-HTML) and the pinned list get the escaped token strings."""
+    """The hover box, the tick labels (Plotly pseudo-HTML) and the pinned list show the token strings as text."""
     page.goto("/?" + urlencode({"text": "<b>bold</b> <a href=x>link</a>", "pin": 1}))
     wait_drawn(page, "head")
-    page.locator("#view-head [data-part=plot]").hover()
-    plot = page.locator("#view-head [data-part=plot]")
-    box = plot.bounding_box()
-    page.mouse.move(box["x"] + box["width"] * 0.45, box["y"] + box["height"] * 0.4)
-    expect(page.locator(".hoverlayer .hovertext")).to_be_visible()
-    assert page.locator(".hoverlayer a, .hoverlayer b, #view-head .xtick a").count() == 0
+    page.locator("#view-head [data-part=plot]").evaluate("e => e.scrollIntoView()")
+    k = page.locator("#chips .chip .tok").all_inner_texts().index("<")
+    page.mouse.move(*plot_point(page, "#view-head [data-part=plot]", k, 1))
+    tip = page.locator("#view-head [data-part=tip]")
+    expect(tip).to_be_visible()
+    assert f"key {k} “<”" in tip.inner_text()
+    assert page.locator("#view-head [data-part=tip] a, #view-head [data-part=tip] b, #view-head .xtick a").count() == 0
     expect(page.locator("#view-head [data-part=pinned] tr[data-key] td.tok").first).to_have_text("[CLS]")
     assert page.locator("#view-head [data-part=pinned] b").count() == 0
     assert dialogs == []

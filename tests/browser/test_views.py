@@ -50,7 +50,9 @@ def test_head_view_type_pick_hover_pin(page: Page, console_errors, api):
     assert readout.get_attribute("data-query") == "2"
     assert float(readout.get_attribute("data-weight")) == pytest.approx(att[2][5], abs=1e-6)
     assert f"{att[2][5]:.4f}"[:5] in readout.inner_text()          # shown with 4+ decimals
-    expect(page.locator(".hoverlayer .hovertext")).to_contain_text("weight")
+    tip = page.locator("#view-head [data-part=tip]")
+    expect(tip).to_contain_text(f"query 2 “{tokens[2]}” → key 5 “{tokens[5]}”")
+    expect(tip).to_contain_text("weight")
 
     # pin by clicking a token chip: its weights listed, equal to the API's
     page.locator('#chips .chip[data-index="4"]').click()
@@ -63,6 +65,7 @@ def test_head_view_type_pick_hover_pin(page: Page, console_errors, api):
     for k, w in got.items():
         assert w == pytest.approx(att[4][k], abs=1e-6)
     # pin by clicking a heatmap row
+    page.locator(HEAD_PLOT).evaluate("e => e.scrollIntoView()")
     page.mouse.click(*plot_point(page, HEAD_PLOT, 1, 6))
     wait_drawn(page, "head")
     expect(page.locator("#view-head [data-part=pinned]")).to_have_attribute("data-pin", "6")

@@ -1,7 +1,7 @@
 // Line view (BertViz style): queries on the left, keys on the right, a line per weight whose
 // opacity is the weight, one colour per head. Hover or focus a token to see only its lines.
 import { h, part, replace, rove, svg, tokenLabel } from "../dom.js";
-import { subMatrix, visibleTokens } from "../matrix.js";
+import { dividerAt, ownMask, pairView, subMatrix, visibleTokens } from "../matrix.js";
 import { exactString, fmt, headColor } from "../scale.js";
 
 export const title = "Line view";
@@ -63,27 +63,36 @@ export function render(container, { meta, results }, st, ctx) {
   const heads = results.map((r) => r.heads[0]);
   const renorm = st.hide_special && meta.special.some(Boolean);
   const idx = visibleTokens(meta, st.hide_special);
-  const n = idx.length;
-  const mats = results.map((r) => subMatrix(r.attention.sub(0, 0), idx, renorm).z);
+  const view = pairView(meta, idx, st.pairs);
+  const { rows, cols } = view;                       // queries on the left, keys on the right
+  const n = Math.max(rows.length, cols.length);
+  const mats = results.map((r) => subMatrix(r.attention.sub(0, 0), rows, cols, renorm ? idx : null).z
+    .map((row, a) => row.map((w, b) => (view.keep(rows[a], cols[b]) ? w : 0))));
 
   headPicker(part(container, "picker", "div", { class: "picker" }), st, T, ctx.info.heads, heads, ctx);
   const note = part(container, "note", "p", { class: "note" });
-  note.textContent = renorm
+  note.textContent = (renorm
     ? "[CLS] and [SEP] are hidden; each query's remaining weights are renormalised to sum to 1."
-    : "All tokens shown; line opacity is the model's own weight.";
+    : ownMask(meta, ctx.info) ? "All tokens shown; line opacity is the model's own weight."
+      : "All tokens shown; line opacity is the weight of the what-if run above (masked pairs have no line).") +
+    ({ ab: " Sentence A's queries (left) → sentence B's keys (right).", ba: " Sentence B's queries (left) → sentence A's keys (right).",
+      within: " Only lines within each sentence are drawn.", all: "" }[view.filter]) +
+    (view.filter !== "ab" && view.filter !== "ba" && dividerAt(meta, idx) > 0 ? " The dashed line separates sentence A (above) from B." : "");
   const wrap = part(container, "wrap", "div", { class: "lines-layout" });
   const scroller = part(wrap, "scroller", "div", { class: "lines-scroll" });
   const aside = part(wrap, "focus", "div", { class: "side focus-list", "aria-live": "polite" });
 
   const rh = ctx.large ? 28 : 20, fs = ctx.large ? 18 : 13;
-  const colW = ctx.large ? 190 : 150, gap = 240, pad = 24;
+  const colW = ctx.large ? 190 : 150, pad = 24;
+  const gap = Math.max(80, Math.min(240, (container.clientWidth || 800) - 2 * colW - 24));   // narrow screens: closer
   const W = colW * 2 + gap, H = n * rh + pad * 2;
   const xl = colW, xr = colW + gap;
   const y = (p) => pad + p * rh + rh / 2;
+  const list = (side) => (side === "q" ? rows : cols);
 
   // Overview: bucket every visible line by head and opacity level into one path each.
   let segs = [];
-  mats.forEach((z, hi) => z.forEach((row, a) => row.forEach((w, b) => {
+  mats.forEach((z, hi) => z.forEach((row, a) => row.forEach((w, b) => {   // a: row position, b: column position
     if (w >= MIN_WEIGHT) segs.push([hi, a, b, w]);
   })));
   const capped = segs.length > MAX_SEGMENTS;
@@ -100,7 +109,7 @@ export function render(container, { meta, results }, st, ctx) {
   const focusG = svg("g", { class: "focus-lines" });
 
   const tokenText = (p, side) => {
-    const i = idx[p];
+    const i = list(side)[p];
     const masked = meta.mask_tokens.includes(i), pinned = st.pin === i;
     return svg("text", {
       x: side === "q" ? xl - 4 : xr + 4, y: y(p), "text-anchor": side === "q" ? "end" : "start",
@@ -111,16 +120,23 @@ export function render(container, { meta, results }, st, ctx) {
       "aria-label": `${side === "q" ? "query" : "key"} ${i}: ${meta.tokens[i]}${masked ? " (masked)" : ""}`,
     }, tokenLabel(meta.tokens[i]));
   };
-  const qLabels = idx.map((_, p) => tokenText(p, "q"));
-  const kLabels = idx.map((_, p) => tokenText(p, "k"));
+  const qLabels = rows.map((_, p) => tokenText(p, "q"));
+  const kLabels = cols.map((_, p) => tokenText(p, "k"));
+  const dividers = ["q", "k"].map((side) => {
+    const d = dividerAt(meta, list(side));
+    if (d <= 0) return null;
+    const x0 = side === "q" ? 4 : xr + 4, x1 = side === "q" ? xl - 4 : W - 4;
+    return svg("line", { x1: x0, x2: x1, y1: y(d) - rh / 2, y2: y(d) - rh / 2, stroke: "#e7298a", "stroke-width": 2,
+      "stroke-dasharray": "6 4", class: "divider" });
+  });
   const drawing = svg("svg", {
     width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "lines-svg", role: "group",
-    "aria-label": `Attention lines of layer ${st.layer}, heads ${heads.join(", ")}: ${n} queries on the left, ${n} keys on the right`,
+    "aria-label": `Attention lines of layer ${st.layer}, heads ${heads.join(", ")}: ${rows.length} queries on the left, ${cols.length} keys on the right`,
   },
   svg("rect", { x: 0, y: 0, width: W, height: H, fill: "#fff" }),
   svg("text", { x: xl - 4, y: pad / 2, "text-anchor": "end", "font-size": fs - 2, fill: "#555", "font-family": "system-ui, sans-serif" }, "query"),
   svg("text", { x: xr + 4, y: pad / 2, "font-size": fs - 2, fill: "#555", "font-family": "system-ui, sans-serif" }, "key"),
-  overview, focusG, svg("g", {}, qLabels), svg("g", {}, kLabels));
+  overview, focusG, svg("g", {}, dividers), svg("g", {}, qLabels), svg("g", {}, kLabels));
   replace(scroller, drawing);
 
   // Focus: one token's lines, each with its exact weight as opacity, and the numbers beside.
@@ -134,10 +150,11 @@ export function render(container, { meta, results }, st, ctx) {
       return;
     }
     (side === "q" ? qLabels : kLabels)[p].classList.add("active");
+    const other = side === "q" ? "k" : "q";
     overview.setAttribute("opacity", "0.12");
     const lines = [], items = [];
     mats.forEach((z, hi) => {
-      const ws = side === "q" ? z[p] : z.map((row) => row[p]);
+      const ws = side === "q" ? z[p] : z.map((row) => row[p]);        // over the other side's positions
       ws.forEach((w, o) => {
         if (w <= 0) return;
         const [a, b] = side === "q" ? [p, o] : [o, p];
@@ -151,18 +168,18 @@ export function render(container, { meta, results }, st, ctx) {
         h("span", { class: "swatch", style: `background:${headColor(heads[hi])}`, "aria-hidden": "true" }),
         h("strong", { text: `head ${heads[hi]}: ` }),
         top.map(([w, o], r) => h("span", {
-          class: "w", "data-head": heads[hi], "data-other": idx[o], "data-weight": exactString(w),
-        }, r ? ", " : "", tokenLabel(meta.tokens[idx[o]]), ` ${fmt(w, 3)}`))));
+          class: "w", "data-head": heads[hi], "data-other": list(other)[o], "data-weight": exactString(w),
+        }, r ? ", " : "", tokenLabel(meta.tokens[list(other)[o]]), ` ${fmt(w, 3)}`))));
     });
     replace(focusG, lines);
-    const i = idx[p];
+    const i = list(side)[p];
     replace(aside,
       h("h3", {}, side === "q" ? `Query ${i} ` : `Key ${i} `, h("q", { class: "tok", text: tokenLabel(meta.tokens[i]) })),
       h("p", { class: "hint", text: side === "q" ? "Where it looks: its strongest keys per head (weights sent as float16, 3 decimals; the head view has the exact float32):" : "Who looks at it: the strongest queries per head (float16 weights, 3 decimals):" }),
       h("ul", { class: "focus-items" }, items));
     aside.dataset.focus = `${side}${i}`;
   };
-  const pinPos = st.pin === null ? -1 : idx.indexOf(st.pin);
+  const pinPos = st.pin === null ? -1 : rows.indexOf(st.pin);
   const rest = () => focus("q", pinPos >= 0 ? pinPos : null);
   const onLabel = (e) => {
     const t = e.target.closest?.(".tok-label");
@@ -193,10 +210,10 @@ export function render(container, { meta, results }, st, ctx) {
     name: `attnscope-${st.model}-L${st.layer}-lines`,
     csv: () => [["layer", "head", "query_index", "query_token", "key_index", "key_token", "weight"],
       ...mats.flatMap((z, hi) => z.flatMap((row, a) => row.map((w, b) =>
-        [st.layer, heads[hi], idx[a], meta.tokens[idx[a]], idx[b], meta.tokens[idx[b]], Number(exactString(w))])))],
+        [st.layer, heads[hi], rows[a], meta.tokens[rows[a]], cols[b], meta.tokens[cols[b]], Number(exactString(w))])))],
     json: () => ({
-      model: st.model, text: st.text, layer: st.layer, heads, dtype: "float16", renormalised: renorm,
-      token_indices: idx, tokens: idx.map((i) => meta.tokens[i]),
+      model: st.model, text: st.text, layer: st.layer, heads, dtype: "float16", renormalised: renorm, pairs: view.filter,
+      query_indices: rows, key_indices: cols, tokens: meta.tokens,
       attention: mats.map((z) => z.map((r) => r.map((w) => Number(exactString(w))))),
     }),
   };

@@ -1,13 +1,14 @@
 // Model view: every layer x head as a small thumbnail, drawn on <canvas> from one binary request
-// (block-averaged to 48 x 48, float16). Each thumbnail is a link that opens that head.
-import { h, part, replace } from "../dom.js";
-import { subMatrix, visibleTokens } from "../matrix.js";
-import { LUT, exactString } from "../scale.js";
+// (block-averaged to 48 x 48, float16). Hover a thumbnail for the head, the tokens of the block under the
+// mouse and its value; each thumbnail is a link that opens that head.
+import { h, part, replace, tokenLabel } from "../dom.js";
+import { maskRule, ownMask, subMatrix, visibleTokens } from "../matrix.js";
+import { colourRange, exactString, fmt, fmtExact, LUT, lutIndex } from "../scale.js";
 
 export const title = "Model view";
 export const help = "Every head of every layer at once: rows are layers, columns are heads, each thumbnail is that " +
-  "head's query × key matrix (queries down, keys across). Each thumbnail is coloured to its own largest weight. " +
-  "Click one (or focus it and press Enter) to open it in the head view.";
+  "head's query × key matrix (queries down, keys across). Hover one for the tokens and the value under the mouse; " +
+  "click it (or focus it and press Enter) to open it in the head view.";
 
 export const RESOLUTION = 48;
 
@@ -15,43 +16,86 @@ export function requests() {
   return [{ endpoint: "attention", include: ["attention"], resolution: RESOLUTION, dtype: "float16" }];
 }
 
-/** Paint matrix rows (number[][]) into a canvas, colour scaled to the matrix maximum. */
-function paint(canvas, rows) {
-  const n = rows.length;
-  canvas.width = n;
+/** Paint rows (number[][], null = masked) into a canvas on a colour range; masked cells stay white. */
+function paint(canvas, rows, range) {
+  const n = rows.length, w = rows[0]?.length ?? 0;
+  canvas.width = w;
   canvas.height = n;
   const g = canvas.getContext("2d");
-  const img = g.createImageData(n, n);
-  let max = 0;
-  for (const r of rows) for (const v of r) if (v > max) max = v;
-  const k = max > 0 ? 255 / max : 0;
+  const img = g.createImageData(w, n);
   let o = 0;
   for (const r of rows) {
     for (const v of r) {
-      const c = Math.min(255, Math.max(0, Math.round(v * k))) * 3;
-      img.data[o] = LUT[c]; img.data[o + 1] = LUT[c + 1]; img.data[o + 2] = LUT[c + 2]; img.data[o + 3] = 255;
+      if (v === null) {
+        img.data[o] = img.data[o + 1] = img.data[o + 2] = 255;
+      } else {
+        const c = lutIndex(v, range) * 3;
+        img.data[o] = LUT[c]; img.data[o + 1] = LUT[c + 1]; img.data[o + 2] = LUT[c + 2];
+      }
+      img.data[o + 3] = 255;
       o += 4;
     }
   }
   g.putImageData(img, 0, 0);
-  return max;
+}
+
+/**
+ * The cells of every thumbnail, as shown: at block resolution each cell is the share of its query block's
+ * attention that lands on its key block (block mean x key-block width: rows sum to 1, so 0–1 like a weight);
+ * a block every cell of which is masked is null. Returns {cells(m) -> rows, spans, label}.
+ */
+function cellsOf(ans, meta, st) {
+  const hidden = maskRule(meta);
+  if (ans.blocks) {
+    const spans = ans.blocks;
+    const dead = spans.map(([q0, q1]) => spans.map(([k0, k1]) => {
+      for (let i = q0; i < q1; i++) for (let j = k0; j < k1; j++) if (!hidden(i, j)) return false;
+      return true;
+    }));
+    return {
+      spans, rows: spans, cols: spans, value: "share of the block's attention",
+      cells: (m) => spans.map((_, a) => spans.map(([k0, k1], b) => (dead[a][b] ? null : m.at(a, b) * (k1 - k0)))),
+      mean: (m, a, b) => m.at(a, b),
+    };
+  }
+  const idx = visibleTokens(meta, st.hide_special);
+  const renorm = st.hide_special && meta.special.some(Boolean);
+  const spans = idx.map((i) => [i, i + 1]);
+  return {
+    spans, rows: spans, cols: spans, value: renorm ? "weight (renormalised)" : "weight", renorm, idx,
+    cells: (m) => subMatrix(m, idx, idx, renorm ? idx : null).z.map((r, a) => r.map((v, b) => (hidden(idx[a], idx[b]) ? null : v))),
+    mean: null,
+  };
+}
+
+function spanText(meta, [a, b]) {
+  const toks = meta.tokens.slice(a, b).map(tokenLabel);
+  const words = toks.length > 4 ? [...toks.slice(0, 2), "…", ...toks.slice(-1)] : toks;
+  return `${b - a > 1 ? `tokens ${a}–${b - 1}` : `token ${a}`} “${words.join(" ")}”`;
 }
 
 export function render(container, { meta, results: [ans] }, st, ctx) {
   const L = ans.layers.length, H = ans.heads.length, T = meta.tokens.length;
   const blocked = Boolean(ans.blocks);
-  const renorm = !blocked && st.hide_special && meta.special.some(Boolean);
-  const idx = blocked ? null : visibleTokens(meta, st.hide_special);
+  const shape = cellsOf(ans, meta, st);
 
   const note = part(container, "note", "p", { class: "note" });
+  const width = blocked ? T / ans.blocks.length : 1;
   note.textContent = (blocked
-    ? `${T} tokens: each thumbnail cell is the mean weight of a block of about ${(T / ans.blocks.length).toFixed(1)} × ` +
-      `${(T / ans.blocks.length).toFixed(1)} tokens (${RESOLUTION} × ${RESOLUTION} blocks).` +
+    ? `${T} tokens: each thumbnail cell is a block of about ${width.toFixed(1)} × ${width.toFixed(1)} tokens ` +
+      `(${RESOLUTION} × ${RESOLUTION} blocks), coloured by the share of the query block's attention that goes to ` +
+      "the key block (rows sum to 1, like weights)." +
       (st.hide_special ? " Special tokens cannot be hidden at this scale; open a head to hide them." : "")
-    : renorm ? "[CLS] and [SEP] are hidden and each row renormalised over the remaining keys."
-      : `${T} tokens: every weight shown (one pixel per query/key pair).`) + " Colours are scaled per thumbnail.";
+    : shape.renorm ? "[CLS] and [SEP] are hidden and each row renormalised over the remaining keys."
+      : `${T} tokens: every weight shown (one pixel per query/key pair)${ownMask(meta, ctx.info) ? "" : " of the what-if run"}.`) +
+    (st.scale === "head" ? " Colours are stretched to each thumbnail's own maximum (hover for it)."
+      : " Colours are on the fixed 0–1 scale in every thumbnail.") +
+    (meta.causal || meta.mask_tokens.length ? " White: masked (weight exactly 0)." : "");
 
-  const grid = part(container, "grid", "div", { class: "thumb-grid", role: "group", "aria-label": `${L} layers by ${H} heads` });
+  const scroller = part(container, "scroller", "div", { class: "thumb-scroll" });
+  const cue = part(container, "cue", "p", { class: "scroll-cue hint", "aria-hidden": "true", text: "Scroll sideways for more heads →" });
+  const grid = part(scroller, "grid", "div", { class: "thumb-grid", role: "group", "aria-label": `${L} layers by ${H} heads` });
+  const tip = part(container, "tip", "div", { class: "tip", role: "tooltip", hidden: true });
   grid.style.setProperty("--heads", H);
   const items = [h("span", { class: "corner", "aria-hidden": "true", text: "layer \\ head" }),
     ...ans.heads.map((hd) => h("span", { class: "col-head", "aria-hidden": "true", text: `H${hd}` }))];
@@ -60,17 +104,18 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     items.push(h("span", { class: "row-head", "aria-hidden": "true", text: `L${l}` }));
     ans.heads.forEach((hd, hi) => {
       const m = ans.attention.sub(li, hi);
-      const rows = blocked ? Array.from({ length: m.shape[0] }, (_, i) => Array.from(m.row(i)))
-        : subMatrix(m, idx, renorm).z;
+      const rows = shape.cells(m);
+      let max = 0;
+      for (const r of rows) for (const v of r) if (v !== null && v > max) max = v;
+      const range = colourRange(st, max);
       const canvas = h("canvas", { class: "thumb-canvas", "aria-hidden": "true" });
-      const max = paint(canvas, rows);
-      canvases.push({ canvas, l, hd });
+      paint(canvas, rows, range);
+      canvases.push({ canvas, l, hd, li, hi, rows, max });
       const current = l === st.layer && hd === st.head;
       items.push(h("a", {
         class: "thumb" + (current ? " current" : ""), href: ctx.href({ view: "head", layer: l, head: hd }),
-        "data-layer": l, "data-head": hd, "data-max": exactString(max),
+        "data-layer": l, "data-head": hd, "data-max": exactString(max), "data-k": canvases.length - 1,
         "aria-label": `Layer ${l}, head ${hd}: open in the head view`, "aria-current": current ? "true" : null,
-        title: `Layer ${l} · head ${hd} (largest ${blocked ? "block mean" : "weight"} ${max.toFixed(3)})`,
         onclick: (e) => {
           if (e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey || e.altKey) return;
           e.preventDefault();
@@ -80,10 +125,41 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     });
   });
   replace(grid, items);
+
+  // Hover: which head, which tokens, what value (one listener for the grid).
+  grid.onmousemove = (e) => {
+    const a = e.target.closest?.("a.thumb");
+    if (!a) { tip.hidden = true; return; }
+    const c = canvases[Number(a.dataset.k)], r = c.canvas.getBoundingClientRect();
+    const nq = c.rows.length, nk = c.rows[0].length;
+    const qa = Math.min(nq - 1, Math.floor(((e.clientY - r.top) / r.height) * nq));
+    const kb = Math.min(nk - 1, Math.floor(((e.clientX - r.left) / r.width) * nk));
+    if (qa < 0 || kb < 0) return;
+    const v = c.rows[qa][kb];
+    const m = ans.attention.sub(c.li, c.hi);
+    const value = v === null ? "masked (weight exactly 0)"
+      : `${shape.value} ${fmtExact(v)}` + (shape.mean ? ` (mean weight ${fmt(shape.mean(m, qa, kb), 4)})` : "");
+    const lines = [`layer ${c.l} · head ${c.hd}` + (st.scale === "head" ? ` · scaled to its maximum ${fmt(c.max, 3)}` : ""),
+      `queries: ${spanText(meta, shape.rows[qa])}`, `keys: ${spanText(meta, shape.cols[kb])}`, value];
+    replace(tip, lines.map((t) => h("div", { text: t })));
+    Object.assign(tip.dataset, { layer: c.l, head: c.hd, query: shape.rows[qa][0], key: shape.cols[kb][0] });
+    tip.hidden = false;
+    const box = container.getBoundingClientRect();
+    const x = e.clientX - box.left, y = e.clientY - box.top;
+    tip.style.left = `${Math.max(0, x + 16 + tip.offsetWidth > box.width ? x - tip.offsetWidth - 16 : x + 16)}px`;
+    tip.style.top = `${y + 16}px`;
+  };
+  grid.onmouseleave = () => { tip.hidden = true; };
+  const cueUpdate = () => { cue.hidden = scroller.scrollWidth <= scroller.clientWidth + 2; };
+  cueUpdate();
+  scroller.onscroll = () => { if (scroller.scrollLeft + scroller.clientWidth >= scroller.scrollWidth - 4) cue.hidden = true; };
+  window.removeEventListener("resize", container._cue ?? (() => {}));
+  container._cue = cueUpdate;
+  window.addEventListener("resize", cueUpdate);
   container.dataset.layer = st.layer;
   container.dataset.head = st.head;
 
-  const composite = () => {                      // one PNG of the whole grid, with labels
+  const composite = () => {                      // one PNG of the whole grid, with labels, as on screen
     const cell = 96, gap = 6, left = 40, top = 28;
     const c = document.createElement("canvas");
     c.width = left + H * (cell + gap);
@@ -98,6 +174,8 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     ans.layers.forEach((l, li) => g.fillText(`L${l}`, 6, top + li * (cell + gap) + cell / 2 + 5));
     canvases.forEach(({ canvas }, k) => {
       const li = Math.floor(k / H), hi = k % H;
+      g.strokeStyle = "#d5d8de";
+      g.strokeRect(left + hi * (cell + gap) - 0.5, top + li * (cell + gap) - 0.5, cell + 1, cell + 1);
       g.drawImage(canvas, left + hi * (cell + gap), top + li * (cell + gap), cell, cell);
     });
     return c;
@@ -118,6 +196,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     },
     json: () => ({
       model: st.model, text: st.text, resolution: RESOLUTION, dtype: "float16", blocks: ans.blocks ?? null,
+      colour_scale: st.scale === "head" ? "per thumbnail, to its maximum" : "fixed 0-1",
       layers: ans.layers, heads: ans.heads, tokens: meta.tokens, attention: ans.attention.toArray(),
     }),
   };

@@ -2,7 +2,7 @@
 // with the exact numbers: Q·Kᵀ, scaled by 1/√d_head, mask added, softmax.
 import { h, part, replace, tokenLabel } from "../dom.js";
 import { STEP_TOKENS } from "../state.js";
-import { color, divergingColor, exactString, fmt, fmtExact, isMinusInf, textOn, textOnDiverging } from "../scale.js";
+import { color, divergingColor, exactString, fmt, fmtExact, isMinusInf, MASKED_COLOR, textOn, textOnDiverging } from "../scale.js";
 
 export const title = "Causal mask & steps";
 export const help = "How one head turns queries and keys into attention weights, step by step, with the numbers the " +
@@ -35,7 +35,7 @@ function sentences(ans, info, n) {
   ];
 }
 
-function matrixTable(kind, t, n, tokens, st) {
+function matrixTable(kind, t, n, tokens, st, mask) {
   const diverging = kind !== "probs";
   let absmax = 0;
   if (diverging) {
@@ -55,11 +55,12 @@ function matrixTable(kind, t, n, tokens, st) {
     for (let j = 0; j < n; j++) {
       const v = t.at(i, j);
       const inf = isMinusInf(v);
+      const masked = inf || (kind !== "scores" && kind !== "scaled" && isMinusInf(mask.at(i, j)));   // drawn alike
       if (kind === "probs") sum += v;
-      const bg = inf ? "#d9d9d9" : diverging ? divergingColor(v, absmax) : color(v);
-      const fg = inf ? "#333" : diverging ? textOnDiverging(v, absmax) : textOn(v);
+      const bg = masked ? MASKED_COLOR : diverging ? divergingColor(v, absmax) : color(v);
+      const fg = masked ? "#333" : diverging ? textOnDiverging(v, absmax) : textOn(v);
       cells.push(h("td", {
-        class: "num" + (inf ? " neg-inf" : ""), style: `background:${bg};color:${fg}`,
+        class: "num" + (inf ? " neg-inf" : "") + (masked ? " masked-cell" : ""), style: `background:${bg};color:${fg}`,
         "data-q": i, "data-k": j, "data-value": exactString(v), title: `query ${i}, key ${j}: ${fmtExact(v)}`,
       }, fmt(v, digits)));
     }
@@ -120,7 +121,7 @@ export function render(container, { results: [ans] }, st, ctx) {
       class: "stage" + (st.step === k + 1 ? " current" : ""), "data-stage": kind, hidden,
       "aria-labelledby": `stage-${kind}-h`,
     }, h("h3", { id: `stage-${kind}-h`, text: heading }), h("p", { class: "explain", text: sentence }),
-    matrixTable(kind, ans[kind], n, ans.tokens, st));
+    matrixTable(kind, ans[kind], n, ans.tokens, st, ans.mask));
   }));
   container.dataset.layer = st.layer;
   container.dataset.head = st.head;

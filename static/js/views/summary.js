@@ -1,33 +1,72 @@
-// Head summary: one statistic for every layer x head as a heatmap; click a cell to open that head.
+// Head summary: one statistic for every layer x head as a heatmap, with a sortable ranking table beside it;
+// click a cell or a row to open that head.
 import { h, part, replace } from "../dom.js";
-import { exactString, fmt, fmtExact, plotlyScale } from "../scale.js";
+import { exactString, fixedTop, fmt, fmtExact, colourRange, plotlyScale } from "../scale.js";
 
 export const title = "Head summary";
 export const help = "One number per head, for the whole input: pick a statistic to find heads that behave a " +
-  "certain way. Click a cell (or a link in the table below) to open that head.";
+  "certain way, and sort the ranking beside the map. Click a cell or a row to open that head.";
 
 /** Summaries only: no matrices are transferred. */
 export function requests() {
   return [{ endpoint: "attention", include: ["summary"] }];
 }
 
-export function render(container, { results: [ans] }, st, ctx) {
-  const { label, help: explain } = ctx.boot.stats.find((x) => x.id === st.stat);
-  const z = ans.summary[st.stat];
-  const L = ans.layers.length, H = ans.heads.length;
+const SORTS = { value: (r) => r.v, layer: (r) => r.l * 1e4 + r.hd, head: (r) => r.hd * 1e4 + r.l };
+
+function sortButton(key, label, st, ctx) {
+  const on = st.sort.replace("-", "") === key, desc = st.sort.startsWith("-");
+  const next = on ? (desc ? key : `-${key}`) : key === "value" ? "-value" : key;
+  return h("th", { scope: "col", "aria-sort": on ? (desc ? "descending" : "ascending") : "none" },
+    h("button", { type: "button", class: "sort", "data-sort": key, onclick: () => ctx.go({ sort: next }),
+      title: `Sort by ${label}` }, label, h("span", { "aria-hidden": "true", text: on ? (desc ? " ▼" : " ▲") : " ⇅" })));
+}
+
+export function render(container, { meta, results: [ans] }, st, ctx) {
+  const info = ctx.boot.stats.find((x) => x.id === st.stat);
+  const { label, help: explain } = info;
+  const T = meta.tokens.length, L = ans.layers.length, H = ans.heads.length;
+  const controls = part(container, "controls", "div", { class: "view-controls" });
+  replace(controls, st.stat === "mean_distance" && h("label", { class: "check" },
+    h("input", { type: "checkbox", id: "dist-norm", checked: st.dist_norm, onchange: (e) => ctx.go({ dist_norm: e.target.checked }) }),
+    ` Divide by the longest possible distance (${T - 1} tokens), so texts of any length compare`));
   const note = part(container, "note", "p", { class: "note" });
-  note.textContent = explain + " Computed over all tokens, special ones included.";
-  const plot = part(container, "plot", "div", { class: "plot summary-plot", role: "figure" });
-  plot.setAttribute("aria-label", `${label} of every head: ${L} layers by ${H} heads. The table below lists the values.`);
+  const layout = part(container, "layout", "div", { class: "summary-layout" });
+  const plot = part(layout, "plot", "div", { class: "plot summary-plot", role: "figure" });
+  const rank = part(layout, "rank", "div", { class: "rank" });
+  const raw = ans.summary[st.stat];
+  container.dataset.stat = st.stat;
+  container.dataset.layer = st.layer;
+  container.dataset.head = st.head;
+  if (!raw) {                                                    // a pair statistic on a single text
+    note.textContent = `${explain} This input is a single text: add a second sentence to compute it.`;
+    window.Plotly.purge(plot);
+    replace(rank);
+    return { name: `attnscope-${st.model}-${st.stat}` };
+  }
+  const norm = st.stat === "mean_distance" && st.dist_norm ? Math.max(T - 1, 1) : 1;
+  const z = raw.map((r) => r.map((v) => v / norm));
+  const unit = norm === 1 ? label : `${label.replace(" (tokens)", "")} ÷ ${T - 1}`;
+  let max = 0;
+  for (const r of z) for (const v of r) max = Math.max(max, v);
+  const range = colourRange(st, max, fixedTop(st.stat, T, norm !== 1));
+  note.textContent = `${explain} Computed over all ${T} tokens, special ones included. Colours: ${range.label}` +
+    (st.stat === "mean_entropy" ? ` (ln ${T} = ${fmt(Math.log(T), 2)} nats: uniform over every key).` : ".");
+
   const big = ctx.large;
+  const digits = st.stat === "mean_distance" && norm === 1 ? 1 : 2;
+  const cellPx = ((layout.clientWidth || 800) * (layout.clientWidth < 900 ? 1 : 0.6) - 140) / H;
+  const narrow = layout.clientWidth < 600;
   ctx.plot(plot, [{
     type: "heatmap", z, x: ans.heads, y: ans.layers, colorscale: plotlyScale, xgap: 2, ygap: 2,
-    colorbar: { title: { text: label.replace(" (", "<br>(") }, thickness: 14 },
-    texttemplate: "%{z:.2f}", textfont: { size: big ? 15 : 11 },
-    hovertemplate: `layer %{y}, head %{x}<br>${label}: %{z:.6f}<extra>click to open</extra>`,
+    zmin: range.zmin, zmax: range.zmax,
+    colorbar: { title: { text: narrow ? "" : unit.replace(" (", "<br>(") }, thickness: narrow ? 8 : 12 },
+    // the numbers in the cells only where they fit (the ranking has them all)
+    texttemplate: cellPx >= (big ? 44 : 30) ? `%{z:.${digits}f}` : "", textfont: { size: big ? 15 : H > 12 ? 9 : 11 },
+    hovertemplate: `layer %{y}, head %{x}<br>${unit}: %{z:.6f}<extra>click to open</extra>`,
   }], {
-    title: `${label} per head`,
-    margin: { l: 70, r: 20, t: 50, b: 60 },
+    title: narrow ? unit : `${unit} per head`,
+    margin: narrow ? { l: 44, r: 4, t: 36, b: 44 } : { l: 56, r: 10, t: 44, b: 50 },
     xaxis: { title: { text: "head" }, tickmode: "array", tickvals: ans.heads, showgrid: false, zeroline: false, fixedrange: true },
     yaxis: { title: { text: "layer" }, tickmode: "array", tickvals: ans.layers, autorange: "reversed", showgrid: false, zeroline: false, fixedrange: true },
     shapes: [{ type: "rect", x0: st.head - 0.5, x1: st.head + 0.5, y0: st.layer - 0.5, y1: st.layer + 0.5,
@@ -42,31 +81,36 @@ export function render(container, { results: [ans] }, st, ctx) {
   }
   plot._go = ctx.go;
 
-  const details = part(container, "table", "details", { class: "data-table" });
-  replace(details,
-    h("summary", { text: `Table of ${label} (exact values; each is a link to that head)` }),
-    h("div", { class: "table-scroll" }, h("table", { class: "stat-table" },
-      h("caption", { class: "visually-hidden", text: `${label}, layers by heads` }),
-      h("thead", {}, h("tr", {}, h("th", { scope: "col", text: "layer" }), ans.heads.map((hd) => h("th", { scope: "col", text: `head ${hd}` })))),
-      h("tbody", {}, ans.layers.map((l, li) => h("tr", {}, h("th", { scope: "row", text: `layer ${l}` }),
-        ans.heads.map((hd, hi) => h("td", { "data-layer": l, "data-head": hd, "data-value": exactString(z[li][hi]) },
-          h("a", {
-            href: ctx.href({ view: "head", layer: l, head: hd }), title: fmtExact(z[li][hi]),
-            "aria-label": `layer ${l} head ${hd}: ${fmtExact(z[li][hi])}; open`,
-            onclick: (e) => {
-              if (e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey || e.altKey) return;
-              e.preventDefault();
-              ctx.go({ view: "head", layer: l, head: hd });
-            },
-          }, fmt(z[li][hi], 3))))))))));
-  container.dataset.stat = st.stat;
-  container.dataset.layer = st.layer;
-  container.dataset.head = st.head;
+  // The ranking: every head, sorted as the URL says (largest value first by default).
+  const list = ans.layers.flatMap((l, li) => ans.heads.map((hd, hi) => ({ l, hd, v: z[li][hi] })));
+  const key = st.sort.replace("-", ""), sign = st.sort.startsWith("-") ? -1 : 1;
+  list.sort((a, b) => sign * (SORTS[key](a) - SORTS[key](b)) || a.l - b.l || a.hd - b.hd);
+  const byValue = [...list].sort((a, b) => b.v - a.v);
+  const place = new Map(byValue.map((r, k) => [`${r.l}/${r.hd}`, k + 1]));
+  const open = (l, hd) => (e) => {
+    if (e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey || e.altKey) return;
+    e.preventDefault();
+    ctx.go({ view: "head", layer: l, head: hd });
+  };
+  replace(rank,
+    h("div", { class: "table-scroll rank-scroll" }, h("table", { class: "stat-table rank-table" },
+      h("caption", { text: `${L * H} heads ranked by ${unit}` }),
+      h("thead", {}, h("tr", {}, h("th", { scope: "col", text: "rank" }), sortButton("layer", "layer", st, ctx),
+        sortButton("head", "head", st, ctx), sortButton("value", unit, st, ctx))),
+      h("tbody", {}, list.map(({ l, hd, v }) => h("tr", {
+        class: l === st.layer && hd === st.head ? "current" : null,
+      },
+      h("td", { class: "num", text: place.get(`${l}/${hd}`) }),
+      h("td", { class: "num", text: l }), h("td", { class: "num", text: hd }),
+      h("td", { class: "num", "data-layer": l, "data-head": hd, "data-value": exactString(v) },
+        h("a", { href: ctx.href({ view: "head", layer: l, head: hd }), title: fmtExact(v),
+          "aria-label": `layer ${l} head ${hd}: ${fmtExact(v)}; open`, onclick: open(l, hd) }, fmt(v, 4)))))))));
   return {
     plot,
     name: `attnscope-${st.model}-${st.stat}`,
     csv: () => [["layer", ...ans.heads.map((hd) => `head ${hd}`)],
       ...ans.layers.map((l, li) => [l, ...z[li].map((v) => Number(exactString(v)))])],
-    json: () => ({ model: st.model, text: st.text, statistic: st.stat, layers: ans.layers, heads: ans.heads, values: z }),
+    json: () => ({ model: st.model, text: st.text, statistic: st.stat, normalised_by: norm, layers: ans.layers,
+      heads: ans.heads, values: z, colour_scale: { zmin: range.zmin, zmax: range.zmax, mode: range.perHead ? "per map" : "fixed" } }),
   };
 }
