@@ -101,15 +101,19 @@ class AttentionService:
         """Build every configured model and open its session (exporting the graph on first start).
         Whatever stops a model from loading becomes one StartupError line naming the fix."""
         st = self.settings
-        for model_id in st.models:
+        for entry in st.models:
+            model_id = zoo.split_entry(entry)[0]
             try:
-                rt = Runtime(zoo.get(model_id, st.model_dirs().get(model_id)), providers=st.providers or None,
-                             threads=st.threads, cache_dir=st.cache)
+                spec = zoo.resolve(entry, st.model_dirs())
+                if spec.id in self.runtimes:
+                    raise StartupError(f"ATTNSCOPE_MODELS names {spec.id!r} twice; give each model its own name")
+                rt = Runtime(spec, providers=st.providers or None, threads=st.threads, cache_dir=st.cache)
                 rt.session(stages=False)
             except zoo.ModelUnavailable as e:
                 raise StartupError(f"model {model_id!r}: {e}") from None
             except KeyError as e:
-                raise StartupError(f"ATTNSCOPE_MODELS: {e.args[0]}") from None
+                raise StartupError(f"ATTNSCOPE_MODELS: {e.args[0]}; or give NAME=PATH (a Hugging Face folder or a "
+                                   f".gguf file) or NAME=hf:ORG/REPO") from None
             except ValueError as e:  # the runtime's word for a bad option (e.g. an unknown execution provider)
                 raise StartupError(f"model {model_id!r}: {e}; fix: set ATTNSCOPE_PROVIDERS to available ones, or "
                                    f"leave it empty for the default") from None
@@ -128,9 +132,9 @@ class AttentionService:
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=i, title=rt.spec.title, description=rt.spec.description, kind=rt.spec.kind,
-                          layers=rt.cfg.n_layers, heads=rt.cfg.n_heads, d_model=rt.cfg.d_model,
-                          d_head=rt.cfg.d_head, max_tokens=rt.spec.max_tokens, pair=rt.spec.pair,
-                          provider=rt.provider)
+                          source=rt.spec.source, architecture=rt.spec.architecture, layers=rt.cfg.n_layers,
+                          heads=rt.cfg.n_heads, d_model=rt.cfg.d_model, d_head=rt.cfg.d_head,
+                          max_tokens=rt.spec.max_tokens, pair=rt.spec.pair, provider=rt.provider)
                 for i, rt in self.runtimes.items()]
 
     # ---- planning: every check that needs only the request and the model, once ---------------
