@@ -24,7 +24,8 @@ def _runtime(entry: str):
     from .settings import get_settings
 
     st = get_settings()
-    return Runtime(zoo.resolve(entry, st.model_dirs()), st.providers or None, st.threads, st.cache)
+    return Runtime(zoo.resolve(entry, st.model_dirs(), cache=st.cache), st.providers or None, st.threads,
+                   st.cache)
 
 
 def _attend(args) -> int:

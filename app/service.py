@@ -104,7 +104,7 @@ class AttentionService:
         for entry in st.models:
             model_id = zoo.split_entry(entry)[0]
             try:
-                spec = zoo.resolve(entry, st.model_dirs())
+                spec = zoo.resolve(entry, st.model_dirs(), cache=st.cache)
                 if spec.id in self.runtimes:
                     raise StartupError(f"ATTNSCOPE_MODELS names {spec.id!r} twice; give each model its own name")
                 rt = Runtime(spec, providers=st.providers or None, threads=st.threads, cache_dir=st.cache)

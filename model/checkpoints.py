@@ -142,6 +142,14 @@ def _get(c: dict, key: str, default=None):
     return value
 
 
+def _width(c: dict, d_key: str, h_key: str) -> tuple[int, int]:
+    """d_model and heads of a family whose heads split d_model evenly (BERT, RoBERTa, GPT-2)."""
+    d, heads = _get(c, d_key), _get(c, h_key)
+    if d % heads:
+        raise ModelUnavailable(f"config.json's {d_key} {d} is not divisible by {h_key} {heads}")
+    return d, heads
+
+
 def _activation(c: dict, key: str, default: str) -> str:
     act = c.get(key, default)
     if act not in GELU:
@@ -158,9 +166,10 @@ def _bert_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[st
                                "not supported; encoders only")
     offset = _get(c, "pad_token_id", 1) + 1 if c["model_type"] == "roberta" else 0
     positions = _get(c, "max_position_embeddings") - offset
+    d, heads = _width(c, "hidden_size", "num_attention_heads")
     cfg = TransformerConfig(
-        vocab_size=_get(c, "vocab_size"), max_positions=positions, d_model=_get(c, "hidden_size"),
-        n_heads=_get(c, "num_attention_heads"), n_layers=_get(c, "num_hidden_layers"),
+        vocab_size=_get(c, "vocab_size"), max_positions=positions, d_model=d, n_heads=heads,
+        n_layers=_get(c, "num_hidden_layers"),
         d_ff=_get(c, "intermediate_size"), type_vocab_size=c.get("type_vocab_size", 2), embed_norm=True,
         layer_norm_eps=c.get("layer_norm_eps", 1e-12), mlp=_activation(c, "hidden_act", "gelu"))
     return cfg, min(positions, MAX_TOKENS), []
@@ -189,10 +198,10 @@ def _gpt2_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[st
     if not c.get("scale_attn_weights", True) or c.get("scale_attn_by_inverse_layer_idx", False):
         raise ModelUnavailable("GPT-2 attention without the 1/sqrt(d_head) scale (scale_attn_weights false) or "
                                "scaled by layer (scale_attn_by_inverse_layer_idx) is not supported")
-    d = _get(c, "n_embd")
+    d, heads = _width(c, "n_embd", "n_head")
     tie = c.get("tie_word_embeddings", True)
     cfg = TransformerConfig(
-        vocab_size=_get(c, "vocab_size"), max_positions=_get(c, "n_positions"), d_model=d, n_heads=_get(c, "n_head"),
+        vocab_size=_get(c, "vocab_size"), max_positions=_get(c, "n_positions"), d_model=d, n_heads=heads,
         n_layers=_get(c, "n_layer"), d_ff=c.get("n_inner") or 4 * d, norm_first=True, causal=True, final_norm=True,
         layer_norm_eps=c.get("layer_norm_epsilon", 1e-5), mlp=_activation(c, "activation_function", "gelu_new"),
         lm_head=tie or "lm_head.weight" in tensors, tie_embeddings=tie)
@@ -324,7 +333,6 @@ class Checkpoint:
     """A Hugging Face folder, understood and checked: the config, where every tensor comes from."""
     folder: Path
     architecture: str            # a key of ARCHITECTURES
-    config: dict                 # config.json as written
     cfg: TransformerConfig
     max_tokens: int
     notes: tuple[str, ...]       # what a person should know (a capped input length)
@@ -374,7 +382,9 @@ def inspect(folder: str | Path) -> Checkpoint:
                                f"({FOLDER_FILES}) or a .gguf file")
     missing = [f for f in ("config.json", "tokenizer.json") if not (folder / f).is_file()]
     if missing:
-        raise ModelUnavailable(f"{' and '.join(missing)} missing from {folder}; a Hugging Face folder needs "
+        gguf = sorted(p.name for p in folder.glob("*.gguf"))
+        hint = f" (it holds {', '.join(gguf[:3])}: give that file's path)" if gguf else ""
+        raise ModelUnavailable(f"{' and '.join(missing)} missing from {folder}{hint}; a Hugging Face folder needs "
                                f"{FOLDER_FILES}")
     c = _read_json(folder / "config.json")
     arch = architecture(c)
@@ -384,11 +394,12 @@ def inspect(folder: str | Path) -> Checkpoint:
         tensors |= read_header(path)
     try:
         cfg, max_tokens, notes = ARCHITECTURES[arch].config(c, set(tensors))
-    except (ValueError, TypeError) as e:   # TransformerConfig's and GroupedQueryAttention's checks
+        _shapes(cfg)                       # builds a skeleton: the attention's own checks run here
+    except (ValueError, TypeError, ZeroDivisionError) as e:   # TransformerConfig's and the attention's checks
         raise ModelUnavailable(f"config.json does not describe a model attnscope can build: {one_line(e)}") from None
     prefix = _prefix(tensors, ARCHITECTURES[arch].embedding, folder)
     sources = ARCHITECTURES[arch].names(cfg, c, prefix)
-    ckpt = Checkpoint(folder, arch, c, cfg, max_tokens, tuple(notes), tensors, sources)
+    ckpt = Checkpoint(folder, arch, cfg, max_tokens, tuple(notes), tensors, sources)
     _check(ckpt, prefix)
     return ckpt
 

@@ -213,10 +213,12 @@ def split_entry(entry: str) -> tuple[str, str | None]:
     return name.strip(), (source.strip() if sep else None)
 
 
-def resolve(entry: str, folders: dict[str, Path] | None = None, hf_cache: Path | None = None) -> ModelSpec:
+def resolve(entry: str, folders: dict[str, Path] | None = None, hf_cache: Path | None = None,
+            cache: Path | None = None) -> ModelSpec:
     """One ATTNSCOPE_MODELS entry as a spec: a zoo id (its files from `folders` when named there); NAME=PATH,
     a Hugging Face folder or a .gguf file; NAME=hf:ORG/REPO, a repo in the local Hugging Face cache (`hf_cache`,
-    else huggingface_hub's own lookup), never the network. NAME becomes the model's id.
+    else huggingface_hub's own lookup), never the network. NAME becomes the model's id. `cache` is the folder
+    of derived files (de-quantised GGUF weights), where a GGUF file's config is read fastest.
     Raises KeyError for an unknown zoo id and ModelUnavailable for everything about a checkpoint."""
     from . import checkpoints
 
@@ -234,7 +236,7 @@ def resolve(entry: str, folders: dict[str, Path] | None = None, hf_cache: Path |
         path = Path(source).expanduser()
         origin, shown = ("gguf" if path.suffix.lower() == ".gguf" else "folder"), path.name
     if origin == "gguf":
-        return _gguf_spec(name, path)
+        return _gguf_spec(name, path, cache)
     ckpt = checkpoints.inspect(path)
     arch = checkpoints.ARCHITECTURES[ckpt.architecture].title
     where = f"the local Hugging Face cache ({shown})" if origin == "hf-cache" else f"the folder {shown}"
@@ -246,17 +248,17 @@ def resolve(entry: str, folders: dict[str, Path] | None = None, hf_cache: Path |
                      pair=ckpt.pair, folder=path, source=origin, architecture=ckpt.architecture)
 
 
-def _gguf_spec(name: str, path: Path) -> ModelSpec:
+def _gguf_spec(name: str, path: Path, cache: Path | None = None) -> ModelSpec:
     """A Llama-family .gguf file: de-quantised once into the cache, tokenizer rebuilt from its vocabulary."""
     from .checkpoints import MAX_TOKENS
-    from .gguf import _reader, gguf_config, gguf_tokenizer, load_gguf
+    from .gguf import file_config, gguf_tokenizer, load_gguf
 
     if not path.is_file():
         raise ModelUnavailable(f"no file at {path}")
     if importlib.util.find_spec("gguf") is None:
         raise ModelUnavailable("reading .gguf files needs the GGUF reader; fix: pip install gguf")
     try:
-        cfg = gguf_config(_reader(path))
+        cfg = file_config(path, cache)
     except Exception as e:  # noqa: BLE001 - gguf's own errors, and ours for an unsupported file
         raise ModelUnavailable(f"cannot use {path.name}: {one_line(e)}; supported: Llama-family GGUF files "
                                f"(general.architecture 'llama', byte-level BPE vocabulary)") from None

@@ -310,6 +310,12 @@ def test_unsupported_config_options(folders, tmp_path):
     assert "RoPE scaling 'llama3' is not supported" in refusal(f"mine={folder}")
     edit_config(folder, rope_parameters={"rope_type": "default", "rope_theta": 500.0}, hidden_act="gelu")
     assert "hidden_act 'gelu' is not supported" in refusal(f"mine={folder}")
+    edit_config(folder, hidden_act="silu", num_key_value_heads=3)
+    assert "config.json does not describe a model attnscope can build: n_kv_heads must divide n_heads" in \
+        refusal(f"mine={folder}")
+    folder = copy_of(folders["gpt2"], tmp_path)
+    edit_config(folder, n_head=5)
+    assert "config.json's n_embd 64 is not divisible by n_head 5" in refusal(f"mine={folder}")
 
 
 @pytest.mark.parametrize("what", ["tokenizer.json", "config.json", "weights", "shard", "folder"])
@@ -472,7 +478,7 @@ def test_gguf_file_is_the_zoo_smollm2(runtimes):
         path = zoo.smollm2_path()
     except zoo.ModelUnavailable as e:
         pytest.skip(str(e))
-    spec = zoo.resolve(f"smol={path}")
+    spec = zoo.resolve(f"smol={path}", cache=CACHE)
     assert (spec.id, spec.source, spec.architecture, spec.kind, spec.max_tokens) == ("smol", "gguf", "llama", "decoder",
                                                                                      4096)
     assert "9 heads (3 key/value heads), d_model 576" in spec.description
