@@ -376,6 +376,13 @@ def inspect(folder: str | Path) -> Checkpoint:
     """Read config.json and the safetensors headers, and check that every tensor the config implies is there
     with the shape it implies. Reads no weights: cheap enough to run before anything is loaded."""
     folder = Path(folder)
+    try:
+        return _inspect(folder)
+    except OSError as e:   # unreadable files (permissions, I/O errors): not the graph cache's fault
+        raise ModelUnavailable(f"cannot read {e.filename or folder} ({e.strerror or type(e).__name__})") from None
+
+
+def _inspect(folder: Path) -> Checkpoint:
     if not folder.is_dir():
         raise ModelUnavailable(f"no folder at {folder}" if not folder.exists() else
                                f"{folder} is neither a folder nor a .gguf file; give a Hugging Face folder "
@@ -464,7 +471,11 @@ def convert(ckpt: Checkpoint) -> dict[str, np.ndarray]:
 def load_model(folder: str | Path, cache: Path | None = None) -> Transformer:
     """A Transformer with the checkpoint's weights (`cache` is unused: safetensors need no conversion cache)."""
     ckpt = inspect(folder)
-    return load_state_dict(Transformer(ckpt.cfg, seed=None), convert(ckpt))
+    try:
+        sd = convert(ckpt)
+    except OSError as e:
+        raise ModelUnavailable(f"cannot read {e.filename or folder} ({e.strerror or type(e).__name__})") from None
+    return load_state_dict(Transformer(ckpt.cfg, seed=None), sd)
 
 
 # ---- tokenizer.json ------------------------------------------------------------------------------

@@ -392,6 +392,7 @@ def test_gguf_that_is_not_llama(tmp_path):
     assert "cannot use tiny-gpt2.gguf: only Llama-family GGUF files are supported" in line and "'gpt2'" in line
 
 
+@pytest.mark.slow
 def test_refusal_through_a_real_server(folders, tmp_path):
     folder = copy_of(folders["bert"], tmp_path)
     edit_config(folder, model_type="xlnet", architectures=["XLNetModel"])
@@ -461,6 +462,7 @@ def test_real_server_serves_hf_cache_and_folders(folders, client, tmp_path):
         proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 def test_hf_repo_not_in_the_cache_is_one_line(tmp_path):
     (tmp_path / "hub").mkdir()
     line = _fails(UVICORN, _uvicorn_args(), _env(ATTNSCOPE_MODELS="x=hf:acme/absent", HF_HUB_OFFLINE="1",
