@@ -281,5 +281,3 @@ def _gguf_spec(name: str, path: Path, cache: Path | None = None) -> ModelSpec:
                      f"heads{kv}, d_model {cfg.d_model}, head_dim {cfg.d_head}, RoPE theta {cfg.rope_theta:g}; "
                      f"de-quantised to float32 once (cached); predicts the next token.", "decoder", build, tokenizer,
                      max_tokens=min(cfg.max_positions, MAX_TOKENS), folder=path, source="gguf", architecture="llama")
-
-
