@@ -1,25 +1,31 @@
 """attnscope command line (also `python -m attnscope`): serve the app, export graphs, or print a head's attention.
 
-    attnscope serve [--host H --port P]
+    attnscope serve [--host H --port P] [--model MODEL ...]
     attnscope export [MODEL ...]
     attnscope attend "The cat sat on the mat." --model minilm --layer 2 --head 5 [--top 3] [--causal]
+
+MODEL is a zoo id (minilm, smollm2, tiny-gpt, induction), NAME=PATH (a Hugging Face folder or a .gguf file) or
+NAME=hf:ORG/REPO (the local Hugging Face cache), as in ATTNSCOPE_MODELS.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
 
 
-def _runtime(model_id: str):
-    """A zoo model configured from the settings (graph cache, model folders, providers, threads)."""
+def _runtime(entry: str):
+    """A model (zoo id, NAME=PATH or NAME=hf:ORG/REPO) configured from the settings (graph cache, model folders,
+    providers, threads)."""
     from ..model import zoo
     from ..model.runtime import Runtime
     from .settings import get_settings
 
     st = get_settings()
-    return Runtime(zoo.get(model_id, st.model_dirs().get(model_id)), st.providers or None, st.threads, st.cache)
+    return Runtime(zoo.resolve(entry, st.model_dirs(), cache=st.cache), st.providers or None, st.threads,
+                   st.cache)
 
 
 def _attend(args) -> int:
@@ -56,11 +62,14 @@ def main(argv=None) -> int:
     s = sub.add_parser("serve", help="run the web app and API")
     s.add_argument("--host", default=None)
     s.add_argument("--port", type=int, default=None)
+    s.add_argument("--model", action="append", default=None, metavar="MODEL",
+                   help="a model to serve (repeatable): a zoo id, NAME=PATH (Hugging Face folder or .gguf file) or "
+                        "NAME=hf:ORG/REPO; replaces ATTNSCOPE_MODELS")
     e = sub.add_parser("export", help="build (and cache) the ONNX graphs")
-    e.add_argument("models", nargs="*", help="model ids (default: all)")
+    e.add_argument("models", nargs="*", help="zoo ids, NAME=PATH or NAME=hf:ORG/REPO (default: the zoo)")
     a = sub.add_parser("attend", help="print one head's attention for a text")
     a.add_argument("text")
-    a.add_argument("--model", default="minilm")
+    a.add_argument("--model", default="minilm", help="a zoo id, NAME=PATH or NAME=hf:ORG/REPO")
     a.add_argument("--layer", type=int, default=0)
     a.add_argument("--head", type=int, default=0)
     a.add_argument("--top", type=int, default=0, help="show the top-k keys per query instead of the matrix")
@@ -68,6 +77,9 @@ def main(argv=None) -> int:
     a.add_argument("--engine", choices=["onnx", "numpy"], default="onnx")
     args = parser.parse_args(argv)
     from .settings import get_settings, setup_logging
+    if args.cmd == "serve" and args.model:   # the app (imported by uvicorn) reads its settings from the environment
+        os.environ["ATTNSCOPE_MODELS"] = ",".join(args.model)
+        get_settings.cache_clear()
     setup_logging()
 
     if args.cmd == "serve":
@@ -75,8 +87,8 @@ def main(argv=None) -> int:
         st = get_settings()
         uvicorn.run("attnscope.app.main:app", host=args.host or st.host, port=args.port or st.port)
         return 0
+    from ..model import zoo
     if args.cmd == "export":
-        from ..model import zoo
         for model_id in args.models or list(zoo.ZOO):
             rt = _runtime(model_id)
             for stages in (False, True):
@@ -84,7 +96,7 @@ def main(argv=None) -> int:
         return 0
     try:
         return _attend(args)
-    except (ValueError, KeyError) as e:
+    except (ValueError, KeyError, zoo.ModelUnavailable) as e:
         print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
 

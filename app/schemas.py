@@ -62,6 +62,8 @@ class ModelInfo(BaseModel):
     title: str = Field(description="human-readable name")
     description: str = Field(description="what the model is and where its weights come from")
     kind: Literal["encoder", "decoder"] = Field(description="decoders are causal: each token sees only the past")
+    source: Literal["zoo", "folder", "gguf", "hf-cache"] = Field(description="where the model came from")
+    architecture: str = Field(description="model family: bert, roberta, gpt2, llama, mistral, qwen2", examples=["bert"])
     layers: int = Field(description="transformer blocks")
     heads: int = Field(description="attention heads per block")
     d_model: int = Field(description="width of the residual stream")

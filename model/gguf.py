@@ -142,6 +142,21 @@ def _write_atomically(target: Path, write, stale: str | None = None) -> None:
             old.unlink(missing_ok=True)
 
 
+def file_config(path, cache: str | Path | None = None) -> TransformerConfig:
+    """The file's config without de-quantising: from the cached weights' metadata when load_gguf has written
+    them (parsing a GGUF file's metadata, its vocabulary included, takes seconds), else from the file."""
+    from safetensors import safe_open
+
+    cached = _cached(cache, Path(path), ".safetensors") if Path(path).is_file() else None
+    if cached is not None and cached.is_file():
+        try:
+            with safe_open(cached, "np") as f:
+                return TransformerConfig(**json.loads(f.metadata()["config"]))
+        except Exception:  # noqa: BLE001 - a truncated or foreign file: read the GGUF file instead
+            pass
+    return gguf_config(_reader(path))
+
+
 def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) -> Transformer:
     """A Transformer from a Llama-family GGUF file. With a cache folder, the de-quantised weights are
     written to <cache>/<file name>-<key>.safetensors on the first call and read from there afterwards."""

