@@ -175,7 +175,8 @@ def test_models_onnx_and_health(client):
     graph = onnx.load_from_string(r.content).graph
     assert [o.name for o in graph.output] == ["hidden", "attentions"]
     assert client.get("/healthz").json()["models"] == {"minilm": "CPUExecutionProvider",
-                                                        "tiny-gpt": "CPUExecutionProvider"}
+                                                        "tiny-gpt": "CPUExecutionProvider",
+                                                        "induction": "CPUExecutionProvider"}
 
 
 # ---- errors ---------------------------------------------------------------------------------
