@@ -113,6 +113,26 @@ def js_sums(p: np.ndarray, rows: np.ndarray, block: int = 1 << 18) -> np.ndarray
     return out + out.T
 
 
+def head_map(distance: np.ndarray) -> dict:
+    """What a page needs to show heads by their JS distance [LH, LH]: an average-linkage clustering (scipy's
+    linkage rows [a, b, height, size] and its leaf order, to reorder the matrix or draw a dendrogram) and a
+    2-D classical MDS embedding (Clark et al.'s head map; signs fixed so the result is deterministic)."""
+    from scipy.cluster.hierarchy import leaves_list, linkage
+    from scipy.spatial.distance import squareform
+    D = np.asarray(distance, np.float64)
+    n = len(D)
+    if n < 2:
+        return {"method": "average linkage; classical MDS", "order": list(range(n)), "linkage": [],
+                "mds": [[0.0, 0.0]] * n}
+    Z = linkage(squareform(D, checks=False), method="average")
+    J = np.eye(n) - 1.0 / n
+    w, v = np.linalg.eigh(-0.5 * J @ (D ** 2) @ J)                      # ascending eigenvalues
+    w, v = w[::-1][:2], v[:, ::-1][:, :2]
+    v *= np.sign(v[np.abs(v).argmax(0), range(v.shape[1])])            # largest entry of each axis positive
+    return {"method": "average linkage; classical MDS", "order": leaves_list(Z).tolist(), "linkage": Z.tolist(),
+            "mds": (v * np.sqrt(np.maximum(w, 0))).tolist()}
+
+
 @dataclass
 class Sums:
     """Per-head sums over query rows and their counts: what a worker sends instead of T x T matrices.
@@ -187,17 +207,19 @@ class Sums:
         return self
 
     def result(self) -> dict:
-        """Means: {texts, tokens, truncated, stats {name: [L, H]}, special_token_mass {tok: [L, H]},
-        js_divergence, js_distance [LH, LH]} (numpy arrays; 0 where a denominator is 0)."""
+        """Means: {texts, tokens, truncated, js_rows, stats {name: [L, H]}, special_token_mass {tok: [L, H]},
+        js_divergence, js_distance [LH, LH] (None without JS rows)} as numpy arrays; 0 where a denominator is 0."""
         def mean(v, n):
             return v / n if n else np.zeros_like(v)
-        div = np.maximum(mean(self.js, self.js_rows), 0.0)      # clip float rounding below 0 (identical rows)
-        np.fill_diagonal(div, 0.0)
+        div = None
+        if self.js_rows:
+            div = np.maximum(self.js / self.js_rows, 0.0)       # clip float rounding below 0 (identical rows)
+            np.fill_diagonal(div, 0.0)
         return {"texts": self.texts, "tokens": self.tokens, "truncated": self.truncated, "js_rows": self.js_rows,
                 "stats": {name: mean(v, self.pairs if name in PER_PAIR else self.tokens)
                           for name, v in self.head.items()},
                 "special_token_mass": {tok: mean(v, self.tokens) for tok, v in sorted(self.special.items())},
-                "js_divergence": div, "js_distance": np.sqrt(div)}
+                "js_divergence": div, "js_distance": None if div is None else np.sqrt(div)}
 
     # JSON for the partial file: Python floats round-trip exactly through repr
     def to_json(self) -> dict:
@@ -704,7 +726,8 @@ def _write_parquet(path: Path, job: dict) -> None:
     for tok, v in job["special_token_mass"].items():
         put(f"special_token_mass:{tok}", v)
     for name in ("js_divergence", "js_distance"):
-        put(name, job[name], pairs=True)
+        if job[name] is not None:
+            put(name, job[name], pairs=True)
     meta = {k: v for k, v in job.items() if k not in ("stats", "special_token_mass", "js_divergence", "js_distance")}
     table = pa.table(rows).replace_schema_metadata({"attnscope": json.dumps(meta)})
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
@@ -846,6 +869,10 @@ def run_corpus(path, model_id: str, *, engine: Engine = "local", out=None, sampl
             checkpoint()
             say(f"stopped after {total.texts} texts ({type(e).__name__}); their sums are kept in {part}: "
                 f"run the same command again to resume")
+        from concurrent.futures.process import BrokenProcessPool
+        if isinstance(e, BrokenProcessPool):
+            raise CorpusError(f"a worker process died ({e}); out of memory? Try fewer --workers or a smaller "
+                              f"--batch-size, then run the same command to resume") from None
         if type(e).__module__.startswith("ray"):     # RayTaskError and friends: the cause's last line
             lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
             raise CorpusError(f"the Ray job failed: {lines[-1] if lines else type(e).__name__}") from None
@@ -870,7 +897,8 @@ def run_corpus(path, model_id: str, *, engine: Engine = "local", out=None, sampl
            "texts": res["texts"], "tokens": res["tokens"], "truncated": res["truncated"], "js_rows": res["js_rows"],
            "stats": res["stats"], "special_token_mass": res["special_token_mass"],
            "js_divergence": res["js_divergence"], "js_distance": res["js_distance"],
-           "head_index": "the js matrices are [L*H, L*H]: (layer, head) is row layer * heads + head",
+           "head_index": "js_* and js_map index heads layer-major: (layer, head) is layer * heads + head",
+           "js_map": None if res["js_distance"] is None else head_map(res["js_distance"]),
            "input": {"path": str(path), "format": fmt, "column": column, "sample": sample, "seed": seed,
                      "max_chars": max_chars, "skipped": len(problems), "skipped_by_reason": reasons,
                      "problems": [p.to_json() for p in problems[:KEPT_PROBLEMS]]},

@@ -122,6 +122,15 @@ def test_js_matches_scipy_and_is_a_symmetric_distance(tmp_path, runtimes):
     D = np.array(got["js_distance"])
     np.testing.assert_array_equal(D, D.T)
     assert np.all(np.diag(D) == 0) and np.all(D <= math.sqrt(math.log(2)) + 1e-12)
+    i, j, k = np.meshgrid(*[range(16)] * 3, indexing="ij")
+    assert np.all(D[i, k] <= D[i, j] + D[j, k] + 1e-12)                      # a metric: the triangle inequality
+    hm = got["js_map"]                                                       # for the page: clustering and MDS
+    assert sorted(hm["order"]) == list(range(16)) and len(hm["linkage"]) == 15 and np.shape(hm["mds"]) == (16, 2)
+    X = np.array(hm["mds"])
+    assert np.corrcoef(np.linalg.norm(X[:, None] - X[None], axis=-1)[np.triu_indices(16, 1)],
+                       D[np.triu_indices(16, 1)])[0, 1] > 0.8                # the embedding keeps the distances
+    off = corpus(tmp_path, texts=["The cat sat on the mat."], js_rows=0)
+    assert off["js_divergence"] is None and off["js_map"] is None and off["js_rows"] == 0
 
 
 @pytest.mark.parametrize("model", ["tiny-gpt", "minilm"])
@@ -306,6 +315,8 @@ def test_a_crash_keeps_the_finished_chunks_and_the_same_command_resumes(tmp_path
 
     def crash_after_two(chunk, sums):
         seen.append(chunk.index)
+        saved = json.loads((tmp_path / "r.json.partial.json").read_text())   # written as the job goes
+        assert saved["done"][0] == [0, 0] and saved["sums"]["texts"] >= 2
         if len(seen) == 2:
             raise KeyboardInterrupt                             # e.g. Ctrl-C, or the machine going away
     with pytest.raises(KeyboardInterrupt):
