@@ -38,7 +38,6 @@ from it, so a crash at 90 % keeps 90 %. The finished job writes OUT and removes 
 from __future__ import annotations
 
 import json
-import math
 import os
 import pickle
 import random
@@ -621,11 +620,16 @@ def ray_start(num_cpus: int | None = None) -> bool:
     import ray
     if ray.is_initialized():
         return False
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level=logging.WARNING)
-    else:
-        ray.init(num_cpus=num_cpus or cores(), include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING)
+    address = os.environ.get("RAY_ADDRESS")
+    try:
+        if address:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        else:
+            ray.init(address="local", num_cpus=num_cpus or cores(), include_dashboard=False,  # a new one, even
+                     log_to_driver=False, logging_level=logging.WARNING)      # if `ray start` runs here too
+    except Exception as e:  # noqa: BLE001 - ConnectionError, auth and version mismatches alike
+        where = f"join the Ray cluster at RAY_ADDRESS={address}" if address else "start a local Ray cluster"
+        raise CorpusError(f"cannot {where}: {type(e).__name__}: {str(e).strip().splitlines()[0]}") from None
     return True
 
 
@@ -875,7 +879,10 @@ def run_corpus(path, model_id: str, *, engine: Engine = "local", out=None, sampl
                               f"--batch-size, then run the same command to resume") from None
         if type(e).__module__.startswith("ray"):     # RayTaskError and friends: the cause's last line
             lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-            raise CorpusError(f"the Ray job failed: {lines[-1] if lines else type(e).__name__}") from None
+            cause = lines[-1] if lines else type(e).__name__
+            hint = ("; every Ray node needs the driver's Python environment: attnscope and the model packages"
+                    if "ModuleNotFoundError" in cause or "ModelUnavailable" in str(e) else "")
+            raise CorpusError(f"the Ray job failed: {cause}{hint}") from None
         raise
     finally:
         if ray_started:
