@@ -92,13 +92,13 @@ def js_rows_of(T: int, js_rows: int) -> np.ndarray:
     return np.unique(np.linspace(0, T - 1, js_rows).round().astype(int))
 
 
-def js_sums(p: np.ndarray, rows: np.ndarray, block: int = 1 << 18) -> np.ndarray:
-    """Sum over the given query rows of the JS divergence between every two heads' rows. p [L, H, T, T] -> [LH, LH]
+def js_sums(p: np.ndarray, block: int = 1 << 18) -> np.ndarray:
+    """Sum over query rows of the JS divergence between every two heads' rows. p [L, H, R, T] -> [LH, LH]
 
     JS(a, b) = H(m) - (H(a) + H(b)) / 2 with m = (a + b) / 2, in nats (0 when a = b, log 2 when disjoint).
     Head pairs go in blocks of about `block` numbers."""
-    L, H, T, _ = p.shape
-    P = np.asarray(p, np.float64).reshape(L * H, T, T)[:, rows]        # [LH, R, T]
+    L, H, R, T = p.shape
+    P = np.asarray(p, np.float64).reshape(L * H, R, T)
     h = stats.entropy(P).sum(-1)                                        # [LH] summed over the rows
     A, B = np.triu_indices(L * H, 1)                                    # every pair a < b
     out = np.zeros((L * H, L * H))
@@ -158,25 +158,29 @@ class Sums:
     def of_text(cls, p: np.ndarray, punctuation: np.ndarray, special: dict[str, np.ndarray],
                 js_rows: int = JS_ROWS, truncated: bool = False) -> "Sums":
         """One text's sums. p [L, H, T, T] (rows sum to 1); punctuation [T] bool over keys;
-        special {token: [T] bool over keys}."""
+        special {token: [T] bool over keys}. Layer by layer in float64, so the extra memory is one layer's."""
         L, H, T, _ = p.shape
-        p = np.asarray(p, np.float64)
         i = np.arange(T)
+        distance = np.abs(i[:, None] - i[None, :]).astype(np.float64)                    # |i - j|
+        punctuation = np.asarray(punctuation, bool)
         s = cls(L, H, texts=1, tokens=T, pairs=T - 1, truncated=int(truncated))
-        ent = stats.entropy(p)                                                           # [L, H, T]
-        s.head["mean_entropy"] = ent.sum(-1)
-        s.head["first_token_mass"] = p[..., :, 0].sum(-1)
-        s.head["last_token_mass"] = p[..., :, -1].sum(-1)
-        s.head["diagonal_mass"] = p[..., i, i].sum(-1)
-        s.head["previous_token_mass"] = p[..., i[1:], i[:-1]].sum(-1)
-        s.head["next_token_mass"] = p[..., i[:-1], i[1:]].sum(-1)
-        s.head["mean_distance"] = np.einsum("lhqk,qk->lh", p, np.abs(i[:, None] - i[None, :]).astype(np.float64))
-        s.head["punctuation_mass"] = p[..., :, np.asarray(punctuation, bool)].sum((-1, -2))
-        s.special = {tok: p[..., :, np.asarray(keys, bool)].sum((-1, -2)) for tok, keys in special.items()}
+        s.special = {tok: np.zeros((L, H)) for tok in special}
+        for l in range(L):
+            q = np.asarray(p[l], np.float64)                                              # [H, T, T]
+            s.head["mean_entropy"][l] = stats.entropy(q).sum(-1)
+            s.head["first_token_mass"][l] = q[:, :, 0].sum(-1)
+            s.head["last_token_mass"][l] = q[:, :, -1].sum(-1)
+            s.head["diagonal_mass"][l] = q[:, i, i].sum(-1)
+            s.head["previous_token_mass"][l] = q[:, i[1:], i[:-1]].sum(-1)
+            s.head["next_token_mass"][l] = q[:, i[:-1], i[1:]].sum(-1)
+            s.head["mean_distance"][l] = np.einsum("hqk,qk->h", q, distance)
+            s.head["punctuation_mass"][l] = q[:, :, punctuation].sum((-1, -2))
+            for tok, keys in special.items():
+                s.special[tok][l] = q[:, :, np.asarray(keys, bool)].sum((-1, -2))
         rows = js_rows_of(T, js_rows)
         s.js_rows = len(rows)
         if len(rows):
-            s.js = js_sums(p, rows)
+            s.js = js_sums(p[:, :, rows])                                                 # [L, H, R, T] in
         return s
 
     @classmethod
