@@ -79,7 +79,7 @@ def main(argv=None) -> int:
                                    "over every text of INPUT. Skipped records are reported with their line or row "
                                    "number; partial sums go to OUT.partial.json, and the same command resumes.")
     c.add_argument("input", help="one text per line (.txt), JSON Lines (.jsonl), CSV/TSV or Parquet")
-    c.add_argument("--model", default="minilm")
+    c.add_argument("--model", default="minilm", help="a model id, as GET /api/models lists them (%(default)s)")
     c.add_argument("--engine", choices=["local", "ray"], default="local",
                    help="local: a process pool on this machine; ray: Ray Data (RAY_ADDRESS, else a local cluster)")
     c.add_argument("--out", help="result file, .json or .parquet (default: INPUT_STEM.MODEL.corpus.json)")
