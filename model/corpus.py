@@ -662,7 +662,7 @@ def run_ray(work: Iterable[Chunk], model_id: str, workers: int, threads: int, ba
         return
     ds = ray.data.from_arrow(blocks).map_batches(
         RayChunks, batch_size=chunk_size, batch_format="pyarrow", num_cpus=threads,
-        compute=ray.data.ActorPoolStrategy(size=workers),
+        compute=ray.data.ActorPoolStrategy(size=min(workers, len(blocks))),     # no idle actors to start
         fn_constructor_kwargs={"model_id": model_id, "threads": threads, "batch_size": batch_size,
                                "js_rows": js_rows, "unit": unit})
     partial: dict[int, tuple[int, Sums, list[Problem]]] = {}
@@ -677,6 +677,25 @@ def run_ray(work: Iterable[Chunk], model_id: str, workers: int, threads: int, ba
                 continue
             partial.pop(index, None)
             yield Chunk(index, unit, [], []), sums, problems
+
+
+def _engine(engine: Engine, work: Iterable[Chunk], model_id: str, workers: int | None, batch_size: int,
+            js_rows: int, chunk_size: int, rt, say) -> tuple[Iterator, int, int]:
+    """The chosen engine's stream of finished chunks, its workers and each worker's onnxruntime threads."""
+    n_cores = cores()
+    if engine == "ray":
+        if workers is None:
+            import ray
+            workers = max(1, int(ray.cluster_resources().get("CPU", n_cores)))
+        return run_ray(work, model_id, workers, 1, batch_size, js_rows, chunk_size), workers, 1
+    workers = n_cores if workers is None else workers
+    if workers == 0:
+        return run_inprocess(work, ChunkWorker(model_id, batch_size=batch_size, js_rows=js_rows, runtime=rt)), 0, \
+            rt.threads or n_cores
+    if workers > n_cores:
+        say(f"{workers} workers on {n_cores} cores: they will compete for the cores")
+    threads = max(1, n_cores // workers)
+    return run_local(work, model_id, workers, threads, batch_size, js_rows), workers, threads
 
 
 # ---- the job ---------------------------------------------------------------------------------
@@ -839,25 +858,12 @@ def run_corpus(path, model_id: str, *, engine: Engine = "local", out=None, sampl
         _write_json(part, {"job": job_key, "done": _ranges(done), "sums": total.to_json(),
                            "refused": [vars(p) for p in refused]})
 
-    started, ray_started, last_write, threads, texts_now = time.perf_counter(), False, 0.0, 1, 0
+    started, ray_started, last_write, texts_now = time.perf_counter(), False, 0.0, 0
     try:
         if engine == "ray":
             ray_started = ray_start(n_cores)
-            if workers is None:
-                import ray
-                workers = max(1, int(ray.cluster_resources().get("CPU", n_cores)))
-            stream = run_ray(work(), model_id, workers, threads, batch_size, js_rows, chunk_size)
-        else:
-            workers = n_cores if workers is None else workers
-            if workers == 0:
-                threads = n_cores
-                stream = run_inprocess(work(), ChunkWorker(model_id, batch_size=batch_size, js_rows=js_rows,
-                                                           runtime=rt))
-            else:
-                threads = max(1, n_cores // workers)
-                if workers > n_cores:
-                    say(f"{workers} workers on {n_cores} cores: they will compete for the cores")
-                stream = run_local(work(), model_id, workers, threads, batch_size, js_rows)
+        stream, workers, threads = _engine(engine, work(), model_id, workers, batch_size, js_rows, chunk_size, rt,
+                                           say)
         for chunk, sums, worker_problems in stream:
             total.add(sums)
             done.add(chunk.index)
