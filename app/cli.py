@@ -3,6 +3,7 @@
     attnscope serve [--host H --port P] [--model MODEL ...]
     attnscope export [MODEL ...]
     attnscope attend "The cat sat on the mat." --model minilm --layer 2 --head 5 [--top 3] [--causal]
+    attnscope corpus texts.txt --model minilm [--engine local|ray] [--out FILE] [--sample N] [--column NAME]
 
 MODEL is a zoo id (minilm, smollm2, tiny-gpt, induction), NAME=PATH (a Hugging Face folder or a .gguf file) or
 NAME=hf:ORG/REPO (the local Hugging Face cache), as in ATTNSCOPE_MODELS.
@@ -56,6 +57,22 @@ def _attend(args) -> int:
     return 0
 
 
+def _corpus(args) -> int:
+    from ..model.corpus import CorpusError, run_corpus
+    from .settings import get_settings
+    try:
+        run_corpus(args.input, args.model, engine=args.engine, out=args.out, sample=args.sample, seed=args.seed,
+                   column=args.column, fmt=args.format, workers=args.workers, batch_size=args.batch_size,
+                   chunk_size=args.chunk_size, max_chars=args.max_chars, js_rows=args.js_rows, restart=args.restart,
+                   progress=not args.quiet, cache_dir=get_settings().cache)
+    except CorpusError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="attnscope", description="attention microscope")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -75,6 +92,31 @@ def main(argv=None) -> int:
     a.add_argument("--top", type=int, default=0, help="show the top-k keys per query instead of the matrix")
     a.add_argument("--causal", action="store_true", help="apply the look-ahead mask")
     a.add_argument("--engine", choices=["onnx", "numpy"], default="onnx")
+    from ..model import corpus as C
+    c = sub.add_parser("corpus", help="per-head statistics over a corpus (Clark et al. 2019), locally or on Ray",
+                       description="Token-weighted per-head statistics and head-to-head Jensen-Shannon distances "
+                                   "over every text of INPUT. Skipped records are reported with their line or row "
+                                   "number; partial sums go to OUT.partial.json, and the same command resumes.")
+    c.add_argument("input", help="one text per line (.txt), JSON Lines (.jsonl), CSV/TSV or Parquet")
+    c.add_argument("--model", default="minilm", help="a model id, as GET /api/models lists them (%(default)s)")
+    c.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="local: a process pool on this machine; ray: Ray Data (RAY_ADDRESS, else a local cluster)")
+    c.add_argument("--out", help="result file, .json or .parquet (default: INPUT_STEM.MODEL.corpus.json)")
+    c.add_argument("--sample", type=int, help="a uniform random sample of N texts (seeded by --seed)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--column", help="the text field/column of JSONL, CSV or Parquet input (default: text)")
+    c.add_argument("--format", choices=C.FORMATS, help="default: from the suffix")
+    c.add_argument("--workers", type=int, help="processes (local; 0: this process) or actors (ray); default: "
+                                                "one per CPU")
+    c.add_argument("--batch-size", type=int, default=C.BATCH_SIZE, help="texts per model run (%(default)s)")
+    c.add_argument("--chunk-size", type=int, default=C.CHUNK_SIZE,
+                   help="texts per unit of work and of the partial file (%(default)s)")
+    c.add_argument("--max-chars", type=int, default=C.MAX_CHARS,
+                   help="longer texts are skipped and reported (%(default)s)")
+    c.add_argument("--js-rows", type=int, default=C.JS_ROWS, help="query rows per text in the head-to-head "
+                   "JS matrix (evenly spaced; %(default)s; 0: no JS matrix)")
+    c.add_argument("--restart", action="store_true", help="ignore (and replace) OUT.partial.json")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     from .settings import get_settings, setup_logging
     if args.cmd == "serve" and args.model:   # the app (imported by uvicorn) reads its settings from the environment
@@ -94,6 +136,8 @@ def main(argv=None) -> int:
             for stages in (False, True):
                 print(rt.onnx_path(stages))
         return 0
+    if args.cmd == "corpus":
+        return _corpus(args)
     try:
         return _attend(args)
     except (ValueError, KeyError, zoo.ModelUnavailable) as e:
