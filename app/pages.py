@@ -16,7 +16,8 @@ from .schemas import EXAMPLE_TEXT
 ROOT = Path(__file__).resolve().parents[1]   # the attnscope package: static/ and templates/ are its data
 # The page's views, in tab order (id, tab label): the tabs, the view panels and static/js/main.js follow this list.
 VIEWS = [("head", "Head"), ("lines", "Lines"), ("model", "Model"), ("summary", "Head summary"),
-         ("entropy", "Entropy"), ("stages", "Causal mask & steps"), ("compare", "Compare")]
+         ("entropy", "Entropy"), ("stages", "Causal mask & steps"), ("compare", "Compare"),
+         ("corpus", "Corpus")]
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 SWAGGER_DIR = Path(fastapi_offline.__file__).parent / "static"   # swagger-ui-bundle.js, swagger-ui.css
 templates = Jinja2Templates(directory=ROOT / "templates")

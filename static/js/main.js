@@ -25,12 +25,13 @@ import * as summary from "./views/summary.js";
 import * as entropy from "./views/entropy.js";
 import * as stages from "./views/stages.js";
 import * as compare from "./views/compare.js";
+import * as corpus from "./views/corpus.js";
 
 const $ = (id) => document.getElementById(id);
 
 // ---- what the server offers: models, views and statistics, from the page's JSON boot block -------------
 const BOOT = JSON.parse($("boot").textContent);
-const MODULES = { head, lines, model, summary, entropy, stages, compare };
+const MODULES = { head, lines, model, summary, entropy, stages, compare, corpus };
 const VIEWS = Object.fromEntries(BOOT.views.map((v) => [v.id, MODULES[v.id]]));
 const MODELS = Object.fromEntries(BOOT.models.map((m) => [m.id, m]));
 state.configure({ model: BOOT.default_model, text: BOOT.example_text },

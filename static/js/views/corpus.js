@@ -1,0 +1,91 @@
+// Corpus view: a result file of `attnscope corpus` (opened here, read in the browser, never uploaded): one
+// statistic per head averaged over the whole corpus, and the heads clustered by their Jensen–Shannon distance.
+import { h, part, replace } from "../dom.js";
+import { colourRange, fixedTop, fmt, plotlyScale } from "../scale.js";
+
+export const title = "Corpus";
+export const help = "Per-head statistics over a whole corpus (Clark et al. 2019), from a file written by " +
+  "`attnscope corpus INPUT --model ID`. Open the .json file below: it is read in this browser, not uploaded. " +
+  "Left: the chosen statistic for every head; right: the heads' Jensen–Shannon distances, in cluster order.";
+
+let loaded = null;                              // the opened result: page memory only (a file is not a link)
+let picked = null;                              // its statistic on show (the file's own names)
+
+export function requests() {
+  return [];
+}
+
+function statMap(ctx, el, job, stat, st) {
+  const z = job.stats[stat];
+  let max = 0;
+  for (const r of z) for (const v of r) max = Math.max(max, v);
+  const range = colourRange(st, max, fixedTop(stat, 2 + job.tokens / Math.max(job.texts, 1)));
+  ctx.plot(el, [{
+    type: "heatmap", z, colorscale: plotlyScale, zmin: range.zmin, zmax: range.zmax, xgap: 1, ygap: 1,
+    hovertemplate: `layer %{y}, head %{x}<br>${stat}: %{z:.6f}<extra></extra>`,
+  }], {
+    title: `${stat} over ${job.texts} texts (${range.label})`, margin: { l: 60, r: 10, t: 50, b: 50 },
+    xaxis: { title: { text: "head" }, dtick: 1 }, yaxis: { title: { text: "layer" }, autorange: "reversed", dtick: 1 },
+  });
+}
+
+function distanceMap(ctx, el, job) {
+  const order = job.js_map.order, H = job.heads;
+  const name = (k) => `L${Math.floor(k / H)}H${k % H}`;
+  const z = order.map((i) => order.map((j) => job.js_distance[i][j]));
+  ctx.plot(el, [{
+    type: "heatmap", z, x: order.map(name), y: order.map(name), colorscale: plotlyScale, zmin: 0, zmax: 1,
+    hovertemplate: "%{y} vs %{x}<br>JS distance %{z:.4f}<extra></extra>",
+  }], {
+    title: "Jensen–Shannon distance between heads (0–1, clustered)", margin: { l: 60, r: 10, t: 50, b: 60 },
+    xaxis: { type: "category", showticklabels: order.length <= 80 }, yaxis: { type: "category", autorange: "reversed",
+      showticklabels: order.length <= 80 },
+  });
+}
+
+export function render(container, _data, st, ctx) {
+  const controls = part(container, "controls", "div", { class: "view-controls" });
+  const input = h("input", { type: "file", accept: ".json,application/json", id: "corpus-file" });
+  const stats = loaded ? Object.keys(loaded.stats) : [];
+  const chosen = stats.includes(picked) ? picked : stats.includes(st.stat) ? st.stat : stats[0];
+  replace(controls, h("label", { for: "corpus-file", text: "Result file: " }), input,
+    loaded && h("label", {}, " statistic ", h("select", { id: "corpus-stat",
+      onchange: (e) => { picked = e.target.value; render(container, _data, st, ctx); } },
+      stats.map((s) => h("option", { value: s, selected: s === chosen, text: s.replace(/_/g, " ") })))));
+  const note = part(container, "note", "p", { class: "note" });
+  const grid = part(container, "grid", "div", { class: "compare-grid" });
+  input.onchange = async () => {
+    const file = input.files[0];
+    if (!file) return;
+    try {
+      const job = JSON.parse(await file.text());
+      if (!job.stats || !job.layers || !job.heads) throw new Error("not an attnscope corpus result (no stats)");
+      loaded = job;
+    } catch (err) {
+      note.textContent = `Could not read ${file.name}: ${err.message}`;
+      return;
+    }
+    render(container, _data, st, ctx);
+  };
+  if (!loaded) {
+    note.textContent = "No corpus opened yet. Run `attnscope corpus texts.txt --model minilm` and open its .json here.";
+    replace(grid);
+    return { name: "attnscope-corpus" };
+  }
+  const job = loaded;
+  container.dataset.texts = String(job.texts);
+  note.textContent = `${job.title || job.model}: ${job.texts} texts, ${job.tokens} tokens` +
+    (job.input?.skipped ? `, ${job.input.skipped} skipped (see the file's input.problems)` : "") +
+    `. Special-token mass: ${Object.keys(job.special_token_mass || {}).join(", ") || "none"}; mean of each head ` +
+    `over all query rows of all texts. ${job.run?.texts_per_s ? `Computed at ${fmt(job.run.texts_per_s, 1)} texts/s.` : ""}`;
+  const [a, b] = ["stat", "js"].map((k) => part(grid, k, "div", { class: "plot compare-plot", role: "figure" }));
+  statMap(ctx, a, job, chosen, st);
+  if (job.js_distance && job.js_map) distanceMap(ctx, b, job);
+  else replace(b, h("p", { class: "note", text: "This result has no Jensen–Shannon distances (js_rows 0)." }));
+  return {
+    plot: a, name: `attnscope-corpus-${job.model}-${chosen}`,
+    json: () => job,
+    csv: () => [["layer", ...Array.from({ length: job.heads }, (_, i) => `head ${i}`)],
+      ...job.stats[chosen].map((r, l) => [l, ...r])],
+  };
+}
