@@ -120,14 +120,13 @@ def stages(plan, computed) -> dict:
     n = req.limit or len(r.tokens)
     st = {name: v[l, :n] if name == "x" else v[l, h, :n, :n] if name in SQUARE_STAGES else v[l, h, :n]
           for name, v in r.stages.items()}
-    rows = r.stages["masked"][l, h, :n].astype(np.float64)                     # [n, T]: whole rows
-    row_max = rows.max(axis=1)
+    rows = r.stages["masked"][l, h, :n].astype(np.float64)    # [n, T]: whole rows; in float64 (also on the wire)
+    row_max = rows.max(axis=1)                                 # so that exp(masked - row_max) is 1 at the max
     return tokens(plan, r) | {"layer": l, "head": h, "d_head": cfg.d_head,
                         "scale": float(1.0 / (np.sqrt(cfg.d_head) * cfg.temperature)),
                         **st, "mask": r.mask[:n, :n], "probs": r.attentions[l, h, :n, :n],
                         "contribution": plan.runtime.model.blocks[l].head_output(h, st["ctx"]),
-                        "row_max": row_max.astype(np.float32),
-                        "row_sum": np.exp(rows - row_max[:, None]).sum(axis=1).astype(np.float32)}
+                        "row_max": row_max, "row_sum": np.exp(rows - row_max[:, None]).sum(axis=1)}
 
 
 def rounded(payload: dict, precision: int | None) -> dict:

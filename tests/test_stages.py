@@ -128,7 +128,7 @@ def test_api_stages_serve_every_step(client, runtimes, limit):
     # the softmax readout: probs = exp(masked - row_max) / row_sum, also when `limit` cuts the rows
     masked = np.array(j["masked"], np.float64)
     np.testing.assert_allclose(np.exp(masked - np.array(j["row_max"])[:, None]) / np.array(j["row_sum"])[:, None],
-                               j["probs"], atol=1e-6)
+                               j["probs"], rtol=1e-5, atol=1e-12)   # onnxruntime's float32 Softmax: ~1e-6 off at 1
     if limit:   # a non-causal row cut by `limit` does not sum to 1; the whole row's sum is in row_sum
         assert np.array(j["probs"]).sum(axis=1).min() < 0.99
     schema = client.get("/openapi.json").json()["components"]["schemas"]["StagesResponse"]["properties"]

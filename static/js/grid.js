@@ -73,7 +73,7 @@ export function gridSvg(grid, heading, sentence) {
   const rw = Math.ceil(rowChars * CHAR + 14);
   const ncol = grid.cols.length + (grid.sum ? 1 : 0);
   const width = Math.max(m * 2 + rw + ncol * cw, 420);
-  const lines = wrap(sentence, Math.floor((width - 2 * m) / 6.6));
+  const lines = wrap(sentence, Math.floor((width - 2 * m) / 7.6));   // 13 px sans: ~7 px a character, some wider
   const top = m + 22 + lines.length * 17 + 10;
   const height = top + ROW * (grid.rows.length + 1) + m;
   const text = (x, y, s, attrs = {}) => svg("text", { x, y, "font-family": FONT, "font-size": 12, fill: "#1b1b1f", ...attrs }, s);

@@ -74,6 +74,7 @@ export function syncLesson(box, link, st, { href, go, models }) {
   const k = st.lesson;
   const page = k ? LESSON[k - 1] : null;
   box.hidden = !page;
+  document.documentElement.classList.toggle("in-lesson", Boolean(page));
   if (!page) return;
   const missing = !models[page.state.model];
   replace(box,

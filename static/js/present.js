@@ -22,11 +22,12 @@ export function neighbour(st, dir, views) {
 /** Where the class is, in words: "Lesson 3 of 8 · Masking", "Step 5 of 11 · Q·Kᵀ", or the view's title. */
 function where(st, titles) {
   if (st.lesson && LESSON[st.lesson - 1]) return `Lesson ${st.lesson} of ${LESSON.length} · ${LESSON[st.lesson - 1].title}`;
+  const head = `layer ${st.layer}, head ${st.head}`;
   if (st.view === "stages") {
     const k = st.step || 1;
-    return `Step ${k} of ${STEPS.length} · ${STEPS[k - 1].short}`;
+    return `Step ${k} of ${STEPS.length} · ${STEPS[k - 1].short} · ${head}`;
   }
-  return titles[st.view] ?? st.view;
+  return (titles[st.view] ?? st.view) + (st.view === "head" ? ` · ${head}` : "");
 }
 
 /** Show or hide the classroom layout for st, and fill its bar. */

@@ -23,9 +23,17 @@ function terms(list) {
   return h("p", { class: "terms" }, list.map(([text, tip], k) => [k ? " + " : "", h("span", { class: "term", title: tip, text })]));
 }
 
-function result(value, exact, note = "") {
-  return h("p", { class: "result" }, "= ", h("strong", { text: value }),
-    h("span", { class: "exact", text: ` the model's float32 value: ${exact}${note}` }));
+function result(value, exact, partial = "") {
+  return h("p", { class: "result" }, "= ", h("strong", { text: value }), h("span", { class: "exact",
+    text: partial ? ` (the ${partial.shown} keys shown). ${partial.rest}; the model's value over all ${partial.T} keys: ${exact}`
+      : ` the model's float32 value: ${exact}` }));
+}
+
+/** What a row cut by "Tokens shown" leaves out: {shown, rest, T}, or "" when the whole row is shown. */
+function cutRow(env) {
+  if (env.n >= env.T) return "";
+  return { shown: env.n, T: env.T, rest: env.n === env.T - 1 ? `Key ${env.n} is not shown`
+    : `Keys ${env.n}–${env.T - 1} are not shown` };
 }
 
 /** {title, body: Node[]} for the cell (a, b) of step `key`: matrices (query a, key b), vectors (token a, number b). */
@@ -63,7 +71,7 @@ const EXPLAIN = {
 
   scaled(ans, i, j) {
     const s = ans.scores.at(i, j);
-    return { title: [`scaled${sub(i)}${sub(j)} = score × 1/√${ans.d_head}`],
+    return { title: [`scaled[${i}, ${j}] = score[${i}, ${j}] × 1/√${ans.d_head}`],
       body: [h("p", { class: "terms" }, `${fmt(s, 4)} × ${fmt(ans.scale, 6)}`),
         result(fmt(s * ans.scale, 4), fmtExact(ans.scaled.at(i, j)))] };
   },
@@ -73,7 +81,7 @@ const EXPLAIN = {
     const why = !hidden ? `token ${i} may look at token ${j}, so nothing changes.`
       : ans.causal && j > i ? `token ${j} comes after token ${i}: a causal model cannot look ahead.`
         : `token ${j} is masked as a key (a what-if): no other token may look at it.`;
-    return { title: [`mask${sub(i)}${sub(j)} = ${hidden ? "−∞" : "0"}`],
+    return { title: [`mask[${i}, ${j}] = ${hidden ? "−∞" : "0"}`],
       body: [h("p", {}, "Query ", tok(ans, i), ", key ", tok(ans, j), `: ${why}`),
         h("p", { class: "hint", text: "The mask is added to the scaled scores: 0 keeps a score, −∞ removes it (exp(−∞) = 0 in the softmax). The model adds the largest negative float32, −3.4 × 10³⁸." })] };
   },
@@ -81,7 +89,7 @@ const EXPLAIN = {
   masked(ans, i, j) {
     const s = ans.scaled.at(i, j), m = ans.mask.at(i, j);
     const hidden = isMinusInf(m);
-    return { title: [`masked${sub(i)}${sub(j)} = scaled + mask`],
+    return { title: [`masked[${i}, ${j}] = scaled[${i}, ${j}] + mask[${i}, ${j}]`],
       body: [h("p", { class: "terms" }, `${fmt(s, 4)} + ${hidden ? "(−∞)" : "0"}`),
         result(hidden ? "−∞" : fmt(s, 4), fmtExact(ans.masked.at(i, j)))] };
   },
@@ -95,15 +103,15 @@ const EXPLAIN = {
       shown.push(isMinusInf(x) ? ["0", `key ${k}: masked, exp(−∞) = 0`]
         : [fmt(Math.exp(x - max), 4), `key ${k}: exp(${fmt(x, 3)} − ${fmt(max, 3)})`]);
     }
-    const cut = env.n < env.T && !(ans.causal && i < env.n);   // the row goes on past the tokens shown
+    const cut = ans.causal ? "" : cutRow(env);   // the row goes on past the tokens shown
     const top = isMinusInf(m) ? 0 : Math.exp(m - max);
-    return { title: [`p${sub(i)}${sub(j)} = exp(m${sub(i)}${sub(j)} − max) / Σ_k exp(m${sub(i)}ₖ − max)`],
+    return { title: [`p[${i}, ${j}] = exp(m[${i}, ${j}] − max) / Σ_k exp(m[${i}, k] − max)`],
       body: [h("p", {}, "Softmax of row ", tok(ans, i), `: each number of the masked row minus the row's largest (${fmt(max, 4)}), exponentiated, divided by the row's sum of those.`),
         h("p", { class: "terms" }, isMinusInf(m) ? `exp(−∞) / ${fmt(total, 4)} = 0 / ${fmt(total, 4)}`
           : `exp(${fmt(m, 4)} − ${fmt(max, 4)}) / ${fmt(total, 4)} = ${fmt(top, 4)} / ${fmt(total, 4)}`),
         result(fmt(top / total, 4), fmtExact(p)),
-        h("p", {}, "The row's sum Σ_k exp(m", sub(i), "ₖ − max):"),
-        terms(shown), h("p", { class: "result" }, `= ${fmt(total, 4)}` + (cut ? ` over all ${env.T} keys (keys ${env.n}…${env.T - 1} are not shown here)` : ""))] };
+        h("p", {}, `The row's sum Σ_k exp(m[${i}, k] − max):`),
+        terms(shown), h("p", { class: "result" }, `= ${fmt(total, 4)}` + (cut ? ` over all ${env.T} keys (${cut.rest.toLowerCase()} here)` : ""))] };
   },
 
   ctx(ans, i, d, env) {
@@ -118,10 +126,10 @@ const EXPLAIN = {
       sum += p * v;
       list.push([`${fmt(p, 4)}·${factor(v, digits)}`, `key ${j} (${tokenLabel(ans.tokens[j])}): p = ${fmtExact(p)}, v[${d}] = ${fmtExact(v)}`]);
     }
-    const cut = env.n < env.T && !ans.causal;
-    return { title: [`out${sub(i)}[${d}] = Σ_j p${sub(i)}ⱼ · v_j[${d}]`],
+    const cut = ans.causal ? "" : cutRow(env);   // causal: query i < n sees no key past the ones shown
+    return { title: [`out${sub(i)}[${d}] = Σ_j p[${i}, j] · v_j[${d}]`],
       body: [h("p", {}, "The head's output for token ", tok(ans, i), `, number ${d}: every value vector's number ${d}, weighted by how much token ${i} attends to that token (masked keys, weight 0, left out):`),
-        terms(list), result(fmt(sum, 4), fmtExact(ans.ctx.at(i, d)), cut ? ` (over all ${env.T} keys; keys ${env.n}…${env.T - 1} are not shown here)` : "")] };
+        terms(list), result(fmt(sum, 4), fmtExact(ans.ctx.at(i, d)), cut)] };
   },
 
   contribution(ans, i, e, env) {

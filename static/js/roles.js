@@ -21,7 +21,7 @@ export function roleOf(info, layer, head) {
 /** One line about a head: "head 2 · self: puts its weight on the token itself (key i)", or "" when unwired. */
 export function roleSentence(info, layer, head) {
   const role = roleOf(info, layer, head);
-  return role ? `a ${role} head: it ${ROLE_TEXT[role] ?? role}` : "";
+  return role ? `${/^[aeiou]/.test(role) ? "an" : "a"} ${role} head: it ${ROLE_TEXT[role] ?? role}` : "";
 }
 
 /** Name the role of each head of `layer` in the head menu ("head 0 · previous-token"). */

@@ -228,6 +228,9 @@ def test_lesson_pages_open_and_the_head_menu_lists_roles(page: Page, console_err
     wait_drawn(page, "model")
     expect(page.locator("#present-bar")).to_contain_text("Lesson 6 of 8 · Heads differ")
     screenshot(page, "lesson-6-present", full_page=False)
+    page.keyboard.press("Escape")                          # out of the classroom layout, still in the lesson
+    wait_drawn(page, "model")
+    assert "present=" not in page.url and "lesson=6" in page.url
     lesson.get_by_role("link", name="Leave the lesson").click()
     wait_drawn(page, "model")
     expect(lesson).to_be_hidden()

@@ -163,7 +163,7 @@ function markSelected(container) {
 // Escape closes an open readout before anything else (the classroom layout's Escape leaves it).
 document.addEventListener("keydown", (e) => {
   const panel = document.querySelector("#view-stages [data-part=readout]");
-  if (e.key === "Escape" && panel && !panel.hidden) {
+  if (e.key === "Escape" && panel && !panel.hidden && !panel.closest(".view").hidden) {
     e.preventDefault();
     e.stopPropagation();
     panel.querySelector("button")?.click();
@@ -176,10 +176,9 @@ function pngScale(svgEl) {
   return Math.max(0.25, Math.min(2, 16000 / big));   // canvases stop at 32767 px a side
 }
 
-async function exportStep(kind, name, svgEl, ctx) {
+async function exportStep(kind, name, svgEl) {
   try {
     download(`${name}.${kind}`, kind === "svg" ? svgBlob(svgEl) : await svgToPng(svgEl, pngScale(svgEl)));
-    ctx.status?.(`Downloaded ${name}.${kind}`);
   } catch (err) {
     console.warn(err);
   }
@@ -234,7 +233,7 @@ export function render(container, { results: [ans] }, st, ctx) {
     const [heading, sentence] = texts(step, ans, ctx.info, f, n);
     const exportBtn = (kind) => h("button", { type: "button", class: "small", text: kind.toUpperCase(),
       "aria-label": `Download step ${k + 1} as ${kind.toUpperCase()}`, "data-export": kind,
-      onclick: () => exportStep(kind, name(k), picture(k), ctx) });
+      onclick: () => exportStep(kind, name(k), picture(k)) });
     return h("section", {
       class: `stage ${step.kind}` + (cur === k + 1 ? " current" : ""), "data-stage": step.key, "aria-labelledby": `stage-${step.key}-h`,
     }, h("div", { class: "stage-head" }, h("h3", { id: `stage-${step.key}-h`, text: `${k + 1}. ${heading}` }),
