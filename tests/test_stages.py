@@ -8,6 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from attnscope.app.main import create_app
+from attnscope.app.schemas import StagesResponse
 from attnscope.app.settings import Settings
 from attnscope.model import masks as M
 from attnscope.model.export import build_graph
@@ -131,6 +132,7 @@ def test_api_stages_serve_every_step(client, runtimes, limit):
                                j["probs"], rtol=1e-5, atol=1e-12)   # onnxruntime's float32 Softmax: ~1e-6 off at 1
     if limit:   # a non-causal row cut by `limit` does not sum to 1; the whole row's sum is in row_sum
         assert np.array(j["probs"]).sum(axis=1).min() < 0.99
+    StagesResponse.model_validate(j)   # the answer is what the schema says
     schema = client.get("/openapi.json").json()["components"]["schemas"]["StagesResponse"]["properties"]
     for name in ("x", "v", "ctx", "contribution", "row_max", "row_sum"):
         assert schema[name]["description"]

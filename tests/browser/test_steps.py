@@ -195,6 +195,8 @@ def test_lesson_pages_open_and_the_head_menu_lists_roles(page: Page, console_err
     expect(lesson).to_contain_text("Lesson · 1 of 8")
     expect(lesson.locator("h2")).to_have_text("Dot products")
     assert "lesson=1" in page.url and "model=tiny-gpt" in page.url and "step=5" in page.url
+    expect(page.locator("#view-stages [data-stage]")).to_have_count(1)      # the page's one step: the scores
+    expect(page.locator("#view-stages [data-stage=scores]")).to_be_visible()
     screenshot(page, "lesson-1")
     titles = ["Dot products", "Scaling", "Masking", "Softmax", "Weights × values", "Heads differ",
               "Induction, part 1: the previous-token head", "Induction, part 2: the induction head"]

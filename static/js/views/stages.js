@@ -188,7 +188,9 @@ export function render(container, { results: [ans] }, st, ctx) {
   const T = ans.tokens.length;
   const n = Math.min(T, st.n);
   const N = STEPS.length;
-  const cur = st.present && st.step === 0 ? 1 : st.step;   // the classroom layout shows one step per screen
+  // The classroom layout shows one step per screen, and so does a lesson's page; otherwise steps 1 to st.step.
+  const single = st.present || (st.lesson !== null && st.step > 0);
+  const cur = st.present && st.step === 0 ? 1 : st.step;
   const f = facts(ans, ctx.info, st);
   const env = { ...f, n, T, info: ctx.info };
 
@@ -227,7 +229,7 @@ export function render(container, { results: [ans] }, st, ctx) {
     }
     return pictures.get(k);
   };
-  const shown = STEPS.map((_, k) => (cur === 0 ? true : st.present ? k + 1 === cur : k + 1 <= cur));
+  const shown = STEPS.map((_, k) => (cur === 0 ? true : single ? k + 1 === cur : k + 1 <= cur));
   replace(grid, STEPS.map((step, k) => {
     if (!shown[k]) return null;
     const [heading, sentence] = texts(step, ans, ctx.info, f, n);
