@@ -9,14 +9,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 from fastapi.templating import Jinja2Templates
 
-from ..model.stats import PAIR_STATS, STAT_INFO
+from ..model.stats import PAIR_STATS, SCORE_INFO, STAT_INFO
 from .deps import get_service
 from .schemas import EXAMPLE_TEXT
 
 ROOT = Path(__file__).resolve().parents[1]   # the attnscope package: static/ and templates/ are its data
 # The page's views, in tab order (id, tab label): the tabs, the view panels and static/js/main.js follow this list.
 VIEWS = [("head", "Head"), ("lines", "Lines"), ("model", "Model"), ("summary", "Head summary"),
-         ("entropy", "Entropy"), ("stages", "Causal mask & steps")]
+         ("entropy", "Entropy"), ("stages", "Causal mask & steps"), ("compare", "Compare")]
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 SWAGGER_DIR = Path(fastapi_offline.__file__).parent / "static"   # swagger-ui-bundle.js, swagger-ui.css
 templates = Jinja2Templates(directory=ROOT / "templates")
@@ -30,10 +30,12 @@ def index(request: Request):
     boot = {"models": [m.model_dump() for m in models], "default_model": svc.settings.default_model,
             "example_text": EXAMPLE_TEXT, "max_chars": svc.settings.max_chars,
             "views": [{"id": v, "label": label} for v, label in VIEWS],
-            "stats": [{"id": k, "label": label, "help": text, "pair_only": k in PAIR_STATS}
-                      for k, (label, text) in STAT_INFO.items()]}
+            "stats": [{"id": k, "label": label, "help": text, "pair_only": k in PAIR_STATS, "score": False}
+                      for k, (label, text) in STAT_INFO.items()]
+            + [{"id": k, "label": f"find: {k.replace('_', '-')} heads", "help": f"Head-finding score: {text}.",
+                "pair_only": False, "score": True} for k, text in SCORE_INFO.items()]}
     return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS,
-                                                              "stats": STAT_INFO, "settings": svc.settings})
+                                                              "settings": svc.settings})
 
 
 @router.get("/docs")

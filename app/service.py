@@ -135,12 +135,14 @@ class AttentionService:
         """Build every configured model and open its session (exporting the graph on first start).
         Whatever stops a model from loading becomes one StartupError line naming the fix."""
         st = self.settings
+        seen: set[str] = set()
         for entry in st.models:
             model_id = zoo.split_entry(entry)[0]
             try:
                 spec = zoo.resolve(entry, st.model_dirs(), cache=st.cache)
-                if spec.id in self.runtimes:
+                if spec.id in seen:
                     raise StartupError(f"ATTNSCOPE_MODELS names {spec.id!r} twice; give each model its own name")
+                seen.add(spec.id)
                 if model_id in st.max_tokens:  # ATTNSCOPE_MAX_TOKENS: up to the model's positions
                     spec = replace(spec, max_tokens=st.max_tokens[model_id])
                 rt = Runtime(spec, providers=st.providers or None, threads=st.threads, cache_dir=st.cache)
@@ -237,7 +239,8 @@ class AttentionService:
         first = opening.special.index(False)
         ids = tuple(opening.ids[:first] + stats.probe_ids(rt.cfg.vocab_size, n, set(rt.special_ids()))
                     + opening.ids[first + 1:])
-        req = plan.request.model_copy(update={"text_pair": None, "mask_tokens": []})
+        # the probe does not depend on the text: one run per model (and causal/ablation choice), cached
+        req = plan.request.model_copy(update={"text": "", "text_pair": None, "mask_tokens": []})
         return replace(plan, request=req, stages=False, ids=ids, key=self._key(req, rt, False, ids))
 
     def _check_size(self, plan: Plan, tokens: int) -> None:

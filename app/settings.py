@@ -36,7 +36,7 @@ Limits = Annotated[dict[str, int], NoDecode, BeforeValidator(_limits)]  # "minil
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSCOPE_")
 
-    models: CSV = Field(default=["minilm", "tiny-gpt"], description="models to load, comma-separated: zoo ids "
+    models: CSV = Field(default=["minilm", "smollm2", "tiny-gpt", "induction"], description="models to load, comma-separated: zoo ids "
                         "(minilm, smollm2, tiny-gpt, induction), NAME=PATH (a Hugging Face folder or a .gguf file) "
                         "or NAME=hf:ORG/REPO (the local Hugging Face cache; never downloaded). NAME is the model id")
     default_model: str = Field(default="minilm", description="the page's first model; when left unset and not "

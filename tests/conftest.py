@@ -13,6 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # (the cache key covers weights and exporter source, so stale graphs are never used). Set at
 # import time, before any test builds a Runtime; an ATTNSCOPE_CACHE already set wins.
 CACHE = Path(os.environ.setdefault("ATTNSCOPE_CACHE", str(ROOT / ".cache" / "onnx")))
+# The suite's servers and in-process apps serve the quick models; SmolLM2 (30 layers, 0.5 GB, ~9 s to open) has
+# its own tests and its own live server (live_server_smollm2). An ATTNSCOPE_MODELS already set wins.
+os.environ.setdefault("ATTNSCOPE_MODELS", "minilm,tiny-gpt,induction")
 
 
 # ---- model runtimes ------------------------------------------------------------------------
@@ -51,6 +54,15 @@ def live_server():
     from bench.common import server
 
     with server() as (url, _pid):
+        yield url
+
+
+@pytest.fixture(scope="session")
+def live_server_smollm2():
+    """A real uvicorn serving SmolLM2 (and tiny-gpt) with default settings otherwise."""
+    from bench.common import server
+
+    with server({"ATTNSCOPE_MODELS": "smollm2,tiny-gpt", "ATTNSCOPE_DEFAULT_MODEL": "smollm2"}) as (url, _pid):
         yield url
 
 

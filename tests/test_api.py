@@ -160,7 +160,7 @@ def test_stages_are_what_the_model_computed(client, runtimes):
 
 def test_models_onnx_and_health(client):
     models = client.get("/api/models").json()
-    assert [m["id"] for m in models] == ["minilm", "tiny-gpt"]
+    assert [m["id"] for m in models] == ["minilm", "tiny-gpt", "induction"]   # the suite's ATTNSCOPE_MODELS
     assert models[0] | {"description": ""} == {"id": "minilm", "title": "all-MiniLM-L6-v2", "description": "",
                                                  "kind": "encoder", "source": "zoo", "architecture": "bert",
                                                  "layers": 6, "heads": 12, "d_model": 384,
@@ -175,7 +175,8 @@ def test_models_onnx_and_health(client):
     graph = onnx.load_from_string(r.content).graph
     assert [o.name for o in graph.output] == ["hidden", "attentions"]
     assert client.get("/healthz").json()["models"] == {"minilm": "CPUExecutionProvider",
-                                                        "tiny-gpt": "CPUExecutionProvider"}
+                                                        "tiny-gpt": "CPUExecutionProvider",
+                                                        "induction": "CPUExecutionProvider"}
 
 
 # ---- errors ---------------------------------------------------------------------------------

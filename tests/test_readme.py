@@ -26,8 +26,10 @@ def test_readme_has_curl_for_every_endpoint():
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 @pytest.mark.parametrize("cmd", curl_commands())
-def test_readme_curl_example(cmd, live_server, tmp_path):
-    cmd = cmd.replace("http://127.0.0.1:8000", live_server).replace("curl ", "curl --fail-with-body ", 1)
+def test_readme_curl_example(cmd, request, tmp_path):
+    # the suite's server serves the quick models; SmolLM2's examples go to the SmolLM2 server
+    server = request.getfixturevalue("live_server_smollm2" if '"smollm2"' in cmd else "live_server")
+    cmd = cmd.replace("http://127.0.0.1:8000", server).replace("curl ", "curl --fail-with-body ", 1)
     out = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, capture_output=True, timeout=60)
     assert out.returncode == 0, out.stdout[-500:] + out.stderr[-500:]
     produced = out.stdout or b"".join(p.read_bytes() for p in tmp_path.iterdir())

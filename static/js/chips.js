@@ -7,8 +7,9 @@ function toggled(list, i) {
   return list.includes(i) ? list.filter((x) => x !== i) : [...list, i].sort((a, b) => a - b);
 }
 
-/** Draw the chips for an answer's tokens under state st; go(patch) changes the state. */
-export function renderChips(container, meta, st, go) {
+/** Draw the chips for an answer's tokens under state st; go(patch) changes the state. shade: null, or each
+ *  token's surprisal as 0–1 (decoders: −log p(token | before) / 12 nats), drawn as the chip's underline. */
+export function renderChips(container, meta, st, go, shade = null) {
   const hadFocus = container.contains(document.activeElement)
     ? Number(document.activeElement.dataset.index) : null;
   const masked = new Set(meta.mask_tokens);
@@ -27,6 +28,8 @@ export function renderChips(container, meta, st, go) {
       "data-index": i,
       "aria-pressed": st.click === "mask" ? String(isMasked) : String(pinned),
       "aria-label": `token ${i}: ${tok}${states.length ? " (" + states.join(", ") + ")" : ""}`,
+      style: shade && shade[i] !== null ? `--surprisal:${shade[i].toFixed(3)}` : null,
+      title: shade && shade[i] !== null ? `surprisal −log p = ${(-meta.token_logprobs[i]).toFixed(3)} nats` : null,
       tabindex: i === focusIndex ? "0" : "-1",
       onclick: () => act(i, st.click),
     }, h("span", { class: "tok", text: tokenLabel(tok) }), h("span", { class: "idx", "aria-hidden": "true", text: i }));

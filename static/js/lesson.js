@@ -5,7 +5,7 @@ import { h, replace } from "./dom.js";
 
 // Every page sets what it shows and resets what would change it (a pin, a mask, a what-if).
 const BASE = { text_pair: "", causal: null, mask_tokens: [], pin: null, hide_special: false, heads: null,
-  all_heads: false, n: 12, step: 0, scale: "fixed" };
+  all_heads: false, n: 12, step: 0, scale: "fixed", ablate: [], text_b: "" };
 const TINY = { model: "tiny-gpt", text: "the cat sat on the mat and then the cat slept", view: "stages", layer: 0, head: 0 };
 const INDUCTION = { model: "induction", text: "Harry Potter met Ron Weasley at school. Then Harry Potter", view: "head" };
 

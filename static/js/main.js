@@ -11,6 +11,7 @@
 //                          exports = {name, plot | svg | canvas, csv(), json()} for the export buttons.
 import * as api from "./api.js";
 import { renderChips } from "./chips.js";
+import { renderPredictions, surprisal } from "./predictions.js";
 import { h, replace } from "./dom.js";
 import { canvasToPng, download, downloadCSV, downloadJSON, svgBlob, svgToPng } from "./export.js";
 import { ownMask, PAIR_FILTERS, runOptions } from "./matrix.js";
@@ -26,12 +27,13 @@ import * as model from "./views/model.js";
 import * as summary from "./views/summary.js";
 import * as entropy from "./views/entropy.js";
 import * as stages from "./views/stages.js";
+import * as compare from "./views/compare.js";
 
 const $ = (id) => document.getElementById(id);
 
 // ---- what the server offers: models, views and statistics, from the page's JSON boot block -------------
 const BOOT = JSON.parse($("boot").textContent);
-const MODULES = { head, lines, model, summary, entropy, stages };
+const MODULES = { head, lines, model, summary, entropy, stages, compare };
 const VIEWS = Object.fromEntries(BOOT.views.map((v) => [v.id, MODULES[v.id]]));
 const MODELS = Object.fromEntries(BOOT.models.map((m) => [m.id, m]));
 state.configure({ model: BOOT.default_model, text: BOOT.example_text },
@@ -45,6 +47,7 @@ function normalize(st) {
   fixed.layer = Math.min(fixed.layer, info.layers - 1);
   fixed.head = Math.min(fixed.head, info.heads - 1);
   if (fixed.heads) fixed.heads = fixed.heads.filter((x) => x < info.heads);
+  fixed.ablate = fixed.ablate.filter((x) => { const [l, hd] = x.split(".").map(Number); return l < info.layers && hd < info.heads; });
   if (!info.pair) fixed.text_pair = "";
   if (!state.STEP_TOKENS.includes(fixed.n)) fixed.n = 12;
   if (fixed.step > stages.STEPS.length) fixed.step = 0;
@@ -212,12 +215,15 @@ async function update() {
   try {
     // The per-view request does not depend on the tokens (except the line view's head limit), so
     // both go out together; the server runs the model once and shares the run.
-    const metaP = api.attention({ ...run, include: ["summary"] });
+    const metaP = api.attention({ ...run, include: ["summary", ...(info.predictions ? ["predictions"] : []),
+      ...(st.ablate.length ? ["effect"] : [])] });
     let dataP = view.needsMeta ? null : fetchAll(view.requests(st, info, null), run);
     dataP?.catch(() => {});
     const meta = await metaP;
     if (gen !== generation) return;
-    renderChips($("chips"), meta, st, go);
+    renderChips($("chips"), meta, st, go, surprisal(meta));
+    renderPredictions($("predictions"), meta, st);
+    showAblation(st);
     tokenInfo(meta, st);
     showWhatIf(meta, info);
     showWarnings(meta);
@@ -248,6 +254,19 @@ async function update() {
   } finally {
     if (gen === generation) $("view-area").setAttribute("aria-busy", "false");
   }
+}
+
+// ---- knocked-out heads ---------------------------------------------------------------------------------
+function showAblation(st) {
+  const bar = $("ablation-bar");
+  bar.hidden = st.ablate.length === 0;
+  $("ablation").value = st.ablation;
+  replace($("ablation-list"), h("strong", { text: "Knocked out: " }), st.ablate.map((x) => {
+    const [l, hd] = x.split(".").map(Number);
+    return h("button", { type: "button", class: "small chip-ablated", title: "Restore this head",
+      "aria-label": `Restore layer ${l} head ${hd}`, onclick: () => go({ ablate: state.toggledHead(st.ablate, l, hd) }),
+      text: `L${l}H${hd} ×` });
+  }));
 }
 
 // ---- export ------------------------------------------------------------------------------------
@@ -311,7 +330,7 @@ function wire() {
     const st = state.get();
     const pairText = draft.edited ? $("text-pair").value : st.text_pair;
     go({ model: info.id, layer: Math.min(st.layer, info.layers - 1), head: Math.min(st.head, info.heads - 1),
-      mask_tokens: [], pin: null, causal: null, heads: null, text_pair: info.pair ? pairText : "" });
+      mask_tokens: [], pin: null, causal: null, heads: null, ablate: [], text_pair: info.pair ? pairText : "" });
   });
   $("layer").addEventListener("change", (e) => go({ layer: Number(e.target.value) }));
   $("head").addEventListener("change", (e) => go({ head: Number(e.target.value) }));
@@ -324,6 +343,8 @@ function wire() {
     r.addEventListener("change", (e) => go({ click: e.target.value }));
   }
   $("clear-mask").addEventListener("click", () => go({ mask_tokens: [] }));
+  $("clear-ablate").addEventListener("click", () => go({ ablate: [] }));
+  $("ablation").addEventListener("change", (e) => go({ ablation: e.target.value }));
   $("stat").addEventListener("change", (e) => go({ stat: e.target.value }));
   $("scale").addEventListener("change", (e) => go({ scale: e.target.value }));
   $("pairs").addEventListener("change", (e) => go({ pairs: e.target.value }));

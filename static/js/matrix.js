@@ -104,5 +104,9 @@ export function runOptions(st, info) {
   if (info.pair && st.text_pair) body.text_pair = st.text_pair;
   if (st.causal !== null) body.causal = st.causal;
   if (st.mask_tokens.length) body.mask_tokens = st.mask_tokens;
+  if (st.ablate.length) {                                  // knocked-out heads change every view's run
+    body.ablate = st.ablate.map((x) => x.split(".").map(Number));
+    body.ablation = st.ablation;
+  }
   return body;
 }

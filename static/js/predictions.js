@@ -10,7 +10,7 @@ function bars(list, cls, caption) {
     h("tbody", {}, list.map((t) => h("tr", { "data-token-id": t.id },
       h("th", { scope: "row", class: "tok", text: tokenLabel(t.token), title: `id ${t.id}` }),
       h("td", { class: "bar-cell" }, h("span", { class: "bar", style: `width:${(100 * t.prob).toFixed(2)}%` })),
-      h("td", { class: "num", text: fmt(t.prob, 4), title: String(t.prob) }))))));
+      h("td", { class: "num", text: fmt(t.prob, 4), title: String(t.prob) })))));
 }
 
 /** Draw (or hide) the panel. ans: an /api/attention answer that may hold next_tokens and effect. */
@@ -24,7 +24,7 @@ export function renderPredictions(container, ans, st) {
   const last = ans.tokens[ans.tokens.length - 1];
   const parts = [h("h2", { text: `Next token after “${tokenLabel(last)}”` })];
   if (ans.effect && ans.effect.next_tokens_before) {
-    const knocked = (st.ablate || []).map(([l, hd]) => `L${l}H${hd}`).join(", ");
+    const knocked = st.ablate.map((x) => `L${x.replace(".", "H")}`).join(", ");
     parts.push(h("p", { class: "note", text: `With ${knocked} knocked out (${st.ablation} ablation): KL(intact ‖ ablated) = ` +
       `${fmt(ans.effect.kl, 4)} nats; mean change in token log-prob ${fmt(ans.effect.mean_logprob_change, 4)}.` }));
     parts.push(h("div", { class: "next-compare" },

@@ -16,6 +16,7 @@ const FIELDS = [
   ["step", 0, "int"], ["n", 12, "int"], ["large", false, "bool"],
   ["scale", "fixed", ["fixed", "head"]], ["pairs", "all", ["all", "ab", "ba", "within"]],
   ["dist_norm", false, "bool"], ["sort", "-value", ["-value", "value", "layer", "-layer", "head", "-head"]],
+  ["ablate", [], "heads"], ["ablation", "zero", ["zero", "mean"]], ["text_b", "", "str"],
   ["present", false, "bool"], ["lesson", null, "int?"],
 ];
 const ALWAYS = new Set(["model", "text", "view", "layer", "head"]);   // written even when default
@@ -27,6 +28,18 @@ export function configure(patch, { views, stats }) {
   defaults = { ...defaults, ...patch };
   choices.view = views;
   choices.stat = stats;
+}
+
+/** Knocked-out heads are "layer.head" strings in the state and the URL ("3.1,5.0"). */
+function byHead(a, b) {
+  const [la, ha] = a.split(".").map(Number), [lb, hb] = b.split(".").map(Number);
+  return la - lb || ha - hb;
+}
+
+/** The state's list of knocked-out heads with (layer, head) toggled. */
+export function toggledHead(list, layer, head) {
+  const key = `${layer}.${head}`;
+  return list.includes(key) ? list.filter((x) => x !== key) : [...list, key].sort(byHead);
 }
 
 function parseInts(s) {
@@ -53,6 +66,7 @@ export function parse(search = location.search) {
       case "bool": st[k] = raw === "1" || raw === "true"; break;
       case "ints": st[k] = parseInts(raw); break;
       case "ints?": st[k] = raw === "" ? null : parseInts(raw); break;
+      case "heads": st[k] = [...new Set(raw.split(",").filter((x) => /^\d+\.\d+$/.test(x)))].sort(byHead); break;
     }
   }
   return st;

@@ -4,11 +4,13 @@
 import { h, part, replace, tokenLabel } from "../dom.js";
 import { maskRule, ownMask, subMatrix, visibleTokens } from "../matrix.js";
 import { colourRange, exactString, fmt, fmtExact, LUT, lutIndex } from "../scale.js";
+import { toggledHead } from "../state.js";
 
 export const title = "Model view";
 export const help = "Every head of every layer at once: rows are layers, columns are heads, each thumbnail is that " +
   "head's query × key matrix (queries down, keys across). Hover one for the tokens and the value under the mouse; " +
-  "click it (or focus it and press Enter) to open it in the head view.";
+  "click it (or focus it and press Enter) to open it in the head view. Shift+click (or K) knocks a head out: every " +
+  "view then shows the model without it, and the next-token panel what changed.";
 
 export const RESOLUTION = 48;
 
@@ -97,8 +99,16 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   const grid = part(scroller, "grid", "div", { class: "thumb-grid", role: "group", "aria-label": `${L} layers by ${H} heads` });
   const tip = part(container, "tip", "div", { class: "tip", role: "tooltip", hidden: true });
   grid.style.setProperty("--heads", H);
+  // grouped-query attention: heads that read the same keys and values share a group (and a shade)
+  const perGroup = ctx.info.heads / ctx.info.kv_heads, group = (hd) => Math.floor(hd / perGroup);
+  const gqa = ctx.info.kv_heads < ctx.info.heads;
   const items = [h("span", { class: "corner", "aria-hidden": "true", text: "layer \\ head" }),
-    ...ans.heads.map((hd) => h("span", { class: "col-head", "aria-hidden": "true", text: `H${hd}` }))];
+    ...ans.heads.map((hd) => h("span", {
+      class: `col-head${gqa ? ` kv-group kv-${group(hd) % 2}` : ""}`, "aria-hidden": "true",
+      title: gqa ? `head ${hd} reads key/value group ${group(hd)} (shared with heads ${group(hd) * perGroup}–${(group(hd) + 1) * perGroup - 1})` : null,
+      text: gqa ? `H${hd} · kv${group(hd)}` : `H${hd}`,
+    }))];
+  const knocked = new Set(st.ablate);
   const canvases = [];
   ans.layers.forEach((l, li) => {
     items.push(h("span", { class: "row-head", "aria-hidden": "true", text: `L${l}` }));
@@ -112,14 +122,26 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
       paint(canvas, rows, range);
       canvases.push({ canvas, l, hd, li, hi, rows, max });
       const current = l === st.layer && hd === st.head;
+      const out = knocked.has(`${l}.${hd}`);
       items.push(h("a", {
-        class: "thumb" + (current ? " current" : ""), href: ctx.href({ view: "head", layer: l, head: hd }),
+        class: "thumb" + (current ? " current" : "") + (out ? " ablated" : ""),
+        href: ctx.href({ view: "head", layer: l, head: hd }), title: out ? "knocked out (shift+click or K restores it)" : null,
         "data-layer": l, "data-head": hd, "data-max": exactString(max), "data-k": canvases.length - 1,
         "aria-label": `Layer ${l}, head ${hd}: open in the head view`, "aria-current": current ? "true" : null,
         onclick: (e) => {
-          if (e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey || e.altKey) return;
+          if (e.button === 0 && e.shiftKey) {                 // shift+click: knock the head out (or back in)
+            e.preventDefault();
+            ctx.go({ ablate: toggledHead(st.ablate, l, hd) });
+            return;
+          }
+          if (e.button !== 0 || e.metaKey || e.ctrlKey || e.altKey) return;
           e.preventDefault();
           ctx.go({ view: "head", layer: l, head: hd });
+        },
+        onkeydown: (e) => {
+          if (e.key !== "k" && e.key !== "K") return;          // K: knock the focused head out (or back in)
+          e.preventDefault();
+          ctx.go({ ablate: toggledHead(st.ablate, l, hd) });
         },
       }, canvas));
     });

@@ -215,7 +215,10 @@ export function render(container, { results: [ans] }, st, ctx) {
     : ctx.info.kind === "decoder" && !ans.causal
       ? `What-if: ${ctx.info.title} is a causal model; here its mask is switched off so every token sees the future. ` : "";
   const role = roleSentence(ctx.info, st.layer, st.head);
-  note.textContent = whatIf + `Layer ${st.layer}, head ${st.head}${role ? `: ${role}` : ""}. ` + (n < T
+  const knocked = (st.ablate || []).includes(`${st.layer}.${st.head}`)
+    ? "This head is knocked out in this run: steps 10 and 11 show what it computed; the model used " +
+      (st.ablation === "mean" ? "its average output" : "zeros") + " instead. " : "";
+  note.textContent = whatIf + knocked + `Layer ${st.layer}, head ${st.head}${role ? `: ${role}` : ""}. ` + (n < T
     ? `Showing the first ${n} of ${T} tokens; the numbers come from the run on the whole input.`
     : `All ${T} tokens; d_head = ${ans.d_head}.`) + " Click a number to see how it was computed.";
 

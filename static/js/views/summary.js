@@ -9,7 +9,7 @@ export const help = "One number per head, for the whole input: pick a statistic 
 
 /** Summaries only: no matrices are transferred. */
 export function requests() {
-  return [{ endpoint: "attention", include: ["summary"] }];
+  return [{ endpoint: "attention", include: ["summary", "scores"] }];
 }
 
 const SORTS = { value: (r) => r.v, layer: (r) => r.l * 1e4 + r.hd, head: (r) => r.hd * 1e4 + r.l };
@@ -34,7 +34,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   const layout = part(container, "layout", "div", { class: "summary-layout" });
   const plot = part(layout, "plot", "div", { class: "plot summary-plot", role: "figure" });
   const rank = part(layout, "rank", "div", { class: "rank" });
-  const raw = ans.summary[st.stat];
+  const raw = info.score ? ans.scores[st.stat] : ans.summary[st.stat];
   container.dataset.stat = st.stat;
   container.dataset.layer = st.layer;
   container.dataset.head = st.head;

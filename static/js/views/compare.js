@@ -1,0 +1,75 @@
+// Compare view: one head, two runs side by side and their difference A − B. B is the same text with every
+// head kept (when heads are knocked out: what the ablation changed), or a second text typed here.
+import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
+import { fmt, plotlyDiverging, plotlyScale } from "../scale.js";
+
+export const title = "Compare";
+export const help = "One head in two runs, side by side, and the difference A − B (purple: A lower, orange: A " +
+  "higher). B is the run with every head kept when heads are knocked out (shift+click in the model view), or a " +
+  "second text typed below. Texts of different lengths are compared over their common first tokens.";
+
+/** A: the page's run (with its knocked-out heads); B: a second text, or the intact run. */
+export function requests(st) {
+  const one = { endpoint: "attention", layers: [st.layer], heads: [st.head], include: ["attention"] };
+  if (st.text_b.trim()) return [one, { ...one, text: st.text_b }];
+  if (st.ablate.length) return [one, { ...one, ablate: [] }];
+  return [one];
+}
+
+function matrix(ans) {
+  const m = ans.attention.sub(0, 0), T = m.shape[0];
+  return Array.from({ length: T }, (_, i) => Array.from(m.row(i)));
+}
+
+function heat(ctx, el, z, xs, ys, titleText, diverging) {
+  const labels = (toks) => toks.map((t, i) => `${i} ${plotlyText(tokenLabel(t))}`);
+  ctx.plot(el, [{
+    type: "heatmap", z, x: labels(xs), y: labels(ys), colorscale: diverging ? plotlyDiverging : plotlyScale,
+    zmin: diverging ? -1 : 0, zmax: 1, xgap: 0, ygap: 0,
+    hovertemplate: "query %{y}<br>key %{x}<br>%{z:.6f}<extra></extra>",
+    colorbar: { thickness: 10, len: 0.8 },
+  }], {
+    title: titleText, margin: { l: 90, r: 10, t: 40, b: 90 },
+    xaxis: { tickangle: -60, automargin: true, type: "category" },
+    yaxis: { autorange: "reversed", automargin: true, type: "category" },
+  });
+}
+
+export function render(container, { results }, st, ctx) {
+  const controls = part(container, "controls", "form", { class: "view-controls compare-controls" });
+  const field = h("input", { type: "text", id: "text-b", value: st.text_b, size: 60, "aria-label": "Text B",
+    placeholder: "a second text (B) to compare with" });
+  replace(controls, h("label", { for: "text-b", text: "Text B: " }), field,
+    h("button", { type: "submit", class: "small", text: "Compare" }),
+    st.text_b && h("button", { type: "button", class: "small", text: "Clear B", onclick: () => ctx.go({ text_b: "" }) }));
+  controls.onsubmit = (e) => { e.preventDefault(); ctx.go({ text_b: field.value }); };
+  const note = part(container, "note", "p", { class: "note" });
+  const grid = part(container, "grid", "div", { class: "compare-grid" });
+  const [A, B] = results;
+  container.dataset.layer = st.layer;
+  container.dataset.head = st.head;
+  if (!B) {
+    note.textContent = "Nothing to compare yet: type a text B above, or knock heads out in the model view.";
+    replace(grid);
+    return { name: `attnscope-${st.model}-compare` };
+  }
+  const za = matrix(A), zb = matrix(B);
+  const n = Math.min(za.length, zb.length);
+  const diff = za.slice(0, n).map((r, i) => r.slice(0, n).map((v, j) => v - zb[i][j]));
+  let worst = 0;
+  for (const r of diff) for (const v of r) worst = Math.max(worst, Math.abs(v));
+  const what = st.text_b.trim() ? "text B" : `every head kept (A has ${st.ablate.map((x) => `L${x.replace(".", "H")}`).join(", ")} knocked out)`;
+  note.textContent = `Layer ${st.layer}, head ${st.head}. A: this page's run; B: ${what}. ` +
+    `Largest |A − B| = ${fmt(worst, 4)}` + (za.length !== zb.length ? `; compared over the first ${n} tokens.` : ".");
+  container.dataset.maxDiff = String(worst);
+  const [pa, pb, pd] = ["a", "b", "d"].map((k) => part(grid, k, "div", { class: "plot compare-plot", role: "figure" }));
+  heat(ctx, pa, za, A.tokens, A.tokens, "A", false);
+  heat(ctx, pb, zb, B.tokens, B.tokens, "B", false);
+  heat(ctx, pd, diff, A.tokens.slice(0, n), A.tokens.slice(0, n), "A − B", true);
+  return {
+    plot: pd, name: `attnscope-${st.model}-compare-L${st.layer}H${st.head}`,
+    csv: () => [["query", ...A.tokens.slice(0, n)], ...diff.map((r, i) => [A.tokens[i], ...r])],
+    json: () => ({ model: st.model, layer: st.layer, head: st.head, a: za, b: zb, difference: diff,
+      tokens_a: A.tokens, tokens_b: B.tokens }),
+  };
+}
