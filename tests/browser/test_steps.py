@@ -10,20 +10,16 @@ import numpy as np
 import pytest
 from playwright.sync_api import Page, expect
 
-from bench.common import server
-
 from .conftest import ARTIFACTS, screenshot, wait_drawn
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 TEXT = "the cat sat on the mat and then the cat slept"      # 12 tokens with tiny-gpt's [CLS]
-MODELS = "minilm,tiny-gpt,induction"
 
 
-@pytest.fixture(scope="module")
-def teach():
-    """A server with the teaching models, the induction circuit included (not loaded by default)."""
-    with server({"ATTNSCOPE_MODELS": MODELS}) as (url, _pid):
-        yield url
+@pytest.fixture
+def teach(live_server):
+    """The suite's server, whose models include tiny-gpt and the induction circuit (tests/conftest.py)."""
+    return live_server
 
 
 def open_at(page: Page, base: str, view: str | None = None, **params) -> None:
