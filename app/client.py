@@ -73,7 +73,7 @@ class Client:
         return self._post("/api/attention", {"text": text, **options})
 
     def stages(self, text: str, layer: int, head: int, **options) -> dict:
-        """POST /api/stages: q, k, scores, scaled, mask, masked, probs for one layer and head."""
+        """POST /api/stages: x, q, k, v, scores, scaled, mask, masked, probs, ctx and contribution of one head."""
         return self._post("/api/stages", {"text": text, "layer": layer, "head": head, **options})
 
     def close(self) -> None:

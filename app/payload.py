@@ -12,6 +12,7 @@ import numpy as np
 
 from ..model import stats
 from ..model.runtime import AttentionResult
+from ..model.transformer import SQUARE_STAGES
 
 
 def warnings(spec, r: AttentionResult) -> list[str]:
@@ -107,15 +108,25 @@ def importance(plan, computed) -> dict:
 
 
 def stages(plan, computed) -> dict:
-    """Every intermediate of one head, for the first `limit` tokens."""
+    """Every intermediate of one head, for the first `limit` tokens.
+
+    From the model run (the ONNX graph, or the NumPy reference with engine=numpy): x, q, k, v, scores, scaled,
+    masked, ctx and probs; mask is the additive mask the run was fed. Computed here, in NumPy: the head's
+    contribution (ctx through its columns of W_o, TransformerBlock.head_output) and each shown row's softmax
+    max and sum over all its keys (the shown part of a row can be cut by `limit`)."""
     r = computed.result
     req, cfg = plan.request, plan.runtime.cfg
     l, h = req.layer, req.head
     n = req.limit or len(r.tokens)
-    st = {name: v[l, h, :n, :] if name in ("q", "k") else v[l, h, :n, :n] for name, v in r.stages.items()}
+    st = {name: v[l, :n] if name == "x" else v[l, h, :n, :n] if name in SQUARE_STAGES else v[l, h, :n]
+          for name, v in r.stages.items()}
+    rows = r.stages["masked"][l, h, :n].astype(np.float64)    # [n, T]: whole rows; in float64 (also on the wire)
+    row_max = rows.max(axis=1)                                 # so that exp(masked - row_max) is 1 at the max
     return tokens(plan, r) | {"layer": l, "head": h, "d_head": cfg.d_head,
                         "scale": float(1.0 / (np.sqrt(cfg.d_head) * cfg.temperature)),
-                        **st, "mask": r.mask[:n, :n], "probs": r.attentions[l, h, :n, :n]}
+                        **st, "mask": r.mask[:n, :n], "probs": r.attentions[l, h, :n, :n],
+                        "contribution": plan.runtime.model.blocks[l].head_output(h, st["ctx"]),
+                        "row_max": row_max, "row_sum": np.exp(rows - row_max[:, None]).sum(axis=1)}
 
 
 def rounded(payload: dict, precision: int | None) -> dict:

@@ -234,17 +234,34 @@ class Effect(BaseModel):
 
 
 class StagesResponse(Tokens):
+    """Every step of one head, in order: x -> q, k, v -> scores -> scaled -> + mask -> softmax -> probs . v -> W_o.
+    With `limit`, every matrix has its first `limit` tokens (rows, and key columns) of the run on the whole text."""
     layer: int = Field(description="the layer shown")
     head: int = Field(description="the head shown")
-    d_head: int = Field(description="width of q and k")
+    d_head: int = Field(description="width of q, k, v and ctx")
     scale: float = Field(description="1 / (sqrt(d_head) * temperature), the factor applied to the raw scores")
-    q: Matrix = Field(description="queries [token][d_head]")
-    k: Matrix = Field(description="keys [token][d_head]")
+    x: Matrix = Field(description="the layer's input as its q, k and v projections read it [token][d_model]: after "
+                      "the block's norm in a pre-norm model (GPT-2, Llama), the block's input itself in BERT")
+    q: Matrix = Field(description="queries [token][d_head]: x W_q^T + b_q, this head's rows (after RoPE in Llama "
+                      "models)")
+    k: Matrix = Field(description="keys [token][d_head], as this head reads them (its key/value group's in a "
+                      "grouped-query model; after RoPE in Llama models)")
+    v: Matrix = Field(description="values [token][d_head], as this head reads them")
     scores: Matrix = Field(description="q . k^T [query][key]")
     scaled: Matrix = Field(description="scores * scale")
     mask: Matrix = Field(description="additive mask: 0 visible, -3.4e38 (float32 min, i.e. minus infinity) hidden")
     masked: Matrix = Field(description="scaled + mask")
     probs: Matrix = Field(description="softmax of each masked row: the attention weights")
+    row_max: list[float] = Field(description="per query shown: the largest entry of its whole `masked` row (every "
+                                 "key, also those past `limit`)")
+    row_sum: list[float] = Field(description="per query shown: sum over its whole row of exp(masked - row_max), so "
+                                 "probs[i][j] = exp(masked[i][j] - row_max[i]) / row_sum[i]")
+    ctx: Matrix = Field(description="the head's output [query][d_head]: probs . v over all keys, sum_j "
+                        "probs[i][j] v[j] (before any `ablate`)")
+    contribution: Matrix = Field(description="the head's share of the attention output [query][d_model]: ctx "
+                                 "through its d_head columns of the output projection, ctx W_o[:, head]^T. The "
+                                 "heads' shares plus W_o's bias make the attention output added to the residual "
+                                 "stream. Computed by the server from ctx and the model's weights")
 
 
 class Health(BaseModel):

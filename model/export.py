@@ -5,8 +5,9 @@ Inputs:  input_ids [B, T] int64, (token_type_ids [B, T] int64), attention_mask [
          head_mask, head_mean [B, L, H] float and lengths [B] int64: the head-mask contract of
          functional.ablate_heads (keep everything: head_mask 1, head_mean 0; lengths = each text's tokens).
 Outputs: hidden [B, T, D], attentions [L, B, H, T, T]; with an LM head also next_token_logits [B, V]
-         (after each text's last token) and token_logprobs [B, T]; with stages=True also q, k
-         [L, B, H, T, d_head] and scores, scaled, masked [L, B, H, T, T], the teaching intermediates.
+         (after each text's last token) and token_logprobs [B, T]; with stages=True also the teaching
+         intermediates (transformer.STAGES): x [L, B, T, D], q, k, v, ctx [L, B, H, T, d_head] and
+         scores, scaled, masked [L, B, H, T, T].
 Learned positions are taken as wpe[:T] with Shape + Slice (no Gather over a Range, which
 onnxruntime's GatherToSliceFusion mis-optimises); RoPE's cos/sin tables the same way.
 Opset 17 has no RMSNormalization: RMSNorm is written out in primitives, as functional.rms_norm.
@@ -18,7 +19,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .attention import GroupedQueryAttention
-from .transformer import LM_OUTPUTS, STAGES, VOCAB_CHUNK, RMSNorm, Transformer
+from .transformer import LM_OUTPUTS, SQUARE_STAGES, STAGES, VOCAB_CHUNK, RMSNorm, Transformer
 
 OPSET = 17
 IR_VERSION = 8  # the IR version of opset 17; onnx 1.23 would write 14, which onnxruntime 1.31 refuses
@@ -131,7 +132,7 @@ def build_graph(model: Transformer, stages: bool = False, progress=None) -> onnx
     for i, block in enumerate(model.blocks):
         p, attn = f"blocks.{i}", block.attn
         # TransformerBlock.__call__
-        h = g.norm(x, block.ln1, p + ".ln1") if cfg.norm_first else x
+        h = h_in = g.norm(x, block.ln1, p + ".ln1") if cfg.norm_first else x
         if isinstance(attn, GroupedQueryAttention):   # GroupedQueryAttention.__call__
             q, k, v = (g.op("Transpose", g.op("Reshape", g.linear(h, *attn.projection(f"{n}_proj"), f"{p}.attn.{n}"),
                                               g.const(np.array([0, 0, heads, dh]))), perm=[0, 2, 1, 3], hint=f"{p}.{n}")
@@ -154,7 +155,7 @@ def build_graph(model: Transformer, stages: bool = False, progress=None) -> onnx
         scaled = g.op("Mul", scores, scale, hint=p + ".scaled")
         masked = g.op("Add", scaled, "attention_mask", hint=p + ".masked")
         probs = g.op("Softmax", masked, axis=-1, hint=p + ".probs")                       # [B, H, T, T]
-        ctx = g.op("MatMul", probs, v, hint=p + ".ctx")                                    # [B, H, T, dh]
+        ctx = head_ctx = g.op("MatMul", probs, v, hint=p + ".ctx")                         # [B, H, T, dh]
         # functional.ablate_heads: keep * ctx + (1 - keep) * mean * sum_t weights_t ctx_t
         layer = g.const(np.array(i, np.int64))
         keep, mean = (g.op("Unsqueeze", g.op("Gather", name, layer, axis=1), g.const(np.array([2, 3])))
@@ -168,8 +169,8 @@ def build_graph(model: Transformer, stages: bool = False, progress=None) -> onnx
         h = g.norm(x, block.ln2, p + ".ln2") if cfg.norm_first else x
         m = _mlp(g, block.mlp, h, p + ".mlp")
         x = g.op("Add", x, m) if cfg.norm_first else g.norm(g.op("Add", x, m), block.ln2, p + ".ln2")
-        for name, value in zip(("attentions", "q", "k", "scores", "scaled", "masked"),
-                               (probs, q, k, scores, scaled, masked)):
+        for name, value in dict(attentions=probs, x=h_in, q=q, k=k, v=v, scores=scores, scaled=scaled, masked=masked,
+                                ctx=head_ctx).items():   # the teaching stages, as TransformerBlock.__call__ names them
             collected[name].append(value)
         if progress:
             progress(1)
@@ -184,12 +185,13 @@ def build_graph(model: Transformer, stages: bool = False, progress=None) -> onnx
     for name in names:
         g.op("Concat", *[g.op("Unsqueeze", t, axis0) for t in collected[name]], axis=0, out=name)
     Ls = ["layers", "batch", "heads", "tokens"]
+    dims = {n: Ls + (["tokens"] if n in ("attentions",) + SQUARE_STAGES else [dh]) for n in names}
+    dims["x"] = ["layers", "batch", "tokens", cfg.d_model]
     outputs = [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "tokens", cfg.d_model])]
     if cfg.lm_head:
         outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", dim])
                     for n, dim in zip(LM_OUTPUTS, (cfg.vocab_size, "tokens"))]
-    outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, Ls + ([dh] if n in ("q", "k") else ["tokens"]))
-                for n in names]
+    outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims[n]) for n in names]
     graph = helper.make_graph(g.nodes, "attnscope", inputs, outputs, g.inits)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="attnscope", doc_string=__doc__.split("\n")[0])

@@ -75,7 +75,8 @@ class AttentionResult:
     hidden: np.ndarray                   # [T, D] final hidden states
     mask: np.ndarray                     # [T, T] the additive mask the model saw (0 or masks.MASKED)
     mask_tokens: list[int] = field(default_factory=list)  # token indices hidden as keys
-    stages: dict[str, np.ndarray] | None = None  # q, k [L, H, T, dh]; scores, scaled, masked [L, H, T, T]
+    stages: dict[str, np.ndarray] | None = None  # transformer.STAGES: x [L, T, D]; q, k, v, ctx [L, H, T, dh];
+    #                                              scores, scaled, masked [L, H, T, T]
     seconds: float = 0.0
     next_tokens: list[NextToken] | None = None    # decoders with an LM head: top-k after the last token
     token_logprobs: list[float | None] | None = None  # log p(token_i | tokens before it); None for the first
@@ -262,8 +263,8 @@ class Runtime:
         for b, (e, n) in enumerate(zip(encs, lengths)):
             s = None
             if st is not None:
-                s = {k: np.ascontiguousarray(v[:, b, :, :n, :] if k in ("q", "k") else v[:, b, :, :n, :n])
-                     for k, v in st.items()}
+                s = {k: np.ascontiguousarray(v[:, b, ..., :n, :n] if k in _transformer.SQUARE_STAGES
+                                             else v[:, b, ..., :n, :]) for k, v in st.items()}
             results.append(AttentionResult(
                 self.spec.id, engine, provider, causal, e, np.ascontiguousarray(attn[:, b, :, :n, :n]),
                 np.ascontiguousarray(hidden[b, :n]), mask[b, 0, :n, :n].copy(),

@@ -16,7 +16,11 @@ import numpy as np
 from .attention import GroupedQueryAttention, MultiHeadAttention
 from .functional import gelu, gelu_tanh, layer_norm, linear, position_weights, rms_norm, rope_tables, silu
 
-STAGES = ("q", "k", "scores", "scaled", "masked")  # teaching outputs, besides the probabilities
+# Teaching outputs, besides the probabilities. Per layer and batch: x [T, D], what the block's q/k/v projections
+# read (after ln1 in a pre-norm block); q, k, v and ctx = probs @ v, the head's output before the output
+# projection [H, T, d_head] (k and v as each query head reads them); scores, scaled, masked [H, T, T].
+STAGES = ("x", "q", "k", "v", "scores", "scaled", "masked", "ctx")
+SQUARE_STAGES = ("scores", "scaled", "masked")  # [.., T, T]; the others end in [.., T, features]
 LM_OUTPUTS = ("next_token_logits", "token_logprobs")  # decoders with an LM head
 VOCAB_CHUNK = 8192  # the LM head's log-sum-exp runs over this many vocabulary rows at a time
 
@@ -143,18 +147,28 @@ class TransformerBlock:
         """x [B, T, D], mask additive [B, 1|H, T, T], head_mask (keep, mean, weights) for this layer or None.
         Returns x, probs [B, H, T, T], stages or None."""
         h = self.ln1(x) if self.norm_first else x
-        a, probs, st, (q, k, _) = self.attn(h, attn_mask=mask, head_mask=head_mask, average_attn_weights=False,
+        a, probs, st, (q, k, v) = self.attn(h, attn_mask=mask, head_mask=head_mask, average_attn_weights=False,
                                             return_stages=True)
         x = x + a if self.norm_first else self.ln1(x + a)
         x = x + self.mlp(self.ln2(x)) if self.norm_first else self.ln2(x + self.mlp(x))
-        return x, probs, (dict(q=q, k=k, scores=st.scores, scaled=st.scaled, masked=st.masked) if stages else None)
+        if not stages:
+            return x, probs, None
+        return x, probs, dict(x=h, q=q, k=k, v=v, scores=st.scores, scaled=st.scaled, masked=st.masked,
+                              ctx=st.probs @ v)   # ctx: before any ablation, as the head computed it
+
+    def head_output(self, head: int, ctx: np.ndarray) -> np.ndarray:
+        """One head's share of Attn(x): its output ctx [..., T, d_head] through its d_head columns of the output
+        projection W_o [D, H * d_head] -> [..., T, D]. The heads' shares plus W_o's bias sum to Attn(x)."""
+        W = self.attn.params["o_proj.weight" if "o_proj.weight" in self.attn.params else "out_proj.weight"]
+        dh = ctx.shape[-1]
+        return ctx @ W[:, head * dh:(head + 1) * dh].T
 
 
 @dataclass
 class TransformerOutput:
     hidden: np.ndarray                     # [B, T, D] after the last block (and the final norm)
     attentions: np.ndarray                 # [L, B, H, T, T]
-    stages: dict[str, np.ndarray] | None = field(default=None)  # name -> [L, B, H, T, T|d_head]
+    stages: dict[str, np.ndarray] | None = field(default=None)  # name -> [L, B, H, T, T|d_head], x [L, B, T, D]
     next_token_logits: np.ndarray | None = None   # [B, V] after each text's last token (LM head only)
     token_logprobs: np.ndarray | None = None      # [B, T] log p(token_t | tokens before t); 0 at t = 0
 

@@ -8,7 +8,7 @@ import pytest
 from attnscope.model import zoo
 from attnscope.model.masks import MASKED
 from attnscope.model.runtime import Runtime
-from attnscope.model.transformer import LM_OUTPUTS, STAGES, Transformer
+from attnscope.model.transformer import LM_OUTPUTS, SQUARE_STAGES, STAGES, Transformer
 from attnscope.model.weights import load_npz, save_npz
 
 MODEL_IDS = [m for m in zoo.ZOO if m != "smollm2"]   # SmolLM2 (0.5 GB of weights): tests/test_smollm2.py
@@ -210,8 +210,11 @@ def test_onnx_file_is_valid_with_dynamic_axes(runtimes, model_id, stages):
     assert outputs["hidden"] == ["batch", "tokens", rt.cfg.d_model]
     assert outputs["attentions"][1] == "batch" and outputs["attentions"][3:] == ["tokens", "tokens"]
     for name in STAGES if stages else ():
+        if name == "x":   # what the projections read: one per layer, not per head
+            assert outputs[name] == ["layers", "batch", "tokens", rt.cfg.d_model]
+            continue
         assert outputs[name][1] == "batch" and outputs[name][3] == "tokens"
-        assert outputs[name][4] == (rt.cfg.d_head if name in ("q", "k") else "tokens")
+        assert outputs[name][4] == ("tokens" if name in SQUARE_STAGES else rt.cfg.d_head)
 
 
 @pytest.fixture

@@ -17,6 +17,9 @@ import { canvasToPng, download, downloadCSV, downloadJSON, svgBlob, svgToPng } f
 import { ownMask, PAIR_FILTERS, runOptions } from "./matrix.js";
 import { plot } from "./plot.js";
 import { fmtBytes, fmtMs, SCALE_MODES, SCALE_NAME } from "./scale.js";
+import { syncLesson } from "./lesson.js";
+import { syncPresent, wirePresent } from "./present.js";
+import { labelHeads, showExplanation } from "./roles.js";
 import * as state from "./state.js";
 import * as head from "./views/head.js";
 import * as lines from "./views/lines.js";
@@ -48,7 +51,7 @@ function normalize(st) {
   fixed.ablate = fixed.ablate.filter((x) => { const [l, hd] = x.split(".").map(Number); return l < info.layers && hd < info.heads; });
   if (!info.pair) fixed.text_pair = "";
   if (!state.STEP_TOKENS.includes(fixed.n)) fixed.n = 12;
-  if (fixed.step > 4) fixed.step = 0;
+  if (fixed.step > stages.STEPS.length) fixed.step = 0;
   const changed = JSON.stringify(fixed) !== JSON.stringify(st);
   return [fixed, changed];
 }
@@ -76,6 +79,8 @@ function syncControls(st, info) {
   options($("head"), info.heads, "head");
   $("layer").value = st.layer;
   $("head").value = st.head;
+  labelHeads($("head"), info, st.layer);            // the teaching models' head roles
+  showExplanation($("model-explanation"), info);
   const causal = st.causal ?? info.kind === "decoder";
   $("causal").checked = causal;
   $("causal-hint").textContent = info.kind === "decoder"
@@ -93,6 +98,9 @@ function syncControls(st, info) {
   $("clear-mask").hidden = st.mask_tokens.length === 0;
   $("large-toggle").setAttribute("aria-pressed", String(st.large));
   document.documentElement.classList.toggle("large", st.large);
+  const titles = Object.fromEntries(Object.entries(VIEWS).map(([id, v]) => [id, v.title]));
+  syncPresent($("present-bar"), st, { views: Object.keys(VIEWS), titles, go });
+  syncLesson($("lesson"), $("lesson-link"), st, { href: state.href, go, models: MODELS });
   for (const a of document.querySelectorAll("#tabs a")) {
     a.href = state.href({ view: a.dataset.view });
     if (a.dataset.view === st.view) a.setAttribute("aria-current", "page");
@@ -224,7 +232,8 @@ async function update() {
     const results = await dataP;
     if (gen !== generation) return;
     const drawing = [];
-    const ctx = { info, boot: BOOT, go, href: state.href, large: st.large, font: st.large ? 18 : 13,
+    const large = st.large || st.present;
+    const ctx = { info, boot: BOOT, go, href: state.href, large, font: large ? 18 : 13,
       plot: (el, data, layout) => drawing.push(plot(el, data, layout, ctx.font,
         `attnscope-${st.model}-${st.view}-L${st.layer}H${st.head}`)) };
     const shownState = { ...st, pin: st.pin !== null && st.pin < meta.tokens.length ? st.pin : null };
@@ -342,6 +351,7 @@ function wire() {
   $("pairs").addEventListener("change", (e) => go({ pairs: e.target.value }));
   $("large-toggle").addEventListener("click", () => go({ large: !state.get().large }));
   $("copy-link").addEventListener("click", copyPermalink);
+  wirePresent($("present-toggle"), { get: state.get, go, views: Object.keys(VIEWS) });
   for (const kind of ["png", "svg", "csv", "json"]) $(`export-${kind}`).addEventListener("click", () => exportAs(kind));
   $("tabs").addEventListener("click", (e) => {
     const a = e.target.closest("a[data-view]");

@@ -117,7 +117,7 @@ export function fmt(v, digits = 4) {
   if (isMinusInf(v)) return MINUS + "∞";
   if (v === Infinity) return "∞";
   const s = v !== 0 && Math.abs(v) < 0.5 * 10 ** -digits ? v.toExponential(1) : v.toFixed(digits);
-  return s.replace("-", MINUS);
+  return s.replace(/-/g, MINUS);
 }
 
 /** The shortest decimal that reads back as the same float32: the exact value the model produced. */
@@ -126,15 +126,15 @@ export function fmtExact(v) {
   const f = Math.fround(v);
   for (let p = 1; p <= 9; p++) {
     const s = f.toPrecision(p);
-    if (Math.fround(Number(s)) === f) return String(Number(s)).replace("-", MINUS);
+    if (Math.fround(Number(s)) === f) return String(Number(s)).replace(/-/g, MINUS);
   }
-  return String(f).replace("-", MINUS);
+  return String(f).replace(/-/g, MINUS);
 }
 
 /** Plain ASCII version of fmtExact for CSV / JSON / data attributes (parseFloat reads it back). */
 export function exactString(v) {
   if (isMinusInf(v)) return "-Infinity";
-  return fmtExact(v).replace(MINUS, "-");
+  return fmtExact(v).replaceAll(MINUS, "-");
 }
 
 export function fmtMs(ms) {

@@ -7,6 +7,7 @@ export const STEP_TOKENS = [6, 8, 12, 16, 24, 32];
 //   scale: colours on the fixed 0–1 scale, or stretched to each picture's own maximum ("head")
 //   pairs: which query → key cells of a sentence pair the head and line views show
 //   dist_norm: mean distance divided by the longest possible (T − 1); sort: the summary's ranking order
+//   present: classroom layout (present.js); lesson: the page of the guided lesson shown (lesson.js), or none
 const FIELDS = [
   ["model", "", "str"], ["text", "", "str"], ["text_pair", "", "str"], ["view", "head", "view"],
   ["layer", 0, "int"], ["head", 0, "int"], ["causal", null, "tri"], ["mask_tokens", [], "ints"],
@@ -16,6 +17,7 @@ const FIELDS = [
   ["scale", "fixed", ["fixed", "head"]], ["pairs", "all", ["all", "ab", "ba", "within"]],
   ["dist_norm", false, "bool"], ["sort", "-value", ["-value", "value", "layer", "-layer", "head", "-head"]],
   ["ablate", [], "heads"], ["ablation", "zero", ["zero", "mean"]], ["text_b", "", "str"],
+  ["present", false, "bool"], ["lesson", null, "int?"],
 ];
 const ALWAYS = new Set(["model", "text", "view", "layer", "head"]);   // written even when default
 let defaults = Object.fromEntries(FIELDS.map(([k, d]) => [k, d]));

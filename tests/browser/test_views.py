@@ -200,14 +200,15 @@ def test_stages_view_causal_toggle_and_steps(page: Page, console_errors, api):
         assert float(page.locator(stage.format("scores", q, 0)).get_attribute("data-value")) == pytest.approx(
             ref["scores"][q][0], rel=1e-5, abs=1e-5)
     expect(page.locator("#view-stages [data-stage=scaled] .explain")).to_contain_text("1/√32")
-    # the stepper reveals one step at a time
-    page.get_by_role("button", name="1", exact=True).click()
+    # the stepper reveals one step at a time (5: the scores, 6: scaled, 9: softmax)
+    page.locator("#view-stages button[data-step='5']").click()
     wait_drawn(page, "stages")
-    expect(page.locator("#view-stages [data-stage=scaled]")).to_be_hidden()
+    expect(page.locator("#view-stages [data-stage=scores]")).to_be_visible()
+    expect(page.locator("#view-stages [data-stage=scaled]")).to_have_count(0)
     page.get_by_role("button", name="Next step ▶").click()
     wait_drawn(page, "stages")
     expect(page.locator("#view-stages [data-stage=scaled]")).to_be_visible()
-    expect(page.locator("#view-stages [data-stage=probs]")).to_be_hidden()
+    expect(page.locator("#view-stages [data-stage=probs]")).to_have_count(0)
     page.get_by_role("button", name="All steps").click()
     wait_drawn(page, "stages")
     # the causal teaching model: causal by default, toggle off as a what-if

@@ -1,42 +1,104 @@
-// Causal-mask view / stepper: for one head, every step from Q and K to the attention weights,
-// with the exact numbers: Q·Kᵀ, scaled by 1/√d_head, mask added, softmax.
+// Steps view: one head, every step from the layer's input x to what the head adds to the residual stream,
+// with every number the model computed. Vectors are drawn one column per token (all d numbers, scrolling,
+// never cut); matrices are queries x keys. Click (or Enter on) a number for how it was computed; each step
+// exports as PNG and SVG. In the classroom layout (st.present) one step fills the screen.
+import { download, svgBlob, svgToPng } from "../export.js";
 import { h, part, replace, tokenLabel } from "../dom.js";
+import { gridSvg, gridTable, moveInTable } from "../grid.js";
+import { explain } from "../readout.js";
+import { roleSentence } from "../roles.js";
 import { STEP_TOKENS } from "../state.js";
 import { color, divergingColor, exactString, fmt, fmtExact, isMinusInf, MASKED_COLOR, textOn, textOnDiverging } from "../scale.js";
 
 export const title = "Causal mask & steps";
-export const help = "How one head turns queries and keys into attention weights, step by step, with the numbers the " +
-  "model computed. Turn the causal mask on and off to see what it changes. Use the step buttons to reveal one step at a time.";
+export const help = "How one head turns the layer's input into its output, step by step, with every number the model " +
+  "computed: x, the query, key and value vectors, Q·Kᵀ, scaling, the mask, softmax, the weighted sum of values and " +
+  "the head's share of the output projection. Click any number to see how it was computed.";
+
+/** The steps, in order; st.step is 1-based (0: all of them). vectors: one column per token. */
+export const STEPS = [
+  { key: "x", kind: "vectors", short: "x" },
+  { key: "q", kind: "vectors", short: "Q" },
+  { key: "k", kind: "vectors", short: "K" },
+  { key: "v", kind: "vectors", short: "V" },
+  { key: "scores", kind: "matrix", short: "Q·Kᵀ" },
+  { key: "scaled", kind: "matrix", short: "scaled" },
+  { key: "mask", kind: "matrix", short: "mask" },
+  { key: "masked", kind: "matrix", short: "masked" },
+  { key: "probs", kind: "matrix", short: "softmax" },
+  { key: "ctx", kind: "vectors", short: "weights·V" },
+  { key: "contribution", kind: "vectors", short: "W_O" },
+];
 
 export function requests(st) {
   // Only the tokens shown travel: `limit` trims every matrix server-side (512 tokens would be 5 MB).
   return [{ endpoint: "stages", layer: st.layer, head: st.head, limit: st.n }];
 }
 
-function sentences(ans, info, n) {
-  const s = Math.sqrt(ans.d_head);
-  const anyMasked = ans.mask_tokens.length > 0;
-  let maskText;
-  if (ans.causal && anyMasked) {
-    maskText = "The mask adds −∞ above the diagonal (a token cannot see the tokens after it) and in the columns of the masked tokens; elsewhere it adds 0.";
-  } else if (ans.causal) {
-    maskText = "The causal mask adds −∞ above the diagonal: a token cannot see the tokens after it. Everything else gets + 0.";
-  } else if (anyMasked) {
-    maskText = `The mask adds −∞ in the columns of the masked token${ans.mask_tokens.length > 1 ? "s" : ""} (except on the diagonal: a token still sees itself) and 0 elsewhere.`;
-  } else {
-    maskText = "The mask adds 0 everywhere here: the causal mask is off and no token is masked, so this equals step 2.";
-  }
-  return [
-    ["1. Scores: Q · Kᵀ", "scores", "Each query vector is multiplied with every key vector (a dot product). A bigger number means the query matches that key better. Rows are queries, columns are keys."],
-    [`2. Scaled: × 1/√${ans.d_head}`, "scaled", `Every score is multiplied by ${fmt(ans.scale, 4)}${Math.abs(ans.scale * s - 1) > 1e-6 ? " (1/√d_head, with the model's temperature)" : ` = 1/√${ans.d_head}`}, so the numbers don't grow with the vector size and the softmax doesn't become too peaky.`],
-    ["3. Mask added", "masked", maskText],
-    ["4. Softmax", "probs", "Each row is turned into weights: exp(x) divided by the row's sum of exp. They are positive and add up to 1; exp(−∞) = 0, so hidden keys get exactly 0." +
-      (n < ans.tokens.length ? " Σ is the part of the row shown here." : "")],
-  ];
+/** What the model is, for the sentences: pre-norm or not, RoPE, query heads sharing keys and values. */
+function facts(ans, info, st) {
+  const arch = info.architecture;
+  const group = info.heads / (info.kv_heads || info.heads);
+  const first = Math.floor(st.head / group) * group;
+  return { preNorm: !["bert", "roberta"].includes(arch), rope: ["llama", "mistral", "qwen2"].includes(arch),
+    bias: !["llama", "mistral"].includes(arch), shared: group > 1 ? [first, first + group - 1] : null,
+    layer: st.layer, head: st.head };
 }
 
-function matrixTable(kind, t, n, tokens, st, mask) {
-  const diverging = kind !== "probs";
+/** Heading and sentence of each step, in the model's own terms. */
+function texts(step, ans, info, f, n) {
+  const dh = ans.d_head, D = ans.x.shape[1];
+  const s = Math.sqrt(dh);
+  const anyMasked = ans.mask_tokens.length > 0;
+  const shared = f.shared ? ` Query heads ${f.shared[0]}–${f.shared[1]} share these ${step.key === "k" ? "keys" : "values"} (grouped-query attention).` : "";
+  const rope = f.rope ? " Then each pair of its numbers is rotated by the token's position (RoPE); these are the rotated numbers." : "";
+  const partial = n < ans.tokens.length && !ans.causal;
+  switch (step.key) {
+    case "x": return [`Input x (d_model = ${D})`, (f.preNorm
+      ? `Each token's vector as this layer's projections read it: the residual stream after the block's ${info.architecture === "gpt2" || info.architecture === "attention-only" ? "LayerNorm" : "RMSNorm"}.`
+      : f.layer === 0 ? "Each token's vector as this layer reads it: token, position and segment embeddings, added and normalised."
+        : "Each token's vector as this layer reads it: the output of the layer before.") + " One column per token."];
+    case "q": return [`Queries Q = x W_Q (d_head = ${dh})`, `Each token's query: its x times this head's ${dh} columns of W_Q${f.bias ? ", plus a bias" : ""}. It says what the token looks for.${rope}`];
+    case "k": return [`Keys K = x W_K`, `Each token's key: its x times this head's columns of W_K${f.bias ? ", plus a bias" : ""}. It says what the token offers to the queries.${rope}${shared}`];
+    case "v": return [`Values V = x W_V`, `Each token's value: what it hands on when a query attends to it.${shared}`];
+    case "scores": return ["Scores Q · Kᵀ", "Each query (row) is multiplied with every key (column), number by number and added up: a dot product. A bigger number means a better match."];
+    case "scaled": return [`Scaled: × 1/√${dh}`, `Every score times ${fmt(ans.scale, 4)}${Math.abs(ans.scale * s - 1) > 1e-6 ? " (1/√d_head, with the model's temperature)" : ` = 1/√${dh}`}, so the numbers do not grow with the vector size and the softmax does not become too peaked.`];
+    case "mask": return ["The mask", ans.causal && anyMasked ? "−∞ above the diagonal (a token cannot see the tokens after it) and in the columns of the masked tokens; 0 elsewhere."
+      : ans.causal ? "The causal mask: −∞ above the diagonal, where a token would see the tokens after it; 0 elsewhere."
+        : anyMasked ? `−∞ in the columns of the masked token${ans.mask_tokens.length > 1 ? "s" : ""} (a token still sees itself); 0 elsewhere.`
+          : "All zeros here: the causal mask is off and no token is masked, so every token sees every other."];
+    case "masked": return ["Masked: scaled + mask", ans.causal || anyMasked ? "The mask added to the scaled scores: −∞ wherever a token may not look."
+      : "The mask added to the scaled scores: it hides nothing here, so these are the scaled scores."];
+    case "probs": return ["Softmax: the attention weights", "Each row becomes weights: exp of each number, divided by the row's sum of exp. They are positive and add up to 1; exp(−∞) = 0, so hidden keys get exactly 0." +
+      (partial ? " Σ is the part of the row shown here." : "")];
+    case "ctx": return ["Output: weights · V", `Each token's output is the weighted sum of the value vectors: out_i = Σ_j p_ij v_j. One column per token, ${dh} numbers.` +
+      (partial ? " The sums run over every token of the text, also those not shown." : "")];
+    case "contribution": return [`Through W_O: the head's contribution (d_model = ${D})`, `The output times this head's ${dh} columns of the output projection W_O: what this head adds to each token's vector. Every head's contribution, plus W_O's bias, is added to the residual stream${f.preNorm ? "" : " (then normalised)"}.`];
+  }
+  return [step.key, ""];
+}
+
+/** The step's table as a grid (grid.js): rows and columns, each cell's text and colours. */
+function stepGrid(step, ans, n, st) {
+  const tokens = ans.tokens;
+  const mask = ans.mask;
+  const cols = [...Array(n).keys()].map((i) => ({ label: tokenLabel(tokens[i]), title: `token ${i}: ${tokens[i]}` }));
+  if (step.kind === "vectors") {
+    const t = ans[step.key], dims = t.shape[1];
+    let absmax = 0;
+    for (let i = 0; i < n; i++) for (let d = 0; d < dims; d++) absmax = Math.max(absmax, Math.abs(t.at(i, d)));
+    const digits = absmax >= 100 ? 1 : absmax >= 10 ? 2 : 3;
+    const rows = [...Array(dims).keys()].map((d) => ({ label: String(d), title: `number ${d}` }));
+    const cells = rows.map((_, d) => cols.map((_, i) => {
+      const v = t.at(i, d);
+      return { text: fmt(v, digits), bg: divergingColor(v, absmax), fg: textOnDiverging(v, absmax),
+        attrs: { "data-t": i, "data-d": d, "data-value": exactString(v), title: `token ${i}, number ${d}: ${fmtExact(v)}` } };
+    }));
+    return { corner: "d", cols, rows, cells, sum: null, label: `${step.short}: one column per token, ${dims} numbers each` };
+  }
+  const kind = step.key;
+  const t = ans[kind];
+  const diverging = kind !== "probs" && kind !== "mask";
   let absmax = 0;
   if (diverging) {
     for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) {
@@ -44,58 +106,105 @@ function matrixTable(kind, t, n, tokens, st, mask) {
       if (!isMinusInf(v)) absmax = Math.max(absmax, Math.abs(v));
     }
   }
-  const digits = kind === "probs" ? 4 : kind === "scores" ? 2 : 3;
-  const head = h("tr", {}, h("th", { scope: "col", class: "corner", text: "q \\ k" }),
-    tokens.slice(0, n).map((tok, j) => h("th", { scope: "col", title: `key ${j}: ${tok}` }, h("span", { class: "tok", text: tokenLabel(tok) }))),
-    kind === "probs" && h("th", { scope: "col", text: "Σ" }));
-  const rows = [];
-  for (let i = 0; i < n; i++) {
-    const cells = [];
-    let sum = 0;
-    for (let j = 0; j < n; j++) {
+  const digits = kind === "probs" ? 4 : kind === "scores" ? 2 : kind === "mask" ? 0 : 3;
+  const rows = [...Array(n).keys()].map((i) => ({ label: tokenLabel(tokens[i]), title: `query ${i}: ${tokens[i]}`, tok: true,
+    cls: st.pin === i ? "pinned" : null }));
+  const sum = kind === "probs" ? [] : null;
+  const cells = rows.map((_, i) => {
+    let s = 0;
+    const row = cols.map((_, j) => {
       const v = t.at(i, j);
       const inf = isMinusInf(v);
       const masked = inf || (kind !== "scores" && kind !== "scaled" && isMinusInf(mask.at(i, j)));   // drawn alike
-      if (kind === "probs") sum += v;
-      const bg = masked ? MASKED_COLOR : diverging ? divergingColor(v, absmax) : color(v);
-      const fg = masked ? "#333" : diverging ? textOnDiverging(v, absmax) : textOn(v);
-      cells.push(h("td", {
-        class: "num" + (inf ? " neg-inf" : "") + (masked ? " masked-cell" : ""), style: `background:${bg};color:${fg}`,
-        "data-q": i, "data-k": j, "data-value": exactString(v), title: `query ${i}, key ${j}: ${fmtExact(v)}`,
-      }, fmt(v, digits)));
-    }
-    rows.push(h("tr", { class: st.pin === i ? "pinned" : null },
-      h("th", { scope: "row", title: `query ${i}: ${tokens[i]}` }, h("span", { class: "tok", text: tokenLabel(tokens[i]) })),
-      cells, kind === "probs" && h("td", { class: "num sum", text: fmt(sum, 3) })));
-  }
-  return h("div", { class: "table-scroll" }, h("table", { class: `stage-table ${kind}` }, h("thead", {}, head), h("tbody", {}, rows)));
+      if (kind === "probs") s += v;
+      const bg = masked ? MASKED_COLOR : kind === "mask" ? "#eef0f3" : diverging ? divergingColor(v, absmax) : color(v);
+      const fg = masked ? "#333" : kind === "mask" ? "#333" : diverging ? textOnDiverging(v, absmax) : textOn(v);
+      return { text: kind === "mask" && !inf ? "0" : fmt(v, digits), bg, fg,
+        cls: (inf ? "neg-inf" : "") + (masked ? " masked-cell" : ""),
+        attrs: { "data-q": i, "data-k": j, "data-value": exactString(v), title: `query ${i}, key ${j}: ${fmtExact(v)}` } };
+    });
+    sum?.push(fmt(s, 3));
+    return row;
+  });
+  return { corner: "q \\ k", cols, rows, cells, sum, label: `${step.short}: queries (rows) by keys (columns)` };
 }
 
-function vectorTable(name, t, n, tokens) {
-  const dims = Math.min(8, t.shape[1]);
-  return h("div", { class: "table-scroll" }, h("table", { class: "stage-table vectors" },
-    h("caption", { text: `${name}: first ${dims} of ${t.shape[1]} numbers per token` }),
-    h("thead", {}, h("tr", {}, h("th", { scope: "col", text: "token" }), [...Array(dims).keys()].map((d) => h("th", { scope: "col", text: d })))),
-    h("tbody", {}, [...Array(n).keys()].map((i) => h("tr", {},
-      h("th", { scope: "row" }, h("span", { class: "tok", text: tokenLabel(tokens[i]) })),
-      [...Array(dims).keys()].map((d) => h("td", { class: "num", title: fmtExact(t.at(i, d)), text: fmt(t.at(i, d), 3) })))))));
+// ---- the readout: one cell at a time, kept across renders (same step, same place) -----------------------
+let selected = null;   // {key, a, b}
+
+function showReadout(panel, ans, env) {
+  if (!selected || !ans[selected.key] || (STEPS.find((s) => s.key === selected.key).kind === "matrix"
+    ? Math.max(selected.a, selected.b) >= env.n : selected.a >= env.n || selected.b >= ans[selected.key].shape[1])) {
+    selected = null;
+    panel.hidden = true;
+    return;
+  }
+  const { title: heading, body } = explain(selected.key, ans, selected.a, selected.b, env);
+  const step = STEPS.findIndex((s) => s.key === selected.key) + 1;
+  replace(panel,
+    h("div", { class: "readout-head" },
+      h("h3", { id: "readout-title", text: heading.join(" ") }),
+      h("button", { type: "button", class: "small", "aria-label": "Close the readout", text: "✕ Close",
+        onclick: () => { selected = null; panel.hidden = true; markSelected(panel.parentElement); } })),
+    h("p", { class: "readout-where", text: `Step ${step} · ${STEPS[step - 1].short} · layer ${env.layer}, head ${env.head}` }),
+    body);
+  panel.hidden = false;
+  panel.dataset.cell = `${selected.key}:${selected.a}:${selected.b}`;
+}
+
+function markSelected(container) {
+  for (const el of container.querySelectorAll("td.selected")) el.classList.remove("selected");
+  if (!selected) return;
+  const s = STEPS.find((x) => x.key === selected.key);
+  const sel = s.kind === "matrix" ? `[data-q="${selected.a}"][data-k="${selected.b}"]` : `[data-t="${selected.a}"][data-d="${selected.b}"]`;
+  container.querySelector(`[data-stage="${selected.key}"] td${sel}`)?.classList.add("selected");
+}
+
+// Escape closes an open readout before anything else (the classroom layout's Escape leaves it).
+document.addEventListener("keydown", (e) => {
+  const panel = document.querySelector("#view-stages [data-part=readout]");
+  if (e.key === "Escape" && panel && !panel.hidden && !panel.closest(".view").hidden) {
+    e.preventDefault();
+    e.stopPropagation();
+    panel.querySelector("button")?.click();
+  }
+}, true);
+
+// ---- export ---------------------------------------------------------------------------------------
+function pngScale(svgEl) {
+  const big = Math.max(Number(svgEl.getAttribute("width")), Number(svgEl.getAttribute("height")));
+  return Math.max(0.25, Math.min(2, 16000 / big));   // canvases stop at 32767 px a side
+}
+
+async function exportStep(kind, name, svgEl) {
+  try {
+    download(`${name}.${kind}`, kind === "svg" ? svgBlob(svgEl) : await svgToPng(svgEl, pngScale(svgEl)));
+  } catch (err) {
+    console.warn(err);
+  }
 }
 
 export function render(container, { results: [ans] }, st, ctx) {
   const T = ans.tokens.length;
   const n = Math.min(T, st.n);
-  const steps = sentences(ans, ctx.info, n);
+  const N = STEPS.length;
+  // The classroom layout shows one step per screen, and so does a lesson's page; otherwise steps 1 to st.step.
+  const single = st.present || (st.lesson !== null && st.step > 0);
+  const cur = st.present && st.step === 0 ? 1 : st.step;
+  const f = facts(ans, ctx.info, st);
+  const env = { ...f, n, T, info: ctx.info };
 
   const controls = part(container, "controls", "div", { class: "view-controls stepper", role: "group", "aria-label": "Steps" });
-  const stepBtn = (k, text) => h("button", {
-    type: "button", class: "small", "aria-pressed": String(st.step === k), "data-step": k, text,
+  const stepBtn = (k, text, label) => h("button", {
+    type: "button", class: "small", "aria-pressed": String(st.step === k), "data-step": k, text, title: label,
     onclick: () => ctx.go({ step: k }),
   });
   replace(controls,
     h("button", { type: "button", class: "small", disabled: st.step === 1, text: "◀ Previous step",
-      onclick: () => ctx.go({ step: st.step <= 1 ? 4 : st.step - 1 }) }),
-    stepBtn(1, "1"), stepBtn(2, "2"), stepBtn(3, "3"), stepBtn(4, "4"), stepBtn(0, "All steps"),
-    h("button", { type: "button", class: "small", disabled: st.step === 0 || st.step === 4, text: "Next step ▶",
+      onclick: () => ctx.go({ step: st.step <= 1 ? N : st.step - 1 }) }),
+    STEPS.map((s, k) => stepBtn(k + 1, `${k + 1} ${s.short}`, `Step ${k + 1}: ${s.short}`)),
+    stepBtn(0, "All steps", "Every step at once"),
+    h("button", { type: "button", class: "small", disabled: st.step === 0 || st.step === N, text: "Next step ▶",
       onclick: () => ctx.go({ step: st.step === 0 ? 1 : st.step + 1 }) }),
     h("label", {}, "Tokens shown ", h("select", { id: "stage-n", onchange: (e) => ctx.go({ n: Number(e.target.value) }) },
       STEP_TOKENS.map((k) => h("option", { value: k, selected: k === st.n, text: k })))));
@@ -105,31 +214,72 @@ export function render(container, { results: [ans] }, st, ctx) {
     ? `What-if: ${ctx.info.title} was trained without a causal mask; these are the numbers of a real run with the mask applied in every layer. `
     : ctx.info.kind === "decoder" && !ans.causal
       ? `What-if: ${ctx.info.title} is a causal model; here its mask is switched off so every token sees the future. ` : "";
-  note.textContent = whatIf + (n < T
-    ? `Showing the first ${n} of ${T} tokens (rows and columns); the numbers come from the run on the whole input.`
-    : `All ${T} tokens. Layer ${st.layer}, head ${st.head}; d_head = ${ans.d_head}.`) +
-    " Hover a number for its exact value.";
-
-  const vectors = part(container, "vectors", "details", { class: "data-table" });
-  replace(vectors, h("summary", { text: "The query (Q) and key (K) vectors these steps start from" }),
-    h("div", { class: "vectors-row" }, vectorTable("Q", ans.q, n, ans.tokens), vectorTable("K", ans.k, n, ans.tokens)));
+  const role = roleSentence(ctx.info, st.layer, st.head);
+  const knocked = (st.ablate || []).includes(`${st.layer}.${st.head}`)
+    ? "This head is knocked out in this run: steps 10 and 11 show what it computed; the model used " +
+      (st.ablation === "mean" ? "its average output" : "zeros") + " instead. " : "";
+  note.textContent = whatIf + knocked + `Layer ${st.layer}, head ${st.head}${role ? `: ${role}` : ""}. ` + (n < T
+    ? `Showing the first ${n} of ${T} tokens; the numbers come from the run on the whole input.`
+    : `All ${T} tokens; d_head = ${ans.d_head}.`) + " Click a number to see how it was computed.";
 
   const grid = part(container, "grid", "div", { class: "stage-grid" });
-  replace(grid, steps.map(([heading, kind, sentence], k) => {
-    const hidden = st.step !== 0 && k + 1 > st.step;
+  const name = (k) => `attnscope-${st.model}-L${st.layer}H${st.head}-step${k + 1}-${STEPS[k].key}`;
+  const pictures = new Map();   // step index -> its SVG, built on first use
+  const picture = (k) => {
+    if (!pictures.has(k)) {
+      const [heading, sentence] = texts(STEPS[k], ans, ctx.info, f, n);
+      pictures.set(k, gridSvg(stepGrid(STEPS[k], ans, n, st), `${k + 1}. ${heading} · ${ctx.info.title}, layer ${st.layer}, head ${st.head}`, sentence));
+    }
+    return pictures.get(k);
+  };
+  const shown = STEPS.map((_, k) => (cur === 0 ? true : single ? k + 1 === cur : k + 1 <= cur));
+  replace(grid, STEPS.map((step, k) => {
+    if (!shown[k]) return null;
+    const [heading, sentence] = texts(step, ans, ctx.info, f, n);
+    const exportBtn = (kind) => h("button", { type: "button", class: "small", text: kind.toUpperCase(),
+      "aria-label": `Download step ${k + 1} as ${kind.toUpperCase()}`, "data-export": kind,
+      onclick: () => exportStep(kind, name(k), picture(k)) });
     return h("section", {
-      class: "stage" + (st.step === k + 1 ? " current" : ""), "data-stage": kind, hidden,
-      "aria-labelledby": `stage-${kind}-h`,
-    }, h("h3", { id: `stage-${kind}-h`, text: heading }), h("p", { class: "explain", text: sentence }),
-    matrixTable(kind, ans[kind], n, ans.tokens, st, ans.mask));
+      class: `stage ${step.kind}` + (cur === k + 1 ? " current" : ""), "data-stage": step.key, "aria-labelledby": `stage-${step.key}-h`,
+    }, h("div", { class: "stage-head" }, h("h3", { id: `stage-${step.key}-h`, text: `${k + 1}. ${heading}` }),
+      h("span", { class: "stage-export" }, exportBtn("png"), exportBtn("svg"))),
+    h("p", { class: "explain", text: sentence }),
+    h("div", { class: "table-scroll" + (step.kind === "vectors" ? " vector-scroll" : "") },
+      gridTable(stepGrid(step, ans, n, st), step.kind === "vectors" ? `vectors ${step.key}` : step.key)));
   }));
+  const readout = part(container, "readout", "section", { class: "readout-panel", role: "region", "aria-labelledby": "readout-title", hidden: true });
+  const open = (td) => {
+    const section = td.closest("[data-stage]");
+    const key = section.dataset.stage;
+    selected = STEPS.find((s) => s.key === key).kind === "matrix"
+      ? { key, a: Number(td.dataset.q), b: Number(td.dataset.k) } : { key, a: Number(td.dataset.t), b: Number(td.dataset.d) };
+    showReadout(readout, ans, env);
+    markSelected(container);
+  };
+  grid.onclick = (e) => {
+    const td = e.target.closest("td[data-value]");
+    if (td) open(td);
+  };
+  grid.onkeydown = (e) => {
+    if (moveInTable(e)) e.preventDefault();
+    else if ((e.key === "Enter" || e.key === " ") && e.target.matches("td[data-value]")) {
+      e.preventDefault();
+      open(e.target);
+    }
+  };
+  showReadout(readout, ans, env);
+  markSelected(container);
   container.dataset.layer = st.layer;
   container.dataset.head = st.head;
   container.dataset.causal = String(ans.causal);
+  container.dataset.step = String(cur);
 
   const kinds = ["scores", "scaled", "mask", "masked", "probs"];
+  const vectors = ["x", "q", "k", "v", "ctx", "contribution"];
+  const exportK = cur === 0 ? STEPS.findIndex((s) => s.key === "probs") : cur - 1;
   return {
-    name: `attnscope-${st.model}-L${st.layer}H${st.head}-stages`,
+    name: name(exportK),
+    get svg() { return picture(exportK); },   // the PNG / SVG buttons: the step shown (softmax when all are)
     csv: () => {
       const rows = [["query_index", "query_token", "key_index", "key_token", ...kinds]];
       for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) {
@@ -138,12 +288,13 @@ export function render(container, { results: [ans] }, st, ctx) {
       return rows;
     },
     json: () => {
-      const cut = (t) => [...Array(n).keys()].map((i) => [...Array(n).keys()].map((j) => {
+      const cut = (t, cols) => [...Array(n).keys()].map((i) => [...Array(cols ?? n).keys()].map((j) => {
         const v = t.at(i, j);
         return isMinusInf(v) ? "-Infinity" : Number(exactString(v));
       }));
       return { model: st.model, text: st.text, layer: st.layer, head: st.head, causal: ans.causal,
         mask_tokens: ans.mask_tokens, d_head: ans.d_head, scale: ans.scale, tokens_shown: n, tokens: ans.tokens.slice(0, n),
+        ...Object.fromEntries(vectors.map((k) => [k, cut(ans[k], ans[k].shape[1])])),
         ...Object.fromEntries(kinds.map((k) => [k, cut(ans[k])])) };
     },
   };
