@@ -104,7 +104,7 @@ async def importance(req: ImportanceRequest, svc: Service, accept: Annotated[str
 
 
 @router.post("/api/stages", response_model=StagesResponse, tags=["attention"],
-             summary="Every step from Q and K to the probabilities, for one layer and head",
+             summary="Every step of one head, from the layer input x to its contribution through W_O",
              responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
 async def stages(req: StagesRequest, svc: Service, accept: Annotated[str | None, Header()] = None,
                  if_none_match: Annotated[str | None, Header()] = None):

@@ -76,7 +76,7 @@ const EXPLAIN = {
         result(fmt(s * ans.scale, 4), fmtExact(ans.scaled.at(i, j)))] };
   },
 
-  mask(ans, i, j, env) {
+  mask(ans, i, j) {
     const hidden = isMinusInf(ans.mask.at(i, j));
     const why = !hidden ? `token ${i} may look at token ${j}, so nothing changes.`
       : ans.causal && j > i ? `token ${j} comes after token ${i}: a causal model cannot look ahead.`
