@@ -136,7 +136,10 @@ def rounded(payload: dict, precision: int | None) -> dict:
 
     def rnd(v):
         if isinstance(v, np.ndarray) and v.dtype.kind == "f":
-            return np.round(v, precision)
+            # values this large have no decimals to round, and scaling them by 10**precision would overflow to
+            # infinity (the mask's -3.4e38 would come back as null)
+            small = np.abs(v) < 1e15
+            return np.where(small, np.round(np.where(small, v, 0), precision), v)
         if isinstance(v, dict):
             return {k: rnd(x) for k, x in v.items()}
         if isinstance(v, list):

@@ -199,3 +199,11 @@ def test_next_token_and_cross_sentence_mass_in_answers(client):
     s = stats.sentences(j["segments"])
     other = s[:, None] != s[None, :]
     np.testing.assert_allclose(j["summary"]["cross_sentence_mass"][0], (p * other).sum(-1).mean(-1), atol=1e-6)
+
+
+def test_precision_keeps_the_masks_minus_infinity(client):
+    """Rounding float32's lowest value (the additive mask) must not overflow to -inf, i.e. JSON null."""
+    j = client.post("/api/stages", json={"model": "tiny-gpt", "text": "a b c", "layer": 0, "head": 0,
+                                         "precision": 1}).json()
+    mask = np.array(j["mask"], dtype=float)
+    assert not np.isnan(mask).any() and mask.min() < -3e38 and mask.max() == 0
