@@ -18,7 +18,7 @@ from .functional import gelu, gelu_tanh, layer_norm, linear, position_weights, r
 
 STAGES = ("q", "k", "scores", "scaled", "masked")  # teaching outputs, besides the probabilities
 LM_OUTPUTS = ("next_token_logits", "token_logprobs")  # decoders with an LM head
-VOCAB_CHUNK = 8192  # the LM head's log-sum-exp runs over this many vocabulary rows at a time
+VOCAB_CHUNK = 4096  # the LM head's log-sum-exp runs over this many vocabulary rows at a time
 
 
 @dataclass(frozen=True)
