@@ -6,9 +6,10 @@
 The LM head part of the served graph (model/export.py, _lm_outputs) is built on its own, with the final
 hidden states as an input, and run in a fresh process per variant; the peak resident memory a run adds
 over the opened session (sampled every millisecond; no memory arena) is reported for
-  chunked   the graph as served: log-sum-exp over 8192 vocabulary rows at a time, the target logit as
-            one dot product per token, so no [T, V] array exists;
-  one pass  the same graph with the whole vocabulary in one chunk: [T, V] logits (T x 49152 x 4 bytes).
+  chunked   the graph as served: log-sum-exp over model.transformer.VOCAB_CHUNK (4096) vocabulary rows
+            at a time, the target logit as one dot product per token, so no [T, V] array exists;
+  one pass  the same graph with the whole vocabulary in one chunk: [T, V] logits and their exp
+            (each T x 49152 x 4 bytes).
 Not part of the tests.
 """
 from __future__ import annotations

@@ -89,7 +89,11 @@ class _Graph:
         return self.op("Add", self.op("Mul", x, cos), self.op("Mul", rotated, sin))
 
     def logsumexp(self, x: str, keepdims: int) -> str:
-        return self.op("ReduceLogSumExp", x, axes=[-1], keepdims=keepdims)
+        """log(sum(exp(x - max))) + max over the last axis, as transformer._logsumexp. (onnxruntime's
+        ReduceLogSumExp is 3x slower on [T, 8192] chunks and 6x less accurate, measured.)"""
+        m = self.op("ReduceMax", x, axes=[-1], keepdims=1)
+        s = self.op("ReduceSum", self.op("Exp", self.op("Sub", x, m)), self.const(np.array([-1])), keepdims=keepdims)
+        return self.op("Add", self.op("Log", s), m if keepdims else self.op("Squeeze", m, self.const(np.array([-1]))))
 
 
 def build_graph(model: Transformer, stages: bool = False, progress=None) -> onnx.ModelProto:

@@ -22,7 +22,7 @@ from .functional import gelu, gelu_tanh, layer_norm, linear, position_weights, r
 STAGES = ("x", "q", "k", "v", "scores", "scaled", "masked", "ctx")
 SQUARE_STAGES = ("scores", "scaled", "masked")  # [.., T, T]; the others end in [.., T, features]
 LM_OUTPUTS = ("next_token_logits", "token_logprobs")  # decoders with an LM head
-VOCAB_CHUNK = 8192  # the LM head's log-sum-exp runs over this many vocabulary rows at a time
+VOCAB_CHUNK = 4096  # the LM head's log-sum-exp runs over this many vocabulary rows at a time
 
 
 @dataclass(frozen=True)

