@@ -1,6 +1,6 @@
 """attnscope command line (also `python -m attnscope`): serve the app, export graphs, or print a head's attention.
 
-    attnscope serve [--host H --port P]
+    attnscope serve [--host H --port P --log-level warning]
     attnscope export [MODEL ...]
     attnscope attend "The cat sat on the mat." --model minilm --layer 2 --head 5 [--top 3] [--causal]
 """
@@ -56,6 +56,7 @@ def main(argv=None) -> int:
     s = sub.add_parser("serve", help="run the web app and API")
     s.add_argument("--host", default=None)
     s.add_argument("--port", type=int, default=None)
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     e = sub.add_parser("export", help="build (and cache) the ONNX graphs")
     e.add_argument("models", nargs="*", help="model ids (default: all)")
     a = sub.add_parser("attend", help="print one head's attention for a text")
@@ -70,10 +71,9 @@ def main(argv=None) -> int:
     from .settings import get_settings, setup_logging
     setup_logging()
 
-    if args.cmd == "serve":
-        import uvicorn
-        st = get_settings()
-        uvicorn.run("attnscope.app.main:app", host=args.host or st.host, port=args.port or st.port)
+    if args.cmd == "serve":  # uvicorn with limits and timeouts on every connection (app/server.py)
+        from .server import serve
+        serve(get_settings(), args.host, args.port, args.log_level)
         return 0
     if args.cmd == "export":
         from ..model import zoo
