@@ -59,7 +59,7 @@ def to_json(payload: dict) -> bytes:
 PIECE = 1 << 18  # bytes: small pieces of a JSON answer are joined up to this size, big ones stay as they are
 
 
-def json_chunks(payload: dict, late: Callable[[], dict] | None = None, cells: int = 1 << 17) -> list[bytes]:
+def json_chunks(payload: dict, late: Callable[[], dict] | None = None, cells: int = 1 << 16) -> list[bytes]:
     """The JSON form in pieces; b"".join(pieces) == to_json({**payload, **late()}), byte for byte.
 
     Arrays of more than `cells` values are written a block of rows at a time: each orjson call then holds the

@@ -187,7 +187,7 @@ class Runtime:
             if self.model.wtt is not None:
                 feeds["token_type_ids"] = types
             names = ["hidden", "attentions"] + (list(_transformer.STAGES) if stages else [])
-            outs = dict(zip(names, sess.run(names, feeds)))
+            outs = dict(zip(names, self._run_session(sess, names, feeds)))
             hidden, attn, provider = outs.pop("hidden"), outs.pop("attentions"), sess.get_providers()[0]
             st = outs if stages else None
         seconds = time.perf_counter() - t0
@@ -203,6 +203,31 @@ class Runtime:
                 np.ascontiguousarray(hidden[b, :n]), mask[b, 0, :n, :n].copy(),
                 sorted(set(mask_tokens[b])) if mask_tokens and mask_tokens[b] else [], s, seconds))
         return results
+
+    _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
+
+    def _run_session(self, sess, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """sess.run, with outputs that own their memory. onnxruntime's own outputs are views into its arena, and
+        each one kept alive (cached, queued, being sent) grew the arena for good: 32 held 512-token results left
+        a server at 2.9 GB idle. Each output is bound to a NumPy buffer of the shape the graph declares (its
+        named axes sized from the inputs and the config); one that cannot be sized is copied out."""
+        B, T = feeds["input_ids"].shape
+        axes = {"batch": B, "tokens": T, "layers": self.cfg.n_layers, "heads": self.cfg.n_heads}
+        binding, own = sess.io_binding(), {}
+        for key, value in feeds.items():
+            binding.bind_cpu_input(key, value)
+        declared = {o.name: o for o in sess.get_outputs()}
+        for name in names:
+            shape = [d if isinstance(d, int) else axes.get(d) for d in declared[name].shape]
+            dtype = self._DTYPES.get(declared[name].type)
+            if None in shape or dtype is None:
+                binding.bind_output(name, "cpu")
+                continue
+            own[name] = np.empty(shape, dtype)
+            binding.bind_output(name, "cpu", 0, dtype, shape, own[name].ctypes.data)
+        sess.run_with_iobinding(binding)
+        values = dict(zip(names, binding.get_outputs()))
+        return [own[n] if n in own else np.array(values[n].numpy()) for n in names]
 
     # ---- ONNX -------------------------------------------------------------------------------
     def cache_key(self) -> str:

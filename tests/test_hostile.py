@@ -233,7 +233,7 @@ class Gate:
 
 def _idle(svc) -> None:
     assert svc.runs()["running"] == 0 and svc.runs()["waiting"] == 0
-    assert svc._slots._value == svc.settings.max_inflight and not svc._pending
+    assert svc._slots.free == svc.settings.max_inflight and not svc._pending
 
 
 def test_busy_is_503_with_retry_after_and_nothing_leaks():
