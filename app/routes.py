@@ -126,7 +126,11 @@ async def _answer(svc: AttentionService, request: Request, plan: Plan, build: Ca
         return Response(status_code=CLIENT_GONE)
     result, hit = ran
     size = _answer_bytes(plan, result)
-    reserved = await svc.sending.acquire(size) if size >= SLICE else 0   # small answers need no reservation
+    reserved = 0
+    if size >= SLICE:                                   # small answers need no reservation
+        reserved = await _while_connected(request, svc.sending.acquire(size))
+        if reserved is None:
+            return Response(status_code=CLIENT_GONE)
     release = (lambda: svc.sending.release(reserved)) if reserved else None
     try:
         body = await anyio.to_thread.run_sync(_encode, build, plan, result, started, limiter=svc.render_slots())
