@@ -352,3 +352,63 @@ def test_read_only_cache_with_only_the_main_graph_serves_stages(serve):
         for p in [cache, *cache.rglob("*")]:
             p.chmod(0o755)
         shutil.rmtree(cache)
+
+
+# ---- run slots and the sending budget ------------------------------------------------------------------------
+def test_run_slots_serve_oldest_first_and_newest_first_when_backed_up():
+    import asyncio
+
+    from attnscope.app.service import RunSlots
+
+    async def main():
+        slots, order = RunSlots(1), []
+        await slots.acquire()                                   # held
+
+        async def waiter(i):
+            await slots.acquire()
+            order.append(i)
+        tasks = [asyncio.create_task(waiter(i)) for i in range(4)]
+        await asyncio.sleep(0)
+        tasks[2].cancel()                                       # a waiter that went away is skipped
+        await asyncio.sleep(0)
+        for _ in range(3):
+            slots.release()
+            await asyncio.sleep(0)
+        assert order == [3, 1, 0], order                        # backed up (3 waiting > 1): newest; then oldest
+        slots.release()
+        assert slots.free == 1 and not slots._waiters
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+        # a waiter cancelled just after it was handed the slot passes it on
+        await slots.acquire()
+        t = asyncio.create_task(slots.acquire())
+        await asyncio.sleep(0)
+        slots.release()
+        t.cancel()
+        await asyncio.gather(t, return_exceptions=True)
+        assert slots.free == 1
+    in_thread(asyncio.run, main())
+
+
+def test_sending_budget_bounds_bytes_for_all_clients_together():
+    import asyncio
+
+    from attnscope.app.service import ByteBudget
+
+    async def main():
+        budget, held = ByteBudget(100), []
+        assert await budget.acquire(60) == 60
+        late = asyncio.create_task(budget.acquire(50))          # would go over: waits
+        await asyncio.sleep(0.01)
+        assert not late.done() and budget.used == 60
+        await budget.release(60)
+        assert await late == 50 and budget.used == 50
+        await budget.release(50)
+        assert await budget.acquire(500) == 500                 # larger than the budget: goes alone
+        held.append(asyncio.create_task(budget.acquire(1)))
+        await asyncio.sleep(0.01)
+        assert not held[0].done()
+        held[0].cancel()
+        await budget.release(500)
+        assert budget.used == 0
+    in_thread(asyncio.run, main())
