@@ -276,7 +276,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
-        self._phase = "idle" if not self.pipeline else "answer"
+        if self._phase == "answer" and not self.pipeline:   # else a pipelined request is already on its way
+            self._phase = "idle"
         self._since = time.monotonic()
         super().on_response_complete()
 
