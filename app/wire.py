@@ -59,12 +59,13 @@ def to_json(payload: dict) -> bytes:
 PIECE = 1 << 18  # bytes: small pieces of a JSON answer are joined up to this size, big ones stay as they are
 
 
-def json_chunks(payload: dict, late: Callable[[], dict] | None = None, cells: int = 1 << 16) -> list[bytes]:
+def json_chunks(payload: dict, late: Callable[[], dict] | None = None, cells: int = 1 << 14) -> list[bytes]:
     """The JSON form in pieces; b"".join(pieces) == to_json({**payload, **late()}), byte for byte.
 
     Arrays of more than `cells` values are written a block of rows at a time: each orjson call then holds the
-    GIL for a few milliseconds only, so the event loop's thread gets it between calls while a worker thread
-    writes an 85 MB answer. `late` is called after everything else is written (the timing that covers it)."""
+    GIL for a millisecond or two, so the event loop's thread gets it between calls while a worker thread
+    writes an 85 MB answer (one orjson call for all of it blocked the loop for its whole 0.6 s; in blocks of
+    16k values the loop's median lag is 3-4 ms, bench/overload.py). `late` is called after everything else is written (the timing that covers it)."""
     import orjson
 
     def dump(v) -> bytes:
