@@ -66,7 +66,7 @@ def single(url: str, seconds: float) -> float:
 
 
 def overload(url: str, seconds: float, clients: int = 64, give_up: float = 2.0) -> dict:
-    counts = {"ok": 0, "gave_up": 0, "busy": 0, "other": 0}
+    counts = {"ok": 0, "gave_up": 0, "s503": 0, "other": 0}
 
     async def client(http, stop):
         while time.monotonic() < stop:
@@ -78,7 +78,7 @@ def overload(url: str, seconds: float, clients: int = 64, give_up: float = 2.0) 
             if r.status_code == 200:
                 counts["ok"] += 1
             elif r.status_code == 503:
-                counts["busy"] += 1
+                counts["s503"] += 1
                 await asyncio.sleep(0.1)
             else:
                 counts["other"] += 1
@@ -88,9 +88,23 @@ def overload(url: str, seconds: float, clients: int = 64, give_up: float = 2.0) 
         async with httpx.AsyncClient(base_url=url, limits=limits) as http:
             stop = time.monotonic() + seconds
             await asyncio.gather(*(client(http, stop) for _ in range(clients)))
+    busy, done = [], threading.Event()
+
+    def sample():                          # is a model run under way? (the slot should never idle)
+        with httpx.Client(base_url=url, timeout=30) as http:
+            while not done.is_set():
+                busy.append(http.get("/healthz").json()["running"] > 0)
+                time.sleep(0.1)
+    sampler = threading.Thread(target=sample)
+    sampler.start()
     t0 = time.monotonic()
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        done.set()
+        sampler.join()
     counts["seconds"] = time.monotonic() - t0
+    counts["busy"] = sum(busy) / max(len(busy), 1)
     counts["drain_s"] = idle(url)
     return counts
 
@@ -184,8 +198,9 @@ def main(argv=None) -> int:
             rate = (rate + after) / 2
             print(f"  overload : 64 clients giving up after 2 s: {good:.2f} answers/s in time ({good / rate:.2f}x "
                   f"the single rate, {after:.2f}/s when measured again after), {o['gave_up']} given up, "
-                  f"{o['busy']} x 503, {o['other']} other; {(c2 - c1) / max(o['ok'], 1):.2f} server CPU s per "
-                  f"answer; idle {o['drain_s']:.2f} s after the clients stopped", flush=True)
+                  f"{o['s503']} x 503, {o['other']} other; a run under way {o['busy']:.0%} of the time; "
+                  f"{(c2 - c1) / max(o['ok'], 1):.2f} server CPU s per answer; idle {o['drain_s']:.2f} s after "
+                  f"the clients stopped", flush=True)
             a = abandon(url, pid)
             print(f"  abandon  : 30 clients hung up after 0.3 s: server busy {a['busy_after_s']:.2f} s more, "
                   f"{a['cpu_after_s']:.2f} CPU s", flush=True)
