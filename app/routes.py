@@ -82,16 +82,22 @@ def _encode(build: Callable, plan: Plan, result: AttentionResult, started: float
     return wire.json_chunks(body, late=timing)
 
 
-def _answer_bytes(plan: Plan, result: AttentionResult) -> int:
-    """About how many bytes the answer will be: what it reserves of the sending budget before it is built."""
-    req, T = plan.request, len(result.tokens)
+def _answer_bytes(plan: Plan, tokens: int) -> int:
+    """About how many bytes an answer over `tokens` tokens will be: its share of the sending budget."""
+    req = plan.request
     if plan.stages:
-        n = req.limit or T
+        n = min(req.limit or tokens, tokens)
         return 8 * n * (n + plan.runtime.cfg.d_head) * (4 if plan.binary else 12)
-    side = min(T, req.resolution or T)
+    side = min(tokens, req.resolution or tokens)
     cells = len(plan.layers) * len(plan.heads) * side * side if "attention" in req.include else 0
     per = (2 if req.dtype == "float16" else 4) if plan.binary else (req.precision or 9) + 3
-    return cells * per + 64 * T * len(plan.layers) * len(plan.heads) + 100 * T
+    return cells * per + 64 * tokens * len(plan.layers) * len(plan.heads) + 100 * tokens
+
+
+def _most_tokens(plan: Plan) -> int:
+    """More tokens than the text can make: the model's limit, or one per UTF-8 byte (and specials) below it."""
+    req = plan.request
+    return min(plan.runtime.spec.max_tokens, len(req.text.encode()) + len((req.text_pair or "").encode()) + 4)
 
 
 async def _until_gone(request: Request) -> None:
@@ -119,24 +125,34 @@ CLIENT_GONE = 499  # nginx's code for "client closed the request"; nobody receiv
 
 async def _answer(svc: AttentionService, request: Request, plan: Plan, build: Callable, if_none_match: str | None,
                   started: float) -> Response:
+    """Run, build and send one answer. A big answer first reserves its bytes of the server's sending budget,
+    sized for the most tokens its text can make, before its run: requests beyond the budget wait holding
+    nothing (not a 76 MB result each), and give up when their client does. The reservation shrinks to the
+    real size after the run and is returned when the last byte is handed over or the client has gone."""
     if if_none_match == plan.etag:
         return Response(status_code=304, headers={"ETag": plan.etag})
-    ran = await _while_connected(request, svc.run(plan))
-    if ran is None:
+    reserved = _answer_bytes(plan, _most_tokens(plan))
+    if reserved < SLICE:                                # small answers need no reservation
+        reserved = 0
+    elif await _while_connected(request, svc.sending.acquire(reserved)) is None:
         return Response(status_code=CLIENT_GONE)
-    result, hit = ran
-    size = _answer_bytes(plan, result)
-    reserved = 0
-    if size >= SLICE:                                   # small answers need no reservation
-        reserved = await _while_connected(request, svc.sending.acquire(size))
-        if reserved is None:
-            return Response(status_code=CLIENT_GONE)
-    release = (lambda: svc.sending.release(reserved)) if reserved else None
+
+    async def release():
+        if reserved:
+            await svc.sending.release(reserved)
     try:
+        ran = await _while_connected(request, svc.run(plan))
+        if ran is None:
+            await release()
+            return Response(status_code=CLIENT_GONE)
+        result, hit = ran
+        size = _answer_bytes(plan, len(result.tokens))
+        if reserved > size:                             # the text made fewer tokens than it could have
+            await svc.sending.release(reserved - size)
+            reserved = size
         body = await anyio.to_thread.run_sync(_encode, build, plan, result, started, limiter=svc.render_slots())
     except BaseException:
-        if release is not None:
-            await release()
+        await release()
         raise
     headers = {"ETag": plan.etag, "X-Cache": "hit" if hit else "miss", "Cache-Control": "private, max-age=3600",
                "Vary": "Accept"}
