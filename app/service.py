@@ -99,32 +99,40 @@ class ResultCache:
 
 class RunSlots:
     """At most `n` model runs at once. Waiters are served oldest first, but newest first while more than `n`
-    wait: under overload the oldest waiters are the likeliest to have given up by the time their run would
-    end, the newest the likeliest to still be there (adaptive LIFO; with oldest-first, 64 clients that give up
-    after 2 s got 0.3x the single-run rate, bench/overload.py)."""
+    wait, except that one waiting `patience` seconds or more goes first. Under overload the oldest waiters
+    are the likeliest to give up while their run is under way, the newest the likeliest to still be there
+    (adaptive LIFO: with oldest-first, 64 clients that give up after 2 s got 0.3x the single-run rate,
+    bench/overload.py); a client that has already waited `patience` is a patient one, and is not starved
+    (pure newest-first left wrk's patient clients waiting over 60 s, bench/load.py -c32)."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, patience: float = 5.0):
         self.n = self.free = n
-        self._waiters: deque[asyncio.Future] = deque()
+        self.patience = patience
+        self._waiters: deque[tuple[float, asyncio.Future]] = deque()   # (since, future), oldest first
 
     async def acquire(self) -> None:
         if self.free > 0 and not self._waiters:
             self.free -= 1
             return
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
+        loop = asyncio.get_running_loop()
+        entry = (loop.time(), loop.create_future())
+        self._waiters.append(entry)
         try:
-            await fut
+            await entry[1]
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():   # handed a slot just as it was cancelled: pass it on
+            if entry[1].done() and not entry[1].cancelled():   # handed a slot just as it was cancelled: pass it on
                 self.release()
-            elif fut in self._waiters:
-                self._waiters.remove(fut)
+            elif entry in self._waiters:
+                self._waiters.remove(entry)
             raise
 
     def release(self) -> None:
+        while self._waiters and self._waiters[0][1].done():      # waiters that went away
+            self._waiters.popleft()
         while self._waiters:
-            fut = self._waiters.pop() if len(self._waiters) > self.n else self._waiters.popleft()
+            since, _ = self._waiters[0]
+            lifo = len(self._waiters) > self.n and asyncio.get_running_loop().time() - since < self.patience
+            _, fut = self._waiters.pop() if lifo else self._waiters.popleft()
             if not fut.done():
                 fut.set_result(None)
                 return

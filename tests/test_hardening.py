@@ -379,6 +379,22 @@ def test_run_slots_serve_oldest_first_and_newest_first_when_backed_up():
         assert slots.free == 1 and not slots._waiters
         await asyncio.gather(*tasks, return_exceptions=True)
 
+        # ... except that a waiter that has waited `patience` goes first
+        slots.patience = 0.05
+        await slots.acquire()
+        order.clear()
+        tasks = [asyncio.create_task(waiter(i)) for i in range(3)]
+        await asyncio.sleep(0.1)
+        tasks.append(asyncio.create_task(waiter(3)))
+        await asyncio.sleep(0)
+        for _ in range(4):
+            slots.release()
+            await asyncio.sleep(0)
+        assert order == [0, 1, 2, 3], order
+        await asyncio.gather(*tasks)
+        slots.release()
+        slots.patience = 5.0
+
         # a waiter cancelled just after it was handed the slot passes it on
         await slots.acquire()
         t = asyncio.create_task(slots.acquire())
