@@ -62,7 +62,9 @@ class Settings(BaseSettings):
     max_sending_mb: int = Field(default=256, ge=1)  # answer bytes being written, all clients together
     # connections: the embedded server (`attnscope serve`, app/server.py); each refusal names its setting
     max_connections: int = Field(default=1000, ge=1)   # open at once; more closes the oldest waiting one
-    max_url_bytes: int = Field(default=8192, ge=256)   # request target, 414 beyond
+    # request target, 414 beyond: the page keeps its text in the URL (20,000 ASCII characters fit); httptools
+    # cannot parse a URL of 64 kB or more at all
+    max_url_bytes: int = Field(default=65_000, ge=256, le=65_000)
     max_header_bytes: int = Field(default=16384, ge=1024)  # all header lines together, 431 beyond
     max_headers: int = Field(default=100, ge=8)         # header fields, 431 beyond
     timeout_idle: float = Field(default=5, gt=0)        # keep-alive: idle between requests, then closed

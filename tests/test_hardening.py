@@ -90,7 +90,7 @@ def test_slow_clients_are_closed_within_their_timeouts_and_healthz_stays_prompt(
 def test_request_line_header_and_host_limits_on_the_live_server(live_server):
     port = live_server.rsplit(":", 1)[1]
     cases = [
-        (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 414, "ATTNSCOPE_MAX_URL_BYTES"),
+        (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 414, "ATTNSCOPE_MAX_URL_BYTES"),
         (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"b" * 17_000 + b"\r\n\r\n", 431,
          "ATTNSCOPE_MAX_HEADER_BYTES"),
         (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(101)) + b"\r\n",
@@ -107,6 +107,9 @@ def test_request_line_header_and_host_limits_on_the_live_server(live_server):
         assert status_and_detail(answer)[0] == status, answer[:300]
         assert setting in status_and_detail(answer)[1]
         assert b"connection: close" in answer and f"content-security-policy: {CSP}".encode() in answer
+    answer = raw(live_server, b"GET /?text=" + b"a+" * 10_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Connection: close\r\n\r\n")               # the page's URL for 20,000 characters
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
     for host in (b"127.0.0.1", b"localhost", b"LocalHost:" + port.encode(), b"[::1]:" + port.encode(),
                  b"app.localhost", b"127.0.0.1:" + port.encode()):
         answer = raw(live_server, b"GET /healthz HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n")
