@@ -162,7 +162,8 @@ async def _answer(svc: AttentionService, request: Request, plan: Plan, build: Ca
 @router.post("/api/attention", response_model=AttentionResponse, tags=["attention"],
              summary="Attention weights, entropy and per-head statistics for a text",
              responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
-async def attention(req: AttentionRequest, svc: Service, request: Request, accept: Annotated[str | None, Header()] = None,
+async def attention(req: AttentionRequest, svc: Service, request: Request,
+                    accept: Annotated[str | None, Header()] = None,
                     if_none_match: Annotated[str | None, Header()] = None):
     """Weights are [layer][head][query][key]; `entropy` is [layer][head][query] in nats. JSON by default;
     the binary tensor form when `Accept` names application/vnd.attnscope.tensors."""
@@ -174,7 +175,8 @@ async def attention(req: AttentionRequest, svc: Service, request: Request, accep
 @router.post("/api/stages", response_model=StagesResponse, tags=["attention"],
              summary="Every step from Q and K to the probabilities, for one layer and head",
              responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
-async def stages(req: StagesRequest, svc: Service, request: Request, accept: Annotated[str | None, Header()] = None,
+async def stages(req: StagesRequest, svc: Service, request: Request,
+                 accept: Annotated[str | None, Header()] = None,
                  if_none_match: Annotated[str | None, Header()] = None):
     """Q, K, raw scores Q.K^T, scaled scores, the additive mask, masked scores and softmax probabilities,
     exactly as the model computed them."""

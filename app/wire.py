@@ -65,7 +65,8 @@ def json_chunks(payload: dict, late: Callable[[], dict] | None = None, cells: in
     Arrays of more than `cells` values are written a block of rows at a time: each orjson call then holds the
     GIL for a millisecond or two, so the event loop's thread gets it between calls while a worker thread
     writes an 85 MB answer (one orjson call for all of it blocked the loop for its whole 0.6 s; in blocks of
-    16k values the loop's median lag is 3-4 ms, bench/overload.py). `late` is called after everything else is written (the timing that covers it)."""
+    16k values the loop's median lag is 3-4 ms, bench/overload.py). `late` is called after everything else is
+    written (the timing that covers it)."""
     import orjson
 
     def dump(v) -> bytes:
