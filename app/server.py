@@ -294,5 +294,5 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None, 
     host = settings.host if host is None else host
     limits = Limits.from_settings(settings, host)
     uvicorn.run("attnscope.app.main:app", host=host, port=settings.port if port is None else port,
-                http=protocol(limits), loop="uvloop", timeout_keep_alive=settings.timeout_idle,
+                http=protocol(limits), loop="auto", timeout_keep_alive=settings.timeout_idle,
                 log_level=log_level, timeout_graceful_shutdown=10)
