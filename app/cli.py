@@ -1,6 +1,6 @@
 """attnscope command line (also `python -m attnscope`): serve the app, export graphs, or print a head's attention.
 
-    attnscope serve [--host H --port P] [--model MODEL ...]
+    attnscope serve [--host H --port P --log-level warning] [--model MODEL ...]
     attnscope export [MODEL ...]
     attnscope attend "The cat sat on the mat." --model minilm --layer 2 --head 5 [--top 3] [--causal]
     attnscope corpus texts.txt --model minilm [--engine local|ray] [--out FILE] [--sample N] [--column NAME]
@@ -82,6 +82,7 @@ def main(argv=None) -> int:
     s.add_argument("--model", action="append", default=None, metavar="MODEL",
                    help="a model to serve (repeatable): a zoo id, NAME=PATH (Hugging Face folder or .gguf file) or "
                         "NAME=hf:ORG/REPO; replaces ATTNSCOPE_MODELS")
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     e = sub.add_parser("export", help="build (and cache) the ONNX graphs")
     e.add_argument("models", nargs="*", help="zoo ids, NAME=PATH or NAME=hf:ORG/REPO (default: the zoo)")
     a = sub.add_parser("attend", help="print one head's attention for a text")
@@ -124,10 +125,9 @@ def main(argv=None) -> int:
         get_settings.cache_clear()
     setup_logging()
 
-    if args.cmd == "serve":
-        import uvicorn
-        st = get_settings()
-        uvicorn.run("attnscope.app.main:app", host=args.host or st.host, port=args.port or st.port)
+    if args.cmd == "serve":  # uvicorn with limits and timeouts on every connection (app/server.py)
+        from .server import serve
+        serve(get_settings(), args.host, args.port, args.log_level)
         return 0
     from ..model import zoo
     if args.cmd == "export":

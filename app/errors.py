@@ -28,6 +28,11 @@ def _field(loc) -> str:
     return ".".join(parts) or "body"
 
 
+def _too_many_digits(error: BaseException | None) -> bool:
+    """Python refuses to read integers of more than 4,300 digits (sys.get_int_max_str_digits): a ValueError."""
+    return isinstance(error, ValueError) and "integer string conversion" in str(error)
+
+
 def install(app: FastAPI, security_headers: list[tuple[bytes, bytes]]) -> None:
     """`security_headers` go on the 500 answer, which Starlette sends from outside every middleware."""
     headers_500 = {k.decode(): v.decode() for k, v in security_headers}
@@ -44,9 +49,14 @@ def install(app: FastAPI, security_headers: list[tuple[bytes, bytes]]) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException):
         detail = exc.detail if isinstance(exc.detail, str) else "request refused"
-        if exc.status_code == 400 and detail == "There was an error parsing the body":  # FastAPI's words
-            detail = "the request body could not be read: send UTF-8 JSON with Content-Type: application/json"
-        return JSONResponse({"detail": _clip(detail, 1000)}, exc.status_code, headers=getattr(exc, "headers", None))
+        status = exc.status_code
+        if status == 400 and detail == "There was an error parsing the body":  # FastAPI's words
+            if _too_many_digits(exc.__cause__):
+                status, detail = 422, ("a number in the body has more digits than JSON numbers may have here "
+                                       "(4,300): indices are at most 4095; send a plain integer")
+            else:
+                detail = "the request body could not be read: send UTF-8 JSON with Content-Type: application/json"
+        return JSONResponse({"detail": _clip(detail, 1000)}, status, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception):  # a bug: say so without leaking paths or tracebacks

@@ -46,6 +46,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         _return_big_frees_to_the_os()
+        # A worker thread that serialises a big answer holds the GIL between its pieces; the event loop asks for
+        # it and, by default, waits 5 ms before the holder is told to let go. 1 ms keeps /healthz prompt.
+        sys.setswitchinterval(0.001)
         setup_logging()
         app.state.service.load()
         yield

@@ -2,12 +2,13 @@
 build the payload (pure functions), encode (wire codec), respond."""
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Annotated, Callable
 
 import anyio
 import numpy as np
-from fastapi import APIRouter, Depends, Header, Path, Response
+from fastapi import APIRouter, Depends, Header, Path, Request, Response
 from fastapi.responses import FileResponse
 
 from .. import __version__
@@ -38,81 +39,167 @@ def list_models(svc: Service):
     return svc.models()
 
 
-class BuffersResponse(Response):
-    """Sends a list of buffers one after another under one Content-Length (no joining copy)."""
+SLICE = 1 << 20  # bytes per write: the server then buffers at most about this much per connection
 
-    def __init__(self, buffers: list, media_type: str, headers: dict[str, str]):
-        self.buffers = buffers
+
+class BuffersResponse(Response):
+    """Sends a list of buffers under one Content-Length, a slice of at most SLICE bytes per write (no joining
+    copy; uvicorn waits for a slow reader to drain before each write). `release` runs when it is sent or the
+    client has gone: it gives back the answer's share of the server's sending budget."""
+
+    def __init__(self, buffers: list, media_type: str, headers: dict[str, str], release=None):
+        self.buffers, self.release = buffers, release
         super().__init__(None, media_type=media_type, headers=headers)
         self.headers["content-length"] = str(sum(len(b) for b in buffers))
 
     async def __call__(self, scope, receive, send):
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        for i, buf in enumerate(self.buffers):
-            await send({"type": "http.response.body", "body": buf, "more_body": i < len(self.buffers) - 1})
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            slices = [memoryview(b)[i:i + SLICE] for b in self.buffers for i in range(0, len(b), SLICE)]
+            self.buffers = None
+            for i, piece in enumerate(slices):
+                await send({"type": "http.response.body", "body": piece, "more_body": i < len(slices) - 1})
+            if not slices:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            if self.release is not None:
+                await self.release()
 
 
 def _cast(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return to_float16(a) if dtype == np.float16 else np.ascontiguousarray(a, dtype)
 
 
-def _encode(build: Callable, plan: Plan, computed: Computed, started: float) -> bytes | list:
-    """Payload (pure functions) -> wire form. Runs in a worker thread: statistics and serialisation of a
-    long text take up to a second, and the event loop must stay free."""
-    body = payload.timed(payload.rounded(build(plan, computed), plan.request.precision), computed.result, started)
+def _encode(build: Callable, plan: Plan, computed: Computed, started: float) -> list:
+    """Payload (pure functions) -> wire form, as a list of buffers. Runs in a worker thread, in pieces that each
+    hold the GIL briefly: statistics and serialisation of a long text take up to a second, and the event loop
+    must stay free. timing_ms is written last, so its total covers the serialisation."""
+    body = payload.rounded(build(plan, computed), plan.request.precision)
+
+    def timing() -> dict:
+        return payload.timed({}, computed.result, started)
     if plan.binary:
-        return wire.binary_chunks(body, plan.request.dtype, cast=_cast)
-    return wire.to_json(body)
+        return wire.binary_chunks(body, plan.request.dtype, cast=_cast, late=timing)
+    return wire.json_chunks(body, late=timing)
 
 
-async def _answer(svc: AttentionService, plan: Plan, build: Callable, if_none_match: str | None,
+def _answer_bytes(plan: Plan, tokens: int) -> int:
+    """About how many bytes an answer over `tokens` tokens will be: its share of the sending budget."""
+    req = plan.request
+    if plan.job == "importance":
+        return 16 * plan.runtime.cfg.n_layers * plan.runtime.cfg.n_heads + 100 * tokens
+    if plan.stages:
+        n = min(req.limit or tokens, tokens)
+        return 8 * n * (n + plan.runtime.cfg.d_head) * (4 if plan.binary else 12)
+    side = min(tokens, req.resolution or tokens)
+    cells = len(plan.layers) * len(plan.heads) * side * side if "attention" in req.include else 0
+    if plan.extra:                                      # the baseline's or probe's run is not sent, only compared
+        cells += 0
+    per = (2 if req.dtype == "float16" else 4) if plan.binary else (req.precision or 9) + 3
+    return cells * per + 64 * tokens * len(plan.layers) * len(plan.heads) + 100 * tokens
+
+
+def _most_tokens(plan: Plan) -> int:
+    """More tokens than the text can make: the model's limit, or one per UTF-8 byte (and specials) below it."""
+    req = plan.request
+    return min(plan.runtime.spec.max_tokens, len(req.text.encode()) + len((req.text_pair or "").encode()) + 4)
+
+
+async def _until_gone(request: Request) -> None:
+    """Returns when the client has gone (the body is read by then, so the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _while_connected(request: Request, work):
+    """Await `work` unless the client goes first: then it is cancelled (a queued run nobody waits for is
+    dropped) and None is returned."""
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_until_gone(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return task.result() if not task.cancelled() else None
+
+
+CLIENT_GONE = 499  # nginx's code for "client closed the request"; nobody receives it
+
+
+async def _answer(svc: AttentionService, request: Request, plan: Plan, build: Callable, if_none_match: str | None,
                   started: float) -> Response:
+    """Run, build and send one answer. A big answer first reserves its bytes of the server's sending budget,
+    sized for the most tokens its text can make, before its run: requests beyond the budget wait holding
+    nothing (not a 76 MB result each), and give up when their client does. The reservation shrinks to the
+    real size after the run and is returned when the last byte is handed over or the client has gone."""
     if if_none_match == plan.etag:
         return Response(status_code=304, headers={"ETag": plan.etag})
-    computed = await svc.run(plan)
-    body = await anyio.to_thread.run_sync(_encode, build, plan, computed, started, limiter=svc.render_slots())
+    reserved = _answer_bytes(plan, _most_tokens(plan))
+    if reserved < SLICE:                                # small answers need no reservation
+        reserved = 0
+    elif await _while_connected(request, svc.sending.acquire(reserved)) is None:
+        return Response(status_code=CLIENT_GONE)
+
+    async def release():
+        if reserved:
+            await svc.sending.release(reserved)
+    try:
+        computed = await _while_connected(request, svc.run(plan))
+        if computed is None:
+            await release()
+            return Response(status_code=CLIENT_GONE)
+        size = _answer_bytes(plan, len(computed.tokens))
+        if reserved > size:                             # the text made fewer tokens than it could have
+            await svc.sending.release(reserved - size)
+            reserved = size
+        body = await anyio.to_thread.run_sync(_encode, build, plan, computed, started, limiter=svc.render_slots())
+    except BaseException:
+        await release()
+        raise
     headers = {"ETag": plan.etag, "X-Cache": "hit" if computed.hit else "miss", "Cache-Control": "private, max-age=3600",
                "Vary": "Accept"}
-    if plan.binary:
-        return BuffersResponse(body, wire.BINARY, headers)
-    return Response(body, media_type="application/json", headers=headers)
+    return BuffersResponse(body, wire.BINARY if plan.binary else "application/json", headers, release)
 
 
 @router.post("/api/attention", response_model=AttentionResponse, tags=["attention"],
              summary="Attention weights, entropy and per-head statistics for a text",
              responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
-async def attention(req: AttentionRequest, svc: Service, accept: Annotated[str | None, Header()] = None,
+async def attention(req: AttentionRequest, svc: Service, request: Request,
+                    accept: Annotated[str | None, Header()] = None,
                     if_none_match: Annotated[str | None, Header()] = None):
     """Weights are [layer][head][query][key]; `entropy` is [layer][head][query] in nats. JSON by default;
     the binary tensor form when `Accept` names application/vnd.attnscope.tensors."""
     started = time.perf_counter()
     plan = svc.plan(req, wire.accepts_binary(accept))
-    return await _answer(svc, plan, payload.attention, if_none_match, started)
+    return await _answer(svc, request, plan, payload.attention, if_none_match, started)
 
 
 @router.post("/api/importance", response_model=ImportanceResponse, tags=["interventions"],
              summary="Rank heads by importance: each head's single-head ablation effect on one text",
              responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
-async def importance(req: ImportanceRequest, svc: Service, accept: Annotated[str | None, Header()] = None,
+async def importance(req: ImportanceRequest, svc: Service, request: Request, accept: Annotated[str | None, Header()] = None,
                      if_none_match: Annotated[str | None, Header()] = None):
     """Knocks out every head in turn (batches of `batch` heads share one forward pass, the batch axis carrying
     the head masks) and reports what each head alone changes: the text's mean token log-prob for models with
     an LM head, the sentence embedding otherwise."""
     started = time.perf_counter()
     plan = svc.plan_importance(req, wire.accepts_binary(accept))
-    return await _answer(svc, plan, payload.importance, if_none_match, started)
+    return await _answer(svc, request, plan, payload.importance, if_none_match, started)
 
 
 @router.post("/api/stages", response_model=StagesResponse, tags=["attention"],
              summary="Every step of one head, from the layer input x to its contribution through W_O",
              responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
-async def stages(req: StagesRequest, svc: Service, accept: Annotated[str | None, Header()] = None,
+async def stages(req: StagesRequest, svc: Service, request: Request,
+                 accept: Annotated[str | None, Header()] = None,
                  if_none_match: Annotated[str | None, Header()] = None):
     """Q, K, raw scores Q.K^T, scaled scores, the additive mask, masked scores and softmax probabilities,
     exactly as the model computed them."""
     started = time.perf_counter()
     plan = svc.plan(req, wire.accepts_binary(accept))
-    return await _answer(svc, plan, payload.stages, if_none_match, started)
+    return await _answer(svc, request, plan, payload.stages, if_none_match, started)
 
 
 @router.get("/api/models/{model_id}/onnx", tags=["models"], summary="Download the exported ONNX graph",

@@ -10,8 +10,8 @@ from ..model.teaching import ROLE_TARGETS
 
 
 def _json_int(v):
-    """JSON integers only: no true/false, no "3" strings (pydantic's lax mode would take both)."""
-    if isinstance(v, (bool, str)):
+    """JSON integers only: no true/false, no "3" strings, no 0.0 (pydantic's lax mode would take all three)."""
+    if isinstance(v, (bool, str, float)):
         raise ValueError("must be a JSON integer")
     return v
 

@@ -6,6 +6,7 @@ model folders, providers, threads) is passed in from here. Logging is set up her
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -33,6 +34,21 @@ def _limits(value):
 Limits = Annotated[dict[str, int], NoDecode, BeforeValidator(_limits)]  # "minilm=512" -> {"minilm": 512}
 
 
+def cores() -> int:
+    """CPU cores this process may use (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_inflight() -> int:
+    """Model runs at once: each run already uses every core (intra-op threads), so a second one only competes.
+    On 2 cores two at once give 0.83x the throughput of one after the other (bench/overload.py); one run per 4
+    cores overlaps the serial parts (tokenising, copies) on bigger machines."""
+    return max(1, cores() // 4)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSCOPE_")
 
@@ -54,10 +70,24 @@ class Settings(BaseSettings):
                                "positions; default: the length it was trained on (answers past that carry a warning)")
     max_json_cells: int = 8_000_000      # attention cells (layers x heads x T x T) in one JSON answer, 422 beyond
     max_binary_cells: int = 40_000_000   # the same for the binary form
-    max_inflight: int = 2                # model runs at once (2 cores)
+    max_inflight: int = Field(default_factory=default_inflight, ge=1)  # model runs at once: 1 per 4 cores, >= 1
     max_queue: int = 32                  # requests waiting for a run slot; beyond it, 503 with Retry-After
     max_renders: int = Field(default=4, ge=1)  # answers serialised at once (worker threads); the rest wait
     cache_mb: int = 768                  # results kept for repeated views (LRU by bytes)
+    max_sending_mb: int = Field(default=256, ge=1)  # answer bytes being written, all clients together
+    # connections: the embedded server (`attnscope serve`, app/server.py); each refusal names its setting
+    max_connections: int = Field(default=1000, ge=1)   # open at once; more closes the oldest waiting one
+    # request target, 414 beyond: the page keeps its text in the URL (20,000 ASCII characters fit); httptools
+    # cannot parse a URL of 64 kB or more at all
+    max_url_bytes: int = Field(default=65_000, ge=256, le=65_000)
+    max_header_bytes: int = Field(default=16384, ge=1024)  # all header lines together, 431 beyond
+    max_headers: int = Field(default=100, ge=8)         # header fields, 431 beyond
+    timeout_idle: float = Field(default=5, gt=0)        # keep-alive: idle between requests, then closed
+    timeout_headers: float = Field(default=10, gt=0)    # connect (or a request's first byte) to end of headers
+    timeout_body: float = Field(default=10, gt=0)       # end of headers to end of body, 408 beyond
+    timeout_send: float = Field(default=30, gt=0)       # a client that reads nothing of an answer this long: dropped
+    allowed_hosts: CSV = Field(default=[], description="Host names served besides loopback names and "
+                               "ATTNSCOPE_HOST (e.g. the name a proxy passes); * = any")
     cors_origins: CSV = Field(default=[], description="CORS allow-list; empty = CORS off")
     # where files live
     cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "attnscope",

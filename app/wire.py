@@ -56,18 +56,82 @@ def to_json(payload: dict) -> bytes:
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY, default=_contiguous)
 
 
+PIECE = 1 << 18  # bytes: small pieces of a JSON answer are joined up to this size, big ones stay as they are
+
+
+def json_chunks(payload: dict, late: Callable[[], dict] | None = None, cells: int = 1 << 14) -> list[bytes]:
+    """The JSON form in pieces; b"".join(pieces) == to_json({**payload, **late()}), byte for byte.
+
+    Arrays of more than `cells` values are written a block of rows at a time: each orjson call then holds the
+    GIL for a millisecond or two, so the event loop's thread gets it between calls while a worker thread
+    writes an 85 MB answer (one orjson call for all of it blocked the loop for its whole 0.6 s; in blocks of
+    16k values the loop's median lag is 3-4 ms, bench/overload.py). `late` is called after everything else is
+    written (the timing that covers it)."""
+    import orjson
+
+    def dump(v) -> bytes:
+        return orjson.dumps(v, option=orjson.OPT_SERIALIZE_NUMPY, default=_contiguous)
+
+    out: list[bytes] = []
+
+    def array(a: np.ndarray) -> None:
+        if a.size <= cells or a.ndim == 1:
+            out.append(dump(a))
+            return
+        out.append(b"[")
+        row = a[0].size
+        if row > cells:
+            for i in range(len(a)):
+                if i:
+                    out.append(b",")
+                array(a[i])
+        else:
+            step = max(1, cells // max(row, 1))
+            for i in range(0, len(a), step):
+                if i:
+                    out.append(b",")
+                out.append(dump(a[i:i + step])[1:-1])   # the rows without the block's own brackets
+        out.append(b"]")
+
+    def fields(items) -> None:
+        for key, value in items:
+            out.append((b"," if len(out) > 1 else b"") + dump(key) + b":")
+            if isinstance(value, np.ndarray) and value.size > cells:
+                array(value)
+            else:
+                out.append(dump(value))
+
+    out.append(b"{")
+    fields(payload.items())
+    fields((late() if late else {}).items())
+    out.append(b"}")
+    pieces, run, size = [], [], 0
+    for chunk in out + [b""]:                          # join runs of small pieces; keep the big ones
+        if run and (size >= PIECE or len(chunk) >= PIECE or not chunk):
+            pieces.append(b"".join(run))
+            run, size = [], 0
+        if len(chunk) >= PIECE:
+            pieces.append(chunk)
+        elif chunk:
+            run.append(chunk)
+            size += len(chunk)
+    return pieces
+
+
 def is_tensor(value) -> bool:
     """What travels in the binary form's data section: float arrays of two or more axes."""
     return isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.ndim >= 2
 
 
 def binary_chunks(payload: dict, dtype: str = "float32",
-                  cast: Callable[[np.ndarray, np.dtype], np.ndarray] | None = None) -> list[memoryview | bytes]:
+                  cast: Callable[[np.ndarray, np.dtype], np.ndarray] | None = None,
+                  late: Callable[[], dict] | None = None) -> list[memoryview | bytes]:
     """The binary form as a list of buffers to send one after another: the header, then each tensor.
 
     A tensor already in the wire dtype and C-contiguous goes out as a view of its own memory, with no copy
     (a 512-token answer is 75 MB, so copies are what costs). Others are converted once, by `cast` when
-    given (the server passes onnxruntime's float16 Cast, much faster than numpy's for tiny values)."""
+    given (the server passes onnxruntime's float16 Cast, much faster than numpy's for tiny values). `late`
+    adds header fields after the tensors are converted (the timing that covers it)."""
     header, arrays, tensors, offset = {}, [], [], 0
     dt = np.dtype(dtype).newbyteorder("<")
     for key, value in payload.items():
@@ -84,6 +148,7 @@ def binary_chunks(payload: dict, dtype: str = "float32",
         pad = (-data.nbytes) % 8
         arrays += [memoryview(data).cast("B")] + ([b"\0" * pad] if pad else [])
         offset += data.nbytes + pad
+    header |= late() if late else {}
     header["tensors"] = tensors
     head = to_json(header)  # the same numbers, written the same way, as the JSON form
     head += b" " * ((-(len(head) + 8)) % 8)  # data section starts 8-aligned

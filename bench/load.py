@@ -5,8 +5,9 @@
 
 A mixed load (weights below): the page, /healthz, /api/models, attention as JSON for one layer, as binary
 for all layers, summaries only, and stages, on 200 distinct texts (100 short, 100 of 512 tokens), so the
-result cache sees hits and misses. The warm-up runs the same mix to fill the cache to its bound; the server's
-RSS is read when it is idle after the warm-up and again after the measured run.
+result cache sees hits and misses. The warm-up runs the same mix, in rounds until the idle RSS stops growing
+(at least two, at most four: the cache fills to its bound); the server's RSS is read when it is idle after the
+warm-up and again after the measured run.
 
 Prints requests/s, p50/p99 latency, errors (non-2xx other than the documented 503, plus socket errors and
 timeouts), 503s separately, and RSS. Exit status 1 when there were errors, a 5xx other than 503, or RSS grew
@@ -131,11 +132,18 @@ def main(argv=None) -> int:
         print(f"server pid {pid} on {url}; {len(requests)} distinct requests "
               f"({2 * args.texts} texts), weights in bench/load.py; wrk -t1 -c{args.connections}")
         print(f"RSS after start: {rss_mb(pid):.0f} MB")
-        if args.warmup:
+        previous = rss_mb(pid)
+        for round_ in range(1, 5 if args.warmup else 0):
+            # until the idle RSS stops growing: the result cache fills to its bound (a result is up to ~400 MB
+            # of teaching stages), and its filling is not what the RSS check is about
             w = run_wrk(url, script, args.warmup, args.connections)
             wait_idle(url)
-            print(f"warm-up {args.warmup} s: {w['requests']:.0f} requests, {w['rps']:.1f} req/s, "
-                  f"errors {w['errors']:.0f}, 503 {w['s503']:.0f}")
+            now = rss_mb(pid)
+            print(f"warm-up {round_} ({args.warmup} s): {w['requests']:.0f} requests, {w['rps']:.1f} req/s, "
+                  f"errors {w['errors']:.0f}, 503 {w['s503']:.0f}; idle RSS {now:.0f} MB")
+            if round_ >= 2 and now <= previous * 1.05:
+                break
+            previous = now
         before = rss_mb(pid)
         print(f"RSS after warm-up (idle): {before:.0f} MB")
         r = run_wrk(url, script, args.duration, args.connections)

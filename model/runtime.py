@@ -13,9 +13,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import re
+import shutil
+import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, NamedTuple, Sequence
@@ -115,6 +119,8 @@ class Runtime:
         self._sessions: dict[bool, object] = {}
         self._lock = threading.Lock()
         self._key: str | None = None
+        self._verified: dict[Path, tuple[int, int]] = {}   # graph -> (size, mtime) when its checksum matched
+        self._scratch: Path | None = None                  # where graphs go when cache_dir cannot be written
 
     @property
     def cfg(self):
@@ -253,7 +259,7 @@ class Runtime:
         else:
             sess = self.session(stages)
             names = ["hidden", "attentions"] + lm + (list(_transformer.STAGES) if stages else [])
-            outs = dict(zip(names, sess.run(names, feeds)))
+            outs = dict(zip(names, self._run_session(sess, names, feeds)))
             hidden, attn, provider = outs.pop("hidden"), outs.pop("attentions"), sess.get_providers()[0]
             lm_out = {name: outs.pop(name) for name in lm}
             st = outs if stages else None
@@ -283,6 +289,34 @@ class Runtime:
         top = top[np.argsort(-probs[top], kind="stable")]
         return [NextToken(self.token_string(i), int(i), float(probs[i])) for i in top]
 
+    _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
+
+    def _run_session(self, sess, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """sess.run, with outputs that own their memory. onnxruntime's own outputs are views into its arena, and
+        each one kept alive (cached, queued, being sent) grew the arena for good: 32 held 512-token results left
+        a server at 2.9 GB idle. Each output is bound to a NumPy buffer of the shape the graph declares (its
+        named axes sized from the inputs and the config); one that cannot be sized is copied out."""
+        B, T = feeds["input_ids"].shape
+        axes = {"batch": B, "tokens": T, "layers": self.cfg.n_layers, "heads": self.cfg.n_heads}
+        binding, own = sess.io_binding(), {}
+        for key, value in feeds.items():
+            binding.bind_cpu_input(key, value)
+        declared = {o.name: o for o in sess.get_outputs()}
+        for name in names:
+            shape = [d if isinstance(d, int) else axes.get(d) for d in declared[name].shape]
+            dtype = self._DTYPES.get(declared[name].type)
+            if None in shape or dtype is None:
+                binding.bind_output(name, "cpu")
+                continue
+            own[name] = np.empty(shape, dtype)
+            binding.bind_output(name, "cpu", 0, dtype, shape, own[name].ctypes.data)
+        try:
+            sess.run_with_iobinding(binding)
+        except Exception:  # noqa: BLE001 - a declared shape that was not the real one: run plainly, copy out
+            return [np.array(v) for v in sess.run(names, feeds)]
+        values = dict(zip(names, binding.get_outputs()))
+        return [own[n] if n in own else np.array(values[n].numpy()) for n in names]
+
     # ---- ONNX -------------------------------------------------------------------------------
     def cache_key(self) -> str:
         """Hash of the weights and of the exporter's source: either changing rebuilds the graph."""
@@ -302,16 +336,62 @@ class Runtime:
         return self.cache_dir / f"{self.spec.id}{'-stages' if stages else ''}-{self.cache_key()}.onnx"
 
     def onnx_path(self, stages: bool = False) -> Path:
-        """The exported graph, building it (with a progress bar) if it is not cached yet."""
+        """The exported graph, building it (with a progress bar) if it is not cached yet or fails its checksum.
+        A cache folder that cannot be written gets the graph in a temporary folder of this process instead."""
+        if not self._verified:                      # first look at the cache: clear what killed exports left
+            _remove_stale_temporaries(self.cache_dir)
         path = self.cached_path(stages)
-        if not path.is_file():
-            log.info("exporting %s to %s", self.spec.id, path)
-            _export.export(self.model, path, stages=stages, desc=self.spec.id)
-            stale = re.compile(re.escape(path.name[:-len("0123456789abcdef.onnx")]) + r"[0-9a-f]{16}\.onnx")
-            for old in path.parent.iterdir():   # graphs of older weights or exporters (SmolLM2's: 0.5 GB each)
-                if old != path and stale.fullmatch(old.name):
-                    old.unlink(missing_ok=True)
-        return path
+        if self._intact(path):
+            return path
+        if self._scratch is not None and self._intact(self._scratch / path.name):
+            return self._scratch / path.name
+        try:
+            self._build(path, stages)
+            return path
+        except OSError as e:
+            log.warning("cannot write the graph cache %s (%s); building %s in a temporary folder for this "
+                        "process (point ATTNSCOPE_CACHE at a writable folder to keep it)", self.cache_dir,
+                        e.strerror or type(e).__name__, path.name)
+            self._build(self._scratch_dir() / path.name, stages)
+            return self._scratch / path.name
+
+    # ---- the graph cache: a file is used only when its checksum matches ----------------------------------
+    # Each graph has a sidecar NAME.sha256 with the SHA-256 of its bytes, written after the graph: a graph
+    # cut short, bit-flipped or left without its sidecar (a kill between the two) is rebuilt. Temporary files
+    # of exports killed half-way (NAME.tmpPID) are removed when the first graph is looked up.
+    def _intact(self, path: Path) -> bool:
+        try:
+            st = path.stat()
+        except OSError:
+            return False
+        stamp = (st.st_size, st.st_mtime_ns)
+        if self._verified.get(path) == stamp:
+            return True
+        try:
+            expected = _sidecar(path).read_text().strip()
+        except OSError:
+            expected = None
+        if expected != _sha256(path):
+            log.warning("cached graph %s %s; rebuilding", path.name,
+                        "has no checksum" if expected is None else "does not match its checksum")
+            return False
+        self._verified[path] = stamp
+        return True
+
+    def _build(self, path: Path, stages: bool) -> None:
+        log.info("exporting %s to %s", self.spec.id, path)
+        _export.export(self.model, path, stages=stages, desc=self.spec.id)   # written atomically
+        tmp = path.with_name(f"{path.name}.sha256.tmp{os.getpid()}")
+        tmp.write_text(_sha256(path) + "\n")
+        os.replace(tmp, _sidecar(path))
+        st = path.stat()
+        self._verified[path] = (st.st_size, st.st_mtime_ns)
+
+    def _scratch_dir(self) -> Path:
+        if self._scratch is None:
+            self._scratch = Path(tempfile.mkdtemp(prefix=f"attnscope-{os.getpid()}-"))
+            weakref.finalize(self, shutil.rmtree, self._scratch, True)
+        return self._scratch
 
     def session(self, stages: bool = False):
         """The onnxruntime session (with or without teaching outputs); a corrupt cached file is rebuilt."""
@@ -326,7 +406,11 @@ class Runtime:
                     self._sessions[stages] = self._open(path, stages)
                 except Exception as e:  # noqa: BLE001 - onnxruntime raises its own error types
                     log.warning("cached graph %s is unreadable (%s); rebuilding", path.name, type(e).__name__)
-                    path.unlink(missing_ok=True)
+                    self._verified.pop(path, None)
+                    try:
+                        _sidecar(path).unlink(missing_ok=True)
+                    except OSError:  # a read-only cache: onnx_path builds it in a temporary folder
+                        pass
                     self._sessions[stages] = self._open(self.onnx_path(stages), stages)
             return self._sessions[stages]
 
@@ -343,11 +427,63 @@ class Runtime:
         so = ort.SessionOptions()
         # An arena keeps its peak for good. The stages graph's peak is huge (four [L, H, T, T] outputs: two
         # 512-token runs at once leave ~1.4 GB behind), and its runs are rare: it allocates per run instead.
+        # The main graph keeps its arena: without one a 512-token run is 1.8-3x slower (fresh pages every run),
+        # and with one run at a time (the server's default) its peak is one run's, reached once.
         so.enable_cpu_mem_arena = not stages
+        # Idle intra-op threads spin for a while after each run by default, taking the cores the server's event
+        # loop and serialisation need next: off (bench/session_memory.py: Python work right after a run is
+        # 1.1-1.5x faster, the run itself no slower).
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.intra_op_num_threads = self.threads
         so.log_severity_level = 3
         return ort.InferenceSession(str(path), so, providers=self.providers)
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+_TEMPORARY = re.compile(r"\.tmp(\d+)$")
+
+
+def _remove_stale_temporaries(folder: Path) -> None:
+    """Delete NAME.tmpPID files whose process is gone (an export killed half-way leaves 60-90 MB behind), and
+    scratch folders of dead processes in the system's temporary folder."""
+    for item in [*_glob(folder, "*.tmp*"), *_glob(Path(tempfile.gettempdir()), "attnscope-*-*")]:
+        m = _TEMPORARY.search(item.name) or re.match(r"attnscope-(\d+)-", item.name)
+        if m is None or _alive(int(m.group(1))):
+            continue
+        try:
+            shutil.rmtree(item) if item.is_dir() else item.unlink()
+            log.info("removed %s, left by a process that is gone", item)
+        except OSError:
+            pass
+
+
+def _glob(folder: Path, pattern: str) -> list[Path]:
+    try:
+        return list(folder.glob(pattern))
+    except OSError:
+        return []
 
 
 def load(model_id: str, *, folder: str | Path | None = None, cache_dir: str | Path = DEFAULT_CACHE,
