@@ -305,3 +305,53 @@ def test_numerals_follow_the_files_smollm_pre_tokenizer(smollm2, hf_tokenizer):
     assert hf_tokenizer.convert_ids_to_tokens(hf_tokenizer("x  12").input_ids) == ["x", "Ġ", "Ġ", "1", "2"]
     assert smollm2.tokenizer.encode(" ²").tokens == ["Ġ", "Â²"]
     assert hf_tokenizer.convert_ids_to_tokens(hf_tokenizer(" ²").input_ids) == ["ĠÂ", "²"]
+
+
+# ---- ablation ----------------------------------------------------------------------------------------
+ABLATE = [(2, 4), (5, 0), (5, 1), (9, 8)]   # (5, 0), (5, 1): two of the three query heads of one kv group
+ABLATION_TEXT = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy"
+
+
+def hf_ablated(hf_model, ids, heads, mode):
+    """transformers' Llama with each listed head's slice of o_proj's input replaced by zeros or its mean over the
+    positions: a forward pre-hook, the way head ablation is done once head_mask is gone (transformers v5)."""
+    cfg = hf_model.config
+    dh = cfg.hidden_size // cfg.num_attention_heads
+    hooks = []
+    for layer in sorted({l for l, _ in heads}):
+        mine = [h for l, h in heads if l == layer]
+
+        def pre_hook(module, args, mine=mine):
+            (x,) = args
+            x = x.clone()
+            for h in mine:
+                part = x[..., h * dh:(h + 1) * dh]
+                x[..., h * dh:(h + 1) * dh] = 0 if mode == "zero" else part.mean(dim=1, keepdim=True)
+            return (x,)
+        hooks.append(hf_model.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(pre_hook))
+    try:
+        return hf_forward(hf_model, ids)
+    finally:
+        for hk in hooks:
+            hk.remove()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_ablation_matches_transformers_o_proj_hooks(smollm2, hf_model, mode):
+    rt = smollm2
+    keep = np.ones((1, rt.cfg.n_layers, rt.cfg.n_heads), np.float32)
+    for l, h in ABLATE:
+        keep[0, l, h] = 0
+    [res] = rt.run(ABLATION_TEXT, head_mask=keep, head_mean=(1 - keep) if mode == "mean" else np.zeros_like(keep))
+    [intact] = rt.run(ABLATION_TEXT)
+    att, logits = hf_ablated(hf_model, res.token_ids, ABLATE, mode)
+    assert_max_diff(res.attentions, att, 1e-4, "attentions, ablated")
+    probs = torch.softmax(logits[-1], -1).numpy()
+    ours = np.exp(res.next_token_logits - res.next_token_logits.max())
+    assert_max_diff(ours / ours.sum(), probs, 1e-4, "next-token probabilities, ablated")
+    # layers before the first ablated one are untouched; later ones move
+    np.testing.assert_array_equal(res.attentions[:3], intact.attentions[:3])
+    assert np.abs(res.attentions[6:] - intact.attentions[6:]).max() > 1e-3
+    # grouped-query attention: (5, 0) and (5, 1) share key/value group 0 with head 2, which the hook leaves alone;
+    # the parity above is then the check that ablating a query head leaves the rest of its group as it was
