@@ -41,7 +41,7 @@ def _bounded(ge: int, le: int):
 
 JsonBool = Annotated[bool, BeforeValidator(_json_bool)]
 Text = Annotated[str, AfterValidator(_unicode)]
-Index = _bounded(0, 4095)
+Index = _bounded(0, 8191)
 Matrix = list[list[float]]
 
 EXAMPLE_TEXT = "The animal didn't cross the street because it was too tired."
@@ -112,6 +112,10 @@ class AttentionRequest(RunOptions):
     resolution: _bounded(1, 512) | None = Field(
         None, description="block-average each matrix to at most resolution x resolution (overview thumbnails); "
         "`blocks` then gives each cell's token range")
+    top_k: _bounded(1, 64) | None = Field(
+        None, description="instead of the matrices, each query's k keys with the most weight (heaviest first, ties "
+        "to the lower key): `top_keys` and `top_weights` [layer][head][query][k], what a lines view of a long text "
+        "draws. Keys a query cannot see come last, with weight 0")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"model": "minilm", "text": EXAMPLE_TEXT, "layers": [4], "heads": [3]}]})
@@ -150,6 +154,10 @@ class AttentionResponse(Tokens):
         None, description="[layer][head][query][key] probabilities; rows sum to 1 (block means if `resolution`)")
     blocks: list[list[int]] | None = Field(
         None, description="with `resolution`: [start, end) token range of each row/column block")
+    top_keys: list[list[list[list[int]]]] | None = Field(
+        None, description="with `top_k`: [layer][head][query][k] key indices, heaviest first")
+    top_weights: list[list[Matrix]] | None = Field(
+        None, description="with `top_k`: [layer][head][query][k] their weights")
     entropy: list[list[list[float]]] | None = Field(None, description="[layer][head][query] in nats, -sum p log p")
     normalized_entropy: list[list[list[float]]] | None = Field(
         None, description="[layer][head][query] entropy / log(visible keys): 0 focused, 1 uniform")

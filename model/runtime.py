@@ -114,6 +114,7 @@ class Runtime:
         self._sessions: dict[bool, object] = {}
         self._lock = threading.Lock()
         self._key: str | None = None
+        self._layerwise = None
 
     @property
     def cfg(self):
@@ -323,6 +324,14 @@ class Runtime:
                     path.unlink(missing_ok=True)
                     self._sessions[stages] = self._open(self.onnx_path(stages), stages)
             return self._sessions[stages]
+
+    def layerwise(self, checkpoint_every: int = 1):
+        """This model run layer by layer, for texts whose stacked attention is too big (model/layerwise.py)."""
+        with self._lock:
+            if self._layerwise is None or self._layerwise.every != checkpoint_every:
+                from .layerwise import Layerwise
+                self._layerwise = Layerwise(self, checkpoint_every)
+            return self._layerwise
 
     def _check_providers(self) -> None:
         import onnxruntime as ort

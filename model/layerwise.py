@@ -1,0 +1,309 @@
+"""Long inputs, one layer at a time: every layer explorable, memory bounded by what the answer needs.
+
+A text's attention is layers x heads x T^2 numbers: SmolLM2's 30 layers x 9 heads hold 4.5 GB of float32 at
+2048 tokens and 18 GB at 4096. The served graph (export.build_graph) returns them stacked, so it cannot run such
+a text. Here the same model runs as a chain of graphs -- embed, the block graph once per layer, final norm and LM
+head (export.build_embed, build_block, build_final) -- passing the residual stream x [T, D] from each to the
+next. The block's weights are graph inputs, so one small graph serves every layer: layer i feeds its own arrays
+(views of the NumPy model's, nothing copied or exported per layer). A block graph returns the next x and small
+reductions of its probabilities only (export.LAYER_OUTPUTS, each equal to the model.stats function it names):
+the row entropy and max weight, the per-query numbers behind the head summaries and scores (stats.head_rows), and
+block-averaged thumbnails (stats.downsample's blocks, pooled by two matrix products). A layer's probabilities
+leave the graph only for the layers and heads a request asks for, or as their top-k keys per query. A run keeps
+
+    checkpoints   x entering every k-th layer [T, D] (k = checkpoint_every): a head asked for later is recomputed
+                  by running at most k blocks from the nearest one -- the same graph on the same inputs, so the
+                  same numbers as in the first run
+    rows          entropy, max weight, first/last/diagonal/previous/next weight, distance: [L, H, T]
+    thumbnails    [H, R, R] per layer, for each resolution computed
+    outputs       final hidden states, next-token logits, token log-probs
+
+so it holds one layer's probabilities at a time (inside onnxruntime, released after the layer) plus O(L H T)
+numbers, never L x H x T^2; and it reports progress layer by layer.
+
+Why this mechanism, measured on SmolLM2 (bench/long_input.py prints the numbers; docs/long-inputs.md):
+  - one graph with every layer's small outputs and no stacked probabilities would hold the same memory, but
+    gives no progress and cannot return one layer's matrices without running all of them;
+  - NumPy reductions of each layer's probabilities (fetched from the graph) cost more than the layer itself
+    (one fetch copies the layer's 151 MB at 2048 tokens, and entropy alone takes longer than its forward):
+    the reductions run inside the graph, on onnxruntime's threads, where the probabilities already are.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+
+from . import export as _export
+from . import stats
+from .runtime import Encoding, NextToken
+
+ROWS = ("entropy", "max_weight", "first", "last", "diagonal", "previous", "next", "distance")   # per query row
+Progress = Callable[[int, int], None]   # (blocks done, blocks in this run)
+
+
+def row_outputs(causal: bool) -> tuple[str, ...]:
+    """The block outputs that give ROWS: under a causal mask no query sees a later key, and the distance is one
+    matrix-vector product away (export.LAYER_OUTPUTS' past_distance)."""
+    return tuple("past_distance" if causal and name == "distance" else name for name in ROWS)
+
+
+@dataclass(frozen=True)
+class Want:
+    """What a request needs beyond the rows every run keeps: for `layers` x `heads`, the full probabilities
+    (attention), their top_k keys per query, or the per-query duplicate-token mass (head scores); and
+    thumbnails of every head of `layers` at `resolution` (0: none)."""
+    layers: tuple[int, ...] = ()
+    heads: tuple[int, ...] = ()
+    attention: bool = False
+    top_k: int = 0
+    duplicate: bool = False
+    resolution: int = 0
+
+    def block_outputs(self) -> tuple[str, ...]:
+        """The block-graph outputs these heads need (export.LAYER_OUTPUTS)."""
+        return ((("attention",) if self.attention else ()) + (("top_weights", "top_keys") if self.top_k else ())
+                + (("duplicate",) if self.duplicate else ()))
+
+
+@dataclass
+class Asked:
+    """The per-head parts a request asked for: layer -> [n heads, ...] for `heads`, in order."""
+    heads: tuple[int, ...]
+    attention: dict[int, np.ndarray] = field(default_factory=dict)     # [n, T, T]
+    top_weights: dict[int, np.ndarray] = field(default_factory=dict)   # [n, T, k]
+    top_keys: dict[int, np.ndarray] = field(default_factory=dict)      # [n, T, k] int32
+    duplicate: dict[int, np.ndarray] = field(default_factory=dict)     # [n, T]
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for part in (self.attention, self.top_weights, self.top_keys, self.duplicate)
+                   for a in part.values())
+
+
+@dataclass
+class LayerwiseResult:
+    """What a layer-by-layer run keeps of one text (see the module docstring); AttentionResult's fields where
+    they mean the same, but no [L, H, T, T] attentions."""
+    model: str
+    engine: str
+    provider: str
+    causal: bool
+    encoding: Encoding
+    hidden: np.ndarray                       # [T, D] final hidden states
+    rows: dict[str, np.ndarray]              # ROWS -> [L, H, T] (previous, next: [L, H, T-1])
+    visible: np.ndarray                      # [T] keys each query may see (normalised entropy)
+    checkpoints: dict[int, np.ndarray]       # layer -> x entering it [T, D]
+    thumbnails: dict[int, dict[int, np.ndarray]]   # resolution -> layer -> [H, R, R]
+    inputs: dict[str, np.ndarray]            # what recomputing needs besides x: head_mask, head_mean [1, L, H]
+    mask_tokens: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+    next_tokens: list[NextToken] | None = None
+    token_logprobs: list[float | None] | None = None
+    next_token_logits: np.ndarray | None = None
+    asked: Asked | None = None
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.encoding.tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.encoding.ids
+
+    def nbytes(self) -> int:
+        arrays = [self.hidden, self.visible, *self.rows.values(), *self.checkpoints.values(), *self.inputs.values(),
+                  *(a for by_layer in self.thumbnails.values() for a in by_layer.values())]
+        if self.next_token_logits is not None:
+            arrays.append(self.next_token_logits)
+        return sum(a.nbytes for a in arrays) + (self.asked.nbytes() if self.asked else 0)
+
+
+class Layerwise:
+    """A Runtime's model as embed -> block x L -> final graphs, for texts too long for the stacked graph."""
+
+    def __init__(self, rt, checkpoint_every: int = 1):
+        if checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1; got {checkpoint_every}")
+        self.rt, self.every = rt, int(checkpoint_every)
+        self._sessions: dict[tuple[str, ...] | str, tuple[object, set[str]]] = {}
+        self._feeds: dict[str, dict[str, np.ndarray]] = {}
+        self._params: dict[int, dict[str, np.ndarray]] = {}
+        self._lock = threading.Lock()
+        self.busy = threading.Lock()   # one long run of this model at a time: one layer's probabilities is the bound
+
+    # ---- graphs -----------------------------------------------------------------------------
+    def session(self, which: str | tuple[str, ...]):
+        """"embed", "final", or a tuple of block outputs; built in memory on first use (a block graph is small: its
+        weights are inputs). No memory arena: a long layer's buffers go back as soon as it is done."""
+        entry = self._sessions.get(which)
+        if entry is not None:
+            return entry
+        with self._lock:
+            if which not in self._sessions:
+                import onnxruntime as ort
+                model = self.rt.model
+                if which == "embed":
+                    proto, self._feeds["embed"] = _export.build_embed(model)
+                elif which == "final":
+                    proto, self._feeds["final"] = _export.build_final(model)
+                else:
+                    proto = _export.build_block(model, which)
+                so = ort.SessionOptions()
+                so.enable_cpu_mem_arena = False
+                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+                so.intra_op_num_threads = self.rt.threads
+                so.log_severity_level = 3
+                so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # sessions take turns
+                sess = ort.InferenceSession(proto.SerializeToString(), so, providers=self.rt.providers)
+                self._sessions[which] = (sess, {i.name for i in sess.get_inputs()})
+            return self._sessions[which]
+
+    def open(self) -> None:
+        """Build and open the graphs every run uses (in memory, a fraction of a second), so the first does not wait."""
+        rows = ("x_next",) + row_outputs(causal=self.rt.cfg.causal)
+        for which in ("embed", "final", rows, rows + ("thumbnail",)):
+            self.session(which)
+
+    def params(self, layer: int) -> dict[str, np.ndarray]:
+        if layer not in self._params:
+            self._params[layer] = _export.block_params(self.rt.model, layer)
+        return self._params[layer]
+
+    def _run(self, which, feeds: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        sess, names = self.session(which)
+        return dict(zip(outputs, sess.run(outputs, {k: v for k, v in feeds.items() if k in names})))
+
+    def _block(self, layer: int, x: np.ndarray, inputs: dict, outputs: tuple[str, ...], want: Want,
+               extra: dict) -> dict[str, np.ndarray]:
+        feeds = {"x": x, "attention_mask": inputs["attention_mask"], "lengths": inputs["lengths"],
+                 "head_mask": np.ascontiguousarray(inputs["head_mask"][:, layer]),
+                 "head_mean": np.ascontiguousarray(inputs["head_mean"][:, layer]), **self.params(layer), **extra}
+        if want.heads:
+            feeds["heads"] = np.asarray(want.heads, np.int64)
+        if want.top_k:
+            feeds["k"] = np.array([want.top_k], np.int64)
+        return self._run(tuple(outputs), feeds, list(outputs))
+
+    # ---- running ----------------------------------------------------------------------------
+    def forward(self, enc: Encoding, *, causal: bool | None = None, mask_tokens=None, head_mask=None,
+                head_mean=None, want: Want = Want(), top_k: int = 10, progress: Progress | None = None,
+                started: float | None = None) -> LayerwiseResult:
+        """Run one encoded text layer by layer; keep the rows, checkpoints and thumbnails at want.resolution, and
+        what `want` asks of its heads (result.asked). Options as in Runtime.run."""
+        t0 = time.perf_counter() if started is None else started
+        rt, cfg = self.rt, self.rt.cfg
+        causal = cfg.causal if causal is None else bool(causal)
+        L, H, T = cfg.n_layers, cfg.n_heads, len(enc.ids)
+        ids, types = np.array([enc.ids], np.int64), np.array([enc.type_ids], np.int64)
+        mask = rt.build_mask([T], causal, [mask_tokens] if mask_tokens else None)
+        inputs = rt.feeds(ids, types, mask, [T], head_mask, head_mean)     # validated; head masks [1, L, H]
+        with self.busy:
+            x = self._run("embed", inputs | self._graph_feeds("embed"), ["x"])["x"]
+            rows = {name: np.empty((L, H, T - 1 if name in ("previous", "next") else T), np.float32) for name in ROWS}
+            thumbs = want.resolution if want.resolution and T > want.resolution else 0
+            extra = {"pool": stats.pooling_matrix(T, thumbs)} if thumbs else {}
+            if want.duplicate:
+                extra["same"] = stats.same_token_keys(enc.ids).astype(np.float32)
+            checkpoints, thumbnails, asked = {}, {}, Asked(tuple(want.heads))
+            for layer in range(L):
+                if layer % self.every == 0:
+                    checkpoints[layer] = x[0]
+                outputs = ("x_next",) + row_outputs(causal) + (("thumbnail",) if thumbs else ()) \
+                    + (want.block_outputs() if layer in want.layers else ())
+                out = self._block(layer, x, inputs, outputs, want, extra)
+                x = out.pop("x_next")
+                out["distance"] = out.pop("past_distance", None) if causal else out.pop("distance")
+                for name in ROWS:
+                    rows[name][layer] = out.pop(name)[0]
+                if thumbs:
+                    thumbnails[layer] = out.pop("thumbnail")[0]
+                _keep(asked, layer, out)
+                if progress:
+                    progress(layer + 1, L)
+            final = self._run("final", inputs | self._graph_feeds("final") | {"x": x},
+                              ["hidden"] + (list(_export.LM_OUTPUTS) if cfg.lm_head else []))
+        res = LayerwiseResult(
+            rt.spec.id, "onnx", self.session("final")[0].get_providers()[0], causal, enc, final["hidden"][0], rows,
+            stats.visible_keys(mask[0, 0]), checkpoints, {thumbs: thumbnails} if thumbs else {},
+            {k: inputs[k] for k in ("head_mask", "head_mean")},
+            sorted(set(mask_tokens)) if mask_tokens else [], time.perf_counter() - t0,
+            asked=asked if want.block_outputs() else None)
+        if cfg.lm_head:
+            logits = final["next_token_logits"][0]
+            res.next_token_logits, res.next_tokens = logits, rt.top_tokens(logits, top_k)
+            res.token_logprobs = [None] + final["token_logprobs"][0, 1:].astype(float).tolist()
+        return res
+
+    def recompute(self, base: LayerwiseResult, want: Want, progress: Progress | None = None) -> LayerwiseResult:
+        """`base` with what `want` asks that it lacks: the asked heads' parts (as result.asked) and thumbnails at
+        a new resolution, computed from the checkpoints (at most checkpoint_every blocks per asked layer)."""
+        t0 = time.perf_counter()
+        rt, cfg, enc = self.rt, self.rt.cfg, base.encoding
+        T = len(enc.ids)
+        R = want.resolution if want.resolution and T > want.resolution else 0
+        have = base.thumbnails.get(R, {})
+        thumb_layers = {l for l in want.layers if l not in have} if R else set()
+        head_layers = set(want.layers) if want.block_outputs() else set()
+        needed = sorted(thumb_layers | head_layers)
+        steps = _walk(needed, sorted(base.checkpoints))
+        mask = rt.build_mask([T], base.causal, [base.mask_tokens] if base.mask_tokens else None)
+        inputs = rt.feeds(np.array([enc.ids]), np.array([enc.type_ids]), mask, [T], base.inputs["head_mask"],
+                          base.inputs["head_mean"])
+        extra = {"pool": stats.pooling_matrix(T, R)} if thumb_layers else {}
+        if want.duplicate:
+            extra["same"] = stats.same_token_keys(enc.ids).astype(np.float32)
+        asked, thumbnails = Asked(tuple(want.heads)), dict(have)
+        with self.busy:
+            x = None
+            for n, (layer, start, carry) in enumerate(steps):
+                if start:
+                    x = base.checkpoints[layer][None]
+                outputs = (("x_next",) if carry else ()) + (("thumbnail",) if layer in thumb_layers else ()) \
+                    + (want.block_outputs() if layer in head_layers else ())
+                out = self._block(layer, x, inputs, outputs, want, extra)
+                x = out.pop("x_next", None)
+                if "thumbnail" in out:
+                    thumbnails[layer] = out.pop("thumbnail")[0]
+                _keep(asked, layer, out)
+                if progress:
+                    progress(n + 1, len(steps))
+        return replace(base, thumbnails=base.thumbnails | ({R: thumbnails} if R else {}),
+                       asked=asked if want.block_outputs() else None, seconds=time.perf_counter() - t0)
+
+    def _graph_feeds(self, which: str) -> dict[str, np.ndarray]:
+        """The weights of the embed or final graph."""
+        self.session(which)
+        return self._feeds[which]
+
+
+def _keep(asked: Asked, layer: int, out: dict[str, np.ndarray]) -> None:
+    """File a block's per-head outputs under its layer (batch axis dropped; top-k key indices as int32)."""
+    for name, value in out.items():
+        value = value[0]
+        getattr(asked, name)[layer] = value.astype(np.int32) if name == "top_keys" else value
+
+
+def _walk(needed: list[int], checkpoints: list[int]) -> list[tuple[int, bool, bool]]:
+    """The blocks to run to reach every layer in `needed`: (layer, start from its checkpoint, pass x on).
+    Goes on from the layer before when no checkpoint lies between; a checkpoint, when reached, is always used (it
+    holds the first run's own x)."""
+    steps: list[tuple[int, bool, bool]] = []
+    at = None                                                  # the layer whose input x is in hand
+    for target in needed:
+        c = max(l for l in checkpoints if l <= target)
+        if at is None or not (c < at <= target):
+            at, start = c, True
+        else:
+            start = False
+        while at <= target:
+            steps.append((at, start, at < target))
+            start, at = False, at + 1
+    # the last block of each stretch passes x on only if the next target continues from it
+    out = []
+    for i, (layer, start, carry) in enumerate(steps):
+        nxt = steps[i + 1] if i + 1 < len(steps) else None
+        out.append((layer, start, carry or (nxt is not None and not nxt[1] and nxt[0] == layer + 1)))
+    return out
