@@ -155,7 +155,7 @@ class AttentionService:
                                        f"tokens; asked {rt.spec.max_tokens}")
                 rt.session(stages=False)
                 if self._run_bytes(rt, rt.spec.max_tokens) > st.layerwise_mb * 2**20:
-                    rt.layerwise(st.checkpoint_every).open()   # long texts run layer by layer: its graphs too
+                    rt.layerwise(st.checkpoint_every, st.layerwise_group_mb).open()   # long texts: their graphs too
             except zoo.ModelUnavailable as e:
                 raise StartupError(f"model {model_id!r}: {e}") from None
             except KeyError as e:
@@ -391,12 +391,12 @@ class AttentionService:
         want = Want(tuple(plan.layers), tuple(plan.heads), attention=attention and not thumbnails,
                     top_k=req.top_k if "attention" in include and req.top_k else 0, duplicate="scores" in include,
                     resolution=req.resolution if thumbnails else 0)
-        every = self.settings.checkpoint_every
+        every, group_mb = self.settings.checkpoint_every, self.settings.layerwise_group_mb
         key = hashlib.sha256(orjson.dumps([plan.key, repr(want), every])).hexdigest()[:32]
         extra = dict(plan.extra)
         if "baseline" in extra:   # the same text intact: layer by layer too, asking nothing of its heads
-            extra["baseline"] = replace(extra["baseline"], long=LongRun(Want(), every, extra["baseline"].key))
-        return replace(plan, long=LongRun(want, every, key), extra=extra)
+            extra["baseline"] = replace(extra["baseline"], long=LongRun(Want(), every, group_mb, extra["baseline"].key))
+        return replace(plan, long=LongRun(want, every, group_mb, key), extra=extra)
 
     def _refuse_long(self, what: str, rt: Runtime, text: str, pair: str | None, batch: int) -> None:
         """Jobs that run `batch` copies of a text through the stacked graph: refused where that would pass
@@ -451,6 +451,7 @@ class LongRun:
     """How a long text runs: what it asks of its heads, the checkpoint spacing, the key of run + asked parts."""
     want: Want
     checkpoint_every: int
+    group_mb: float
     key: str
     progress: RunProgress = field(default_factory=RunProgress, compare=False)
     base: LayerwiseResult | None = None    # the run's kept parts when cached: only what it lacks is computed
@@ -475,7 +476,7 @@ def _head_masks(req, rt: Runtime) -> tuple[np.ndarray | None, np.ndarray | None]
 def _forward_long(plan: Plan) -> LayerwiseResult:
     """A long text's run (in a worker thread): from scratch, or the asked parts from a cached run's checkpoints."""
     req, rt, run = plan.request, plan.runtime, plan.long
-    lw = rt.layerwise(run.checkpoint_every)
+    lw = rt.layerwise(run.checkpoint_every, run.group_mb)
     try:
         if run.base is not None:
             return lw.recompute(run.base, run.want, run.progress.update)

@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     checkpoint_every: int = Field(default=1, ge=1, description="a long run keeps the input of every k-th layer "
                                   "(tokens x d_model floats each) to recompute heads asked later from; a head "
                                   "then takes up to k layers to recompute")
+    layerwise_group_mb: float = Field(default=256, gt=0, description="a long run computes a layer's attention for a "
+                                      "group of heads at a time, each group's heads x tokens^2 float32 within this "
+                                      "many MB; the layer's peak is about three such buffers")
     max_tokens: CSV = Field(default=[], description="token limits per model, model=N (e.g. smollm2=8192): longer "
                             "inputs are truncated; up to the positions the model reads. Default: the zoo's")
     cors_origins: CSV = Field(default=[], description="CORS allow-list; empty = CORS off")

@@ -7,8 +7,8 @@ Inputs:  input_ids [B, T] int64, (token_type_ids [B, T] int64), attention_mask [
 Outputs: hidden [B, T, D], attentions [L, B, H, T, T]; with an LM head also next_token_logits [B, V]
          (after each text's last token) and token_logprobs [B, T]; with stages=True also q, k
          [L, B, H, T, d_head] and scores, scaled, masked [L, B, H, T, T], the teaching intermediates.
-build_block/build_embed/build_final write the same steps as graphs of their own, with the weights as graph
-inputs instead of initializers: model/layerwise.py runs one block graph per layer for long inputs (see there).
+build_embed, build_block_halves, build_attend and build_final write the same steps as graphs of their own, the
+weights graph inputs instead of initializers: model/layerwise.py runs them layer by layer for long inputs.
 Learned positions are taken as wpe[:T] with Shape + Slice (no Gather over a Range, which
 onnxruntime's GatherToSliceFusion mis-optimises); RoPE's cos/sin tables the same way.
 Opset 17 has no RMSNormalization: RMSNorm is written out in primitives, as functional.rms_norm.
@@ -57,7 +57,9 @@ class _Graph:
         return name
 
     def input(self, name: str, elem_type: int, shape: list) -> str:
-        self.inputs.append(helper.make_tensor_value_info(name, elem_type, shape))
+        """A graph input (declared once, however often asked for)."""
+        if all(i.name != name for i in self.inputs):
+            self.inputs.append(helper.make_tensor_value_info(name, elem_type, shape))
         return name
 
     def op(self, op_type: str, *inputs: str, hint: str | None = None, out: str | None = None, **attrs) -> str:
@@ -211,7 +213,15 @@ def _position_weights(g: _Graph, T: str) -> str:
 def _block(g: _Graph, block, cfg, p: str, x: str, mask: str, keep: str, mean: str, weights: str,
            rope) -> tuple[str, dict[str, str]]:
     """TransformerBlock.__call__: x [B, T, D] -> x, and the attention's stages (probabilities as "attentions").
-    keep, mean [B, H]: this layer's head mask."""
+    keep, mean [B, H]: this layer's head mask. In three steps, which the layer-by-layer graphs run apart."""
+    q, k, v = _attention_inputs(g, block, cfg, p, x, rope)
+    st = _attend(g, cfg, p, q, k, v, mask)
+    return _block_output(g, block, cfg, p, x, st["ctx"], keep, mean, weights), st
+
+
+def _attention_inputs(g: _Graph, block, cfg, p: str, x: str, rope) -> tuple[str, str, str]:
+    """The block up to its attention: queries, keys and values, each [B, H, T, dh] (keys and values repeated for
+    grouped-query attention, rotated by RoPE where the model has it)."""
     H, Hkv, dh, attn = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, block.attn
     h = g.norm(x, block.ln1, p + ".ln1") if cfg.norm_first else x
     if isinstance(attn, GroupedQueryAttention):   # GroupedQueryAttention.__call__
@@ -225,19 +235,29 @@ def _block(g: _Graph, block, cfg, p: str, x: str, mask: str, keep: str, mean: st
                                           g.const(np.array([1, 1, attn.group, 1, 1]))),
                          g.const(np.array([0, H, -1, dh])), hint=f"{p}.{n}_repeated")
                     for t, n in ((k, "k"), (v, "v")))                                   # [B, H, T, dh]
-        out_proj = attn.projection("o_proj")
-    else:                                         # MultiHeadAttention.__call__
-        q, k, v = (g.op("Transpose", g.op("Reshape", g.linear(h, *attn._projection(j), f"{p}.attn.{'qkv'[j]}"),
-                                          g.const(np.array([0, 0, H, dh]))), perm=[0, 2, 1, 3], hint=f"{p}.{'qkv'[j]}")
-                   for j in range(3))                                                   # [B, H, T, dh]
-        out_proj = attn.params["out_proj.weight"], attn.params.get("out_proj.bias")
-    # functional.attention_stages
-    scale = g.const(np.float32(1.0 / (np.sqrt(dh) * cfg.temperature)), "scale")
+        return q, k, v
+    return tuple(g.op("Transpose", g.op("Reshape", g.linear(h, *attn._projection(j), f"{p}.attn.{'qkv'[j]}"),
+                                        g.const(np.array([0, 0, H, dh]))), perm=[0, 2, 1, 3], hint=f"{p}.{'qkv'[j]}")
+                 for j in range(3))                                                     # MultiHeadAttention.__call__
+
+
+def _attend(g: _Graph, cfg, p: str, q: str, k: str, v: str, mask: str) -> dict[str, str]:
+    """functional.attention_stages and the weighted values, for however many heads q, k, v hold:
+    scores, scaled, masked, attentions (the probabilities) [B, h, T, T] and ctx [B, h, T, dh]."""
+    scale = g.const(np.float32(1.0 / (np.sqrt(cfg.d_head) * cfg.temperature)), "scale")
     scores = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2]), hint=p + ".scores")
     scaled = g.op("Mul", scores, scale, hint=p + ".scaled")
     masked = g.op("Add", scaled, mask, hint=p + ".masked")
     probs = g.op("Softmax", masked, axis=-1, hint=p + ".probs")                       # [B, H, T, T]
     ctx = g.op("MatMul", probs, v, hint=p + ".ctx")                                    # [B, H, T, dh]
+    return dict(attentions=probs, q=q, k=k, scores=scores, scaled=scaled, masked=masked, ctx=ctx)
+
+
+def _block_output(g: _Graph, block, cfg, p: str, x: str, ctx: str, keep: str, mean: str, weights: str) -> str:
+    """The block after its attention: the head mask on ctx, the output projection, the residual and norms, the MLP."""
+    H, dh, attn = cfg.n_heads, cfg.d_head, block.attn
+    out_proj = attn.projection("o_proj") if isinstance(attn, GroupedQueryAttention) else \
+        (attn.params["out_proj.weight"], attn.params.get("out_proj.bias"))
     # functional.ablate_heads: keep * ctx + (1 - keep) * mean * sum_t weights_t ctx_t
     keep, mean = (g.op("Unsqueeze", t, g.const(np.array([2, 3]))) for t in (keep, mean))   # [B, H, 1, 1]
     replace = g.op("Mul", g.op("Sub", g.const(np.float32(1.0)), keep), mean)
@@ -248,8 +268,7 @@ def _block(g: _Graph, block, cfg, p: str, x: str, mask: str, keep: str, mean: st
     x = g.op("Add", x, a) if cfg.norm_first else g.norm(g.op("Add", x, a), block.ln1, p + ".ln1")
     h = g.norm(x, block.ln2, p + ".ln2") if cfg.norm_first else x
     m = _mlp(g, block.mlp, h, p + ".mlp")
-    x = g.op("Add", x, m) if cfg.norm_first else g.norm(g.op("Add", x, m), block.ln2, p + ".ln2")
-    return x, dict(attentions=probs, q=q, k=k, scores=scores, scaled=scaled, masked=masked)
+    return g.op("Add", x, m) if cfg.norm_first else g.norm(g.op("Add", x, m), block.ln2, p + ".ln2")
 
 
 def _final(g: _Graph, model: Transformer, x: str, wte: str) -> None:
@@ -262,22 +281,24 @@ def _final(g: _Graph, model: Transformer, x: str, wte: str) -> None:
 
 
 # ---- layer by layer: the same steps as graphs of their own, weights fed as inputs (model/layerwise.py) ----------
-# What one block graph can return besides the next residual stream: per-layer reductions of its probabilities
-# p [B, H, T, T], each equal to the model/stats.py function it names, so a long run keeps these and drops p.
+# A block runs as three graphs: its attention's inputs (q, k, v), the attention of a group of heads, and its output
+# (head mask, output projection, MLP). The attention graph returns ctx and, instead of its probabilities p
+# [B, h, T, T], these reductions of them, each equal to the model/stats.py function it names; so a long run keeps
+# these and drops p, and holds one group of heads' p at a time.
 LAYER_OUTPUTS = {
-    "x_next": "the residual stream after the block [B, T, D]",
-    "thumbnail": "stats.downsample of every head [B, H, R, R]: pool^T p pool (input pool [T, R])",
-    "entropy": "stats.entropy of every row [B, H, T]",
-    "max_weight": "largest weight of every row [B, H, T]",
-    "first": "p[i, 0], weight on the first key [B, H, T]",
-    "last": "p[i, T-1], weight on the last key [B, H, T]",
-    "diagonal": "p[i, i] [B, H, T]",
-    "previous": "p[i, i-1], i >= 1 [B, H, T-1]",
-    "next": "p[i, i+1], i < T-1 [B, H, T-1]",
-    "distance": "sum_j p[i, j] |i - j| [B, H, T]",
-    "past_distance": "i - sum_j p[i, j] j: the distance when no query sees a later key (causal) [B, H, T]",
-    "attention": "the probabilities of the heads asked (input heads [n]) [B, n, T, T]",
-    "top_weights": "the k largest weights of each row of those heads (input k [1]) [B, n, T, k]",
+    "thumbnail": "stats.downsample of every head [B, h, R, R]: pool^T p pool (input pool [T, R])",
+    "thumbnail_even": "the same when R divides T (equal blocks: p pool is a sum over a reshape)",
+    "entropy": "stats.entropy of every row [B, h, T]",
+    "max_weight": "largest weight of every row [B, h, T]",
+    "first": "p[i, 0], weight on the first key [B, h, T]",
+    "last": "p[i, T-1], weight on the last key [B, h, T]",
+    "diagonal": "p[i, i] [B, h, T]",
+    "previous": "p[i, i-1], i >= 1 [B, h, T-1]",
+    "next": "p[i, i+1], i < T-1 [B, h, T-1]",
+    "distance": "sum_j p[i, j] |i - j| [B, h, T]",
+    "past_distance": "i - sum_j p[i, j] j: the distance when no query sees a later key (causal) [B, h, T]",
+    "attention": "the probabilities of the heads asked (input heads [n], indices in this group) [B, n, T, T]",
+    "top_weights": "the k largest weights of each row of those heads (input top_k [1]) [B, n, T, k]",
     "top_keys": "their key indices [B, n, T, k]",
     "duplicate": "sum_j p[i, j] same[i, j] for those heads (input same [T, T]) [B, n, T]",
 }
@@ -302,38 +323,62 @@ def build_final(model: Transformer) -> tuple[onnx.ModelProto, dict[str, np.ndarr
     return _pruned(proto), g.feeds
 
 
-def _block_graph(model: Transformer, i: int, outputs) -> tuple[_Graph, dict[str, str]]:
-    cfg, g = model.cfg, _Graph(params_as_inputs=True)
-    f, i64 = TensorProto.FLOAT, TensorProto.INT64
-    g.input("x", f, ["batch", "tokens", cfg.d_model])
-    g.input("attention_mask", f, ["batch", "mask_heads", "tokens", "tokens"])
-    g.input("head_mask", f, ["batch", cfg.n_heads])
-    g.input("head_mean", f, ["batch", cfg.n_heads])
-    g.input("lengths", i64, ["batch"])
-    T = g.slice(g.op("Shape", "x"), 1, 2, 0, hint="T")
-    x, st = _block(g, model.blocks[i], cfg, "block", "x", "attention_mask", "head_mask", "head_mean",
-                   _position_weights(g, T), _rope(g, model, T))
-    return g, {"x_next": x} | _layer_reductions(g, st["attentions"], st["masked"], T, outputs)
+def _halves(model: Transformer, i: int) -> tuple[_Graph, _Graph]:
+    """Block i's attention inputs and its output, each as a graph with its weights as inputs."""
+    cfg, f = model.cfg, TensorProto.FLOAT
+    heads = ["batch", cfg.n_heads, "tokens", cfg.d_head]
+    first = _Graph(params_as_inputs=True)
+    first.input("x", f, ["batch", "tokens", cfg.d_model])
+    T = first.slice(first.op("Shape", "x"), 1, 2, 0, hint="T")
+    for name, value in zip("qkv", _attention_inputs(first, model.blocks[i], cfg, "block", "x", _rope(first, model, T))):
+        first.op("Identity", value, out=name)
+    second = _Graph(params_as_inputs=True)
+    for name, shape in (("x", ["batch", "tokens", cfg.d_model]), ("ctx", heads), ("head_mask", ["batch", cfg.n_heads]),
+                        ("head_mean", ["batch", cfg.n_heads])):
+        second.input(name, f, shape)
+    second.input("lengths", TensorProto.INT64, ["batch"])
+    T = second.slice(second.op("Shape", "x"), 1, 2, 0, hint="T")
+    x = _block_output(second, model.blocks[i], cfg, "block", "x", "ctx", "head_mask", "head_mean",
+                      _position_weights(second, T))
+    second.op("Identity", x, out="x_next")
+    return first, second
 
 
-def build_block(model: Transformer, outputs) -> onnx.ModelProto:
-    """One TransformerBlock as a graph, its weights graph inputs (feed block_params(model, i) for layer i):
-    x [B, T, D], attention_mask, head_mask, head_mean [B, H], lengths -> the LAYER_OUTPUTS asked, and
-    nothing else (onnxruntime runs every node of a graph, asked for or not, so what is not asked is not built)."""
-    unknown = set(outputs) - set(LAYER_OUTPUTS)
-    if unknown:
-        raise ValueError(f"unknown block outputs {sorted(unknown)}; known: {', '.join(LAYER_OUTPUTS)}")
-    g, made = _block_graph(model, 0, outputs)
-    for name in outputs:
-        g.op("Identity", made[name], out=name)
-    outs = [helper.make_tensor_value_info(n, TensorProto.INT64 if n == "top_keys" else TensorProto.FLOAT, None)
-            for n in outputs]
-    return _pruned(_model(g, g.inputs, outs, "attnscope-block"))
+def build_block_halves(model: Transformer) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """The block before its attention (x -> q, k, v [B, H, T, dh]) and after it (x, ctx, head_mask, head_mean
+    [B, H], lengths -> x_next), for every layer: feed block_params(model, i) for layer i."""
+    first, second = _halves(model, 0)
+    f, heads = TensorProto.FLOAT, ["batch", model.cfg.n_heads, "tokens", model.cfg.d_head]
+    return (_pruned(_model(first, first.inputs, [helper.make_tensor_value_info(n, f, heads) for n in "qkv"],
+                           "attnscope-block-in")),
+            _pruned(_model(second, second.inputs, [helper.make_tensor_value_info(
+                "x_next", f, ["batch", "tokens", model.cfg.d_model])], "attnscope-block-out")))
 
 
 def block_params(model: Transformer, i: int) -> dict[str, np.ndarray]:
-    """Layer i's weights under the block graph's input names (views of the model's arrays, no copies)."""
-    return _block_graph(model, i, ())[0].feeds
+    """Layer i's weights under the block halves' input names (views of the model's arrays, no copies)."""
+    first, second = _halves(model, i)
+    return first.feeds | second.feeds
+
+
+def build_attend(model: Transformer, outputs) -> onnx.ModelProto:
+    """The attention of a group of heads: q, k, v [B, h, T, dh], attention_mask -> ctx [B, h, T, dh] and the
+    LAYER_OUTPUTS asked, nothing else (onnxruntime runs every node of a graph, asked for or not)."""
+    unknown = set(outputs) - set(LAYER_OUTPUTS)
+    if unknown:
+        raise ValueError(f"unknown attention outputs {sorted(unknown)}; known: {', '.join(LAYER_OUTPUTS)}")
+    cfg, g, f = model.cfg, _Graph(), TensorProto.FLOAT
+    for name in "qkv":
+        g.input(name, f, ["batch", "heads", "tokens", cfg.d_head])
+    g.input("attention_mask", f, ["batch", "mask_heads", "tokens", "tokens"])
+    st = _attend(g, cfg, "attend", "q", "k", "v", "attention_mask")
+    T = g.slice(g.op("Shape", "q"), 2, 3, 0, hint="T")
+    made = {"ctx": st["ctx"]} | _layer_reductions(g, st["attentions"], st["masked"], T, outputs)
+    names = ("ctx",) + tuple(outputs)
+    for name in names:
+        g.op("Identity", made[name], out=name)
+    outs = [helper.make_tensor_value_info(n, TensorProto.INT64 if n == "top_keys" else f, None) for n in names]
+    return _pruned(_model(g, g.inputs, outs, "attnscope-attend"))
 
 
 def _pruned(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -361,15 +406,16 @@ def _layer_reductions(g: _Graph, probs: str, masked: str, T: str, wanted) -> dic
     out, f, i64 = {}, TensorProto.FLOAT, TensorProto.INT64
     wanted = set(wanted)
     last_axis, zero, one = g.const(np.array([-1])), g.const(np.array([0])), g.const(np.array([1]))
-    if {"entropy", "max_weight"} & wanted:    # row_stats' max_weight, at the row's heaviest key j*
-        top = g.op("ArgMax", probs, axis=-1, keepdims=1)                                    # [B, H, T, 1]
-        p_top = g.op("GatherElements", probs, top, axis=-1)
+    if {"entropy", "max_weight"} & wanted:    # row_stats' max_weight
+        p_top = g.op("ReduceMax", probs, axes=[-1], keepdims=1)                             # [B, H, T, 1]
         out["max_weight"] = g.op("Squeeze", p_top, last_axis)
-        if "entropy" in wanted:   # stats.entropy: log p_ij = m_ij - m_ij* + log p_ij*, so with sum_j p_ij = 1
-            # -sum_j p log p = sum_j p_ij (m_ij* - m_ij) - log p_ij*: every term >= 0, nothing cancels, no Log per entry
-            gap = g.op("Sub", g.op("GatherElements", masked, top, axis=-1), masked)     # masked keys: 0 * huge = 0
-            spread = g.op("ReduceSum", g.op("Mul", probs, gap), last_axis, keepdims=1)
-            out["entropy"] = g.op("Squeeze", g.op("Sub", spread, g.op("Log", p_top)), last_axis)
+        if "entropy" in wanted:   # stats.entropy: log p_ij = m_ij - m_i* + log p_i* (the row's max m and max p are
+            # at the same key), so with sum_j p_ij = 1: -sum_j p log p = sum_j p_ij (m_i* - m_ij) - log p_i*; every
+            # term >= 0, nothing cancels, no Log per entry. Operands are ordered so that onnxruntime may write each
+            # step over the one before: the layer holds two [H, T, T] buffers, masked and probs.
+            below = g.op("Sub", masked, g.op("ReduceMax", masked, axes=[-1], keepdims=1))   # m_ij - m_i* <= 0
+            spread = g.op("ReduceSum", g.op("Mul", below, probs), last_axis, keepdims=1)  # masked keys: huge * 0 = 0
+            out["entropy"] = g.op("Squeeze", g.op("Neg", g.op("Add", spread, g.op("Log", p_top))), last_axis)
     column = lambda start, end: g.op("Squeeze", g.slice(probs, start, end, 3), g.const(np.array([3])))  # noqa: E731
     if "first" in wanted:
         out["first"] = column(0, 1)
@@ -383,8 +429,16 @@ def _layer_reductions(g: _Graph, probs: str, masked: str, T: str, wanted) -> dic
                 out[name] = g.op("Slice", flat, start, TT, g.const(np.array([2])), step)
     pos = g.op("Cast", g.op("Range", g.const(np.int64(0)), g.op("Squeeze", T, zero), g.const(np.int64(1))), to=f)
     columns = []                                   # what probs is multiplied with: [T, R] pool, [T, 1] positions
-    if "thumbnail" in wanted:     # stats.downsample: block means, pool[t, r] = 1/|block r| on block r's tokens
-        columns.append(g.input("pool", f, ["tokens", "cells"]))
+    if {"thumbnail", "thumbnail_even"} & wanted:   # stats.downsample: block means, pool^T p pool
+        pool = g.input("pool", f, ["tokens", "cells"])  # pool[t, r] = 1/|block r| on block r's tokens
+        if "thumbnail" in wanted:
+            columns.append(pool)
+        else:                     # T = R b: each key block is b tokens, and p pool a sum over a reshape (no product)
+            R = g.op("Shape", pool, start=1, end=2)
+            b = g.op("Div", T, R)
+            blocks = g.op("Reshape", probs, g.op("Concat", g.const(np.array([0, 0])), T, R, b, axis=0))  # B H T R b
+            pooled = g.op("Div", g.op("ReduceSum", blocks, last_axis, keepdims=0), g.op("Cast", b, to=f))
+            out["thumbnail_even"] = g.op("MatMul", g.op("Transpose", pool, perm=[1, 0]), pooled)
     if "past_distance" in wanted:
         columns.append(g.op("Unsqueeze", pos, one))
     if columns:
@@ -402,9 +456,10 @@ def _layer_reductions(g: _Graph, probs: str, masked: str, T: str, wanted) -> dic
         asked = g.op("Gather", probs, g.input("heads", i64, ["asked"]), axis=1)         # [B, n, T, T]
         out["attention"] = asked
         if {"top_weights", "top_keys"} & wanted:   # stats.top_keys
-            g.nodes.append(helper.make_node("TopK", [asked, g.input("k", i64, [1])], ["top_weights_", "top_keys_"],
-                                            axis=-1, largest=1, sorted=1))
-            out["top_weights"], out["top_keys"] = "top_weights_", "top_keys_"
+            k = g.input("top_k", i64, [1])
+            top_weights, top_keys = g.name("top_weights"), g.name("top_keys")
+            g.nodes.append(helper.make_node("TopK", [asked, k], [top_weights, top_keys], axis=-1, largest=1, sorted=1))
+            out["top_weights"], out["top_keys"] = top_weights, top_keys
         if "duplicate" in wanted:  # stats.duplicate_token_score, before the mean over queries
             same = g.input("same", f, ["tokens", "tokens"])
             out["duplicate"] = g.op("ReduceSum", g.op("Mul", asked, same), last_axis, keepdims=0)

@@ -30,6 +30,8 @@ Why this mechanism, measured on SmolLM2 (bench/long_input.py prints the numbers;
 """
 from __future__ import annotations
 
+import functools
+import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -43,6 +45,11 @@ from .runtime import Encoding, NextToken
 
 ROWS = ("entropy", "max_weight", "first", "last", "diagonal", "previous", "next", "distance")   # per query row
 Progress = Callable[[int, int], None]   # (blocks done, blocks in this run)
+
+
+def thumbnail_output(T: int, resolution: int) -> str:
+    """The attention graph's thumbnail output at T tokens: equal blocks when the resolution divides T."""
+    return "thumbnail_even" if T % resolution == 0 else "thumbnail"
 
 
 def row_outputs(causal: bool) -> tuple[str, ...]:
@@ -124,10 +131,10 @@ class LayerwiseResult:
 class Layerwise:
     """A Runtime's model as embed -> block x L -> final graphs, for texts too long for the stacked graph."""
 
-    def __init__(self, rt, checkpoint_every: int = 1):
+    def __init__(self, rt, checkpoint_every: int = 1, group_mb: float = 256):
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1; got {checkpoint_every}")
-        self.rt, self.every = rt, int(checkpoint_every)
+        self.rt, self.every, self.group_mb = rt, int(checkpoint_every), float(group_mb)
         self._sessions: dict[tuple[str, ...] | str, tuple[object, set[str]]] = {}
         self._feeds: dict[str, dict[str, np.ndarray]] = {}
         self._params: dict[int, dict[str, np.ndarray]] = {}
@@ -135,9 +142,15 @@ class Layerwise:
         self.busy = threading.Lock()   # one long run of this model at a time: one layer's probabilities is the bound
 
     # ---- graphs -----------------------------------------------------------------------------
-    def session(self, which: str | tuple[str, ...]):
-        """"embed", "final", or a tuple of block outputs; built in memory on first use (a block graph is small: its
-        weights are inputs). No memory arena: a long layer's buffers go back as soon as it is done."""
+    def groups(self, T: int) -> int:
+        """Into how many groups a layer's heads are split at T tokens: one group's scores or probabilities
+        [h, T, T] float32 stay within group_mb (a layer holds about three such buffers at its peak)."""
+        H = self.rt.cfg.n_heads
+        return min(H, max(1, math.ceil(H * T * T * 4 / (self.group_mb * 2**20))))
+
+    def session(self, which: str | tuple):
+        """"embed", "block_in", "block_out", "final", or ("attend", outputs); built in memory on first use (the
+        graphs are small: their weights are inputs)."""
         entry = self._sessions.get(which)
         if entry is not None:
             return entry
@@ -149,10 +162,14 @@ class Layerwise:
                     proto, self._feeds["embed"] = _export.build_embed(model)
                 elif which == "final":
                     proto, self._feeds["final"] = _export.build_final(model)
-                else:
-                    proto = _export.build_block(model, which)
+                elif which == "block_in":
+                    proto = _export.build_block_halves(model)[0]
+                elif which == "block_out":
+                    proto = _export.build_block_halves(model)[1]
+                else:                     # ("attend", outputs)
+                    proto = _export.build_attend(model, which[1])
                 so = ort.SessionOptions()
-                so.enable_cpu_mem_arena = False
+                so.enable_mem_pattern = False   # its one planned block per run is ~1.6x the run's own peak
                 so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
                 so.intra_op_num_threads = self.rt.threads
                 so.log_severity_level = 3
@@ -163,8 +180,9 @@ class Layerwise:
 
     def open(self) -> None:
         """Build and open the graphs every run uses (in memory, a fraction of a second), so the first does not wait."""
-        rows = ("x_next",) + row_outputs(causal=self.rt.cfg.causal)
-        for which in ("embed", "final", rows, rows + ("thumbnail",)):
+        rows = row_outputs(causal=self.rt.cfg.causal)
+        for which in ("embed", "block_in", "block_out", "final", ("attend", rows), ("attend", rows + ("thumbnail",)),
+                      ("attend", rows + ("thumbnail_even",))):
             self.session(which)
 
     def params(self, layer: int) -> dict[str, np.ndarray]:
@@ -172,22 +190,50 @@ class Layerwise:
             self._params[layer] = _export.block_params(self.rt.model, layer)
         return self._params[layer]
 
-    def _run(self, which, feeds: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+    def _run(self, which, feeds: dict[str, np.ndarray], outputs: list[str], release: bool = False):
+        """One session run -> {output: array}. release: give the session's memory arena back afterwards."""
         sess, names = self.session(which)
-        return dict(zip(outputs, sess.run(outputs, {k: v for k, v in feeds.items() if k in names})))
+        return dict(zip(outputs, sess.run(outputs, {k: v for k, v in feeds.items() if k in names},
+                                          _release() if release else None)))
 
-    def _block(self, layer: int, x: np.ndarray, inputs: dict, outputs: tuple[str, ...], want: Want,
-               extra: dict) -> dict[str, np.ndarray]:
-        feeds = {"x": x, "attention_mask": inputs["attention_mask"], "lengths": inputs["lengths"],
-                 "head_mask": np.ascontiguousarray(inputs["head_mask"][:, layer]),
-                 "head_mean": np.ascontiguousarray(inputs["head_mean"][:, layer]), **self.params(layer), **extra}
-        if want.heads:
-            feeds["heads"] = np.asarray(want.heads, np.int64)
-        if want.top_k:
-            feeds["k"] = np.array([want.top_k], np.int64)
-        return self._run(tuple(outputs), feeds, list(outputs))
+    def _block(self, layer: int, x: np.ndarray, inputs: dict, outputs: tuple[str, ...], extra: dict,
+               heads=(), top_k: int = 0, next_x: bool = True, release: bool = False) -> dict[str, np.ndarray]:
+        """Block `layer` on x [1, T, D]: the attention outputs asked, group of heads by group (one group's
+        probabilities exist at a time), and with next_x the residual stream after the block, "x_next". The per-head
+        outputs are those of `heads` (none: empty), in their order."""
+        T, H = x.shape[1], self.rt.cfg.n_heads
+        params, heads = self.params(layer), np.asarray(heads, np.int64)
+        qkv = self._run("block_in", {"x": x, **params}, list("qkv"), release)
+        groups = head_groups(H, self.groups(T))
+        parts, order = {name: [] for name in ("ctx",) + outputs}, []
+        for n, (a, b) in enumerate(groups):
+            mine = heads[(heads >= a) & (heads < b)]
+            order += mine.tolist()
+            feeds = {name: qkv[name] if len(groups) == 1 else np.ascontiguousarray(qkv[name][:, a:b]) for name in "qkv"}
+            feeds |= {"attention_mask": inputs["attention_mask"], "heads": mine - a,
+                      "top_k": np.array([min(max(top_k, 1), T)], np.int64), **extra}
+            out = self._run(("attend", outputs), feeds, list(parts), release and n == len(groups) - 1)
+            for name, value in out.items():
+                parts[name].append(value)
+        out = {name: values[0] if len(values) == 1 else np.concatenate(values, axis=1)
+               for name, values in parts.items()}
+        if order != heads.tolist():          # the groups gave the asked heads group by group: back to their order
+            back = [order.index(h) for h in heads.tolist()]
+            out |= {name: out[name][:, back] for name in ("attention", "top_weights", "top_keys", "duplicate")
+                    if name in out}
+        if next_x:
+            out["x_next"] = self._run("block_out", {"x": x, "ctx": out["ctx"], "lengths": inputs["lengths"],
+                                                    "head_mask": np.ascontiguousarray(inputs["head_mask"][:, layer]),
+                                                    "head_mean": np.ascontiguousarray(inputs["head_mean"][:, layer]),
+                                                    **params}, ["x_next"], release)["x_next"]
+        del out["ctx"]
+        return out
 
     # ---- running ----------------------------------------------------------------------------
+    # A walk over the layers (forward, recompute) runs the same attention graph for every layer and group of heads
+    # it visits, those it asks nothing of getting empty head selections: so onnxruntime's memory arena hands the
+    # same buffers from one to the next (fresh 151 MB buffers at 2048 tokens, page-faulted in each time, made a
+    # layer ~60 % slower without the arena), and the walk's last step gives the arena back.
     def forward(self, enc: Encoding, *, causal: bool | None = None, mask_tokens=None, head_mask=None,
                 head_mean=None, want: Want = Want(), top_k: int = 10, progress: Progress | None = None,
                 started: float | None = None) -> LayerwiseResult:
@@ -200,31 +246,32 @@ class Layerwise:
         ids, types = np.array([enc.ids], np.int64), np.array([enc.type_ids], np.int64)
         mask = rt.build_mask([T], causal, [mask_tokens] if mask_tokens else None)
         inputs = rt.feeds(ids, types, mask, [T], head_mask, head_mean)     # validated; head masks [1, L, H]
+        thumbs = want.resolution if want.resolution and T > want.resolution else 0
+        extra = {"pool": stats.pooling_matrix(T, thumbs)} if thumbs else {}
+        if want.duplicate:
+            extra["same"] = stats.same_token_keys(enc.ids).astype(np.float32)
+        outputs = row_outputs(causal) + ((thumbnail_output(T, thumbs),) if thumbs else ()) + want.block_outputs()
+        rows = {name: np.empty((L, H, T - 1 if name in ("previous", "next") else T), np.float32) for name in ROWS}
+        checkpoints, thumbnails, asked = {}, {}, Asked(tuple(want.heads))
         with self.busy:
-            x = self._run("embed", inputs | self._graph_feeds("embed"), ["x"])["x"]
-            rows = {name: np.empty((L, H, T - 1 if name in ("previous", "next") else T), np.float32) for name in ROWS}
-            thumbs = want.resolution if want.resolution and T > want.resolution else 0
-            extra = {"pool": stats.pooling_matrix(T, thumbs)} if thumbs else {}
-            if want.duplicate:
-                extra["same"] = stats.same_token_keys(enc.ids).astype(np.float32)
-            checkpoints, thumbnails, asked = {}, {}, Asked(tuple(want.heads))
+            x = self._run("embed", inputs | self._graph_feeds("embed"), ["x"], release=True)["x"]
             for layer in range(L):
                 if layer % self.every == 0:
                     checkpoints[layer] = x[0]
-                outputs = ("x_next",) + row_outputs(causal) + (("thumbnail",) if thumbs else ()) \
-                    + (want.block_outputs() if layer in want.layers else ())
-                out = self._block(layer, x, inputs, outputs, want, extra)
+                heads = want.heads if layer in want.layers else ()
+                out = self._block(layer, x, inputs, outputs, extra, heads, want.top_k, release=layer == L - 1)
                 x = out.pop("x_next")
-                out["distance"] = out.pop("past_distance", None) if causal else out.pop("distance")
+                out["distance"] = out.pop("past_distance") if causal else out["distance"]
                 for name in ROWS:
                     rows[name][layer] = out.pop(name)[0]
                 if thumbs:
-                    thumbnails[layer] = out.pop("thumbnail")[0]
-                _keep(asked, layer, out)
+                    thumbnails[layer] = out.pop(thumbnail_output(T, thumbs))[0]
+                if heads:
+                    _keep(asked, layer, out)
                 if progress:
                     progress(layer + 1, L)
             final = self._run("final", inputs | self._graph_feeds("final") | {"x": x},
-                              ["hidden"] + (list(_export.LM_OUTPUTS) if cfg.lm_head else []))
+                              ["hidden"] + (list(_export.LM_OUTPUTS) if cfg.lm_head else []), release=True)
         res = LayerwiseResult(
             rt.spec.id, "onnx", self.session("final")[0].get_providers()[0], causal, enc, final["hidden"][0], rows,
             stats.visible_keys(mask[0, 0]), checkpoints, {thumbs: thumbnails} if thumbs else {},
@@ -241,33 +288,36 @@ class Layerwise:
         """`base` with what `want` asks that it lacks: the asked heads' parts (as result.asked) and thumbnails at
         a new resolution, computed from the checkpoints (at most checkpoint_every blocks per asked layer)."""
         t0 = time.perf_counter()
-        rt, cfg, enc = self.rt, self.rt.cfg, base.encoding
+        rt, enc = self.rt, base.encoding
         T = len(enc.ids)
         R = want.resolution if want.resolution and T > want.resolution else 0
         have = base.thumbnails.get(R, {})
         thumb_layers = {l for l in want.layers if l not in have} if R else set()
         head_layers = set(want.layers) if want.block_outputs() else set()
-        needed = sorted(thumb_layers | head_layers)
-        steps = _walk(needed, sorted(base.checkpoints))
+        steps = _walk(sorted(thumb_layers | head_layers), sorted(base.checkpoints))
         mask = rt.build_mask([T], base.causal, [base.mask_tokens] if base.mask_tokens else None)
         inputs = rt.feeds(np.array([enc.ids]), np.array([enc.type_ids]), mask, [T], base.inputs["head_mask"],
                           base.inputs["head_mean"])
         extra = {"pool": stats.pooling_matrix(T, R)} if thumb_layers else {}
         if want.duplicate:
             extra["same"] = stats.same_token_keys(enc.ids).astype(np.float32)
+        thumb = thumbnail_output(T, R) if thumb_layers else None
+        outputs = ((thumb,) if thumb else ()) + want.block_outputs()
         asked, thumbnails = Asked(tuple(want.heads)), dict(have)
         with self.busy:
             x = None
-            for n, (layer, start, carry) in enumerate(steps):
+            for n, (layer, start) in enumerate(steps):
                 if start:
                     x = base.checkpoints[layer][None]
-                outputs = (("x_next",) if carry else ()) + (("thumbnail",) if layer in thumb_layers else ()) \
-                    + (want.block_outputs() if layer in head_layers else ())
-                out = self._block(layer, x, inputs, outputs, want, extra)
+                heads = want.heads if layer in head_layers else ()
+                goes_on = n + 1 < len(steps) and not steps[n + 1][1]      # the next step starts from this x_next
+                out = self._block(layer, x, inputs, outputs, extra, heads, want.top_k, next_x=goes_on,
+                                  release=n == len(steps) - 1)
                 x = out.pop("x_next", None)
-                if "thumbnail" in out:
-                    thumbnails[layer] = out.pop("thumbnail")[0]
-                _keep(asked, layer, out)
+                if thumb:                  # every layer the walk visits: cheap, and kept for later requests
+                    thumbnails[layer] = out.pop(thumb)[0]
+                if heads:
+                    _keep(asked, layer, out)
                 if progress:
                     progress(n + 1, len(steps))
         return replace(base, thumbnails=base.thumbnails | ({R: thumbnails} if R else {}),
@@ -279,6 +329,21 @@ class Layerwise:
         return self._feeds[which]
 
 
+@functools.cache
+def _release():
+    """Run options that give a session's memory arena back to the OS at the end of the run."""
+    import onnxruntime as ort
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return options
+
+
+def head_groups(H: int, groups: int) -> list[tuple[int, int]]:
+    """[first, end) heads of each of `groups` consecutive groups, as even as can be."""
+    edges = np.linspace(0, H, min(groups, H) + 1).astype(int)
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+
+
 def _keep(asked: Asked, layer: int, out: dict[str, np.ndarray]) -> None:
     """File a block's per-head outputs under its layer (batch axis dropped; top-k key indices as int32)."""
     for name, value in out.items():
@@ -286,24 +351,17 @@ def _keep(asked: Asked, layer: int, out: dict[str, np.ndarray]) -> None:
         getattr(asked, name)[layer] = value.astype(np.int32) if name == "top_keys" else value
 
 
-def _walk(needed: list[int], checkpoints: list[int]) -> list[tuple[int, bool, bool]]:
-    """The blocks to run to reach every layer in `needed`: (layer, start from its checkpoint, pass x on).
-    Goes on from the layer before when no checkpoint lies between; a checkpoint, when reached, is always used (it
-    holds the first run's own x)."""
-    steps: list[tuple[int, bool, bool]] = []
+def _walk(needed: list[int], checkpoints: list[int]) -> list[tuple[int, bool]]:
+    """The blocks to run to reach every layer in `needed`: (layer, start from its checkpoint). Goes on from the layer
+    before when no checkpoint lies between; a checkpoint, when reached, is always used (it holds the first run's x)."""
+    steps: list[tuple[int, bool]] = []
     at = None                                                  # the layer whose input x is in hand
     for target in needed:
         c = max(l for l in checkpoints if l <= target)
-        if at is None or not (c < at <= target):
-            at, start = c, True
-        else:
-            start = False
+        start = at is None or not (c < at <= target)
+        if start:
+            at = c
         while at <= target:
-            steps.append((at, start, at < target))
+            steps.append((at, start))
             start, at = False, at + 1
-    # the last block of each stretch passes x on only if the next target continues from it
-    out = []
-    for i, (layer, start, carry) in enumerate(steps):
-        nxt = steps[i + 1] if i + 1 < len(steps) else None
-        out.append((layer, start, carry or (nxt is not None and not nxt[1] and nxt[0] == layer + 1)))
-    return out
+    return steps

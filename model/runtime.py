@@ -325,12 +325,13 @@ class Runtime:
                     self._sessions[stages] = self._open(self.onnx_path(stages), stages)
             return self._sessions[stages]
 
-    def layerwise(self, checkpoint_every: int = 1):
+    def layerwise(self, checkpoint_every: int = 1, group_mb: float = 256):
         """This model run layer by layer, for texts whose stacked attention is too big (model/layerwise.py)."""
         with self._lock:
-            if self._layerwise is None or self._layerwise.every != checkpoint_every:
+            lw = self._layerwise
+            if lw is None or (lw.every, lw.group_mb) != (checkpoint_every, group_mb):
                 from .layerwise import Layerwise
-                self._layerwise = Layerwise(self, checkpoint_every)
+                self._layerwise = Layerwise(self, checkpoint_every, group_mb)
             return self._layerwise
 
     def _check_providers(self) -> None:

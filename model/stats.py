@@ -59,7 +59,8 @@ def normalized_entropy(p: np.ndarray, n_visible: np.ndarray) -> np.ndarray:
 def row_stats(p: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
     """Per query row: entropy (nats), normalised entropy, max weight. Each [..., Tq]."""
     h = entropy(p)
-    return {"entropy": h, "normalized_entropy": normalize_entropy(h, visible_keys(mask)), "max_weight": _float(p).max(axis=-1)}
+    return {"entropy": h, "normalized_entropy": normalize_entropy(h, visible_keys(mask)),
+            "max_weight": _float(p).max(axis=-1)}
 
 
 def head_rows(p: np.ndarray) -> dict[str, np.ndarray]:

@@ -7,6 +7,7 @@ SmolLM2 test at a few hundred tokens, where the real model's layers and RoPE are
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -30,7 +31,9 @@ def everything(rt, **kw) -> Want:
 
 
 def assert_rows_equal(res, A, atol=ATOL):
-    """A layer-by-layer run's kept rows against the stats functions of the stacked run's attentions A [L, H, T, T]."""
+    """A layer-by-layer run's kept rows against the stats functions of attentions A [L, H, T, T]: its own (the
+    reductions in the graph are the stats functions), or the stacked graph's (whose probabilities differ from the
+    layer-by-layer graphs' in the last float32 bits, which entropy's log p multiplies: pass a wider atol)."""
     for name, expected in stats.head_rows(A).items():
         if name == "distance":   # sums of up to T terms |i - j| p_ij: compare relative to their size
             np.testing.assert_allclose(res.rows[name], expected, rtol=1e-5, atol=atol * 10, err_msg=name)
@@ -46,6 +49,7 @@ def assert_rows_equal(res, A, atol=ATOL):
     ("tiny-gpt", False, {"mask_tokens": [3, 7]}),              # non-causal: the general distance output
     ("minilm", None, {"mask_tokens": [5]}),                    # post-norm encoder, LayerNorm, segment embeddings
     ("tiny-gpt", None, {"ablate": (2, 1), "mean": True}),      # the head-mask inputs reach each layer
+    ("minilm", None, {"group_mb": 1e-9}),                      # one head at a time, asked in reverse order
 ])
 def test_layerwise_run_equals_the_stacked_graph(runtimes, model_id, causal, options):
     rt = runtimes[model_id]
@@ -58,15 +62,25 @@ def test_layerwise_run_equals_the_stacked_graph(runtimes, model_id, causal, opti
     masked = options.get("mask_tokens")
     [full] = rt.run([TEXT], causal=causal, mask_tokens=[masked] if masked else None, head_mask=keep, head_mean=mean)
     A, T = full.attentions, len(full.tokens)
-    res = rt.layerwise().forward(rt.encode(TEXT), causal=causal, mask_tokens=masked, head_mask=keep, head_mean=mean,
-                                 want=everything(rt, attention=True, top_k=5, duplicate=True, resolution=7))
+    lw = rt.layerwise(group_mb=options.get("group_mb", 256))
+    want = everything(rt, attention=True, top_k=5, duplicate=True, resolution=7)
+    order = list(range(H))[::-1] if "group_mb" in options else list(range(H))
+    res = lw.forward(rt.encode(TEXT), causal=causal, mask_tokens=masked, head_mask=keep, head_mean=mean,
+                     want=replace(want, heads=tuple(order)))
     assert res.tokens == full.tokens and res.causal == full.causal
+    assert lw.groups(T) == (H if "group_mb" in options else 1)
+    A = A[:, order]                    # the asked heads, in the order asked (the rows and thumbnails keep all heads)
+    res.rows = {name: value[:, order] for name, value in res.rows.items()}
+    res.thumbnails = {r: {layer: t[order] for layer, t in by.items()} for r, by in res.thumbnails.items()}
     got = np.stack([res.asked.attention[layer] for layer in range(L)])
     np.testing.assert_allclose(got, A, atol=ATOL, rtol=0)
     thumbs = np.stack([res.thumbnails[7][layer] for layer in range(L)])
     np.testing.assert_allclose(thumbs, stats.downsample(A, 7), atol=ATOL, rtol=0)
-    assert_rows_equal(res, A)
+    assert_rows_equal(res, got)
+    assert_rows_equal(res, A, atol=5e-5)
     np.testing.assert_array_equal(res.visible, stats.visible_keys(full.mask))
+    np.testing.assert_allclose(stats.normalize_entropy(res.rows["entropy"], res.visible),
+                               stats.row_stats(A, full.mask)["normalized_entropy"], atol=ATOL)
     keys, weights = stats.top_keys(got, 5)        # the same ranking rule (ties to the lower key) on the same numbers
     np.testing.assert_array_equal(np.stack([res.asked.top_keys[layer] for layer in range(L)]), keys)
     np.testing.assert_array_equal(np.stack([res.asked.top_weights[layer] for layer in range(L)]), weights)
@@ -77,6 +91,22 @@ def test_layerwise_run_equals_the_stacked_graph(runtimes, model_id, causal, opti
         np.testing.assert_allclose(res.next_token_logits, full.next_token_logits, atol=1e-4, rtol=0)
         np.testing.assert_allclose(res.token_logprobs[1:], full.token_logprobs[1:], atol=1e-4)
     assert T > 7 and res.seconds > 0
+
+
+@pytest.mark.parametrize("resolution", [8, 16, 7, 10])      # R divides T (equal blocks: a reshape) or not
+def test_thumbnails_are_downsample_with_equal_and_uneven_blocks(runtimes, resolution):
+    from bench.common import text_of_tokens
+
+    rt = runtimes["tiny-gpt"]
+    text = text_of_tokens(rt, 64)
+    [full] = rt.run([text])
+    lw = rt.layerwise()
+    first = lw.forward(rt.encode(text), want=Want(resolution=resolution))
+    later = lw.recompute(first, Want((1, 2), resolution=resolution + 1))   # another resolution, from checkpoints
+    for res, R, layers in ((first, resolution, range(4)), (later, resolution + 1, (1, 2))):
+        for layer in layers:
+            np.testing.assert_allclose(res.thumbnails[R][layer], stats.downsample(full.attentions[layer], R),
+                                       atol=ATOL, rtol=0)
 
 
 def test_kept_run_holds_no_full_matrices(runtimes):
@@ -113,12 +143,11 @@ def test_recompute_equals_first_run(runtimes, every):
 
 
 def test_walk_runs_each_asked_layer_from_its_nearest_checkpoint():
-    # (layer, start from its checkpoint, pass x on): layers 1 and 2 from checkpoint 0, then 5 from checkpoint 3
-    assert _walk([1, 2, 5], [0, 3]) == [(0, True, True), (1, False, True), (2, False, False),
-                                        (3, True, True), (4, False, True), (5, False, False)]
-    assert _walk([0, 3], [0, 1, 2, 3]) == [(0, True, False), (3, True, False)]
-    assert _walk([2, 3], [0, 1, 2, 3]) == [(2, True, False), (3, True, False)]   # a checkpoint is always used
-    assert _walk([2, 3], [0]) == [(0, True, True), (1, False, True), (2, False, True), (3, False, False)]
+    # (layer, start from its checkpoint): layers 1 and 2 from checkpoint 0, then 5 from checkpoint 3
+    assert _walk([1, 2, 5], [0, 3]) == [(0, True), (1, False), (2, False), (3, True), (4, False), (5, False)]
+    assert _walk([0, 3], [0, 1, 2, 3]) == [(0, True), (3, True)]
+    assert _walk([2, 3], [0, 1, 2, 3]) == [(2, True), (3, True)]     # a checkpoint, when reached, is always used
+    assert _walk([2, 3], [0]) == [(0, True), (1, False), (2, False), (3, False)]
     assert _walk([], [0]) == []
 
 
@@ -315,7 +344,11 @@ def test_smollm2_layer_by_layer_equals_the_stacked_graph(runtimes):
     assert float(np.abs(got - A).max()) <= ATOL
     thumbs = np.stack([res.thumbnails[64][layer] for layer in range(30)])
     assert float(np.abs(thumbs - stats.downsample(A, 64)).max()) <= ATOL
-    assert_rows_equal(res, A)
+    even = rt.layerwise().recompute(res, Want(tuple(range(30)), resolution=60))      # 300 = 60 x 5: equal blocks
+    thumbs = np.stack([even.thumbnails[60][layer] for layer in range(30)])
+    assert float(np.abs(thumbs - stats.downsample(A, 60)).max()) <= ATOL
+    assert_rows_equal(res, got)                  # the reductions in the graph: the stats functions, to 1e-5
+    assert_rows_equal(res, A, atol=5e-5)         # against the stacked graph (entropy: its log p widens 1e-5 a bit)
     assert set(res.rows) == set(ROWS)
     np.testing.assert_allclose(res.token_logprobs[1:], full.token_logprobs[1:], atol=1e-4)
     assert [t.id for t in res.next_tokens] == [t.id for t in full.next_tokens]
