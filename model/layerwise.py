@@ -1,32 +1,34 @@
-"""Long inputs, one layer at a time: every layer explorable, memory bounded by what the answer needs.
+"""Long inputs, one layer at a time: every layer explorable, memory bounded by settings, not by the input.
 
 A text's attention is layers x heads x T^2 numbers: SmolLM2's 30 layers x 9 heads hold 4.5 GB of float32 at
 2048 tokens and 18 GB at 4096. The served graph (export.build_graph) returns them stacked, so it cannot run such
-a text. Here the same model runs as a chain of graphs -- embed, the block graph once per layer, final norm and LM
-head (export.build_embed, build_block, build_final) -- passing the residual stream x [T, D] from each to the
-next. The block's weights are graph inputs, so one small graph serves every layer: layer i feeds its own arrays
-(views of the NumPy model's, nothing copied or exported per layer). A block graph returns the next x and small
-reductions of its probabilities only (export.LAYER_OUTPUTS, each equal to the model.stats function it names):
-the row entropy and max weight, the per-query numbers behind the head summaries and scores (stats.head_rows), and
-block-averaged thumbnails (stats.downsample's blocks, pooled by two matrix products). A layer's probabilities
-leave the graph only for the layers and heads a request asks for, or as their top-k keys per query. A run keeps
+a text. Here the same model runs as a chain of graphs, the steps of export.build_graph cut apart:
+
+    embed                   input ids -> x [T, D]                                        export.build_embed
+    per layer: block in     x -> q, k, v [H, T, dh]                                       export.build_block_halves
+               attend       q, k, v of a group of heads -> their ctx and LAYER_OUTPUTS    export.build_attend
+               block out    x, ctx -> the next x                                          export.build_block_halves
+    final                   x -> hidden, next-token logits, token log-probs               export.build_final
+
+The weights are graph inputs, so one small graph serves every layer: layer i feeds its own arrays (views of the
+NumPy model's; nothing is exported or copied per layer, and the graphs build in memory in a fraction of a
+second). The attention graph returns, instead of its probabilities p [h, T, T], reductions of them computed where
+they are (export.LAYER_OUTPUTS, each equal to the model.stats function it names): the row entropy and max weight,
+the per-query numbers behind the head summaries and scores (stats.head_rows), block-averaged thumbnails
+(stats.downsample's blocks); p itself leaves the graph only for the heads a request asks for, or as their top-k
+keys per query. A layer's heads run in groups whose [h, T, T] float32 stays within group_mb, one group after the
+other, so a run holds one group's scores and probabilities at a time (about three such buffers at the peak). A
+run keeps
 
     checkpoints   x entering every k-th layer [T, D] (k = checkpoint_every): a head asked for later is recomputed
-                  by running at most k blocks from the nearest one -- the same graph on the same inputs, so the
+                  by running at most k blocks from the nearest one -- the same graphs on the same inputs, so the
                   same numbers as in the first run
     rows          entropy, max weight, first/last/diagonal/previous/next weight, distance: [L, H, T]
     thumbnails    [H, R, R] per layer, for each resolution computed
     outputs       final hidden states, next-token logits, token log-probs
 
-so it holds one layer's probabilities at a time (inside onnxruntime, released after the layer) plus O(L H T)
-numbers, never L x H x T^2; and it reports progress layer by layer.
-
-Why this mechanism, measured on SmolLM2 (bench/long_input.py prints the numbers; docs/long-inputs.md):
-  - one graph with every layer's small outputs and no stacked probabilities would hold the same memory, but
-    gives no progress and cannot return one layer's matrices without running all of them;
-  - NumPy reductions of each layer's probabilities (fetched from the graph) cost more than the layer itself
-    (one fetch copies the layer's 151 MB at 2048 tokens, and entropy alone takes longer than its forward):
-    the reductions run inside the graph, on onnxruntime's threads, where the probabilities already are.
+(O(L H T + L T D) numbers, never L x H x T^2), and reports progress layer by layer. Why this way, measured:
+docs/long-inputs.md and bench/long_input.py.
 """
 from __future__ import annotations
 
@@ -129,7 +131,7 @@ class LayerwiseResult:
 
 
 class Layerwise:
-    """A Runtime's model as embed -> block x L -> final graphs, for texts too long for the stacked graph."""
+    """A Runtime's model as the chain of graphs above, for texts too long for the stacked graph."""
 
     def __init__(self, rt, checkpoint_every: int = 1, group_mb: float = 256):
         if checkpoint_every < 1:
@@ -139,7 +141,7 @@ class Layerwise:
         self._feeds: dict[str, dict[str, np.ndarray]] = {}
         self._params: dict[int, dict[str, np.ndarray]] = {}
         self._lock = threading.Lock()
-        self.busy = threading.Lock()   # one long run of this model at a time: one layer's probabilities is the bound
+        self.busy = threading.Lock()   # one long run of this model at a time: its memory is the bound
 
     # ---- graphs -----------------------------------------------------------------------------
     def groups(self, T: int) -> int:
