@@ -1,6 +1,7 @@
 """Shared pytest setup, in sections: environment, model runtimes (and, later, live server, browser)."""
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -91,3 +92,28 @@ def console_errors(page):
     page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
     page.on("requestfailed", lambda r: errors.append(f"requestfailed: {r.url} {r.failure}"))
     return errors
+
+
+# ---- ablation in transformers (the independent reference for head masks) --------------------------------
+@contextlib.contextmanager
+def ablation_hooks(output_projections, d_head: int, heads, mode: str):
+    """Knock heads out of a transformers model the way one must once head_mask is gone (transformers v5): a
+    forward pre-hook on each layer's output projection replaces the listed heads' slice of its input by zeros
+    ("zero") or by that slice's mean over the positions ("mean"). output_projections(layer) -> the module."""
+    hooks = []
+    for layer in sorted({l for l, _ in heads}):
+        mine = [h for l, h in heads if l == layer]
+
+        def pre_hook(module, args, mine=mine):
+            (x,) = args
+            x = x.clone()
+            for h in mine:
+                part = x[..., h * d_head:(h + 1) * d_head]
+                x[..., h * d_head:(h + 1) * d_head] = 0 if mode == "zero" else part.mean(dim=1, keepdim=True)
+            return (x,)
+        hooks.append(output_projections(layer).register_forward_pre_hook(pre_hook))
+    try:
+        yield
+    finally:
+        for hk in hooks:
+            hk.remove()

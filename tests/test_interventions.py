@@ -10,7 +10,7 @@ from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
 from attnscope.model.runtime import head_importance
 
-from .conftest import CACHE
+from .conftest import CACHE, ablation_hooks
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -27,28 +27,10 @@ def hf_minilm():
 
 
 def hf_ablated(model, ids, type_ids, heads, mode):
-    """transformers' BERT with each listed head's slice of attention.output.dense's input replaced: by zeros, or
-    by that slice's mean over the positions (an independent implementation of the head-mask contract)."""
-    H = model.config.num_attention_heads
-    dh = model.config.hidden_size // H
-    hooks = []
-    for layer in sorted({l for l, _ in heads}):
-        mine = [h for l, h in heads if l == layer]
-
-        def pre_hook(module, args, mine=mine):
-            (x,) = args
-            x = x.clone()
-            for h in mine:
-                part = x[..., h * dh:(h + 1) * dh]
-                x[..., h * dh:(h + 1) * dh] = 0 if mode == "zero" else part.mean(dim=1, keepdim=True)
-            return (x,)
-        hooks.append(model.encoder.layer[layer].attention.output.dense.register_forward_pre_hook(pre_hook))
-    try:
-        with torch.no_grad():
-            out = model(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([type_ids]), output_attentions=True)
-    finally:
-        for hk in hooks:
-            hk.remove()
+    """transformers' BERT with the heads knocked out by pre-hooks on attention.output.dense (conftest)."""
+    dh = model.config.hidden_size // model.config.num_attention_heads
+    with ablation_hooks(lambda l: model.encoder.layer[l].attention.output.dense, dh, heads, mode), torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([type_ids]), output_attentions=True)
     return np.stack([a[0].numpy() for a in out.attentions]), out.last_hidden_state[0].numpy()
 
 

@@ -16,6 +16,8 @@ from attnscope.model.tokens import bytes_to_unicode, readable
 from attnscope.model.transformer import LM_OUTPUTS
 from attnscope.model.weights import state_dict
 
+from .conftest import ablation_hooks
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
@@ -313,27 +315,10 @@ ABLATION_TEXT = "The quick brown fox jumps over the lazy dog. The quick brown fo
 
 
 def hf_ablated(hf_model, ids, heads, mode):
-    """transformers' Llama with each listed head's slice of o_proj's input replaced by zeros or its mean over the
-    positions: a forward pre-hook, the way head ablation is done once head_mask is gone (transformers v5)."""
-    cfg = hf_model.config
-    dh = cfg.hidden_size // cfg.num_attention_heads
-    hooks = []
-    for layer in sorted({l for l, _ in heads}):
-        mine = [h for l, h in heads if l == layer]
-
-        def pre_hook(module, args, mine=mine):
-            (x,) = args
-            x = x.clone()
-            for h in mine:
-                part = x[..., h * dh:(h + 1) * dh]
-                x[..., h * dh:(h + 1) * dh] = 0 if mode == "zero" else part.mean(dim=1, keepdim=True)
-            return (x,)
-        hooks.append(hf_model.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(pre_hook))
-    try:
+    """transformers' Llama with the heads knocked out by pre-hooks on o_proj (conftest.ablation_hooks)."""
+    dh = hf_model.config.hidden_size // hf_model.config.num_attention_heads
+    with ablation_hooks(lambda l: hf_model.model.layers[l].self_attn.o_proj, dh, heads, mode):
         return hf_forward(hf_model, ids)
-    finally:
-        for hk in hooks:
-            hk.remove()
 
 
 @pytest.mark.slow
