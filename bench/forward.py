@@ -46,18 +46,31 @@ def forward_flops(cfg, T: int) -> float:
     return cfg.n_layers * (projections + attention + mlp) + lm_head
 
 
-def interleaved(a, b, repeats: int, warmup: int, stat=statistics.median) -> tuple[float, float]:
+def interleaved(a, b, repeats: int, warmup: int, stat=statistics.median, quiet: float = 0) -> tuple[float, float]:
     """Seconds of a() and of b() (median, or stat), timed in turns (a, pause, b, pause, ...): on a shared
-    machine both see the same load. The pauses let onnxruntime's spinning threads go quiet before torch."""
+    machine both see the same load. The pauses let onnxruntime's spinning threads go quiet before torch.
+    quiet > 0: before each timed call, wait up to that many seconds for no other process to be running."""
     times = ([], [])
     for i in range(warmup + repeats):
         for fn, got in zip((a, b), times):
+            if quiet and i >= warmup:
+                wait_until_idle(quiet)
             t0 = time.perf_counter()
             fn()
             if i >= warmup:
                 got.append(time.perf_counter() - t0)
             time.sleep(0.2)
     return stat(times[0]), stat(times[1])
+
+
+def wait_until_idle(limit: float) -> None:
+    """Wait (at most `limit` seconds) until this process is the only one runnable (/proc/loadavg)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        with open("/proc/loadavg") as f:
+            if int(f.read().split()[3].split("/")[0]) <= 1:
+                return
+        time.sleep(0.05)
 
 
 def load_transformers(model_id: str, zoo):
@@ -82,6 +95,9 @@ def main(argv=None) -> None:
     ap.add_argument("--peak-gflops", type=float, default=428.0, help="the CPU's FMA peak for these threads")
     ap.add_argument("--stat", choices=["median", "min"], default="median",
                     help="onnx and transformers: median (default) or, on a busy shared machine, the fastest run")
+    ap.add_argument("--wait-quiet", type=float, default=0, metavar="S",
+                    help="on a shared machine: before each timed call wait up to S seconds for other processes "
+                         "to stop running")
     args = ap.parse_args(argv)
 
     import torch
@@ -114,7 +130,7 @@ def main(argv=None) -> None:
 
             t_numpy = None if decoder else median_ms(lambda: rt.run(text, engine="numpy"), args.repeats, args.warmup) / 1e3
             t_onnx, t_hf = interleaved(lambda: rt.run(text, engine="onnx"), hf_forward, args.repeats, args.warmup,
-                                       min if args.stat == "min" else statistics.median)
+                                       min if args.stat == "min" else statistics.median, args.wait_quiet)
             rows.append((n, t_onnx, t_numpy, t_hf))
 
         if decoder:
