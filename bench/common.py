@@ -50,8 +50,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until_up(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
-    """Poll /healthz until it answers 200; raise if the process exits or the time runs out."""
+def wait_until_up(url: str, proc: subprocess.Popen, timeout: float = 180, log: Path | None = None) -> None:
+    """Poll /healthz until it answers 200; raise if the process exits or the time runs out (with the end of
+    the server's stderr `log`, when given)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -60,7 +61,7 @@ def wait_until_up(url: str, proc: subprocess.Popen, timeout: float = 180) -> Non
         except httpx.HTTPError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("server did not start")
+            raise RuntimeError("server did not start" + (f":\n{log.read_text()[-2000:]}" if log else ""))
         time.sleep(0.2)
 
 

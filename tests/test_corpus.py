@@ -182,7 +182,6 @@ def test_local_pool_agrees_with_one_process(tmp_path, reference):
 
 @pytest.mark.slow
 def test_ray_engine_on_a_local_cluster_agrees(tmp_path, reference, monkeypatch):
-    pytest.importorskip("ray")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)                     # start a local cluster, no mocks
     got = corpus(tmp_path, "minilm", engine="ray", workers=2, batch_size=4, chunk_size=3)
     assert got["run"]["engine"] == "ray" and got["run"]["workers"] == 2

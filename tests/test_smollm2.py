@@ -18,9 +18,8 @@ from attnscope.model.weights import state_dict
 
 from .conftest import ablation_hooks
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("gguf")
+import torch  # noqa: E402  (the test set-up installs torch and transformers: never skipped)
+import transformers  # noqa: E402
 torch.set_num_threads(2)
 
 ATTN, NEXT_PROB, LOGPROB = 1e-4, 1e-4, 1e-3     # vs transformers

