@@ -93,8 +93,6 @@ def _answer_bytes(plan: Plan, tokens: int) -> int:
         return 8 * n * (n + plan.runtime.cfg.d_head) * (4 if plan.binary else 12)
     side = min(tokens, req.resolution or tokens)
     cells = len(plan.layers) * len(plan.heads) * side * side if "attention" in req.include else 0
-    if plan.extra:                                      # the baseline's or probe's run is not sent, only compared
-        cells += 0
     per = (2 if req.dtype == "float16" else 4) if plan.binary else (req.precision or 9) + 3
     return cells * per + 64 * tokens * len(plan.layers) * len(plan.heads) + 100 * tokens
 
