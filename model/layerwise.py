@@ -43,7 +43,7 @@ import numpy as np
 
 from . import export as _export
 from . import stats
-from .runtime import Encoding, NextToken
+from .runtime import Encoded, Encoding, NextToken
 
 ROWS = ("entropy", "max_weight", "first", "last", "diagonal", "previous", "next", "distance")   # per query row
 Progress = Callable[[int, int], None]   # (blocks done, blocks in this run)
@@ -93,7 +93,7 @@ class Asked:
 
 
 @dataclass
-class LayerwiseResult:
+class LayerwiseResult(Encoded):
     """What a layer-by-layer run keeps of one text (see the module docstring); AttentionResult's fields where
     they mean the same, but no [L, H, T, T] attentions."""
     model: str
@@ -113,14 +113,6 @@ class LayerwiseResult:
     token_logprobs: list[float | None] | None = None
     next_token_logits: np.ndarray | None = None
     asked: Asked | None = None
-
-    @property
-    def tokens(self) -> list[str]:
-        return self.encoding.tokens
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.encoding.ids
 
     def nbytes(self) -> int:
         arrays = [self.hidden, self.visible, *self.rows.values(), *self.checkpoints.values(), *self.inputs.values(),

@@ -67,8 +67,20 @@ class NextToken(NamedTuple):
     prob: float
 
 
+class Encoded:
+    """A run's result's token fields, from its `encoding` (AttentionResult, layerwise.LayerwiseResult)."""
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.encoding.tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.encoding.ids
+
+
 @dataclass
-class AttentionResult:
+class AttentionResult(Encoded):
     """Everything the model computed for one text, trimmed to its own tokens."""
     model: str
     engine: Engine
@@ -85,14 +97,6 @@ class AttentionResult:
     next_tokens: list[NextToken] | None = None    # decoders with an LM head: top-k after the last token
     token_logprobs: list[float | None] | None = None  # log p(token_i | tokens before it); None for the first
     next_token_logits: np.ndarray | None = None   # [V] logits for the token after the last one
-
-    @property
-    def tokens(self) -> list[str]:
-        return self.encoding.tokens
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.encoding.ids
 
     def entropy(self) -> np.ndarray:
         """[L, H, T] entropy of each query row, in nats."""
