@@ -37,8 +37,9 @@ const shortLabel = (tok, n = LABEL_CHARS) => {
 function axisTicks(labels, lo, hi, px, font) {
   const n = Math.min(labels.length - 1, Math.floor(hi)) - Math.max(0, Math.ceil(lo)) + 1;
   const fit = Math.floor(px / Math.max(1, n)) - 2;                  // labels 2 px apart at this size
-  const size = n * (font + 6) <= px ? font : fit >= MIN_TICK_FONT ? Math.min(fit, font) : font;
-  const vals = ticksIn(lo, Math.min(hi, labels.length - 1), px, size === font ? font + 6 : size + 2);
+  const tight = n * (font + 6) > px && fit >= MIN_TICK_FONT;
+  const size = tight ? Math.min(fit, font) : font;
+  const vals = ticksIn(lo, Math.min(hi, labels.length - 1), px, tight ? size + 2 : font + 6);
   return { tickvals: vals, ticktext: vals.map((p) => labels[p]), tickfont: { size } };
 }
 
