@@ -93,7 +93,7 @@ export function decodeBinary(buffer) {
 // ---- requests --------------------------------------------------------------------------------
 const cache = new Map();      // key -> Promise of a decoded answer (in-flight requests are shared)
 const MAX_ENTRIES = 40;
-export const log = [];        // {path, body, bytes, ms} of every network request (status line, tests)
+export const log = [];        // {path, body, bytes | stream, ms, end} of every network request (tests, benches)
 
 function cacheKey(path, body) {
   const sorted = Object.keys(body).sort().reduce((o, k) => ((o[k] = body[k]), o), {});
@@ -124,7 +124,7 @@ async function fetchBinary(path, body) {
   const started = performance.now();
   const response = await post(path, body, `${BINARY}, application/json;q=0.5`);
   const answer = decodeBinary(await response.arrayBuffer());
-  log.push({ path, body, bytes: answer.bytes, ms: performance.now() - started });
+  log.push({ path, body, bytes: answer.bytes, ms: performance.now() - started, end: performance.now() });
   if (log.length > 200) log.shift();
   return answer;
 }
@@ -139,6 +139,7 @@ export function onProgress(fn) {
 /** Read the request's NDJSON stream (progress lines, then done or error) without its result: the run is then
  *  in the server's cache. A server without the stream answers in another form: read, and nothing to wait for. */
 async function runWithProgress(path, body) {
+  const started = performance.now();
   const response = await post(path, body, NDJSON, { Prefer: "return=minimal" });
   if (!(response.headers.get("Content-Type") || "").startsWith(NDJSON)) {
     await response.arrayBuffer();        // read to the end (cancelling shows as a failed request)
@@ -165,6 +166,7 @@ async function runWithProgress(path, body) {
     }
   }
   line(buf);
+  log.push({ path, body, stream: true, ms: performance.now() - started, end: performance.now() });   // the run is done
 }
 
 const progressThenBinary = (path, body) => runWithProgress(path, body).then(() => fetchBinary(path, body));
