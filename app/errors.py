@@ -12,6 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .schemas import MAX_INDEX
+
 
 class StartupError(Exception):
     """The app cannot start: the message is one line saying what is wrong and the command that fixes it."""
@@ -53,7 +55,7 @@ def install(app: FastAPI, security_headers: list[tuple[bytes, bytes]]) -> None:
         if status == 400 and detail == "There was an error parsing the body":  # FastAPI's words
             if _too_many_digits(exc.__cause__):
                 status, detail = 422, ("a number in the body has more digits than JSON numbers may have here "
-                                       "(4,300): indices are at most 4095; send a plain integer")
+                                       f"(4,300): indices are at most {MAX_INDEX}; send a plain integer")
             else:
                 detail = "the request body could not be read: send UTF-8 JSON with Content-Type: application/json"
         return JSONResponse({"detail": _clip(detail, 1000)}, status, headers=getattr(exc, "headers", None))

@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from ..model import stats
+from ..model.layerwise import LayerwiseResult
 from ..model.runtime import AttentionResult
 from ..model.transformer import SQUARE_STAGES
 
@@ -34,19 +35,23 @@ def tokens(plan, r: AttentionResult) -> dict:
 
 
 def attention(plan, computed) -> dict:
-    """The asked layers x heads: matrices (optionally block-averaged), row statistics, per-head summaries,
-    and what else `include` names (predictions, head-finding scores, the effect of an ablation)."""
+    """The asked layers x heads: matrices (optionally block-averaged, or each query's top-k keys), row statistics,
+    per-head summaries, and what else `include` names (predictions, head-finding scores, the effect of an ablation).
+    A long text's run (model.layerwise) kept only these, so they come from what it kept."""
     r = computed.result
+    if isinstance(r, LayerwiseResult):
+        return layerwise_attention(plan, computed)
     req, layers, heads = plan.request, plan.layers, plan.heads
     L, H, T = r.attentions.shape[:3]
     everything = layers == list(range(L)) and heads == list(range(H))
     probs = r.attentions if everything else r.attentions[np.ix_(layers, heads)]   # [l, h, T, T]; no copy for all
     out = tokens(plan, r) | {"layers": layers, "heads": heads}
     if "attention" in req.include:
-        if req.resolution and T > req.resolution:
+        if req.top_k:
+            out["top_keys"], out["top_weights"] = stats.top_keys(probs, req.top_k)
+        elif req.resolution and T > req.resolution:
             out["attention"] = stats.downsample(probs, req.resolution).astype(np.float32)
-            edges = np.linspace(0, T, req.resolution + 1).astype(int)
-            out["blocks"] = [[int(a), int(b)] for a, b in zip(edges[:-1], edges[1:])]
+            out["blocks"] = blocks(T, req.resolution)
         else:
             out["attention"] = probs
     rows = stats.row_stats(probs, r.mask) if "entropy" in req.include else None
@@ -56,10 +61,49 @@ def attention(plan, computed) -> dict:
         out["summary"] = stats.head_stats(probs, rows["entropy"] if rows else None, r.encoding.segments)
     if "rollout" in req.include:
         out["rollout"] = stats.rollout(r.attentions).astype(np.float32)
+    if "scores" in req.include:
+        out["scores"] = scores(plan, stats.head_scores(probs, r.token_ids), computed.extra["probe"])
+    return out | _outputs(plan, computed)
+
+
+def blocks(T: int, resolution: int) -> list[list[int]]:
+    """[start, end) token range of each thumbnail row/column block (stats.block_edges)."""
+    edges = stats.block_edges(T, resolution)
+    return [[int(a), int(b)] for a, b in zip(edges[:-1], edges[1:])]
+
+
+def layerwise_attention(plan, computed) -> dict:
+    """attention() for a long text's run: the same fields, from the rows, thumbnails and asked heads it kept."""
+    r, req, layers, heads = computed.result, plan.request, plan.layers, plan.heads
+    T, sel = len(r.tokens), np.ix_(layers, heads)
+    out = tokens(plan, r) | {"layers": layers, "heads": heads}
+    if "attention" in req.include:
+        if req.top_k:
+            out["top_keys"] = np.stack([r.asked.top_keys[layer] for layer in layers])
+            out["top_weights"] = np.stack([r.asked.top_weights[layer] for layer in layers])
+        elif req.resolution and T > req.resolution:
+            thumbs = r.thumbnails[req.resolution]
+            out["attention"] = np.stack([thumbs[layer][heads] for layer in layers])
+            out["blocks"] = blocks(T, req.resolution)
+        else:
+            out["attention"] = np.stack([r.asked.attention[layer] for layer in layers])
+    rows = {name: values[sel] for name, values in r.rows.items()}                  # [l, h, T]
+    if "entropy" in req.include:
+        out |= {"entropy": rows["entropy"], "normalized_entropy": stats.normalize_entropy(rows["entropy"], r.visible),
+                "max_weight": rows["max_weight"]}
+    if "summary" in req.include:
+        out["summary"] = stats.summarize(rows, rows["entropy"])
+    if "scores" in req.include:
+        duplicate = np.stack([r.asked.duplicate[layer] for layer in layers])
+        out["scores"] = scores(plan, stats.head_scores(None, r.token_ids, rows, duplicate), computed.extra["probe"])
+    return out | _outputs(plan, computed)
+
+
+def _outputs(plan, computed) -> dict:
+    """What the run predicts and what an ablation changed."""
+    r, req, out = computed.result, plan.request, {}
     if "predictions" in req.include and r.next_tokens is not None:
         out |= predictions(r)
-    if "scores" in req.include:
-        out["scores"] = scores(plan, probs, r, computed.extra["probe"])
     if req.ablate:
         out["ablate"] = [list(pair) for pair in req.ablate]
     if "baseline" in computed.extra:
@@ -71,13 +115,12 @@ def predictions(r: AttentionResult) -> dict:
     return {"next_tokens": [t._asdict() for t in r.next_tokens], "token_logprobs": r.token_logprobs}
 
 
-def scores(plan, probs: np.ndarray, r: AttentionResult, probe: AttentionResult) -> dict:
-    """Head-finding scores on the asked selection: from this text's attention, and the induction probe's."""
-    out = stats.head_scores(probs, r.token_ids)
+def scores(plan, text_scores: dict, probe: AttentionResult) -> dict:
+    """Head-finding scores on the asked selection: the text's own (stats.head_scores), and the induction probe's."""
     n = (len(probe.token_ids) - probe.encoding.special.count(True)) // 2
     offset = probe.encoding.special.index(False)
-    out["induction"] = stats.induction_score(probe.attentions[np.ix_(plan.layers, plan.heads)], n, offset)
-    return out
+    return text_scores | {"induction": stats.induction_score(probe.attentions[np.ix_(plan.layers, plan.heads)], n,
+                                                            offset)}
 
 
 def effect(ablated: AttentionResult, intact: AttentionResult) -> dict:

@@ -8,8 +8,9 @@ from typing import Annotated, Callable
 
 import anyio
 import numpy as np
-from fastapi import APIRouter, Depends, Header, Path, Request, Response
-from fastapi.responses import FileResponse
+import orjson
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Request, Response
+from fastapi.responses import FileResponse, StreamingResponse
 
 from .. import __version__
 from ..model.runtime import to_float16
@@ -92,8 +93,9 @@ def _answer_bytes(plan: Plan, tokens: int) -> int:
         n = min(req.limit or tokens, tokens)
         return 8 * n * (n + plan.runtime.cfg.d_head) * (4 if plan.binary else 12)
     side = min(tokens, req.resolution or tokens)
-    cells = len(plan.layers) * len(plan.heads) * side * side if "attention" in req.include else 0
-    per = (2 if req.dtype == "float16" else 4) if plan.binary else (req.precision or 9) + 3
+    cells = len(plan.layers) * len(plan.heads) * (2 * tokens * min(req.top_k, tokens) if req.top_k else side * side) \
+        if "attention" in req.include else 0    # top_k: its keys and weights
+    per = (4 if req.dtype == "float32" or req.top_k else 2) if plan.binary else (req.precision or 9) + 3
     return cells * per + 64 * tokens * len(plan.layers) * len(plan.heads) + 100 * tokens
 
 
@@ -161,15 +163,44 @@ async def _answer(svc: AttentionService, request: Request, plan: Plan, build: Ca
     return BuffersResponse(body, wire.BINARY if plan.binary else "application/json", headers, release)
 
 
+PROGRESS_DOC = {
+    "schema": {"type": "string", "description": "newline-delimited JSON objects"},
+    "example": '{"progress": {"layer": 1, "layers": 30}}\n{"progress": {"layer": 2, "layers": 30}}\n...\n'
+               '{"result": {"model": "smollm2", "tokens": ["..."], "attention": [[[[0.1]]]]}}\n'}
+ATTENTION_200 = {
+    "content": {**BINARY_DOC["content"], wire.NDJSON: PROGRESS_DOC},
+    "description": "JSON (AttentionResponse) by default. `Accept: application/vnd.attnscope.tensors`: the binary "
+                   "form (b'ATSC', uint32 header length, JSON header, 8-aligned little-endian tensors). "
+                   "`Accept: application/x-ndjson`: progress while a long text runs layer by layer, one JSON object "
+                   "per line: `{\"progress\": {\"layer\": i, \"layers\": n}}` after each layer (n: the layers "
+                   "this run goes through), then `{\"result\": AttentionResponse}`, or `{\"error\": {\"status\", "
+                   "\"detail\"}}` for a refusal that comes once the stream has begun (refusals found before it come "
+                   "as usual, with their status). A short text gives the result line alone. With `Prefer: "
+                   "return=minimal` (RFC 7240) the last line is `{\"done\": {\"status\": 200, \"tokens\": n}}` "
+                   "instead of the result. The run is cached: repeat the request with the binary Accept to fetch "
+                   "the same answer as tensors (what the page does)."}
+
+
 @router.post("/api/attention", response_model=AttentionResponse, tags=["attention"],
              summary="Attention weights, entropy and per-head statistics for a text",
-             responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
+             responses={**ERRORS, 200: ATTENTION_200, 304: {"description": "Not modified (If-None-Match)"}})
 async def attention(req: AttentionRequest, svc: Service, request: Request,
-                    accept: Annotated[str | None, Header()] = None,
+                    accept: Annotated[str | None, Header()] = None, prefer: Annotated[str | None, Header()] = None,
                     if_none_match: Annotated[str | None, Header()] = None):
     """Weights are [layer][head][query][key]; `entropy` is [layer][head][query] in nats. JSON by default;
-    the binary tensor form when `Accept` names application/vnd.attnscope.tensors."""
+    the binary tensor form when `Accept` names application/vnd.attnscope.tensors; progress lines then the JSON
+    answer when it names application/x-ndjson.
+
+    Long texts (SmolLM2 reads 4096 tokens by default) run layer by layer: ask for `resolution` thumbnails of
+    every head, the full matrices of a few heads, or `top_k` keys per query; `rollout` and the NumPy engine are
+    refused there."""
     started = time.perf_counter()
+    if wire.accepts(accept, wire.NDJSON):
+        plan = svc.plan(req, False)
+        minimal = "return=minimal" in (prefer or "").replace(" ", "").lower()
+        return StreamingResponse(_progress_lines(svc, plan, payload.attention, started, minimal),
+                                 media_type=wire.NDJSON, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no",
+                                                                  "Vary": "Accept, Prefer"})
     plan = svc.plan(req, wire.accepts_binary(accept))
     return await _answer(svc, request, plan, payload.attention, if_none_match, started)
 
@@ -216,3 +247,40 @@ async def healthz(svc: Service):
     """Answers only once every configured model is loaded (the server does not listen before), and on the event
     loop itself, so it stays prompt while long runs are in flight."""
     return Health(status="ok", models={m.id: m.provider for m in svc.models()}, version=__version__, **svc.runs())
+
+
+async def _progress_lines(svc: AttentionService, plan: Plan, build: Callable, started: float, minimal: bool,
+                          every: float = 0.1):
+    """The NDJSON form: a progress line whenever another layer is done (the last one always), then the answer
+    (`{"done": ...}` alone when `minimal`) or the refusal. A client that goes away stops the lines; its run is
+    shared and cached like any other (one already under way finishes, one still queued is dropped)."""
+    progress = svc.watch(plan)
+    run = asyncio.ensure_future(svc.run(plan))
+    shown, reserved = None, 0
+    try:
+        while True:
+            done, _ = await asyncio.wait({run}, timeout=every)
+            if progress is not None and progress.total and (progress.done, progress.total) != shown:
+                shown = (progress.done, progress.total)
+                yield orjson.dumps({"progress": {"layer": shown[0], "layers": shown[1]}}) + b"\n"
+            if done:
+                break
+        try:
+            computed = run.result()
+            if minimal:
+                yield orjson.dumps({"done": {"status": 200, "tokens": len(computed.tokens)}}) + b"\n"
+                return
+            reserved = await svc.sending.acquire(_answer_bytes(plan, len(computed.tokens)))
+            body = await anyio.to_thread.run_sync(_encode, build, plan, computed, started, limiter=svc.render_slots())
+        except HTTPException as e:
+            yield orjson.dumps({"error": {"status": e.status_code, "detail": e.detail}}) + b"\n"
+            return
+        yield b'{"result":'
+        for chunk in body:
+            yield chunk
+        yield b"}\n"
+    finally:
+        if not run.done():
+            run.cancel()
+        if reserved:
+            await svc.sending.release(reserved)

@@ -41,7 +41,8 @@ def _bounded(ge: int, le: int):
 
 JsonBool = Annotated[bool, BeforeValidator(_json_bool)]
 Text = Annotated[str, AfterValidator(_unicode)]
-Index = _bounded(0, 4095)   # the OpenAPI narrows it to the served models (`bounded_by_models`)
+MAX_INDEX = 8191   # a token index below the most positions a served model reads (SmolLM2: 8192)
+Index = _bounded(0, MAX_INDEX)   # the OpenAPI narrows it to the served models (`bounded_by_models`)
 Matrix = list[list[float]]
 
 EXAMPLE_TEXT = "The animal didn't cross the street because it was too tired."
@@ -124,6 +125,10 @@ class AttentionRequest(RunOptions):
         "`blocks` then gives each cell's token range. A cell is the mean weight of its block, so a row of cells sums "
         "to about 1/(key block width), not 1: multiply each cell by its key block's width for the share of the "
         "query block's attention on those keys (rows of that sum to 1)")
+    top_k: _bounded(1, 64) | None = Field(
+        None, description="instead of the matrices, each query's k keys with the most weight (heaviest first, ties "
+        "to the lower key): `top_keys` and `top_weights` [layer][head][query][k], what a lines view of a long text "
+        "draws. Keys a query cannot see come last, with weight 0")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"model": "minilm", "text": EXAMPLE_TEXT, "layers": [4], "heads": [3]}]})
@@ -171,6 +176,10 @@ class AttentionResponse(Tokens):
         "whose rows sum to about 1/(key block width) (see `resolution`)")
     blocks: list[list[int]] | None = Field(
         None, description="with `resolution`: [start, end) token range of each row/column block")
+    top_keys: list[list[list[list[int]]]] | None = Field(
+        None, description="with `top_k`: [layer][head][query][k] key indices, heaviest first")
+    top_weights: list[list[Matrix]] | None = Field(
+        None, description="with `top_k`: [layer][head][query][k] their weights")
     entropy: list[list[list[float]]] | None = Field(None, description="[layer][head][query] in nats, -sum p log p")
     normalized_entropy: list[list[list[float]]] | None = Field(
         None, description="[layer][head][query] entropy / log(visible keys), within [0, 1]: 0 focused, 1 uniform "

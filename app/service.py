@@ -22,6 +22,7 @@ from fastapi import HTTPException
 
 from .. import __version__
 from ..model import stats, zoo
+from ..model.layerwise import LayerwiseResult, Want
 from ..model.runtime import AttentionResult, Runtime, head_importance
 from .errors import StartupError
 from .schemas import AttentionRequest, ImportanceRequest, ModelInfo, StagesRequest
@@ -43,11 +44,13 @@ class Importance:
 TOKEN_BYTES = 400  # Python objects per token of an Encoding (str, ids, offset tuples, flags), measured ~330
 
 
-def nbytes(result: AttentionResult | Importance) -> int:
+def nbytes(result: AttentionResult | Importance | LayerwiseResult) -> int:
     """Memory the result keeps alive: each array's whole underlying buffer, once (a view of a padded batch
     output holds all of it), plus the token lists."""
     if isinstance(result, Importance):
         return result.values.nbytes + TOKEN_BYTES * len(result.tokens)
+    if isinstance(result, LayerwiseResult):
+        return result.nbytes() + TOKEN_BYTES * len(result.tokens)
     seen, total = set(), 0
     arrays = [result.attentions, result.hidden, result.mask, *(result.stages or {}).values()]
     if result.next_token_logits is not None:
@@ -169,6 +172,7 @@ class Plan:
     ids: tuple[int, ...] | None = None   # run these token ids instead of the text (the induction probe)
     job: str = "run"      # "run": one forward pass; "importance": every head's single-head ablation
     extra: dict[str, "Plan"] = field(default_factory=dict)   # other runs the answer needs: baseline, probe
+    long: "LongRun | None" = None    # a text too long for the stacked graph: run layer by layer (see below)
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,7 @@ class AttentionService:
         self._waiters: dict[asyncio.Future, int] = {}   # requests awaiting each pending run
         self._started: set[asyncio.Future] = set()       # pending runs that hold a slot
         self.sending = ByteBudget(settings.max_sending_mb * 2**20)
+        self._progress: dict[str, RunProgress] = {}   # long runs under way, by job key
 
     # ---- start-up ---------------------------------------------------------------------------
     def load(self) -> None:
@@ -230,6 +235,8 @@ class AttentionService:
                     raise StartupError(f"ATTNSCOPE_MAX_TOKENS: {model_id}={spec.max_tokens}, but it takes 2 to "
                                        f"{rt.cfg.max_positions} tokens (its positions); fix: set a limit in that range")
                 rt.session(stages=False)
+                if self._run_bytes(rt, rt.spec.max_tokens) > st.layerwise_mb * 2**20:
+                    rt.layerwise(st.checkpoint_every, st.layerwise_group_mb).open()   # long texts: their graphs too
             except zoo.ModelUnavailable as e:
                 raise StartupError(f"model {model_id!r}: {e}") from None
             except KeyError as e:
@@ -289,7 +296,7 @@ class AttentionService:
             extra["probe"] = self._probe_plan(plan)
         answer = [__version__, plan.key, req.model_dump(mode="json"), binary]
         etag = 'W/"' + hashlib.sha256(orjson.dumps(answer)).hexdigest()[:32] + '"'
-        return replace(plan, etag=etag, extra=extra)
+        return self._plan_long(replace(plan, etag=etag, extra=extra))
 
     @staticmethod
     def _key(req, rt: Runtime, stages: bool, ids=None) -> str:
@@ -303,6 +310,7 @@ class AttentionService:
         rt = self.runtime(req.model)
         if len(req.text) + len(req.text_pair or "") > self.settings.max_chars:
             raise HTTPException(413, f"text is over the {self.settings.max_chars}-character limit (ATTNSCOPE_MAX_CHARS)")
+        self._refuse_long("importance", rt, req.text, req.text_pair, req.batch)
         material = ["importance", req.model, rt.cache_key(), req.text, req.text_pair, req.ablation]
         key = hashlib.sha256(orjson.dumps(material)).hexdigest()[:32]
         etag = 'W/"' + hashlib.sha256(orjson.dumps([__version__, key, req.model_dump(mode="json"), binary])
@@ -329,7 +337,7 @@ class AttentionService:
         if plan.stages or "attention" not in getattr(req, "include", ()):
             return
         side = min(tokens, req.resolution or tokens)
-        cells = len(plan.layers) * len(plan.heads) * side * side
+        cells = len(plan.layers) * len(plan.heads) * (tokens * min(req.top_k, tokens) if req.top_k else side * side)
         limit = self.settings.max_binary_cells if plan.binary else self.settings.max_json_cells
         if cells > limit:
             raise HTTPException(422, f"this answer would hold {cells:,} attention values; the "
@@ -342,6 +350,8 @@ class AttentionService:
     # ---- running ----------------------------------------------------------------------------
     async def run(self, plan: Plan) -> Computed:
         """The model's result for this plan, checked against the answer's size limit, and its extra runs."""
+        if plan.long is not None:
+            return await self._run_long(plan)
         result, hit = await self._result(plan)
         self._check_size(plan, len(result.tokens))
         extra = {name: (await self._result(sub))[0] for name, sub in plan.extra.items()}
@@ -397,8 +407,10 @@ class AttentionService:
         return computed
 
     @staticmethod
-    def _forward(plan: Plan) -> AttentionResult | Importance:
+    def _forward(plan: Plan) -> AttentionResult | Importance | LayerwiseResult:
         req, rt = plan.request, plan.runtime
+        if plan.long is not None:
+            return _forward_long(plan)
         if plan.job == "importance":
             t0 = time.perf_counter()
             try:
@@ -408,12 +420,7 @@ class AttentionService:
                 raise HTTPException(422, str(e)) from None
             return Importance(rt.encode(req.text, req.text_pair).tokens, values, baseline,
                               time.perf_counter() - t0, rt.cfg.lm_head)
-        keep = mean = None
-        if req.ablate:
-            keep = np.ones((1, rt.cfg.n_layers, rt.cfg.n_heads), np.float32)
-            for layer, head in req.ablate:
-                keep[0, layer, head] = 0.0
-            mean = (1.0 - keep) if req.ablation == "mean" else np.zeros_like(keep)
+        keep, mean = _head_masks(req, rt)
         options = dict(causal=req.causal, mask_tokens=[req.mask_tokens] if req.mask_tokens else None,
                        engine=req.engine, stages=plan.stages, head_mask=keep, head_mean=mean)
         try:
@@ -443,3 +450,137 @@ class AttentionService:
         if self._render is None:
             self._render = anyio.CapacityLimiter(self.settings.max_renders)
         return self._render
+
+    # ---- long inputs: layer by layer (model/layerwise.py) -------------------------------------------------
+    def _run_bytes(self, rt: Runtime, tokens: int) -> int:
+        """What the stacked graph's attention output holds for a text of this many tokens (float32)."""
+        return rt.cfg.n_layers * rt.cfg.n_heads * tokens * tokens * 4
+
+    def _long_tokens(self, rt: Runtime, text: str, pair: str | None) -> int | None:
+        """The text's token count when it may be too long for the stacked graph (None when no text of this model
+        can be: then it is not even tokenised here)."""
+        if self._run_bytes(rt, rt.spec.max_tokens) <= self.settings.layerwise_mb * 2**20:
+            return None
+        try:
+            return len(rt.encode(text, pair).ids)
+        except ValueError as e:  # the runtime's word for bad input
+            raise HTTPException(422, str(e)) from None
+
+    def _plan_long(self, plan: Plan) -> Plan:
+        """A text whose stacked attention would pass ATTNSCOPE_LAYERWISE_MB runs layer by layer. Decided here, where
+        the token count is first known, so that what such a run cannot give is refused before any work."""
+        req, rt = plan.request, plan.runtime
+        T = None if plan.ids is not None else self._long_tokens(rt, req.text, req.text_pair)
+        if T is None or self._run_bytes(rt, T) <= self.settings.layerwise_mb * 2**20:
+            return plan
+        why = (f"this text is {T} tokens: every layer's attention together is "
+               f"{self._run_bytes(rt, T) / 2**30:.1f} GiB, so it runs layer by layer (ATTNSCOPE_LAYERWISE_MB)")
+        if plan.stages:
+            raise HTTPException(422, f"{why}, and the stages of one head come from the graph that holds every layer; "
+                                     f"ask /api/attention for its probabilities, or shorten the text")
+        if req.engine == "numpy":
+            raise HTTPException(422, f"{why} on the onnx engine only; leave `engine` out")
+        if "rollout" in req.include:
+            raise HTTPException(422, f"{why}, and rollout multiplies every layer's full matrices; leave `rollout` "
+                                     f"out of include, or shorten the text")
+        self._check_size(plan, T)
+        include = set(req.include)
+        attention = "attention" in include and not req.top_k
+        thumbnails = attention and bool(req.resolution) and T > req.resolution
+        want = Want(tuple(plan.layers), tuple(plan.heads), attention=attention and not thumbnails,
+                    top_k=req.top_k if "attention" in include and req.top_k else 0, duplicate="scores" in include,
+                    resolution=req.resolution if thumbnails else 0)
+        every, group_mb = self.settings.checkpoint_every, self.settings.layerwise_group_mb
+        key = hashlib.sha256(orjson.dumps([plan.key, repr(want), every])).hexdigest()[:32]
+        extra = dict(plan.extra)
+        if "baseline" in extra:   # the same text intact: layer by layer too, asking nothing of its heads
+            extra["baseline"] = replace(extra["baseline"], long=LongRun(Want(), every, group_mb, extra["baseline"].key))
+        return replace(plan, long=LongRun(want, every, group_mb, key), extra=extra)
+
+    def _refuse_long(self, what: str, rt: Runtime, text: str, pair: str | None, batch: int) -> None:
+        """Jobs that run `batch` copies of a text through the stacked graph: refused where that would pass
+        ATTNSCOPE_LAYERWISE_MB."""
+        T = self._long_tokens(rt, text, pair)
+        limit = self.settings.layerwise_mb * 2**20
+        if T is not None and self._run_bytes(rt, T) * batch > limit:
+            fits = limit // self._run_bytes(rt, T)
+            fix = f"set batch to {fits} or less" if fits else "shorten the text"
+            raise HTTPException(422, f"{what} runs {batch} copies of this {T}-token text through the graph that holds "
+                                     f"every layer's attention: {self._run_bytes(rt, T) * batch / 2**30:.1f} GiB, over "
+                                     f"ATTNSCOPE_LAYERWISE_MB ({self.settings.layerwise_mb} MB); {fix}")
+
+    async def _run_long(self, plan: Plan) -> Computed:
+        """The layer-by-layer run's kept parts (cached under the run's own key, shared by every request on this
+        text) and what this request asks of its heads: computed in the same pass on a first run, recomputed from the
+        checkpoints later. Through the same queue, cache and sharing of identical runs as every run."""
+        base = self.cache.get(plan.key)
+        try:
+            if base is not None and not _lacks(base, plan.long.want):
+                result, hit = base, True
+            else:
+                job = replace(plan, key=plan.long.key, long=replace(plan.long, base=base, progress=self.watch(plan)))
+                result, hit = await self._result(job)
+                if base is None:
+                    self.cache.put(plan.key, replace(result, asked=None))
+        finally:
+            if plan.long.key not in self._pending:   # the run is over (or never started): stop tracking it
+                self._progress.pop(plan.long.key, None)
+        self._check_size(plan, len(result.tokens))
+        extra = {name: (await self._result(sub))[0] for name, sub in plan.extra.items()}
+        return Computed(result, hit, extra)
+
+    def watch(self, plan: Plan) -> "RunProgress | None":
+        """The progress of the layer-by-layer run this plan needs, shared by every request waiting on that run
+        (None: not a long run). What the run updates as it goes; gone from here once the run is over."""
+        return None if plan.long is None else self._progress.setdefault(plan.long.key, plan.long.progress)
+
+
+@dataclass
+class RunProgress:
+    """Blocks done of a layer-by-layer run, and how many it runs (all layers, or those a recompute needs)."""
+    done: int = 0
+    total: int = 0
+
+    def update(self, done: int, total: int) -> None:
+        self.done, self.total = done, total
+
+
+@dataclass(frozen=True)
+class LongRun:
+    """How a long text runs: what it asks of its heads, the checkpoint spacing, the key of run + asked parts."""
+    want: Want
+    checkpoint_every: int
+    group_mb: float
+    key: str
+    progress: RunProgress = field(default_factory=RunProgress, compare=False)
+    base: LayerwiseResult | None = None    # the run's kept parts when cached: only what it lacks is computed
+
+
+def _lacks(base: LayerwiseResult, want: Want) -> bool:
+    """Whether a run's kept parts miss something `want` asks for (its heads' parts are never kept)."""
+    thumbs = base.thumbnails.get(want.resolution, {})
+    return bool(want.block_outputs()) or bool(want.resolution and any(l not in thumbs for l in want.layers))
+
+
+def _head_masks(req, rt: Runtime) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """`ablate` and `ablation` as the runtime's head_mask and head_mean [1, L, H]; None, None keeps every head."""
+    if not req.ablate:
+        return None, None
+    keep = np.ones((1, rt.cfg.n_layers, rt.cfg.n_heads), np.float32)
+    for layer, head in req.ablate:
+        keep[0, layer, head] = 0.0
+    return keep, (1.0 - keep) if req.ablation == "mean" else np.zeros_like(keep)
+
+
+def _forward_long(plan: Plan) -> LayerwiseResult:
+    """A long text's run (in a worker thread): from scratch, or the asked parts from a cached run's checkpoints."""
+    req, rt, run = plan.request, plan.runtime, plan.long
+    lw = rt.layerwise(run.checkpoint_every, run.group_mb)
+    try:
+        if run.base is not None:
+            return lw.recompute(run.base, run.want, run.progress.update)
+        keep, mean = _head_masks(req, rt)
+        return lw.forward(rt.encode(req.text, req.text_pair), causal=req.causal, mask_tokens=req.mask_tokens or None,
+                          head_mask=keep, head_mean=mean, want=run.want, progress=run.progress.update)
+    except ValueError as e:  # the runtime's word for bad input
+        raise HTTPException(422, str(e)) from None

@@ -88,6 +88,17 @@ class Settings(BaseSettings):
     timeout_send: float = Field(default=30, gt=0)       # a client that reads nothing of an answer this long: dropped
     allowed_hosts: CSV = Field(default=[], description="Host names served besides loopback names and "
                                "ATTNSCOPE_HOST (e.g. the name a proxy passes); * = any")
+    # long inputs (model/layerwise.py): what a run may hold is set here, never by the input
+    layerwise_mb: float = Field(default=256, ge=0, description="a run whose stacked attention (layers x heads x "
+                                "tokens^2 float32) would pass this many MB runs layer by layer instead, keeping "
+                                "only what the answer needs; its memory is then about one layer's attention. "
+                                "0: every run goes layer by layer")
+    checkpoint_every: int = Field(default=1, ge=1, description="a long run keeps the input of every k-th layer "
+                                  "(tokens x d_model floats each) to recompute heads asked later from; a head "
+                                  "then takes up to k layers to recompute")
+    layerwise_group_mb: float = Field(default=256, gt=0, description="a long run computes a layer's attention for a "
+                                      "group of heads at a time, each group's heads x tokens^2 float32 within this "
+                                      "many MB; the layer's peak is about three such buffers")
     cors_origins: CSV = Field(default=[], description="CORS allow-list; empty = CORS off")
     # where files live
     cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "attnscope",

@@ -6,7 +6,8 @@ nothing else; encoding (which only the server does) imports orjson when it is fi
 Binary (`Accept: application/vnd.attnscope.tensors`):
     b"ATSC" | uint32 little-endian n | n bytes of UTF-8 JSON header | zero padding to 8 bytes | tensor data
 The header holds every non-tensor field plus "tensors": [{name, dtype, shape, offset}] with offsets
-from the start of the data section; tensors are little-endian float32 or float16, C order.
+from the start of the data section; tensors are little-endian float32 or float16 (integer ones, such as top-k key
+indices, int32 whatever the float dtype asked), C order.
 """
 from __future__ import annotations
 
@@ -17,14 +18,20 @@ from typing import Callable
 import numpy as np
 
 BINARY = "application/vnd.attnscope.tensors"
+NDJSON = "application/x-ndjson"   # a long run's progress, line by line, then the answer (app/routes.py)
 MAGIC = b"ATSC"
 
 
 def accepts_binary(accept: str | None) -> bool:
     """True when the Accept header names the binary form with a non-zero quality (`;q=0` means "not this")."""
+    return accepts(accept, BINARY)
+
+
+def accepts(accept: str | None, media_type: str) -> bool:
+    """True when the Accept header names `media_type` with a non-zero quality."""
     for part in (accept or "").split(","):
         media, *params = (p.strip() for p in part.split(";"))
-        if media.lower() != BINARY:
+        if media.lower() != media_type:
             continue
         q = next((p.split("=", 1)[1] for p in params if p.replace(" ", "").lower().startswith("q=")), "1")
         try:
@@ -119,8 +126,8 @@ def json_chunks(payload: dict, late: Callable[[], dict] | None = None, cells: in
 
 
 def is_tensor(value) -> bool:
-    """What travels in the binary form's data section: float arrays of two or more axes."""
-    return isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.ndim >= 2
+    """What travels in the binary form's data section: float and integer arrays of two or more axes."""
+    return isinstance(value, np.ndarray) and value.dtype.kind in "fiu" and value.ndim >= 2
 
 
 def binary_chunks(payload: dict, dtype: str = "float32",
@@ -133,15 +140,16 @@ def binary_chunks(payload: dict, dtype: str = "float32",
     given (the server passes onnxruntime's float16 Cast, much faster than numpy's for tiny values). `late`
     adds header fields after the tensors are converted (the timing that covers it)."""
     header, arrays, tensors, offset = {}, [], [], 0
-    dt = np.dtype(dtype).newbyteorder("<")
+    floats = np.dtype(dtype).newbyteorder("<")
     for key, value in payload.items():
         if not is_tensor(value):
             header[key] = value
             continue
-        tensors.append({"name": key, "dtype": dtype, "shape": list(value.shape), "offset": offset})
+        dt = floats if value.dtype.kind == "f" else np.dtype("<i4")
+        tensors.append({"name": key, "dtype": dt.name, "shape": list(value.shape), "offset": offset})
         if value.dtype == dt and value.flags.c_contiguous:
             data = value
-        elif cast is not None:
+        elif cast is not None and dt.kind == "f":
             data = cast(value, dt)
         else:
             data = np.ascontiguousarray(value, dt)

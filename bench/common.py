@@ -66,15 +66,15 @@ def wait_until_up(url: str, proc: subprocess.Popen, timeout: float = 180, log: P
 
 
 @contextlib.contextmanager
-def server(env: dict[str, str] | None = None):
+def server(env: dict[str, str] | None = None, timeout: float = 180):
     """`attnscope serve` (uvicorn with the app's connection limits, app/server.py) on a free 127.0.0.1 port;
-    yields (base_url, pid); always stopped."""
+    yields (base_url, pid); always stopped. `timeout`: seconds to wait for it to answer /healthz."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "attnscope", "serve", "--host", "127.0.0.1", "--port", str(port),
                              "--log-level", "warning"], cwd=ROOT, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_up(url, proc)
+        wait_until_up(url, proc, timeout)
         yield url, proc.pid
     finally:
         proc.terminate()

@@ -121,6 +121,7 @@ class Runtime:
         self._key: str | None = None
         self._verified: dict[Path, tuple[int, int]] = {}   # graph -> (size, mtime) when its checksum matched
         self._scratch: Path | None = None                  # where graphs go when cache_dir cannot be written
+        self._layerwise = None
 
     @property
     def cfg(self):
@@ -413,6 +414,15 @@ class Runtime:
                         pass
                     self._sessions[stages] = self._open(self.onnx_path(stages), stages)
             return self._sessions[stages]
+
+    def layerwise(self, checkpoint_every: int = 1, group_mb: float = 256):
+        """This model run layer by layer, for texts whose stacked attention is too big (model/layerwise.py)."""
+        with self._lock:
+            lw = self._layerwise
+            if lw is None or (lw.every, lw.group_mb) != (checkpoint_every, group_mb):
+                from .layerwise import Layerwise
+                self._layerwise = Layerwise(self, checkpoint_every, group_mb)
+            return self._layerwise
 
     def _check_providers(self) -> None:
         import onnxruntime as ort

@@ -50,21 +50,49 @@ def visible_keys(mask: np.ndarray) -> np.ndarray:
     return (np.asarray(mask) > MASKED / 2).sum(axis=-1)
 
 
-def _normalize(h: np.ndarray, n_visible: np.ndarray) -> np.ndarray:
-    """Clipped to [0, 1]: float32 rounding puts a uniform row's entropy a hair above log(n) (1.00000095)."""
+def normalize_entropy(h: np.ndarray, n_visible: np.ndarray) -> np.ndarray:
+    """Row entropy / log(visible keys): 0 = all weight on one key, 1 = spread evenly; 0 when one key is visible.
+    Clipped to [0, 1]: float32 rounding puts a uniform row's entropy a hair above log(n) (1.00000095)."""
     n = np.asarray(n_visible, np.float64)
     return np.clip(np.where(n > 1, h / np.log(np.maximum(n, 2)), 0.0), 0.0, 1.0).astype(h.dtype)
 
 
 def normalized_entropy(p: np.ndarray, n_visible: np.ndarray) -> np.ndarray:
     """Entropy / log(visible keys): 0 = all weight on one key, 1 = spread evenly. 0 when one key is visible."""
-    return _normalize(entropy(p), n_visible)
+    return normalize_entropy(entropy(p), n_visible)
 
 
 def row_stats(p: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
     """Per query row: entropy (nats), normalised entropy, max weight. Each [..., Tq]."""
     h = entropy(p)
-    return {"entropy": h, "normalized_entropy": _normalize(h, visible_keys(mask)), "max_weight": _float(p).max(axis=-1)}
+    return {"entropy": h, "normalized_entropy": normalize_entropy(h, visible_keys(mask)),
+            "max_weight": _float(p).max(axis=-1)}
+
+
+def head_rows(p: np.ndarray) -> dict[str, np.ndarray]:
+    """The per-query numbers that the per-head summaries and scores average, each [..., Tq] (previous and
+    next [..., Tq - 1]): weight on the first key and on the last, on itself (diagonal), on the key before
+    (previous, queries i >= 1) and after (next, queries i < T-1), and the mean distance sum_j p_ij |i - j|.
+    A long run computes exactly these inside the graph, layer by layer (export._layer_reductions)."""
+    p = _float(p)
+    T = p.shape[-1]
+    idx = np.arange(T)
+    return {"first": p[..., :, 0], "last": p[..., :, -1], "diagonal": p[..., idx, idx],
+            "previous": p[..., idx[1:], idx[:-1]], "next": p[..., idx[:-1], idx[1:]],
+            "distance": np.einsum("...qk,qk->...q", p, np.abs(idx[:, None] - idx[None, :]).astype(p.dtype))}
+
+
+def _mean(rows: np.ndarray) -> np.ndarray:
+    """Mean over queries; 0 when there are none (previous/next of a one-token text)."""
+    return rows.mean(axis=-1) if rows.shape[-1] else np.zeros(rows.shape[:-1], rows.dtype)
+
+
+def summarize(rows: dict[str, np.ndarray], row_entropy: np.ndarray) -> dict[str, np.ndarray]:
+    """HEAD_STATS from head_rows and the row entropy: each the mean over query rows."""
+    return {"mean_entropy": row_entropy.mean(axis=-1), "first_token_mass": _mean(rows["first"]),
+            "last_token_mass": _mean(rows["last"]), "diagonal_mass": _mean(rows["diagonal"]),
+            "previous_token_mass": _mean(rows["previous"]), "next_token_mass": _mean(rows["next"]),
+            "mean_distance": _mean(rows["distance"])}
 
 
 def sentences(segments) -> np.ndarray:
@@ -86,21 +114,11 @@ def head_stats(p: np.ndarray, row_entropy: np.ndarray | None = None, segments=No
     With `segments` of a sentence pair, also cross-sentence mass: the weight each query puts on the other
     sentence's keys (see `sentences`), averaged over all queries.
     """
-    p = _float(p)
-    T = p.shape[-1]
-    idx = np.arange(T)
-    diag = p[..., idx, idx]
-    prev = p[..., idx[1:], idx[:-1]].mean(axis=-1) if T > 1 else np.zeros(p.shape[:-2], p.dtype)
-    nxt = p[..., idx[:-1], idx[1:]].mean(axis=-1) if T > 1 else np.zeros(p.shape[:-2], p.dtype)
-    dist = np.einsum("...qk,qk->...q", p, np.abs(idx[:, None] - idx[None, :]).astype(p.dtype))
-    h = entropy(p) if row_entropy is None else row_entropy
-    out = {"mean_entropy": h.mean(axis=-1), "first_token_mass": p[..., :, 0].mean(axis=-1),
-           "last_token_mass": p[..., :, -1].mean(axis=-1), "diagonal_mass": diag.mean(axis=-1),
-           "previous_token_mass": prev, "next_token_mass": nxt, "mean_distance": dist.mean(axis=-1)}
+    out = summarize(head_rows(p), entropy(p) if row_entropy is None else row_entropy)
     if segments is not None and 1 in segments:
         s = sentences(segments)
         other = (s[:, None] != s[None, :]).astype(p.dtype)                   # [T, T] 1 where key is in the other
-        out["cross_sentence_mass"] = np.einsum("...qk,qk->...q", p, other).mean(axis=-1)
+        out["cross_sentence_mass"] = np.einsum("...qk,qk->...q", _float(p), other).mean(axis=-1)
     return out
 
 
@@ -115,10 +133,26 @@ def rollout(attentions: np.ndarray, residual: float = 0.5) -> np.ndarray:
     return out / out.sum(axis=-1, keepdims=True)
 
 
+def block_edges(T: int, size: int) -> np.ndarray:
+    """The thumbnail block rule, the same on every path: min(size, T) blocks splitting T as evenly as possible;
+    block r covers tokens edges[r]..edges[r + 1] - 1. [min(size, T) + 1]"""
+    return np.linspace(0, T, min(size, T) + 1).astype(int)
+
+
+def pooling_matrix(T: int, size: int) -> np.ndarray:
+    """[T, R] with 1/|block r| on block r's tokens: pool^T p pool is downsample(p, size) as two matrix products
+    (how a long run pools inside the graph). The identity when T <= size, as downsample leaves p alone."""
+    edges = block_edges(T, size)
+    pool = np.zeros((T, len(edges) - 1), np.float32)
+    for r, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
+        pool[a:b, r] = 1.0 / (b - a)
+    return pool
+
+
 def downsample(p: np.ndarray, size: int) -> np.ndarray:
     """Block-average the last two axes to at most size x size (for overview thumbnails).
 
-    Blocks split T as evenly as possible, so each output cell is the mean weight of its block.
+    Blocks follow block_edges (T split as evenly as possible), so each output cell is the mean weight of its block.
     """
     T_q, T_k = p.shape[-2], p.shape[-1]
     if size <= 0:
@@ -126,10 +160,18 @@ def downsample(p: np.ndarray, size: int) -> np.ndarray:
     if T_q <= size and T_k <= size:
         return np.asarray(p)
     p = np.asarray(p, np.float64)
-    rq = np.linspace(0, T_q, min(size, T_q) + 1).astype(int)
-    rk = np.linspace(0, T_k, min(size, T_k) + 1).astype(int)
+    rq, rk = block_edges(T_q, size), block_edges(T_k, size)
     sums = np.add.reduceat(np.add.reduceat(p, rq[:-1], axis=-2), rk[:-1], axis=-1)
     return sums / (np.diff(rq)[:, None] * np.diff(rk)[None, :])
+
+
+def top_keys(p: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k keys with the most weight for every query row, heaviest first, ties to the lower key index (as
+    ONNX TopK orders them): (indices int32 [..., Tq, k'], weights [..., Tq, k']), k' = min(k, Tk)."""
+    p = np.asarray(p)
+    k = min(int(k), p.shape[-1])
+    idx = np.argsort(-p, axis=-1, kind="stable")[..., :k]
+    return idx.astype(np.int32), np.take_along_axis(p, idx, axis=-1)
 
 
 # ---- head-finding scores ------------------------------------------------------------------------------
@@ -149,24 +191,21 @@ SCORE_INFO = {
 }
 
 
-def _diagonal_mean(p: np.ndarray, offset: int) -> np.ndarray:
-    """Mean of p[..., i, i + offset] over the i where both exist. [...]"""
-    T = p.shape[-1]
-    n = T - abs(offset)
-    if n <= 0:
-        return np.zeros(p.shape[:-2], p.dtype)
-    i = np.arange(n) + max(0, -offset)
-    return p[..., i, i + offset].mean(axis=-1)
-
-
-def duplicate_token_score(p: np.ndarray, token_ids) -> np.ndarray:
-    """Weight on earlier keys with query i's own token, averaged over the queries that have one. [...]"""
+def same_token_keys(token_ids) -> np.ndarray:
+    """[Tq, Tk] True where key j < i holds query i's own token."""
     ids = np.asarray(token_ids)
-    same = (ids[:, None] == ids[None, :]) & np.tri(len(ids), k=-1, dtype=bool)   # [Tq, Tk]: j < i, same token
+    return (ids[:, None] == ids[None, :]) & np.tri(len(ids), k=-1, dtype=bool)
+
+
+def duplicate_token_score(p: np.ndarray, token_ids, mass: np.ndarray | None = None) -> np.ndarray:
+    """Weight on earlier keys with query i's own token, averaged over the queries that have one. [...]
+    `mass` [..., Tq]: that weight per query, when already computed (a long run computes it in the graph)."""
+    same = same_token_keys(token_ids)
     has = same.any(axis=-1)
     if not has.any():
-        return np.zeros(p.shape[:-2], np.float32)
-    mass = np.einsum("...qk,qk->...q", p, same.astype(p.dtype))                    # [..., Tq]
+        return np.zeros(np.shape(p)[:-2] if mass is None else mass.shape[:-1], np.float32)
+    if mass is None:
+        mass = np.einsum("...qk,qk->...q", p, same.astype(p.dtype))                # [..., Tq]
     return mass[..., has].mean(axis=-1)
 
 
@@ -177,13 +216,15 @@ def induction_score(p: np.ndarray, n: int, offset: int = 0) -> np.ndarray:
     return p[..., q, q - n + 1].mean(axis=-1)
 
 
-def head_scores(p: np.ndarray, token_ids) -> dict[str, np.ndarray]:
-    """Every score that the text itself defines (all but the induction probe's). Each [...]."""
-    T = p.shape[-1]
-    return {"previous_token": _diagonal_mean(p, -1), "next_token": _diagonal_mean(p, 1),
-            "duplicate_token": duplicate_token_score(p, token_ids),
-            "first_token_sink": p[..., 1:, 0].mean(axis=-1) if T > 1 else np.zeros(p.shape[:-2], p.dtype),
-            "last_token": p[..., :, -1].mean(axis=-1)}
+def head_scores(p: np.ndarray, token_ids, rows: dict[str, np.ndarray] | None = None,
+                duplicate_mass: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Every score that the text itself defines (all but the induction probe's). Each [...].
+    From p, or from its head_rows and per-query duplicate-token mass when those are given (p is then unused)."""
+    rows = head_rows(p) if rows is None else rows
+    first = rows["first"]
+    return {"previous_token": _mean(rows["previous"]), "next_token": _mean(rows["next"]),
+            "duplicate_token": duplicate_token_score(p, token_ids, duplicate_mass),
+            "first_token_sink": _mean(first[..., 1:]), "last_token": _mean(rows["last"])}
 
 
 def probe_ids(vocab_size: int, n: int, avoid: set[int], seed: int = 0) -> list[int]:

@@ -233,9 +233,9 @@ def test_accept_quality_zero_means_not_binary(client):
 def test_huge_and_fractional_numbers_are_422_with_a_message(client):
     huge = b'{"model": "tiny-gpt", "text": "hi", "layers": [' + b"9" * 5000 + b"]}"
     r = client.post("/api/attention", content=huge, headers={"Content-Type": "application/json"})
-    assert r.status_code == 422 and "more digits" in r.json()["detail"] and "4095" in r.json()["detail"]
+    assert r.status_code == 422 and "more digits" in r.json()["detail"] and "8191" in r.json()["detail"]
     r = client.post("/api/attention", json={"model": "tiny-gpt", "text": "hi", "layers": [10 ** 40]})
-    assert r.status_code == 422 and "less than or equal to 4095" in r.json()["detail"]
+    assert r.status_code == 422 and "less than or equal to 8191" in r.json()["detail"]
     for body in ({"layers": [0.0]}, {"heads": [1.5]}, {"mask_tokens": [1.0]}, {"precision": 3.0}):
         r = client.post("/api/attention", json={"model": "tiny-gpt", "text": "hi", **body})
         assert r.status_code == 422 and "must be a JSON integer" in r.json()["detail"], (body, r.text)

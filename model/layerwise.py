@@ -1,0 +1,369 @@
+"""Long inputs, one layer at a time: every layer explorable, memory bounded by settings, not by the input.
+
+A text's attention is layers x heads x T^2 numbers: SmolLM2's 30 layers x 9 heads hold 4.5 GB of float32 at
+2048 tokens and 18 GB at 4096. The served graph (export.build_graph) returns them stacked, so it cannot run such
+a text. Here the same model runs as a chain of graphs, the steps of export.build_graph cut apart:
+
+    embed                   input ids -> x [T, D]                                        export.build_embed
+    per layer: block in     x -> q, k, v [H, T, dh]                                       export.build_block_halves
+               attend       q, k, v of a group of heads -> their ctx and LAYER_OUTPUTS    export.build_attend
+               block out    x, ctx -> the next x                                          export.build_block_halves
+    final                   x -> hidden, next-token logits, token log-probs               export.build_final
+
+The weights are graph inputs, so one small graph serves every layer: layer i feeds its own arrays (views of the
+NumPy model's; nothing is exported or copied per layer, and the graphs build in memory in a fraction of a
+second). The attention graph returns, instead of its probabilities p [h, T, T], reductions of them computed where
+they are (export.LAYER_OUTPUTS, each equal to the model.stats function it names): the row entropy and max weight,
+the per-query numbers behind the head summaries and scores (stats.head_rows), block-averaged thumbnails
+(stats.downsample's blocks); p itself leaves the graph only for the heads a request asks for, or as their top-k
+keys per query. A layer's heads run in groups whose [h, T, T] float32 stays within group_mb, one group after the
+other, so a run holds one group's scores and probabilities at a time (about three such buffers at the peak). A
+run keeps
+
+    checkpoints   x entering every k-th layer [T, D] (k = checkpoint_every): a head asked for later is recomputed
+                  by running at most k blocks from the nearest one -- the same graphs on the same inputs, so the
+                  same numbers as in the first run
+    rows          entropy, max weight, first/last/diagonal/previous/next weight, distance: [L, H, T]
+    thumbnails    [H, R, R] per layer, for each resolution computed
+    outputs       final hidden states, next-token logits, token log-probs
+
+(O(L H T + L T D) numbers, never L x H x T^2), and reports progress layer by layer. Why this way, measured:
+docs/long-inputs.md and bench/long_input.py.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+
+from . import export as _export
+from . import stats
+from .runtime import Encoding, NextToken
+
+ROWS = ("entropy", "max_weight", "first", "last", "diagonal", "previous", "next", "distance")   # per query row
+Progress = Callable[[int, int], None]   # (blocks done, blocks in this run)
+
+
+def thumbnail_output(T: int, resolution: int) -> str:
+    """The attention graph's thumbnail output at T tokens: equal blocks when the resolution divides T."""
+    return "thumbnail_even" if T % resolution == 0 else "thumbnail"
+
+
+def row_outputs(causal: bool) -> tuple[str, ...]:
+    """The block outputs that give ROWS: under a causal mask no query sees a later key, and the distance is one
+    matrix-vector product away (export.LAYER_OUTPUTS' past_distance)."""
+    return tuple("past_distance" if causal and name == "distance" else name for name in ROWS)
+
+
+@dataclass(frozen=True)
+class Want:
+    """What a request needs beyond the rows every run keeps: for `layers` x `heads`, the full probabilities
+    (attention), their top_k keys per query, or the per-query duplicate-token mass (head scores); and
+    thumbnails of every head of `layers` at `resolution` (0: none)."""
+    layers: tuple[int, ...] = ()
+    heads: tuple[int, ...] = ()
+    attention: bool = False
+    top_k: int = 0
+    duplicate: bool = False
+    resolution: int = 0
+
+    def block_outputs(self) -> tuple[str, ...]:
+        """The block-graph outputs these heads need (export.LAYER_OUTPUTS)."""
+        return ((("attention",) if self.attention else ()) + (("top_weights", "top_keys") if self.top_k else ())
+                + (("duplicate",) if self.duplicate else ()))
+
+
+@dataclass
+class Asked:
+    """The per-head parts a request asked for: layer -> [n heads, ...] for `heads`, in order."""
+    heads: tuple[int, ...]
+    attention: dict[int, np.ndarray] = field(default_factory=dict)     # [n, T, T]
+    top_weights: dict[int, np.ndarray] = field(default_factory=dict)   # [n, T, k]
+    top_keys: dict[int, np.ndarray] = field(default_factory=dict)      # [n, T, k] int32
+    duplicate: dict[int, np.ndarray] = field(default_factory=dict)     # [n, T]
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for part in (self.attention, self.top_weights, self.top_keys, self.duplicate)
+                   for a in part.values())
+
+
+@dataclass
+class LayerwiseResult:
+    """What a layer-by-layer run keeps of one text (see the module docstring); AttentionResult's fields where
+    they mean the same, but no [L, H, T, T] attentions."""
+    model: str
+    engine: str
+    provider: str
+    causal: bool
+    encoding: Encoding
+    hidden: np.ndarray                       # [T, D] final hidden states
+    rows: dict[str, np.ndarray]              # ROWS -> [L, H, T] (previous, next: [L, H, T-1])
+    visible: np.ndarray                      # [T] keys each query may see (normalised entropy)
+    checkpoints: dict[int, np.ndarray]       # layer -> x entering it [T, D]
+    thumbnails: dict[int, dict[int, np.ndarray]]   # resolution -> layer -> [H, R, R]
+    inputs: dict[str, np.ndarray]            # what recomputing needs besides x: head_mask, head_mean [1, L, H]
+    mask_tokens: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+    next_tokens: list[NextToken] | None = None
+    token_logprobs: list[float | None] | None = None
+    next_token_logits: np.ndarray | None = None
+    asked: Asked | None = None
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.encoding.tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.encoding.ids
+
+    def nbytes(self) -> int:
+        arrays = [self.hidden, self.visible, *self.rows.values(), *self.checkpoints.values(), *self.inputs.values(),
+                  *(a for by_layer in self.thumbnails.values() for a in by_layer.values())]
+        if self.next_token_logits is not None:
+            arrays.append(self.next_token_logits)
+        return sum(a.nbytes for a in arrays) + (self.asked.nbytes() if self.asked else 0)
+
+
+class Layerwise:
+    """A Runtime's model as the chain of graphs above, for texts too long for the stacked graph."""
+
+    def __init__(self, rt, checkpoint_every: int = 1, group_mb: float = 256):
+        if checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1; got {checkpoint_every}")
+        self.rt, self.every, self.group_mb = rt, int(checkpoint_every), float(group_mb)
+        self._sessions: dict[tuple[str, ...] | str, tuple[object, set[str]]] = {}
+        self._feeds: dict[str, dict[str, np.ndarray]] = {}
+        self._params: dict[int, dict[str, np.ndarray]] = {}
+        self._lock = threading.Lock()
+        self.busy = threading.Lock()   # one long run of this model at a time: its memory is the bound
+
+    # ---- graphs -----------------------------------------------------------------------------
+    def groups(self, T: int) -> int:
+        """Into how many groups a layer's heads are split at T tokens: one group's scores or probabilities
+        [h, T, T] float32 stay within group_mb (a layer holds about three such buffers at its peak)."""
+        H = self.rt.cfg.n_heads
+        return min(H, max(1, math.ceil(H * T * T * 4 / (self.group_mb * 2**20))))
+
+    def session(self, which: str | tuple):
+        """"embed", "block_in", "block_out", "final", or ("attend", outputs); built in memory on first use (the
+        graphs are small: their weights are inputs)."""
+        entry = self._sessions.get(which)
+        if entry is not None:
+            return entry
+        with self._lock:
+            if which not in self._sessions:
+                import onnxruntime as ort
+                model = self.rt.model
+                if which == "embed":
+                    proto, self._feeds["embed"] = _export.build_embed(model)
+                elif which == "final":
+                    proto, self._feeds["final"] = _export.build_final(model)
+                elif which == "block_in":
+                    proto = _export.build_block_halves(model)[0]
+                elif which == "block_out":
+                    proto = _export.build_block_halves(model)[1]
+                else:                     # ("attend", outputs)
+                    proto = _export.build_attend(model, which[1])
+                so = ort.SessionOptions()
+                so.enable_mem_pattern = False   # its one planned block per run is ~1.6x the run's own peak
+                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+                so.intra_op_num_threads = self.rt.threads
+                so.log_severity_level = 3
+                so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # sessions take turns
+                sess = ort.InferenceSession(proto.SerializeToString(), so, providers=self.rt.providers)
+                self._sessions[which] = (sess, {i.name for i in sess.get_inputs()})
+            return self._sessions[which]
+
+    def open(self) -> None:
+        """Build and open the graphs every run uses (in memory, a fraction of a second), so the first does not wait."""
+        rows = row_outputs(causal=self.rt.cfg.causal)
+        for which in ("embed", "block_in", "block_out", "final", ("attend", rows), ("attend", rows + ("thumbnail",)),
+                      ("attend", rows + ("thumbnail_even",))):
+            self.session(which)
+
+    def params(self, layer: int) -> dict[str, np.ndarray]:
+        if layer not in self._params:
+            self._params[layer] = _export.block_params(self.rt.model, layer)
+        return self._params[layer]
+
+    def _run(self, which, feeds: dict[str, np.ndarray], outputs: list[str], release: bool = False):
+        """One session run -> {output: array}. release: give the session's memory arena back afterwards."""
+        sess, names = self.session(which)
+        return dict(zip(outputs, sess.run(outputs, {k: v for k, v in feeds.items() if k in names},
+                                          _release() if release else None)))
+
+    def _block(self, layer: int, x: np.ndarray, inputs: dict, outputs: tuple[str, ...], extra: dict,
+               heads=(), top_k: int = 0, next_x: bool = True, release: bool = False) -> dict[str, np.ndarray]:
+        """Block `layer` on x [1, T, D]: the attention outputs asked, group of heads by group (one group's
+        probabilities exist at a time), and with next_x the residual stream after the block, "x_next". The per-head
+        outputs are those of `heads` (none: empty), in their order."""
+        T, H = x.shape[1], self.rt.cfg.n_heads
+        params, heads = self.params(layer), np.asarray(heads, np.int64)
+        qkv = self._run("block_in", {"x": x, **params}, list("qkv"), release)
+        groups = head_groups(H, self.groups(T))
+        parts, order = {name: [] for name in ("ctx",) + outputs}, []
+        for n, (a, b) in enumerate(groups):
+            mine = heads[(heads >= a) & (heads < b)]
+            order += mine.tolist()
+            feeds = {name: qkv[name] if len(groups) == 1 else np.ascontiguousarray(qkv[name][:, a:b]) for name in "qkv"}
+            feeds |= {"attention_mask": inputs["attention_mask"], "heads": mine - a,
+                      "top_k": np.array([min(max(top_k, 1), T)], np.int64), **extra}
+            out = self._run(("attend", outputs), feeds, list(parts), release and n == len(groups) - 1)
+            for name, value in out.items():
+                parts[name].append(value)
+        out = {name: values[0] if len(values) == 1 else np.concatenate(values, axis=1)
+               for name, values in parts.items()}
+        if order != heads.tolist():          # the groups gave the asked heads group by group: back to their order
+            back = [order.index(h) for h in heads.tolist()]
+            out |= {name: out[name][:, back] for name in ("attention", "top_weights", "top_keys", "duplicate")
+                    if name in out}
+        if next_x:
+            out["x_next"] = self._run("block_out", {"x": x, "ctx": out["ctx"], "lengths": inputs["lengths"],
+                                                    "head_mask": np.ascontiguousarray(inputs["head_mask"][:, layer]),
+                                                    "head_mean": np.ascontiguousarray(inputs["head_mean"][:, layer]),
+                                                    **params}, ["x_next"], release)["x_next"]
+        del out["ctx"]
+        return out
+
+    # ---- running ----------------------------------------------------------------------------
+    # A walk over the layers (forward, recompute) runs the same attention graph for every layer and group of heads
+    # it visits, those it asks nothing of getting empty head selections: so onnxruntime's memory arena hands the
+    # same buffers from one to the next (fresh 151 MB buffers at 2048 tokens, page-faulted in each time, made a
+    # layer ~60 % slower without the arena), and the walk's last step gives the arena back.
+    def forward(self, enc: Encoding, *, causal: bool | None = None, mask_tokens=None, head_mask=None,
+                head_mean=None, want: Want = Want(), top_k: int = 10, progress: Progress | None = None,
+                started: float | None = None) -> LayerwiseResult:
+        """Run one encoded text layer by layer; keep the rows, checkpoints and thumbnails at want.resolution, and
+        what `want` asks of its heads (result.asked). Options as in Runtime.run."""
+        t0 = time.perf_counter() if started is None else started
+        rt, cfg = self.rt, self.rt.cfg
+        causal = cfg.causal if causal is None else bool(causal)
+        L, H, T = cfg.n_layers, cfg.n_heads, len(enc.ids)
+        ids, types = np.array([enc.ids], np.int64), np.array([enc.type_ids], np.int64)
+        mask = rt.build_mask([T], causal, [mask_tokens] if mask_tokens else None)
+        inputs = rt.feeds(ids, types, mask, [T], head_mask, head_mean)     # validated; head masks [1, L, H]
+        thumbs = want.resolution if want.resolution and T > want.resolution else 0
+        extra = {"pool": stats.pooling_matrix(T, thumbs)} if thumbs else {}
+        if want.duplicate:
+            extra["same"] = stats.same_token_keys(enc.ids).astype(np.float32)
+        outputs = row_outputs(causal) + ((thumbnail_output(T, thumbs),) if thumbs else ()) + want.block_outputs()
+        rows = {name: np.empty((L, H, T - 1 if name in ("previous", "next") else T), np.float32) for name in ROWS}
+        checkpoints, thumbnails, asked = {}, {}, Asked(tuple(want.heads))
+        with self.busy:
+            x = self._run("embed", inputs | self._graph_feeds("embed"), ["x"], release=True)["x"]
+            for layer in range(L):
+                if layer % self.every == 0:
+                    checkpoints[layer] = x[0]
+                heads = want.heads if layer in want.layers else ()
+                out = self._block(layer, x, inputs, outputs, extra, heads, want.top_k, release=layer == L - 1)
+                x = out.pop("x_next")
+                out["distance"] = out.pop("past_distance") if causal else out["distance"]
+                for name in ROWS:
+                    rows[name][layer] = out.pop(name)[0]
+                if thumbs:
+                    thumbnails[layer] = out.pop(thumbnail_output(T, thumbs))[0]
+                if heads:
+                    _keep(asked, layer, out)
+                if progress:
+                    progress(layer + 1, L)
+            final = self._run("final", inputs | self._graph_feeds("final") | {"x": x},
+                              ["hidden"] + (list(_export.LM_OUTPUTS) if cfg.lm_head else []), release=True)
+        res = LayerwiseResult(
+            rt.spec.id, "onnx", self.session("final")[0].get_providers()[0], causal, enc, final["hidden"][0], rows,
+            stats.visible_keys(mask[0, 0]), checkpoints, {thumbs: thumbnails} if thumbs else {},
+            {k: inputs[k] for k in ("head_mask", "head_mean")},
+            sorted(set(mask_tokens)) if mask_tokens else [], time.perf_counter() - t0,
+            asked=asked if want.block_outputs() else None)
+        if cfg.lm_head:
+            logits = final["next_token_logits"][0]
+            res.next_token_logits, res.next_tokens = logits, rt.top_tokens(logits, top_k)
+            res.token_logprobs = [None] + final["token_logprobs"][0, 1:].astype(float).tolist()
+        return res
+
+    def recompute(self, base: LayerwiseResult, want: Want, progress: Progress | None = None) -> LayerwiseResult:
+        """`base` with what `want` asks that it lacks: the asked heads' parts (as result.asked) and thumbnails at
+        a new resolution, computed from the checkpoints (at most checkpoint_every blocks per asked layer)."""
+        t0 = time.perf_counter()
+        rt, enc = self.rt, base.encoding
+        T = len(enc.ids)
+        R = want.resolution if want.resolution and T > want.resolution else 0
+        have = base.thumbnails.get(R, {})
+        thumb_layers = {l for l in want.layers if l not in have} if R else set()
+        head_layers = set(want.layers) if want.block_outputs() else set()
+        steps = _walk(sorted(thumb_layers | head_layers), sorted(base.checkpoints))
+        mask = rt.build_mask([T], base.causal, [base.mask_tokens] if base.mask_tokens else None)
+        inputs = rt.feeds(np.array([enc.ids]), np.array([enc.type_ids]), mask, [T], base.inputs["head_mask"],
+                          base.inputs["head_mean"])
+        extra = {"pool": stats.pooling_matrix(T, R)} if thumb_layers else {}
+        if want.duplicate:
+            extra["same"] = stats.same_token_keys(enc.ids).astype(np.float32)
+        thumb = thumbnail_output(T, R) if thumb_layers else None
+        outputs = ((thumb,) if thumb else ()) + want.block_outputs()
+        asked, thumbnails = Asked(tuple(want.heads)), dict(have)
+        with self.busy:
+            x = None
+            for n, (layer, start) in enumerate(steps):
+                if start:
+                    x = base.checkpoints[layer][None]
+                heads = want.heads if layer in head_layers else ()
+                goes_on = n + 1 < len(steps) and not steps[n + 1][1]      # the next step starts from this x_next
+                out = self._block(layer, x, inputs, outputs, extra, heads, want.top_k, next_x=goes_on,
+                                  release=n == len(steps) - 1)
+                x = out.pop("x_next", None)
+                if thumb:                  # every layer the walk visits: cheap, and kept for later requests
+                    thumbnails[layer] = out.pop(thumb)[0]
+                if heads:
+                    _keep(asked, layer, out)
+                if progress:
+                    progress(n + 1, len(steps))
+        return replace(base, thumbnails=base.thumbnails | ({R: thumbnails} if R else {}),
+                       asked=asked if want.block_outputs() else None, seconds=time.perf_counter() - t0)
+
+    def _graph_feeds(self, which: str) -> dict[str, np.ndarray]:
+        """The weights of the embed or final graph."""
+        self.session(which)
+        return self._feeds[which]
+
+
+@functools.cache
+def _release():
+    """Run options that give a session's memory arena back to the OS at the end of the run."""
+    import onnxruntime as ort
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return options
+
+
+def head_groups(H: int, groups: int) -> list[tuple[int, int]]:
+    """[first, end) heads of each of `groups` consecutive groups, as even as can be."""
+    edges = np.linspace(0, H, min(groups, H) + 1).astype(int)
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def _keep(asked: Asked, layer: int, out: dict[str, np.ndarray]) -> None:
+    """File a block's per-head outputs under its layer (batch axis dropped; top-k key indices as int32)."""
+    for name, value in out.items():
+        value = value[0]
+        getattr(asked, name)[layer] = value.astype(np.int32) if name == "top_keys" else value
+
+
+def _walk(needed: list[int], checkpoints: list[int]) -> list[tuple[int, bool]]:
+    """The blocks to run to reach every layer in `needed`: (layer, start from its checkpoint). Goes on from the layer
+    before when no checkpoint lies between; a checkpoint, when reached, is always used (it holds the first run's x)."""
+    steps: list[tuple[int, bool]] = []
+    at = None                                                  # the layer whose input x is in hand
+    for target in needed:
+        c = max(l for l in checkpoints if l <= target)
+        start = at is None or not (c < at <= target)
+        if start:
+            at = c
+        while at <= target:
+            steps.append((at, start))
+            start, at = False, at + 1
+    return steps

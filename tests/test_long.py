@@ -1,0 +1,357 @@
+"""Long inputs (issue 12): the layer-by-layer run equals the stacked graph, recomputing a head gives the first run's
+numbers, the API answers the same either way, streams progress as NDJSON, and the memory settings hold.
+
+Everything here runs on the small models with ATTNSCOPE_LAYERWISE_MB=0 (every text layer by layer), except one
+SmolLM2 test at a few hundred tokens, where the real model's layers and RoPE are compared across all 270 heads.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from attnscope.app.errors import StartupError
+from attnscope.app.main import create_app
+from attnscope.app.service import AttentionService
+from attnscope.app.settings import Settings
+from attnscope.app.wire import BINARY, NDJSON, from_binary
+from attnscope.model import stats
+from attnscope.model.layerwise import ROWS, Want, _walk
+
+TEXT = "The quick brown fox jumps over the lazy dog. " * 5 + "Then it naps by the old red barn near the river."
+ATOL = 1e-5
+
+
+def everything(rt, **kw) -> Want:
+    cfg = rt.cfg
+    return Want(tuple(range(cfg.n_layers)), tuple(range(cfg.n_heads)), **kw)
+
+
+def assert_rows_equal(res, A, atol=ATOL):
+    """A layer-by-layer run's kept rows against the stats functions of attentions A [L, H, T, T]: its own (the
+    reductions in the graph are the stats functions), or the stacked graph's (whose probabilities differ from the
+    layer-by-layer graphs' in the last float32 bits, which entropy's log p multiplies: pass a wider atol)."""
+    for name, expected in stats.head_rows(A).items():
+        if name == "distance":   # sums of up to T terms |i - j| p_ij: compare relative to their size
+            np.testing.assert_allclose(res.rows[name], expected, rtol=1e-5, atol=atol * 10, err_msg=name)
+        else:
+            np.testing.assert_allclose(res.rows[name], expected, atol=atol, rtol=0, err_msg=name)
+    np.testing.assert_allclose(res.rows["entropy"], stats.entropy(A), atol=atol, rtol=0)
+    np.testing.assert_allclose(res.rows["max_weight"], A.max(-1), atol=atol, rtol=0)
+
+
+# ---- the run ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model_id, causal, options", [
+    ("tiny-gpt", None, {}),
+    ("tiny-gpt", False, {"mask_tokens": [3, 7]}),              # non-causal: the general distance output
+    ("minilm", None, {"mask_tokens": [5]}),                    # post-norm encoder, LayerNorm, segment embeddings
+    ("tiny-gpt", None, {"ablate": (2, 1), "mean": True}),      # the head-mask inputs reach each layer
+    ("minilm", None, {"group_mb": 1e-9}),                      # one head at a time, asked in reverse order
+])
+def test_layerwise_run_equals_the_stacked_graph(runtimes, model_id, causal, options):
+    rt = runtimes[model_id]
+    L, H = rt.cfg.n_layers, rt.cfg.n_heads
+    keep = mean = None
+    if "ablate" in options:
+        keep = np.ones((1, L, H), np.float32)
+        keep[0, options["ablate"][0], options["ablate"][1]] = 0.0
+        mean = 1.0 - keep
+    masked = options.get("mask_tokens")
+    [full] = rt.run([TEXT], causal=causal, mask_tokens=[masked] if masked else None, head_mask=keep, head_mean=mean)
+    A, T = full.attentions, len(full.tokens)
+    lw = rt.layerwise(group_mb=options.get("group_mb", 256))
+    want = everything(rt, attention=True, top_k=5, duplicate=True, resolution=7)
+    order = list(range(H))[::-1] if "group_mb" in options else list(range(H))
+    res = lw.forward(rt.encode(TEXT), causal=causal, mask_tokens=masked, head_mask=keep, head_mean=mean,
+                     want=replace(want, heads=tuple(order)))
+    assert res.tokens == full.tokens and res.causal == full.causal
+    assert lw.groups(T) == (H if "group_mb" in options else 1)
+    A = A[:, order]                    # the asked heads, in the order asked (the rows and thumbnails keep all heads)
+    res.rows = {name: value[:, order] for name, value in res.rows.items()}
+    res.thumbnails = {r: {layer: t[order] for layer, t in by.items()} for r, by in res.thumbnails.items()}
+    got = np.stack([res.asked.attention[layer] for layer in range(L)])
+    np.testing.assert_allclose(got, A, atol=ATOL, rtol=0)
+    thumbs = np.stack([res.thumbnails[7][layer] for layer in range(L)])
+    np.testing.assert_allclose(thumbs, stats.downsample(A, 7), atol=ATOL, rtol=0)
+    assert_rows_equal(res, got)
+    assert_rows_equal(res, A, atol=5e-5)
+    np.testing.assert_array_equal(res.visible, stats.visible_keys(full.mask))
+    np.testing.assert_allclose(stats.normalize_entropy(res.rows["entropy"], res.visible),
+                               stats.row_stats(A, full.mask)["normalized_entropy"], atol=ATOL)
+    keys, weights = stats.top_keys(got, 5)        # the same ranking rule (ties to the lower key) on the same numbers
+    np.testing.assert_array_equal(np.stack([res.asked.top_keys[layer] for layer in range(L)]), keys)
+    np.testing.assert_array_equal(np.stack([res.asked.top_weights[layer] for layer in range(L)]), weights)
+    duplicate = np.einsum("lhqk,qk->lhq", A, stats.same_token_keys(full.token_ids).astype(np.float32))
+    np.testing.assert_allclose(np.stack([res.asked.duplicate[layer] for layer in range(L)]), duplicate, atol=ATOL)
+    np.testing.assert_allclose(res.hidden, full.hidden, atol=ATOL, rtol=0)
+    if full.token_logprobs is not None:
+        np.testing.assert_allclose(res.next_token_logits, full.next_token_logits, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(res.token_logprobs[1:], full.token_logprobs[1:], atol=1e-4)
+    assert T > 7 and res.seconds > 0
+
+
+@pytest.mark.parametrize("resolution", [8, 16, 7, 10])      # R divides T (equal blocks: a reshape) or not
+def test_thumbnails_are_downsample_with_equal_and_uneven_blocks(runtimes, resolution):
+    from bench.common import text_of_tokens
+
+    rt = runtimes["tiny-gpt"]
+    text = text_of_tokens(rt, 64)
+    [full] = rt.run([text])
+    lw = rt.layerwise()
+    first = lw.forward(rt.encode(text), want=Want(resolution=resolution))
+    later = lw.recompute(first, Want((1, 2), resolution=resolution + 1))   # another resolution, from checkpoints
+    for res, R, layers in ((first, resolution, range(4)), (later, resolution + 1, (1, 2))):
+        for layer in layers:
+            np.testing.assert_allclose(res.thumbnails[R][layer], stats.downsample(full.attentions[layer], R),
+                                       atol=ATOL, rtol=0)
+
+
+def test_kept_run_holds_no_full_matrices(runtimes):
+    """What a run keeps grows as L H T and T D, never as L H T^2."""
+    rt = runtimes["minilm"]
+    L, H = rt.cfg.n_layers, rt.cfg.n_heads
+    res = rt.layerwise().forward(rt.encode(TEXT * 3), want=Want(resolution=16))
+    T = len(res.tokens)
+    assert T > 150
+    biggest = max(a.size for a in [*res.rows.values(), *res.checkpoints.values(), *res.thumbnails[16].values()])
+    assert biggest <= max(H * T, T * rt.cfg.d_model, H * 16 * 16)
+    assert res.asked is None and res.nbytes() < L * H * T * T * 4 / 4
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_recompute_equals_first_run(runtimes, every):
+    """A head asked later is recomputed from the run's checkpoint(s): bit for bit what the first run returned, and
+    what the stacked graph computes; thumbnails at a new resolution equal stats.downsample."""
+    rt = runtimes["tiny-gpt"]
+    lw = rt.layerwise(checkpoint_every=every)
+    enc = rt.encode(TEXT)
+    first = lw.forward(enc, want=Want((1,), (0, 2), attention=True, top_k=3))
+    assert sorted(first.checkpoints) == list(range(0, rt.cfg.n_layers, every))
+    done = []
+    later = lw.recompute(first, Want((1, 3), (2, 0), attention=True, top_k=3, resolution=5),
+                         progress=lambda i, n: done.append((i, n)))
+    np.testing.assert_array_equal(later.asked.attention[1], first.asked.attention[1][::-1])   # heads (2, 0)
+    np.testing.assert_array_equal(later.asked.top_keys[1], first.asked.top_keys[1][::-1])
+    [full] = rt.run([TEXT])
+    np.testing.assert_allclose(later.asked.attention[3], full.attentions[3][[2, 0]], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(later.thumbnails[5][3], stats.downsample(full.attentions[3], 5), atol=ATOL, rtol=0)
+    assert done and done[-1][0] == done[-1][1] and [i for i, _ in done] == list(range(1, len(done) + 1))
+    assert first.asked.attention.keys() == {1} and later.rows is first.rows   # the kept rows are shared, not copied
+
+
+def test_walk_runs_each_asked_layer_from_its_nearest_checkpoint():
+    # (layer, start from its checkpoint): layers 1 and 2 from checkpoint 0, then 5 from checkpoint 3
+    assert _walk([1, 2, 5], [0, 3]) == [(0, True), (1, False), (2, False), (3, True), (4, False), (5, False)]
+    assert _walk([0, 3], [0, 1, 2, 3]) == [(0, True), (3, True)]
+    assert _walk([2, 3], [0, 1, 2, 3]) == [(2, True), (3, True)]     # a checkpoint, when reached, is always used
+    assert _walk([2, 3], [0]) == [(0, True), (1, False), (2, False), (3, False)]
+    assert _walk([], [0]) == []
+
+
+def test_pooling_matrix_is_downsample():
+    rng = np.random.default_rng(0)
+    p = rng.random((3, 100, 100))
+    for size in (7, 64, 100, 128):
+        pool = stats.pooling_matrix(100, size).astype(np.float64)
+        np.testing.assert_allclose(pool.T @ p @ pool, stats.downsample(p, size), rtol=2e-7)   # 1/n in float32
+
+
+def test_top_keys_orders_heaviest_first_ties_to_the_lower_key():
+    p = np.array([[0.1, 0.4, 0.1, 0.4, 0.0]])
+    keys, weights = stats.top_keys(p, 4)
+    assert keys.tolist() == [[1, 3, 0, 2]] and weights.tolist() == [[0.4, 0.4, 0.1, 0.1]]
+    assert stats.top_keys(p, 9)[0].shape == (1, 5)
+
+
+# ---- the API ----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def clients():
+    """(stacked, layer by layer): the same app with the default threshold and with every text layer by layer."""
+    with TestClient(create_app(Settings())) as stacked, TestClient(create_app(Settings(layerwise_mb=0))) as layered:
+        yield stacked, layered
+
+
+def assert_same_answer(a: dict, b: dict, atol=ATOL):
+    assert a.keys() == b.keys()
+    for key in a.keys() - {"timing_ms"}:
+        x, y = a[key], b[key]
+        if isinstance(x, dict):
+            assert_same_answer(x, y, atol)
+        elif isinstance(x, list) and x and not isinstance(np.asarray(x, dtype=object).flat[0], str) \
+                and key not in ("tokens", "offsets", "next_tokens", "next_tokens_before", "blocks"):
+            np.testing.assert_allclose(np.asarray(x, float), np.asarray(y, float), atol=atol, rtol=1e-5, err_msg=key)
+        elif isinstance(x, float):
+            assert x == pytest.approx(y, abs=atol, rel=1e-5), key
+        else:
+            assert x == y, key
+
+
+@pytest.mark.parametrize("body", [
+    {"text": TEXT},
+    {"text": TEXT, "resolution": 9, "layers": [1, 4], "heads": [0, 11, 3]},
+    {"model": "tiny-gpt", "text": TEXT, "top_k": 4, "heads": [0, 2]},
+    {"model": "tiny-gpt", "text": TEXT, "include": ["attention", "entropy", "summary", "scores", "predictions"],
+     "layers": [1]},
+    {"model": "tiny-gpt", "text": TEXT, "ablate": [[0, 1]], "mask_tokens": [2, 5],
+     "include": ["effect", "summary", "predictions"]},
+])
+def test_api_answers_the_same_layer_by_layer(clients, body):
+    stacked, layered = clients
+    a, b = (c.post("/api/attention", json=body) for c in clients)
+    assert a.status_code == b.status_code == 200, (a.text, b.text)
+    assert_same_answer(a.json(), b.json())
+
+
+def test_binary_top_keys_are_int32(clients):
+    _, layered = clients
+    r = layered.post("/api/attention", json={"model": "tiny-gpt", "text": TEXT, "top_k": 3, "dtype": "float16"},
+                     headers={"Accept": BINARY})
+    ans = from_binary(r.content)
+    T = len(ans["tokens"])
+    assert ans["top_keys"].dtype == np.int32 and ans["top_keys"].shape == (4, 4, T, 3)
+    assert ans["top_weights"].dtype == np.float16 and "attention" not in ans
+    assert (ans["top_keys"][..., 0] <= np.arange(T)).all()     # causal: the heaviest key is never in the future
+
+
+def test_second_head_is_recomputed_from_the_cached_run(clients):
+    _, layered = clients
+    body = {"model": "tiny-gpt", "text": TEXT + " Once more.", "layers": [2], "heads": [1]}
+    first = layered.post("/api/attention", json=body)
+    again = layered.post("/api/attention", json={**body, "heads": [1, 3]})
+    assert first.headers["x-cache"] == "miss" and again.headers["x-cache"] == "miss"   # the head was not kept...
+    assert layered.post("/api/attention", json=body).headers["x-cache"] == "hit"     # ...the answer was
+    np.testing.assert_array_equal(np.array(again.json()["attention"])[:, :1], np.array(first.json()["attention"]))
+
+
+def progress_lines(response) -> tuple[list[dict], dict]:
+    lines = [json.loads(line) for line in response.text.splitlines()]
+    return lines[:-1], lines[-1]
+
+
+def test_ndjson_streams_progress_by_layer_then_the_answer(clients):
+    stacked, layered = clients
+    body = {"text": TEXT + " Progress.", "resolution": 8}
+    r = layered.post("/api/attention", json=body, headers={"Accept": NDJSON})
+    assert r.status_code == 200 and r.headers["content-type"].startswith(NDJSON)
+    progress, last = progress_lines(r)
+    layers = [p["progress"]["layer"] for p in progress]
+    assert progress and all(p["progress"]["layers"] == 6 for p in progress)
+    assert layers == sorted(set(layers)) and layers[-1] == 6 and 1 <= layers[0]
+    assert_same_answer(last["result"], stacked.post("/api/attention", json=body).json())
+    # a short text (the stacked graph) gives the answer line alone; a refusal found before the stream is plain HTTP
+    progress, last = progress_lines(stacked.post("/api/attention", json=body, headers={"Accept": NDJSON}))
+    assert progress == [] and last["result"]["tokens"]
+    bad = layered.post("/api/attention", json={"text": TEXT, "include": ["rollout"]}, headers={"Accept": NDJSON})
+    assert bad.status_code == 422 and "rollout" in bad.json()["detail"]
+
+
+def test_ndjson_minimal_ends_with_done_and_the_binary_answer_comes_from_the_cache(clients):
+    """The page's way: progress lines with `Prefer: return=minimal` (no JSON answer), then the same body with the
+    binary Accept, answered from the run the stream made."""
+    _, layered = clients
+    body = {"text": TEXT + " Minimal.", "resolution": 8, "dtype": "float16"}
+    r = layered.post("/api/attention", json=body, headers={"Accept": NDJSON, "Prefer": "return=minimal"})
+    progress, last = progress_lines(r)
+    assert progress and progress[-1]["progress"] == {"layer": 6, "layers": 6}
+    binary = layered.post("/api/attention", json=body, headers={"Accept": BINARY})
+    ans = from_binary(binary.content)
+    assert last == {"done": {"status": 200, "tokens": len(ans["tokens"])}}
+    assert binary.headers["x-cache"] == "hit" and ans["attention"].shape == (6, 12, 8, 8)
+
+
+def test_ndjson_is_in_the_openapi(clients):
+    doc = clients[0].get("/openapi.json").json()
+    content = doc["paths"]["/api/attention"]["post"]["responses"]["200"]["content"]
+    assert {"application/json", BINARY, NDJSON} <= content.keys()
+    assert '"progress"' in content[NDJSON]["example"]
+
+
+def test_too_big_for_json_is_refused_naming_the_binary_form_which_serves_it():
+    settings = Settings(layerwise_mb=0, max_json_cells=1_000, models=["tiny-gpt"])
+    with TestClient(create_app(settings)) as client:
+        body = {"model": "tiny-gpt", "text": TEXT, "layers": [1], "heads": [2]}
+        r = client.post("/api/attention", json=body)
+        assert r.status_code == 422
+        assert "JSON limit is 1,000" in r.json()["detail"] and BINARY in r.json()["detail"]
+        r = client.post("/api/attention", json=body, headers={"Accept": BINARY})
+        assert r.status_code == 200
+        T = len(from_binary(r.content)["tokens"])
+        assert from_binary(r.content)["attention"].shape == (1, 1, T, T) and T * T > 1_000
+
+
+def test_what_a_long_run_cannot_give_is_refused_before_it_runs(clients):
+    _, layered = clients
+    for path, body, words in [
+        ("/api/attention", {"text": TEXT, "include": ["rollout"]}, "leave `rollout` out"),
+        ("/api/attention", {"text": TEXT, "engine": "numpy"}, "onnx engine only"),
+        ("/api/stages", {"text": TEXT, "layer": 0, "head": 0}, "stages of one head"),
+        ("/api/importance", {"text": TEXT}, "ATTNSCOPE_LAYERWISE_MB"),
+    ]:
+        r = layered.post(path, json=body)
+        assert r.status_code == 422 and words in r.json()["detail"], (path, r.text)
+        assert "layer by layer" in r.json()["detail"] or "copies" in r.json()["detail"]
+
+
+# ---- the settings that bound memory -----------------------------------------------------------------------------
+def service(**settings) -> AttentionService:
+    svc = AttentionService(Settings(models=["minilm"], **settings))
+    svc.load()
+    return svc
+
+
+def test_layerwise_threshold_decides_the_path():
+    from attnscope.app.schemas import AttentionRequest
+
+    req = AttentionRequest(text=TEXT)                             # ~60 tokens: 6 x 12 x 60^2 x 4 bytes ~ 1 MB
+    assert service(layerwise_mb=2).plan(req, False).long is None
+    assert service(layerwise_mb=0.5).plan(req, False).long is not None
+
+
+def test_cache_and_checkpoints_follow_the_settings():
+    import asyncio
+
+    from attnscope.app.schemas import AttentionRequest
+
+    svc = service(layerwise_mb=0, checkpoint_every=4, cache_mb=1)
+    results = []
+    for i in range(4):
+        plan = svc.plan(AttentionRequest(text=f"{i} " + TEXT * 3, resolution=8), False)
+        results.append(asyncio.run(svc.run(plan)).result)
+    assert sorted(results[0].checkpoints) == [0, 4]                         # 6 layers, every 4th kept
+    assert all(r.nbytes() > 300_000 for r in results) and svc.cache.bytes <= 2**20   # each ~0.4 MB, the cache 1 MB
+
+
+def test_smollm2_reads_4096_tokens_by_default():
+    from attnscope.model import zoo
+
+    assert zoo.get("smollm2").max_tokens >= 4096
+
+
+# ---- SmolLM2 ----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_smollm2_layer_by_layer_equals_the_stacked_graph(runtimes):
+    """All 30 layers x 9 heads at ~300 tokens: full matrices, 64 x 64 thumbnails, rows and outputs of the layer-by-
+    layer run equal those of the stacked graph (an unbounded run) to 1e-5."""
+    from bench.common import text_of_tokens
+
+    rt = runtimes["smollm2"]
+    text = text_of_tokens(rt, 300)
+    [full] = rt.run([text])
+    A = full.attentions
+    res = rt.layerwise().forward(rt.encode(text), want=everything(rt, attention=True, resolution=64))
+    got = np.stack([res.asked.attention[layer] for layer in range(rt.cfg.n_layers)])
+    assert got.shape == A.shape == (30, 9, 300, 300)
+    assert float(np.abs(got - A).max()) <= ATOL
+    thumbs = np.stack([res.thumbnails[64][layer] for layer in range(30)])
+    assert float(np.abs(thumbs - stats.downsample(A, 64)).max()) <= ATOL
+    even = rt.layerwise().recompute(res, Want(tuple(range(30)), resolution=60))      # 300 = 60 x 5: equal blocks
+    thumbs = np.stack([even.thumbnails[60][layer] for layer in range(30)])
+    assert float(np.abs(thumbs - stats.downsample(A, 60)).max()) <= ATOL
+    assert_rows_equal(res, got)                  # the reductions in the graph: the stats functions, to 1e-5
+    assert_rows_equal(res, A, atol=5e-5)         # against the stacked graph (entropy: its log p widens 1e-5 a bit)
+    assert set(res.rows) == set(ROWS)
+    np.testing.assert_allclose(res.token_logprobs[1:], full.token_logprobs[1:], atol=1e-4)
+    assert [t.id for t in res.next_tokens] == [t.id for t in full.next_tokens]
