@@ -255,10 +255,15 @@ async function update() {
   const opts = { progress: longRun(st, info) };          // a long run streams its progress first
   try {
     // The per-view request does not depend on the tokens (except the line view's head limit), so
-    // both go out together; the server runs the model once and shares the run.
-    const metaP = api.attention({ ...run, include: ["summary", ...(info.predictions ? ["predictions"] : []),
-      ...(st.ablate.length ? ["effect"] : [])] }, opts);
-    let dataP = view.needsMeta ? null : fetchAll(view.requests(st, info, null), run, opts);
+    // both go out together; the server runs the model once and shares the run. A long text runs layer by
+    // layer and keeps only what its first request asks for: that request also asks for the model view's
+    // thumbnails (a few ms a layer), and the view's requests wait for the run (a head is then recomputed from
+    // the run's checkpoints in well under a second, instead of a second pass over every layer).
+    const { include: thumbs, resolution, dtype } = model.requests()[0];
+    const overview = opts.progress ? { resolution, dtype } : {};
+    const metaP = api.attention({ ...run, ...overview, include: [...(opts.progress ? thumbs : []), "summary",
+      ...(info.predictions ? ["predictions"] : []), ...(st.ablate.length ? ["effect"] : [])] }, opts);
+    let dataP = view.needsMeta || opts.progress ? null : fetchAll(view.requests(st, info, null), run, opts);
     dataP?.catch(() => {});
     const meta = await metaP;
     if (gen !== generation) return;
