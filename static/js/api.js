@@ -1,9 +1,12 @@
 // The ONE data-fetch module: every request to the backend goes through here.
 // Answers are fetched in the binary tensor form (b"ATSC" | uint32 n | JSON header | 8-aligned
 // tensors), decoded into Tensor objects, and cached in memory keyed by the request, so switching
-// views or heads never refetches what is already here.
+// views or heads never refetches what is already here. A long text's run can take seconds: its progress is
+// read first from the NDJSON stream of the same request (progress lines, then "done"), and the answer is then
+// fetched in the binary form, which the server answers from its cache.
 
 export const BINARY = "application/vnd.attnscope.tensors";
+export const NDJSON = "application/x-ndjson";
 
 export class ApiError extends Error {
   constructor(status, detail) {
@@ -13,11 +16,12 @@ export class ApiError extends Error {
   }
 }
 
-/** A decoded n-d float tensor (C order), held as Float32Array whatever the wire dtype. */
+/** A decoded n-d tensor (C order): floats held as Float32Array whatever the wire dtype, int32 as Int32Array. */
 export class Tensor {
-  constructor(data, shape) {
+  constructor(data, shape, dtype = "float32") {
     this.data = data;
     this.shape = shape;
+    this.dtype = dtype;          // the wire dtype: float16 values are float16-exact only
     this.strides = shape.map((_, i) => shape.slice(i + 1).reduce((a, b) => a * b, 1));
   }
   /** Element at a full index. */
@@ -31,9 +35,9 @@ export class Tensor {
     let o = 0;
     for (let i = 0; i < idx.length; i++) o += idx[i] * this.strides[i];
     const shape = this.shape.slice(idx.length);
-    return new Tensor(this.data.subarray(o, o + shape.reduce((a, b) => a * b, 1)), shape);
+    return new Tensor(this.data.subarray(o, o + shape.reduce((a, b) => a * b, 1)), shape, this.dtype);
   }
-  /** Row i of a matrix (zero-copy Float32Array). */
+  /** Row i of a matrix (zero-copy typed array). */
   row(i) {
     const n = this.shape[this.shape.length - 1];
     return this.data.subarray(i * n, (i + 1) * n);
@@ -75,10 +79,11 @@ export function decodeBinary(buffer) {
   const base = 8 + n;
   for (const t of header.tensors || []) {
     const count = t.shape.reduce((a, b) => a * b, 1);
-    const data = t.dtype === "float16"
-      ? decodeFloat16(buffer, base + t.offset, count)
-      : new Float32Array(buffer.slice(base + t.offset, base + t.offset + 4 * count));
-    header[t.name] = new Tensor(data, t.shape);
+    const start = base + t.offset;
+    const data = t.dtype === "float16" ? decodeFloat16(buffer, start, count)
+      : t.dtype === "int32" ? new Int32Array(buffer.slice(start, start + 4 * count))
+        : new Float32Array(buffer.slice(start, start + 4 * count));
+    header[t.name] = new Tensor(data, t.shape, t.dtype);
   }
   delete header.tensors;
   header.bytes = buffer.byteLength;
@@ -88,21 +93,18 @@ export function decodeBinary(buffer) {
 // ---- requests --------------------------------------------------------------------------------
 const cache = new Map();      // key -> Promise of a decoded answer (in-flight requests are shared)
 const MAX_ENTRIES = 40;
-export const log = [];        // {path, body, bytes, ms} of every network request (status line, tests)
+export const log = [];        // {path, body, bytes | stream, ms, end} of every network request (tests, benches)
 
 function cacheKey(path, body) {
   const sorted = Object.keys(body).sort().reduce((o, k) => ((o[k] = body[k]), o), {});
   return path + " " + JSON.stringify(sorted);
 }
 
-async function fetchBinary(path, body) {
-  const started = performance.now();
+async function post(path, body, accept, extra = {}) {
   let response;
   try {
     response = await fetch(path, {
-      method: "POST",
-      headers: { "Content-Type": "application/json", Accept: `${BINARY}, application/json;q=0.5` },
-      body: JSON.stringify(body),
+      method: "POST", headers: { "Content-Type": "application/json", Accept: accept, ...extra }, body: JSON.stringify(body),
     });
   } catch (err) {
     throw new ApiError(0, `could not reach the server (${err.message}); is it still running?`);
@@ -115,19 +117,67 @@ async function fetchBinary(path, body) {
     } catch { /* not JSON: keep the status line */ }
     throw new ApiError(response.status, detail);
   }
+  return response;
+}
+
+async function fetchBinary(path, body) {
+  const started = performance.now();
+  const response = await post(path, body, `${BINARY}, application/json;q=0.5`);
   const answer = decodeBinary(await response.arrayBuffer());
-  log.push({ path, body, bytes: answer.bytes, ms: performance.now() - started });
+  log.push({ path, body, bytes: answer.bytes, ms: performance.now() - started, end: performance.now() });
   if (log.length > 200) log.shift();
   return answer;
 }
 
-function cached(path, body) {
+// ---- progress of a long run ----------------------------------------------------------------------
+let progressListener = () => {};
+/** fn({layer, layers}) is called for every layer a long run finishes (one listener: the page's progress bar). */
+export function onProgress(fn) {
+  progressListener = fn;
+}
+
+/** Read the request's NDJSON stream (progress lines, then done or error) without its result: the run is then
+ *  in the server's cache. A server without the stream answers in another form: read, and nothing to wait for. */
+async function runWithProgress(path, body) {
+  const started = performance.now();
+  const response = await post(path, body, NDJSON, { Prefer: "return=minimal" });
+  if (!(response.headers.get("Content-Type") || "").startsWith(NDJSON)) {
+    await response.arrayBuffer();        // read to the end (cancelling shows as a failed request)
+    return;
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = "";
+  const line = (text) => {
+    if (!text.trim()) return;
+    const msg = JSON.parse(text);
+    if (msg.progress) progressListener(msg.progress);
+    if (msg.error) {
+      const { status, detail } = msg.error;
+      throw new ApiError(status, typeof detail === "string" ? detail : JSON.stringify(detail));
+    }
+  };
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += value;
+    for (let nl = buf.indexOf("\n"); nl >= 0; nl = buf.indexOf("\n")) {
+      line(buf.slice(0, nl));
+      buf = buf.slice(nl + 1);
+    }
+  }
+  line(buf);
+  log.push({ path, body, stream: true, ms: performance.now() - started, end: performance.now() });   // the run is done
+}
+
+const progressThenBinary = (path, body) => runWithProgress(path, body).then(() => fetchBinary(path, body));
+
+function cached(path, body, load = fetchBinary) {
   const key = cacheKey(path, body);
   let p = cache.get(key);
   if (p) {
     cache.delete(key);           // refresh its place in the LRU order
   } else {
-    p = fetchBinary(path, body);
+    p = load(path, body);
     p.catch(() => cache.delete(key));
   }
   cache.set(key, p);
@@ -135,9 +185,10 @@ function cached(path, body) {
   return p;
 }
 
-/** POST /api/attention (binary). Options: layers, heads, include, resolution, dtype. */
-export function attention(body) {
-  return cached("/api/attention", body);
+/** POST /api/attention (binary). Options: layers, heads, include, resolution, top_k, dtype. With
+ *  {progress: true} (a long run, matrix.js longRun) an answer not cached here streams its run's progress first. */
+export function attention(body, { progress = false } = {}) {
+  return cached("/api/attention", body, progress ? progressThenBinary : fetchBinary);
 }
 
 /** POST /api/stages (binary): q, k, scores, scaled, mask, masked, probs for one layer and head. */

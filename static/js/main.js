@@ -14,7 +14,7 @@ import { renderChips } from "./chips.js";
 import { renderPredictions, surprisal } from "./predictions.js";
 import { h, replace } from "./dom.js";
 import { canvasToPng, download, downloadCSV, downloadJSON, svgBlob, svgToPng } from "./export.js";
-import { ownMask, PAIR_FILTERS, runOptions } from "./matrix.js";
+import { longRun, ownMask, PAIR_FILTERS, runOptions } from "./matrix.js";
 import { plot } from "./plot.js";
 import { fmtBytes, fmtMs, SCALE_MODES, SCALE_NAME } from "./scale.js";
 import { syncLesson } from "./lesson.js";
@@ -161,6 +161,44 @@ function tokenInfo(meta, st) {
   $("token-info").textContent = parts.join(" · ");
 }
 
+// ---- a long run's progress: the bar appears once a run has taken over a second -------------------------
+const PROGRESS_AFTER_MS = 1000;
+const progress = { timer: 0, done: 0, layers: 0 };
+
+function drawProgress() {
+  const bar = $("run-progress-bar");
+  if (progress.layers) bar.value = progress.done / progress.layers;
+  else bar.removeAttribute("value");                   // no layer done yet: an indeterminate bar
+  $("run-progress-label").textContent = progress.layers
+    ? `Running the model: layer ${progress.done} of ${progress.layers}` : "Running the model…";
+}
+
+function startProgress() {
+  clearTimeout(progress.timer);
+  Object.assign(progress, { done: 0, layers: 0 });
+  $("run-progress").hidden = true;
+  progress.timer = setTimeout(() => {
+    const box = $("run-progress");
+    box.hidden = false;
+    box.dataset.shown = String(Number(box.dataset.shown || 0) + 1);   // for tests: the bar was seen
+    drawProgress();
+  }, PROGRESS_AFTER_MS);
+}
+
+function stopProgress() {
+  clearTimeout(progress.timer);
+  $("run-progress").hidden = true;
+}
+
+/** One progress line of a streamed run: {layer, layers}, layer = the number of layers done. Several requests
+ *  of one update may stream; the bar shows the furthest. */
+api.onProgress(({ layer, layers }) => {
+  if (layers > 0 && (layer / layers) >= (progress.layers ? progress.done / progress.layers : 0)) {
+    Object.assign(progress, { done: layer, layers });
+    if (!$("run-progress").hidden) drawProgress();
+  }
+});
+
 // ---- drafts: an edited text is never thrown away ------------------------------------------------------
 // Changing any control after editing the text runs the new text; a click on a token (which names a token of
 // the text already run) leaves the edit pending, and it is marked as such until it runs.
@@ -189,8 +227,8 @@ function go(patch, opts) {
 let generation = 0;
 const current = { exports: null };
 
-function fetchAll(reqs, run) {
-  return Promise.all(reqs.map(({ endpoint, ...params }) => api[endpoint]({ ...run, ...params })));
+function fetchAll(reqs, run, opts) {
+  return Promise.all(reqs.map(({ endpoint, ...params }) => api[endpoint]({ ...run, ...params }, opts)));
 }
 
 async function update() {
@@ -211,14 +249,21 @@ async function update() {
   clearError();
   $("view-area").setAttribute("aria-busy", "true");
   setStatus("Running the model…");
+  startProgress();
   const started = performance.now();
   const run = runOptions(st, info);
+  const opts = { progress: longRun(st, info) };          // a long run streams its progress first
   try {
     // The per-view request does not depend on the tokens (except the line view's head limit), so
-    // both go out together; the server runs the model once and shares the run.
-    const metaP = api.attention({ ...run, include: ["summary", ...(info.predictions ? ["predictions"] : []),
-      ...(st.ablate.length ? ["effect"] : [])] });
-    let dataP = view.needsMeta ? null : fetchAll(view.requests(st, info, null), run);
+    // both go out together; the server runs the model once and shares the run. A long text runs layer by
+    // layer and keeps only what its first request asks for: that request also asks for the model view's
+    // thumbnails (a few ms a layer), and the view's requests wait for the run (a head is then recomputed from
+    // the run's checkpoints in well under a second, instead of a second pass over every layer).
+    const { include: thumbs, resolution, dtype } = model.requests()[0];
+    const overview = opts.progress ? { resolution, dtype } : {};
+    const metaP = api.attention({ ...run, ...overview, include: [...(opts.progress ? thumbs : []), "summary",
+      ...(info.predictions ? ["predictions"] : []), ...(st.ablate.length ? ["effect"] : [])] }, opts);
+    let dataP = view.needsMeta || opts.progress ? null : fetchAll(view.requests(st, info, null), run, opts);
     dataP?.catch(() => {});
     const meta = await metaP;
     if (gen !== generation) return;
@@ -228,7 +273,7 @@ async function update() {
     tokenInfo(meta, st);
     showWhatIf(meta, info);
     showWarnings(meta);
-    dataP ??= fetchAll(view.requests(st, info, meta), run);
+    dataP ??= fetchAll(view.requests(st, info, meta), run, opts);
     const results = await dataP;
     if (gen !== generation) return;
     const drawing = [];
@@ -253,7 +298,10 @@ async function update() {
     console.warn(err);
     showError(err);
   } finally {
-    if (gen === generation) $("view-area").setAttribute("aria-busy", "false");
+    if (gen === generation) {
+      stopProgress();
+      $("view-area").setAttribute("aria-busy", "false");
+    }
   }
 }
 

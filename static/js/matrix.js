@@ -9,22 +9,34 @@ export function visibleTokens(meta, hideSpecial) {
 }
 
 /**
- * The rows x cols of a T x T matrix (a Tensor of shape [T, T]).
+ * The rows x cols of a T x T matrix (a Tensor of shape [T, T]), read in place: no copy, so it serves a
+ * 4096 x 4096 matrix as well as a small one.
  * renormOver: null, or the keys over which each row is renormalised to sum to 1 (the visible ones).
+ * Returns {value(a, b) (shown), raw(a, b) (the model's own), rowMass: kept mass per row (Float64Array)}, with a and
+ * b positions in rows and cols.
+ */
+export function matrixCells(m, rows, cols = rows, renormOver = null) {
+  const data = m.data, T = m.shape[m.shape.length - 1];
+  const rowMass = new Float64Array(rows.length);
+  rows.forEach((i, a) => {
+    let s = 0;
+    for (const j of renormOver ?? cols) s += data[i * T + j];
+    rowMass[a] = s;
+  });
+  const raw = (a, b) => data[rows[a] * T + cols[b]];
+  const value = renormOver ? (a, b) => (rowMass[a] > 0 ? raw(a, b) / rowMass[a] : raw(a, b)) : raw;
+  return { value, raw, rowMass };
+}
+
+/**
+ * The same as nested arrays (small matrices: tables, exports, Plotly heatmaps).
  * Returns {z: number[][] (shown), raw: number[][] (the model's own), rowMass: kept mass per row}.
  */
 export function subMatrix(m, rows, cols = rows, renormOver = null) {
-  const z = [], raw = [], rowMass = [];
-  for (const i of rows) {
-    const row = m.row(i);
-    const r = cols.map((j) => row[j]);
-    let s = 0;
-    for (const j of renormOver ?? cols) s += row[j];
-    raw.push(r);
-    rowMass.push(s);
-    z.push(renormOver && s > 0 ? r.map((v) => v / s) : r);
-  }
-  return { z, raw, rowMass };
+  const c = matrixCells(m, rows, cols, renormOver);
+  const raw = rows.map((_, a) => cols.map((_, b) => c.raw(a, b)));
+  const z = renormOver ? rows.map((_, a) => cols.map((_, b) => c.value(a, b))) : raw;
+  return { z, raw, rowMass: Array.from(c.rowMass) };
 }
 
 export function maxOf(rows) {
@@ -96,6 +108,15 @@ export function ticksIn(lo, hi, px, perLabel) {
   const out = [];
   for (let i = Math.ceil(a / step) * step; i <= b; i += step) out.push(i);
   return out;
+}
+
+/** Characters of text (with the second sentence) past which a run may be long, on a model that reads more than
+ *  LONG_TOKENS tokens (SmolLM2: 2048 tokens take seconds). */
+export const LONG_TEXT = 1500, LONG_TOKENS = 512;
+
+/** May this state's run take over a second? Then its progress is streamed, and its T x T matrices travel as float16. */
+export function longRun(st, info) {
+  return info.max_tokens > LONG_TOKENS && st.text.length + (st.text_pair || "").length > LONG_TEXT;
 }
 
 /** The run options shared by every request for a state. */

@@ -1,9 +1,10 @@
 // Head view: the query x key weights of one head as a heatmap across the panel's width; hover a cell for
 // both tokens and the exact weight, zoom in (drag a box) and every token is labelled again, click a row
-// (or a token chip) to pin it and list its weights below.
+// (or a token chip) to pin it and list its weights below. A long text's matrix (up to 4096 x 4096) is painted
+// into a canvas, one pixel per cell, and drawn as one Plotly image under the same axes, hover and zoom.
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
-import { dividerAt, maskRule, maxOf, ownMask, pairView, sentences, subMatrix, ticksIn, visibleTokens } from "../matrix.js";
-import { colourRange, exactString, FILTERED_COLOR, fmt, fmtExact, MASKED_COLOR, plotlyScale } from "../scale.js";
+import { dividerAt, longRun, maskRule, matrixCells, ownMask, pairView, sentences, ticksIn, visibleTokens } from "../matrix.js";
+import { colourRange, exactString, FILTERED_COLOR, fmt, fmtExact, LUT, lutIndex, MASKED_COLOR, plotlyScale } from "../scale.js";
 
 export const title = "Head view";
 export const help = "Rows are queries (the token doing the looking), columns are keys (the tokens it looks at). " +
@@ -15,10 +16,14 @@ const LIST_LIMIT = 40;          // pinned rows longer than this list their top w
 const LABEL_CHARS = 14;         // tick labels longer than this are shortened (the hover has the whole token)
 const DIVIDER = "#e7298a";      // the line between the sentences of a pair
 const MAX_CELL = 56;            // short texts: cells no larger than this (px), the plot narrower than the panel
+const IMAGE_CELLS = 320 * 320;  // larger matrices are painted as one image, not sent to Plotly as numbers
+const MIN_TICK_FONT = 8;        // zoomed in: tick labels shrink down to this (px) before some are left out
 
-/** What to fetch: only this layer and head, float32 (about 0.25 MB at 256 tokens). */
-export function requests(st) {
-  return [{ endpoint: "attention", layers: [st.layer], heads: [st.head], include: ["attention"] }];
+/** What to fetch: only this layer and head, float32 (about 0.25 MB at 256 tokens); a long text's matrix in
+ *  float16 (8 MB at 2048 tokens, 32 MB at 4096). */
+export function requests(st, info) {
+  return [{ endpoint: "attention", layers: [st.layer], heads: [st.head], include: ["attention"],
+    ...(longRun(st, info) ? { dtype: "float16" } : {}) }];
 }
 
 const shortLabel = (tok, n = LABEL_CHARS) => {
@@ -26,14 +31,20 @@ const shortLabel = (tok, n = LABEL_CHARS) => {
   return plotlyText(s.length > n ? s.slice(0, n - 1) + "…" : s);
 };
 
-/** Tick values and labels for positions lo..hi of an axis px pixels long. */
-function axisTicks(labels, lo, hi, px, perLabel) {
-  const vals = ticksIn(lo, hi, px, perLabel);
-  return { tickvals: vals, ticktext: vals.map((p) => labels[p]) };
+/** Tick values, labels and font size for positions lo..hi of an axis px pixels long: every label at the tick
+ *  font (`font` px, `font` + 6 apart) when they fit; else every label at a smaller font, down to MIN_TICK_FONT,
+ *  when that fits (a zoomed window of a long text); else every k-th label. */
+function axisTicks(labels, lo, hi, px, font) {
+  const n = Math.min(labels.length - 1, Math.floor(hi)) - Math.max(0, Math.ceil(lo)) + 1;
+  const fit = Math.floor(px / Math.max(1, n)) - 2;                  // labels 2 px apart at this size
+  const tight = n * (font + 6) > px && fit >= MIN_TICK_FONT;
+  const size = tight ? Math.min(fit, font) : font;
+  const vals = ticksIn(lo, Math.min(hi, labels.length - 1), px, tight ? size + 2 : font + 6);
+  return { tickvals: vals, ticktext: vals.map((p) => labels[p]), tickfont: { size } };
 }
 
 function pinnedPanel(panel, d, st, ctx) {
-  const { meta, rows, cols, z, raw, rowMass, renorm, hidden } = d;
+  const { meta, rows, cols, cells, renorm, hidden } = d;
   const pos = st.pin === null ? -1 : rows.indexOf(st.pin);
   if (pos < 0) {
     const why = st.pin === null || st.pin >= meta.tokens.length ? ""
@@ -44,7 +55,7 @@ function pinnedPanel(panel, d, st, ctx) {
     return;
   }
   const q = st.pin;
-  const items = cols.map((k, j) => ({ k, w: z[pos][j], raw: raw[pos][j], masked: hidden(q, k) }));
+  const items = cols.map((k, j) => ({ k, w: cells.value(pos, j), raw: cells.raw(pos, j), masked: hidden(q, k) }));
   const shown = items.length > LIST_LIMIT ? [...items].sort((a, b) => b.w - a.w).slice(0, LIST_LIMIT) : items;
   const table = h("table", { class: "weights", "aria-label": `Weights of query ${q}` },
     h("thead", {}, h("tr", {},
@@ -67,7 +78,7 @@ function pinnedPanel(panel, d, st, ctx) {
     h("h3", {}, `Pinned query ${q}: `, h("q", { class: "tok", text: tokenLabel(meta.tokens[q]) })),
     h("p", { class: "hint" },
       items.length > LIST_LIMIT ? `Its ${LIST_LIMIT} largest of ${items.length} weights, largest first. ` : "Its weight on every key shown. ",
-      renorm ? `The visible keys held ${fmt(rowMass[pos], 4)} of the row's weight before renormalising. ` : "",
+      renorm ? `The visible keys held ${fmt(cells.rowMass[pos], 4)} of the row's weight before renormalising. ` : "",
       `The keys listed hold ${fmt(sum, 6)} of the row${renorm ? " as shown" : ""}.`),
     table,
     h("button", { type: "button", class: "small", onclick: () => ctx.go({ pin: null }), text: "Unpin" }));
@@ -112,15 +123,42 @@ function legend(el, meta, view, anyMasked, range, renorm) {
   replace(el, items);
 }
 
-function showTip(tip, wrap, ev, lines) {
+function showTip(tip, wrap, e, lines) {
   replace(tip, lines.map((t) => h("div", { text: t })));
   tip.hidden = false;
-  const box = wrap.getBoundingClientRect(), e = ev.event || {};
-  const x = (e.clientX ?? box.left) - box.left, y = (e.clientY ?? box.top) - box.top;
+  const box = wrap.getBoundingClientRect();
+  const x = e.clientX - box.left, y = e.clientY - box.top;
   const w = tip.offsetWidth, hgt = tip.offsetHeight;
   tip.style.left = `${Math.max(0, x + 14 + w > box.width ? x - w - 14 : x + 14)}px`;
   tip.style.top = `${Math.max(0, y + 14 + hgt > box.height ? y - hgt - 14 : y + 14)}px`;
 }
+
+/** Paint the matrix as shown into a canvas, one pixel per cell: colours from the LUT, masked cells white,
+ *  filtered-out cells grey; returns a PNG data URL for a Plotly image trace. */
+function paintImage(nr, nc, shown, range) {
+  const canvas = document.createElement("canvas");
+  canvas.width = nc;
+  canvas.height = nr;
+  const g = canvas.getContext("2d");
+  const img = g.createImageData(nc, nr), px = img.data;
+  const rgb = (hex) => [1, 3, 5].map((k) => parseInt(hex.slice(k, k + 2), 16));
+  const masked = rgb(MASKED_COLOR), filtered = rgb(FILTERED_COLOR);
+  for (let a = 0, o = 0; a < nr; a++) {
+    for (let b = 0; b < nc; b++, o += 4) {
+      const v = shown(a, b);
+      if (v === MASKED) px.set(masked, o);
+      else if (v === FILTERED) px.set(filtered, o);
+      else {
+        const c = lutIndex(v, range) * 3;
+        px[o] = LUT[c]; px[o + 1] = LUT[c + 1]; px[o + 2] = LUT[c + 2];
+      }
+      px[o + 3] = 255;
+    }
+  }
+  g.putImageData(img, 0, 0);
+  return canvas.toDataURL("image/png");
+}
+const MASKED = -1, FILTERED = -2;       // shown(a, b) for a cell the query cannot see, or a filter leaves out
 
 export function render(container, { meta, results: [ans] }, st, ctx) {
   const idx = visibleTokens(meta, st.hide_special);
@@ -128,19 +166,25 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   const view = pairView(meta, idx, st.pairs);
   const { rows, cols } = view;
   const m = ans.attention.sub(0, 0);
-  const { z: vals, raw, rowMass } = subMatrix(m, rows, cols, renorm ? idx : null);
+  const cells = matrixCells(m, rows, cols, renorm ? idx : null);
   const hidden = maskRule(meta);
-  let anyMasked = false;
-  // drawn: null where the key is masked (white background) or filtered out (grey trace underneath)
-  const z = rows.map((i, a) => cols.map((j, b) => {
-    if (hidden(i, j)) { anyMasked = true; return null; }
-    return view.keep(i, j) ? vals[a][b] : null;
-  }));
-  const range = colourRange(st, maxOf(z));
   const nr = rows.length, nc = cols.length;
+  // what a cell shows: its weight, or MASKED (the key is hidden from the query), or FILTERED (the other sentence)
+  const shown = (a, b) => (hidden(rows[a], cols[b]) ? MASKED : view.keep(rows[a], cols[b]) ? cells.value(a, b) : FILTERED);
+  let anyMasked = false, max = 0;
+  for (let a = 0; a < nr; a++) {
+    for (let b = 0; b < nc; b++) {
+      const v = shown(a, b);
+      if (v === MASKED) anyMasked = true;
+      else if (v > max) max = v;
+    }
+  }
+  const range = colourRange(st, max);
+  const image = nr * nc > IMAGE_CELLS;
 
   const note = part(container, "note", "p", { class: "note" });
-  note.textContent = noteText(meta, st, ctx, renorm, view);
+  note.textContent = noteText(meta, st, ctx, renorm, view) + (m.dtype === "float16"
+    ? " Long text: the weights travel as float16 (about 3 significant digits)." : "");
   legend(part(container, "legend", "p", { class: "legend" }), meta, view, anyMasked, range, renorm);
   const layout = part(container, "layout", "div", { class: "head-layout" });
   const wrap = part(layout, "wrap", "div", { class: "plot-wrap" });
@@ -151,6 +195,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   const panel = part(side, "pinned", "div", { class: "pinned" });
   plot.setAttribute("aria-label", `Heatmap of layer ${st.layer}, head ${st.head}: ${nr} query rows by ${nc} key columns. ` +
     "Pin a token with the token chips to read its weights.");
+  plot.dataset.drawn = image ? "image" : "heatmap";
   if (!readout.dataset.query) readout.textContent = "Hover a cell to read both tokens and the exact weight.";
 
   // Size: the panel's whole width; cells square when the window is tall enough, else as tall as it allows.
@@ -166,23 +211,33 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     Math.min(cell * nr + margin.t + margin.b, window.innerHeight * (narrow ? 0.7 : 0.9))));
   const figWidth = cell < MAX_CELL ? undefined : Math.round(plotW + margin.l + margin.r + bar);   // short texts
   plot.style.height = `${height}px`;
-  const perX = font + 5, perY = font + 5;                                    // pixels per tick label
+  const tickFont = font - 1;
   const rev = `${st.model}|${st.text}|${st.text_pair}|${nr}x${nc}|${st.pairs}|${st.hide_special}`;
   const zoom = plot._zoom?.rev === rev ? plot._zoom : null;                  // kept across heads (uirevision)
-  const xt = axisTicks(colLabels, ...(zoom?.x ?? [0, nc - 1]), plotW, perX);
-  const yt = axisTicks(rowLabels, ...(zoom?.y ?? [0, nr - 1]), height - margin.t - margin.b, perY);
+  const xt = axisTicks(colLabels, ...(zoom?.x ?? [0, nc - 1]), plotW, tickFont);
+  const yt = axisTicks(rowLabels, ...(zoom?.y ?? [0, nr - 1]), height - margin.t - margin.b, tickFont);
 
+  const colorbar = { title: { text: narrow ? "" : (renorm ? "weight<br>(renorm.)" : "weight"), side: "right" },
+    thickness: narrow ? 8 : 14, tickfont: { size: font - 2 } };
   const traces = [];
-  if (view.filter === "within") {
-    traces.push({ type: "heatmap", z: rows.map((i) => cols.map((j) => (view.keep(i, j) ? null : 1))), showscale: false,
-      colorscale: [[0, FILTERED_COLOR], [1, FILTERED_COLOR]], zmin: 0, zmax: 1, hoverinfo: "skip" });
+  if (image) {
+    // the colour bar, from an invisible one-cell heatmap on the same scale; the picture is the image on top
+    traces.push({ type: "heatmap", z: [[range.zmin]], x: [0], y: [0], zmin: range.zmin, zmax: range.zmax,
+      colorscale: plotlyScale, opacity: 0, hoverinfo: "skip", colorbar });
+    traces.push({ type: "image", source: paintImage(nr, nc, shown, range), x0: 0, y0: 0, dx: 1, dy: 1,
+      hoverinfo: "skip", name: `${nr}x${nc}` });
+  } else {
+    const z = rows.map((_, a) => cols.map((_, b) => { const v = shown(a, b); return v < 0 ? null : v; }));
+    if (view.filter === "within") {
+      traces.push({ type: "heatmap", z: rows.map((i) => cols.map((j) => (view.keep(i, j) ? null : 1))), showscale: false,
+        colorscale: [[0, FILTERED_COLOR], [1, FILTERED_COLOR]], zmin: 0, zmax: 1, hoverinfo: "skip" });
+    }
+    traces.push({
+      type: "heatmap", z, x: [...Array(nc).keys()], y: [...Array(nr).keys()], zmin: range.zmin, zmax: range.zmax,
+      colorscale: plotlyScale, hoverinfo: "none", hoverongaps: true, xgap: nc <= 40 ? 1 : 0, ygap: nr <= 40 ? 1 : 0,
+      colorbar,
+    });
   }
-  traces.push({
-    type: "heatmap", z, x: [...Array(nc).keys()], y: [...Array(nr).keys()], zmin: range.zmin, zmax: range.zmax,
-    colorscale: plotlyScale, hoverinfo: "none", hoverongaps: true, xgap: nc <= 40 ? 1 : 0, ygap: nr <= 40 ? 1 : 0,
-    colorbar: { title: { text: narrow ? "" : (renorm ? "weight<br>(renorm.)" : "weight"), side: "right" },
-      thickness: narrow ? 8 : 14, tickfont: { size: font - 2 } },
-  });
   const shapes = [];
   const pinPos = st.pin === null ? -1 : rows.indexOf(st.pin);
   if (pinPos >= 0) {
@@ -196,8 +251,9 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     if (dy > 0) shapes.push({ type: "line", xref: "paper", yref: "y", x0: 0, x1: 1, y0: dy - 0.5, y1: dy - 0.5, line });
   }
   const axis = (t, ticks) => ({
-    title: { text: narrow ? "" : t }, tickmode: "array", ...ticks, tickfont: { size: font - 1 },
+    title: { text: narrow ? "" : t }, tickmode: "array", ...ticks,
     showgrid: false, zeroline: false, fixedrange: false, showline: true, linecolor: "#c9ccd3", mirror: true,
+    scaleanchor: false,                  // an image trace would otherwise keep its pixels square
   });
   const axisTitle = (side) => view.filter === "ab" ? (side === "x" ? "key in sentence B" : "query in sentence A")
     : view.filter === "ba" ? (side === "x" ? "key in sentence A" : "query in sentence B")
@@ -212,15 +268,24 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
 
   if (!plot.dataset.wired) {
     plot.dataset.wired = "1";
-    plot.on("plotly_hover", (ev) => {
-      const p = ev.points[0], cur = plot._attn;
-      const a = p.y, b = p.x;
-      if (!(a >= 0 && a < cur.rows.length && b >= 0 && b < cur.cols.length)) return;
-      const qi = cur.rows[a], ki = cur.cols[b], w = cur.vals[a][b];
+    // Hover and click from the mouse position on the axes (the same for the heatmap and the image).
+    const cellAt = (e) => {
+      const cur = plot._attn, fl = plot._fullLayout, r = plot.getBoundingClientRect();
+      if (!cur || !fl?.xaxis?.p2l) return null;
+      const px = e.clientX - r.left - fl.xaxis._offset, py = e.clientY - r.top - fl.yaxis._offset;
+      if (px < 0 || py < 0 || px > fl.xaxis._length || py > fl.yaxis._length) return null;
+      const a = Math.round(fl.yaxis.p2l(py)), b = Math.round(fl.xaxis.p2l(px));
+      return a >= 0 && a < cur.rows.length && b >= 0 && b < cur.cols.length ? [a, b] : null;
+    };
+    plot.addEventListener("mousemove", (e) => {
+      const at = cellAt(e), cur = plot._attn;
+      if (!at) { tip.hidden = true; return; }
+      const [a, b] = at;
+      const qi = cur.rows[a], ki = cur.cols[b], w = cur.cells.value(a, b);
       const masked = cur.hidden(qi, ki), out = !cur.keep(qi, ki);
       const pairText = `query ${qi} “${tokenLabel(cur.tokens[qi])}” → key ${ki} “${tokenLabel(cur.tokens[ki])}”`;
       const value = masked ? "masked: this query cannot see this key (weight exactly 0)"
-        : `weight ${fmtExact(w)}` + (cur.renorm ? ` (model's own ${fmtExact(cur.raw[a][b])})` : "") +
+        : `weight ${fmtExact(w)}` + (cur.renorm ? ` (model's own ${fmtExact(cur.cells.raw(a, b))})` : "") +
           (out ? " · the other sentence" : "");
       readout.dataset.query = qi;
       readout.dataset.key = ki;
@@ -228,12 +293,17 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
       readout.textContent = `${pairText}: ${value}`;
       tip.dataset.query = qi;
       tip.dataset.key = ki;
-      showTip(tip, wrap, ev, [pairText, value]);
+      showTip(tip, wrap, e, [pairText, value]);
     });
-    plot.on("plotly_unhover", () => { tip.hidden = true; });
-    plot.on("plotly_click", (ev) => {
-      const qi = plot._attn.rows[ev.points[0].y];
-      if (qi !== undefined) plot._attn.go({ pin: plot._attn.pin === qi ? null : qi });
+    plot.addEventListener("mouseleave", () => { tip.hidden = true; });
+    // a click pins the row under it (not the end of a zoom drag, nor the second click of a double-click)
+    let down = null;
+    plot.addEventListener("mousedown", (e) => { down = [e.clientX, e.clientY]; }, true);
+    plot.addEventListener("click", (e) => {
+      const at = cellAt(e), cur = plot._attn;
+      if (!at || e.detail > 1 || !down || Math.hypot(e.clientX - down[0], e.clientY - down[1]) > 4) return;
+      const qi = cur.rows[at[0]];
+      cur.go({ pin: cur.pin === qi ? null : qi });
     });
     // Zooming relabels the axes: every token gets its label back once they fit.
     plot.on("plotly_relayout", (ev) => {
@@ -245,31 +315,32 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
       plot._zoom = zoomed
         ? { rev: cur.rev, xr, yr, x: [Math.min(...xr), Math.max(...xr)], y: [Math.min(...yr), Math.max(...yr)] } : null;
       const x = plot._zoom?.x ?? [0, cur.cols.length - 1], y = plot._zoom?.y ?? [0, cur.rows.length - 1];
-      const xt2 = axisTicks(cur.colLabels, ...x, fl.xaxis._length, cur.perX);
-      const yt2 = axisTicks(cur.rowLabels, ...y, fl.yaxis._length, cur.perY);
+      const xt2 = axisTicks(cur.colLabels, ...x, fl.xaxis._length, cur.tickFont);
+      const yt2 = axisTicks(cur.rowLabels, ...y, fl.yaxis._length, cur.tickFont);
       window.Plotly.relayout(plot, { "xaxis.tickvals": xt2.tickvals, "xaxis.ticktext": xt2.ticktext,
-        "yaxis.tickvals": yt2.tickvals, "yaxis.ticktext": yt2.ticktext });
+        "xaxis.tickfont.size": xt2.tickfont.size, "yaxis.tickvals": yt2.tickvals, "yaxis.ticktext": yt2.ticktext,
+        "yaxis.tickfont.size": yt2.tickfont.size });
     });
   }
-  plot._attn = { rows, cols, vals, raw, renorm, hidden, keep: view.keep, tokens: meta.tokens, pin: st.pin, go: ctx.go,
-    rev, rowLabels, colLabels, perX, perY };
-  pinnedPanel(panel, { meta, rows, cols, z: vals, raw, rowMass, renorm, hidden }, st, ctx);
+  plot._attn = { rows, cols, cells, renorm, hidden, keep: view.keep, tokens: meta.tokens, pin: st.pin, go: ctx.go,
+    rev, rowLabels, colLabels, tickFont };
+  pinnedPanel(panel, { meta, rows, cols, cells, renorm, hidden }, st, ctx);
   container.dataset.layer = st.layer;
   container.dataset.head = st.head;
   container.dataset.zmax = exactString(range.zmax);
 
   const tok = (i) => meta.tokens[i];
+  const valueRows = () => rows.map((_, a) => cols.map((_, b) => Number(exactString(cells.value(a, b)))));
   return {
     plot,
     name: `attnscope-${st.model}-L${st.layer}H${st.head}`,
     csv: () => [["query\\key", ...cols.map((i) => `${i}:${tok(i)}`)],
-      ...vals.map((r, a) => [`${rows[a]}:${tok(rows[a])}`, ...r.map((v) => Number(exactString(v)))])],
+      ...valueRows().map((r, a) => [`${rows[a]}:${tok(rows[a])}`, ...r])],
     json: () => ({
       model: st.model, text: st.text, text_pair: st.text_pair || null, layer: st.layer, head: st.head,
       causal: meta.causal, mask_tokens: meta.mask_tokens, renormalised: renorm, pairs: view.filter,
       colour_scale: { zmin: range.zmin, zmax: range.zmax, mode: range.perHead ? "per head" : "fixed" },
-      query_indices: rows, key_indices: cols, tokens: meta.tokens,
-      attention: vals.map((r) => r.map((v) => Number(exactString(v)))),
+      query_indices: rows, key_indices: cols, tokens: meta.tokens, attention: valueRows(),
     }),
   };
 }

@@ -1,5 +1,6 @@
 // Line view (BertViz style): queries on the left, keys on the right, a line per weight whose
-// opacity is the weight, one colour per head. Hover or focus a token to see only its lines.
+// opacity is the weight, one colour per head. Hover or focus a token to see only its lines. A long text
+// (more than TOP_K_FROM tokens) fetches only each query's TOP_K heaviest keys (the server's top_k), not T x T.
 import { h, part, replace, rove, svg, tokenLabel } from "../dom.js";
 import { dividerAt, ownMask, pairView, subMatrix, visibleTokens } from "../matrix.js";
 import { exactString, fmt, headColor } from "../scale.js";
@@ -13,6 +14,8 @@ export const needsMeta = true;
 const LEVELS = 32;           // opacity levels for the overview (one <path> per head and level)
 const MIN_WEIGHT = 1 / 64;   // lighter lines are invisible anyway: not drawn in the overview
 const MAX_SEGMENTS = 6000;   // overview cap for long inputs (strongest lines kept)
+export const TOP_K_FROM = 512;  // more tokens than this: only the top keys of each query are fetched and drawn
+export const TOP_K = 8;
 
 /** How many heads may be drawn at once for T tokens (keeps the transfer and the drawing light). */
 export function maxHeads(T, H) {
@@ -26,10 +29,43 @@ export function selectedHeads(st, T, H) {
   return heads.length ? heads : [Math.min(st.head, H - 1)];
 }
 
-/** One request per head (float16): toggling a head fetches only that head. */
+/** One request per head (float16): toggling a head fetches only that head; a long text asks for top_k. */
 export function requests(st, info, meta) {
-  return selectedHeads(st, meta.tokens.length, info.heads).map((hd) => (
-    { endpoint: "attention", layers: [st.layer], heads: [hd], include: ["attention"], dtype: "float16" }));
+  const T = meta.tokens.length;
+  return selectedHeads(st, T, info.heads).map((hd) => ({ endpoint: "attention", layers: [st.layer], heads: [hd],
+    include: ["attention"], dtype: "float16", ...(T > TOP_K_FROM ? { top_k: TOP_K } : {}) }));
+}
+
+/**
+ * One head's lines between row positions a (queries) and column positions b (keys), weight w > 0:
+ * {all: [[a, b, w], ...], ofQuery(a), ofKey(b) -> [[other position, w], ...]}. From the full matrix (z, rows x
+ * cols as shown), or from the server's top-k keys of each query (topKeys, topWeights: Tensors [T][k]).
+ */
+function denseLines(z) {
+  const all = [];
+  z.forEach((row, a) => row.forEach((w, b) => { if (w > 0) all.push([a, b, w]); }));
+  return {
+    all,
+    ofQuery: (a) => z[a].map((w, b) => [b, w]).filter(([, w]) => w > 0),
+    ofKey: (b) => z.map((row, a) => [a, row[b]]).filter(([, w]) => w > 0),
+  };
+}
+
+function topKLines(topKeys, topWeights, rows, cols, keep) {
+  const T = topKeys.shape[0], k = topKeys.shape[1];
+  const colPos = new Int32Array(T).fill(-1);
+  cols.forEach((j, b) => { colPos[j] = b; });
+  const all = [], byQuery = rows.map(() => []), byKey = cols.map(() => []);
+  rows.forEach((i, a) => {
+    for (let r = 0; r < k; r++) {
+      const j = topKeys.at(i, r), w = topWeights.at(i, r), b = colPos[j];
+      if (!(w > 0) || b < 0 || !keep(i, j)) continue;        // weight 0: a key the query cannot see
+      all.push([a, b, w]);
+      byQuery[a].push([b, w]);
+      byKey[b].push([a, w]);
+    }
+  });
+  return { all, ofQuery: (a) => byQuery[a], ofKey: (b) => byKey[b] };
 }
 
 function headPicker(el, st, T, H, heads, ctx) {
@@ -66,13 +102,18 @@ export function render(container, { meta, results }, st, ctx) {
   const view = pairView(meta, idx, st.pairs);
   const { rows, cols } = view;                       // queries on the left, keys on the right
   const n = Math.max(rows.length, cols.length);
-  const mats = results.map((r) => subMatrix(r.attention.sub(0, 0), rows, cols, renorm ? idx : null).z
+  const topK = results[0].top_keys ? results[0].top_keys.shape[3] : 0;    // 0: full matrices
+  const mats = topK ? null : results.map((r) => subMatrix(r.attention.sub(0, 0), rows, cols, renorm ? idx : null).z
     .map((row, a) => row.map((w, b) => (view.keep(rows[a], cols[b]) ? w : 0))));
+  const headLines = topK                                                    // each head's lines
+    ? results.map((r) => topKLines(r.top_keys.sub(0, 0), r.top_weights.sub(0, 0), rows, cols, view.keep))
+    : mats.map(denseLines);
 
   headPicker(part(container, "picker", "div", { class: "picker" }), st, T, ctx.info.heads, heads, ctx);
   const note = part(container, "note", "p", { class: "note" });
-  note.textContent = (renorm
-    ? "[CLS] and [SEP] are hidden; each query's remaining weights are renormalised to sum to 1."
+  note.textContent = (topK
+    ? `${T} tokens: each query's ${topK} heaviest keys are drawn, with the model's own weights${renorm ? " ([CLS] and [SEP] hidden, not renormalised)" : ""}.`
+    : renorm ? "[CLS] and [SEP] are hidden; each query's remaining weights are renormalised to sum to 1."
     : ownMask(meta, ctx.info) ? "All tokens shown; line opacity is the model's own weight."
       : "All tokens shown; line opacity is the weight of the what-if run above (masked pairs have no line).") +
     ({ ab: " Sentence A's queries (left) → sentence B's keys (right).", ba: " Sentence B's queries (left) → sentence A's keys (right).",
@@ -92,9 +133,9 @@ export function render(container, { meta, results }, st, ctx) {
 
   // Overview: bucket every visible line by head and opacity level into one path each.
   let segs = [];
-  mats.forEach((z, hi) => z.forEach((row, a) => row.forEach((w, b) => {   // a: row position, b: column position
+  headLines.forEach((ln, hi) => ln.all.forEach(([a, b, w]) => {   // a: row position, b: column position
     if (w >= MIN_WEIGHT) segs.push([hi, a, b, w]);
-  })));
+  }));
   const capped = segs.length > MAX_SEGMENTS;
   if (capped) segs = segs.sort((s1, s2) => s2[3] - s1[3]).slice(0, MAX_SEGMENTS);
   const buckets = new Map();
@@ -153,17 +194,16 @@ export function render(container, { meta, results }, st, ctx) {
     const other = side === "q" ? "k" : "q";
     overview.setAttribute("opacity", "0.12");
     const lines = [], items = [];
-    mats.forEach((z, hi) => {
-      const ws = side === "q" ? z[p] : z.map((row) => row[p]);        // over the other side's positions
-      ws.forEach((w, o) => {
-        if (w <= 0) return;
+    headLines.forEach((ln, hi) => {
+      const ws = side === "q" ? ln.ofQuery(p) : ln.ofKey(p);          // [other side's position, weight]
+      ws.forEach(([o, w]) => {
         const [a, b] = side === "q" ? [p, o] : [o, p];
         lines.push(svg("line", {
           x1: xl + 6, y1: y(a), x2: xr - 6, y2: y(b), stroke: headColor(heads[hi]),
           "stroke-opacity": Math.min(1, w).toFixed(4), "stroke-width": 2.5,
         }));
       });
-      const top = ws.map((w, o) => [w, o]).sort((u, v) => v[0] - u[0]).slice(0, 5);
+      const top = ws.map(([o, w]) => [w, o]).sort((u, v) => v[0] - u[0]).slice(0, 5);
       items.push(h("li", {},
         h("span", { class: "swatch", style: `background:${headColor(heads[hi])}`, "aria-hidden": "true" }),
         h("strong", { text: `head ${heads[hi]}: ` }),
@@ -175,7 +215,9 @@ export function render(container, { meta, results }, st, ctx) {
     const i = list(side)[p];
     replace(aside,
       h("h3", {}, side === "q" ? `Query ${i} ` : `Key ${i} `, h("q", { class: "tok", text: tokenLabel(meta.tokens[i]) })),
-      h("p", { class: "hint", text: side === "q" ? "Where it looks: its strongest keys per head (weights sent as float16, 3 decimals; the head view has the exact float32):" : "Who looks at it: the strongest queries per head (float16 weights, 3 decimals):" }),
+      h("p", { class: "hint", text: side === "q" ? "Where it looks: its strongest keys per head (weights sent as float16, 3 decimals; the head view has the exact float32):"
+        : topK ? `Who looks at it: the strongest queries per head among those that have it in their top ${topK} (float16 weights, 3 decimals):`
+          : "Who looks at it: the strongest queries per head (float16 weights, 3 decimals):" }),
       h("ul", { class: "focus-items" }, items));
     aside.dataset.focus = `${side}${i}`;
   };
@@ -204,17 +246,22 @@ export function render(container, { meta, results }, st, ctx) {
   container.dataset.layer = st.layer;
   container.dataset.head = st.head;
   container.dataset.heads = heads.join(",");
+  container.dataset.topK = String(topK);
 
   return {
     svg: drawing,
     name: `attnscope-${st.model}-L${st.layer}-lines`,
     csv: () => [["layer", "head", "query_index", "query_token", "key_index", "key_token", "weight"],
-      ...mats.flatMap((z, hi) => z.flatMap((row, a) => row.map((w, b) =>
-        [st.layer, heads[hi], rows[a], meta.tokens[rows[a]], cols[b], meta.tokens[cols[b]], Number(exactString(w))])))],
+      ...(topK ? headLines.flatMap((ln, hi) => ln.all.map(([a, b, w]) => [hi, a, b, w]))
+        : mats.flatMap((z, hi) => z.flatMap((row, a) => row.map((w, b) => [hi, a, b, w]))))
+        .map(([hi, a, b, w]) => [st.layer, heads[hi], rows[a], meta.tokens[rows[a]], cols[b], meta.tokens[cols[b]],
+          Number(exactString(w))])],
     json: () => ({
-      model: st.model, text: st.text, layer: st.layer, heads, dtype: "float16", renormalised: renorm, pairs: view.filter,
-      query_indices: rows, key_indices: cols, tokens: meta.tokens,
-      attention: mats.map((z) => z.map((r) => r.map((w) => Number(exactString(w))))),
+      model: st.model, text: st.text, layer: st.layer, heads, dtype: "float16", renormalised: renorm && !topK,
+      pairs: view.filter, query_indices: rows, key_indices: cols, tokens: meta.tokens,
+      ...(topK   // [query index, key index, weight] of each query's top keys, per head
+        ? { top_k: topK, lines: headLines.map((ln) => ln.all.map(([a, b, w]) => [rows[a], cols[b], Number(exactString(w))])) }
+        : { attention: mats.map((z) => z.map((r) => r.map((w) => Number(exactString(w))))) }),
     }),
   };
 }

@@ -1,5 +1,5 @@
 // Model view: every layer x head as a small thumbnail, drawn on <canvas> from one binary request
-// (block-averaged to 48 x 48, float16). Hover a thumbnail for the head, the tokens of the block under the
+// (block-averaged to 64 x 64, float16). Hover a thumbnail for the head, the tokens of the block under the
 // mouse and its value; each thumbnail is a link that opens that head.
 import { h, part, replace, tokenLabel } from "../dom.js";
 import { maskRule, ownMask, subMatrix, visibleTokens } from "../matrix.js";
@@ -12,7 +12,7 @@ export const help = "Every head of every layer at once: rows are layers, columns
   "click it (or focus it and press Enter) to open it in the head view. Shift+click (or K) knocks a head out: every " +
   "view then shows the model without it, and the next-token panel what changed.";
 
-export const RESOLUTION = 48;
+export const RESOLUTION = 64;    // 2048 tokens: blocks of 32 (the model-view request of docs/long-inputs.md)
 
 export function requests() {
   return [{ endpoint: "attention", include: ["attention"], resolution: RESOLUTION, dtype: "float16" }];
