@@ -199,7 +199,7 @@ async def attention(req: AttentionRequest, svc: Service, request: Request,
         plan = svc.plan(req, False)
         minimal = "return=minimal" in (prefer or "").replace(" ", "").lower()
         return StreamingResponse(_progress_lines(svc, plan, payload.attention, started, minimal),
-                                 media_type=wire.NDJSON, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no",
+                                 media_type=wire.NDJSON, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                                                                   "Vary": "Accept, Prefer"})
     plan = svc.plan(req, wire.accepts_binary(accept))
     return await _answer(svc, request, plan, payload.attention, if_none_match, started)

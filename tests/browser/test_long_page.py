@@ -48,13 +48,9 @@ def drag_zoom(page, lo: float, hi: float) -> None:
 def test_long_text_progress_model_head_zoom_and_lines(page: Page, live_server_smollm2, console_errors):
     url = live_server_smollm2
     page.add_init_script(PROGRESS_SEEN)
-    bodies, streams_failed = [], []
+    bodies = []
     page.on("request", lambda r: bodies.append((r.headers.get("accept", ""), r.post_data_json))
             if r.url.endswith("/api/attention") and r.method == "POST" else None)
-    # Chromium reports a no-store fetch stream that the page read to its end as aborted (microsoft/playwright#42742):
-    # such NDJSON streams are counted here, and the page's own log must show each one read to its end
-    page.on("requestfailed", lambda r: streams_failed.append(r.failure)
-            if r.headers.get("accept", "").startswith(NDJSON) else None)
     page.goto(url + f"/?model=smollm2&view=model&layer={LAYER}&head={HEAD}&text=short")
     wait_drawn(page, "model", timeout=120_000)
     page.fill("#text", LONG)
@@ -142,7 +138,7 @@ def test_long_text_progress_model_head_zoom_and_lines(page: Page, live_server_sm
         "ws => ws.map(w => [Number(w.dataset.other), Number(w.dataset.weight)])")
     assert top and top[0][1] == pytest.approx(float(att[q].max()), rel=1e-3)     # its heaviest key first
     assert float(att[q, top[0][0]]) == pytest.approx(float(att[q].max()), rel=1e-3)
-    streams_read = page.evaluate("import('/static/js/api.js').then((api) => api.log.filter((e) => e.stream).length)")
-    assert set(streams_failed) <= {"net::ERR_ABORTED"} and len(streams_failed) <= streams_read
-    others = [e for e in console_errors if not e.startswith("requestfailed:")]
-    assert others == [] and len(console_errors) - len(others) == len(streams_failed)
+    # every progress stream read to its end, none reported failed: the stream is sent with Cache-Control: no-cache,
+    # because Chromium reports a no-store fetch stream read to its end as aborted (microsoft/playwright#42742)
+    assert page.evaluate("import('/static/js/api.js').then((api) => api.log.filter((e) => e.stream).length)") >= 1
+    assert console_errors == []
