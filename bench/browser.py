@@ -20,15 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from bench.common import WIDEST_ENV, runtime, server, text_of_tokens  # noqa: E402
+from bench.common import CHROMIUM_ARGS, DRAWN_JS, WIDEST_ENV, runtime, server, text_of_tokens  # noqa: E402
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-DRAWN_JS = """(view) => {
-  const v = document.querySelector('.view:not([hidden])');
-  return !!v && v.dataset.view === view && v.dataset.state === location.search
-    && document.getElementById('view-area').getAttribute('aria-busy') === 'false';
-}"""
 API_BYTES = """() => performance.getEntriesByType('resource').filter(e => e.name.includes('/api/'))
   .reduce((s, e) => s + e.transferSize, 0)"""
 

@@ -100,3 +100,13 @@ def runtime(model_id: str, **options):
     from attnscope.model.runtime import Runtime
     spec = zoo.get(model_id)
     return Runtime(replace(spec, max_tokens=WIDEST.get(model_id, spec.max_tokens)), cache_dir=CACHE, **options)
+
+
+# headless chromium for the page benches (bench/browser.py, bench/long_page.py)
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+DRAWN_JS = """(view) => {
+  const v = document.querySelector('.view:not([hidden])');
+  return !!v && v.dataset.view === view && v.dataset.state === location.search
+    && document.getElementById('view-area').getAttribute('aria-busy') === 'false';
+}"""

@@ -22,15 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from bench.common import WORDS, server  # noqa: E402
+from bench.common import CHROMIUM_ARGS, DRAWN_JS, WORDS, server  # noqa: E402
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-DRAWN_JS = """(view) => {
-  const v = document.querySelector('.view:not([hidden])');
-  return !!v && v.dataset.view === view && v.dataset.state === location.search
-    && document.getElementById('view-area').getAttribute('aria-busy') === 'false';
-}"""
 # performance.now() of every render of every view, recorded by the page itself
 RENDERS = """window.__renders = [];
 new MutationObserver((ms) => { for (const m of ms) window.__renders.push([m.target.dataset.view, performance.now()]); })
