@@ -173,10 +173,12 @@ class Layerwise:
             return self._sessions[which]
 
     def open(self) -> None:
-        """Build and open the graphs every run uses (in memory, a fraction of a second), so the first does not wait."""
+        """Build and open the graphs every run uses (in memory, a fraction of a second each), so the first does not
+        wait: the first run's, and those of the page's head and line views (one head's matrix, its top-k keys)."""
         rows = row_outputs(causal=self.rt.cfg.causal)
         for which in ("embed", "block_in", "block_out", "final", ("attend", rows), ("attend", rows + ("thumbnail",)),
-                      ("attend", rows + ("thumbnail_even",))):
+                      ("attend", rows + ("thumbnail_even",)), ("attend", Want(attention=True).block_outputs()),
+                      ("attend", Want(top_k=8).block_outputs())):
             self.session(which)
 
     def params(self, layer: int) -> dict[str, np.ndarray]:

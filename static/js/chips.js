@@ -10,6 +10,10 @@ function toggled(list, i) {
 /** Draw the chips for an answer's tokens under state st; go(patch) changes the state. shade: null, or each
  *  token's surprisal as 0–1 (decoders: −log p(token | before) / 12 nats), drawn as the chip's underline. */
 export function renderChips(container, meta, st, go, shade = null) {
+  const drawn = [meta, st.pin, st.click];   // a long text has thousands of chips: redrawn only when these change
+                                            // (shade comes from meta)
+  if (container._drawn?.every((x, k) => x === drawn[k])) return;
+  container._drawn = drawn;
   const hadFocus = container.contains(document.activeElement)
     ? Number(document.activeElement.dataset.index) : null;
   const masked = new Set(meta.mask_tokens);

@@ -241,6 +241,7 @@ async function update() {
   const gen = ++generation;
   if (!st.text.trim()) {
     replace($("chips"));
+    $("chips")._drawn = null;
     $("whatif").hidden = $("warnings").hidden = true;
     $("token-info").textContent = "";
     setStatus("Type some text and press Run.");

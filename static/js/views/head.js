@@ -169,16 +169,21 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   const cells = matrixCells(m, rows, cols, renorm ? idx : null);
   const hidden = maskRule(meta);
   const nr = rows.length, nc = cols.length;
-  // what a cell shows: its weight, or MASKED (the key is hidden from the query), or FILTERED (the other sentence)
-  const shown = (a, b) => (hidden(rows[a], cols[b]) ? MASKED : view.keep(rows[a], cols[b]) ? cells.value(a, b) : FILTERED);
+  // what each cell shows, worked out once (a long text has millions): its weight, or MASKED (the key is hidden
+  // from the query), or FILTERED (the other sentence)
+  const values = new Float64Array(nr * nc);
   let anyMasked = false, max = 0;
-  for (let a = 0; a < nr; a++) {
-    for (let b = 0; b < nc; b++) {
-      const v = shown(a, b);
+  for (let a = 0, o = 0; a < nr; a++) {
+    const i = rows[a];
+    for (let b = 0; b < nc; b++, o++) {
+      const j = cols[b];
+      const v = hidden(i, j) ? MASKED : view.keep(i, j) ? cells.value(a, b) : FILTERED;
+      values[o] = v;
       if (v === MASKED) anyMasked = true;
       else if (v > max) max = v;
     }
   }
+  const shown = (a, b) => values[a * nc + b];
   const range = colourRange(st, max);
   const image = nr * nc > IMAGE_CELLS;
 
