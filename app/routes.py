@@ -196,8 +196,8 @@ async def attention(req: AttentionRequest, svc: Service, request: Request,
     refused there."""
     started = time.perf_counter()
     if wire.accepts(accept, wire.NDJSON):
-        plan = svc.plan(req, False)
         minimal = "return=minimal" in (prefer or "").replace(" ", "").lower()
+        plan = svc.plan(req, minimal)   # minimal: the answer is fetched next, in binary form; its size limit holds
         return StreamingResponse(_progress_lines(svc, plan, payload.attention, started, minimal),
                                  media_type=wire.NDJSON, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                                                                   "Vary": "Accept, Prefer"})

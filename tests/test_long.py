@@ -280,6 +280,12 @@ def test_too_big_for_json_is_refused_naming_the_binary_form_which_serves_it():
         assert r.status_code == 200
         T = len(from_binary(r.content)["tokens"])
         assert from_binary(r.content)["attention"].shape == (1, 1, T, T) and T * T > 1_000
+        # the page's way to it: progress without the answer (no JSON to refuse), then the binary form
+        stream = client.post("/api/attention", json=body, headers={"Accept": NDJSON, "Prefer": "return=minimal"})
+        assert stream.status_code == 200 and progress_lines(stream)[1] == {"done": {"status": 200, "tokens": T}}
+        # with the answer, the stream is refused like the JSON form
+        r = client.post("/api/attention", json=body, headers={"Accept": NDJSON})
+        assert r.status_code == 422 and "JSON limit is 1,000" in r.json()["detail"]
 
 
 def test_what_a_long_run_cannot_give_is_refused_before_it_runs(clients):
