@@ -1,8 +1,10 @@
 """Shared pytest setup, in sections: environment, model runtimes (and, later, live server, browser)."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -117,3 +119,15 @@ def ablation_hooks(output_projections, d_head: int, heads, mode: str):
     finally:
         for hk in hooks:
             hk.remove()
+
+
+def in_thread(fn, *args):
+    """Run fn in a thread of its own: pytest-playwright's sync API keeps an event loop running in the main thread
+    once a browser test has run, so whatever starts an asyncio loop (asyncio.run) must run elsewhere."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def run_in_fresh_loop(coro):
+    """asyncio.run(coro) in a thread of its own (see in_thread)."""
+    return in_thread(asyncio.run, coro)

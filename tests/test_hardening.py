@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -37,15 +36,11 @@ from attnscope.model.runtime import Runtime
 from bench.common import free_port, wait_until_up
 from bench.slowloris import attack, percentile
 
+from .conftest import in_thread
+
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "The cat sat on the mat."
 BINARY = wire.BINARY
-
-
-def in_thread(fn, *args):
-    """Run fn in a thread of its own (it starts an asyncio loop; pytest-playwright may hold the main one)."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(fn, *args).result()
 
 
 def raw(url: str, data: bytes, read_for: float = 5.0) -> bytes:

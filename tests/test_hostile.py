@@ -26,6 +26,8 @@ from attnscope.app.schemas import AttentionRequest
 from attnscope.app.settings import Settings, default_inflight
 from attnscope.app.wire import BINARY, from_binary
 
+from .conftest import run_in_fresh_loop
+
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "The cat sat on the mat."
 
@@ -58,13 +60,6 @@ EXPECTED = {"lone-high": (422, "lone UTF-16 surrogate (U+D800 at character 5)"),
             "unicode-space": (422, "text is empty"),
             "long-unicode": (422, "the JSON limit is 8,000,000 (ATTNSCOPE_MAX_JSON_CELLS)")}  # 512 tokens, 72 heads
 LEAKS = re.compile(r"Traceback|File \"|/work/|/home/|/usr/|site-packages|\.py\b")
-
-
-def run_in_fresh_loop(coro):
-    """asyncio.run in a thread of its own: pytest-playwright's sync API keeps an event loop running in the
-    main thread once a browser test has run, and asyncio.run refuses to start inside it."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
 
 
 def variants(s: str) -> list[tuple[str, dict, dict]]:

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from attnscope.app.errors import StartupError
 from attnscope.app.main import create_app
 from attnscope.app.service import AttentionService
 from attnscope.app.settings import Settings
 from attnscope.app.wire import BINARY, NDJSON, from_binary
 from attnscope.model import stats
 from attnscope.model.layerwise import ROWS, Want, _walk
+
+from .conftest import run_in_fresh_loop
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 5 + "Then it naps by the old red barn near the river."
 ATOL = 1e-5
@@ -317,15 +318,13 @@ def test_layerwise_threshold_decides_the_path():
 
 
 def test_cache_and_checkpoints_follow_the_settings():
-    import asyncio
-
     from attnscope.app.schemas import AttentionRequest
 
     svc = service(layerwise_mb=0, checkpoint_every=4, cache_mb=1)
     results = []
     for i in range(4):
         plan = svc.plan(AttentionRequest(text=f"{i} " + TEXT * 3, resolution=8), False)
-        results.append(asyncio.run(svc.run(plan)).result)
+        results.append(run_in_fresh_loop(svc.run(plan)).result)
     assert sorted(results[0].checkpoints) == [0, 4]                         # 6 layers, every 4th kept
     assert all(r.nbytes() > 300_000 for r in results) and svc.cache.bytes <= 2**20   # each ~0.4 MB, the cache 1 MB
 
