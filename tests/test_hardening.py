@@ -335,8 +335,7 @@ def test_read_only_cache_with_only_the_main_graph_serves_stages(serve):
         before = sorted(p.name for p in cache.iterdir())
         _read_only_tree(cache)
         as_nobody = os.geteuid() == 0
-        if as_nobody and shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv: no way to make a folder read-only for the server")
+        assert not as_nobody or shutil.which("setpriv"), "running as root needs setpriv (util-linux; make test installs it)"
         url, log = serve({"ATTNSCOPE_MODELS": "tiny-gpt", "ATTNSCOPE_CACHE": str(cache)}, as_nobody)
         r = httpx.post(url + "/api/stages", json={"model": "tiny-gpt", "text": TEXT, "layer": 1, "head": 2}, timeout=60)
         assert r.status_code == 200 and len(r.json()["q"]) == len(r.json()["tokens"])

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -24,7 +23,6 @@ def test_readme_has_curl_for_every_endpoint():
         assert path in cmds, path
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 @pytest.mark.parametrize("cmd", curl_commands())
 def test_readme_curl_example(cmd, request, tmp_path):
     # the suite's server serves the quick models; SmolLM2's examples go to the SmolLM2 server
