@@ -23,7 +23,7 @@ from fastapi import HTTPException
 from .. import __version__
 from ..model import stats, zoo
 from ..model.layerwise import LayerwiseResult, Want
-from ..model.runtime import AttentionResult, Runtime, head_importance
+from ..model.runtime import AttentionResult, Encoding, Runtime, head_importance
 from .errors import StartupError
 from .schemas import AttentionRequest, ImportanceRequest, ModelInfo, StagesRequest
 from .settings import Settings
@@ -456,13 +456,13 @@ class AttentionService:
         """What the stacked graph's attention output holds for a text of this many tokens (float32)."""
         return rt.cfg.n_layers * rt.cfg.n_heads * tokens * tokens * 4
 
-    def _long_tokens(self, rt: Runtime, text: str, pair: str | None) -> int | None:
-        """The text's token count when it may be too long for the stacked graph (None when no text of this model
-        can be: then it is not even tokenised here)."""
+    def _long_encoding(self, rt: Runtime, text: str, pair: str | None) -> Encoding | None:
+        """The text's tokens when it may be too long for the stacked graph (None when no text of this model can be:
+        then it is not even tokenised here). A long run goes on with this encoding rather than tokenising again."""
         if self._run_bytes(rt, rt.spec.max_tokens) <= self.settings.layerwise_mb * 2**20:
             return None
         try:
-            return len(rt.encode(text, pair).ids)
+            return rt.encode(text, pair)
         except ValueError as e:  # the runtime's word for bad input
             raise HTTPException(422, str(e)) from None
 
@@ -470,7 +470,8 @@ class AttentionService:
         """A text whose stacked attention would pass ATTNSCOPE_LAYERWISE_MB runs layer by layer. Decided here, where
         the token count is first known, so that what such a run cannot give is refused before any work."""
         req, rt = plan.request, plan.runtime
-        T = None if plan.ids is not None else self._long_tokens(rt, req.text, req.text_pair)
+        enc = None if plan.ids is not None else self._long_encoding(rt, req.text, req.text_pair)
+        T = None if enc is None else len(enc.ids)
         if T is None or self._run_bytes(rt, T) <= self.settings.layerwise_mb * 2**20:
             return plan
         why = (f"this text is {T} tokens: every layer's attention together is "
@@ -494,13 +495,15 @@ class AttentionService:
         key = hashlib.sha256(orjson.dumps([plan.key, repr(want), every])).hexdigest()[:32]
         extra = dict(plan.extra)
         if "baseline" in extra:   # the same text intact: layer by layer too, asking nothing of its heads
-            extra["baseline"] = replace(extra["baseline"], long=LongRun(Want(), every, group_mb, extra["baseline"].key))
-        return replace(plan, long=LongRun(want, every, group_mb, key), extra=extra)
+            extra["baseline"] = replace(extra["baseline"], long=LongRun(Want(), every, group_mb, extra["baseline"].key,
+                                                                        enc))
+        return replace(plan, long=LongRun(want, every, group_mb, key, enc), extra=extra)
 
     def _refuse_long(self, what: str, rt: Runtime, text: str, pair: str | None, batch: int) -> None:
         """Jobs that run `batch` copies of a text through the stacked graph: refused where that would pass
         ATTNSCOPE_LAYERWISE_MB."""
-        T = self._long_tokens(rt, text, pair)
+        enc = self._long_encoding(rt, text, pair)
+        T = None if enc is None else len(enc.ids)
         limit = self.settings.layerwise_mb * 2**20
         if T is not None and self._run_bytes(rt, T) * batch > limit:
             fits = limit // self._run_bytes(rt, T)
@@ -552,6 +555,7 @@ class LongRun:
     checkpoint_every: int
     group_mb: float
     key: str
+    encoding: Encoding = field(compare=False)  # the text's tokens, as the plan found them
     progress: RunProgress = field(default_factory=RunProgress, compare=False)
     base: LayerwiseResult | None = None    # the run's kept parts when cached: only what it lacks is computed
 
@@ -580,7 +584,7 @@ def _forward_long(plan: Plan) -> LayerwiseResult:
         if run.base is not None:
             return lw.recompute(run.base, run.want, run.progress.update)
         keep, mean = _head_masks(req, rt)
-        return lw.forward(rt.encode(req.text, req.text_pair), causal=req.causal, mask_tokens=req.mask_tokens or None,
+        return lw.forward(run.encoding, causal=req.causal, mask_tokens=req.mask_tokens or None,
                           head_mask=keep, head_mean=mean, want=run.want, progress=run.progress.update)
     except ValueError as e:  # the runtime's word for bad input
         raise HTTPException(422, str(e)) from None
