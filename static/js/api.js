@@ -137,14 +137,10 @@ export function onProgress(fn) {
 }
 
 /** Read the request's NDJSON stream (progress lines, then done or error) without its result: the run is then
- *  in the server's cache. A server without the stream answers in another form: read, and nothing to wait for. */
+ *  in the server's cache. */
 async function runWithProgress(path, body) {
   const started = performance.now();
   const response = await post(path, body, NDJSON, { Prefer: "return=minimal" });
-  if (!(response.headers.get("Content-Type") || "").startsWith(NDJSON)) {
-    await response.arrayBuffer();        // read to the end (cancelling shows as a failed request)
-    return;
-  }
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buf = "";
   const line = (text) => {
