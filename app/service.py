@@ -350,9 +350,7 @@ class AttentionService:
     # ---- running ----------------------------------------------------------------------------
     async def run(self, plan: Plan) -> Computed:
         """The model's result for this plan, checked against the answer's size limit, and its extra runs."""
-        if plan.long is not None:
-            return await self._run_long(plan)
-        result, hit = await self._result(plan)
+        result, hit = await (self._long_result(plan) if plan.long is not None else self._result(plan))
         self._check_size(plan, len(result.tokens))
         extra = {name: (await self._result(sub))[0] for name, sub in plan.extra.items()}
         return Computed(result, hit, extra)
@@ -512,7 +510,7 @@ class AttentionService:
                                      f"every layer's attention: {self._run_bytes(rt, T) * batch / 2**30:.1f} GiB, over "
                                      f"ATTNSCOPE_LAYERWISE_MB ({self.settings.layerwise_mb} MB); {fix}")
 
-    async def _run_long(self, plan: Plan) -> Computed:
+    async def _long_result(self, plan: Plan) -> tuple[LayerwiseResult, bool]:
         """The layer-by-layer run's kept parts (cached under the run's own key, shared by every request on this
         text) and what this request asks of its heads: computed in the same pass on a first run, recomputed from the
         checkpoints later. Through the same queue, cache and sharing of identical runs as every run."""
@@ -528,9 +526,7 @@ class AttentionService:
         finally:
             if plan.long.key not in self._pending:   # the run is over (or never started): stop tracking it
                 self._progress.pop(plan.long.key, None)
-        self._check_size(plan, len(result.tokens))
-        extra = {name: (await self._result(sub))[0] for name, sub in plan.extra.items()}
-        return Computed(result, hit, extra)
+        return result, hit
 
     def watch(self, plan: Plan) -> "RunProgress | None":
         """The progress of the layer-by-layer run this plan needs, shared by every request waiting on that run
