@@ -8,7 +8,6 @@ from typing import Annotated, Callable
 
 import anyio
 import numpy as np
-import orjson
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 
@@ -262,18 +261,18 @@ async def _progress_lines(svc: AttentionService, plan: Plan, build: Callable, st
             done, _ = await asyncio.wait({run}, timeout=every)
             if progress is not None and progress.total and (progress.done, progress.total) != shown:
                 shown = (progress.done, progress.total)
-                yield orjson.dumps({"progress": {"layer": shown[0], "layers": shown[1]}}) + b"\n"
+                yield wire.to_json({"progress": {"layer": shown[0], "layers": shown[1]}}) + b"\n"
             if done:
                 break
         try:
             computed = run.result()
             if minimal:
-                yield orjson.dumps({"done": {"status": 200, "tokens": len(computed.tokens)}}) + b"\n"
+                yield wire.to_json({"done": {"status": 200, "tokens": len(computed.tokens)}}) + b"\n"
                 return
             reserved = await svc.sending.acquire(_answer_bytes(plan, len(computed.tokens)))
             body = await anyio.to_thread.run_sync(_encode, build, plan, computed, started, limiter=svc.render_slots())
         except HTTPException as e:
-            yield orjson.dumps({"error": {"status": e.status_code, "detail": e.detail}}) + b"\n"
+            yield wire.to_json({"error": {"status": e.status_code, "detail": e.detail}}) + b"\n"
             return
         yield b'{"result":'
         for chunk in body:

@@ -178,7 +178,7 @@ class Layerwise:
         rows = row_outputs(causal=self.rt.cfg.causal)
         for which in ("embed", "block_in", "block_out", "final", ("attend", rows), ("attend", rows + ("thumbnail",)),
                       ("attend", rows + ("thumbnail_even",)), ("attend", Want(attention=True).block_outputs()),
-                      ("attend", Want(top_k=8).block_outputs())):
+                      ("attend", Want(top_k=1).block_outputs())):   # k is a graph input
             self.session(which)
 
     def params(self, layer: int) -> dict[str, np.ndarray]:
