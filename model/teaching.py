@@ -43,6 +43,16 @@ ROLE_TARGETS = {
     INDUCTION: "key j+1, where j < i-1 is the latest earlier position holding the same token as i",
     UNIFORM: "every key k <= i equally: each weight within 1 % of 1/(i+1)",
 }
+# The same roles in a reader's words (the page's head menu and steps view show these).
+ROLE_TEXT = {
+    PREVIOUS_TOKEN: "puts its weight on the token just before (key i−1)",
+    FIRST_TOKEN: "puts its weight on the first token (key 0)",
+    SELF: "puts its weight on the token itself (key i)",
+    TWO_BACK: "puts its weight on the token two back (key i−2)",
+    SAME_TOKEN: "spreads its weight over the earlier copies of the same token (itself included)",
+    INDUCTION: "looks at the token right after the latest earlier copy of the current token (key j+1)",
+    UNIFORM: "spreads its weight evenly over every visible token",
+}
 THRESHOLD = 0.99
 GAP = 20.0  # every wired head's target out-scores each other key by >= this (softmax: e^-20 ~ 2e-9 each)
 
