@@ -1,7 +1,8 @@
 """attnscope: what every attention head of a real transformer looks at, with the exact numbers.
 
-The import package maps the repository's top level: `attnscope.model` (NumPy reference, ONNX export,
-onnxruntime runtime, statistics), `attnscope.app` (FastAPI server, wire codec, client, CLI), and the
+The import package maps the repository's top level, one concern per folder (docs/ARCHITECTURE.md):
+`model` (the NumPy transformer), `sources` (where models come from), `graphs` (the same model as ONNX), `runtime`
+(text in, results out), `analysis` (statistics and scores), `corpus` (corpus jobs), `app` (the web layer), and the
 page's `static/` and `templates/` as package data.
 
 In a script or notebook (no server needed):
@@ -24,7 +25,7 @@ __all__ = ["load", "Runtime", "AttentionResult", "Client", "figures", "__version
 def __getattr__(name: str):
     """Import on first use: `import attnscope` stays cheap, and the client needs neither onnxruntime nor FastAPI."""
     if name in ("load", "Runtime", "AttentionResult"):
-        from .model import runtime
+        from . import runtime
         return getattr(runtime, name)
     if name == "Client":
         from .app.client import Client

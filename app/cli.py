@@ -20,17 +20,16 @@ import numpy as np
 def _runtime(entry: str):
     """A model (zoo id, NAME=PATH or NAME=hf:ORG/REPO) configured from the settings (graph cache, model folders,
     providers, threads)."""
-    from ..model import zoo
-    from ..model.runtime import Runtime
+    from ..runtime import Runtime
+    from ..sources import resolve
     from .settings import get_settings
 
     st = get_settings()
-    return Runtime(zoo.resolve(entry, st.model_dirs(), cache=st.cache), st.providers or None, st.threads,
-                   st.cache)
+    return Runtime(resolve(entry, st.model_dirs(), cache=st.cache), st.providers or None, st.threads, st.cache)
 
 
 def _attend(args) -> int:
-    from ..model import stats
+    from ..analysis import statistics as stats
 
     rt = _runtime(args.model)
     spec = rt.spec
@@ -58,13 +57,14 @@ def _attend(args) -> int:
 
 
 def _corpus(args) -> int:
-    from ..model.corpus import CorpusError, run_corpus
+    from ..corpus import CorpusError, run_corpus
     from .settings import get_settings
+    st = get_settings()
     try:
         run_corpus(args.input, args.model, engine=args.engine, out=args.out, sample=args.sample, seed=args.seed,
                    column=args.column, fmt=args.format, workers=args.workers, batch_size=args.batch_size,
                    chunk_size=args.chunk_size, max_chars=args.max_chars, js_rows=args.js_rows, restart=args.restart,
-                   progress=not args.quiet, cache_dir=get_settings().cache)
+                   progress=not args.quiet, cache_dir=st.cache, ray_address=st.ray_address)
     except CorpusError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     a.add_argument("--top", type=int, default=0, help="show the top-k keys per query instead of the matrix")
     a.add_argument("--causal", action="store_true", help="apply the look-ahead mask")
     a.add_argument("--engine", choices=["onnx", "numpy"], default="onnx")
-    from ..model import corpus as C
+    from ..corpus import engines, readers, sums
     c = sub.add_parser("corpus", help="per-head statistics over a corpus (Clark et al. 2019), locally or on Ray",
                        description="Token-weighted per-head statistics and head-to-head Jensen-Shannon distances "
                                    "over every text of INPUT. Skipped records are reported with their line or row "
@@ -106,15 +106,15 @@ def main(argv=None) -> int:
     c.add_argument("--sample", type=int, help="a uniform random sample of N texts (seeded by --seed)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--column", help="the text field/column of JSONL, CSV or Parquet input (default: text)")
-    c.add_argument("--format", choices=C.FORMATS, help="default: from the suffix")
+    c.add_argument("--format", choices=readers.FORMATS, help="default: from the suffix")
     c.add_argument("--workers", type=int, help="processes (local; 0: this process) or actors (ray); default: "
                                                 "one per CPU")
-    c.add_argument("--batch-size", type=int, default=C.BATCH_SIZE, help="texts per model run (%(default)s)")
-    c.add_argument("--chunk-size", type=int, default=C.CHUNK_SIZE,
+    c.add_argument("--batch-size", type=int, default=engines.BATCH_SIZE, help="texts per model run (%(default)s)")
+    c.add_argument("--chunk-size", type=int, default=engines.CHUNK_SIZE,
                    help="texts per unit of work and of the partial file (%(default)s)")
-    c.add_argument("--max-chars", type=int, default=C.MAX_CHARS,
+    c.add_argument("--max-chars", type=int, default=readers.MAX_CHARS,
                    help="longer texts are skipped and reported (%(default)s)")
-    c.add_argument("--js-rows", type=int, default=C.JS_ROWS, help="query rows per text in the head-to-head "
+    c.add_argument("--js-rows", type=int, default=sums.JS_ROWS, help="query rows per text in the head-to-head "
                    "JS matrix (evenly spaced; %(default)s; 0: no JS matrix)")
     c.add_argument("--restart", action="store_true", help="ignore (and replace) OUT.partial.json")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -129,9 +129,9 @@ def main(argv=None) -> int:
         from .server import serve
         serve(get_settings(), args.host, args.port, args.log_level)
         return 0
-    from ..model import zoo
+    from ..sources import ZOO, ModelUnavailable
     if args.cmd == "export":
-        for model_id in args.models or list(zoo.ZOO):
+        for model_id in args.models or list(ZOO):
             rt = _runtime(model_id)
             for stages in (False, True):
                 print(rt.onnx_path(stages))
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
         return _corpus(args)
     try:
         return _attend(args)
-    except (ValueError, KeyError, zoo.ModelUnavailable) as e:
+    except (ValueError, KeyError, ModelUnavailable) as e:
         print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
 

@@ -1,7 +1,9 @@
-"""Errors mapped once: every refusal is a JSON body {"detail": "..."} that says what to change.
+"""Errors, mapped to HTTP once: every refusal is a JSON body {"detail": "..."} that says what to change.
 
-Code anywhere in the app raises FastAPI's HTTPException(status, detail); the handlers here shape every
-refusal the same way. A 500 is a bug: logged, and answered without paths or tracebacks.
+The service and the plans raise their own errors (below) and the runtime its InputError; none of them knows HTTP.
+STATUS maps each to its status code, here and nowhere else; the handlers shape every refusal the same way, and the
+NDJSON stream (app/sending.py) writes a refusal that comes once the stream has begun with the same `refusal`.
+A 500 is a bug: logged, and answered without paths or tracebacks.
 """
 from __future__ import annotations
 
@@ -12,11 +14,47 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..runtime import InputError
 from .schemas import MAX_INDEX
 
 
 class StartupError(Exception):
     """The app cannot start: the message is one line saying what is wrong and the command that fixes it."""
+
+
+class ServiceError(Exception):
+    """A request the service will not serve as asked; the message says what to change."""
+
+    def __init__(self, detail: str, headers: dict[str, str] | None = None):
+        super().__init__(detail)
+        self.detail, self.headers = detail, headers
+
+
+class UnknownModel(ServiceError):
+    """No served model has that id."""
+
+
+class TooLarge(ServiceError):
+    """The text is over its limit."""
+
+
+class Refused(ServiceError):
+    """An option this model or this text cannot take (an index out of range, an answer too large for its form)."""
+
+
+class Busy(ServiceError):
+    """Too many model runs are waiting; retry after a moment."""
+
+
+STATUS = {UnknownModel: 404, TooLarge: 413, Refused: 422, InputError: 422, Busy: 503}
+
+
+def refusal(exc: Exception) -> tuple[int, str, dict[str, str] | None] | None:
+    """(status, detail, headers) of a service or runtime error; None for anything else (a bug)."""
+    for kind, status in STATUS.items():
+        if isinstance(exc, kind):
+            return status, str(exc), getattr(exc, "headers", None)
+    return None
 
 
 def _clip(text: str, limit: int = 80) -> str:
@@ -48,8 +86,15 @@ def install(app: FastAPI, security_headers: list[tuple[bytes, bytes]]) -> None:
         detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
         return JSONResponse({"detail": detail, "errors": errors[:20]}, 422)
 
+    async def refused(_: Request, exc: Exception):
+        status, detail, headers = refusal(exc)
+        return JSONResponse({"detail": _clip(detail, 1000)}, status, headers=headers)
+
+    for kind in STATUS:
+        app.add_exception_handler(kind, refused)
+
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException):
+    async def http_error(_: Request, exc: StarletteHTTPException):   # the framework's own: 404 routes, 405, bodies
         detail = exc.detail if isinstance(exc.detail, str) else "request refused"
         status = exc.status_code
         if status == 400 and detail == "There was an error parsing the body":  # FastAPI's words

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model import stats
+from ..analysis.thumbnails import downsample
 
 COLORSCALE = "Cividis"   # the page's scale: sequential, perceptually uniform, colour-blind safe
 PROBABILITY = {"zmin": 0.0, "zmax": 1.0}
@@ -41,7 +41,7 @@ def model_grid(result, *, resolution: int = 48):
     import plotly.graph_objects as go
 
     L, H = result.attentions.shape[:2]
-    thumbs = stats.downsample(result.attentions, resolution)
+    thumbs = downsample(result.attentions, resolution)
     fig = make_subplots(rows=L, cols=H, horizontal_spacing=0.005, vertical_spacing=0.005,
                         row_titles=[f"L{l}" for l in range(L)], column_titles=[f"H{h}" for h in range(H)])
     for l in range(L):

@@ -58,9 +58,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.service = AttentionService(settings)
     generic_openapi = app.openapi
 
-    def openapi() -> dict:  # built on first use, after the models loaded: indices bounded by the served models
+    def openapi() -> dict:  # built on first use, after the models loaded: one request schema per served model
         if app.openapi_schema is None:
-            app.openapi_schema = schemas.bounded_by_models(generic_openapi(), app.state.service.models())
+            app.openapi_schema = schemas.per_model(generic_openapi(), app.state.service.models(),
+                                                   settings.max_mask_tokens)
         return app.openapi_schema
 
     app.openapi = openapi

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 from fastapi.templating import Jinja2Templates
 
-from ..model.stats import PAIR_STATS, SCORE_INFO, STAT_INFO
-from ..model.teaching import ROLE_TARGETS, ROLE_TEXT
+from ..analysis.roles import ROLE_TARGETS, ROLE_TEXT
+from ..analysis.statistics import catalogue
 from .deps import get_service
 from .schemas import EXAMPLE_TEXT
 
@@ -30,19 +30,15 @@ def index(request: Request):
     svc = get_service(request)
     models = svc.models()
     boot = {"models": [m.model_dump() for m in models], "default_model": svc.settings.default_model,
-            "example_text": EXAMPLE_TEXT, "max_chars": svc.settings.max_chars,
+            "example_text": EXAMPLE_TEXT, "max_chars": svc.max_chars,
             "views": [{"id": v, "label": label} for v, label in VIEWS],
-            "stats": [{"id": k, "label": label, "help": text, "pair_only": k in PAIR_STATS, "score": False}
-                      for k, (label, text) in STAT_INFO.items()]
-            + [{"id": k, "label": f"find: {k.replace('_', '-')} heads", "help": f"Head-finding score: {text}.",
-                "pair_only": False, "score": True} for k, text in SCORE_INFO.items()],
+            "stats": catalogue(),
             # what the page says about a family (steps view): from the served models' own configurations
             "architectures": {rt.spec.architecture: {"norm_first": rt.cfg.norm_first, "norm": rt.cfg.norm,
                                                      "position": rt.cfg.position, "qkv_bias": rt.cfg.qkv_bias}
                               for rt in svc.runtimes.values()},
             "roles": [{"id": k, "target": target, "text": ROLE_TEXT[k]} for k, target in ROLE_TARGETS.items()]}
-    return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS,
-                                                              "settings": svc.settings})
+    return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS})
 
 
 @router.get("/docs")

@@ -1,8 +1,8 @@
 """Answers as plain dicts: pure functions of (plan, computed), no I/O, no state.
 
-Each function takes what the service validated (a Plan) and what the model computed (a Computed: the
-run's AttentionResult and the extra runs it is compared with) and returns the payload the wire codec
-encodes. Statistics are computed on the asked selection only.
+Each function takes what the planner validated (a plan, app/plans.py) and what the model computed (a Computed: the
+run's result and the extra runs it is compared with) and returns the payload the wire codec encodes. Statistics are
+computed on the asked selection only, from the registry (analysis/statistics.py).
 """
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import time
 
 import numpy as np
 
-from ..model import stats
-from ..model.layerwise import LayerwiseResult
-from ..model.runtime import AttentionResult
+from ..analysis import rollout, scores as head_scores, statistics as stats, thumbnails
+from ..analysis.effects import effect
 from ..model.transformer import SQUARE_STAGES
+from ..runtime import AttentionResult
 
 
 def warnings(spec, r: AttentionResult) -> list[str]:
@@ -37,10 +37,8 @@ def tokens(plan, r: AttentionResult) -> dict:
 def attention(plan, computed) -> dict:
     """The asked layers x heads: matrices (optionally block-averaged, or each query's top-k keys), row statistics,
     per-head summaries, and what else `include` names (predictions, head-finding scores, the effect of an ablation).
-    A long text's run (model.layerwise) kept only these, so they come from what it kept."""
+    """
     r = computed.result
-    if isinstance(r, LayerwiseResult):
-        return layerwise_attention(plan, computed)
     req, layers, heads = plan.request, plan.layers, plan.heads
     L, H, T = r.attentions.shape[:3]
     everything = layers == list(range(L)) and heads == list(range(H))
@@ -48,9 +46,9 @@ def attention(plan, computed) -> dict:
     out = tokens(plan, r) | {"layers": layers, "heads": heads}
     if "attention" in req.include:
         if req.top_k:
-            out["top_keys"], out["top_weights"] = stats.top_keys(probs, req.top_k)
+            out["top_keys"], out["top_weights"] = thumbnails.top_keys(probs, req.top_k)
         elif req.resolution and T > req.resolution:
-            out["attention"] = stats.downsample(probs, req.resolution).astype(np.float32)
+            out["attention"] = thumbnails.downsample(probs, req.resolution).astype(np.float32)
             out["blocks"] = blocks(T, req.resolution)
         else:
             out["attention"] = probs
@@ -60,30 +58,30 @@ def attention(plan, computed) -> dict:
     if "summary" in req.include:
         out["summary"] = stats.head_stats(probs, rows["entropy"] if rows else None, r.encoding.segments)
     if "rollout" in req.include:
-        out["rollout"] = stats.rollout(r.attentions).astype(np.float32)
+        out["rollout"] = rollout.rollout(r.attentions).astype(np.float32)
     if "scores" in req.include:
-        out["scores"] = scores(plan, stats.head_scores(probs, r.token_ids), computed.extra["probe"])
+        out["scores"] = scores(plan, head_scores.head_scores(probs, r.token_ids), computed.extra["probe"])
     return out | _outputs(plan, computed)
 
 
 def blocks(T: int, resolution: int) -> list[list[int]]:
-    """[start, end) token range of each thumbnail row/column block (stats.block_edges)."""
-    edges = stats.block_edges(T, resolution)
+    """[start, end) token range of each thumbnail row/column block (thumbnails.block_edges)."""
+    edges = thumbnails.block_edges(T, resolution)
     return [[int(a), int(b)] for a, b in zip(edges[:-1], edges[1:])]
 
 
 def layerwise_attention(plan, computed) -> dict:
     """attention() for a long text's run: the same fields, from the rows, thumbnails and asked heads it kept."""
     r, req, layers, heads = computed.result, plan.request, plan.layers, plan.heads
-    T, sel = len(r.tokens), np.ix_(layers, heads)
+    T, sel, keys = len(r.tokens), np.ix_(layers, heads), stats.TextKeys.of(r.encoding)
     out = tokens(plan, r) | {"layers": layers, "heads": heads}
     if "attention" in req.include:
         if req.top_k:
             out["top_keys"] = np.stack([r.asked.top_keys[layer] for layer in layers])
             out["top_weights"] = np.stack([r.asked.top_weights[layer] for layer in layers])
         elif req.resolution and T > req.resolution:
-            thumbs = r.thumbnails[req.resolution]
-            out["attention"] = np.stack([thumbs[layer][heads] for layer in layers])
+            pictures = r.thumbnails[req.resolution]
+            out["attention"] = np.stack([pictures[layer][heads] for layer in layers])
             out["blocks"] = blocks(T, req.resolution)
         else:
             out["attention"] = np.stack([r.asked.attention[layer] for layer in layers])
@@ -92,10 +90,11 @@ def layerwise_attention(plan, computed) -> dict:
         out |= {"entropy": rows["entropy"], "normalized_entropy": stats.normalize_entropy(rows["entropy"], r.visible),
                 "max_weight": rows["max_weight"]}
     if "summary" in req.include:
-        out["summary"] = stats.summarize(rows, rows["entropy"])
+        out["summary"] = stats.summarize(rows, keys)
     if "scores" in req.include:
         duplicate = np.stack([r.asked.duplicate[layer] for layer in layers])
-        out["scores"] = scores(plan, stats.head_scores(None, r.token_ids, rows, duplicate), computed.extra["probe"])
+        out["scores"] = scores(plan, head_scores.scores_of(rows | {"duplicate": duplicate}, keys),
+                               computed.extra["probe"])
     return out | _outputs(plan, computed)
 
 
@@ -116,35 +115,15 @@ def predictions(r: AttentionResult) -> dict:
 
 
 def scores(plan, text_scores: dict, probe: AttentionResult) -> dict:
-    """Head-finding scores on the asked selection: the text's own (stats.head_scores), and the induction probe's."""
+    """Head-finding scores on the asked selection: the text's own (analysis.scores), and the induction probe's."""
     n = (len(probe.token_ids) - probe.encoding.special.count(True)) // 2
     offset = probe.encoding.special.index(False)
-    return text_scores | {"induction": stats.induction_score(probe.attentions[np.ix_(plan.layers, plan.heads)], n,
+    return text_scores | {"induction": head_scores.induction_score(probe.attentions[np.ix_(plan.layers, plan.heads)], n,
                                                             offset)}
 
 
-def effect(ablated: AttentionResult, intact: AttentionResult) -> dict:
-    """What knocking heads out changed. Decoders: the next-token distribution (KL, top tokens) and each token's
-    log-prob; encoders: the mean-pooled embedding's cosine similarity."""
-    if intact.next_token_logits is not None:
-        before, after = (_log_softmax(x.next_token_logits) for x in (intact, ablated))
-        change = [None] + [a - b for a, b in zip(ablated.token_logprobs[1:], intact.token_logprobs[1:])]
-        return {"kl": float(np.sum(np.exp(before) * (before - after))),
-                "next_tokens_before": [t._asdict() for t in intact.next_tokens],
-                "token_logprob_change": change,
-                "mean_logprob_change": float(np.mean(change[1:])) if len(change) > 1 else 0.0}
-    a, b = (x.hidden.mean(axis=0).astype(np.float64) for x in (ablated, intact))
-    return {"cosine": float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))}
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    z = x - x.max()
-    return z - np.log(np.exp(z).sum())
-
-
 def importance(plan, computed) -> dict:
-    """Every head's single-head ablation effect (service.Importance)."""
+    """Every head's single-head ablation effect (plans.Importance)."""
     r = computed.result
     return {"model": plan.request.model, "tokens": r.tokens, "baseline": r.baseline, "importance": r.values,
             "measure": "mean_logprob_change" if r.lm else "embedding_distance"}

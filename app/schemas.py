@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import copy
+
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from ..model.stats import HEAD_STATS, PAIR_STATS, SCORE_INFO
-from ..model.teaching import ROLE_TARGETS
+from ..analysis.roles import ROLE_TARGETS
+from ..analysis.statistics import HEAD_STATS, PAIR_STATS, SCORE_INFO
 
 
 def _json_int(v):
@@ -42,7 +44,7 @@ def _bounded(ge: int, le: int):
 JsonBool = Annotated[bool, BeforeValidator(_json_bool)]
 Text = Annotated[str, AfterValidator(_unicode)]
 MAX_INDEX = 8191   # a token index below the most positions a served model reads (SmolLM2: 8192)
-Index = _bounded(0, MAX_INDEX)   # the OpenAPI narrows it to the served models (`bounded_by_models`)
+Index = _bounded(0, MAX_INDEX)   # the OpenAPI narrows it to each served model (`per_model`)
 Matrix = list[list[float]]
 
 EXAMPLE_TEXT = "The animal didn't cross the street because it was too tired."
@@ -203,8 +205,10 @@ class AttentionResponse(Tokens):
 class ImportanceRequest(Strict):
     """Single-head ablation of every head, one at a time, on one text."""
     model: Text = Field("minilm", description="a model id from GET /api/models", examples=["minilm"])
-    text: Text = Field(description="the text to measure on", examples=[EXAMPLE_TEXT])
-    text_pair: Text | None = Field(None, description="optional second sentence (encoder models only)")
+    text: Text = Field(description="the text to measure on; at least one non-blank character", examples=[EXAMPLE_TEXT],
+                       json_schema_extra={"pattern": r"\S"})
+    text_pair: Text | None = Field(None, description="optional second sentence (models with `pair` only); at least "
+                                   "one non-blank character", json_schema_extra={"pattern": r"\S"})
     ablation: Literal["zero", "mean"] = Field("zero", description="what replaces the knocked-out head's output")
     batch: _bounded(1, 64) = Field(16, description="heads ablated per forward pass (the batch axis carries "
                                    "different head masks); changes the speed, never the numbers")
@@ -288,29 +292,94 @@ class Error(BaseModel):
     errors: list[dict] | None = Field(None, description="per-field validation errors, when there are several")
 
 
-def bounded_by_models(openapi: dict, models: list[ModelInfo]) -> dict:
-    """The OpenAPI with every layer, head and token index bounded by the largest served model, so that the schema
-    says what the server takes. Each request is still checked against its own model (a layer tiny-gpt lacks gets a
-    422 that names the model's range); with no models loaded the schema keeps its generic bound."""
+REQUESTS = ("AttentionRequest", "StagesRequest", "ImportanceRequest")
+
+
+def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int) -> dict:
+    """The OpenAPI with one schema per served model for every request body, so that the schema says what the server
+    takes. The operations take `<Request>ByModel`, one of `<Request>.<model>`: each fixes `model` (the default
+    model's may leave it out) and bounds every layer, head and token index by that model's own `layers`, `heads` and
+    `max_tokens`, takes `text_pair` only for a model with `pair`, and at most ATTNSCOPE_MAX_MASK_TOKENS masked
+    tokens. The generic `<Request>` stays, every field documented, its indices bounded by the largest served model.
+    What depends on the text itself (a mask index past its last token, an answer too big for its wire form, the
+    character limit) is checked per request and refused with a message naming it. With no models loaded the schema
+    keeps its generic form."""
     if not models:
         return openapi
+    schemas = openapi.get("components", {}).get("schemas", {})
+    _bound_generic(schemas, models)
+    for name in REQUESTS:
+        generic = schemas.get(name)
+        if generic is None:
+            continue
+        for m in models:
+            schemas[f"{name}.{m.id}"] = _variant(generic, m, max_mask_tokens)
+        schemas[f"{name}ByModel"] = {
+            "title": f"{name} (one schema per served model)", "description": generic.get("description", "") +
+            f" The fields of {name}, with the ranges of the model `model` names.",
+            "oneOf": [{"$ref": f"#/components/schemas/{name}.{m.id}"} for m in models],
+            "examples": [{"model": models[0].id, "text": EXAMPLE_TEXT} | (
+                {"layer": 0, "head": 0} if "layer" in generic["properties"] else {})]}
+    for item in openapi.get("paths", {}).values():
+        for op in item.values():
+            body = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+            name = body.get("$ref", "").rsplit("/", 1)[-1]
+            if name in REQUESTS and f"{name}ByModel" in schemas:
+                body["$ref"] = f"#/components/schemas/{name}ByModel"
+    return openapi
+
+
+def _bound_generic(schemas: dict, models: list[ModelInfo]) -> None:
+    """The generic request schemas: every layer, head and token index bounded by the largest served model."""
     top = {"layers": max(m.layers for m in models) - 1, "heads": max(m.heads for m in models) - 1,
            "mask_tokens": max(m.max_tokens for m in models) - 1}
     top |= {"layer": top["layers"], "head": top["heads"]}
     note = {"layers": "layers", "heads": "heads", "layer": "layers", "head": "heads", "mask_tokens": "max_tokens"}
-
-    def narrow(node: dict, bound: int) -> None:
-        if "maximum" in node:
-            node["maximum"] = bound
-        for child in [node.get("items"), *node.get("anyOf", [])]:
-            if isinstance(child, dict):
-                narrow(child, bound)
-
     for name in ("AttentionRequest", "StagesRequest"):
-        props = openapi.get("components", {}).get("schemas", {}).get(name, {}).get("properties", {})
+        props = schemas.get(name, {}).get("properties", {})
         for field, bound in top.items():
             if field in props:
-                narrow(props[field], bound)
+                _narrow(props[field], bound)
                 props[field]["description"] += (f". Here at most {bound}: the largest `{note[field]}` among the "
                                                  "served models, each of which checks its own")
-    return openapi
+
+
+def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int) -> dict:
+    variant = copy.deepcopy(generic)
+    variant.pop("description", None)
+    variant["title"] = f"{generic.get('title', '')} for {m.id}"
+    props = variant["properties"]
+    variant["examples"] = [{"model": m.id, "text": EXAMPLE_TEXT} | ({"layer": 0, "head": 0} if "layer" in props else {})]
+    for field in ("layers", "heads", "ablate", "mask_tokens"):    # the generic examples need not fit this model
+        props.get(field, {}).pop("examples", None)
+    default = props["model"].get("default")
+    props["model"] = {"const": m.id, "type": "string", "description": f"{m.title}: {m.layers} layers x {m.heads} "
+                      f"heads, up to {m.max_tokens} tokens"} | ({"default": m.id} if m.id == default else {})
+    if m.id != default:
+        variant["required"] = sorted(set(variant.get("required", [])) | {"model"})
+    bounds = {"layers": m.layers - 1, "heads": m.heads - 1, "layer": m.layers - 1, "head": m.heads - 1,
+              "mask_tokens": m.max_tokens - 1}
+    for field, bound in bounds.items():
+        if field in props:
+            _narrow(props[field], bound)
+    for field in ("layers", "heads"):        # an empty list is refused ("leave it out for all")
+        for node in [props.get(field, {}), *props.get(field, {}).get("anyOf", [])]:
+            if node.get("type") == "array":
+                node["minItems"] = 1
+    if "mask_tokens" in props:
+        props["mask_tokens"]["maxItems"] = max_mask_tokens
+    if "ablate" in props:                    # [layer, head] pairs: each number bounded by its own axis
+        pair = props["ablate"]["items"]
+        index = pair.pop("items")
+        pair["prefixItems"] = [index | {"maximum": m.layers - 1}, index | {"maximum": m.heads - 1}]
+    if "text_pair" in props and not m.pair:
+        props["text_pair"] = {"type": "null", "description": f"{m.id} takes a single text: leave it out"}
+    return variant
+
+
+def _narrow(node: dict, bound: int) -> None:
+    if "maximum" in node:
+        node["maximum"] = bound
+    for child in [node.get("items"), *node.get("anyOf", [])]:
+        if isinstance(child, dict):
+            _narrow(child, bound)

@@ -1,19 +1,27 @@
 """Settings from ATTNSCOPE_* environment variables, each with a default that works out of the box.
 
-The one source of configuration: model/ reads no environment variables; what it needs (the graph cache,
-model folders, providers, threads) is passed in from here. Logging is set up here too, in one style.
+The one source of configuration: the numerics (model/, sources/, graphs/, runtime/, analysis/, corpus/) read no
+environment variables; what they need (the graph cache, model folders, providers, threads, a Ray cluster's address)
+is passed in from here. Logging is set up here too, in one style.
 """
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import AliasChoices, BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from ..runtime.sessions import cores
+from ..sources import split_entry
+
+CHARS_PER_TOKEN = 10     # the derived character limit allows this many characters for each token a model reads:
+#                          English runs at 4-7 per token, so a text that fills the model always fits
+MIN_CHARS = 20_000       # the derived limit is never below this (texts longer than the model reads are truncated)
+MAX_CHARS = 400_000      # and never above this, whatever the models (the request body's 1 MB holds it in UTF-8 ASCII)
 
 
 def _csv(value):
@@ -32,14 +40,6 @@ def _limits(value):
 
 
 Limits = Annotated[dict[str, int], NoDecode, BeforeValidator(_limits)]  # "minilm=512" -> {"minilm": 512}
-
-
-def cores() -> int:
-    """CPU cores this process may use (its affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def default_inflight() -> int:
@@ -64,7 +64,8 @@ class Settings(BaseSettings):
     port: int = 8000
     # limits (documented in the README; each refusal names the limit it hit)
     max_body_bytes: int = 1_000_000      # request body, 413 beyond
-    max_chars: int = 20_000              # characters of text (+ text_pair), 413 beyond
+    max_chars: int | None = Field(default=None, ge=1, description="characters of text (+ text_pair), 413 beyond; "
+                                  "default: derived from the models served (chars_limit)")
     max_mask_tokens: int = 512           # entries in mask_tokens
     max_tokens: Limits = Field(default={}, description="per-model token limit, e.g. minilm=512, up to the model's "
                                "positions; default: the length it was trained on (answers past that carry a warning)")
@@ -100,6 +101,9 @@ class Settings(BaseSettings):
                                       "group of heads at a time, each group's heads x tokens^2 float32 within this "
                                       "many MB; the layer's peak is about three such buffers")
     cors_origins: CSV = Field(default=[], description="CORS allow-list; empty = CORS off")
+    ray_address: str | None = Field(default=None, validation_alias=AliasChoices("RAY_ADDRESS", "ATTNSCOPE_RAY_ADDRESS"),
+                                    description="the Ray cluster a corpus job joins (--engine ray); Ray's own "
+                                    "RAY_ADDRESS; unset: a local cluster")
     # where files live
     cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "attnscope",
                         description="exported ONNX graphs and converted weights")
@@ -115,8 +119,14 @@ class Settings(BaseSettings):
 
     def model_ids(self) -> list[str]:
         """The id of each ATTNSCOPE_MODELS entry: a zoo id as it is, NAME of NAME=PATH and NAME=hf:ORG/REPO."""
-        from ..model.zoo import split_entry
         return [split_entry(entry)[0] for entry in self.models]
+
+    def chars_limit(self, max_tokens: list[int]) -> int:
+        """The character limit: ATTNSCOPE_MAX_CHARS, else CHARS_PER_TOKEN for each token the longest-reading model
+        served reads, within [MIN_CHARS, MAX_CHARS] (SmolLM2's 4096 tokens: 40,960 characters)."""
+        if self.max_chars is not None:
+            return self.max_chars
+        return min(MAX_CHARS, max(MIN_CHARS, CHARS_PER_TOKEN * max(max_tokens, default=0)))
 
     def model_dirs(self) -> dict[str, Path]:
         """Model id -> a folder that overrides where that zoo model's files come from."""

@@ -96,8 +96,8 @@ def runtime(model_id: str, **options):
     """A zoo model on the benches' (and tests') graph cache, at its widest token limit (WIDEST)."""
     from dataclasses import replace
 
-    from attnscope.model import zoo
-    from attnscope.model.runtime import Runtime
+    from attnscope.sources import zoo
+    from attnscope.runtime import Runtime
     spec = zoo.get(model_id)
     return Runtime(replace(spec, max_tokens=WIDEST.get(model_id, spec.max_tokens)), cache_dir=CACHE, **options)
 

@@ -107,7 +107,7 @@ def main(argv=None) -> None:
     hf_logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
 
-    from attnscope.model import zoo
+    from attnscope.sources import zoo
 
     for model_id in args.models:
         rt = runtime(model_id, providers=["CPUExecutionProvider"], threads=args.threads)

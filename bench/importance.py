@@ -26,7 +26,7 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=16)
     args = ap.parse_args(argv)
 
-    from attnscope.model.runtime import head_importance
+    from attnscope.runtime.interventions import head_importance
 
     rt = runtime(args.model)
     rt.session(False)

@@ -3,7 +3,7 @@
     .venv/bin/python bench/lm_head_memory.py                  # 1024 and 4096 tokens
     .venv/bin/python bench/lm_head_memory.py --tokens 4096
 
-The LM head part of the served graph (model/export.py, _lm_outputs) is built on its own, with the final
+The LM head part of the served graph (graphs/steps.py, lm_outputs) is built on its own, with the final
 hidden states as an input, and run in a fresh process per variant; the peak resident memory a run adds
 over the opened session (sampled every millisecond; no memory arena) is reported for
   chunked   the graph as served: log-sum-exp over model.transformer.VOCAB_CHUNK (4096) vocabulary rows
@@ -32,24 +32,25 @@ def measure(tokens: int, chunk: int) -> dict:
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    import attnscope.model.export as E
+    import attnscope.graphs.builder as B
+    import attnscope.graphs.steps as E
     import attnscope.model.transformer as T
-    from attnscope.model import zoo
-    from attnscope.model.gguf import load_gguf
+    from attnscope.sources import zoo
+    from attnscope.sources.gguf import load_gguf
     from bench.common import CACHE
 
     m = load_gguf(zoo.smollm2_path(), cache=CACHE)
     T.VOCAB_CHUNK = E.VOCAB_CHUNK = chunk
-    g = E._Graph()
+    g = B.Graph()
     g.op("Identity", "hidden_in", out="hidden")
-    E._lm_outputs(g, m, g.const(m.wte, "wte"))
+    E.lm_outputs(g, m, g.const(m.wte, "wte"))
     inputs = [helper.make_tensor_value_info("hidden_in", TensorProto.FLOAT, ["batch", "tokens", m.cfg.d_model]),
               helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
               helper.make_tensor_value_info("lengths", TensorProto.INT64, ["batch"])]
     outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in T.LM_OUTPUTS]
     proto = helper.make_model(helper.make_graph(g.nodes, "lm_head", inputs, outputs, g.inits),
-                              opset_imports=[helper.make_opsetid("", E.OPSET)])
-    proto.ir_version = E.IR_VERSION
+                              opset_imports=[helper.make_opsetid("", B.OPSET)])
+    proto.ir_version = B.IR_VERSION
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.log_severity_level = 2, 3
     so.enable_cpu_mem_arena = False   # an arena would hold on to memory from start-up and hide the run's own

@@ -5,7 +5,7 @@
     .venv/bin/python bench/long_input.py --no-server --repeats 5
 
 forward, at --tokens tokens, batch 1, the same onnxruntime threads, runs interleaved (min and median):
-  plain      export.build_graph(attentions=False): the same model returning hidden states and LM outputs only,
+  plain      graphs.stacked.build_graph(attentions=False): the same model returning hidden states and LM outputs only,
              in one onnxruntime session with the served graph's options; what running SmolLM2 costs
   layerwise  Runtime.layerwise().forward asking what the model view asks: every layer's rows (entropy, max
              weight, the numbers behind the head summaries) and 64 x 64 thumbnails of all heads (model/layerwise.py)
@@ -44,23 +44,18 @@ def vm_hwm(pid: int) -> int:
 
 
 def plain_session(rt):
-    """The model without attention outputs, opened as the served graph is (Runtime._open's options)."""
-    import onnxruntime as ort
+    """The model without attention outputs, opened as the served graph is (runtime.sessions.open_session)."""
+    from attnscope.graphs.stacked import build_graph
+    from attnscope.runtime.sessions import open_session
 
-    from attnscope.model import export
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = rt.threads
-    so.log_severity_level = 3
-    proto = export.build_graph(rt.model, attentions=False)
-    return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    proto = build_graph(rt.model, attentions=False)
+    return open_session(proto.SerializeToString(), ["CPUExecutionProvider"], rt.threads)
 
 
 def forward(args) -> None:
     import numpy as np
 
-    from attnscope.model.layerwise import Want
+    from attnscope.runtime.layerwise import Want
 
     rt = runtime("smollm2", providers=["CPUExecutionProvider"], threads=args.threads)
     text = text_of_tokens(rt, args.tokens)

@@ -1,6 +1,6 @@
 """Teaching models wired by hand: every wired head does exactly what its role says, on any text.
 
-A head's role is one of ROLES, and `role_targets` says which keys that means for each query. The
+A head's role is one of ROLES; analysis/roles.py says which keys that means for each query and checks it. The
 claim, for every model here: each wired head puts >= 0.99 of its weight on its target for every
 query that has one (0.99 of the keys' total for same-token; for uniform, every weight within 1 %
 of 1/(i+1)), on any text up to the model's max_tokens. It holds by construction; why, in short:
@@ -34,66 +34,8 @@ from .transformer import Transformer, TransformerConfig
 # ---- roles ---------------------------------------------------------------------------------
 ROLES = ("previous-token", "first-token", "self", "two-back", "same-token", "induction", "uniform")
 PREVIOUS_TOKEN, FIRST_TOKEN, SELF, TWO_BACK, SAME_TOKEN, INDUCTION, UNIFORM = ROLES
-ROLE_TARGETS = {
-    PREVIOUS_TOKEN: "key i-1",
-    FIRST_TOKEN: "key 0",
-    SELF: "key i",
-    TWO_BACK: "key i-2",
-    SAME_TOKEN: "the keys k <= i holding the same token id as i (i itself included), together",
-    INDUCTION: "key j+1, where j < i-1 is the latest earlier position holding the same token as i",
-    UNIFORM: "every key k <= i equally: each weight within 1 % of 1/(i+1)",
-}
-# The same roles in a reader's words (the page's head menu and steps view show these).
-ROLE_TEXT = {
-    PREVIOUS_TOKEN: "puts its weight on the token just before (key i−1)",
-    FIRST_TOKEN: "puts its weight on the first token (key 0)",
-    SELF: "puts its weight on the token itself (key i)",
-    TWO_BACK: "puts its weight on the token two back (key i−2)",
-    SAME_TOKEN: "spreads its weight over the earlier copies of the same token (itself included)",
-    INDUCTION: "looks at the token right after the latest earlier copy of the current token (key j+1)",
-    UNIFORM: "spreads its weight evenly over every visible token",
-}
-THRESHOLD = 0.99
+THRESHOLD = 0.99    # every wired head puts at least this much of its weight on its target (analysis/roles.py)
 GAP = 20.0  # every wired head's target out-scores each other key by >= this (softmax: e^-20 ~ 2e-9 each)
-
-
-def role_targets(role: str, token_ids) -> np.ndarray:
-    """[T, T] bool: True where key k is query i's target under `role` (causal, k <= i). All-False row: no target."""
-    ids = np.asarray(token_ids)
-    T = len(ids)
-    i, k = np.arange(T)[:, None], np.arange(T)[None, :]
-    if role == PREVIOUS_TOKEN:
-        return k == i - 1
-    if role == FIRST_TOKEN:
-        return np.broadcast_to(k == 0, (T, T)).copy()
-    if role == SELF:
-        return k == i
-    if role == TWO_BACK:
-        return k == i - 2
-    if role in (SAME_TOKEN, UNIFORM):
-        return (k <= i) & ((ids[None, :] == ids[:, None]) if role == SAME_TOKEN else True)
-    if role == INDUCTION:
-        targets, latest = np.zeros((T, T), bool), {}  # latest: token id -> its last position <= i-2
-        for q in range(T):
-            if q >= 2:
-                latest[ids[q - 2]] = q - 2
-            if ids[q] in latest:
-                targets[q, latest[ids[q]] + 1] = True
-        return targets
-    raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
-
-
-def role_scores(weights: np.ndarray, role: str, token_ids) -> np.ndarray:
-    """Per query [T]: how well one head's weights [T, T] follow `role`; >= THRESHOLD passes, NaN = no target.
-
-    The weight on the target keys; for uniform, 1 - the largest relative deviation from 1/(i+1).
-    """
-    weights = np.asarray(weights, np.float64)
-    targets = role_targets(role, token_ids)
-    if role == UNIFORM:
-        n = np.arange(1, len(weights) + 1)[:, None]
-        return 1.0 - np.where(targets, np.abs(weights * n - 1.0), 0.0).max(axis=1)
-    return np.where(targets.any(axis=1), (weights * targets).sum(axis=1), np.nan)
 
 
 # ---- shared pieces -------------------------------------------------------------------------

@@ -26,14 +26,14 @@ class _Runtimes(dict):
     """id -> Runtime, each built on first use (SmolLM2 holds 0.5 GB: only tests that use it pay for it)."""
 
     def __missing__(self, model_id):
-        from attnscope.model import zoo
-        from attnscope.model.runtime import Runtime
+        from attnscope.sources import zoo
+        from attnscope.runtime import Runtime
 
         self[model_id] = rt = Runtime(zoo.get(model_id), cache_dir=CACHE)
         return rt
 
     def values(self):
-        from attnscope.model import zoo
+        from attnscope.sources import zoo
 
         return [self[model_id] for model_id in zoo.ZOO]
 

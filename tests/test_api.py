@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
 from attnscope.app.wire import BINARY, from_binary
-from attnscope.model import stats
+from attnscope.analysis import statistics as stats
 
 TEXT = "The animal didn't cross the street because it was too tired."
 
@@ -296,7 +296,7 @@ def test_openapi_describes_every_field_and_error(client):
 
 
 def test_float16_conversion_is_bit_exact():
-    from attnscope.model.runtime import to_float16
+    from attnscope.runtime.sessions import to_float16
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.random(10_000), rng.random(10_000) * 1e-5, [0, 1, 6.1e-5, 5.96e-8, 1e-9, 65504, 70000]])
     x = x.astype(np.float32).reshape(-1, 1)

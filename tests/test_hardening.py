@@ -26,13 +26,13 @@ import onnx
 import pytest
 from fastapi.testclient import TestClient
 
-from attnscope.app import routes, wire
+from attnscope.app import sending, wire
 from attnscope.app.main import create_app
 from attnscope.app.middleware import CSP
 from attnscope.app.server import Limits
 from attnscope.app.settings import Settings
-from attnscope.model import zoo
-from attnscope.model.runtime import Runtime
+from attnscope.sources import zoo
+from attnscope.runtime import Runtime
 from bench.common import free_port, wait_until_up
 from bench.slowloris import attack, percentile
 
@@ -240,7 +240,7 @@ def test_huge_and_fractional_numbers_are_422_with_a_message(client):
 
 def test_timing_covers_serialisation(client, monkeypatch):
     """timing_ms.total is taken after the tensors are converted and the JSON is written (0.3 s made slow)."""
-    encode_json, cast = wire.json_chunks, routes._cast
+    encode_json, cast = wire.json_chunks, sending._cast
 
     def slow_json(payload, late=None, **kw):
         time.sleep(0.3)
@@ -250,7 +250,7 @@ def test_timing_covers_serialisation(client, monkeypatch):
         time.sleep(0.3)
         return cast(a, dtype)
     monkeypatch.setattr(wire, "json_chunks", slow_json)
-    monkeypatch.setattr(routes, "_cast", slow_cast)
+    monkeypatch.setattr(sending, "_cast", slow_cast)
     j = client.post("/api/attention", json={"model": "tiny-gpt", "text": TEXT + " json"}).json()
     assert j["timing_ms"]["total"] >= 300 and list(j)[-1] == "timing_ms"
     r = client.post("/api/attention", json={"model": "tiny-gpt", "text": TEXT + " f16", "dtype": "float16"},
@@ -263,8 +263,8 @@ HANG_IN_EXPORT = """
 import sys, time
 import onnx.checker
 onnx.checker.check_model = lambda *a, **k: time.sleep(120)   # the .tmpPID file is on disk by then
-from attnscope.model import zoo
-from attnscope.model.runtime import Runtime
+from attnscope.sources import zoo
+from attnscope.runtime import Runtime
 Runtime(zoo.get("tiny-gpt"), cache_dir=sys.argv[1]).onnx_path()
 """
 
@@ -355,7 +355,7 @@ def test_read_only_cache_with_only_the_main_graph_serves_stages(serve):
 def test_run_slots_serve_oldest_first_and_newest_first_when_backed_up():
     import asyncio
 
-    from attnscope.app.service import RunSlots
+    from attnscope.app.runs import RunSlots
 
     async def main():
         slots, order = RunSlots(1), []
@@ -406,7 +406,7 @@ def test_run_slots_serve_oldest_first_and_newest_first_when_backed_up():
 def test_sending_budget_bounds_bytes_for_all_clients_together():
     import asyncio
 
-    from attnscope.app.service import ByteBudget
+    from attnscope.app.sending import ByteBudget
 
     async def main():
         budget, held = ByteBudget(100), []

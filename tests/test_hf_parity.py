@@ -25,7 +25,7 @@ LONG = " ".join(f"Sentence number {i} keeps going so that the text runs well pas
 
 @pytest.fixture(scope="module")
 def hf_model():
-    from attnscope.model import zoo
+    from attnscope.sources import zoo
 
     model = transformers.BertModel.from_pretrained(str(zoo.minilm_dir()), attn_implementation="eager")
     return model.eval()
@@ -72,7 +72,7 @@ def minilm_512(minilm):
     the 256 it was trained on."""
     from dataclasses import replace
 
-    from attnscope.model.runtime import Runtime
+    from attnscope.runtime import Runtime
     return Runtime(replace(minilm.spec, max_tokens=512), cache_dir=minilm.cache_dir)
 
 

@@ -218,18 +218,18 @@ class Gate:
 
     def __init__(self, svc):
         self.event, self.started = threading.Event(), 0
-        run = svc._forward
+        run = svc.runner._execute
 
         def held(*args):
             self.started += 1
             assert self.event.wait(30), "gate never opened"
             return run(*args)
-        svc._forward = held
+        svc.runner._execute = held
 
 
 def _idle(svc) -> None:
-    assert svc.runs()["running"] == 0 and svc.runs()["waiting"] == 0
-    assert svc._slots.free == svc.settings.max_inflight and not svc._pending
+    assert svc.runner.counts()["running"] == 0 and svc.runner.counts()["waiting"] == 0
+    assert svc.runner._slots.free == svc.settings.max_inflight and not svc.runner._pending
 
 
 def test_busy_is_503_with_retry_after_and_nothing_leaks():
@@ -245,7 +245,7 @@ def test_busy_is_503_with_retry_after_and_nothing_leaks():
                      for i in range(6)]
             for _ in range(100):
                 await asyncio.sleep(0.02)
-                if gate.started == 1 and svc.runs()["waiting"] == 2 and sum(t.done() for t in tasks) == 3:
+                if gate.started == 1 and svc.runner.counts()["waiting"] == 2 and sum(t.done() for t in tasks) == 3:
                     break
             health = await http.get("/healthz")  # answers while the run is held
             assert health.json()["running"] == 1 and health.json()["waiting"] == 2
@@ -274,20 +274,20 @@ def test_cancelled_requests_leak_nothing_and_do_not_fail_others():
     svc = app.state.service
     svc.load()
     gate = Gate(svc)
-    shared, other = (svc.plan(AttentionRequest(model="tiny-gpt", text=t), binary=False)
+    shared, other = (svc.plans.attention(AttentionRequest(model="tiny-gpt", text=t), binary=False)
                      for t in ("shared run", "queued run"))
 
     async def main():
-        owner = asyncio.create_task(svc.run(shared))
+        owner = asyncio.create_task(shared.compute(svc.runner))
         await asyncio.sleep(0.05)
-        follower = asyncio.create_task(svc.run(shared))
-        waiter = asyncio.create_task(svc.run(other))
+        follower = asyncio.create_task(shared.compute(svc.runner))
+        waiter = asyncio.create_task(other.compute(svc.runner))
         await asyncio.sleep(0.05)
-        assert svc.runs()["running"] == 1 and svc.runs()["waiting"] == 1
+        assert svc.runner.counts()["running"] == 1 and svc.runner.counts()["waiting"] == 1
         owner.cancel()
         waiter.cancel()
         await asyncio.sleep(0.05)
-        assert svc.runs()["waiting"] == 0, "the queued run nobody waits for is still queued"
+        assert svc.runner.counts()["waiting"] == 0, "the queued run nobody waits for is still queued"
         gate.event.set()
         done = await follower
         assert done.hit is True and done.result.tokens[0] == "[CLS]"
@@ -295,7 +295,7 @@ def test_cancelled_requests_leak_nothing_and_do_not_fail_others():
             with pytest.raises(asyncio.CancelledError):
                 await task
         for _ in range(100):
-            if not svc._pending:
+            if not svc.runner._pending:
                 break
             await asyncio.sleep(0.02)
     try:
@@ -304,8 +304,8 @@ def test_cancelled_requests_leak_nothing_and_do_not_fail_others():
         gate.event.set()
     _idle(svc)
     assert gate.started == 1
-    assert svc.cache.get(shared.key) is not None and svc.cache.get(other.key) is None
-    assert not svc._waiters and not svc._started
+    assert svc.runner.cache.get(shared.key) is not None and svc.runner.cache.get(other.key) is None
+    assert not svc.runner._waiters and not svc.runner._started
 
 
 def test_clients_that_hang_up_leak_nothing_on_the_live_server(live_server):
@@ -439,7 +439,7 @@ def test_internal_errors_have_no_traceback_or_path(client, monkeypatch):
 
     def broken(*args, **kw):
         raise RuntimeError(f"boom in {ROOT}/app/service.py line 3")
-    monkeypatch.setattr(svc, "_check_size", broken)
+    monkeypatch.setattr(svc.plans, "_check_cells", broken)
     with TestClient(client.app, raise_server_exceptions=False) as c:
         r = _send(c, "/api/attention", {"text": "an internal error " + uuid.uuid4().hex, "layers": [0]}, {})
     assert r.status_code == 500

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 
 from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
-from attnscope.model.runtime import head_importance
+from attnscope.runtime.interventions import head_importance
 
 from .conftest import CACHE, ablation_hooks
 
@@ -21,7 +21,7 @@ ABLATE = [(0, 3), (1, 7), (1, 2), (3, 0)]
 
 @pytest.fixture(scope="module")
 def hf_minilm():
-    from attnscope.model import zoo
+    from attnscope.sources import zoo
     torch.set_num_threads(2)
     return transformers.BertModel.from_pretrained(str(zoo.minilm_dir()), attn_implementation="eager").eval()
 

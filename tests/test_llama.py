@@ -17,7 +17,7 @@ import torch.nn.functional as TF
 from attnscope.model import functional as F
 from attnscope.model import masks as M
 from attnscope.model.attention import GroupedQueryAttention
-from attnscope.model.export import build_graph
+from attnscope.graphs.stacked import build_graph
 from attnscope.model.transformer import LM_OUTPUTS, STAGES, SwiGLU, Transformer, TransformerConfig
 from attnscope.model.weights import load_npz, save_npz, state_dict
 

@@ -14,11 +14,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from attnscope.app.main import create_app
+from attnscope.app.plans import LayerwisePlan
 from attnscope.app.service import AttentionService
 from attnscope.app.settings import Settings
 from attnscope.app.wire import BINARY, NDJSON, from_binary
-from attnscope.model import stats
-from attnscope.model.layerwise import ROWS, Want, _walk
+from attnscope.analysis import statistics as stats
+from attnscope.analysis import thumbnails
+from attnscope.runtime.layerwise import ROWS, Want, _walk
 
 from .conftest import run_in_fresh_loop
 
@@ -76,13 +78,13 @@ def test_layerwise_run_equals_the_stacked_graph(runtimes, model_id, causal, opti
     got = np.stack([res.asked.attention[layer] for layer in range(L)])
     np.testing.assert_allclose(got, A, atol=ATOL, rtol=0)
     thumbs = np.stack([res.thumbnails[7][layer] for layer in range(L)])
-    np.testing.assert_allclose(thumbs, stats.downsample(A, 7), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(thumbs, thumbnails.downsample(A, 7), atol=ATOL, rtol=0)
     assert_rows_equal(res, got)
     assert_rows_equal(res, A, atol=5e-5)
     np.testing.assert_array_equal(res.visible, stats.visible_keys(full.mask))
     np.testing.assert_allclose(stats.normalize_entropy(res.rows["entropy"], res.visible),
                                stats.row_stats(A, full.mask)["normalized_entropy"], atol=ATOL)
-    keys, weights = stats.top_keys(got, 5)        # the same ranking rule (ties to the lower key) on the same numbers
+    keys, weights = thumbnails.top_keys(got, 5)        # the same ranking rule (ties to the lower key) on the same numbers
     np.testing.assert_array_equal(np.stack([res.asked.top_keys[layer] for layer in range(L)]), keys)
     np.testing.assert_array_equal(np.stack([res.asked.top_weights[layer] for layer in range(L)]), weights)
     duplicate = np.einsum("lhqk,qk->lhq", A, stats.same_token_keys(full.token_ids).astype(np.float32))
@@ -106,7 +108,7 @@ def test_thumbnails_are_downsample_with_equal_and_uneven_blocks(runtimes, resolu
     later = lw.recompute(first, Want((1, 2), resolution=resolution + 1))   # another resolution, from checkpoints
     for res, R, layers in ((first, resolution, range(4)), (later, resolution + 1, (1, 2))):
         for layer in layers:
-            np.testing.assert_allclose(res.thumbnails[R][layer], stats.downsample(full.attentions[layer], R),
+            np.testing.assert_allclose(res.thumbnails[R][layer], thumbnails.downsample(full.attentions[layer], R),
                                        atol=ATOL, rtol=0)
 
 
@@ -138,7 +140,7 @@ def test_recompute_equals_first_run(runtimes, every):
     np.testing.assert_array_equal(later.asked.top_keys[1], first.asked.top_keys[1][::-1])
     [full] = rt.run([TEXT])
     np.testing.assert_allclose(later.asked.attention[3], full.attentions[3][[2, 0]], atol=ATOL, rtol=0)
-    np.testing.assert_allclose(later.thumbnails[5][3], stats.downsample(full.attentions[3], 5), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(later.thumbnails[5][3], thumbnails.downsample(full.attentions[3], 5), atol=ATOL, rtol=0)
     assert done and done[-1][0] == done[-1][1] and [i for i, _ in done] == list(range(1, len(done) + 1))
     assert first.asked.attention.keys() == {1} and later.rows is first.rows   # the kept rows are shared, not copied
 
@@ -156,15 +158,15 @@ def test_pooling_matrix_is_downsample():
     rng = np.random.default_rng(0)
     p = rng.random((3, 100, 100))
     for size in (7, 64, 100, 128):
-        pool = stats.pooling_matrix(100, size).astype(np.float64)
-        np.testing.assert_allclose(pool.T @ p @ pool, stats.downsample(p, size), rtol=2e-7)   # 1/n in float32
+        pool = thumbnails.pooling_matrix(100, size).astype(np.float64)
+        np.testing.assert_allclose(pool.T @ p @ pool, thumbnails.downsample(p, size), rtol=2e-7)   # 1/n in float32
 
 
 def test_top_keys_orders_heaviest_first_ties_to_the_lower_key():
     p = np.array([[0.1, 0.4, 0.1, 0.4, 0.0]])
-    keys, weights = stats.top_keys(p, 4)
+    keys, weights = thumbnails.top_keys(p, 4)
     assert keys.tolist() == [[1, 3, 0, 2]] and weights.tolist() == [[0.4, 0.4, 0.1, 0.1]]
-    assert stats.top_keys(p, 9)[0].shape == (1, 5)
+    assert thumbnails.top_keys(p, 9)[0].shape == (1, 5)
 
 
 # ---- the API ----------------------------------------------------------------------------------------------------
@@ -313,8 +315,8 @@ def test_layerwise_threshold_decides_the_path():
     from attnscope.app.schemas import AttentionRequest
 
     req = AttentionRequest(text=TEXT)                             # ~60 tokens: 6 x 12 x 60^2 x 4 bytes ~ 1 MB
-    assert service(layerwise_mb=2).plan(req, False).long is None
-    assert service(layerwise_mb=0.5).plan(req, False).long is not None
+    assert not isinstance(service(layerwise_mb=2).plans.attention(req, False), LayerwisePlan)
+    assert isinstance(service(layerwise_mb=0.5).plans.attention(req, False), LayerwisePlan)
 
 
 def test_cache_and_checkpoints_follow_the_settings():
@@ -323,14 +325,14 @@ def test_cache_and_checkpoints_follow_the_settings():
     svc = service(layerwise_mb=0, checkpoint_every=4, cache_mb=1)
     results = []
     for i in range(4):
-        plan = svc.plan(AttentionRequest(text=f"{i} " + TEXT * 3, resolution=8), False)
-        results.append(run_in_fresh_loop(svc.run(plan)).result)
+        plan = svc.plans.attention(AttentionRequest(text=f"{i} " + TEXT * 3, resolution=8), False)
+        results.append(run_in_fresh_loop(plan.compute(svc.runner)).result)
     assert sorted(results[0].checkpoints) == [0, 4]                         # 6 layers, every 4th kept
-    assert all(r.nbytes() > 300_000 for r in results) and svc.cache.bytes <= 2**20   # each ~0.4 MB, the cache 1 MB
+    assert all(r.nbytes() > 300_000 for r in results) and svc.runner.cache.bytes <= 2**20   # each ~0.4 MB, the cache 1 MB
 
 
 def test_smollm2_reads_4096_tokens_by_default():
-    from attnscope.model import zoo
+    from attnscope.sources import zoo
 
     assert zoo.get("smollm2").max_tokens >= 4096
 
@@ -351,10 +353,10 @@ def test_smollm2_layer_by_layer_equals_the_stacked_graph(runtimes):
     assert got.shape == A.shape == (30, 9, 300, 300)
     assert float(np.abs(got - A).max()) <= ATOL
     thumbs = np.stack([res.thumbnails[64][layer] for layer in range(30)])
-    assert float(np.abs(thumbs - stats.downsample(A, 64)).max()) <= ATOL
+    assert float(np.abs(thumbs - thumbnails.downsample(A, 64)).max()) <= ATOL
     even = rt.layerwise().recompute(res, Want(tuple(range(30)), resolution=60))      # 300 = 60 x 5: equal blocks
     thumbs = np.stack([even.thumbnails[60][layer] for layer in range(30)])
-    assert float(np.abs(thumbs - stats.downsample(A, 60)).max()) <= ATOL
+    assert float(np.abs(thumbs - thumbnails.downsample(A, 60)).max()) <= ATOL
     assert_rows_equal(res, got)                  # the reductions in the graph: the stats functions, to 1e-5
     assert_rows_equal(res, A, atol=5e-5)         # against the stacked graph (entropy: its log p widens 1e-5 a bit)
     assert set(res.rows) == set(ROWS)

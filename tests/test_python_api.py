@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 import attnscope
-from attnscope.model import stats
+from attnscope.analysis import statistics as stats
 
 from .conftest import CACHE
 

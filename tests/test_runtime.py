@@ -5,9 +5,10 @@ import numpy as np
 import onnx
 import pytest
 
-from attnscope.model import zoo
+from attnscope.sources import zoo
 from attnscope.model.masks import MASKED
-from attnscope.model.runtime import Runtime
+from attnscope.graphs.cache import GraphCache
+from attnscope.runtime import Runtime
 from attnscope.model.transformer import LM_OUTPUTS, SQUARE_STAGES, STAGES, Transformer
 from attnscope.model.weights import load_npz, save_npz
 
@@ -226,7 +227,7 @@ def fresh_tiny(tmp_path):
 def test_changed_cache_key_rebuilds(fresh_tiny, tmp_path, monkeypatch):
     first = fresh_tiny.onnx_path()
     assert first.parent == tmp_path and first.is_file()
-    monkeypatch.setattr(Runtime, "cache_key", lambda self: "0123456789abcdef")
+    monkeypatch.setattr(GraphCache, "key", property(lambda self: "0123456789abcdef"))
     second = fresh_tiny.onnx_path()
     assert second != first and second.is_file() and "0123456789abcdef" in second.name
 
@@ -236,7 +237,7 @@ def test_cache_key_follows_the_weights():
     assert a.cache_key() == b.cache_key()
     attn = b.model.blocks[0].attn
     attn.params["out_proj.bias"] = attn.params["out_proj.bias"] + 1
-    b._key = None  # the key is memoised per Runtime; a changed model is a new Runtime in practice
+    b.graphs._key = None  # the key is memoised per Runtime; a changed model is a new Runtime in practice
     assert a.cache_key() != b.cache_key()
 
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import regex
 
-from attnscope.model import zoo
+from attnscope.sources import zoo
 from attnscope.model.masks import MASKED
-from attnscope.model.tokens import bytes_to_unicode, readable
+from attnscope.sources.tokens import bytes_to_unicode, readable
 from attnscope.model.transformer import LM_OUTPUTS
 from attnscope.model.weights import state_dict
 

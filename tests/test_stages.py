@@ -11,7 +11,7 @@ from attnscope.app.main import create_app
 from attnscope.app.schemas import StagesResponse
 from attnscope.app.settings import Settings
 from attnscope.model import masks as M
-from attnscope.model.export import build_graph
+from attnscope.graphs.stacked import build_graph
 from attnscope.model.transformer import LM_OUTPUTS, STAGES, Transformer, TransformerConfig
 
 # SmolLM2's layout (GQA, RoPE): the small Llama below. MiniLM's first stages run takes ~10 s (graph and weights)

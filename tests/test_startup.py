@@ -48,7 +48,7 @@ def _uvicorn_args() -> list[str]:
 
 
 def _minilm_copy(tmp_path: Path) -> Path:
-    from attnscope.model import zoo
+    from attnscope.sources import zoo
     folder = tmp_path / "minilm"
     folder.mkdir()
     for name in zoo.MINILM_FILES:
@@ -120,7 +120,7 @@ def test_unwritable_cache_builds_in_a_temporary_folder_with_a_warning(tmp_path):
 
 def test_unknown_provider_keeps_a_good_cached_graph(runtimes):
     """A bad option is not a corrupt file: the cached graph must not be deleted and rebuilt for it."""
-    from attnscope.model.runtime import Runtime
+    from attnscope.runtime import Runtime
     path = runtimes["tiny-gpt"].onnx_path()
     before = path.stat()
     with pytest.raises(ValueError, match="not available"):

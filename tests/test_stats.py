@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from attnscope.model import stats
+from attnscope.analysis import statistics as stats
+from attnscope.analysis import rollout, thumbnails
 from attnscope.model.masks import MASKED
 
 
@@ -81,7 +82,7 @@ def test_head_stats_first_token_and_batching():
 # ---- downsampling --------------------------------------------------------------------------
 def test_downsample_512_to_64_keeps_block_means():
     p = random_probs(2, 512, 512, seed=1)
-    d = stats.downsample(p, 64)
+    d = thumbnails.downsample(p, 64)
     assert d.shape == (2, 64, 64)
     assert d.mean() == pytest.approx(p.mean(), rel=1e-12)
     np.testing.assert_allclose(d[1, 3, 5], p[1, 24:32, 40:48].mean(), rtol=1e-12)
@@ -91,7 +92,7 @@ def test_downsampled_probability_rows_still_sum_to_one_for_even_blocks():
     """Each cell is a block *mean*, so a row of cells sums to 1 / (keys per block); scaled back by the
     block width it is a distribution again (over key blocks), for every query block."""
     p = random_probs(3, 256, 128, seed=2)
-    d = stats.downsample(p, 32)
+    d = thumbnails.downsample(p, 32)
     assert d.shape == (3, 32, 32)
     keys_per_block = 128 // 32
     np.testing.assert_allclose(d.sum(-1) * keys_per_block, 1.0, atol=1e-12)
@@ -99,14 +100,14 @@ def test_downsampled_probability_rows_still_sum_to_one_for_even_blocks():
 
 def test_downsample_leaves_small_matrices_alone_and_rejects_bad_size():
     p = random_probs(10, 10)
-    np.testing.assert_array_equal(stats.downsample(p, 64), p)
+    np.testing.assert_array_equal(thumbnails.downsample(p, 64), p)
     with pytest.raises(ValueError, match="positive"):
-        stats.downsample(p, 0)
+        thumbnails.downsample(p, 0)
 
 
 def test_downsample_uneven_blocks_cover_everything():
     p = random_probs(100, 100, seed=3)
-    d = stats.downsample(p, 7)
+    d = thumbnails.downsample(p, 7)
     assert d.shape == (7, 7)
     rq = np.linspace(0, 100, 8).astype(int)
     weights = np.diff(rq)[:, None] * np.diff(rq)[None, :]
@@ -116,7 +117,7 @@ def test_downsample_uneven_blocks_cover_everything():
 # ---- rollout -------------------------------------------------------------------------------
 def test_rollout_rows_sum_to_one():
     attn = random_probs(6, 12, 9, 9, seed=4)
-    r = stats.rollout(attn)
+    r = rollout.rollout(attn)
     assert r.shape == (9, 9)
     np.testing.assert_allclose(r.sum(-1), 1.0, atol=1e-12)
     assert np.all(r >= 0)
@@ -124,7 +125,7 @@ def test_rollout_rows_sum_to_one():
 
 def test_rollout_of_identity_attention_is_identity():
     attn = np.broadcast_to(np.eye(5), (3, 2, 5, 5))
-    np.testing.assert_allclose(stats.rollout(attn), np.eye(5), atol=1e-12)
+    np.testing.assert_allclose(rollout.rollout(attn), np.eye(5), atol=1e-12)
 
 
 def test_rollout_keeps_causality():
@@ -132,6 +133,6 @@ def test_rollout_keeps_causality():
     causal = np.tril(np.ones((T, T)))
     attn = random_probs(4, 2, T, T, seed=5) * causal
     attn /= attn.sum(-1, keepdims=True)
-    r = stats.rollout(attn)
+    r = rollout.rollout(attn)
     assert np.all(r[np.triu_indices(T, k=1)] == 0.0)
     np.testing.assert_allclose(r.sum(-1), 1.0, atol=1e-12)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnscope.model import teaching, zoo
-from attnscope.model.teaching import ROLES, role_scores, role_targets
+from attnscope.model import teaching
+from attnscope.sources import zoo
+from attnscope.analysis.roles import ROLE_TARGETS, ROLES, THRESHOLD, role_scores, role_targets
 
 TEACHING = [model_id for model_id, spec in zoo.ZOO.items() if spec.head_roles]
 LONG = ("Mr and Mrs Dursley, of number four, Privet Drive, were proud to say that they were perfectly normal, "
@@ -44,7 +45,7 @@ def assert_roles_hold(res, spec):
         scores = role_scores(res.attentions[hr["layer"], hr["head"]], hr["role"], res.encoding.ids)
         has = ~np.isnan(scores)
         worst = np.argmin(np.where(has, scores, np.inf))
-        assert np.all(scores[has] >= teaching.THRESHOLD), (
+        assert np.all(scores[has] >= THRESHOLD), (
             f"{spec.id} head {hr['layer']}.{hr['head']} ({hr['role']}): {scores[worst]:.4f} at query {worst} "
             f"({res.tokens[worst]!r}) of {len(res.tokens)} tokens")
         checked[hr["role"]] = checked.get(hr["role"], 0) + int(has.sum())
@@ -54,7 +55,7 @@ def assert_roles_hold(res, spec):
 # ---- the roles themselves -------------------------------------------------------------------
 def test_head_roles_are_data_from_the_documented_set():
     assert set(TEACHING) >= {"tiny-gpt", "induction"}
-    assert set(teaching.ROLE_TARGETS) == set(ROLES)
+    assert set(ROLE_TARGETS) == set(ROLES)
     for model_id in TEACHING:
         spec, cfg = zoo.get(model_id), zoo.get(model_id).build().cfg
         for hr in spec.head_roles:
@@ -141,7 +142,7 @@ def test_roles_hold_on_random_ids_with_many_repeats(runtimes, model_id):
         [res] = rt.forward([rt.encode_ids(ids)], causal=True)
         for hr in spec.head_roles:
             scores = role_scores(res.attentions[hr["layer"], hr["head"]], hr["role"], ids)
-            assert np.nanmin(scores) >= teaching.THRESHOLD, (hr, size, n)
+            assert np.nanmin(scores) >= THRESHOLD, (hr, size, n)
 
 
 @pytest.mark.parametrize("model_id", TEACHING)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from playwright.sync_api import Page, expect
 
-from attnscope.model.corpus import run_corpus
+from attnscope.corpus import run_corpus
 
 from ..conftest import CACHE
 from .conftest import open_app, screenshot

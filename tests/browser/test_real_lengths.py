@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 import pytest
 from playwright.sync_api import Page, expect
 
-from attnscope.model import stats
+from attnscope.analysis import statistics as stats
 
 from .conftest import open_app, plot_point, screenshot, wait_drawn
 

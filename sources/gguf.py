@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from .tokens import bytes_to_unicode
-from .transformer import Transformer, TransformerConfig
-from .weights import load_state_dict
+from ..model.transformer import Transformer, TransformerConfig
+from ..model.weights import load_state_dict
 
 ARCHITECTURES = ("llama",)
 # GGUF tensor name (after "blk.N.") -> ours (after "blocks.N.")

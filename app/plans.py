@@ -1,0 +1,397 @@
+"""A request, validated once into the plan of its kind; the plan knows how to run itself.
+
+    plan = planner.attention(req, binary)      # every check that needs only the request, the model and the tokens
+    computed = await plan.compute(runner)      # its runs, from the cache or the run queue (app/runs.py)
+    body = plan.payload(computed)              # pure functions (app/payload.py)
+
+Four kinds, one class each, told apart by nobody after planning:
+
+    AttentionPlan   /api/attention, a text whose every layer's attention fits the stacked graph's output
+    LayerwisePlan   /api/attention, a longer text: run layer by layer, keeping only what the answer needs
+    StagesPlan      /api/stages, every step of one head
+    ImportancePlan  /api/importance, every head's single-head ablation
+
+The text is tokenised here, once; its token count decides the kind and sizes the answer (`size`, the bytes the
+sending budget reserves), so whatever a run cannot give is refused before any work.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+import orjson
+
+from .. import __version__
+from ..analysis.scores import probe_ids
+from ..runtime import Encoding, Runtime
+from ..runtime.interventions import head_importance, head_masks
+from ..runtime.layerwise import LayerwiseResult, Want
+from . import payload
+from .errors import Refused, TooLarge, UnknownModel
+from .runs import Run, RunProgress, Runner
+from .schemas import AttentionRequest, ImportanceRequest, StagesRequest
+from .settings import Settings
+
+PROBE_TOKENS = 50   # the induction probe: this many random tokens, repeated once
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A plan's results: its own run's and the extra runs the answer compares it with."""
+    result: object
+    hit: bool
+    extra: dict[str, object]
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.result.tokens
+
+
+@dataclass(frozen=True)
+class Importance:
+    """Every head's single-head ablation effect on one text (runtime.interventions.head_importance)."""
+    tokens: list[str]
+    values: np.ndarray     # [L, H]
+    baseline: float
+    seconds: float
+    lm: bool               # measured on log-probs (an LM head) or on the embedding
+
+    def nbytes(self) -> int:
+        return self.values.nbytes
+
+
+# ---- the plans --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What every plan has: its model, its runs' key, how its answer is sent and how big it is."""
+    request: AttentionRequest | StagesRequest | ImportanceRequest
+    runtime: Runtime
+    encoding: Encoding
+    key: str              # content hash of the model run (the cache key)
+    etag: str             # of the answer: the run, every option, the wire form
+    binary: bool
+    size: int             # bytes of the answer: its share of the sending budget
+
+    @property
+    def dtype(self) -> str:
+        return self.request.dtype
+
+    @property
+    def precision(self) -> int | None:
+        return self.request.precision
+
+    def progress(self, runner: Runner) -> RunProgress | None:
+        """What a progress stream shows while the plan runs (None: nothing to show)."""
+        return None
+
+    async def compute(self, runner: Runner) -> Computed:
+        raise NotImplementedError
+
+    def payload(self, computed: Computed) -> dict:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionPlan(Plan):
+    """One forward pass of the stacked graph (or the NumPy reference), and the extra runs the answer needs: the
+    intact run an ablation is compared with ("baseline"), the induction probe ("probe")."""
+    layers: list[int]
+    heads: list[int]
+    run: Run
+    extras: dict[str, Run]
+
+    async def compute(self, runner: Runner) -> Computed:
+        result, hit = await runner.result(self.run)
+        return Computed(result, hit, {name: (await runner.result(run))[0] for name, run in self.extras.items()})
+
+    def payload(self, computed: Computed) -> dict:
+        return payload.attention(self, computed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerwisePlan(Plan):
+    """A long text, layer by layer (runtime/layerwise.py). Its kept parts (rows, checkpoints, thumbnails) are cached
+    under `key`, shared by every request on this text; what a request asks of its heads (want) is computed in the
+    same pass on a first run, recomputed from the checkpoints later."""
+    layers: list[int]
+    heads: list[int]
+    extras: dict[str, Run]
+    want: Want
+    every: int
+    group_mb: float
+    head_mask: np.ndarray | None
+    head_mean: np.ndarray | None
+
+    @property
+    def walk_key(self) -> str:
+        """The key of the run that computes this plan's asked parts (the kept parts' key is `key`)."""
+        return _hash([self.key, repr(self.want), self.every])
+
+    def progress(self, runner: Runner) -> RunProgress:
+        return runner.watch(self.walk_key)
+
+    async def compute(self, runner: Runner) -> Computed:
+        base = runner.cache.get(self.key)
+        try:
+            if base is not None and not _lacks(base, self.want):
+                result, hit = base, True
+            else:
+                result, hit = await runner.result(Run(self.walk_key, self._walk(base, self.progress(runner))))
+                if base is None:
+                    runner.cache.put(self.key, replace(result, asked=None))
+        finally:
+            runner.unwatch(self.walk_key)
+        return Computed(result, hit, {name: (await runner.result(run))[0] for name, run in self.extras.items()})
+
+    def _walk(self, base: LayerwiseResult | None, progress: RunProgress) -> Callable[[], LayerwiseResult]:
+        """The run: from scratch, or the asked parts from a cached run's checkpoints."""
+        req, lw = self.request, self.runtime.layerwise(self.every, self.group_mb)
+        if base is not None:
+            return lambda: lw.recompute(base, self.want, progress.update)
+        return lambda: lw.forward(self.encoding, causal=req.causal, mask_tokens=req.mask_tokens or None,
+                                  head_mask=self.head_mask, head_mean=self.head_mean, want=self.want,
+                                  progress=progress.update)
+
+    def payload(self, computed: Computed) -> dict:
+        return payload.layerwise_attention(self, computed)
+
+
+def _lacks(base: LayerwiseResult, want: Want) -> bool:
+    """Whether a run's kept parts miss something `want` asks for (its heads' parts are never kept)."""
+    thumbs = base.thumbnails.get(want.resolution, {})
+    return bool(want.block_outputs()) or bool(want.resolution and any(l not in thumbs for l in want.layers))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagesPlan(Plan):
+    """One forward pass with the teaching stages, for one head's every step."""
+    layer: int
+    head: int
+    run: Run
+
+    async def compute(self, runner: Runner) -> Computed:
+        result, hit = await runner.result(self.run)
+        return Computed(result, hit, {})
+
+    def payload(self, computed: Computed) -> dict:
+        return payload.stages(self, computed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportancePlan(Plan):
+    """Every head's single-head ablation, batched along the batch axis."""
+    run: Run
+
+    async def compute(self, runner: Runner) -> Computed:
+        result, hit = await runner.result(self.run)
+        return Computed(result, hit, {})
+
+    def payload(self, computed: Computed) -> dict:
+        return payload.importance(self, computed)
+
+
+# ---- planning -------------------------------------------------------------------------------------------------
+def _hash(material) -> str:
+    return hashlib.sha256(orjson.dumps(material)).hexdigest()[:32]
+
+
+def _etag(key: str, req, binary: bool) -> str:
+    return 'W/"' + _hash([__version__, key, req.model_dump(mode="json"), binary]) + '"'
+
+
+def attention_size(req: AttentionRequest, layers: int, heads: int, T: int, binary: bool) -> tuple[int, int]:
+    """The one estimate of an attention answer's size over T tokens: (attention values, bytes on the wire)."""
+    side = min(T, req.resolution or T)
+    cells = layers * heads * (T * min(req.top_k, T) if req.top_k else side * side) if "attention" in req.include else 0
+    per = (4 if req.dtype == "float32" or req.top_k else 2) if binary else (req.precision or 9) + 3
+    values = cells * (2 if req.top_k else 1)                       # top_k: its keys and its weights
+    return cells, values * per + 64 * T * layers * heads + 100 * T
+
+
+def _select(name: str, asked: list[int] | None, n: int) -> list[int]:
+    if asked is None:
+        return list(range(n))
+    if not asked:
+        raise Refused(f"{name} is empty: leave it out for all {n}, or list indices 0..{n - 1}")
+    bad = [i for i in asked if i >= n]
+    if bad:
+        raise Refused(f"{name} {bad} out of range: this model has {n} {name} (0..{n - 1})")
+    return list(dict.fromkeys(asked))
+
+
+class Planner:
+    """Validates each kind of request into its plan, against the served models and the settings' limits."""
+
+    def __init__(self, runtimes: dict[str, Runtime], settings: Settings, max_chars: int):
+        self.runtimes, self.settings, self.max_chars = runtimes, settings, max_chars
+
+    # ---- what every kind checks --------------------------------------------------------------------------------
+    def runtime(self, model_id: str) -> Runtime:
+        rt = self.runtimes.get(model_id)
+        if rt is None:
+            shown = model_id if len(model_id) <= 64 else model_id[:64] + "…"
+            raise UnknownModel(f"unknown model {shown!r}; available: {', '.join(self.runtimes)}")
+        return rt
+
+    def _text(self, req) -> tuple[Runtime, Encoding]:
+        """The model and the text's tokens (the text's one tokenisation), within the character limit."""
+        rt = self.runtime(req.model)
+        chars = len(req.text) + len(req.text_pair or "")
+        if chars > self.max_chars:
+            raise TooLarge(f"text is {chars} characters; the limit is {self.max_chars} (ATTNSCOPE_MAX_CHARS). "
+                           f"The model reads at most {rt.spec.max_tokens} tokens anyway")
+        return rt, rt.encode(req.text, req.text_pair)
+
+    def _run_options(self, req, rt: Runtime, enc: Encoding) -> None:
+        """The options a forward pass takes (masks, ablations), checked against the model and the tokens."""
+        if len(req.mask_tokens) > self.settings.max_mask_tokens:
+            raise Refused(f"mask_tokens has {len(req.mask_tokens)} entries; the limit is "
+                          f"{self.settings.max_mask_tokens} (ATTNSCOPE_MAX_MASK_TOKENS)")
+        T = len(enc.ids)
+        for j in req.mask_tokens:
+            if j >= T:
+                raise Refused(f"mask_tokens index {j} is out of range: this text has {T} tokens (0..{T - 1})")
+        L, H = rt.cfg.n_layers, rt.cfg.n_heads
+        bad = [pair for pair in req.ablate if pair[0] >= L or pair[1] >= H]
+        if bad:
+            raise Refused(f"ablate {bad[:5]} out of range: this model has layers 0..{L - 1} and heads 0..{H - 1}")
+
+    def _run_key(self, req, rt: Runtime, stages: bool, ids=None) -> str:
+        """Content hash of everything that determines a model run (and of the model's weights and graph)."""
+        return _hash([req.model, rt.cache_key(), req.engine, req.text, req.text_pair, req.causal,
+                      sorted(set(req.mask_tokens)), stages, sorted(map(tuple, req.ablate)),
+                      req.ablation if req.ablate else None, ids])
+
+    def _forward(self, req, rt: Runtime, enc: Encoding, stages: bool = False) -> Callable:
+        """The forward pass a request asks for, as a call for the run queue."""
+        keep, mean = head_masks(req.ablate, req.ablation, rt.cfg.n_layers, rt.cfg.n_heads)
+        options = dict(causal=req.causal, mask_tokens=[req.mask_tokens] if req.mask_tokens else None,
+                       engine=req.engine, stages=stages, head_mask=keep, head_mean=mean)
+        return lambda: rt.forward([enc], **options)[0]
+
+    def _stacked_bytes(self, rt: Runtime, tokens: int) -> int:
+        """What the stacked graph's attention output holds for a text of this many tokens (float32)."""
+        return rt.cfg.n_layers * rt.cfg.n_heads * tokens * tokens * 4
+
+    def fits_stacked(self, rt: Runtime, tokens: int, copies: int = 1) -> bool:
+        return self._stacked_bytes(rt, tokens) * copies <= self.settings.layerwise_mb * 2**20
+
+    def _check_cells(self, req: AttentionRequest, cells: int, binary: bool) -> None:
+        limit = self.settings.max_binary_cells if binary else self.settings.max_json_cells
+        if cells > limit:
+            raise Refused(f"this answer would hold {cells:,} attention values; the "
+                          f"{'binary' if binary else 'JSON'} limit is {limit:,} "
+                          f"(ATTNSCOPE_MAX_{'BINARY' if binary else 'JSON'}_CELLS). Ask for fewer layers or heads, "
+                          f"set resolution" + ("" if binary else ", or ask for the binary form (Accept: "
+                                                                 "application/vnd.attnscope.tensors)"))
+
+    # ---- /api/attention -------------------------------------------------------------------------------------
+    def attention(self, req: AttentionRequest, binary: bool) -> AttentionPlan:
+        rt, enc = self._text(req)
+        layers = _select("layers", req.layers, rt.cfg.n_layers)
+        heads = _select("heads", req.heads, rt.cfg.n_heads)
+        self._run_options(req, rt, enc)
+        T = len(enc.ids)
+        cells, size = attention_size(req, len(layers), len(heads), T, binary)
+        key = self._run_key(req, rt, False)
+        common = dict(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary), binary=binary,
+                      size=size, layers=layers, heads=heads)
+        if self.fits_stacked(rt, T):
+            self._check_cells(req, cells, binary)
+            return AttentionPlan(run=Run(key, self._forward(req, rt, enc)), extras=self._extras(req, rt, enc),
+                                 **common)
+        return self._layerwise(req, rt, enc, cells, common)
+
+    def _extras(self, req: AttentionRequest, rt: Runtime, enc: Encoding) -> dict[str, Run]:
+        """The runs an answer compares its run with: the text intact (`effect` of an ablation), the induction probe
+        (`scores`)."""
+        extras = {}
+        if "effect" in req.include and req.ablate:
+            intact = req.model_copy(update={"ablate": []})
+            extras["baseline"] = Run(self._run_key(intact, rt, False), self._forward(intact, rt, enc))
+        if "scores" in req.include:
+            extras["probe"] = self._probe(req, rt)
+        return extras
+
+    def _probe(self, req: AttentionRequest, rt: Runtime) -> Run:
+        """The induction probe: PROBE_TOKENS random non-special tokens repeated twice, wrapped in the specials the
+        tokenizer puts around any text (so [CLS] ... [SEP] for BERT), under this request's masks and ablations. It
+        does not depend on the text: one run per model (and causal/ablation choice), cached."""
+        n = min(PROBE_TOKENS, (rt.spec.max_tokens - 2) // 2)
+        opening = rt.encode("a")
+        first = opening.special.index(False)
+        ids = tuple(opening.ids[:first] + probe_ids(rt.cfg.vocab_size, n, set(rt.special_ids()))
+                    + opening.ids[first + 1:])
+        probe = req.model_copy(update={"text": "", "text_pair": None, "mask_tokens": []})
+        return Run(self._run_key(probe, rt, False, ids), self._forward(probe, rt, rt.encode_ids(ids)))
+
+    def _layerwise(self, req: AttentionRequest, rt: Runtime, enc: Encoding, cells: int, common: dict) -> LayerwisePlan:
+        """A text whose stacked attention would pass ATTNSCOPE_LAYERWISE_MB runs layer by layer; what such a run
+        cannot give is refused here, before any work."""
+        T = len(enc.ids)
+        why = (f"this text is {T} tokens: every layer's attention together is "
+               f"{self._stacked_bytes(rt, T) / 2**30:.1f} GiB, so it runs layer by layer (ATTNSCOPE_LAYERWISE_MB)")
+        if req.engine == "numpy":
+            raise Refused(f"{why} on the onnx engine only; leave `engine` out")
+        if "rollout" in req.include:
+            raise Refused(f"{why}, and rollout multiplies every layer's full matrices; leave `rollout` out of "
+                          f"include, or shorten the text")
+        self._check_cells(req, cells, common["binary"])
+        include = set(req.include)
+        attention = "attention" in include and not req.top_k
+        thumbnails = attention and bool(req.resolution) and T > req.resolution
+        want = Want(tuple(common["layers"]), tuple(common["heads"]), attention=attention and not thumbnails,
+                    top_k=req.top_k if "attention" in include and req.top_k else 0, duplicate="scores" in include,
+                    resolution=req.resolution if thumbnails else 0)
+        every, group_mb = self.settings.checkpoint_every, self.settings.layerwise_group_mb
+        lw = rt.layerwise(every, group_mb)
+        keep, mean = head_masks(req.ablate, req.ablation, rt.cfg.n_layers, rt.cfg.n_heads)
+        extras = {}
+        if "effect" in include and req.ablate:   # the same text intact: layer by layer too, asking nothing of its heads
+            intact = req.model_copy(update={"ablate": []})
+            extras["baseline"] = Run(self._run_key(intact, rt, False), lambda: lw.forward(
+                enc, causal=req.causal, mask_tokens=req.mask_tokens or None, want=Want()))
+        if "scores" in include:
+            extras["probe"] = self._probe(req, rt)
+        return LayerwisePlan(extras=extras, want=want, every=every, group_mb=group_mb, head_mask=keep,
+                             head_mean=mean, **common)
+
+    # ---- /api/stages ----------------------------------------------------------------------------------------------
+    def stages(self, req: StagesRequest, binary: bool) -> StagesPlan:
+        rt, enc = self._text(req)
+        _select("layers", [req.layer], rt.cfg.n_layers)
+        _select("heads", [req.head], rt.cfg.n_heads)
+        self._run_options(req, rt, enc)
+        T = len(enc.ids)
+        if not self.fits_stacked(rt, T):
+            raise Refused(f"this text is {T} tokens: every layer's attention together is "
+                          f"{self._stacked_bytes(rt, T) / 2**30:.1f} GiB, so it runs layer by layer "
+                          f"(ATTNSCOPE_LAYERWISE_MB), and the stages of one head come from the graph that holds every "
+                          f"layer; ask /api/attention for its probabilities, or shorten the text")
+        n = min(req.limit or T, T)
+        key = self._run_key(req, rt, True)
+        return StagesPlan(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary),
+                          binary=binary, size=8 * n * (n + rt.cfg.d_head) * (4 if binary else 12),
+                          layer=req.layer, head=req.head, run=Run(key, self._forward(req, rt, enc, stages=True)))
+
+    # ---- /api/importance ------------------------------------------------------------------------------------------
+    def importance(self, req: ImportanceRequest, binary: bool) -> ImportancePlan:
+        rt, enc = self._text(req)
+        T = len(enc.ids)
+        if not self.fits_stacked(rt, T, req.batch):
+            fits = self.settings.layerwise_mb * 2**20 // self._stacked_bytes(rt, T)
+            fix = f"set batch to {fits} or less" if fits else "shorten the text"
+            raise Refused(f"importance runs {req.batch} copies of this {T}-token text through the graph that holds "
+                          f"every layer's attention: {self._stacked_bytes(rt, T) * req.batch / 2**30:.1f} GiB, over "
+                          f"ATTNSCOPE_LAYERWISE_MB ({self.settings.layerwise_mb} MB); {fix}")
+        key = _hash(["importance", req.model, rt.cache_key(), req.text, req.text_pair, req.ablation])
+
+        def call() -> Importance:
+            t0 = time.perf_counter()
+            values, baseline = head_importance(rt, enc, ablation=req.ablation, batch=req.batch)
+            return Importance(enc.tokens, values, baseline, time.perf_counter() - t0, rt.cfg.lm_head)
+        return ImportancePlan(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary),
+                              binary=binary, size=16 * rt.cfg.n_layers * rt.cfg.n_heads + 100 * T, run=Run(key, call))

@@ -1,0 +1,205 @@
+"""Model runs: each computed once per key, cached, shared by every request that needs it, and queued for a bounded
+number of run slots.
+
+A plan (app/plans.py) names its runs as Run(key, call): `call` runs the model in a worker thread, and its result is a
+pure function of the key (model, input, options), so it is cached by content hash. `Runner.result(run)` returns it
+from the cache, from an identical run under way, or from a new run that waits for a slot; a queued run nobody waits
+for any more is dropped, one already running finishes and is cached. A long run's progress is shared through
+`watch` by every request waiting on it.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Callable
+
+import anyio
+
+from .errors import Busy
+
+TOKEN_BYTES = 400  # Python objects per token of an Encoding (str, ids, offset tuples, flags), measured ~330
+
+
+@dataclass(frozen=True)
+class Run:
+    """A unit of model work: `call` (in a worker thread) returns a result with .tokens and .nbytes()."""
+    key: str
+    call: Callable[[], object]
+
+
+@dataclass
+class RunProgress:
+    """Blocks done of a layer-by-layer run, and how many it runs (all layers, or those a recompute needs)."""
+    done: int = 0
+    total: int = 0
+
+    def update(self, done: int, total: int) -> None:
+        self.done, self.total = done, total
+
+
+def nbytes(result) -> int:
+    """Memory a result keeps alive: its arrays (result.nbytes()) and its token lists."""
+    return result.nbytes() + TOKEN_BYTES * len(result.tokens)
+
+
+class ResultCache:
+    """Least-recently-used, bounded by bytes; thread-safe."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.bytes = max_bytes, 0
+        self._items: OrderedDict[str, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str):
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+            return item
+
+    def put(self, key: str, item) -> None:
+        size = nbytes(item)
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = item
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, old = self._items.popitem(last=False)
+                self.bytes -= nbytes(old)
+
+
+class RunSlots:
+    """At most `n` model runs at once. Waiters are served oldest first, but newest first while more than `n`
+    wait, except that one waiting `patience` seconds or more goes first. Under overload the oldest waiters
+    are the likeliest to give up while their run is under way, the newest the likeliest to still be there
+    (adaptive LIFO: with oldest-first, 64 clients that give up after 2 s got 0.3x the single-run rate,
+    bench/overload.py); a client that has already waited `patience` is a patient one, and is not starved
+    (pure newest-first left wrk's patient clients waiting over 60 s, bench/load.py -c32)."""
+
+    def __init__(self, n: int, patience: float = 5.0):
+        self.n = self.free = n
+        self.patience = patience
+        self._waiters: deque[tuple[float, asyncio.Future]] = deque()   # (since, future), oldest first
+
+    async def acquire(self) -> None:
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+            return
+        loop = asyncio.get_running_loop()
+        entry = (loop.time(), loop.create_future())
+        self._waiters.append(entry)
+        try:
+            await entry[1]
+        except asyncio.CancelledError:
+            if entry[1].done() and not entry[1].cancelled():   # handed a slot just as it was cancelled: pass it on
+                self.release()
+            elif entry in self._waiters:
+                self._waiters.remove(entry)
+            raise
+
+    def release(self) -> None:
+        while self._waiters and self._waiters[0][1].done():      # waiters that went away
+            self._waiters.popleft()
+        while self._waiters:
+            since, _ = self._waiters[0]
+            lifo = len(self._waiters) > self.n and asyncio.get_running_loop().time() - since < self.patience
+            _, fut = self._waiters.pop() if lifo else self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self.free += 1
+
+
+class Runner:
+    """The cache, the run slots and the runs under way, for the whole server."""
+
+    def __init__(self, max_inflight: int, max_queue: int, cache_bytes: int):
+        self.max_inflight, self.max_queue = max_inflight, max_queue
+        self.cache = ResultCache(cache_bytes)
+        self._slots = RunSlots(max_inflight)
+        self._waiting = self._running = 0
+        self._pending: dict[str, asyncio.Future] = {}
+        self._waiters: dict[asyncio.Future, int] = {}   # requests awaiting each pending run
+        self._started: set[asyncio.Future] = set()       # pending runs that hold a slot
+        self._progress: dict[str, RunProgress] = {}      # long runs under way (or about to be), by run key
+
+    async def result(self, run: Run) -> tuple[object, bool]:
+        """The run's result and whether it was shared (the cache, or an identical run under way)."""
+        hit = self.cache.get(run.key)
+        if hit is not None:
+            return hit, True
+        task = self._pending.get(run.key)
+        shared = task is not None                                # the same run is under way: share it
+        if task is None:
+            # admitted runs (waiting or running) are counted the moment they are admitted, so a burst cannot
+            # slip past the bound before the first of it takes a slot
+            if self._waiting + self._running >= self.max_inflight + self.max_queue:
+                raise Busy(f"busy: {self._running} model runs in flight and {self._waiting} waiting "
+                           f"(ATTNSCOPE_MAX_INFLIGHT, ATTNSCOPE_MAX_QUEUE); retry shortly", {"Retry-After": "1"})
+            # The run is a task of its own: a request that goes away (cancelled) neither cancels a run that
+            # other requests share nor leaks a slot or a count. A run that nobody waits for any more is dropped
+            # while it waits for a slot; one already running finishes and is cached.
+            self._waiting += 1
+            task = asyncio.ensure_future(self._queued(run))
+            self._pending[run.key] = task
+            self._waiters[task] = 0
+            task.add_done_callback(lambda done: self._done(run.key, done))
+        self._waiters[task] += 1
+        try:
+            return await asyncio.shield(task), shared
+        finally:
+            left = self._waiters.get(task)                  # None once the run is done
+            if left is not None:
+                self._waiters[task] = left - 1
+                if left == 1 and not task.done() and task not in self._started:
+                    if self._pending.get(run.key) is task:  # a later identical request starts afresh
+                        del self._pending[run.key]
+                    task.cancel()
+
+    async def _queued(self, run: Run):
+        me = asyncio.current_task()
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        self._started.add(me)
+        self._running += 1
+        try:
+            result = await anyio.to_thread.run_sync(self._execute, run)
+        finally:
+            self._running -= 1
+            self._slots.release()
+        self.cache.put(run.key, result)
+        return result
+
+    @staticmethod
+    def _execute(run: Run):
+        """The run itself, in a worker thread."""
+        return run.call()
+
+    def _done(self, key: str, task: asyncio.Future) -> None:
+        if self._pending.get(key) is task:
+            del self._pending[key]
+        self._waiters.pop(task, None)
+        self._started.discard(task)
+        if not task.cancelled():
+            task.exception()  # mark retrieved: the requests awaiting it re-raise it; nobody else needs to
+
+    def watch(self, key: str) -> RunProgress:
+        """The progress of the run under this key, shared by every request waiting on it."""
+        return self._progress.setdefault(key, RunProgress())
+
+    def unwatch(self, key: str) -> None:
+        """Stop tracking a run's progress once it is over (or never started)."""
+        if key not in self._pending:
+            self._progress.pop(key, None)
+
+    def counts(self) -> dict[str, int]:
+        """Model runs in flight and requests waiting for a slot (/healthz shows them)."""
+        return {"running": self._running, "waiting": self._waiting, "max_inflight": self.max_inflight,
+                "max_queue": self.max_queue}

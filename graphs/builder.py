@@ -1,0 +1,142 @@
+"""Writing ONNX graphs node by node with onnx.helper: a small builder whose methods return their output's name.
+
+Every graph attnscope exports is written with it: the stacked graph (graphs/stacked.py) and the layer-by-layer ones
+(graphs/layers.py), from the same step functions (graphs/steps.py). Opset 17 and its IR version, which every
+onnxruntime from 1.14 on reads.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ..model.transformer import RMSNorm
+
+OPSET = 17
+IR_VERSION = 8  # the IR version of opset 17; onnx 1.23 would write 14, which onnxruntime 1.31 refuses
+
+
+class Graph:
+    """Accumulates nodes and initializers; every method returns the name of its output."""
+
+    def __init__(self, params_as_inputs: bool = False):
+        self.nodes, self.inits, self._n = [], [], 0
+        self.params_as_inputs = params_as_inputs
+        self.inputs: list[onnx.ValueInfoProto] = []   # params_as_inputs: the weights' graph inputs...
+        self.feeds: dict[str, np.ndarray] = {}         # ...and the arrays that feed them
+
+    def name(self, hint: str) -> str:
+        self._n += 1
+        return f"{hint}_{self._n}"
+
+    def const(self, value, hint: str = "c") -> str:
+        name = self.name(hint)
+        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def param(self, value: np.ndarray, name: str) -> str:
+        """A model weight: an initializer (the served graph), or a graph input called `name` that the caller
+        feeds (the block graph, one graph for every layer: layer i feeds its own arrays under the same names)."""
+        if not self.params_as_inputs:
+            return self.const(value, name)
+        value = np.asarray(value)
+        if name not in self.feeds:
+            self.inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype),
+                                                             list(value.shape)))
+        self.feeds[name] = value
+        return name
+
+    def input(self, name: str, elem_type: int, shape: list) -> str:
+        """A graph input (declared once, however often asked for)."""
+        if all(i.name != name for i in self.inputs):
+            self.inputs.append(helper.make_tensor_value_info(name, elem_type, shape))
+        return name
+
+    def op(self, op_type: str, *inputs: str, hint: str | None = None, out: str | None = None, **attrs) -> str:
+        out = out or self.name(hint or op_type.lower())
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], **attrs))
+        return out
+
+    def slice(self, x: str, start, end, axis: int, hint: str | None = None) -> str:
+        """x[start:end] along axis; start and end are ints or names of 1-element int64 tensors."""
+        as_input = lambda v: v if isinstance(v, str) else self.const(np.array([v]))  # noqa: E731
+        return self.op("Slice", x, as_input(start), as_input(end), self.const(np.array([axis])), hint=hint)
+
+    def linear(self, x: str, weight: np.ndarray, bias: np.ndarray | None, hint: str) -> str:
+        """x @ W^T + b, as functional.linear. Fed weights arrive [out, in] as stored: onnxruntime folds the
+        Transpose into the MatMul (FusedMatMul transB), so nothing is copied per run."""
+        if self.params_as_inputs:
+            w = self.op("Transpose", self.param(weight, hint + ".weight"), perm=[1, 0])
+        else:
+            w = self.const(np.ascontiguousarray(weight.T), hint + ".weightT")
+        y = self.op("MatMul", x, w, hint=hint)
+        return y if bias is None else self.op("Add", y, self.param(bias, hint + ".bias"), hint=hint)
+
+    def norm(self, x: str, module, hint: str) -> str:
+        return self.rms_norm(x, module, hint) if isinstance(module, RMSNorm) else self.layer_norm(x, module, hint)
+
+    def layer_norm(self, x: str, ln, hint: str) -> str:
+        return self.op("LayerNormalization", x, self.param(ln.weight, hint + ".weight"),
+                       self.param(ln.bias, hint + ".bias"), axis=-1, epsilon=float(ln.eps), hint=hint)
+
+    def rms_norm(self, x: str, rms, hint: str) -> str:
+        """weight * (x * 1 / sqrt(mean(x^2) + eps)), as functional.rms_norm."""
+        mean_sq = self.op("ReduceMean", self.op("Mul", x, x), axes=[-1], keepdims=1)
+        inv_rms = self.op("Reciprocal", self.op("Sqrt", self.op("Add", mean_sq, self.const(np.float32(rms.eps)))))
+        return self.op("Mul", self.param(rms.weight, hint + ".weight"), self.op("Mul", x, inv_rms), hint=hint)
+
+    def gelu(self, x: str) -> str:
+        """0.5 * x * (1 + erf(x / sqrt 2)), the exact form."""
+        e = self.op("Erf", self.op("Mul", x, self.const(np.float32(1 / np.sqrt(2)))))
+        return self.op("Mul", self.op("Mul", x, self.op("Add", e, self.const(np.float32(1.0)))),
+                       self.const(np.float32(0.5)))
+
+    def gelu_tanh(self, x: str) -> str:
+        """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), as functional.gelu_tanh."""
+        cube = self.op("Mul", self.op("Mul", self.op("Mul", x, x), x), self.const(np.float32(0.044715)))
+        t = self.op("Tanh", self.op("Mul", self.const(np.float32(np.sqrt(2.0 / np.pi))), self.op("Add", x, cube)))
+        return self.op("Mul", self.op("Mul", self.const(np.float32(0.5)), x), self.op("Add", self.const(np.float32(1.0)), t))
+
+    def silu(self, x: str) -> str:
+        return self.op("Mul", x, self.op("Sigmoid", x))
+
+    def rope(self, x: str, cos: str, sin: str, d_head: int) -> str:
+        """x * cos + rotate_half(x) * sin, rotate_half([x1, x2]) = [-x2, x1], as functional.apply_rope."""
+        x1, x2 = self.slice(x, 0, d_head // 2, -1), self.slice(x, d_head // 2, d_head, -1)
+        rotated = self.op("Concat", self.op("Neg", x2), x1, axis=-1)
+        return self.op("Add", self.op("Mul", x, cos), self.op("Mul", rotated, sin))
+
+    def cast_float(self, x: str) -> str:
+        return self.op("Cast", x, to=TensorProto.FLOAT)
+
+    def logsumexp(self, x: str, keepdims: int) -> str:
+        """log(sum(exp(x - max))) + max over the last axis, as transformer._logsumexp. (onnxruntime's
+        ReduceLogSumExp is 3x slower on [T, 8192] chunks and 6x less accurate, measured.)"""
+        m = self.op("ReduceMax", x, axes=[-1], keepdims=1)
+        s = self.op("ReduceSum", self.op("Exp", self.op("Sub", x, m)), self.const(np.array([-1])), keepdims=keepdims)
+        return self.op("Add", self.op("Log", s), m if keepdims else self.op("Squeeze", m, self.const(np.array([-1]))))
+
+
+def model_proto(g: Graph, inputs: list, outputs: list, name: str) -> onnx.ModelProto:
+    graph = helper.make_graph(g.nodes, name, inputs, outputs, g.inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="attnscope", doc_string="attnscope: attention, exactly")
+    proto.ir_version = IR_VERSION
+    return proto
+
+
+def pruned(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Only the nodes, inputs and initializers the outputs need."""
+    graph, needed = proto.graph, {o.name for o in proto.graph.output}
+    nodes = []
+    for node in reversed(graph.node):
+        if any(o in needed for o in node.output):
+            nodes.append(node)
+            needed.update(node.input)
+    nodes.reverse()
+    keep_inputs = [i for i in graph.input if i.name in needed]
+    keep_inits = [t for t in graph.initializer if t.name in needed]
+    for field, kept in ((graph.node, nodes), (graph.input, keep_inputs), (graph.initializer, keep_inits)):
+        del field[:]
+        field.extend(kept)
+    return proto

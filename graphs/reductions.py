@@ -1,0 +1,201 @@
+"""Reductions of a group of heads' attention probabilities p [B, h, T, T] inside the attend graph (graphs/layers.py),
+so that a layer-by-layer run keeps these and never p itself:
+
+    rows         the registry's per-query rows (analysis/statistics.py ROWS): each row's `reduce(r)` calls one
+                 method of Reductions below, so the graph computes exactly what the row's NumPy form computes
+    thumbnail    block means of every head [B, h, R, R] (analysis/thumbnails.downsample): pool^T p pool
+    attention    the probabilities of the heads asked (input heads [n], indices in this group) [B, n, T, T]
+    top_weights  the k largest weights of each row of those heads (input top_k [1]) [B, n, T, k]
+    top_keys     their key indices [B, n, T, k]
+    ASKED_ROWS   rows computed for the asked heads only (the duplicate-token score's), [B, n, T]
+
+Written for speed over a layer's T^2 numbers (bench/long_input.py measures it): every full pass costs, Log most, so
+entropy is -sum p log p through log p_ij = m_ij - lse_i without a Log per entry, the diagonals are strided slices of
+the flattened p, and every key-vector product (the thumbnail's pooling, the positions of a causal distance, the
+punctuation keys) rides on one matrix product.
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from ..analysis.statistics import ROWS
+from .builder import Graph
+
+EXTRAS = {
+    "thumbnail": "block means of every head [B, h, R, R]: pool^T p pool (input pool [T, R])",
+    "thumbnail_even": "the same when R divides T (equal blocks: p pool is a sum over a reshape)",
+    "attention": "the probabilities of the heads asked (input heads [n], indices in this group) [B, n, T, T]",
+    "top_weights": "the k largest weights of each row of those heads (input top_k [1]) [B, n, T, k]",
+    "top_keys": "their key indices [B, n, T, k]",
+}
+ASKED_ROWS = ("duplicate",)            # its key set is a [T, T] input: computed for the asked heads only
+OUTPUTS = {name: row.meaning + (" (the asked heads)" if name in ASKED_ROWS else "") for name, row in ROWS.items()} \
+    | EXTRAS
+LAST = np.iinfo(np.int64).max
+
+
+def key_input(keyset: str) -> str:
+    """The graph input that carries a text's key set (statistics.TextKeys): [T] for a key vector, else [T, T]."""
+    return f"keys_{keyset}"
+
+
+class Reductions:
+    """The reductions of probs [B, h, T, T] (and of the masked scores it is the softmax of) that a row may ask for.
+
+    `columns` names the key vectors that p is multiplied with, all in one MatMul made when the first is used:
+    "pool" [T, R] (thumbnails), "positions" (a causal distance), "punctuation" [T] (a graph input)."""
+
+    def __init__(self, g: Graph, probs: str, masked: str, T: str, causal: bool, columns: tuple[str, ...] = ()):
+        self.g, self.probs, self.masked, self.T, self.causal = g, probs, masked, T, causal
+        self.columns, self._product, self._cache = tuple(columns), None, {}
+        self.last_axis = g.const(np.array([-1]))
+
+    def _once(self, key, make):
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    # ---- the rows' primitives (analysis/statistics.py) ----------------------------------------------------
+    def max_weight(self) -> str:
+        return self.g.op("Squeeze", self._top(), self.last_axis)
+
+    def entropy(self) -> str:
+        """statistics.entropy: log p_ij = m_ij - m_i* + log p_i* (the row's max m and max p are at the same key), so
+        with sum_j p_ij = 1: -sum_j p log p = sum_j p_ij (m_i* - m_ij) - log p_i*; every term >= 0, nothing cancels,
+        no Log per entry. Operands are ordered so that onnxruntime may write each step over the one before: the
+        layer holds two [H, T, T] buffers, masked and probs."""
+        g = self.g
+        below = g.op("Sub", self.masked, g.op("ReduceMax", self.masked, axes=[-1], keepdims=1))    # m_ij - m_i* <= 0
+        spread = g.op("ReduceSum", g.op("Mul", below, self.probs), self.last_axis, keepdims=1)  # masked: huge * 0
+        return g.op("Squeeze", g.op("Neg", g.op("Add", spread, g.op("Log", self._top()))), self.last_axis)
+
+    def column(self, key: int) -> str:
+        """p[:, key] for every query (key -1: the last)."""
+        end = key + 1 if key >= 0 else LAST
+        return self.g.op("Squeeze", self.g.slice(self.probs, key, end, 3), self.g.const(np.array([3])))
+
+    def diagonal(self, offset: int) -> str:
+        """p[i, i + offset] for the queries that have that key: a strided slice of the flattened p, whose (i, i + d)
+        entry is at i (T + 1) + d."""
+        g, T = self.g, self.T
+        flat = self._once("flat", lambda: g.op("Reshape", self.probs, g.const(np.array([0, 0, -1]))))  # [B, h, T*T]
+        TT = self._once("TT", lambda: g.op("Mul", T, T))
+        if offset >= 0:
+            start = g.const(np.array([offset]))
+            end = g.op("Sub", TT, g.op("Mul", T, g.const(np.array([offset])))) if offset else TT
+        else:
+            start, end = g.op("Mul", T, g.const(np.array([-offset]))), TT
+        step = self._once("step", lambda: g.op("Add", T, g.const(np.array([1]))))
+        return g.op("Slice", flat, start, end, g.const(np.array([2])), step)
+
+    def distance(self) -> str:
+        """sum_j p_ij |i - j|; under a causal mask (no query sees a later key) i - sum_j p_ij j, one matrix-vector
+        product away."""
+        g = self.g
+        if self.causal:
+            return g.op("Sub", self._positions(), self._part("positions"))
+        pos = self._positions()
+        one, zero = g.const(np.array([1])), g.const(np.array([0]))
+        apart = g.op("Abs", g.op("Sub", g.op("Unsqueeze", pos, one), g.op("Unsqueeze", pos, zero)))     # [T, T]
+        return g.op("ReduceSum", g.op("Mul", self.probs, apart), self.last_axis, keepdims=0)
+
+    def marked(self, keyset: str) -> str:
+        """sum_j p_ij over the keys the text marks: a key vector (punctuation) rides on the shared product; a
+        per-query key set [T, T] (the other sentence, earlier copies of the token) is a graph input multiplied in."""
+        if keyset in self.columns:
+            return self._part(keyset)
+        marks = self.g.input(key_input(keyset), TensorProto.FLOAT, ["tokens", "tokens"])
+        return self.g.op("ReduceSum", self.g.op("Mul", self.probs, marks), self.last_axis, keepdims=0)
+
+    # ---- thumbnails ----------------------------------------------------------------------------------------------
+    def thumbnail(self) -> str:
+        """analysis.thumbnails.downsample: block means, pool^T p pool (pool[t, r] = 1/|block r| on block r's tokens)."""
+        pool = self.g.input("pool", TensorProto.FLOAT, ["tokens", "cells"])
+        return self.g.op("MatMul", self.g.op("Transpose", pool, perm=[1, 0]), self._part("pool"))
+
+    def thumbnail_even(self) -> str:
+        """The same when R divides T: each key block is b tokens, and p pool a sum over a reshape (no product)."""
+        g = self.g
+        pool = g.input("pool", TensorProto.FLOAT, ["tokens", "cells"])
+        R = g.op("Shape", pool, start=1, end=2)
+        b = g.op("Div", self.T, R)
+        blocks = g.op("Reshape", self.probs, g.op("Concat", g.const(np.array([0, 0])), self.T, R, b, axis=0))
+        pooled = g.op("Div", g.op("ReduceSum", blocks, self.last_axis, keepdims=0), g.cast_float(b))  # [B, h, T, R]
+        return g.op("MatMul", g.op("Transpose", pool, perm=[1, 0]), pooled)
+
+    # ---- the asked heads -------------------------------------------------------------------------------------------
+    def asked(self) -> "Reductions":
+        """The same reductions of the heads asked for (input heads [n]: indices within this group)."""
+        def make():
+            g = self.g
+            heads = g.input("heads", TensorProto.INT64, ["asked"])
+            return Reductions(g, g.op("Gather", self.probs, heads, axis=1), g.op("Gather", self.masked, heads, axis=1),
+                              self.T, self.causal)
+        return self._once("asked", make)
+
+    def top_k(self) -> tuple[str, str]:
+        """analysis.thumbnails.top_keys: the k heaviest keys of each row, ties to the lower key (TopK's order)."""
+        g = self.g
+        weights, keys = g.name("top_weights"), g.name("top_keys")
+        g.nodes.append(helper.make_node("TopK", [self.probs, g.input("top_k", TensorProto.INT64, [1])],
+                                        [weights, keys], axis=-1, largest=1, sorted=1))
+        return weights, keys
+
+    # ---- shared intermediates ------------------------------------------------------------------------------------
+    def _top(self) -> str:
+        return self._once("top", lambda: self.g.op("ReduceMax", self.probs, axes=[-1], keepdims=1))   # [B, h, T, 1]
+
+    def _positions(self) -> str:
+        g = self.g
+        return self._once("positions", lambda: g.cast_float(g.op(
+            "Range", g.const(np.int64(0)), g.op("Squeeze", self.T, g.const(np.array([0]))), g.const(np.int64(1)))))
+
+    def _part(self, column: str) -> str:
+        """probs times one of `columns`, from the one product of them all: [B, h, T, R] for the pool, [B, h, T]
+        for a key vector. The pool comes first when there is one; each vector is one column after it, in order."""
+        g, n = self.g, len(self.columns)
+        if self._product is None:
+            one = g.const(np.array([1]))
+            make = {"pool": lambda: g.input("pool", TensorProto.FLOAT, ["tokens", "cells"]),
+                    "positions": lambda: g.op("Unsqueeze", self._positions(), one),
+                    "punctuation": lambda: g.op("Unsqueeze", g.input(key_input("punctuation"), TensorProto.FLOAT, ["tokens"]), one)}
+            parts = [make[c]() for c in self.columns]
+            self._product = g.op("MatMul", self.probs, parts[0] if n == 1 else g.op("Concat", *parts, axis=1))
+        if column == "pool":
+            return self._product if n == 1 else g.slice(self._product, 0, 1 - n, 3)
+        k = self.columns.index(column)
+        part = self._product if n == 1 else g.slice(self._product, k - n, (k - n + 1) or LAST, 3)
+        return g.op("Squeeze", part, g.const(np.array([3])))
+
+
+def needed_columns(outputs, causal: bool) -> tuple[str, ...]:
+    """The key vectors the shared product must hold for these outputs: the pool first, then the vectors."""
+    columns = []
+    if "thumbnail" in outputs:
+        columns.append("pool")
+    if "distance" in outputs and causal:
+        columns.append("positions")
+    if "punctuation" in outputs:
+        columns.append("punctuation")
+    return tuple(columns)
+
+
+def reduce(r: Reductions, outputs) -> dict[str, str]:
+    """Each output's graph value: the registry's rows (all heads, or the asked heads for ASKED_ROWS), the extras."""
+    made = {}
+    for name in outputs:
+        if name in ASKED_ROWS:
+            made[name] = ROWS[name].reduce(r.asked())
+        elif name in ROWS:
+            made[name] = ROWS[name].reduce(r)
+        elif name in ("thumbnail", "thumbnail_even"):
+            made[name] = getattr(r, name)()
+        elif name == "attention":
+            made[name] = r.asked().probs
+        elif name in ("top_weights", "top_keys"):
+            if name not in made:
+                made["top_weights"], made["top_keys"] = r.asked().top_k()
+        else:
+            raise ValueError(f"unknown attention output {name!r}; known: {', '.join(OUTPUTS)}")
+    return made

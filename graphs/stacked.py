@@ -1,0 +1,74 @@
+"""The model as one ONNX graph, the one the app serves, built from graphs/steps.py for every layer.
+
+Inputs:  input_ids [B, T] int64, (token_type_ids [B, T] int64), attention_mask [B, 1|H, T, T] float
+         (additive: padding, causality and user masks all arrive here, so no re-export is needed),
+         head_mask, head_mean [B, L, H] float and lengths [B] int64: the head-mask contract of
+         functional.ablate_heads (keep everything: head_mask 1, head_mean 0; lengths = each text's tokens).
+Outputs: hidden [B, T, D], attentions [L, B, H, T, T]; with an LM head also next_token_logits [B, V]
+         (after each text's last token) and token_logprobs [B, T]; with stages=True also the teaching
+         intermediates (transformer.STAGES): x [L, B, T, D], q, k, v, ctx [L, B, H, T, d_head] and
+         scores, scaled, masked [L, B, H, T, T].
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ..model.transformer import SQUARE_STAGES, STAGES, Transformer
+from .builder import Graph, model_proto, pruned
+from .steps import embed, final, final_outputs, position_weights, rope_tables, token_inputs, transformer_block
+
+
+def build_graph(model: Transformer, stages: bool = False, progress=None, attentions: bool = True) -> onnx.ModelProto:
+    """The model as one ONNX graph; each step below names the NumPy code it mirrors. attentions=False leaves out
+    the stacked probabilities (hidden states and LM outputs only: what a plain inference graph returns)."""
+    cfg, g = model.cfg, Graph()
+    H, dh, L = cfg.n_heads, cfg.d_head, cfg.n_layers
+    inputs = token_inputs(model) + [
+        helper.make_tensor_value_info("attention_mask", TensorProto.FLOAT, ["batch", "mask_heads", "tokens", "tokens"]),
+        helper.make_tensor_value_info("head_mask", TensorProto.FLOAT, ["batch", L, H]),
+        helper.make_tensor_value_info("head_mean", TensorProto.FLOAT, ["batch", L, H]),
+        helper.make_tensor_value_info("lengths", TensorProto.INT64, ["batch"])]
+    x, wte, T = embed(g, model)
+    rope, weights = rope_tables(g, model, T), position_weights(g, T)
+    collected = {name: [] for name in ("attentions",) + STAGES}
+    for i, block in enumerate(model.blocks):
+        layer = g.const(np.array(i, np.int64))
+        keep, mean = (g.op("Gather", name, layer, axis=1) for name in ("head_mask", "head_mean"))   # [B, H]
+        x, st = transformer_block(g, block, cfg, f"blocks.{i}", x, "attention_mask", keep, mean, weights, rope)
+        for name in collected:
+            collected[name].append(st[name])
+        if progress:
+            progress(1)
+    final(g, model, x, wte)
+
+    axis0 = g.const(np.array([0]), "axis0")
+    names = (("attentions",) if attentions else ()) + (STAGES if stages else ())
+    for name in names:
+        g.op("Concat", *[g.op("Unsqueeze", t, axis0) for t in collected[name]], axis=0, out=name)
+    Ls = ["layers", "batch", "heads", "tokens"]
+    dims = {n: Ls + (["tokens"] if n in ("attentions",) + SQUARE_STAGES else [dh]) for n in names}
+    dims["x"] = ["layers", "batch", "tokens", cfg.d_model]
+    outputs = final_outputs(cfg) + [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims[n]) for n in names]
+    proto = model_proto(g, inputs, outputs, "attnscope")
+    return proto if attentions else pruned(proto)
+
+
+def export(model: Transformer, path, stages: bool = False, desc: str = "export") -> None:
+    """Write the graph to `path` (atomically), with a progress bar, and validate it with onnx.checker."""
+    import os
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tqdm(total=len(model.blocks) + 2, desc=f"{desc}: building ONNX", unit="step", leave=False) as bar:
+        proto = build_graph(model, stages, progress=bar.update)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        onnx.save(proto, tmp)
+        bar.update(1)
+        onnx.checker.check_model(str(tmp), full_check=True)
+        bar.update(1)
+    os.replace(tmp, path)

@@ -1,0 +1,166 @@
+"""The transformer's steps as ONNX nodes, each mirroring the NumPy code it names (model/transformer.py,
+model/attention.py, model/functional.py), in the same order. The stacked graph (graphs/stacked.py) strings them
+together for every layer; the layer-by-layer graphs (graphs/layers.py) cut them apart.
+
+Learned positions are taken as wpe[:T] with Shape + Slice (no Gather over a Range, which onnxruntime's
+GatherToSliceFusion mis-optimises); RoPE's cos/sin tables the same way. Opset 17 has no RMSNormalization: RMSNorm is
+written out in primitives, as functional.rms_norm.
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from ..model.attention import GroupedQueryAttention
+from ..model.transformer import LM_OUTPUTS, VOCAB_CHUNK, Transformer
+from .builder import Graph
+
+
+def token_inputs(model: Transformer) -> list:
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"])]
+    if model.wtt is not None:
+        inputs.append(helper.make_tensor_value_info("token_type_ids", TensorProto.INT64, ["batch", "tokens"]))
+    return inputs
+
+
+def final_outputs(cfg) -> list:
+    outputs = [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "tokens", cfg.d_model])]
+    if cfg.lm_head:
+        outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", dim])
+                    for n, dim in zip(LM_OUTPUTS, (cfg.vocab_size, "tokens"))]
+    return outputs
+
+
+def embed(g: Graph, model: Transformer) -> tuple[str, str, str]:
+    """Transformer.embed: wte[ids] (+ wpe[:T]) (+ wtt[types]), then LayerNorm for BERT. Returns x [B, T, D],
+    the name of wte (the tied LM head reads it) and T (a 1-element int64 tensor)."""
+    T = g.slice(g.op("Shape", "input_ids"), 1, 2, 0, hint="T")
+    wte = g.param(model.wte, "wte")
+    x = g.op("Gather", wte, "input_ids")
+    if model.wpe is not None:
+        x = g.op("Add", x, g.slice(g.param(model.wpe, "wpe"), 0, T, 0))
+    if model.wtt is not None:
+        x = g.op("Add", x, g.op("Gather", g.param(model.wtt, "wtt"), "token_type_ids"))
+    if model.ln_embed is not None:
+        x = g.norm(x, model.ln_embed, "ln_embed")
+    return x, wte, T
+
+
+def rope_tables(g: Graph, model: Transformer, T: str) -> tuple[str, str] | None:
+    """RoPE's cos/sin tables sliced to [T, d_head], like wpe."""
+    return None if model.rope is None else tuple(g.slice(g.param(t, name), 0, T, 0, hint=name)
+                                                 for t, name in zip(model.rope, ("rope_cos", "rope_sin")))
+
+
+def position_weights(g: Graph, T: str) -> str:
+    """functional.position_weights: 1/n on each text's n tokens, 0 on padding -> [B, 1, 1, T]"""
+    positions = g.op("Range", g.const(np.int64(0)), g.op("Squeeze", T, g.const(np.array([0]))), g.const(np.int64(1)))
+    real = g.op("Less", g.op("Unsqueeze", positions, g.const(np.array([0]))),
+                g.op("Unsqueeze", "lengths", g.const(np.array([1]))))                          # [B, T]
+    n_real = g.op("Cast", g.op("Max", g.op("Unsqueeze", "lengths", g.const(np.array([1]))), g.const(np.array([1]))),
+                  to=TensorProto.FLOAT)                                                    # [B, 1]
+    return g.op("Unsqueeze", g.op("Div", g.op("Cast", real, to=TensorProto.FLOAT), n_real), g.const(np.array([1, 2])),
+                hint="position_weights")                                                    # [B, 1, 1, T]
+
+
+def transformer_block(g: Graph, block, cfg, p: str, x: str, mask: str, keep: str, mean: str, weights: str,
+           rope) -> tuple[str, dict[str, str]]:
+    """TransformerBlock.__call__: x [B, T, D] -> x, and the attention's stages (probabilities as "attentions").
+    keep, mean [B, H]: this layer's head mask. In three steps, which the layer-by-layer graphs run apart."""
+    h, (q, k, v) = attention_inputs(g, block, cfg, p, x, rope)
+    st = attend(g, cfg, p, q, k, v, mask) | {"x": h}   # the teaching stages, as TransformerBlock.__call__ names them
+    return block_output(g, block, cfg, p, x, st["ctx"], keep, mean, weights), st
+
+
+def attention_inputs(g: Graph, block, cfg, p: str, x: str, rope) -> tuple[str, tuple[str, str, str]]:
+    """The block up to its attention: its input h (normed first for pre-norm blocks) and the queries, keys and
+    values, each [B, H, T, dh] (keys and values repeated for grouped-query attention, rotated by RoPE where the
+    model has it)."""
+    H, Hkv, dh, attn = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, block.attn
+    h = g.norm(x, block.ln1, p + ".ln1") if cfg.norm_first else x
+    if isinstance(attn, GroupedQueryAttention):   # GroupedQueryAttention.__call__
+        q, k, v = (g.op("Transpose", g.op("Reshape", g.linear(h, *attn.projection(f"{n}_proj"), f"{p}.attn.{n}"),
+                                          g.const(np.array([0, 0, heads, dh]))), perm=[0, 2, 1, 3], hint=f"{p}.{n}")
+                   for n, heads in (("q", H), ("k", Hkv), ("v", Hkv)))                 # [B, H|Hkv, T, dh]
+        if rope is not None:
+            q, k = g.rope(q, *rope, dh), g.rope(k, *rope, dh)
+        if attn.group > 1:                        # functional.repeat_kv: query head h reads kv head h // group
+            k, v = (g.op("Reshape", g.op("Expand", g.op("Unsqueeze", t, g.const(np.array([2]))),
+                                          g.const(np.array([1, 1, attn.group, 1, 1]))),
+                         g.const(np.array([0, H, -1, dh])), hint=f"{p}.{n}_repeated")
+                    for t, n in ((k, "k"), (v, "v")))                                   # [B, H, T, dh]
+        return h, (q, k, v)
+    return h, tuple(g.op("Transpose", g.op("Reshape", g.linear(h, *attn._projection(j), f"{p}.attn.{'qkv'[j]}"),
+                                        g.const(np.array([0, 0, H, dh]))), perm=[0, 2, 1, 3], hint=f"{p}.{'qkv'[j]}")
+                 for j in range(3))                                                     # MultiHeadAttention.__call__
+
+
+def attend(g: Graph, cfg, p: str, q: str, k: str, v: str, mask: str) -> dict[str, str]:
+    """functional.attention_stages and the weighted values, for however many heads q, k, v hold:
+    scores, scaled, masked, attentions (the probabilities) [B, h, T, T] and ctx [B, h, T, dh]."""
+    scale = g.const(np.float32(1.0 / (np.sqrt(cfg.d_head) * cfg.temperature)), "scale")
+    scores = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2]), hint=p + ".scores")
+    scaled = g.op("Mul", scores, scale, hint=p + ".scaled")
+    masked = g.op("Add", scaled, mask, hint=p + ".masked")
+    probs = g.op("Softmax", masked, axis=-1, hint=p + ".probs")                       # [B, H, T, T]
+    ctx = g.op("MatMul", probs, v, hint=p + ".ctx")                                    # [B, H, T, dh]
+    return dict(attentions=probs, q=q, k=k, v=v, scores=scores, scaled=scaled, masked=masked, ctx=ctx)
+
+
+def block_output(g: Graph, block, cfg, p: str, x: str, ctx: str, keep: str, mean: str, weights: str) -> str:
+    """The block after its attention: the head mask on ctx, the output projection, the residual and norms, the MLP."""
+    H, dh, attn = cfg.n_heads, cfg.d_head, block.attn
+    out_proj = attn.projection("o_proj") if isinstance(attn, GroupedQueryAttention) else \
+        (attn.params["out_proj.weight"], attn.params.get("out_proj.bias"))
+    # functional.ablate_heads: keep * ctx + (1 - keep) * mean * sum_t weights_t ctx_t
+    keep, mean = (g.op("Unsqueeze", t, g.const(np.array([2, 3]))) for t in (keep, mean))   # [B, H, 1, 1]
+    replace = g.op("Mul", g.op("Sub", g.const(np.float32(1.0)), keep), mean)
+    avg = g.op("MatMul", weights, ctx)                                                  # [B, H, 1, dh]
+    ctx = g.op("Add", g.op("Mul", keep, ctx), g.op("Mul", replace, avg), hint=p + ".ctx_masked")
+    merged = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const(np.array([0, 0, H * dh])))
+    a = g.linear(merged, *out_proj, p + ".attn.out")
+    x = g.op("Add", x, a) if cfg.norm_first else g.norm(g.op("Add", x, a), block.ln1, p + ".ln1")
+    h = g.norm(x, block.ln2, p + ".ln2") if cfg.norm_first else x
+    m = feed_forward(g, block.mlp, h, p + ".mlp")
+    return g.op("Add", x, m) if cfg.norm_first else g.norm(g.op("Add", x, m), block.ln2, p + ".ln2")
+
+
+def final(g: Graph, model: Transformer, x: str, wte: str) -> None:
+    """The final norm (GPT-2, Llama) -> "hidden"; with an LM head, its outputs too."""
+    if model.ln_f is not None:
+        x = g.norm(x, model.ln_f, "ln_f")
+    g.op("Identity", x, out="hidden")
+    if model.cfg.lm_head:
+        lm_outputs(g, model, wte if model.lm_head is None else g.param(model.lm_head.weight, "lm_head"))
+
+
+def feed_forward(g: Graph, mlp, h: str, p: str) -> str:
+    """MLP.__call__ (Linear -> GELU -> Linear) or SwiGLU.__call__ (down(silu(gate(h)) * up(h)))."""
+    if hasattr(mlp, "gate"):
+        gate = g.silu(g.linear(h, mlp.gate.weight, mlp.gate.bias, p + ".gate"))
+        return g.linear(g.op("Mul", gate, g.linear(h, mlp.up.weight, mlp.up.bias, p + ".up")),
+                        mlp.down.weight, mlp.down.bias, p + ".down")
+    act = g.gelu_tanh if mlp.act.__name__ == "gelu_tanh" else g.gelu
+    return g.linear(act(g.linear(h, mlp.fc.weight, mlp.fc.bias, p + ".fc")), mlp.proj.weight, mlp.proj.bias, p + ".proj")
+
+
+def lm_outputs(g: Graph, model: Transformer, W: str) -> None:
+    """Transformer.lm_outputs: next_token_logits [B, V] and token_logprobs [B, T] from "hidden".
+
+    Never more than [B, T, VOCAB_CHUNK] logits at a time: the target logit is one dot product per
+    token (Gather of W's rows), and the log-sum-exp runs chunk by chunk over the vocabulary."""
+    V = model.cfg.vocab_size
+    last = g.op("GatherND", "hidden", g.op("Unsqueeze", g.op("Sub", "lengths", g.const(np.int64(1))),
+                                           g.const(np.array([1]))), batch_dims=1)          # [B, D]
+    g.op("Gemm", last, W, transB=1, out="next_token_logits")                              # [B, V]
+    first = g.slice("input_ids", 0, 1, 1)
+    following = g.op("Concat", g.slice("input_ids", 1, np.iinfo(np.int64).max, 1),
+                     g.op("Mul", first, g.const(np.int64(0))), axis=1)                     # x_{t+1}, [B, T]
+    target = g.op("ReduceSum", g.op("Mul", "hidden", g.op("Gather", W, following)), g.const(np.array([-1])),
+                  keepdims=0, hint="target_logit")                                        # [B, T]
+    chunks = [g.logsumexp(g.op("MatMul", "hidden", g.op("Transpose", g.slice(W, v, min(v + VOCAB_CHUNK, V), 0))), 1)
+              for v in range(0, V, VOCAB_CHUNK)]                                          # each [B, T, 1]
+    lse = g.logsumexp(g.op("Concat", *chunks, axis=-1), 0)                                 # [B, T]
+    logp_next = g.op("Min", g.op("Sub", target, lse), g.const(np.float32(0.0)))
+    zero = g.op("Cast", g.op("Mul", first, g.const(np.int64(0))), to=TensorProto.FLOAT)     # [B, 1]
+    g.op("Concat", zero, g.slice(logp_next, 0, -1, 1), axis=1, out="token_logprobs")       # [B, T]

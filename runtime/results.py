@@ -1,0 +1,87 @@
+"""What a run gives back: the tokens it ran on (Encoding) and what the model computed (AttentionResult; a long
+text's layer-by-layer run keeps less, runtime/layerwise.py's LayerwiseResult)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+import numpy as np
+
+from ..analysis import statistics
+
+Engine = Literal["onnx", "numpy"]    # what computes the forward pass: the served ONNX graph, or the NumPy reference
+
+
+@dataclass
+class Encoding:
+    """One tokenised text (or sentence pair), unpadded."""
+    ids: list[int]
+    type_ids: list[int]
+    tokens: list[str]
+    offsets: list[tuple[int, int]]   # character span in its own text (the pair's second text for segment 1)
+    special: list[bool]              # [CLS], [SEP] and the like, added by the tokenizer or typed in the text
+    segments: list[int]              # 0 first text, 1 second text, -1 special token
+    truncated: bool
+    punctuation: list[bool]          # tokens whose characters are all punctuation (statistics.is_punctuation)
+
+
+class NextToken(NamedTuple):
+    """One candidate for the token after the text: readable string, exact id, probability (full softmax)."""
+    token: str
+    id: int
+    prob: float
+
+
+class Encoded:
+    """A run's result's token fields, from its `encoding` (AttentionResult, layerwise.LayerwiseResult)."""
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.encoding.tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.encoding.ids
+
+
+@dataclass
+class AttentionResult(Encoded):
+    """Everything the model computed for one text, trimmed to its own tokens."""
+    model: str
+    engine: Engine
+    provider: str
+    causal: bool
+    encoding: Encoding
+    attentions: np.ndarray               # [L, H, T, T] probabilities, query x key
+    hidden: np.ndarray                   # [T, D] final hidden states
+    mask: np.ndarray                     # [T, T] the additive mask the model saw (0 or masks.MASKED)
+    mask_tokens: list[int] = field(default_factory=list)  # token indices hidden as keys
+    stages: dict[str, np.ndarray] | None = None  # transformer.STAGES: x [L, T, D]; q, k, v, ctx [L, H, T, dh];
+    #                                              scores, scaled, masked [L, H, T, T]
+    seconds: float = 0.0
+    next_tokens: list[NextToken] | None = None    # decoders with an LM head: top-k after the last token
+    token_logprobs: list[float | None] | None = None  # log p(token_i | tokens before it); None for the first
+    next_token_logits: np.ndarray | None = None   # [V] logits for the token after the last one
+
+    def entropy(self) -> np.ndarray:
+        """[L, H, T] entropy of each query row, in nats."""
+        return statistics.entropy(self.attentions)
+
+    def summary(self) -> dict[str, np.ndarray]:
+        """Per-head statistics (statistics.HEAD_STATS), each [L, H]."""
+        return statistics.head_stats(self.attentions)
+
+    def nbytes(self) -> int:
+        """Memory the result keeps alive: each array's whole underlying buffer, once (a view of a padded batch
+        output holds all of it)."""
+        seen, total = set(), 0
+        arrays = [self.attentions, self.hidden, self.mask, *(self.stages or {}).values()]
+        if self.next_token_logits is not None:
+            arrays.append(self.next_token_logits)
+        for a in arrays:
+            while isinstance(a.base, np.ndarray):
+                a = a.base
+            if id(a) not in seen:
+                seen.add(id(a))
+                total += a.nbytes
+        return total

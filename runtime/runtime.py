@@ -1,0 +1,233 @@
+"""Text in, attention out: one model, its vocabulary, its masks and its onnxruntime sessions (or the NumPy reference).
+
+    rt = load("minilm")                       # or Runtime(sources.get("minilm"), cache_dir=...)
+    res = rt("The cat sat on the mat.")       # one text -> one AttentionResult
+    res.tokens, res.attentions                # [L, H, T, T], rows sum to 1
+    res.summary()["previous_token_mass"]      # [L, H]
+
+The ONNX graph is built from the NumPy model on first use and cached on disk (graphs/cache.py, in `cache_dir`, which
+the caller chooses). Texts too long for the stacked graph run layer by layer (runtime/layerwise.py).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..graphs.cache import GraphCache
+from ..model import masks as M
+from ..model import transformer as T_
+from ..sources import ModelSpec, get
+from .errors import InputError
+from .layerwise import Layerwise
+from .results import AttentionResult, Encoding, Engine, NextToken
+from .sessions import check_providers, default_providers, open_session, run_owned
+from .tokenizing import Vocabulary
+
+DEFAULT_CACHE = Path.home() / ".cache" / "attnscope"
+log = logging.getLogger("attnscope")
+
+
+class Runtime:
+    """One model, its tokenizer, and its onnxruntime sessions (built lazily, shared across threads)."""
+
+    def __init__(self, spec: ModelSpec, providers: Sequence[str] | None = None, threads: int = 0,
+                 cache_dir: str | Path = DEFAULT_CACHE):
+        self.spec = spec
+        self.cache_dir = Path(cache_dir)
+        self.model = spec.load_model(self.cache_dir)
+        self.vocabulary = Vocabulary(spec.load_tokenizer(self.cache_dir), spec.id, spec.max_tokens, spec.pair,
+                                     self.cfg.vocab_size)
+        self.graphs = GraphCache(self.cache_dir, spec.id, self.model)
+        self.providers = list(providers) if providers else default_providers()
+        self.threads = threads
+        self._sessions: dict[bool, object] = {}
+        self._lock = threading.Lock()
+        self._layerwise = None
+
+    @property
+    def cfg(self) -> T_.TransformerConfig:
+        return self.model.cfg
+
+    @property
+    def tokenizer(self):
+        return self.vocabulary.tokenizer
+
+    @property
+    def provider(self) -> str:
+        """The execution provider the served graph runs on."""
+        return self.session().get_providers()[0]
+
+    def __call__(self, text: str, pair: str | None = None, **options) -> AttentionResult:
+        """One text (or sentence pair) -> its result; options as in `run`."""
+        return self.run([text], [pair], **options)[0]
+
+    # ---- tokens (runtime/tokenizing.py) -----------------------------------------------------------------
+    def encode(self, text: str, pair: str | None = None) -> Encoding:
+        return self.vocabulary.encode(text, pair)
+
+    def encode_ids(self, ids: Sequence[int]) -> Encoding:
+        return self.vocabulary.encode_ids(ids)
+
+    def special_ids(self) -> list[int]:
+        return self.vocabulary.special_ids()
+
+    def token_string(self, token_id: int) -> str:
+        return self.vocabulary.token_string(token_id)
+
+    def top_tokens(self, logits: np.ndarray, k: int) -> list[NextToken]:
+        return self.vocabulary.top_tokens(logits, k)
+
+    # ---- masks ------------------------------------------------------------------------------
+    def build_mask(self, lengths: Sequence[int], causal: bool,
+                   mask_tokens: Sequence[Sequence[int]] | None = None) -> np.ndarray:
+        """One additive mask [B, 1, T, T]: padding + (causal) + user-masked keys.
+
+        A masked key is hidden from every query but itself, so each query keeps at least one key
+        (the causal first token would otherwise have none and its row would be undefined).
+        """
+        B, T = len(lengths), max(lengths)
+        keep = np.arange(T)[None, :] < np.asarray(lengths)[:, None]                 # [B, T]
+        masked_out = np.zeros((B, 1, T, T), bool)                                # True: hidden from that query
+        for b, keys in enumerate(mask_tokens or ()):
+            for j in keys or ():
+                if not 0 <= j < lengths[b]:
+                    raise InputError(f"mask_tokens index {j} is out of range: this text has {lengths[b]} tokens "
+                                     f"(0..{lengths[b] - 1})")
+                masked_out[b, 0, :, j] = True
+        masked_out &= ~np.eye(T, dtype=bool)
+        mask = M.combine(M.padding_mask(keep), M.causal_mask(T)[None, None] if causal else None, masked_out)
+        return np.ascontiguousarray(np.broadcast_to(mask, (B, 1, T, T)))
+
+    # ---- running ----------------------------------------------------------------------------
+    def feeds(self, ids: np.ndarray, types: np.ndarray, mask: np.ndarray, lengths: Sequence[int],
+              head_mask: np.ndarray | None = None, head_mean: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The ONNX graph's inputs. Head mask defaults keep every head (head_mask 1, head_mean 0);
+        given ones are [B|1, L, H] (see functional.ablate_heads)."""
+        B, (L, H) = len(ids), (self.cfg.n_layers, self.cfg.n_heads)
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if self.model.wtt is not None:
+            feeds["token_type_ids"] = types
+        for name, value, default in (("head_mask", head_mask, 1.0), ("head_mean", head_mean, 0.0)):
+            value = np.full((B, L, H), default, np.float32) if value is None else np.asarray(value, np.float32)
+            if value.ndim != 3 or value.shape[1:] != (L, H) or value.shape[0] not in (1, B):
+                raise InputError(f"{name} must be [texts, layers, heads] = [{B}, {L}, {H}]; got shape {value.shape}")
+            feeds[name] = np.ascontiguousarray(np.broadcast_to(value, (B, L, H)))
+        feeds["lengths"] = np.asarray(lengths, np.int64)
+        return feeds
+
+    def run(self, texts: str | Sequence[str], pairs: Sequence[str | None] | None = None, **options
+            ) -> list[AttentionResult]:
+        """Run a batch of texts (padded together) and return one trimmed result per text; options as in forward."""
+        t0 = time.perf_counter()
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts:
+            raise InputError("no texts given")
+        pairs = list(pairs) if pairs is not None else [None] * len(texts)
+        if len(pairs) != len(texts):
+            raise InputError(f"{len(pairs)} pairs for {len(texts)} texts: give one pair (or None) per text")
+        return self.forward([self.encode(t, p) for t, p in zip(texts, pairs)], started=t0, **options)
+
+    def forward(self, encs: Sequence[Encoding], *, causal: bool | None = None,
+                mask_tokens: Sequence[Sequence[int]] | None = None, engine: Engine = "onnx", stages: bool = False,
+                head_mask: np.ndarray | None = None, head_mean: np.ndarray | None = None, top_k: int = 10,
+                started: float | None = None) -> list[AttentionResult]:
+        """Run encoded inputs (padded together).
+
+        causal: apply the look-ahead mask (default: the model's own); mask_tokens: per text, token indices hidden as
+        keys; engine: "onnx" (the served graph) or "numpy" (the reference); stages: the teaching intermediates too;
+        head_mask, head_mean [B|1, L, H]: ablate heads (functional.ablate_heads, runtime/interventions.py); None
+        keeps them all. Decoders with an LM head also give the top_k next tokens and every token's log-prob."""
+        t0 = time.perf_counter() if started is None else started
+        if engine not in ("onnx", "numpy"):
+            raise InputError(f"engine must be 'onnx' or 'numpy'; got {engine!r}")
+        causal = self.cfg.causal if causal is None else bool(causal)
+        lengths = [len(e.ids) for e in encs]
+        B, T = len(encs), max(lengths)
+        ids, types = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)
+        for b, e in enumerate(encs):
+            ids[b, :lengths[b]], types[b, :lengths[b]] = e.ids, e.type_ids
+        mask = self.build_mask(lengths, causal, mask_tokens)
+        feeds = self.feeds(ids, types, mask, lengths, head_mask, head_mean)   # checks the head mask's shape
+        lm = list(T_.LM_OUTPUTS) if self.cfg.lm_head else []
+
+        if engine == "numpy":
+            out = self.model(ids, types if self.model.wtt is not None else None, mask, stages=stages,
+                             head_mask=head_mask, head_mean=head_mean, lengths=np.asarray(lengths))
+            hidden, attn, st, provider = out.hidden, out.attentions, out.stages, "numpy"
+            lm_out = {name: getattr(out, name) for name in lm}
+        else:
+            sess = self.session(stages)
+            names = ["hidden", "attentions"] + lm + (list(T_.STAGES) if stages else [])
+            axes = {"batch": B, "tokens": T, "layers": self.cfg.n_layers, "heads": self.cfg.n_heads}
+            outs = dict(zip(names, run_owned(sess, names, feeds, axes)))
+            hidden, attn, provider = outs.pop("hidden"), outs.pop("attentions"), sess.get_providers()[0]
+            lm_out = {name: outs.pop(name) for name in lm}
+            st = outs if stages else None
+        seconds = time.perf_counter() - t0
+
+        results = []
+        for b, (e, n) in enumerate(zip(encs, lengths)):
+            s = None
+            if st is not None:
+                s = {k: np.ascontiguousarray(v[:, b, ..., :n, :n] if k in T_.SQUARE_STAGES else v[:, b, ..., :n, :])
+                     for k, v in st.items()}
+            results.append(AttentionResult(
+                self.spec.id, engine, provider, causal, e, np.ascontiguousarray(attn[:, b, :, :n, :n]),
+                np.ascontiguousarray(hidden[b, :n]), mask[b, 0, :n, :n].copy(),
+                sorted(set(mask_tokens[b])) if mask_tokens and mask_tokens[b] else [], s, seconds))
+            if lm_out:
+                results[-1].next_token_logits = np.ascontiguousarray(lm_out["next_token_logits"][b])
+                results[-1].next_tokens = self.top_tokens(lm_out["next_token_logits"][b], top_k)
+                results[-1].token_logprobs = [None] + lm_out["token_logprobs"][b, 1:n].astype(float).tolist()
+        return results
+
+    # ---- graphs and sessions ------------------------------------------------------------------------------
+    def cache_key(self) -> str:
+        """Hash of the weights and of the exporter's source (graphs/cache.py): either changing rebuilds the graph."""
+        return self.graphs.key
+
+    def cached_path(self, stages: bool = False) -> Path:
+        return self.graphs.cached_path(stages)
+
+    def onnx_path(self, stages: bool = False) -> Path:
+        """The exported graph, building it (with a progress bar) if it is not cached yet or fails its checksum."""
+        return self.graphs.path(stages)
+
+    def session(self, stages: bool = False):
+        """The onnxruntime session (with or without teaching outputs); a corrupt cached file is rebuilt.
+        The stages graph allocates per run, without an arena: its peak is huge (four [L, H, T, T] outputs: two
+        512-token runs at once would leave ~1.4 GB behind) and its runs are rare."""
+        sess = self._sessions.get(stages)
+        if sess is not None:  # the common case takes no lock: building the other graph can take seconds
+            return sess
+        with self._lock:
+            if stages not in self._sessions:
+                check_providers(self.providers)  # a bad option, not a corrupt file: never delete a good graph for it
+                path = self.graphs.path(stages)
+                try:
+                    self._sessions[stages] = open_session(path, self.providers, self.threads, arena=not stages)
+                except Exception as e:  # noqa: BLE001 - onnxruntime raises its own error types
+                    log.warning("cached graph %s is unreadable (%s); rebuilding", path.name, type(e).__name__)
+                    self.graphs.forget(path)
+                    self._sessions[stages] = open_session(self.graphs.path(stages), self.providers, self.threads,
+                                                          arena=not stages)
+            return self._sessions[stages]
+
+    def layerwise(self, checkpoint_every: int = 1, group_mb: float = 256):
+        """This model run layer by layer, for texts whose stacked attention is too big (runtime/layerwise.py)."""
+        with self._lock:
+            lw = self._layerwise
+            if lw is None or (lw.every, lw.group_mb) != (checkpoint_every, group_mb):
+                self._layerwise = Layerwise(self, checkpoint_every, group_mb)
+            return self._layerwise
+
+
+def load(model_id: str, *, folder: str | Path | None = None, cache_dir: str | Path = DEFAULT_CACHE,
+         providers: Sequence[str] | None = None, threads: int = 0) -> Runtime:
+    """A zoo model, ready to run: `load("minilm")("The cat sat.")`. `folder` overrides where its files come from."""
+    return Runtime(get(model_id, None if folder is None else Path(folder)), providers, threads, cache_dir)

@@ -1,0 +1,118 @@
+"""onnxruntime sessions with one set of options, a run whose outputs own their memory, and a fast float16 cast.
+
+Every session the app opens comes from `open_session`: the served graphs (the stacked one, its teaching-stages
+variant) and the small graphs of a layer-by-layer run. What differs between them is stated where they are opened.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..graphs.builder import IR_VERSION, OPSET
+
+
+def cores() -> int:
+    """CPU cores this process may use (its affinity mask, not the machine's count)."""
+    import os
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_providers() -> list[str]:
+    """CUDA first where onnxruntime-gpu and a GPU are present, the CPU always."""
+    import onnxruntime as ort
+    available = ort.get_available_providers()
+    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+
+
+def check_providers(providers: Sequence[str]) -> None:
+    """A provider this onnxruntime does not have is a bad option (ValueError), never a reason to rebuild a graph."""
+    import onnxruntime as ort
+    available = ort.get_available_providers()
+    unknown = [p for p in providers if p not in available]
+    if unknown:
+        raise ValueError(f"execution provider(s) {unknown} are not available in this onnxruntime; "
+                         f"available: {available}")
+
+
+def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *, arena: bool = True,
+                 mem_pattern: bool = True):
+    """An onnxruntime session on a graph file or a serialised graph.
+
+    arena: keep a memory arena (an arena keeps its peak for good; a run without one gets fresh pages every time:
+    1.8-3x slower at 512 tokens). mem_pattern: plan one block per run (the layer-by-layer graphs turn it off: its
+    block is ~1.6x the run's own peak). Idle intra-op threads would spin for a while after each run, taking the
+    cores the server's event loop and serialisation need next, and those of the next session: off
+    (bench/session_memory.py: Python work right after a run is 1.1-1.5x faster, the run itself no slower)."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.enable_cpu_mem_arena = arena
+    so.enable_mem_pattern = mem_pattern
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(graph) if isinstance(graph, Path) else graph, so, providers=list(providers))
+
+
+_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
+
+
+def run_owned(sess, names: list[str], feeds: dict[str, np.ndarray], axes: dict[str, int]) -> list[np.ndarray]:
+    """sess.run, with outputs that own their memory. onnxruntime's own outputs are views into its arena, and each
+    one kept alive (cached, queued, being sent) grew the arena for good: 32 held 512-token results left a server
+    at 2.9 GB idle. Each output is bound to a NumPy buffer of the shape the graph declares (its named axes sized by
+    `axes`); one that cannot be sized is copied out."""
+    binding, own = sess.io_binding(), {}
+    for key, value in feeds.items():
+        binding.bind_cpu_input(key, value)
+    declared = {o.name: o for o in sess.get_outputs()}
+    for name in names:
+        shape = [d if isinstance(d, int) else axes.get(d) for d in declared[name].shape]
+        dtype = _DTYPES.get(declared[name].type)
+        if None in shape or dtype is None:
+            binding.bind_output(name, "cpu")
+            continue
+        own[name] = np.empty(shape, dtype)
+        binding.bind_output(name, "cpu", 0, dtype, shape, own[name].ctypes.data)
+    try:
+        sess.run_with_iobinding(binding)
+    except Exception:  # noqa: BLE001 - a declared shape that was not the real one: run plainly, copy out
+        return [np.array(v) for v in sess.run(names, feeds)]
+    values = dict(zip(names, binding.get_outputs()))
+    return [own[n] if n in own else np.array(values[n].numpy()) for n in names]
+
+
+@functools.cache
+def release_arena():
+    """Run options that give a session's memory arena back to the OS at the end of the run."""
+    import onnxruntime as ort
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return options
+
+
+@functools.cache
+def _cast_session():
+    """A one-node onnxruntime graph, Cast(float32 -> float16), on the exporter's opset and IR version. No arena:
+    it would keep its peak (tens of MB per concurrent cast) for good."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT16)], "to_float16",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    proto.ir_version = IR_VERSION
+    return open_session(proto.SerializeToString(), ["CPUExecutionProvider"], 0, arena=False)
+
+
+def to_float16(a: np.ndarray) -> np.ndarray:
+    """float32 -> float16, bit for bit what numpy gives, but through onnxruntime's Cast: numpy takes a slow path
+    for results below float16's normal range, and a quarter of attention weights land there (358 ms vs 2-13 ms
+    for 512 tokens x 72 heads)."""
+    return _cast_session().run(None, {"x": np.ascontiguousarray(a, np.float32)})[0]

@@ -1,0 +1,74 @@
+"""Text -> tokens, once per request: the model's tokenizer, with each token's span, specials, segment and whether
+it is punctuation; token ids -> readable strings (byte-level vocabularies shown through sources.tokens.readable)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..analysis.statistics import is_punctuation
+from ..model.functional import softmax
+from ..sources.tokens import is_byte_level, readable
+from .errors import InputError
+from .results import Encoding, NextToken
+
+
+class Vocabulary:
+    """A model's tokenizer, truncating to `max_tokens`; `pair`: it takes sentence pairs."""
+
+    def __init__(self, tokenizer, model_id: str, max_tokens: int, pair: bool, vocab_size: int):
+        self.tokenizer, self.model_id, self.pair, self.vocab_size = tokenizer, model_id, pair, vocab_size
+        self.tokenizer.enable_truncation(max_tokens, strategy="longest_first")
+        self.byte_level = is_byte_level(tokenizer)
+        # typed into a text, these are special too ("[SEP]" becomes id 102 whether the tokenizer added it or not)
+        self._typed = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+
+    def encode(self, text: str, pair: str | None = None) -> Encoding:
+        if not isinstance(text, str) or not text.strip():
+            raise InputError("text is empty: give at least one non-blank character")
+        if pair is not None and not self.pair:
+            raise InputError(f"model {self.model_id!r} takes a single text, not a sentence pair")
+        if pair is not None and not pair.strip():
+            raise InputError("text_pair is blank: leave it out or give at least one non-blank character")
+        enc = self.tokenizer.encode(text, pair)
+        # special: added by the tokenizer ([CLS], [SEP]), or typed into the text; an [UNK] standing for real text
+        # (an emoji) is not special: its span is not the token's own string
+        own = (text, pair or "")
+        special = [bool(m) or (i in self._typed and own[s or 0][a:b] == tok) for m, i, s, (a, b), tok in
+                   zip(enc.special_tokens_mask, enc.ids, enc.sequence_ids, enc.offsets, enc.tokens)]
+        punctuation = [not sp and is_punctuation(own[s or 0][a:b])
+                       for sp, s, (a, b) in zip(special, enc.sequence_ids, enc.offsets)]
+        tokens = [readable(t) for t in enc.tokens] if self.byte_level else enc.tokens
+        return Encoding(enc.ids, enc.type_ids, tokens, [tuple(o) for o in enc.offsets], special,
+                        [-1 if s is None else s for s in enc.sequence_ids], bool(enc.overflowing), punctuation)
+
+    def encode_ids(self, ids: Sequence[int]) -> Encoding:
+        """An Encoding of token ids given directly (a probe of random tokens, say): no text, no offsets."""
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise InputError("no token ids given")
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise InputError(f"token ids {bad[:5]} are outside this model's vocabulary (0..{self.vocab_size - 1})")
+        specials = set(self.special_ids())
+        tokens = [self.token_string(i) for i in ids]
+        return Encoding(ids, [0] * len(ids), tokens, [(0, 0)] * len(ids), [i in specials for i in ids],
+                        [-1 if i in specials else 0 for i in ids], False, [False] * len(ids))
+
+    def special_ids(self) -> list[int]:
+        """Ids of the tokenizer's special tokens ([CLS], <|im_start|>, ...)."""
+        return sorted({t.id if hasattr(t, "id") else i for i, t in self.tokenizer.get_added_tokens_decoder().items()
+                       if t.special})
+
+    def token_string(self, token_id: int) -> str:
+        """The vocabulary entry of an id, as a person reads it."""
+        token = self.tokenizer.id_to_token(int(token_id))
+        return readable(token) if self.byte_level else token
+
+    def top_tokens(self, logits: np.ndarray, k: int) -> list[NextToken]:
+        """The k most probable next tokens from logits [V], probabilities from the softmax over all V."""
+        probs = softmax(np.asarray(logits, np.float64))
+        k = max(0, min(int(k), len(probs)))
+        top = np.argpartition(-probs, k - 1)[:k] if k else np.array([], int)
+        top = top[np.argsort(-probs[top], kind="stable")]
+        return [NextToken(self.token_string(i), int(i), float(probs[i])) for i in top]

@@ -1,0 +1,232 @@
+"""Model families: one entry of ARCHITECTURES per family, chosen by config.json's `model_type` (or `architectures`).
+
+Each entry is a config mapping (config.json -> TransformerConfig, the input cap, notes for a person) and a name
+mapping (our tensor -> the model folder's). Where the families differ from the TransformerConfig defaults:
+  BERT      post-norm encoder; separate query/key/value stacked into one in_proj (PyTorch's layout)
+  RoBERTa   BERT, but position ids start after the padding index (padding_idx + 1 + position): the
+            position table's first padding_idx + 1 rows are never read, so they are dropped here
+  GPT-2     pre-norm decoder; Conv1D layers keep weights [in, out], so they are transposed; gelu_new
+            is the tanh GELU; learned positions; the LM head is the token embedding (tied)
+  Llama     pre-norm, RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases
+  Mistral   Llama with a sliding window: exact while the input fits in it, so max_tokens is capped there
+  Qwen2     Llama with biases on the q, k and v projections
+Adding a family is adding an entry here (and its parity test), never editing routes or the page.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+from ..model.transformer import TransformerConfig
+from .spec import MAX_TOKENS, ModelUnavailable
+
+GELU = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}   # hidden_act -> our mlp
+
+
+class Source(NamedTuple):
+    """Where one of our tensors comes from: the model folder's tensors, stacked along rows in this order."""
+    names: tuple[str, ...]
+    transpose: bool = False   # GPT-2's Conv1D keeps weights [in, out]
+    skip_rows: int = 0        # RoBERTa's position table: rows before padding_idx + 1 are never read
+
+
+@dataclass(frozen=True)
+class Architecture:
+    title: str
+    embedding: str                                   # the token embedding's name, which tells the prefix
+    config: Callable[[dict, set], tuple[TransformerConfig, int, list[str]]]   # -> cfg, max_tokens, notes
+    names: Callable[[TransformerConfig, dict, str], dict[str, Source]]         # our name -> Source
+
+
+def _get(c: dict, key: str, default=None):
+    """A config value; a required one (no default) missing is the config's fault, said in one line."""
+    value = c.get(key, default)
+    if value is None:
+        raise ModelUnavailable(f"config.json has no {key!r}, which its model_type {c.get('model_type')!r} needs")
+    return value
+
+
+def _width(c: dict, d_key: str, h_key: str) -> tuple[int, int]:
+    """d_model and heads of a family whose heads split d_model evenly (BERT, RoBERTa, GPT-2)."""
+    d, heads = _get(c, d_key), _get(c, h_key)
+    if d % heads:
+        raise ModelUnavailable(f"config.json's {d_key} {d} is not divisible by {h_key} {heads}")
+    return d, heads
+
+
+def _activation(c: dict, key: str, default: str) -> str:
+    act = c.get(key, default)
+    if act not in GELU:
+        raise ModelUnavailable(f"config.json's {key} is {act!r}; supported: {', '.join(GELU)}")
+    return GELU[act]
+
+
+def _bert_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[str]]:
+    if c.get("position_embedding_type", "absolute") != "absolute":
+        raise ModelUnavailable(f"position_embedding_type {c['position_embedding_type']!r} is not supported "
+                               f"(only 'absolute', learned positions)")
+    if c.get("is_decoder") or c.get("add_cross_attention"):
+        raise ModelUnavailable("a BERT-style model configured as a decoder (is_decoder / add_cross_attention) is "
+                               "not supported; encoders only")
+    offset = _get(c, "pad_token_id", 1) + 1 if c["model_type"] == "roberta" else 0
+    positions = _get(c, "max_position_embeddings") - offset
+    d, heads = _width(c, "hidden_size", "num_attention_heads")
+    cfg = TransformerConfig(
+        vocab_size=_get(c, "vocab_size"), max_positions=positions, d_model=d, n_heads=heads,
+        n_layers=_get(c, "num_hidden_layers"),
+        d_ff=_get(c, "intermediate_size"), type_vocab_size=c.get("type_vocab_size", 2), embed_norm=True,
+        layer_norm_eps=c.get("layer_norm_eps", 1e-12), mlp=_activation(c, "hidden_act", "gelu"))
+    return cfg, min(positions, MAX_TOKENS), []
+
+
+def _bert_names(cfg: TransformerConfig, c: dict, m: str) -> dict[str, Source]:
+    """BERT and RoBERTa; m is the prefix ("bert.", "roberta." or none)."""
+    e = m + "embeddings."
+    offset = c.get("pad_token_id", 1) + 1 if c["model_type"] == "roberta" else 0
+    names = {"wte": Source((e + "word_embeddings.weight",)),
+             "wpe": Source((e + "position_embeddings.weight",), skip_rows=offset),
+             "wtt": Source((e + "token_type_embeddings.weight",))} | _module("ln_embed", e + "LayerNorm")
+    for i in range(cfg.n_layers):
+        h, p = f"{m}encoder.layer.{i}.", f"blocks.{i}."
+        qkv = [f"{h}attention.self.{n}" for n in ("query", "key", "value")]
+        names[p + "attn.in_proj_weight"] = Source(tuple(n + ".weight" for n in qkv))
+        names[p + "attn.in_proj_bias"] = Source(tuple(n + ".bias" for n in qkv))
+        for ours, theirs in (("attn.out_proj", "attention.output.dense"), ("ln1", "attention.output.LayerNorm"),
+                             ("mlp.fc", "intermediate.dense"), ("mlp.proj", "output.dense"),
+                             ("ln2", "output.LayerNorm")):
+            names |= _module(p + ours, h + theirs)
+    return names
+
+
+def _gpt2_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[str]]:
+    if not c.get("scale_attn_weights", True) or c.get("scale_attn_by_inverse_layer_idx", False):
+        raise ModelUnavailable("GPT-2 attention without the 1/sqrt(d_head) scale (scale_attn_weights false) or "
+                               "scaled by layer (scale_attn_by_inverse_layer_idx) is not supported")
+    d, heads = _width(c, "n_embd", "n_head")
+    tie = c.get("tie_word_embeddings", True)
+    cfg = TransformerConfig(
+        vocab_size=_get(c, "vocab_size"), max_positions=_get(c, "n_positions"), d_model=d, n_heads=heads,
+        n_layers=_get(c, "n_layer"), d_ff=c.get("n_inner") or 4 * d, norm_first=True, causal=True, final_norm=True,
+        layer_norm_eps=c.get("layer_norm_epsilon", 1e-5), mlp=_activation(c, "activation_function", "gelu_new"),
+        lm_head=tie or "lm_head.weight" in tensors, tie_embeddings=tie)
+    return cfg, min(cfg.max_positions, MAX_TOKENS), []
+
+
+def _gpt2_names(cfg: TransformerConfig, c: dict, m: str) -> dict[str, Source]:
+    """GPT-2's Conv1D layers hold weights [in, out]: transposed to [out, in]. c_attn is q, k, v side by side."""
+    names = {"wte": Source((m + "wte.weight",)), "wpe": Source((m + "wpe.weight",))} | _module("ln_f", m + "ln_f")
+    for i in range(cfg.n_layers):
+        h, p = f"{m}h.{i}.", f"blocks.{i}."
+        names |= {p + "attn.in_proj_weight": Source((h + "attn.c_attn.weight",), transpose=True),
+                  p + "attn.in_proj_bias": Source((h + "attn.c_attn.bias",))}
+        names |= _module(p + "attn.out_proj", h + "attn.c_proj", transpose=True)
+        names |= _module(p + "ln1", h + "ln_1") | _module(p + "ln2", h + "ln_2")
+        names |= _module(p + "mlp.fc", h + "mlp.c_fc", transpose=True)
+        names |= _module(p + "mlp.proj", h + "mlp.c_proj", transpose=True)
+    if not cfg.tie_embeddings:
+        names["lm_head.weight"] = Source(("lm_head.weight",))
+    return names
+
+
+def _rope_theta(c: dict) -> float:
+    """RoPE's base from `rope_parameters` (transformers 5) or `rope_theta` / `rope_scaling` (4.x)."""
+    rope = c.get("rope_parameters") or {}
+    scaling = c.get("rope_scaling") or {}
+    kind = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind != "default":
+        raise ModelUnavailable(f"RoPE scaling {kind!r} is not supported (only plain RoPE, rope_type 'default')")
+    if c.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ModelUnavailable(f"partial rotary embeddings (partial_rotary_factor {c['partial_rotary_factor']}) "
+                               f"are not supported")
+    return float(rope.get("rope_theta") or c.get("rope_theta") or 10000.0)
+
+
+def _sliding_window(c: dict) -> int | None:
+    """The window of layers that attend to only the last W keys, if any layer does (Mistral; Qwen2 when asked)."""
+    window = c.get("sliding_window")
+    if not window:
+        return None
+    if "layer_types" in c:
+        return window if "sliding_attention" in (c["layer_types"] or ()) else None
+    return window if c["model_type"] == "mistral" or c.get("use_sliding_window") else None
+
+
+def _llama_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[str]]:
+    """Llama, Mistral and Qwen2: they differ in biases and the sliding window."""
+    if c.get("hidden_act", "silu") != "silu":
+        raise ModelUnavailable(f"hidden_act {c['hidden_act']!r} is not supported (the family's SwiGLU uses silu)")
+    family = c["model_type"]
+    if family == "qwen2":
+        qkv_bias, bias = True, False                      # q/k/v biases; o_proj and the MLP have none
+    else:
+        qkv_bias = bias = bool(c.get("attention_bias", False))   # q, k, v and o
+        if bool(c.get("mlp_bias", False)) != bias:
+            raise ModelUnavailable(f"attention_bias {c.get('attention_bias')} with mlp_bias {c.get('mlp_bias')} "
+                                   f"is not supported (both on or both off)")
+    d, heads = _get(c, "hidden_size"), _get(c, "num_attention_heads")
+    tie = c.get("tie_word_embeddings", False)
+    max_tokens, notes = min(_get(c, "max_position_embeddings"), MAX_TOKENS), []
+    window = _sliding_window(c)
+    if window is not None and window < max_tokens:
+        max_tokens = window
+        notes.append(f"Inputs are capped at {window} tokens, its sliding window: within it every query sees all "
+                     f"earlier keys, as transformers computes them; longer texts are truncated.")
+    cfg = TransformerConfig(
+        vocab_size=_get(c, "vocab_size"), max_positions=max_tokens, d_model=d, n_heads=heads,
+        n_layers=_get(c, "num_hidden_layers"), d_ff=_get(c, "intermediate_size"), norm_first=True, causal=True,
+        final_norm=True, layer_norm_eps=float(c.get("rms_norm_eps", 1e-6)), norm="rms", position="rope",
+        mlp="swiglu", attention="gqa", n_kv_heads=c.get("num_key_value_heads") or heads,
+        d_head=c.get("head_dim") or d // heads, rope_theta=_rope_theta(c), qkv_bias=qkv_bias, bias=bias,
+        lm_head=tie or "lm_head.weight" in tensors, tie_embeddings=tie)
+    return cfg, max_tokens, notes
+
+
+LLAMA_BLOCK = {"attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
+               "attn.v_proj": "self_attn.v_proj", "attn.o_proj": "self_attn.o_proj",
+               "ln1": "input_layernorm", "ln2": "post_attention_layernorm",
+               "mlp.gate": "mlp.gate_proj", "mlp.up": "mlp.up_proj", "mlp.down": "mlp.down_proj"}
+
+
+def _llama_names(cfg: TransformerConfig, c: dict, m: str) -> dict[str, Source]:
+    names = {"wte": Source((m + "embed_tokens.weight",)), "ln_f.weight": Source((m + "norm.weight",))}
+    for i in range(cfg.n_layers):
+        for ours, theirs in LLAMA_BLOCK.items():
+            names |= _module(f"blocks.{i}.{ours}", f"{m}layers.{i}.{theirs}")
+    if not cfg.tie_embeddings:
+        names["lm_head.weight"] = Source(("lm_head.weight",))
+    return names
+
+
+def _module(ours: str, theirs: str, transpose: bool = False) -> dict[str, Source]:
+    """A norm's or linear layer's weight and bias (the bias only where our model has one: see convert)."""
+    return {ours + ".weight": Source((theirs + ".weight",), transpose), ours + ".bias": Source((theirs + ".bias",))}
+
+
+_LLAMA = dict(embedding="embed_tokens.weight", config=_llama_config, names=_llama_names)
+ARCHITECTURES = {
+    "bert": Architecture("BERT", "embeddings.word_embeddings.weight", _bert_config, _bert_names),
+    "roberta": Architecture("RoBERTa", "embeddings.word_embeddings.weight", _bert_config, _bert_names),
+    "gpt2": Architecture("GPT-2", "wte.weight", _gpt2_config, _gpt2_names),
+    "llama": Architecture("Llama", **_LLAMA),
+    "mistral": Architecture("Mistral", **_LLAMA),
+    "qwen2": Architecture("Qwen2", **_LLAMA),
+}
+CLASS_PREFIXES = {"Bert": "bert", "Roberta": "roberta", "GPT2": "gpt2", "Llama": "llama", "Mistral": "mistral",
+                  "Qwen2": "qwen2"}   # BertModel, BertForMaskedLM, GPT2LMHeadModel, Qwen2ForCausalLM, ...
+SUPPORTED = (f"supported: {', '.join(a.title for a in ARCHITECTURES.values())} model folders "
+             f"(model_type {', '.join(ARCHITECTURES)}) and Llama-family .gguf files")
+
+
+def architecture(c: dict) -> str:
+    """The family from config.json: `model_type`, else the class named in `architectures`."""
+    kind = c.get("model_type")
+    if kind is None:
+        for cls in c.get("architectures") or ():
+            kind = next((a for p, a in CLASS_PREFIXES.items() if re.match(p + r"(Model|For|LMHead)", cls)), None)
+            if kind:
+                break
+    if kind not in ARCHITECTURES:
+        found = f"model_type {c.get('model_type')!r}, architectures {c.get('architectures')}"
+        raise ModelUnavailable(f"config.json says {found}; {SUPPORTED}")
+    return kind

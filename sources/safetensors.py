@@ -1,0 +1,90 @@
+"""Safetensors files read here rather than with the safetensors package: its NumPy reader has no bfloat16, which
+most Llama-family checkpoints use, and the header alone tells a truncated file.
+
+    tensors = read_header(path)      # name -> Tensor(path, dtype, shape, byte range), checked against the file size
+    w = read_tensor(tensors[name])   # float32
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from .spec import ModelUnavailable, one_line
+
+DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}   # bfloat16: the top half of a float32
+
+
+class Tensor(NamedTuple):
+    path: Path
+    dtype: str
+    shape: tuple[int, ...]
+    start: int            # byte offsets in the file
+    end: int
+
+
+def read_header(path: Path) -> dict[str, Tensor]:
+    """The tensors a .safetensors file describes (an 8-byte length, a JSON header, then the data),
+    checked against the file's size: a truncated file is named here, before anything is read."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < n <= size - 8:
+            raise ModelUnavailable(f"{path.name} is {size:,} bytes and not a readable safetensors file "
+                                   f"(truncated or corrupt); fix: copy or save it again")
+        header = f.read(n)
+    tensors, base = {}, 8 + n
+    try:
+        for name, t in json.loads(header).items():
+            if name == "__metadata__":
+                continue
+            begin, end = t["data_offsets"]
+            bits = int(re.sub(r"\D", "", t["dtype"].split("_")[0]) or 8)   # BOOL, U8, I64, BF16, F8_E4M3, ...
+            if not 0 <= begin <= end or end - begin != math.prod(t["shape"]) * bits // 8:
+                raise ValueError(f"tensor {name}'s byte range does not fit its shape")
+            tensors[name] = Tensor(path, t["dtype"], tuple(t["shape"]), base + begin, base + end)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ModelUnavailable(f"{path.name} has an unreadable safetensors header ({one_line(e)}; corrupt); "
+                               f"fix: copy or save it again") from None
+    needed = max((t.end for t in tensors.values()), default=base)
+    if needed > size:
+        raise ModelUnavailable(f"{path.name} is truncated: {size:,} bytes, but its header describes {needed:,}; "
+                               f"fix: copy or download it again")
+    return tensors
+
+
+def read_tensor(t: Tensor) -> np.ndarray:
+    """One tensor as float32."""
+    with open(t.path, "rb") as f:
+        f.seek(t.start)
+        raw = np.frombuffer(f.read(t.end - t.start), DTYPES[t.dtype]).reshape(t.shape)
+    if t.dtype == "BF16":
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    return raw.astype(np.float32)
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """model.safetensors, or the shards model.safetensors.index.json names."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError):
+            raise ModelUnavailable(f"{index.name} in {folder} is not a safetensors index (no weight_map); "
+                                   f"fix: save the model again") from None
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise ModelUnavailable(f"{len(missing)} of the {len(shards)} shards {index.name} names are missing from "
+                                   f"{folder} ({', '.join(missing[:3])}); fix: copy or download them")
+        return [folder / s for s in shards]
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    others = sorted(p.name for p in folder.glob("*") if p.suffix in (".bin", ".pt", ".pth", ".h5", ".msgpack"))
+    found = f"found only {', '.join(others[:3])}; attnscope reads safetensors" if others else "found no weights"
+    raise ModelUnavailable(f"no model.safetensors in {folder} ({found}); fix: save it with "
+                           f"model.save_pretrained(folder) (safetensors is its default)")

@@ -1,0 +1,196 @@
+"""The package's shape, held by tests: no import cycles (between modules, and between the folders that show the
+architecture), numerics that read no environment variable and know nothing of the web, and each statistic defined
+once (the registry's names are the page's list, and the API summary's and the corpus result's keys, each reporting
+the statistics it can compute: the API's from the probabilities and a pair's segments, the corpus's from its texts'
+tokens too)."""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("model", "sources", "graphs", "runtime", "analysis", "corpus", "app")
+NUMERICS = ("model", "sources", "graphs", "runtime", "analysis", "corpus")
+# Each folder may import the ones before it in this order, never one after it (docs/ARCHITECTURE.md).
+LAYERS = ("model", "analysis", "sources", "graphs", "runtime", "corpus", "app")
+WEB = {"fastapi", "starlette", "uvicorn", "httptools", "pydantic_settings", "jinja2", "anyio"}
+
+
+def modules() -> dict[str, Path]:
+    """attnscope.<folder>.<module> -> its file, for every module of the package (the top-level __init__ too)."""
+    found = {"attnscope": ROOT / "__init__.py", "attnscope.__main__": ROOT / "__main__.py"}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).glob("*.py")):
+            name = f"attnscope.{package}" + ("" if path.stem == "__init__" else f".{path.stem}")
+            found[name] = path
+    return found
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that `name` imports anywhere in its file (function-level imports count too)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            # `from . import x`: the module x where there is one, else the names of the package (its __init__)
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        out |= {t for t in targets if t in known}
+    return out - {name}
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, set(known)) for name, path in known.items()}
+
+
+def cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the directed graph, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def folder(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in PACKAGES else None
+
+
+def test_the_import_graph_has_no_cycle():
+    edges = graph()
+    assert len(edges) > 40 and edges["attnscope.app.routes"]        # the walk found the package
+    assert cycle(edges) is None, f"import cycle: {' -> '.join(cycle(edges))}"
+
+
+def test_the_folders_import_each_other_in_one_direction():
+    """model <- analysis <- sources <- graphs <- runtime <- corpus <- app: a folder imports only those before it."""
+    edges = graph()
+    wrong = sorted((a, b) for a, targets in edges.items() for b in targets
+                   if folder(a) and folder(b) and LAYERS.index(folder(b)) > LAYERS.index(folder(a)))
+    assert not wrong, f"imports against the layering: {wrong}"
+    between = {(folder(a), folder(b)) for a, targets in edges.items() for b in targets
+               if folder(a) and folder(b) and folder(a) != folder(b)}
+    assert cycle({f: {b for a, b in between if a == f} for f in PACKAGES}) is None
+
+
+def test_a_cycle_is_found_when_there_is_one():
+    """The walker itself: a planted cycle through a function-level import is found."""
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set()}) is None
+    tree = ast.parse("def f():\n    from ..runtime import layerwise\n")
+    assert isinstance(tree.body[0].body[0], ast.ImportFrom)        # what `imports` walks into
+
+
+def test_the_numerics_read_no_environment_and_know_nothing_of_the_web():
+    bad_env, bad_web = [], []
+    for name, path in modules().items():
+        if folder(name) not in NUMERICS:
+            continue
+        source = path.read_text()
+        tree = ast.parse(source)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb") and \
+                    isinstance(node.value, ast.Name) and node.value.id == "os":
+                bad_env.append(f"{name}:{node.lineno}")
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "os" and \
+                    any(a.name in ("environ", "getenv") for a in node.names):
+                bad_env.append(f"{name}:{node.lineno}")
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                roots = [a.name.split(".")[0] for a in node.names] if isinstance(node, ast.Import) else \
+                    [(node.module or "").split(".")[0]] if not node.level else []
+                bad_web += [f"{name}:{node.lineno} imports {r}" for r in roots if r in WEB]
+                if isinstance(node, ast.ImportFrom) and node.level and (node.module or "").startswith("app"):
+                    bad_web.append(f"{name}:{node.lineno} imports the app")
+    assert not bad_env, f"numerics reading the environment: {bad_env}"
+    assert not bad_web, f"numerics importing the web framework: {bad_web}"
+
+
+# ---- each statistic defined once ----------------------------------------------------------------------------------
+def boot_block(client) -> dict:
+    html = client.get("/").text
+    return json.loads(re.search(r'<script type="application/json" id="boot">(.*?)</script>', html, re.S).group(1))
+
+
+def test_each_statistic_is_defined_once(tmp_path):
+    from attnscope.analysis.statistics import SCORES, STATISTICS
+    from attnscope.app.main import create_app
+    from attnscope.app.settings import Settings
+    from attnscope.corpus import run_corpus
+    from attnscope.corpus.sums import STATS
+
+    from .conftest import CACHE
+
+    registry = set(STATISTICS)
+    single = {n for n, s in STATISTICS.items() if s.needs == "probabilities"}
+    pair_only = {n for n, s in STATISTICS.items() if s.needs == "pair"}
+    text_only = {n for n, s in STATISTICS.items() if s.needs == "text"}
+    assert registry == single | pair_only | text_only and text_only and pair_only
+    with TestClient(create_app(Settings(models=["minilm", "tiny-gpt"]))) as c:
+        one = c.post("/api/attention", json={"text": "The cat sat, on the mat.", "include": ["summary", "scores"]})
+        pair = c.post("/api/attention", json={"text": "The cat sat.", "text_pair": "It slept.", "include": ["summary"]})
+        boot = boot_block(c)
+    assert set(one.json()["summary"]) == single and set(pair.json()["summary"]) == single | pair_only
+    assert set(one.json()["scores"]) == set(SCORES)
+    assert [s["id"] for s in boot["stats"] if not s["score"]] == list(STATISTICS)
+    assert [s["id"] for s in boot["stats"] if s["score"]] == list(SCORES)
+    assert {s["id"] for s in boot["stats"] if s["pair_only"]} == pair_only
+    assert {s["id"] for s in boot["stats"] if s["corpus_only"]} == text_only
+    src = tmp_path / "texts.txt"
+    src.write_text("The cat sat, on the mat.\nHello, world!\n")
+    job = run_corpus(src, "tiny-gpt", out=tmp_path / "out.json", workers=0, progress=False, log=lambda m: None,
+                     cache_dir=CACHE)
+    assert set(job["stats"]) == set(STATS) == single | text_only   # single texts, read token by token
+
+
+@pytest.mark.parametrize("model_id, pair", [("tiny-gpt", None), ("minilm", "It slept by the door, quietly.")])
+def test_layer_by_layer_and_stacked_agree_on_every_statistic(model_id, pair):
+    """The registry's two forms: each statistic (and score) from a layer-by-layer run's in-graph rows equals the one
+    the stacked path computes from the full matrices, through the API both ways."""
+    from attnscope.app.main import create_app
+    from attnscope.app.settings import Settings
+
+    body = {"model": model_id, "text": "The cat sat on the mat, and then, quietly, the cat slept.",
+            "text_pair": pair, "include": ["summary", "scores", "entropy"]}
+    answers = []
+    for layerwise_mb in (256, 0):                    # the stacked graph; every text layer by layer
+        with TestClient(create_app(Settings(models=[model_id], layerwise_mb=layerwise_mb))) as c:
+            answers.append(c.post("/api/attention", json=body).json())
+    stacked, layered = answers
+    assert set(stacked["summary"]) == set(layered["summary"]) and (pair is None) == (
+        "cross_sentence_mass" not in stacked["summary"])
+    for part in ("summary", "scores"):
+        for name, value in stacked[part].items():
+            np.testing.assert_allclose(layered[part][name], value, atol=2e-5, rtol=1e-5, err_msg=name)
+    assert np.max(stacked["summary"]["previous_token_mass"]) > 0.01   # not all zeros
+    for name in ("entropy", "max_weight", "normalized_entropy"):
+        np.testing.assert_allclose(layered[name], stacked[name], atol=2e-5, err_msg=name)
