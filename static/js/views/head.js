@@ -4,7 +4,8 @@
 // into a canvas, one pixel per cell, and drawn as one Plotly image under the same axes, hover and zoom.
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { dividerAt, longRun, maskRule, matrixCells, ownMask, pairView, sentences, ticksIn, visibleTokens } from "../matrix.js";
-import { colourRange, exactString, FILTERED_COLOR, fmt, fmtExact, LUT, lutIndex, MASKED_COLOR, plotlyScale } from "../scale.js";
+import { AXIS_LINE, colourRange, exactString, FILTERED_COLOR, FILTERED_RGB, fmt, fmtExact, HIGHLIGHT, LUT, lutIndex, MASKED_COLOR,
+  MASKED_RGB, PAIR_DIVIDER, plotlyScale, TRANSPARENT } from "../scale.js";
 
 export const title = "Head view";
 export const help = "Rows are queries (the token doing the looking), columns are keys (the tokens it looks at). " +
@@ -14,7 +15,6 @@ export const help = "Rows are queries (the token doing the looking), columns are
 
 const LIST_LIMIT = 40;          // pinned rows longer than this list their top weights
 const LABEL_CHARS = 14;         // tick labels longer than this are shortened (the hover has the whole token)
-const DIVIDER = "#e7298a";      // the line between the sentences of a pair
 const MAX_CELL = 56;            // short texts: cells no larger than this (px), the plot narrower than the panel
 const IMAGE_CELLS = 320 * 320;  // larger matrices are painted as one image, not sent to Plotly as numbers
 const MIN_TICK_FONT = 8;        // zoomed in: tick labels shrink down to this (px) before some are left out
@@ -115,7 +115,7 @@ function legend(el, meta, view, anyMasked, range, renorm) {
     items.push(h("span", { class: "legend-item" }, h("span", { class: "swatch seg-a", "aria-hidden": "true" }), `sentence A: tokens ${span(0)}`),
       h("span", { class: "legend-item" }, h("span", { class: "swatch seg-b", "aria-hidden": "true" }), `sentence B: tokens ${span(1)}`));
     if (view.filter === "all" || view.filter === "within") {
-      items.push(h("span", { class: "legend-item" }, h("span", { class: "swatch divider", style: `border-color:${DIVIDER}`, "aria-hidden": "true" }), "dashed line: where B starts"));
+      items.push(h("span", { class: "legend-item" }, h("span", { class: "swatch divider", style: `border-color:${PAIR_DIVIDER}`, "aria-hidden": "true" }), "dashed line: where B starts"));
     }
   }
   if (anyMasked) items.push(h("span", { class: "legend-item" }, h("span", { class: "swatch", style: `background:${MASKED_COLOR}`, "aria-hidden": "true" }), "white: masked (the query cannot see the key; weight exactly 0)"));
@@ -141,13 +141,11 @@ function paintImage(nr, nc, shown, range) {
   canvas.height = nr;
   const g = canvas.getContext("2d");
   const img = g.createImageData(nc, nr), px = img.data;
-  const rgb = (hex) => [1, 3, 5].map((k) => parseInt(hex.slice(k, k + 2), 16));
-  const masked = rgb(MASKED_COLOR), filtered = rgb(FILTERED_COLOR);
   for (let a = 0, o = 0; a < nr; a++) {
     for (let b = 0; b < nc; b++, o += 4) {
       const v = shown(a, b);
-      if (v === MASKED) px.set(masked, o);
-      else if (v === FILTERED) px.set(filtered, o);
+      if (v === MASKED) px.set(MASKED_RGB, o);
+      else if (v === FILTERED) px.set(FILTERED_RGB, o);
       else {
         const c = lutIndex(v, range) * 3;
         px[o] = LUT[c]; px[o + 1] = LUT[c + 1]; px[o + 2] = LUT[c + 2];
@@ -247,17 +245,17 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   const pinPos = st.pin === null ? -1 : rows.indexOf(st.pin);
   if (pinPos >= 0) {
     shapes.push({ type: "rect", xref: "x", yref: "y", x0: -0.5, x1: nc - 0.5, y0: pinPos - 0.5, y1: pinPos + 0.5,
-      line: { color: "#ff7f0e", width: 3 }, fillcolor: "rgba(0,0,0,0)" });
+      line: { color: HIGHLIGHT, width: 3 }, fillcolor: TRANSPARENT });
   }
   if (view.filter === "all" || view.filter === "within") {
     const dx = dividerAt(meta, cols), dy = dividerAt(meta, rows);
-    const line = { color: DIVIDER, width: 2, dash: "dash" };
+    const line = { color: PAIR_DIVIDER, width: 2, dash: "dash" };
     if (dx > 0) shapes.push({ type: "line", xref: "x", yref: "paper", x0: dx - 0.5, x1: dx - 0.5, y0: 0, y1: 1, line });
     if (dy > 0) shapes.push({ type: "line", xref: "paper", yref: "y", x0: 0, x1: 1, y0: dy - 0.5, y1: dy - 0.5, line });
   }
   const axis = (t, ticks) => ({
     title: { text: narrow ? "" : t }, tickmode: "array", ...ticks,
-    showgrid: false, zeroline: false, fixedrange: false, showline: true, linecolor: "#c9ccd3", mirror: true,
+    showgrid: false, zeroline: false, fixedrange: false, showline: true, linecolor: AXIS_LINE, mirror: true,
     scaleanchor: false,                  // an image trace would otherwise keep its pixels square
   });
   const axisTitle = (side) => view.filter === "ab" ? (side === "x" ? "key in sentence B" : "query in sentence A")

@@ -3,7 +3,7 @@
 // mouse and its value; each thumbnail is a link that opens that head.
 import { h, part, replace, tokenLabel } from "../dom.js";
 import { maskRule, ownMask, subMatrix, visibleTokens } from "../matrix.js";
-import { colourRange, exactString, fmt, fmtExact, LUT, lutIndex } from "../scale.js";
+import { colourRange, exactString, fmt, fmtExact, FRAME_LINE, LABEL_INK, LUT, lutIndex, MASKED_RGB, PAPER } from "../scale.js";
 import { toggledHead } from "../state.js";
 
 export const title = "Model view";
@@ -29,7 +29,7 @@ function paint(canvas, rows, range) {
   for (const r of rows) {
     for (const v of r) {
       if (v === null) {
-        img.data[o] = img.data[o + 1] = img.data[o + 2] = 255;
+        img.data.set(MASKED_RGB, o);
       } else {
         const c = lutIndex(v, range) * 3;
         img.data[o] = LUT[c]; img.data[o + 1] = LUT[c + 1]; img.data[o + 2] = LUT[c + 2];
@@ -187,16 +187,16 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     c.width = left + H * (cell + gap);
     c.height = top + L * (cell + gap);
     const g = c.getContext("2d");
-    g.fillStyle = "#fff";
+    g.fillStyle = PAPER;
     g.fillRect(0, 0, c.width, c.height);
-    g.fillStyle = "#222";
+    g.fillStyle = LABEL_INK;
     g.font = "14px sans-serif";
     g.imageSmoothingEnabled = false;
     ans.heads.forEach((hd, hi) => g.fillText(`H${hd}`, left + hi * (cell + gap) + cell / 2 - 10, 18));
     ans.layers.forEach((l, li) => g.fillText(`L${l}`, 6, top + li * (cell + gap) + cell / 2 + 5));
     canvases.forEach(({ canvas }, k) => {
       const li = Math.floor(k / H), hi = k % H;
-      g.strokeStyle = "#d5d8de";
+      g.strokeStyle = FRAME_LINE;
       g.strokeRect(left + hi * (cell + gap) - 0.5, top + li * (cell + gap) - 0.5, cell + 1, cell + 1);
       g.drawImage(canvas, left + hi * (cell + gap), top + li * (cell + gap), cell, cell);
     });

@@ -8,7 +8,8 @@ import { gridSvg, gridTable, moveInTable } from "../grid.js";
 import { explain } from "../readout.js";
 import { roleSentence } from "../roles.js";
 import { STEP_TOKENS } from "../state.js";
-import { color, divergingColor, exactString, fmt, fmtExact, isMinusInf, MASKED_COLOR, textOn, textOnDiverging } from "../scale.js";
+import { color, divergingColor, exactString, fmt, fmtExact, isMinusInf, MASKED_COLOR, NEUTRAL_CELL, SOFT_INK, textOn,
+  textOnDiverging } from "../scale.js";
 
 export const title = "Causal mask & steps";
 export const help = "How one head turns the layer's input into its output, step by step, with every number the model " +
@@ -117,8 +118,8 @@ function stepGrid(step, ans, n, st) {
       const inf = isMinusInf(v);
       const masked = inf || (kind !== "scores" && kind !== "scaled" && isMinusInf(mask.at(i, j)));   // drawn alike
       if (kind === "probs") s += v;
-      const bg = masked ? MASKED_COLOR : kind === "mask" ? "#eef0f3" : diverging ? divergingColor(v, absmax) : color(v);
-      const fg = masked ? "#333" : kind === "mask" ? "#333" : diverging ? textOnDiverging(v, absmax) : textOn(v);
+      const bg = masked ? MASKED_COLOR : kind === "mask" ? NEUTRAL_CELL : diverging ? divergingColor(v, absmax) : color(v);
+      const fg = masked || kind === "mask" ? SOFT_INK : diverging ? textOnDiverging(v, absmax) : textOn(v);
       return { text: kind === "mask" && !inf ? "0" : fmt(v, digits), bg, fg,
         cls: (inf ? "neg-inf" : "") + (masked ? " masked-cell" : ""),
         attrs: { "data-q": i, "data-k": j, "data-value": exactString(v), title: `query ${i}, key ${j}: ${fmtExact(v)}` } };
