@@ -36,13 +36,14 @@ export function requests(st) {
   return [{ endpoint: "stages", layer: st.layer, head: st.head, limit: st.n }];
 }
 
-/** What the model is, for the sentences: pre-norm or not, RoPE, query heads sharing keys and values. */
-function facts(ans, info, st) {
-  const arch = info.architecture;
+/** What the model is, for the sentences: pre-norm or not, which norm, RoPE, q/k/v biases (the server's facts
+ *  about its family: boot.architectures), and query heads sharing keys and values. */
+function facts(info, st, boot) {
+  const arch = boot.architectures[info.architecture];
   const group = info.heads / (info.kv_heads || info.heads);
   const first = Math.floor(st.head / group) * group;
-  return { preNorm: !["bert", "roberta"].includes(arch), rope: ["llama", "mistral", "qwen2"].includes(arch),
-    bias: !["llama", "mistral"].includes(arch), shared: group > 1 ? [first, first + group - 1] : null,
+  return { preNorm: arch.norm_first, norm: arch.norm === "rms" ? "RMSNorm" : "LayerNorm",
+    rope: arch.position === "rope", bias: arch.qkv_bias, shared: group > 1 ? [first, first + group - 1] : null,
     layer: st.layer, head: st.head };
 }
 
@@ -56,7 +57,7 @@ function texts(step, ans, info, f, n) {
   const partial = n < ans.tokens.length && !ans.causal;
   switch (step.key) {
     case "x": return [`Input x (d_model = ${D})`, (f.preNorm
-      ? `Each token's vector as this layer's projections read it: the residual stream after the block's ${info.architecture === "gpt2" || info.architecture === "attention-only" ? "LayerNorm" : "RMSNorm"}.`
+      ? `Each token's vector as this layer's projections read it: the residual stream after the block's ${f.norm}.`
       : f.layer === 0 ? "Each token's vector as this layer reads it: token, position and segment embeddings, added and normalised."
         : "Each token's vector as this layer reads it: the output of the layer before.") + " One column per token."];
     case "q": return [`Queries Q = x W_Q (d_head = ${dh})`, `Each token's query: its x times this head's ${dh} columns of W_Q${f.bias ? ", plus a bias" : ""}. It says what the token looks for.${rope}`];
@@ -192,7 +193,7 @@ export function render(container, { results: [ans] }, st, ctx) {
   // The classroom layout shows one step per screen, and so does a lesson's page; otherwise steps 1 to st.step.
   const single = st.present || (st.lesson !== null && st.step > 0);
   const cur = st.present && st.step === 0 ? 1 : st.step;
-  const f = facts(ans, ctx.info, st);
+  const f = facts(ctx.info, st, ctx.boot);
   const env = { ...f, n, T, info: ctx.info };
 
   const controls = part(container, "controls", "div", { class: "view-controls stepper", role: "group", "aria-label": "Steps" });
@@ -215,7 +216,7 @@ export function render(container, { results: [ans] }, st, ctx) {
     ? `What-if: ${ctx.info.title} was trained without a causal mask; these are the numbers of a real run with the mask applied in every layer. `
     : ctx.info.kind === "decoder" && !ans.causal
       ? `What-if: ${ctx.info.title} is a causal model; here its mask is switched off so every token sees the future. ` : "";
-  const role = roleSentence(ctx.info, st.layer, st.head);
+  const role = roleSentence(ctx.info, st.layer, st.head, ctx.boot.roles);
   const knocked = (st.ablate || []).includes(`${st.layer}.${st.head}`)
     ? "This head is knocked out in this run: steps 10 and 11 show what it computed; the model used " +
       (st.ablation === "mean" ? "its average output" : "zeros") + " instead. " : "";
