@@ -216,7 +216,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   plot.style.height = `${height}px`;
   const tickFont = font - 1;
   const rev = `${st.model}|${st.text}|${st.text_pair}|${nr}x${nc}|${st.pairs}|${st.hide_special}`;
-  const zoom = plot._zoom?.rev === rev ? plot._zoom : null;                  // kept across heads (uirevision)
+  const zoom = ctx.memory.zoom?.rev === rev ? ctx.memory.zoom : null;        // kept across heads (uirevision)
   const xt = axisTicks(colLabels, ...(zoom?.x ?? [0, nc - 1]), plotW, tickFont);
   const yt = axisTicks(rowLabels, ...(zoom?.y ?? [0, nr - 1]), height - margin.t - margin.b, tickFont);
 
@@ -271,6 +271,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
 
   if (!plot.dataset.wired) {
     plot.dataset.wired = "1";
+    const memory = ctx.memory;           // the same object on every render: the zoom is kept there
     // Hover and click from the mouse position on the axes (the same for the heatmap and the image).
     const cellAt = (e) => {
       const cur = plot._attn, fl = plot._fullLayout, r = plot.getBoundingClientRect();
@@ -314,10 +315,10 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
       const cur = plot._attn, fl = plot._fullLayout;
       const xr = [...fl.xaxis.range], yr = [...fl.yaxis.range];
       const reset = ev["xaxis.autorange"] || ev["yaxis.autorange"];
-      const zoomed = !reset && (plot._zoom || Object.keys(ev).some((k) => k.includes(".range")));
-      plot._zoom = zoomed
+      const zoomed = !reset && (memory.zoom || Object.keys(ev).some((k) => k.includes(".range")));
+      memory.zoom = zoomed
         ? { rev: cur.rev, xr, yr, x: [Math.min(...xr), Math.max(...xr)], y: [Math.min(...yr), Math.max(...yr)] } : null;
-      const x = plot._zoom?.x ?? [0, cur.cols.length - 1], y = plot._zoom?.y ?? [0, cur.rows.length - 1];
+      const x = memory.zoom?.x ?? [0, cur.cols.length - 1], y = memory.zoom?.y ?? [0, cur.rows.length - 1];
       const xt2 = axisTicks(cur.colLabels, ...x, fl.xaxis._length, cur.tickFont);
       const yt2 = axisTicks(cur.rowLabels, ...y, fl.yaxis._length, cur.tickFont);
       window.Plotly.relayout(plot, { "xaxis.tickvals": xt2.tickvals, "xaxis.ticktext": xt2.ticktext,

@@ -76,6 +76,18 @@ function spanText(meta, [a, b]) {
   return `${b - a > 1 ? `tokens ${a}–${b - 1}` : `token ${a}`} “${words.join(" ")}”`;
 }
 
+/** "Scroll sideways for more heads": shown while the grid is wider than its scroller. */
+function showCue(scroller, cue) {
+  cue.hidden = scroller.scrollWidth <= scroller.clientWidth + 2;
+}
+
+/** The window was resized while this view shows (main.js): the grid may fit now, or no longer. */
+export function onResize(container) {
+  const scroller = container.querySelector(":scope > [data-part=scroller]");
+  const cue = container.querySelector(":scope > [data-part=cue]");
+  if (scroller && cue) showCue(scroller, cue);
+}
+
 export function render(container, { meta, results: [ans] }, st, ctx) {
   const L = ans.layers.length, H = ans.heads.length, T = meta.tokens.length;
   const blocked = Boolean(ans.blocks);
@@ -172,12 +184,8 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     tip.style.top = `${y + 16}px`;
   };
   grid.onmouseleave = () => { tip.hidden = true; };
-  const cueUpdate = () => { cue.hidden = scroller.scrollWidth <= scroller.clientWidth + 2; };
-  cueUpdate();
+  showCue(scroller, cue);
   scroller.onscroll = () => { if (scroller.scrollLeft + scroller.clientWidth >= scroller.scrollWidth - 4) cue.hidden = true; };
-  window.removeEventListener("resize", container._cue ?? (() => {}));
-  container._cue = cueUpdate;
-  window.addEventListener("resize", cueUpdate);
   container.dataset.layer = st.layer;
   container.dataset.head = st.head;
 

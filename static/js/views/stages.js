@@ -131,13 +131,14 @@ function stepGrid(step, ans, n, st) {
   return { corner: "q \\ k", cols, rows, cells, sum, label: `${step.short}: queries (rows) by keys (columns)` };
 }
 
-// ---- the readout: one cell at a time, kept across renders (same step, same place) -----------------------
-let selected = null;   // {key, a, b}
+// ---- the readout: one cell at a time, kept across renders (same step, same place) ------------------------
+// memory.selected: the cell explained ({key, a, b}) or null; memory is the view's page memory (ctx.memory).
 
-function showReadout(panel, ans, env) {
+function showReadout(panel, ans, env, memory) {
+  const selected = memory.selected;
   if (!selected || !ans[selected.key] || (STEPS.find((s) => s.key === selected.key).kind === "matrix"
     ? Math.max(selected.a, selected.b) >= env.n : selected.a >= env.n || selected.b >= ans[selected.key].shape[1])) {
-    selected = null;
+    memory.selected = null;
     panel.hidden = true;
     return;
   }
@@ -147,14 +148,20 @@ function showReadout(panel, ans, env) {
     h("div", { class: "readout-head" },
       h("h3", { id: "readout-title", text: heading.join(" ") }),
       h("button", { type: "button", class: "small", "aria-label": "Close the readout", text: "✕ Close",
-        onclick: () => { selected = null; panel.hidden = true; markSelected(panel.parentElement); } })),
+        onclick: () => closeReadout(panel.parentElement, memory) })),
     h("p", { class: "readout-where", text: `Step ${step} · ${STEPS[step - 1].short} · layer ${env.layer}, head ${env.head}` }),
     body);
   panel.hidden = false;
   panel.dataset.cell = `${selected.key}:${selected.a}:${selected.b}`;
 }
 
-function markSelected(container) {
+function closeReadout(container, memory) {
+  memory.selected = null;
+  container.querySelector(":scope > [data-part=readout]").hidden = true;
+  markSelected(container, memory.selected);
+}
+
+function markSelected(container, selected) {
   for (const el of container.querySelectorAll("td.selected")) el.classList.remove("selected");
   if (!selected) return;
   const s = STEPS.find((x) => x.key === selected.key);
@@ -162,15 +169,15 @@ function markSelected(container) {
   container.querySelector(`[data-stage="${selected.key}"] td${sel}`)?.classList.add("selected");
 }
 
-// Escape closes an open readout before anything else (the classroom layout's Escape leaves it).
-document.addEventListener("keydown", (e) => {
-  const panel = document.querySelector("#view-stages [data-part=readout]");
-  if (e.key === "Escape" && panel && !panel.hidden && !panel.closest(".view").hidden) {
+/** The page's keys, while this view shows (main.js): Escape closes an open readout before anything else, so the
+ *  classroom layout's Escape leaves it only on the next press. */
+export function onKey(e, container, st, ctx) {
+  const panel = container.querySelector(":scope > [data-part=readout]");
+  if (e.key === "Escape" && panel && !panel.hidden) {
     e.preventDefault();
-    e.stopPropagation();
-    panel.querySelector("button")?.click();
+    closeReadout(container, ctx.memory);
   }
-}, true);
+}
 
 // ---- export ---------------------------------------------------------------------------------------
 function pngScale(svgEl) {
@@ -253,10 +260,10 @@ export function render(container, { results: [ans] }, st, ctx) {
   const open = (td) => {
     const section = td.closest("[data-stage]");
     const key = section.dataset.stage;
-    selected = STEPS.find((s) => s.key === key).kind === "matrix"
+    ctx.memory.selected = STEPS.find((s) => s.key === key).kind === "matrix"
       ? { key, a: Number(td.dataset.q), b: Number(td.dataset.k) } : { key, a: Number(td.dataset.t), b: Number(td.dataset.d) };
-    showReadout(readout, ans, env);
-    markSelected(container);
+    showReadout(readout, ans, env, ctx.memory);
+    markSelected(container, ctx.memory.selected);
   };
   grid.onclick = (e) => {
     const td = e.target.closest("td[data-value]");
@@ -269,8 +276,8 @@ export function render(container, { results: [ans] }, st, ctx) {
       open(e.target);
     }
   };
-  showReadout(readout, ans, env);
-  markSelected(container);
+  showReadout(readout, ans, env, ctx.memory);
+  markSelected(container, ctx.memory.selected);
   container.dataset.layer = st.layer;
   container.dataset.head = st.head;
   container.dataset.causal = String(ans.causal);
