@@ -49,7 +49,7 @@ import * as corpus from "./views/corpus.js";
 const MODULES = { head, lines, model, summary, entropy, stages, compare, corpus };
 const VIEWS = Object.fromEntries(BOOT.views.map((v) => [v.id, MODULES[v.id]]));
 state.configure({ model: BOOT.default_model, text: BOOT.example_text },
-  { views: BOOT.views.map((v) => v.id), stats: BOOT.stats.map((s) => s.id) });
+  { views: BOOT.views.map((v) => v.id), stats: BOOT.stats.map((s) => s.id), ablations: BOOT.ablations.map((a) => a.id) });
 
 const draft = createDraft();
 const go = draft.go;                       // every state change carries an edited text along (draft.js)

@@ -18,18 +18,19 @@ const FIELDS = [
   ["step", 0, "int"], ["n", 12, "int"], ["large", false, "bool"],
   ["scale", "fixed", SCALE_MODES.map(([v]) => v)], ["pairs", "all", PAIR_FILTERS.map(([v]) => v)],
   ["dist_norm", false, "bool"], ["sort", "-value", ["-value", "value", "layer", "-layer", "head", "-head"]],
-  ["ablate", [], "heads"], ["ablation", "zero", ["zero", "mean"]], ["text_b", "", "str"],
+  ["ablate", [], "heads"], ["ablation", "zero", "ablation"], ["text_b", "", "str"],
   ["present", false, "bool"], ["lesson", null, "int?"],
 ];
 const ALWAYS = new Set(["model", "text", "view", "layer", "head"]);   // written even when default
 let defaults = Object.fromEntries(FIELDS.map(([k, d]) => [k, d]));
-const choices = { view: [], stat: [] };   // the values a "view" / "stat" field may take
+const choices = { view: [], stat: [], ablation: [] };   // the values a "view" / "stat" / "ablation" field may take
 
-/** Set the page's defaults and the views and statistics it offers (all from the server's boot block). */
-export function configure(patch, { views, stats }) {
+/** Set the page's defaults and the views, statistics and ablations it offers (all from the server's boot block). */
+export function configure(patch, { views, stats, ablations }) {
   defaults = { ...defaults, ...patch };
   choices.view = views;
   choices.stat = stats;
+  choices.ablation = ablations;
 }
 
 /** Knocked-out heads are "layer.head" strings in the state and the URL ("3.1,5.0"). */
@@ -60,7 +61,7 @@ export function parse(search = location.search) {
     if (Array.isArray(kind)) { st[k] = kind.includes(raw) ? raw : d; continue; }
     switch (kind) {
       case "str": st[k] = raw; break;
-      case "view": case "stat": st[k] = choices[kind].includes(raw) ? raw : d; break;
+      case "view": case "stat": case "ablation": st[k] = choices[kind].includes(raw) ? raw : d; break;
       case "click": st[k] = raw === "mask" ? "mask" : "pin"; break;
       case "int": st[k] = /^\d+$/.test(raw) ? Number(raw) : d; break;
       case "int?": st[k] = /^\d+$/.test(raw) ? Number(raw) : null; break;
