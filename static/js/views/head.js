@@ -4,8 +4,7 @@
 // into a canvas, one pixel per cell, and drawn as one Plotly image under the same axes, hover and zoom.
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { dividerAt, longRun, maskRule, matrixCells, ownMask, pairView, sentences, ticksIn, visibleTokens } from "../matrix.js";
-import { AXIS_LINE, colourRange, exactString, FILTERED_COLOR, FILTERED_RGB, fmt, fmtExact, HIGHLIGHT, LUT, lutIndex, MASKED_COLOR,
-  MASKED_RGB, PAIR_DIVIDER, plotlyScale, TRANSPARENT } from "../scale.js";
+import { AXIS_LINE, colourRange, exactString, FILTERED_COLOR, FILTERED_RGB, fmt, fmtExact, HIGHLIGHT, LUT, lutIndex, MASKED_COLOR, MASKED_RGB, PAIR_DIVIDER, plotlyScale, TRANSPARENT } from "../scale.js";
 
 export const title = "Head view";
 export const help = "Rows are queries (the token doing the looking), columns are keys (the tokens it looks at). " +

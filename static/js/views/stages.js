@@ -8,8 +8,7 @@ import { gridSvg, gridTable, moveInTable } from "../grid.js";
 import { explain } from "../readout.js";
 import { roleSentence } from "../roles.js";
 import { STEP_TOKENS } from "../state.js";
-import { color, divergingColor, exactString, fmt, fmtExact, isMinusInf, MASKED_COLOR, NEUTRAL_CELL, SOFT_INK, textOn,
-  textOnDiverging } from "../scale.js";
+import { color, divergingColor, exactString, fmt, fmtExact, isMinusInf, MASKED_COLOR, NEUTRAL_CELL, SOFT_INK, textOn, textOnDiverging } from "../scale.js";
 
 export const title = "Causal mask & steps";
 export const help = "How one head turns the layer's input into its output, step by step, with every number the model " +
