@@ -270,10 +270,12 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
 
   if (!plot.dataset.wired) {
     plot.dataset.wired = "1";
-    const memory = ctx.memory;           // the same object on every render: the zoom is kept there
+    const memory = ctx.memory;
+    // the listeners are added once; memory (the same object on every render) holds the latest drawing (shown)
+    // and the zoom
     // Hover and click from the mouse position on the axes (the same for the heatmap and the image).
     const cellAt = (e) => {
-      const cur = plot._attn, fl = plot._fullLayout, r = plot.getBoundingClientRect();
+      const cur = memory.shown, fl = plot._fullLayout, r = plot.getBoundingClientRect();
       if (!cur || !fl?.xaxis?.p2l) return null;
       const px = e.clientX - r.left - fl.xaxis._offset, py = e.clientY - r.top - fl.yaxis._offset;
       if (px < 0 || py < 0 || px > fl.xaxis._length || py > fl.yaxis._length) return null;
@@ -281,7 +283,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
       return a >= 0 && a < cur.rows.length && b >= 0 && b < cur.cols.length ? [a, b] : null;
     };
     plot.addEventListener("mousemove", (e) => {
-      const at = cellAt(e), cur = plot._attn;
+      const at = cellAt(e), cur = memory.shown;
       if (!at) { tip.hidden = true; return; }
       const [a, b] = at;
       const qi = cur.rows[a], ki = cur.cols[b], w = cur.cells.value(a, b);
@@ -303,7 +305,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     let down = null;
     plot.addEventListener("mousedown", (e) => { down = [e.clientX, e.clientY]; }, true);
     plot.addEventListener("click", (e) => {
-      const at = cellAt(e), cur = plot._attn;
+      const at = cellAt(e), cur = memory.shown;
       if (!at || e.detail > 1 || !down || Math.hypot(e.clientX - down[0], e.clientY - down[1]) > 4) return;
       const qi = cur.rows[at[0]];
       cur.go({ pin: cur.pin === qi ? null : qi });
@@ -311,7 +313,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     // Zooming relabels the axes: every token gets its label back once they fit.
     plot.on("plotly_relayout", (ev) => {
       if (!Object.keys(ev).some((k) => /range|autosize/.test(k))) return;
-      const cur = plot._attn, fl = plot._fullLayout;
+      const cur = memory.shown, fl = plot._fullLayout;
       const xr = [...fl.xaxis.range], yr = [...fl.yaxis.range];
       const reset = ev["xaxis.autorange"] || ev["yaxis.autorange"];
       const zoomed = !reset && (memory.zoom || Object.keys(ev).some((k) => k.includes(".range")));
@@ -325,7 +327,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
         "yaxis.tickfont.size": yt2.tickfont.size });
     });
   }
-  plot._attn = { rows, cols, cells, renorm, hidden, keep: view.keep, tokens: meta.tokens, pin: st.pin, go: ctx.go,
+  ctx.memory.shown = { rows, cols, cells, renorm, hidden, keep: view.keep, tokens: meta.tokens, pin: st.pin, go: ctx.go,
     rev, rowLabels, colLabels, tickFont };
   pinnedPanel(panel, { meta, rows, cols, cells, renorm, hidden }, st, ctx);
   container.dataset.layer = st.layer;

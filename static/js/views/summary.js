@@ -72,14 +72,15 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     shapes: [{ type: "rect", x0: st.head - 0.5, x1: st.head + 0.5, y0: st.layer - 0.5, y1: st.layer + 0.5,
       line: { color: HIGHLIGHT, width: 3 }, fillcolor: TRANSPARENT }],
   });
-  if (!plot.dataset.wired) {
+  if (!plot.dataset.wired) {                // Plotly's listener is added once; it goes where the latest render says
     plot.dataset.wired = "1";
+    const memory = ctx.memory;
     plot.on("plotly_click", (ev) => {
       const p = ev.points[0];
-      plot._go({ view: "head", layer: p.y, head: p.x });
+      memory.go({ view: "head", layer: p.y, head: p.x });
     });
   }
-  plot._go = ctx.go;
+  ctx.memory.go = ctx.go;
 
   // The ranking: every head, sorted as the URL says (largest value first by default).
   const list = ans.layers.flatMap((l, li) => ans.heads.map((hd, hi) => ({ l, hd, v: z[li][hi] })));
