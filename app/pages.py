@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import fastapi_offline
 import plotly
@@ -12,13 +13,15 @@ from fastapi.templating import Jinja2Templates
 from ..analysis.roles import ROLE_TARGETS, ROLE_TEXT
 from ..analysis.statistics import catalogue
 from .deps import get_service
-from .schemas import EXAMPLE_TEXT
+from .schemas import EXAMPLE_TEXT, RunOptions
 
 ROOT = Path(__file__).resolve().parents[1]   # the attnscope package: static/ and templates/ are its data
 # The page's views, in tab order (id, tab label): the tabs, the view panels and static/js/main.js follow this list.
 VIEWS = [("head", "Head"), ("lines", "Lines"), ("model", "Model"), ("summary", "Head summary"),
          ("entropy", "Entropy"), ("stages", "Causal mask & steps"), ("compare", "Compare"),
          ("corpus", "Corpus")]
+# What replaces a knocked-out head's output (RunOptions.ablation), in the page's words.
+ABLATION_LABELS = {"zero": "zeros", "mean": "their mean over the text"}
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 SWAGGER_DIR = Path(fastapi_offline.__file__).parent / "static"   # swagger-ui-bundle.js, swagger-ui.css
 templates = Jinja2Templates(directory=ROOT / "templates")
@@ -37,7 +40,9 @@ def index(request: Request):
             "architectures": {rt.spec.architecture: {"norm_first": rt.cfg.norm_first, "norm": rt.cfg.norm,
                                                      "position": rt.cfg.position, "qkv_bias": rt.cfg.qkv_bias}
                               for rt in svc.runtimes.values()},
-            "roles": [{"id": k, "target": target, "text": ROLE_TEXT[k]} for k, target in ROLE_TARGETS.items()]}
+            "roles": [{"id": k, "target": target, "text": ROLE_TEXT[k]} for k, target in ROLE_TARGETS.items()],
+            "ablations": [{"id": k, "label": ABLATION_LABELS.get(k, k)}
+                          for k in get_args(RunOptions.model_fields["ablation"].annotation)]}
     return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS})
 
 

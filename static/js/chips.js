@@ -53,3 +53,9 @@ export function renderChips(container, meta, st, go, shade = null) {
   };
   if (hadFocus !== null && chips[hadFocus]) chips[hadFocus].focus();
 }
+
+/** No text, no chips (and the next answer draws them afresh). */
+export function clearChips(container) {
+  replace(container);
+  container._drawn = null;
+}

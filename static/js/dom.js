@@ -1,6 +1,9 @@
 // Small DOM helpers. Token strings and user text are untrusted: they only ever reach the page
 // through textContent / attributes set here, never through innerHTML.
 
+/** The page's element with this id. */
+export const $ = (id) => document.getElementById(id);
+
 /** Create an element: h("button", {class: "chip", "aria-pressed": "true", onclick: fn}, "text", child...). */
 export function h(tag, attrs = {}, ...children) {
   const el = tag.startsWith("svg:")

@@ -1,5 +1,6 @@
 // Export without a server round trip: CSV / JSON of the matrix on screen (Blob + object URL),
 // PNG / SVG of a Plotly plot (Plotly.downloadImage) or of the page's own SVG / canvas drawings.
+import { PAPER } from "./scale.js";
 
 export function download(filename, blob) {
   const url = URL.createObjectURL(blob);
@@ -51,7 +52,7 @@ export function svgToPng(svgEl, scale = 2) {
       c.width = w * scale;
       c.height = hgt * scale;
       const g = c.getContext("2d");
-      g.fillStyle = "#fff";
+      g.fillStyle = PAPER;
       g.fillRect(0, 0, c.width, c.height);
       g.drawImage(img, 0, 0, c.width, c.height);
       URL.revokeObjectURL(url);

@@ -5,6 +5,7 @@
 // grid = {corner, cols: [{label, title}], rows: [{label, title, cls}], cells: [[{text, bg, fg, cls, attrs}]],
 //         sum: [text] | null (a last "Σ" column), label: accessible name}
 import { h, svg } from "./dom.js";
+import { INK, MASKED_STROKE, MUTED_INK, PAPER, SOFT_INK, SUM_CELL } from "./scale.js";
 
 /** The page's table: sticky column and row headers, one focusable cell at a time (arrow keys move). */
 export function gridTable(grid, cls) {
@@ -76,11 +77,11 @@ export function gridSvg(grid, heading, sentence) {
   const lines = wrap(sentence, Math.floor((width - 2 * m) / 7.6));   // 13 px sans: ~7 px a character, some wider
   const top = m + 22 + lines.length * 17 + 10;
   const height = top + ROW * (grid.rows.length + 1) + m;
-  const text = (x, y, s, attrs = {}) => svg("text", { x, y, "font-family": FONT, "font-size": 12, fill: "#1b1b1f", ...attrs }, s);
-  const parts = [svg("rect", { x: 0, y: 0, width, height, fill: "#ffffff" }),
+  const text = (x, y, s, attrs = {}) => svg("text", { x, y, "font-family": FONT, "font-size": 12, fill: INK, ...attrs }, s);
+  const parts = [svg("rect", { x: 0, y: 0, width, height, fill: PAPER }),
     text(m, m + 14, heading, { "font-size": 16, "font-weight": "bold" }),
-    lines.map((l, k) => text(m, m + 36 + k * 17, l, { "font-size": 13, fill: "#333" })),
-    text(m + rw - 6, top + 15, cut(grid.corner, rowChars), { "text-anchor": "end", fill: "#555a64", "font-size": 11 })];
+    lines.map((l, k) => text(m, m + 36 + k * 17, l, { "font-size": 13, fill: SOFT_INK })),
+    text(m + rw - 6, top + 15, cut(grid.corner, rowChars), { "text-anchor": "end", fill: MUTED_INK, "font-size": 11 })];
   grid.cols.forEach((c, j) => parts.push(text(m + rw + j * cw + cw / 2, top + 15, cut(c.label, colChars),
     { "text-anchor": "middle", "font-family": MONO, "font-weight": "bold" })));
   if (grid.sum) parts.push(text(m + rw + grid.cols.length * cw + cw / 2, top + 15, "Σ", { "text-anchor": "middle", "font-weight": "bold" }));
@@ -91,13 +92,13 @@ export function gridSvg(grid, heading, sentence) {
       const x = m + rw + j * cw;
       parts.push(svg("rect", { x: x + 0.5, y: y + 0.5, width: cw - 1, height: ROW - 1, fill: c.bg }));
       if (c.cls?.includes("masked-cell")) {
-        parts.push(svg("line", { x1: x + 3, y1: y + ROW - 3, x2: x + cw - 3, y2: y + 3, stroke: "#dfe2e7", "stroke-width": 1 }));
+        parts.push(svg("line", { x1: x + 3, y1: y + ROW - 3, x2: x + cw - 3, y2: y + 3, stroke: MASKED_STROKE, "stroke-width": 1 }));
       }
       parts.push(text(x + cw - 6, y + 15, c.text, { "text-anchor": "end", "font-family": MONO, fill: c.fg }));
     });
     if (grid.sum) {
       const x = m + rw + grid.cols.length * cw;
-      parts.push(svg("rect", { x: x + 0.5, y: y + 0.5, width: cw - 1, height: ROW - 1, fill: "#f4f5f7" }),
+      parts.push(svg("rect", { x: x + 0.5, y: y + 0.5, width: cw - 1, height: ROW - 1, fill: SUM_CELL }),
         text(x + cw - 6, y + 15, grid.sum[a], { "text-anchor": "end", "font-family": MONO }));
     }
   });

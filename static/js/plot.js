@@ -1,5 +1,6 @@
 // The ONE Plotly setup: the config every chart gets and the base layout every view's layout extends.
 // Views pass only what is theirs (title text, margin, axes, shapes); this adds the rest.
+import { PAPER } from "./scale.js";
 
 export const PLOT_CONFIG = {
   responsive: true, displaylogo: false, scrollZoom: false,
@@ -14,7 +15,7 @@ export function withBase(layout, font) {
   const title = typeof layout.title === "string" ? { text: layout.title, font: { size: font + 2 } } : layout.title;
   return {
     template: "none", font: { size: font, family: "system-ui, sans-serif" },
-    paper_bgcolor: "#fff", plot_bgcolor: "#fff", ...layout, title,
+    paper_bgcolor: PAPER, plot_bgcolor: PAPER, ...layout, title,
   };
 }
 

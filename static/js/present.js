@@ -45,22 +45,24 @@ export function syncPresent(bar, st, { views, titles, go }) {
     h("button", { type: "button", class: "present-exit", text: "Exit presentation (Esc)", onclick: () => go({ present: false }) }));
 }
 
-/** The keys of the classroom layout, and the header's "Present" button. */
-export function wirePresent(button, { get, go, views }) {
+/** The header's "Present" button. */
+export function wirePresent(button, go) {
   button.addEventListener("click", () => go({ present: true }));
-  document.addEventListener("keydown", (e) => {
-    const st = get();
-    if (!st.present || e.defaultPrevented || e.altKey || e.ctrlKey || e.metaKey) return;
-    if (e.key === "Escape") {
-      e.preventDefault();
-      go({ present: false });
-      return;
-    }
-    if (e.target.closest?.("input, textarea, select, [contenteditable], td[data-value]")) return;   // cells: arrows move
-    const dir = { ArrowRight: 1, PageDown: 1, ArrowLeft: -1, PageUp: -1 }[e.key];
-    if (!dir) return;
-    const to = neighbour(st, dir, views);
+}
+
+/** The keys of the classroom layout, for the page's one keydown listener (main.js): Escape leaves it, the arrows
+ *  and Page Up/Down step. A key something else has handled (defaultPrevented) is left alone. */
+export function presentKey(e, st, { go, views }) {
+  if (!st.present || e.defaultPrevented || e.altKey || e.ctrlKey || e.metaKey) return;
+  if (e.key === "Escape") {
     e.preventDefault();
-    if (to) go(to);
-  });
+    go({ present: false });
+    return;
+  }
+  if (e.target.closest?.("input, textarea, select, [contenteditable], td[data-value]")) return;   // cells: arrows move
+  const dir = { ArrowRight: 1, PageDown: 1, ArrowLeft: -1, PageUp: -1 }[e.key];
+  if (!dir) return;
+  const to = neighbour(st, dir, views);
+  e.preventDefault();
+  if (to) go(to);
 }

@@ -1,27 +1,19 @@
 // Head roles of the teaching models (GET /api/models `head_roles`, also in the page's boot block) and the
-// models' explanations: the head menu names each wired head's role, the page shows how a model works.
+// models' explanations: the head menu names each wired head's role, the page shows how a model works. What each
+// role means, in a reader's words, is the server's too: the boot block's `roles` ([{id, target, text}]).
 import { h, replace } from "./dom.js";
-
-/** What each role attends to (the documented set, model/teaching.py ROLE_TARGETS), for a reader. */
-export const ROLE_TEXT = {
-  "previous-token": "puts its weight on the token just before (key i−1)",
-  "first-token": "puts its weight on the first token (key 0)",
-  "self": "puts its weight on the token itself (key i)",
-  "two-back": "puts its weight on the token two back (key i−2)",
-  "same-token": "spreads its weight over the earlier copies of the same token (itself included)",
-  "induction": "looks at the token right after the latest earlier copy of the current token (key j+1)",
-  "uniform": "spreads its weight evenly over every visible token",
-};
 
 /** The role of (layer, head) in a model, or null for a head that is not wired. */
 export function roleOf(info, layer, head) {
   return (info.head_roles || []).find((r) => r.layer === layer && r.head === head)?.role ?? null;
 }
 
-/** One line about a head: "head 2 · self: puts its weight on the token itself (key i)", or "" when unwired. */
-export function roleSentence(info, layer, head) {
+/** One line about a head: "a self head: it puts its weight on the token itself (key i)", or "" when unwired.
+ *  roles: the boot block's [{id, text}]. */
+export function roleSentence(info, layer, head, roles) {
   const role = roleOf(info, layer, head);
-  return role ? `${/^[aeiou]/.test(role) ? "an" : "a"} ${role} head: it ${ROLE_TEXT[role] ?? role}` : "";
+  const text = roles.find((r) => r.id === role)?.text ?? role;
+  return role ? `${/^[aeiou]/.test(role) ? "an" : "a"} ${role} head: it ${text}` : "";
 }
 
 /** Name the role of each head of `layer` in the head menu ("head 0 · previous-token"). */

@@ -59,12 +59,12 @@ function luminance([r, g, b]) {
 
 /** Black or white text, whichever reads on the sequential colour of t. */
 export function textOn(t) {
-  return luminance(interpolate(CIVIDIS, t)) > 0.45 ? "#111" : "#fff";
+  return luminance(interpolate(CIVIDIS, t)) > 0.45 ? DARK_TEXT : LIGHT_TEXT;
 }
 
 export function textOnDiverging(v, absmax) {
   const t = absmax > 0 ? 0.5 + 0.5 * Math.max(-1, Math.min(1, v / absmax)) : 0.5;
-  return luminance(interpolate(PUOR, t)) > 0.45 ? "#111" : "#fff";
+  return luminance(interpolate(PUOR, t)) > 0.45 ? DARK_TEXT : LIGHT_TEXT;
 }
 
 // ---- the colour-range rule -----------------------------------------------------------------------
@@ -78,6 +78,9 @@ export const SCALE_MODES = [["fixed", "fixed 0–1"], ["head", "per head"]];
 export const MASKED_COLOR = "#ffffff";
 /** Cells left out by a filter (e.g. the other sentence of a pair): a light grey, lighter than any cividis tone. */
 export const FILTERED_COLOR = "#e4e6ea";
+/** The same two as [r, g, b] bytes, for pictures painted pixel by pixel on a canvas. */
+const bytes = (hex) => [1, 3, 5].map((k) => parseInt(hex.slice(k, k + 2), 16));
+export const MASKED_RGB = bytes(MASKED_COLOR), FILTERED_RGB = bytes(FILTERED_COLOR);
 
 /** The top of a quantity's fixed scale: 1 for probabilities and masses, ln T for entropy, T − 1 for distance. */
 export function fixedTop(stat, T, distNorm = false) {
@@ -105,6 +108,44 @@ export function lutIndex(v, range) {
 export const HEAD_COLORS = ["#332288", "#CC6677", "#117733", "#DDAA33", "#88CCEE", "#882255",
   "#44AA99", "#999933", "#AA4499", "#0072B2", "#E69F00", "#555555"];
 export const headColor = (h) => HEAD_COLORS[h % HEAD_COLORS.length];
+
+// ---- the page's other colours ----------------------------------------------------------------------
+// Every colour a view, a chart or an export draws with, by what it is for; the names that match a variable of
+// static/css/app.css say so, and must keep its value (a picture and the page around it agree).
+/** Backgrounds of charts, drawings and exported pictures (app.css --panel). */
+export const PAPER = "#fff";
+/** Text on a light background: token labels, numbers on light cells. */
+export const DARK_TEXT = "#111";
+/** Text on a dark background: numbers on dark cells. */
+export const LIGHT_TEXT = "#fff";
+/** The page's text colour, in exported pictures (app.css --fg). */
+export const INK = "#1b1b1f";
+/** Quieter text in exported pictures: a corner label (app.css --muted). */
+export const MUTED_INK = "#555a64";
+/** Secondary text: an exported step's sentence, the numbers of a masked cell and of the mask step. */
+export const SOFT_INK = "#333";
+/** The "query" and "key" captions over the line view. */
+export const CAPTION_INK = "#555";
+/** Special tokens ([CLS], [SEP]) in the line view: greyer than the others. */
+export const SPECIAL_INK = "#666";
+/** The labels of the model view's PNG. */
+export const LABEL_INK = "#222";
+/** The frame round each thumbnail of the model view's PNG (app.css --line). */
+export const FRAME_LINE = "#d5d8de";
+/** The head view's axis lines. */
+export const AXIS_LINE = "#c9ccd3";
+/** The diagonal stroke through a masked cell of an exported step. */
+export const MASKED_STROKE = "#dfe2e7";
+/** The mask step's cells that hide nothing (0): neutral, so the −∞ cells stand out. */
+export const NEUTRAL_CELL = "#eef0f3";
+/** The Σ column of an exported step. */
+export const SUM_CELL = "#f4f5f7";
+/** The line between the sentences of a pair (head and line views). */
+export const PAIR_DIVIDER = "#e7298a";
+/** What the page points at on a chart: the pinned row, the current head. */
+export const HIGHLIGHT = "#ff7f0e";
+/** No fill (an outline only). */
+export const TRANSPARENT = "rgba(0,0,0,0)";
 
 // ---- numbers ----------------------------------------------------------------------------------
 const MINUS = "\u2212";

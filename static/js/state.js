@@ -1,5 +1,7 @@
 // All state lives in the URL query string: every view is a link, back/forward works, and the
 // "copy permalink" button just copies location.href.
+import { PAIR_FILTERS } from "./matrix.js";
+import { SCALE_MODES } from "./scale.js";
 
 export const STEP_TOKENS = [6, 8, 12, 16, 24, 32];
 
@@ -14,20 +16,21 @@ const FIELDS = [
   ["pin", null, "int?"], ["hide_special", false, "bool"], ["click", "pin", "click"],
   ["stat", "mean_entropy", "stat"], ["heads", null, "ints?"], ["all_heads", false, "bool"],
   ["step", 0, "int"], ["n", 12, "int"], ["large", false, "bool"],
-  ["scale", "fixed", ["fixed", "head"]], ["pairs", "all", ["all", "ab", "ba", "within"]],
+  ["scale", "fixed", SCALE_MODES.map(([v]) => v)], ["pairs", "all", PAIR_FILTERS.map(([v]) => v)],
   ["dist_norm", false, "bool"], ["sort", "-value", ["-value", "value", "layer", "-layer", "head", "-head"]],
-  ["ablate", [], "heads"], ["ablation", "zero", ["zero", "mean"]], ["text_b", "", "str"],
+  ["ablate", [], "heads"], ["ablation", "zero", "ablation"], ["text_b", "", "str"],
   ["present", false, "bool"], ["lesson", null, "int?"],
 ];
 const ALWAYS = new Set(["model", "text", "view", "layer", "head"]);   // written even when default
 let defaults = Object.fromEntries(FIELDS.map(([k, d]) => [k, d]));
-const choices = { view: [], stat: [] };   // the values a "view" / "stat" field may take
+const choices = { view: [], stat: [], ablation: [] };   // the values a "view" / "stat" / "ablation" field may take
 
-/** Set the page's defaults and the views and statistics it offers (all from the server's boot block). */
-export function configure(patch, { views, stats }) {
+/** Set the page's defaults and the views, statistics and ablations it offers (all from the server's boot block). */
+export function configure(patch, { views, stats, ablations }) {
   defaults = { ...defaults, ...patch };
   choices.view = views;
   choices.stat = stats;
+  choices.ablation = ablations;
 }
 
 /** Knocked-out heads are "layer.head" strings in the state and the URL ("3.1,5.0"). */
@@ -58,7 +61,7 @@ export function parse(search = location.search) {
     if (Array.isArray(kind)) { st[k] = kind.includes(raw) ? raw : d; continue; }
     switch (kind) {
       case "str": st[k] = raw; break;
-      case "view": case "stat": st[k] = choices[kind].includes(raw) ? raw : d; break;
+      case "view": case "stat": case "ablation": st[k] = choices[kind].includes(raw) ? raw : d; break;
       case "click": st[k] = raw === "mask" ? "mask" : "pin"; break;
       case "int": st[k] = /^\d+$/.test(raw) ? Number(raw) : d; break;
       case "int?": st[k] = /^\d+$/.test(raw) ? Number(raw) : null; break;
@@ -106,9 +109,15 @@ export function go(patch, { replace = false } = {}) {
   const url = location.pathname + serialize(next);
   if (url === location.pathname + location.search) return false;
   history[replace ? "replaceState" : "pushState"](null, "", url);
+  reload();
+  return true;
+}
+
+/** Read the state from the URL again and tell the listeners (after go(), and on back/forward: main.js calls it
+ *  on popstate). */
+export function reload() {
   current = parse();
   listeners.forEach((cb) => cb(current));
-  return true;
 }
 
 /** Call cb(state) after every change, including back/forward. */
@@ -116,7 +125,19 @@ export function subscribe(cb) {
   listeners.push(cb);
 }
 
-window.addEventListener("popstate", () => {
-  current = parse();
-  listeners.forEach((cb) => cb(current));
-});
+/** A state clamped to what its model offers (an unknown model: the default one); returns [state, changed].
+ *  models: id -> model info; steps: how many steps the steps view has. */
+export function normalize(st, models, defaultModel, steps) {
+  const fixed = { ...st };
+  if (!models[fixed.model]) fixed.model = defaultModel;
+  const info = models[fixed.model];
+  fixed.layer = Math.min(fixed.layer, info.layers - 1);
+  fixed.head = Math.min(fixed.head, info.heads - 1);
+  if (fixed.heads) fixed.heads = fixed.heads.filter((x) => x < info.heads);
+  fixed.ablate = fixed.ablate.filter((x) => { const [l, hd] = x.split(".").map(Number); return l < info.layers && hd < info.heads; });
+  if (!info.pair) fixed.text_pair = "";
+  if (!STEP_TOKENS.includes(fixed.n)) fixed.n = 12;
+  if (fixed.step > steps) fixed.step = 0;
+  const changed = JSON.stringify(fixed) !== JSON.stringify(st);
+  return [fixed, changed];
+}

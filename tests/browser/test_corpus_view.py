@@ -6,7 +6,7 @@ from playwright.sync_api import Page, expect
 from attnscope.corpus import run_corpus
 
 from ..conftest import CACHE
-from .conftest import open_app, screenshot
+from .conftest import open_app, screenshot, wait_drawn
 
 
 def test_corpus_view_draws_a_result_file(page: Page, tmp_path, console_errors):
@@ -26,4 +26,12 @@ def test_corpus_view_draws_a_result_file(page: Page, tmp_path, console_errors):
     z = page.evaluate("document.querySelector('#view-corpus [data-part=stat]').data[0].z")
     assert z == job["stats"]["previous_token_mass"]
     screenshot(page, "corpus-view")
+    # the opened file and its statistic are page memory: kept while another view shows
+    page.locator('#tabs a[data-view="head"]').click()
+    wait_drawn(page, "head")
+    page.locator('#tabs a[data-view="corpus"]').click()
+    wait_drawn(page, "corpus")
+    expect(page.locator("#view-corpus")).to_have_attribute("data-texts", "3")
+    expect(page.locator("#corpus-stat")).to_have_value("previous_token_mass")
+    assert page.evaluate("document.querySelector('#view-corpus [data-part=stat]').data[0].z") == z
     assert console_errors == []

@@ -228,3 +228,31 @@ def test_large_text_presentation_mode(page: Page, console_errors):
     assert page.evaluate("parseFloat(getComputedStyle(document.documentElement).fontSize)") > small
     screenshot(page, "summary-large")
     assert console_errors == []
+
+
+def test_knocked_out_heads_bar_and_the_servers_ablation_modes(page: Page, console_errors):
+    """The ablation menu lists the server's modes (boot.ablations, from the API's schema); the state takes only
+    those; a head is restored from the bar."""
+    open_app(page, "head", text=TEXT, ablate="1.2,0.3", ablation="mean")
+    bar = page.locator("#ablation-bar")
+    expect(bar).to_be_visible()
+    boot = page.evaluate("JSON.parse(document.getElementById('boot').textContent).ablations")
+    assert [a["id"] for a in boot] == ["zero", "mean"]
+    assert page.locator("#ablation option").evaluate_all("os => os.map(o => [o.value, o.textContent])") == \
+        [["zero", "zeros"], ["mean", "their mean over the text"]]
+    expect(page.locator("#ablation")).to_have_value("mean")
+    expect(bar.locator("button.chip-ablated")).to_have_text(["L0H3 ×", "L1H2 ×"])
+    bar.get_by_role("button", name="Restore layer 0 head 3").click()
+    wait_drawn(page, "head")
+    assert "ablate=1.2" in page.url and "ablation=mean" in page.url
+    page.select_option("#ablation", "zero")
+    wait_drawn(page, "head")
+    assert "ablation=" not in page.url                  # the default is left out of the URL
+    open_app(page, "head", text=TEXT, ablate="1.2", ablation="nonsense")
+    expect(page.locator("#ablation")).to_have_value("zero")
+    assert "ablation=" not in page.url
+    page.get_by_role("button", name="Restore all heads").click()
+    wait_drawn(page, "head")
+    expect(bar).to_be_hidden()
+    assert "ablate=" not in page.url
+    assert console_errors == []

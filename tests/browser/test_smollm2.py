@@ -73,3 +73,15 @@ def test_knocking_a_head_out_in_the_model_view_changes_the_next_token_panel(page
     expect(page.locator("#predictions table.before")).to_have_count(0)
     assert page.locator("#predictions tr").first.locator("td.num").inner_text() == before
     assert console_errors == []
+
+
+def test_smollm2_steps_name_its_family(page: Page, live_server_smollm2, console_errors):
+    """Llama's facts, from the boot block: pre-norm RMSNorm, RoPE on queries and keys, no q/k/v biases, and
+    query heads that share keys and values."""
+    goto(page, live_server_smollm2, view="stages", layer=2, head=4, step=4)
+    text = lambda key: page.locator(f"#view-stages [data-stage={key}] .explain").inner_text()  # noqa: E731
+    assert "the residual stream after the block's RMSNorm" in text("x")
+    assert "rotated by the token's position (RoPE)" in text("q") and "plus a bias" not in text("q")
+    assert "Query heads 3–5 share these keys (grouped-query attention)" in text("k")
+    assert "share these values" in text("v")
+    assert console_errors == []

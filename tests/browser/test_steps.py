@@ -103,6 +103,9 @@ def test_every_number_of_one_head_and_how_it_was_computed(page: Page, console_er
     assert page.locator("#head option").all_inner_texts()[:4] == [
         "head 0 · previous-token", "head 1 · first-token", "head 2 · self", "head 3 · uniform"]
     expect(page.locator("#view-stages [data-part=note]")).to_contain_text("previous-token head")
+    # ... in the server's words (the boot block's roles), not a list of the page's own
+    expect(page.locator("#view-stages [data-part=note]")).to_contain_text(
+        "a previous-token head: it puts its weight on the token just before (key i−1)")
     assert console_errors == []
 
 
@@ -233,4 +236,26 @@ def test_lesson_pages_open_and_the_head_menu_lists_roles(page: Page, console_err
     wait_drawn(page, "model")
     expect(lesson).to_be_hidden()
     assert "lesson=" not in page.url
+    assert console_errors == []
+
+
+def step_sentence(page: Page, key: str) -> str:
+    return page.locator(f"#view-stages [data-stage={key}] .explain").inner_text()
+
+
+def test_step_sentences_follow_the_servers_architecture_facts(page: Page, console_errors, teach):
+    """What the steps say about a family (pre- or post-norm, which norm, biases, positions) comes from the boot
+    block's architectures, which the server takes from each served model's own configuration."""
+    open_at(page, teach, "stages", model="tiny-gpt", text=TEXT, layer=1, head=0, step=3)
+    boot = page.evaluate("JSON.parse(document.getElementById('boot').textContent).architectures")
+    assert boot["gpt2"] == {"norm_first": True, "norm": "layer", "position": "learned", "qkv_bias": True}
+    assert boot["bert"]["norm_first"] is False
+    assert "the residual stream after the block's LayerNorm" in step_sentence(page, "x")     # GPT-2: pre-norm
+    assert "plus a bias" in step_sentence(page, "q") and "RoPE" not in step_sentence(page, "k")
+    # MiniLM (BERT): post-norm, so layer 0 reads the embeddings and later layers the layer before
+    open_at(page, teach, "stages", model="minilm", text=TEXT, layer=0, head=0, step=3)
+    assert "token, position and segment embeddings" in step_sentence(page, "x")
+    assert "plus a bias" in step_sentence(page, "k")
+    open_at(page, teach, "stages", model="minilm", text=TEXT, layer=2, head=0, step=1)
+    assert "the output of the layer before" in step_sentence(page, "x")
     assert console_errors == []

@@ -8,9 +8,6 @@ export const help = "Per-head statistics over a whole corpus (Clark et al. 2019)
   "`attnscope corpus INPUT --model ID`. Open the .json file below: it is read in this browser, not uploaded. " +
   "Left: the chosen statistic for every head; right: the heads' Jensen–Shannon distances, in cluster order.";
 
-let loaded = null;                              // the opened result: page memory only (a file is not a link)
-let picked = null;                              // its statistic on show (the file's own names)
-
 export function requests() {
   return [];
 }
@@ -43,14 +40,18 @@ function distanceMap(ctx, el, job) {
   });
 }
 
+/** ctx.memory holds the opened result (loaded: page memory only, a file is not a link) and its statistic on show
+ *  (picked: one of the file's own names). */
 export function render(container, _data, st, ctx) {
+  const memory = ctx.memory;
+  const { loaded, picked } = memory;
   const controls = part(container, "controls", "div", { class: "view-controls" });
   const input = h("input", { type: "file", accept: ".json,application/json", id: "corpus-file" });
   const stats = loaded ? Object.keys(loaded.stats) : [];
   const chosen = stats.includes(picked) ? picked : stats.includes(st.stat) ? st.stat : stats[0];
   replace(controls, h("label", { for: "corpus-file", text: "Result file: " }), input,
     loaded && h("label", {}, " statistic ", h("select", { id: "corpus-stat",
-      onchange: (e) => { picked = e.target.value; render(container, _data, st, ctx); } },
+      onchange: (e) => { memory.picked = e.target.value; render(container, _data, st, ctx); } },
       stats.map((s) => h("option", { value: s, selected: s === chosen, text: s.replace(/_/g, " ") })))));
   const note = part(container, "note", "p", { class: "note" });
   const grid = part(container, "grid", "div", { class: "compare-grid" });
@@ -60,7 +61,7 @@ export function render(container, _data, st, ctx) {
     try {
       const job = JSON.parse(await file.text());
       if (!job.stats || !job.layers || !job.heads) throw new Error("not an attnscope corpus result (no stats)");
-      loaded = job;
+      memory.loaded = job;
     } catch (err) {
       note.textContent = `Could not read ${file.name}: ${err.message}`;
       return;

@@ -2,7 +2,7 @@
 // every head of the layer), raw in nats and normalised to 0..1.
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { thinTicks, visibleTokens } from "../matrix.js";
-import { exactString, fmtExact, headColor } from "../scale.js";
+import { exactString, fmtExact, headColor, HIGHLIGHT } from "../scale.js";
 
 export const title = "Entropy view";
 export const help = "Entropy measures how spread out a token's attention is: 0 nats means it looks at a single key, " +
@@ -55,7 +55,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     yaxis: { title: { text: "entropy (nats)" }, rangemode: "tozero", zeroline: false, domain: [0.55, 1], anchor: "x" },
     yaxis2: { title: { text: "normalised (0–1)" }, range: [0, 1.05], zeroline: false, domain: [0, 0.45], anchor: "x" },
     shapes: pinPos < 0 ? [] : [{ type: "line", xref: "x", yref: "paper", x0: pinPos, x1: pinPos, y0: 0, y1: 1,
-      line: { color: "#ff7f0e", width: 2, dash: "dot" } }],
+      line: { color: HIGHLIGHT, width: 2, dash: "dot" } }],
     hovermode: "closest",
   });
 

@@ -4,7 +4,7 @@
 // into a canvas, one pixel per cell, and drawn as one Plotly image under the same axes, hover and zoom.
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { dividerAt, longRun, maskRule, matrixCells, ownMask, pairView, sentences, ticksIn, visibleTokens } from "../matrix.js";
-import { colourRange, exactString, FILTERED_COLOR, fmt, fmtExact, LUT, lutIndex, MASKED_COLOR, plotlyScale } from "../scale.js";
+import { AXIS_LINE, colourRange, exactString, FILTERED_COLOR, FILTERED_RGB, fmt, fmtExact, HIGHLIGHT, LUT, lutIndex, MASKED_COLOR, MASKED_RGB, PAIR_DIVIDER, plotlyScale, TRANSPARENT } from "../scale.js";
 
 export const title = "Head view";
 export const help = "Rows are queries (the token doing the looking), columns are keys (the tokens it looks at). " +
@@ -14,7 +14,6 @@ export const help = "Rows are queries (the token doing the looking), columns are
 
 const LIST_LIMIT = 40;          // pinned rows longer than this list their top weights
 const LABEL_CHARS = 14;         // tick labels longer than this are shortened (the hover has the whole token)
-const DIVIDER = "#e7298a";      // the line between the sentences of a pair
 const MAX_CELL = 56;            // short texts: cells no larger than this (px), the plot narrower than the panel
 const IMAGE_CELLS = 320 * 320;  // larger matrices are painted as one image, not sent to Plotly as numbers
 const MIN_TICK_FONT = 8;        // zoomed in: tick labels shrink down to this (px) before some are left out
@@ -115,7 +114,7 @@ function legend(el, meta, view, anyMasked, range, renorm) {
     items.push(h("span", { class: "legend-item" }, h("span", { class: "swatch seg-a", "aria-hidden": "true" }), `sentence A: tokens ${span(0)}`),
       h("span", { class: "legend-item" }, h("span", { class: "swatch seg-b", "aria-hidden": "true" }), `sentence B: tokens ${span(1)}`));
     if (view.filter === "all" || view.filter === "within") {
-      items.push(h("span", { class: "legend-item" }, h("span", { class: "swatch divider", style: `border-color:${DIVIDER}`, "aria-hidden": "true" }), "dashed line: where B starts"));
+      items.push(h("span", { class: "legend-item" }, h("span", { class: "swatch divider", style: `border-color:${PAIR_DIVIDER}`, "aria-hidden": "true" }), "dashed line: where B starts"));
     }
   }
   if (anyMasked) items.push(h("span", { class: "legend-item" }, h("span", { class: "swatch", style: `background:${MASKED_COLOR}`, "aria-hidden": "true" }), "white: masked (the query cannot see the key; weight exactly 0)"));
@@ -141,13 +140,11 @@ function paintImage(nr, nc, shown, range) {
   canvas.height = nr;
   const g = canvas.getContext("2d");
   const img = g.createImageData(nc, nr), px = img.data;
-  const rgb = (hex) => [1, 3, 5].map((k) => parseInt(hex.slice(k, k + 2), 16));
-  const masked = rgb(MASKED_COLOR), filtered = rgb(FILTERED_COLOR);
   for (let a = 0, o = 0; a < nr; a++) {
     for (let b = 0; b < nc; b++, o += 4) {
       const v = shown(a, b);
-      if (v === MASKED) px.set(masked, o);
-      else if (v === FILTERED) px.set(filtered, o);
+      if (v === MASKED) px.set(MASKED_RGB, o);
+      else if (v === FILTERED) px.set(FILTERED_RGB, o);
       else {
         const c = lutIndex(v, range) * 3;
         px[o] = LUT[c]; px[o + 1] = LUT[c + 1]; px[o + 2] = LUT[c + 2];
@@ -218,7 +215,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   plot.style.height = `${height}px`;
   const tickFont = font - 1;
   const rev = `${st.model}|${st.text}|${st.text_pair}|${nr}x${nc}|${st.pairs}|${st.hide_special}`;
-  const zoom = plot._zoom?.rev === rev ? plot._zoom : null;                  // kept across heads (uirevision)
+  const zoom = ctx.memory.zoom?.rev === rev ? ctx.memory.zoom : null;        // kept across heads (uirevision)
   const xt = axisTicks(colLabels, ...(zoom?.x ?? [0, nc - 1]), plotW, tickFont);
   const yt = axisTicks(rowLabels, ...(zoom?.y ?? [0, nr - 1]), height - margin.t - margin.b, tickFont);
 
@@ -247,17 +244,17 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   const pinPos = st.pin === null ? -1 : rows.indexOf(st.pin);
   if (pinPos >= 0) {
     shapes.push({ type: "rect", xref: "x", yref: "y", x0: -0.5, x1: nc - 0.5, y0: pinPos - 0.5, y1: pinPos + 0.5,
-      line: { color: "#ff7f0e", width: 3 }, fillcolor: "rgba(0,0,0,0)" });
+      line: { color: HIGHLIGHT, width: 3 }, fillcolor: TRANSPARENT });
   }
   if (view.filter === "all" || view.filter === "within") {
     const dx = dividerAt(meta, cols), dy = dividerAt(meta, rows);
-    const line = { color: DIVIDER, width: 2, dash: "dash" };
+    const line = { color: PAIR_DIVIDER, width: 2, dash: "dash" };
     if (dx > 0) shapes.push({ type: "line", xref: "x", yref: "paper", x0: dx - 0.5, x1: dx - 0.5, y0: 0, y1: 1, line });
     if (dy > 0) shapes.push({ type: "line", xref: "paper", yref: "y", x0: 0, x1: 1, y0: dy - 0.5, y1: dy - 0.5, line });
   }
   const axis = (t, ticks) => ({
     title: { text: narrow ? "" : t }, tickmode: "array", ...ticks,
-    showgrid: false, zeroline: false, fixedrange: false, showline: true, linecolor: "#c9ccd3", mirror: true,
+    showgrid: false, zeroline: false, fixedrange: false, showline: true, linecolor: AXIS_LINE, mirror: true,
     scaleanchor: false,                  // an image trace would otherwise keep its pixels square
   });
   const axisTitle = (side) => view.filter === "ab" ? (side === "x" ? "key in sentence B" : "query in sentence A")
@@ -273,9 +270,12 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
 
   if (!plot.dataset.wired) {
     plot.dataset.wired = "1";
+    const memory = ctx.memory;
+    // the listeners are added once; memory (the same object on every render) holds the latest drawing (shown)
+    // and the zoom
     // Hover and click from the mouse position on the axes (the same for the heatmap and the image).
     const cellAt = (e) => {
-      const cur = plot._attn, fl = plot._fullLayout, r = plot.getBoundingClientRect();
+      const cur = memory.shown, fl = plot._fullLayout, r = plot.getBoundingClientRect();
       if (!cur || !fl?.xaxis?.p2l) return null;
       const px = e.clientX - r.left - fl.xaxis._offset, py = e.clientY - r.top - fl.yaxis._offset;
       if (px < 0 || py < 0 || px > fl.xaxis._length || py > fl.yaxis._length) return null;
@@ -283,7 +283,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
       return a >= 0 && a < cur.rows.length && b >= 0 && b < cur.cols.length ? [a, b] : null;
     };
     plot.addEventListener("mousemove", (e) => {
-      const at = cellAt(e), cur = plot._attn;
+      const at = cellAt(e), cur = memory.shown;
       if (!at) { tip.hidden = true; return; }
       const [a, b] = at;
       const qi = cur.rows[a], ki = cur.cols[b], w = cur.cells.value(a, b);
@@ -305,7 +305,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     let down = null;
     plot.addEventListener("mousedown", (e) => { down = [e.clientX, e.clientY]; }, true);
     plot.addEventListener("click", (e) => {
-      const at = cellAt(e), cur = plot._attn;
+      const at = cellAt(e), cur = memory.shown;
       if (!at || e.detail > 1 || !down || Math.hypot(e.clientX - down[0], e.clientY - down[1]) > 4) return;
       const qi = cur.rows[at[0]];
       cur.go({ pin: cur.pin === qi ? null : qi });
@@ -313,13 +313,13 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     // Zooming relabels the axes: every token gets its label back once they fit.
     plot.on("plotly_relayout", (ev) => {
       if (!Object.keys(ev).some((k) => /range|autosize/.test(k))) return;
-      const cur = plot._attn, fl = plot._fullLayout;
+      const cur = memory.shown, fl = plot._fullLayout;
       const xr = [...fl.xaxis.range], yr = [...fl.yaxis.range];
       const reset = ev["xaxis.autorange"] || ev["yaxis.autorange"];
-      const zoomed = !reset && (plot._zoom || Object.keys(ev).some((k) => k.includes(".range")));
-      plot._zoom = zoomed
+      const zoomed = !reset && (memory.zoom || Object.keys(ev).some((k) => k.includes(".range")));
+      memory.zoom = zoomed
         ? { rev: cur.rev, xr, yr, x: [Math.min(...xr), Math.max(...xr)], y: [Math.min(...yr), Math.max(...yr)] } : null;
-      const x = plot._zoom?.x ?? [0, cur.cols.length - 1], y = plot._zoom?.y ?? [0, cur.rows.length - 1];
+      const x = memory.zoom?.x ?? [0, cur.cols.length - 1], y = memory.zoom?.y ?? [0, cur.rows.length - 1];
       const xt2 = axisTicks(cur.colLabels, ...x, fl.xaxis._length, cur.tickFont);
       const yt2 = axisTicks(cur.rowLabels, ...y, fl.yaxis._length, cur.tickFont);
       window.Plotly.relayout(plot, { "xaxis.tickvals": xt2.tickvals, "xaxis.ticktext": xt2.ticktext,
@@ -327,7 +327,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
         "yaxis.tickfont.size": yt2.tickfont.size });
     });
   }
-  plot._attn = { rows, cols, cells, renorm, hidden, keep: view.keep, tokens: meta.tokens, pin: st.pin, go: ctx.go,
+  ctx.memory.shown = { rows, cols, cells, renorm, hidden, keep: view.keep, tokens: meta.tokens, pin: st.pin, go: ctx.go,
     rev, rowLabels, colLabels, tickFont };
   pinnedPanel(panel, { meta, rows, cols, cells, renorm, hidden }, st, ctx);
   container.dataset.layer = st.layer;

@@ -3,7 +3,7 @@
 // (more than TOP_K_FROM tokens) fetches only each query's TOP_K heaviest keys (the server's top_k), not T x T.
 import { h, part, replace, rove, svg, tokenLabel } from "../dom.js";
 import { dividerAt, ownMask, pairView, subMatrix, visibleTokens } from "../matrix.js";
-import { exactString, fmt, headColor } from "../scale.js";
+import { CAPTION_INK, DARK_TEXT, exactString, fmt, headColor, PAIR_DIVIDER, PAPER, SPECIAL_INK } from "../scale.js";
 
 export const title = "Line view";
 export const help = "Each line joins a query (left) to a key (right); the stronger the weight, the more opaque the line. " +
@@ -155,7 +155,7 @@ export function render(container, { meta, results }, st, ctx) {
     return svg("text", {
       x: side === "q" ? xl - 4 : xr + 4, y: y(p), "text-anchor": side === "q" ? "end" : "start",
       "dominant-baseline": "central", "font-size": fs, "font-family": "system-ui, sans-serif",
-      fill: meta.special[i] ? "#666" : "#111", "font-weight": pinned ? "bold" : "normal",
+      fill: meta.special[i] ? SPECIAL_INK : DARK_TEXT, "font-weight": pinned ? "bold" : "normal",
       "text-decoration": masked ? "line-through" : "none",
       class: "tok-label", tabindex: p === 0 ? "0" : "-1", role: "button", "data-side": side, "data-pos": p, "data-index": i,
       "aria-label": `${side === "q" ? "query" : "key"} ${i}: ${meta.tokens[i]}${masked ? " (masked)" : ""}`,
@@ -167,16 +167,16 @@ export function render(container, { meta, results }, st, ctx) {
     const d = dividerAt(meta, list(side));
     if (d <= 0) return null;
     const x0 = side === "q" ? 4 : xr + 4, x1 = side === "q" ? xl - 4 : W - 4;
-    return svg("line", { x1: x0, x2: x1, y1: y(d) - rh / 2, y2: y(d) - rh / 2, stroke: "#e7298a", "stroke-width": 2,
+    return svg("line", { x1: x0, x2: x1, y1: y(d) - rh / 2, y2: y(d) - rh / 2, stroke: PAIR_DIVIDER, "stroke-width": 2,
       "stroke-dasharray": "6 4", class: "divider" });
   });
   const drawing = svg("svg", {
     width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "lines-svg", role: "group",
     "aria-label": `Attention lines of layer ${st.layer}, heads ${heads.join(", ")}: ${rows.length} queries on the left, ${cols.length} keys on the right`,
   },
-  svg("rect", { x: 0, y: 0, width: W, height: H, fill: "#fff" }),
-  svg("text", { x: xl - 4, y: pad / 2, "text-anchor": "end", "font-size": fs - 2, fill: "#555", "font-family": "system-ui, sans-serif" }, "query"),
-  svg("text", { x: xr + 4, y: pad / 2, "font-size": fs - 2, fill: "#555", "font-family": "system-ui, sans-serif" }, "key"),
+  svg("rect", { x: 0, y: 0, width: W, height: H, fill: PAPER }),
+  svg("text", { x: xl - 4, y: pad / 2, "text-anchor": "end", "font-size": fs - 2, fill: CAPTION_INK, "font-family": "system-ui, sans-serif" }, "query"),
+  svg("text", { x: xr + 4, y: pad / 2, "font-size": fs - 2, fill: CAPTION_INK, "font-family": "system-ui, sans-serif" }, "key"),
   overview, focusG, svg("g", {}, dividers), svg("g", {}, qLabels), svg("g", {}, kLabels));
   replace(scroller, drawing);
 

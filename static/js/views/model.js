@@ -3,7 +3,7 @@
 // mouse and its value; each thumbnail is a link that opens that head.
 import { h, part, replace, tokenLabel } from "../dom.js";
 import { maskRule, ownMask, subMatrix, visibleTokens } from "../matrix.js";
-import { colourRange, exactString, fmt, fmtExact, LUT, lutIndex } from "../scale.js";
+import { colourRange, exactString, fmt, fmtExact, FRAME_LINE, LABEL_INK, LUT, lutIndex, MASKED_RGB, PAPER } from "../scale.js";
 import { toggledHead } from "../state.js";
 
 export const title = "Model view";
@@ -29,7 +29,7 @@ function paint(canvas, rows, range) {
   for (const r of rows) {
     for (const v of r) {
       if (v === null) {
-        img.data[o] = img.data[o + 1] = img.data[o + 2] = 255;
+        img.data.set(MASKED_RGB, o);
       } else {
         const c = lutIndex(v, range) * 3;
         img.data[o] = LUT[c]; img.data[o + 1] = LUT[c + 1]; img.data[o + 2] = LUT[c + 2];
@@ -74,6 +74,18 @@ function spanText(meta, [a, b]) {
   const toks = meta.tokens.slice(a, b).map(tokenLabel);
   const words = toks.length > 4 ? [...toks.slice(0, 2), "…", ...toks.slice(-1)] : toks;
   return `${b - a > 1 ? `tokens ${a}–${b - 1}` : `token ${a}`} “${words.join(" ")}”`;
+}
+
+/** "Scroll sideways for more heads": shown while the grid is wider than its scroller. */
+function showCue(scroller, cue) {
+  cue.hidden = scroller.scrollWidth <= scroller.clientWidth + 2;
+}
+
+/** The window was resized while this view shows (main.js): the grid may fit now, or no longer. */
+export function onResize(container) {
+  const scroller = container.querySelector(":scope > [data-part=scroller]");
+  const cue = container.querySelector(":scope > [data-part=cue]");
+  if (scroller && cue) showCue(scroller, cue);
 }
 
 export function render(container, { meta, results: [ans] }, st, ctx) {
@@ -172,12 +184,8 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     tip.style.top = `${y + 16}px`;
   };
   grid.onmouseleave = () => { tip.hidden = true; };
-  const cueUpdate = () => { cue.hidden = scroller.scrollWidth <= scroller.clientWidth + 2; };
-  cueUpdate();
+  showCue(scroller, cue);
   scroller.onscroll = () => { if (scroller.scrollLeft + scroller.clientWidth >= scroller.scrollWidth - 4) cue.hidden = true; };
-  window.removeEventListener("resize", container._cue ?? (() => {}));
-  container._cue = cueUpdate;
-  window.addEventListener("resize", cueUpdate);
   container.dataset.layer = st.layer;
   container.dataset.head = st.head;
 
@@ -187,16 +195,16 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     c.width = left + H * (cell + gap);
     c.height = top + L * (cell + gap);
     const g = c.getContext("2d");
-    g.fillStyle = "#fff";
+    g.fillStyle = PAPER;
     g.fillRect(0, 0, c.width, c.height);
-    g.fillStyle = "#222";
+    g.fillStyle = LABEL_INK;
     g.font = "14px sans-serif";
     g.imageSmoothingEnabled = false;
     ans.heads.forEach((hd, hi) => g.fillText(`H${hd}`, left + hi * (cell + gap) + cell / 2 - 10, 18));
     ans.layers.forEach((l, li) => g.fillText(`L${l}`, 6, top + li * (cell + gap) + cell / 2 + 5));
     canvases.forEach(({ canvas }, k) => {
       const li = Math.floor(k / H), hi = k % H;
-      g.strokeStyle = "#d5d8de";
+      g.strokeStyle = FRAME_LINE;
       g.strokeRect(left + hi * (cell + gap) - 0.5, top + li * (cell + gap) - 0.5, cell + 1, cell + 1);
       g.drawImage(canvas, left + hi * (cell + gap), top + li * (cell + gap), cell, cell);
     });

@@ -8,7 +8,7 @@ import { gridSvg, gridTable, moveInTable } from "../grid.js";
 import { explain } from "../readout.js";
 import { roleSentence } from "../roles.js";
 import { STEP_TOKENS } from "../state.js";
-import { color, divergingColor, exactString, fmt, fmtExact, isMinusInf, MASKED_COLOR, textOn, textOnDiverging } from "../scale.js";
+import { color, divergingColor, exactString, fmt, fmtExact, isMinusInf, MASKED_COLOR, NEUTRAL_CELL, SOFT_INK, textOn, textOnDiverging } from "../scale.js";
 
 export const title = "Causal mask & steps";
 export const help = "How one head turns the layer's input into its output, step by step, with every number the model " +
@@ -35,13 +35,14 @@ export function requests(st) {
   return [{ endpoint: "stages", layer: st.layer, head: st.head, limit: st.n }];
 }
 
-/** What the model is, for the sentences: pre-norm or not, RoPE, query heads sharing keys and values. */
-function facts(ans, info, st) {
-  const arch = info.architecture;
+/** What the model is, for the sentences: pre-norm or not, which norm, RoPE, q/k/v biases (the server's facts
+ *  about its family: boot.architectures), and query heads sharing keys and values. */
+function facts(info, st, boot) {
+  const arch = boot.architectures[info.architecture];
   const group = info.heads / (info.kv_heads || info.heads);
   const first = Math.floor(st.head / group) * group;
-  return { preNorm: !["bert", "roberta"].includes(arch), rope: ["llama", "mistral", "qwen2"].includes(arch),
-    bias: !["llama", "mistral"].includes(arch), shared: group > 1 ? [first, first + group - 1] : null,
+  return { preNorm: arch.norm_first, norm: arch.norm === "rms" ? "RMSNorm" : "LayerNorm",
+    rope: arch.position === "rope", bias: arch.qkv_bias, shared: group > 1 ? [first, first + group - 1] : null,
     layer: st.layer, head: st.head };
 }
 
@@ -55,7 +56,7 @@ function texts(step, ans, info, f, n) {
   const partial = n < ans.tokens.length && !ans.causal;
   switch (step.key) {
     case "x": return [`Input x (d_model = ${D})`, (f.preNorm
-      ? `Each token's vector as this layer's projections read it: the residual stream after the block's ${info.architecture === "gpt2" || info.architecture === "attention-only" ? "LayerNorm" : "RMSNorm"}.`
+      ? `Each token's vector as this layer's projections read it: the residual stream after the block's ${f.norm}.`
       : f.layer === 0 ? "Each token's vector as this layer reads it: token, position and segment embeddings, added and normalised."
         : "Each token's vector as this layer reads it: the output of the layer before.") + " One column per token."];
     case "q": return [`Queries Q = x W_Q (d_head = ${dh})`, `Each token's query: its x times this head's ${dh} columns of W_Q${f.bias ? ", plus a bias" : ""}. It says what the token looks for.${rope}`];
@@ -117,8 +118,8 @@ function stepGrid(step, ans, n, st) {
       const inf = isMinusInf(v);
       const masked = inf || (kind !== "scores" && kind !== "scaled" && isMinusInf(mask.at(i, j)));   // drawn alike
       if (kind === "probs") s += v;
-      const bg = masked ? MASKED_COLOR : kind === "mask" ? "#eef0f3" : diverging ? divergingColor(v, absmax) : color(v);
-      const fg = masked ? "#333" : kind === "mask" ? "#333" : diverging ? textOnDiverging(v, absmax) : textOn(v);
+      const bg = masked ? MASKED_COLOR : kind === "mask" ? NEUTRAL_CELL : diverging ? divergingColor(v, absmax) : color(v);
+      const fg = masked || kind === "mask" ? SOFT_INK : diverging ? textOnDiverging(v, absmax) : textOn(v);
       return { text: kind === "mask" && !inf ? "0" : fmt(v, digits), bg, fg,
         cls: (inf ? "neg-inf" : "") + (masked ? " masked-cell" : ""),
         attrs: { "data-q": i, "data-k": j, "data-value": exactString(v), title: `query ${i}, key ${j}: ${fmtExact(v)}` } };
@@ -129,13 +130,14 @@ function stepGrid(step, ans, n, st) {
   return { corner: "q \\ k", cols, rows, cells, sum, label: `${step.short}: queries (rows) by keys (columns)` };
 }
 
-// ---- the readout: one cell at a time, kept across renders (same step, same place) -----------------------
-let selected = null;   // {key, a, b}
+// ---- the readout: one cell at a time, kept across renders (same step, same place) ------------------------
+// memory.selected: the cell explained ({key, a, b}) or null; memory is the view's page memory (ctx.memory).
 
-function showReadout(panel, ans, env) {
+function showReadout(panel, ans, env, memory) {
+  const selected = memory.selected;
   if (!selected || !ans[selected.key] || (STEPS.find((s) => s.key === selected.key).kind === "matrix"
     ? Math.max(selected.a, selected.b) >= env.n : selected.a >= env.n || selected.b >= ans[selected.key].shape[1])) {
-    selected = null;
+    memory.selected = null;
     panel.hidden = true;
     return;
   }
@@ -145,14 +147,20 @@ function showReadout(panel, ans, env) {
     h("div", { class: "readout-head" },
       h("h3", { id: "readout-title", text: heading.join(" ") }),
       h("button", { type: "button", class: "small", "aria-label": "Close the readout", text: "✕ Close",
-        onclick: () => { selected = null; panel.hidden = true; markSelected(panel.parentElement); } })),
+        onclick: () => closeReadout(panel.parentElement, memory) })),
     h("p", { class: "readout-where", text: `Step ${step} · ${STEPS[step - 1].short} · layer ${env.layer}, head ${env.head}` }),
     body);
   panel.hidden = false;
   panel.dataset.cell = `${selected.key}:${selected.a}:${selected.b}`;
 }
 
-function markSelected(container) {
+function closeReadout(container, memory) {
+  memory.selected = null;
+  container.querySelector(":scope > [data-part=readout]").hidden = true;
+  markSelected(container, memory.selected);
+}
+
+function markSelected(container, selected) {
   for (const el of container.querySelectorAll("td.selected")) el.classList.remove("selected");
   if (!selected) return;
   const s = STEPS.find((x) => x.key === selected.key);
@@ -160,15 +168,15 @@ function markSelected(container) {
   container.querySelector(`[data-stage="${selected.key}"] td${sel}`)?.classList.add("selected");
 }
 
-// Escape closes an open readout before anything else (the classroom layout's Escape leaves it).
-document.addEventListener("keydown", (e) => {
-  const panel = document.querySelector("#view-stages [data-part=readout]");
-  if (e.key === "Escape" && panel && !panel.hidden && !panel.closest(".view").hidden) {
+/** The page's keys, while this view shows (main.js): Escape closes an open readout before anything else, so the
+ *  classroom layout's Escape leaves it only on the next press. */
+export function onKey(e, container, st, ctx) {
+  const panel = container.querySelector(":scope > [data-part=readout]");
+  if (e.key === "Escape" && panel && !panel.hidden) {
     e.preventDefault();
-    e.stopPropagation();
-    panel.querySelector("button")?.click();
+    closeReadout(container, ctx.memory);
   }
-}, true);
+}
 
 // ---- export ---------------------------------------------------------------------------------------
 function pngScale(svgEl) {
@@ -191,7 +199,7 @@ export function render(container, { results: [ans] }, st, ctx) {
   // The classroom layout shows one step per screen, and so does a lesson's page; otherwise steps 1 to st.step.
   const single = st.present || (st.lesson !== null && st.step > 0);
   const cur = st.present && st.step === 0 ? 1 : st.step;
-  const f = facts(ans, ctx.info, st);
+  const f = facts(ctx.info, st, ctx.boot);
   const env = { ...f, n, T, info: ctx.info };
 
   const controls = part(container, "controls", "div", { class: "view-controls stepper", role: "group", "aria-label": "Steps" });
@@ -214,7 +222,7 @@ export function render(container, { results: [ans] }, st, ctx) {
     ? `What-if: ${ctx.info.title} was trained without a causal mask; these are the numbers of a real run with the mask applied in every layer. `
     : ctx.info.kind === "decoder" && !ans.causal
       ? `What-if: ${ctx.info.title} is a causal model; here its mask is switched off so every token sees the future. ` : "";
-  const role = roleSentence(ctx.info, st.layer, st.head);
+  const role = roleSentence(ctx.info, st.layer, st.head, ctx.boot.roles);
   const knocked = (st.ablate || []).includes(`${st.layer}.${st.head}`)
     ? "This head is knocked out in this run: steps 10 and 11 show what it computed; the model used " +
       (st.ablation === "mean" ? "its average output" : "zeros") + " instead. " : "";
@@ -251,10 +259,10 @@ export function render(container, { results: [ans] }, st, ctx) {
   const open = (td) => {
     const section = td.closest("[data-stage]");
     const key = section.dataset.stage;
-    selected = STEPS.find((s) => s.key === key).kind === "matrix"
+    ctx.memory.selected = STEPS.find((s) => s.key === key).kind === "matrix"
       ? { key, a: Number(td.dataset.q), b: Number(td.dataset.k) } : { key, a: Number(td.dataset.t), b: Number(td.dataset.d) };
-    showReadout(readout, ans, env);
-    markSelected(container);
+    showReadout(readout, ans, env, ctx.memory);
+    markSelected(container, ctx.memory.selected);
   };
   grid.onclick = (e) => {
     const td = e.target.closest("td[data-value]");
@@ -267,8 +275,8 @@ export function render(container, { results: [ans] }, st, ctx) {
       open(e.target);
     }
   };
-  showReadout(readout, ans, env);
-  markSelected(container);
+  showReadout(readout, ans, env, ctx.memory);
+  markSelected(container, ctx.memory.selected);
   container.dataset.layer = st.layer;
   container.dataset.head = st.head;
   container.dataset.causal = String(ans.causal);

@@ -1,7 +1,7 @@
 // Head summary: one statistic for every layer x head as a heatmap, with a sortable ranking table beside it;
 // click a cell or a row to open that head.
 import { h, part, replace } from "../dom.js";
-import { exactString, fixedTop, fmt, fmtExact, colourRange, plotlyScale } from "../scale.js";
+import { colourRange, exactString, fixedTop, fmt, fmtExact, HIGHLIGHT, plotlyScale, TRANSPARENT } from "../scale.js";
 
 export const title = "Head summary";
 export const help = "One number per head, for the whole input: pick a statistic to find heads that behave a " +
@@ -70,16 +70,17 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     xaxis: { title: { text: "head" }, tickmode: "array", tickvals: ans.heads, showgrid: false, zeroline: false, fixedrange: true },
     yaxis: { title: { text: "layer" }, tickmode: "array", tickvals: ans.layers, autorange: "reversed", showgrid: false, zeroline: false, fixedrange: true },
     shapes: [{ type: "rect", x0: st.head - 0.5, x1: st.head + 0.5, y0: st.layer - 0.5, y1: st.layer + 0.5,
-      line: { color: "#ff7f0e", width: 3 }, fillcolor: "rgba(0,0,0,0)" }],
+      line: { color: HIGHLIGHT, width: 3 }, fillcolor: TRANSPARENT }],
   });
-  if (!plot.dataset.wired) {
+  if (!plot.dataset.wired) {                // Plotly's listener is added once; it goes where the latest render says
     plot.dataset.wired = "1";
+    const memory = ctx.memory;
     plot.on("plotly_click", (ev) => {
       const p = ev.points[0];
-      plot._go({ view: "head", layer: p.y, head: p.x });
+      memory.go({ view: "head", layer: p.y, head: p.x });
     });
   }
-  plot._go = ctx.go;
+  ctx.memory.go = ctx.go;
 
   // The ranking: every head, sorted as the URL says (largest value first by default).
   const list = ans.layers.flatMap((l, li) => ans.heads.map((hd, hi) => ({ l, hd, v: z[li][hi] })));

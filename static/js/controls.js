@@ -1,0 +1,89 @@
+// The controls above the view mirror the state, and a change to one is a state change (go): the model and its
+// description, layer and head, the causal mask, special tokens, what a click on a token does, the statistic, the
+// colour scale, the sentence-pair filter, "Unmask all" and "Large text".
+import { BOOT, MODELS } from "./boot.js";
+import { $, h, replace } from "./dom.js";
+import { PAIR_FILTERS } from "./matrix.js";
+import { labelHeads, showExplanation } from "./roles.js";
+import { SCALE_MODES, SCALE_NAME } from "./scale.js";
+import * as state from "./state.js";
+
+/** Statistics that need a sentence pair: disabled in the menu for a single text. */
+const PAIR_STATS = new Set(BOOT.stats.filter((x) => x.pair_only).map((x) => x.id));
+
+function options(select, n, label) {
+  if (select.options.length === n) return;
+  replace(select, [...Array(n).keys()].map((i) => h("option", { value: i, text: `${label} ${i}` })));
+}
+
+function textHint(info) {
+  return `Press Run (or Ctrl+Enter in either box). Texts are cut at ${info.max_tokens} tokens` +
+    (info.trained_tokens && info.max_tokens > info.trained_tokens
+      ? ` (it was trained on ${info.trained_tokens}: longer answers carry a warning).`
+      : info.trained_tokens ? ", the length it was trained on." : ".");
+}
+
+function causalHint(info, causal) {
+  return info.kind === "decoder"
+    ? (causal ? "(the model's own setting)" : "(what-if: off for a causal model)")
+    : (causal ? "(what-if: this encoder was trained without it)" : "");
+}
+
+/** Set every control to the state st of model info. */
+export function syncControls(st, info) {
+  $("model").value = st.model;
+  $("model-desc").textContent = info.description;
+  $("text-hint").textContent = textHint(info);
+  $("pair-field").hidden = !info.pair;
+  options($("layer"), info.layers, "layer");
+  options($("head"), info.heads, "head");
+  $("layer").value = st.layer;
+  $("head").value = st.head;
+  labelHeads($("head"), info, st.layer);            // the teaching models' head roles
+  showExplanation($("model-explanation"), info);
+  const causal = st.causal ?? info.kind === "decoder";
+  $("causal").checked = causal;
+  $("causal-hint").textContent = causalHint(info, causal);
+  $("hide-special").checked = st.hide_special;
+  for (const r of document.querySelectorAll("input[name=click]")) r.checked = r.value === st.click;
+  $("stat").value = st.stat;
+  $("stat-field").hidden = st.view !== "summary";
+  const pair = info.pair && Boolean(st.text_pair.trim());
+  for (const o of $("stat").options) o.disabled = PAIR_STATS.has(o.value) && !pair;
+  $("scale").value = st.scale;
+  $("pairs").value = st.pairs;
+  $("pairs-field").hidden = !pair || !["head", "lines"].includes(st.view);
+  $("clear-mask").hidden = st.mask_tokens.length === 0;
+  $("large-toggle").setAttribute("aria-pressed", String(st.large));
+  document.documentElement.classList.toggle("large", st.large);
+}
+
+/** Fill the menus the page builds itself, and turn each control's change into go(patch). draft (draft.js): a
+ *  model change keeps an edited second sentence. */
+export function wireControls(go, draft) {
+  $("model").addEventListener("change", (e) => {
+    const info = MODELS[e.target.value];
+    const st = state.get();
+    const pairText = draft.edited ? $("text-pair").value : st.text_pair;
+    go({ model: info.id, layer: Math.min(st.layer, info.layers - 1), head: Math.min(st.head, info.heads - 1),
+      mask_tokens: [], pin: null, causal: null, heads: null, ablate: [], text_pair: info.pair ? pairText : "" });
+  });
+  $("layer").addEventListener("change", (e) => go({ layer: Number(e.target.value) }));
+  $("head").addEventListener("change", (e) => go({ head: Number(e.target.value) }));
+  $("causal").addEventListener("change", (e) => {
+    const info = MODELS[state.get().model];
+    go({ causal: e.target.checked === (info.kind === "decoder") ? null : e.target.checked });
+  });
+  $("hide-special").addEventListener("change", (e) => go({ hide_special: e.target.checked }));
+  for (const r of document.querySelectorAll("input[name=click]")) {
+    r.addEventListener("change", (e) => go({ click: e.target.value }));
+  }
+  $("clear-mask").addEventListener("click", () => go({ mask_tokens: [] }));
+  $("stat").addEventListener("change", (e) => go({ stat: e.target.value }));
+  $("scale").addEventListener("change", (e) => go({ scale: e.target.value }));
+  $("pairs").addEventListener("change", (e) => go({ pairs: e.target.value }));
+  $("large-toggle").addEventListener("click", () => go({ large: !state.get().large }));
+  replace($("scale"), SCALE_MODES.map(([v, label]) => h("option", { value: v, text: label })));
+  replace($("pairs"), PAIR_FILTERS.map(([v, label]) => h("option", { value: v, text: label })));
+  $("scale-name").textContent = SCALE_NAME;
+}

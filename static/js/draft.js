@@ -1,0 +1,59 @@
+// The text boxes, and their drafts: an edited text is never thrown away. Changing any control after editing the
+// text runs the new text; a click on a token (which names a token of the text already run) leaves the edit
+// pending, and it is marked as such until it runs. Run (or Ctrl+Enter in either box) runs it.
+import { MODELS } from "./boot.js";
+import { $ } from "./dom.js";
+import * as state from "./state.js";
+
+/** The draft of the page's two text boxes: {edited, sync(st), go(patch, opts), wire(rerun)}. */
+export function createDraft() {
+  let edited = false;
+
+  const pending = () => {
+    const st = state.get();
+    return $("text").value !== st.text || (MODELS[st.model].pair && $("text-pair").value !== st.text_pair);
+  };
+
+  const show = () => {
+    if (edited && !pending()) edited = false;
+    $("draft-note").hidden = !edited;
+  };
+
+  /** The boxes show the state's texts, except an edited text: that stays, marked pending. */
+  const sync = (st) => {
+    if (!edited) {
+      $("text").value = st.text;
+      $("text-pair").value = st.text_pair;
+    }
+    show();
+  };
+
+  /** state.go, carrying an edited text along unless the change names a token of the old one (a pin, a mask). */
+  const go = (patch, opts) => {
+    const byToken = (patch.pin !== undefined && patch.pin !== null) || patch.mask_tokens?.length;
+    const next = edited && pending() && !byToken
+      ? { text: $("text").value, text_pair: $("text-pair").value, mask_tokens: [], pin: null, ...patch } : patch;
+    return state.go(next, opts);
+  };
+
+  /** Run on submit (rerun(): the same text again, which changes no state, still re-runs); mark edits. */
+  const wire = (rerun) => {
+    $("input-form").addEventListener("submit", (e) => {
+      e.preventDefault();
+      edited = false;
+      // the same text again re-runs anyway (answered from the cache)
+      if (!state.go({ text: $("text").value, text_pair: $("text-pair").value, mask_tokens: [], pin: null })) rerun();
+    });
+    for (const box of [$("text"), $("text-pair")]) {
+      box.addEventListener("input", () => { edited = true; show(); });
+      box.addEventListener("keydown", (e) => {   // Ctrl/Cmd+Enter runs, from either box
+        if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
+          e.preventDefault();
+          $("input-form").requestSubmit();
+        }
+      });
+    }
+  };
+
+  return { get edited() { return edited; }, sync, go, wire };
+}

@@ -1,0 +1,36 @@
+// The frame round the active view: the tabs, the view's heading and help, which view panel shows, the window's
+// title, the classroom bar (present.js) and the lesson panel (lesson.js).
+import { MODELS } from "./boot.js";
+import { $ } from "./dom.js";
+import { syncLesson } from "./lesson.js";
+import { syncPresent, wirePresent } from "./present.js";
+import * as state from "./state.js";
+
+/** Show the frame of st's view; views: id -> view module. */
+export function syncFrame(st, views, go) {
+  const titles = Object.fromEntries(Object.entries(views).map(([id, v]) => [id, v.title]));
+  syncPresent($("present-bar"), st, { views: Object.keys(views), titles, go });
+  syncLesson($("lesson"), $("lesson-link"), st, { href: state.href, go, models: MODELS });
+  for (const a of document.querySelectorAll("#tabs a")) {
+    a.href = state.href({ view: a.dataset.view });
+    if (a.dataset.view === st.view) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+  const view = views[st.view];
+  $("view-title").textContent = view.title;
+  $("view-help").textContent = view.help;
+  for (const el of document.querySelectorAll(".view")) el.hidden = el.dataset.view !== st.view;
+  document.title = `${view.title} · ${st.text.slice(0, 40)} · attnscope`;
+}
+
+/** A plain click on a tab changes the view in place (a modified click opens the link as usual); the header's
+ *  "Present" button enters the classroom layout. */
+export function wireFrame(go) {
+  $("tabs").addEventListener("click", (e) => {
+    const a = e.target.closest("a[data-view]");
+    if (!a || e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey || e.altKey) return;
+    e.preventDefault();
+    go({ view: a.dataset.view });
+  });
+  wirePresent($("present-toggle"), go);
+}
