@@ -304,6 +304,7 @@ def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int) -> d
     What depends on the text itself (a mask index past its last token, an answer too big for its wire form, the
     character limit) is checked per request and refused with a message naming it. With no models loaded the schema
     keeps its generic form."""
+    _integer_bounds(openapi)
     if not models:
         return openapi
     schemas = openapi.get("components", {}).get("schemas", {})
@@ -327,6 +328,21 @@ def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int) -> d
             if name in REQUESTS and f"{name}ByModel" in schemas:
                 body["$ref"] = f"#/components/schemas/{name}ByModel"
     return openapi
+
+
+def _integer_bounds(node) -> None:
+    """An integer's bounds written as integers: FastAPI's OpenAPI model writes every bound as a float (64.0), and a
+    generator then offers 45.0 for an integer, which the API refuses (integers are written as integers)."""
+    if isinstance(node, dict):
+        if node.get("type") == "integer":
+            for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
+                if isinstance(node.get(key), float) and node[key].is_integer():
+                    node[key] = int(node[key])
+        for value in node.values():
+            _integer_bounds(value)
+    elif isinstance(node, list):
+        for value in node:
+            _integer_bounds(value)
 
 
 def _bound_generic(schemas: dict, models: list[ModelInfo]) -> None:

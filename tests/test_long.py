@@ -362,3 +362,48 @@ def test_smollm2_layer_by_layer_equals_the_stacked_graph(runtimes):
     assert set(res.rows) == set(ROWS)
     np.testing.assert_allclose(res.token_logprobs[1:], full.token_logprobs[1:], atol=1e-4)
     assert [t.id for t in res.next_tokens] == [t.id for t in full.next_tokens]
+
+
+def english_of_tokens(rt, n: int, long_words: bool = False) -> str:
+    """English from the standard library's own documentation (offline, always installed), up to n tokens: its prose
+    paragraphs, or (long_words) its words of 9+ letters, which run at ~7 characters a token, as technical prose does."""
+    import importlib
+    import inspect
+    import re
+
+    docs = []
+    for name in ("argparse", "collections", "json", "textwrap", "functools", "itertools", "pathlib", "subprocess",
+                 "logging", "unittest", "email", "zipfile", "tarfile", "shutil", "inspect", "typing", "dataclasses",
+                 "asyncio", "csv", "pickle", "random", "statistics", "decimal", "fractions", "difflib", "doctest"):
+        module = importlib.import_module(name)
+        for obj in [module] + [getattr(module, a) for a in dir(module) if not a.startswith("_")]:
+            if inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isfunction(obj):
+                docs += [" ".join(p.split()) for p in (inspect.getdoc(obj) or "").split("\n\n")]
+    if long_words:
+        pieces = [w + " " for w in re.findall(r"\b[a-z]{9,}\b", " ".join(docs))]
+    else:
+        pieces = [p + "\n\n" for p in dict.fromkeys(docs) if len(p) > 200 and re.fullmatch(r"[A-Za-z0-9 ,.;:'()-]+", p)]
+    text = ""
+    for piece in pieces * 10:
+        if len(rt.encode(text + piece).ids) > n:
+            break
+        text += piece
+    return text.strip()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("long_words", [False, True])
+def test_a_4000_token_english_text_is_served_by_default(runtimes, live_server_smollm2, long_words):
+    """Default settings: a ~4,000-token English text for SmolLM2 is served (the character limit follows the models'
+    token limits: 40,960 with SmolLM2), summaries and predictions computed layer by layer."""
+    import httpx
+
+    text = english_of_tokens(runtimes["smollm2"], 4000, long_words)
+    r = httpx.post(f"{live_server_smollm2}/api/attention", timeout=300,
+                   json={"model": "smollm2", "text": text, "include": ["summary", "predictions"]})
+    assert r.status_code == 200, r.text[:300]
+    j = r.json()
+    assert 3900 <= len(j["tokens"]) <= 4000 and j["truncated"] is False
+    assert np.asarray(j["summary"]["previous_token_mass"]).shape == (30, 9) and len(j["next_tokens"]) == 10
+    if long_words:                        # the shape of the issue's text: refused by the old 20,000-character default
+        assert len(text) > 25_000
