@@ -90,7 +90,7 @@ NO_KEYS = TextKeys()
 # ---- rows: one number per query ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Row:
-    """A per-query number of a head's probabilities. numpy(p, keys) -> [..., n] (n = T but for Diagonal, whose
+    """A per-query number of a head's probabilities. numpy(p, keys) -> [..., n] (p a float array) (n = T but for Diagonal, whose
     first or last queries have no such key); counted(n, keys) -> [n] bool, which of those queries a mean counts;
     reduce(r) -> the same row inside an ONNX graph (r: graphs.reductions.Reductions)."""
     meaning: str
@@ -111,7 +111,7 @@ class Entropy(Row):
 @dataclass(frozen=True)
 class MaxWeight(Row):
     def numpy(self, p, keys=NO_KEYS):
-        return _float(p).max(axis=-1)
+        return p.max(axis=-1)
 
     def reduce(self, r):
         return r.max_weight()
@@ -121,7 +121,6 @@ class MaxWeight(Row):
 class Distance(Row):
     """sum_j p_ij |i - j|, in tokens."""
     def numpy(self, p, keys=NO_KEYS):
-        p = _float(p)
         idx = np.arange(p.shape[-1])
         return np.einsum("...qk,qk->...q", p, np.abs(idx[:, None] - idx[None, :]).astype(p.dtype))
 
@@ -135,7 +134,7 @@ class Column(Row):
     key: int = 0
 
     def numpy(self, p, keys=NO_KEYS):
-        return _float(p)[..., :, self.key]
+        return p[..., :, self.key]
 
     def reduce(self, r):
         return r.column(self.key)
@@ -157,7 +156,7 @@ class Diagonal(Row):
 
     def numpy(self, p, keys=NO_KEYS):
         q = self.queries(p.shape[-1])
-        return _float(p)[..., q, q + self.offset]
+        return p[..., q, q + self.offset]
 
     def reduce(self, r):
         return r.diagonal(self.offset)
@@ -174,7 +173,6 @@ class Marked(Row):
     only_marked: bool = False
 
     def numpy(self, p, keys=NO_KEYS):
-        p = _float(p)
         T = p.shape[-1]
         marked = keys.mask(self.keyset, T)
         if marked is None:
@@ -296,6 +294,7 @@ def rows(p: np.ndarray, keys: TextKeys = NO_KEYS, names=None) -> dict[str, np.nd
     """ROWS (or those named) of probabilities p [..., T, T]; Marked rows whose key set the text does not give
     (punctuation without TextKeys) are NaN, the pair's rows only for a pair."""
     names = [n for n in ROWS if n != "cross_sentence" or keys.pair] if names is None else names
+    p = _float(p)
     return {name: ROWS[name].numpy(p, keys) for name in names}
 
 
@@ -358,4 +357,4 @@ def row_stats(p: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
     """Per query row: entropy (nats), normalised entropy, max weight. Each [..., Tq]."""
     h = entropy(p)
     return {"entropy": h, "normalized_entropy": normalize_entropy(h, visible_keys(mask)),
-            "max_weight": ROWS["max_weight"].numpy(p)}
+            "max_weight": ROWS["max_weight"].numpy(_float(p))}

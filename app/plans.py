@@ -243,7 +243,7 @@ class Planner:
         if chars > self.max_chars:
             raise TooLarge(f"text is {chars} characters; the limit is {self.max_chars} (ATTNSCOPE_MAX_CHARS). "
                            f"The model reads at most {rt.spec.max_tokens} tokens anyway")
-        return rt, rt.encode(req.text, req.text_pair)
+        return rt, rt.vocabulary.encode(req.text, req.text_pair)
 
     def _run_options(self, req, rt: Runtime, enc: Encoding) -> None:
         """The options a forward pass takes (masks, ablations), checked against the model and the tokens."""
@@ -261,7 +261,7 @@ class Planner:
 
     def _run_key(self, req, rt: Runtime, stages: bool, ids=None) -> str:
         """Content hash of everything that determines a model run (and of the model's weights and graph)."""
-        return _hash([req.model, rt.cache_key(), req.engine, req.text, req.text_pair, req.causal,
+        return _hash([req.model, rt.graphs.key, req.engine, req.text, req.text_pair, req.causal,
                       sorted(set(req.mask_tokens)), stages, sorted(map(tuple, req.ablate)),
                       req.ablation if req.ablate else None, ids])
 
@@ -387,7 +387,7 @@ class Planner:
             raise Refused(f"importance runs {req.batch} copies of this {T}-token text through the graph that holds "
                           f"every layer's attention: {self._stacked_bytes(rt, T) * req.batch / 2**30:.1f} GiB, over "
                           f"ATTNSCOPE_LAYERWISE_MB ({self.settings.layerwise_mb} MB); {fix}")
-        key = _hash(["importance", req.model, rt.cache_key(), req.text, req.text_pair, req.ablation])
+        key = _hash(["importance", req.model, rt.graphs.key, req.text, req.text_pair, req.ablation])
 
         def call() -> Importance:
             t0 = time.perf_counter()

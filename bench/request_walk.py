@@ -4,20 +4,25 @@
     python bench/request_walk.py --model minilm --endpoint /api/stages --body '{"layer": 0, "head": 0}'
 
 A profiler hook on every thread (the event loop's and the worker threads' that run the model and encode the
-answer) records each call into a function of the package. Printed: the files and functions visited, and how often
+answer) records each call into a function of the package. Printed: the files and functions visited, how often
 the request *entered* each file, i.e. a call from another of the package's files into it (a file entered five
-times is one the request bounces back into). The model is loaded and warmed first; the traced request uses a text
+times is one the request bounces back into; a coroutine counts once, not at every resumption; a helper called once
+per token counts once per token), and by how many distinct calls (caller -> callee) it is entered. The model is loaded and warmed first; the traced request uses a text
 the server has not seen, so it runs the model rather than answering from the cache.
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import threading
 from collections import Counter
 from pathlib import Path
 
+
+
+RESUMABLE = inspect.CO_COROUTINE | inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
 
 
 def main() -> int:
@@ -44,8 +49,9 @@ def main() -> int:
         return not top.startswith(".") and top not in ("tests", "bench")
     app = create_app(Settings(models=[args.model], default_model=args.model))
     body = {"model": args.model, **json.loads(args.body)}
-    calls: list[tuple[str, str, str | None]] = []    # (file, function, caller's file)
+    calls: list[tuple[str, str, str | None, str | None]] = []    # (file, function, caller's file, caller)
     tracing = threading.Event()
+    started: list = []                                 # coroutine and generator frames seen (kept alive: ids stay unique)
 
     def hook(frame, event, _arg):
         if event != "call" or not tracing.is_set():
@@ -58,11 +64,16 @@ def main() -> int:
         name = frame.f_code.co_name
         if name.startswith("<"):                       # comprehensions, lambdas, module bodies
             return
+        if frame.f_code.co_flags & RESUMABLE:          # a coroutine or generator: its first start only, not each
+            if any(f is frame for f in started):       # resumption after an await or a yield
+                return
+            started.append(frame)
         caller = frame.f_back
         while caller is not None and not ours(Path(caller.f_code.co_filename).resolve()):
             caller = caller.f_back                     # the nearest caller in the package, through libraries
-        calls.append((str(path.relative_to(pkg)), f"{frame.f_code.co_qualname}",
-                      None if caller is None else str(Path(caller.f_code.co_filename).resolve().relative_to(pkg))))
+        calls.append((str(path.relative_to(pkg)), frame.f_code.co_qualname,
+                      None if caller is None else str(Path(caller.f_code.co_filename).resolve().relative_to(pkg)),
+                      None if caller is None else caller.f_code.co_qualname))
 
     threading.setprofile(hook)          # every thread started from here on: the portal's, anyio's workers
     sys.setprofile(hook)
@@ -76,14 +87,17 @@ def main() -> int:
     if r.status_code != 200:
         print(f"the request failed: {r.status_code} {r.text[:300]}", file=sys.stderr)
         return 1
-    files = Counter(f for f, _, _ in calls)
-    counted = Counter((f, fn) for f, fn, _ in calls)
+    files = Counter(f for f, _, _, _ in calls)
+    counted = Counter((f, fn) for f, fn, _, _ in calls)
     functions = sorted(counted)
-    entries = Counter(f for f, _, caller in calls if caller != f)
-    print(f"POST {args.endpoint} ({args.model}): {len(files)} files, {len(functions)} functions of the package")
-    print(f"{'file':<28} {'functions':>9} {'entered':>8}")
+    entries = Counter(f for f, _, caller, _ in calls if caller != f)
+    edges = {(cf, cfn, f, fn) for f, fn, cf, cfn in calls if cf != f}     # distinct calls from one file into another
+    into = Counter(f for _, _, f, _ in edges)
+    print(f"POST {args.endpoint} ({args.model}): {len(files)} files, {len(functions)} functions of the package, "
+          f"{len(edges)} distinct calls from one file into another")
+    print(f"{'file':<28} {'functions':>9} {'entered':>8} {'by calls':>9}")
     for f in sorted(files):
-        print(f"{f:<28} {sum(1 for g, _ in functions if g == f):>9} {entries[f]:>8}")
+        print(f"{f:<28} {sum(1 for g, _ in functions if g == f):>9} {entries[f]:>8} {into[f]:>9}")
     if args.list:
         for f, fn in functions:
             print(f"  {f}: {fn}" + (f"  x{counted[f, fn]}" if counted[f, fn] > 1 else ""))

@@ -40,6 +40,7 @@ class Runtime:
         self.spec = spec
         self.cache_dir = Path(cache_dir)
         self.model = spec.load_model(self.cache_dir)
+        self.cfg: T_.TransformerConfig = self.model.cfg
         self.vocabulary = Vocabulary(spec.load_tokenizer(self.cache_dir), spec.id, spec.max_tokens, spec.pair,
                                      self.cfg.vocab_size)
         self.graphs = GraphCache(self.cache_dir, spec.id, self.model)
@@ -48,10 +49,6 @@ class Runtime:
         self._sessions: dict[bool, object] = {}
         self._lock = threading.Lock()
         self._layerwise = None
-
-    @property
-    def cfg(self) -> T_.TransformerConfig:
-        return self.model.cfg
 
     @property
     def tokenizer(self):
@@ -182,7 +179,7 @@ class Runtime:
                 sorted(set(mask_tokens[b])) if mask_tokens and mask_tokens[b] else [], s, seconds))
             if lm_out:
                 results[-1].next_token_logits = np.ascontiguousarray(lm_out["next_token_logits"][b])
-                results[-1].next_tokens = self.top_tokens(lm_out["next_token_logits"][b], top_k)
+                results[-1].next_tokens = self.vocabulary.top_tokens(lm_out["next_token_logits"][b], top_k)
                 results[-1].token_logprobs = [None] + lm_out["token_logprobs"][b, 1:n].astype(float).tolist()
         return results
 
