@@ -301,7 +301,7 @@ def rows(p: np.ndarray, keys: TextKeys = NO_KEYS, names=None) -> dict[str, np.nd
 def head_rows(p: np.ndarray) -> dict[str, np.ndarray]:
     """The rows that p alone defines, besides entropy and max weight: first, last, diagonal, previous, next,
     distance (the layer-by-layer graphs compute exactly these, graphs/reductions.py)."""
-    return rows(p, names=("first", "last", "diagonal", "previous", "next", "distance"))
+    return rows(p, names=[s.row for s in STATISTICS.values() if s.needs == "probabilities" and s.row != "entropy"])
 
 
 def mean(values: np.ndarray, counted: np.ndarray | None = None) -> np.ndarray:

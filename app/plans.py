@@ -166,28 +166,28 @@ def _lacks(base: LayerwiseResult, want: Want) -> bool:
 
 
 @dataclass(frozen=True, kw_only=True)
-class StagesPlan(Plan):
-    """One forward pass with the teaching stages, for one head's every step."""
-    layer: int
-    head: int
+class OneRunPlan(Plan):
+    """A plan whose answer comes from one run."""
     run: Run
 
     async def compute(self, runner: Runner) -> Computed:
         result, hit = await runner.result(self.run)
         return Computed(result, hit, {})
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagesPlan(OneRunPlan):
+    """One forward pass with the teaching stages, for one head's every step."""
+    layer: int
+    head: int
 
     def payload(self, computed: Computed) -> dict:
         return payload.stages(self, computed)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ImportancePlan(Plan):
+class ImportancePlan(OneRunPlan):
     """Every head's single-head ablation, batched along the batch axis."""
-    run: Run
-
-    async def compute(self, runner: Runner) -> Computed:
-        result, hit = await runner.result(self.run)
-        return Computed(result, hit, {})
 
     def payload(self, computed: Computed) -> dict:
         return payload.importance(self, computed)

@@ -89,7 +89,7 @@ class Settings(BaseSettings):
     timeout_send: float = Field(default=30, gt=0)       # a client that reads nothing of an answer this long: dropped
     allowed_hosts: CSV = Field(default=[], description="Host names served besides loopback names and "
                                "ATTNSCOPE_HOST (e.g. the name a proxy passes); * = any")
-    # long inputs (model/layerwise.py): what a run may hold is set here, never by the input
+    # long inputs (runtime/layerwise.py): what a run may hold is set here, never by the input
     layerwise_mb: float = Field(default=256, ge=0, description="a run whose stacked attention (layers x heads x "
                                 "tokens^2 float32) would pass this many MB runs layer by layer instead, keeping "
                                 "only what the answer needs; its memory is then about one layer's attention. "

@@ -8,7 +8,7 @@ forward, at --tokens tokens, batch 1, the same onnxruntime threads, runs interle
   plain      graphs.stacked.build_graph(attentions=False): the same model returning hidden states and LM outputs only,
              in one onnxruntime session with the served graph's options; what running SmolLM2 costs
   layerwise  Runtime.layerwise().forward asking what the model view asks: every layer's rows (entropy, max
-             weight, the numbers behind the head summaries) and 64 x 64 thumbnails of all heads (model/layerwise.py)
+             weight, the numbers behind the head summaries) and 64 x 64 thumbnails of all heads (runtime/layerwise.py)
   rows only  the same without thumbnails (what an entropy or summary view needs)
   ratio      layerwise / plain: the price of looking (the issue asks <= 1.5 at 2048 tokens)
 It also prints how long the layer-by-layer graphs take to build and open (they are built in memory, per process).

@@ -206,7 +206,7 @@ class GroupedQueryAttention:
     keys are rotated by their positions (RoPE) before the dot product, so scores see relative offsets.
     d_head need not be d_model / n_heads. Parameters are named as transformers names them (q_proj,
     k_proj, v_proj, o_proj; weights [out, in]); biases are off (Llama) or on q/k/v only (Qwen2).
-    export.build_graph mirrors __call__ step by step (its "GroupedQueryAttention.__call__" branch).
+    graphs/steps.attention_inputs mirrors __call__ step by step (its "GroupedQueryAttention.__call__" branch).
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, rope=None,

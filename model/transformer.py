@@ -4,7 +4,7 @@ One `Transformer` class covers all three; `TransformerConfig` says which. The at
 *input* (additive, [B, 1|H, T, T]), built by the caller from padding, causality and user masks, so
 the same forward pass (and the same exported ONNX graph) serves every masking choice. So is the
 head mask (which heads' outputs to keep, and what replaces the others), for ablations.
-export.build_graph writes every step below as ONNX nodes, in the same order, naming the code it mirrors.
+graphs/steps.py writes every step below as ONNX nodes, in the same order, naming the code it mirrors.
 """
 from __future__ import annotations
 
@@ -257,7 +257,7 @@ class Transformer:
         VOCAB_CHUNK vocabulary rows at a time and the target logit is one dot product, so no [T, V]
         array is ever held (at 4096 tokens and SmolLM2's 49152 words that would be 805 MB).
         The first token has no context: its entry is 0. Log-probs are clipped at 0 (rounding noise).
-        Mirrored node for node by export._lm_outputs.
+        Mirrored node for node by graphs/steps.lm_outputs.
         """
         W = self.unembedding                                              # [V, D]
         B, T, _ = hidden.shape

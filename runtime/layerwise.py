@@ -2,7 +2,7 @@
 
 A text's attention is layers x heads x T^2 numbers: SmolLM2's 30 layers x 9 heads hold 4.5 GB of float32 at
 2048 tokens and 18 GB at 4096. The served graph (graphs/stacked.py) returns them stacked, so it cannot run such
-a text. Here the same model runs as a chain of graphs, the steps of export.build_graph cut apart:
+a text. Here the same model runs as a chain of graphs, the steps of the stacked graph cut apart:
 
     embed                   input ids -> x [T, D]                                        layers.build_embed
     per layer: block in     x -> q, k, v [H, T, dh]                                       layers.build_block_halves
@@ -89,7 +89,7 @@ class Want:
     resolution: int = 0
 
     def block_outputs(self) -> tuple[str, ...]:
-        """The block-graph outputs these heads need (export.LAYER_OUTPUTS)."""
+        """The attend-graph outputs these heads need (graphs/reductions.py OUTPUTS)."""
         return ((("attention",) if self.attention else ()) + (("top_weights", "top_keys") if self.top_k else ())
                 + (("duplicate",) if self.duplicate else ()))
 

@@ -1,4 +1,4 @@
-"""model.stats on hand-made matrices, where the right answer is known without the code under test."""
+"""analysis.statistics (and thumbnails, rollout) on hand-made matrices, where the right answer is known without the code under test."""
 from __future__ import annotations
 
 import math
