@@ -14,7 +14,7 @@ def block_edges(T: int, size: int) -> np.ndarray:
 
 def pooling_matrix(T: int, size: int) -> np.ndarray:
     """[T, R] with 1/|block r| on block r's tokens: pool^T p pool is downsample(p, size) as two matrix products
-    (how a long run pools inside the graph). The identity when T <= size, as downsample leaves p alone."""
+    (how a layer-by-layer run pools inside the graph). The identity when T <= size, as downsample leaves p alone."""
     edges = block_edges(T, size)
     pool = np.zeros((T, len(edges) - 1), np.float32)
     for r, (a, b) in enumerate(zip(edges[:-1], edges[1:])):

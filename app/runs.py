@@ -4,7 +4,7 @@ number of run slots.
 A plan (app/plans.py) names its runs as Run(key, call): `call` runs the model in a worker thread, and its result is a
 pure function of the key (model, input, options), so it is cached by content hash. `Runner.result(run)` returns it
 from the cache, from an identical run under way, or from a new run that waits for a slot; a queued run nobody waits
-for any more is dropped, one already running finishes and is cached. A long run's progress is shared through
+for any more is dropped, one already running finishes and is cached. A layer-by-layer run's progress is shared through
 `watch` by every request waiting on it.
 """
 from __future__ import annotations
@@ -126,7 +126,7 @@ class Runner:
         self._pending: dict[str, asyncio.Future] = {}
         self._waiters: dict[asyncio.Future, int] = {}   # requests awaiting each pending run
         self._started: set[asyncio.Future] = set()       # pending runs that hold a slot
-        self._progress: dict[str, RunProgress] = {}      # long runs under way (or about to be), by run key
+        self._progress: dict[str, RunProgress] = {}      # layer-by-layer runs under way (or about to be), by run key
 
     async def result(self, run: Run) -> tuple[object, bool]:
         """The run's result and whether it was shared (the cache, or an identical run under way)."""

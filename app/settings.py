@@ -94,10 +94,10 @@ class Settings(BaseSettings):
                                 "tokens^2 float32) would pass this many MB runs layer by layer instead, keeping "
                                 "only what the answer needs; its memory is then about one layer's attention. "
                                 "0: every run goes layer by layer")
-    checkpoint_every: int = Field(default=1, ge=1, description="a long run keeps the input of every k-th layer "
+    checkpoint_every: int = Field(default=1, ge=1, description="a layer-by-layer run keeps the input of every k-th layer "
                                   "(tokens x d_model floats each) to recompute heads asked later from; a head "
                                   "then takes up to k layers to recompute")
-    layerwise_group_mb: float = Field(default=256, gt=0, description="a long run computes a layer's attention for a "
+    layerwise_group_mb: float = Field(default=256, gt=0, description="a layer-by-layer run computes a layer's attention for a "
                                       "group of heads at a time, each group's heads x tokens^2 float32 within this "
                                       "many MB; the layer's peak is about three such buffers")
     cors_origins: CSV = Field(default=[], description="CORS allow-list; empty = CORS off")

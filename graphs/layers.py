@@ -4,7 +4,7 @@ A block runs as three graphs: its attention's inputs (q, k, v), the attention of
 (head mask, output projection, MLP); plus the embedding and the final norm and LM head. The weights are graph inputs,
 so one small graph serves every layer: layer i feeds its own arrays (block_params). The attention graph returns ctx
 and, instead of its probabilities p [B, h, T, T], reductions of them (graphs/reductions.py): the registry's rows
-(analysis/statistics.py), thumbnails, and the asked heads' probabilities or top-k keys; so a long run keeps these
+(analysis/statistics.py), thumbnails, and the asked heads' probabilities or top-k keys; so a layer-by-layer run keeps these
 and drops p, and holds one group of heads' p at a time.
 """
 from __future__ import annotations

@@ -149,7 +149,7 @@ class Layerwise:
         self._feeds: dict[str, dict[str, np.ndarray]] = {}
         self._params: dict[int, dict[str, np.ndarray]] = {}
         self._lock = threading.Lock()
-        self.busy = threading.Lock()   # one long run of this model at a time: its memory is the bound
+        self.busy = threading.Lock()   # one layer-by-layer run of this model at a time: its memory is the bound
 
     # ---- graphs -----------------------------------------------------------------------------
     def groups(self, T: int) -> int:

@@ -129,9 +129,9 @@ async function fetchBinary(path, body) {
   return answer;
 }
 
-// ---- progress of a long run ----------------------------------------------------------------------
+// ---- progress of a layer-by-layer run ----------------------------------------------------------------------
 let progressListener = () => {};
-/** fn({layer, layers}) is called for every layer a long run finishes (one listener: the page's progress bar). */
+/** fn({layer, layers}) is called for every layer a layer-by-layer run finishes (one listener: the page's progress bar). */
 export function onProgress(fn) {
   progressListener = fn;
 }
@@ -182,7 +182,7 @@ function cached(path, body, load = fetchBinary) {
 }
 
 /** POST /api/attention (binary). Options: layers, heads, include, resolution, top_k, dtype. With
- *  {progress: true} (a long run, matrix.js longRun) an answer not cached here streams its run's progress first. */
+ *  {progress: true} (a long text, matrix.js longText) an answer not cached here streams its run's progress first. */
 export function attention(body, { progress = false } = {}) {
   return cached("/api/attention", body, progress ? progressThenBinary : fetchBinary);
 }

@@ -28,7 +28,7 @@ import { $ } from "./dom.js";
 import { createDraft } from "./draft.js";
 import { showExports, wireExports } from "./exporting.js";
 import { syncFrame, wireFrame } from "./frame.js";
-import { longRun, runOptions } from "./matrix.js";
+import { longText, runOptions } from "./matrix.js";
 import * as notices from "./notices.js";
 import { wirePermalink } from "./permalink.js";
 import { plot } from "./plot.js";
@@ -124,7 +124,7 @@ async function update() {
   progress.start();
   const started = performance.now();
   const run = runOptions(st, info);
-  const opts = { progress: longRun(st, info) };          // a long run streams its progress first
+  const opts = { progress: longText(st, info) };          // a long text runs layer by layer: its progress streams first
   try {
     const metaP = api.attention(firstRequest(st, info, run, opts.progress), opts);
     let dataP = view.needsMeta || opts.progress ? null : fetchAll(view.requests(st, info, null), run, opts);

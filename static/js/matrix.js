@@ -115,7 +115,7 @@ export function ticksIn(lo, hi, px, perLabel) {
 export const LONG_TEXT = 1500, LONG_TOKENS = 512;
 
 /** May this state's run take over a second? Then its progress is streamed, and its T x T matrices travel as float16. */
-export function longRun(st, info) {
+export function longText(st, info) {
   return info.max_tokens > LONG_TOKENS && st.text.length + (st.text_pair || "").length > LONG_TEXT;
 }
 

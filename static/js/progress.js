@@ -1,4 +1,4 @@
-// A long run's progress bar: it appears only once a run has taken over a second (a quick run never flashes it),
+// A layer-by-layer run's progress bar: it appears only once a run has taken over a second (a quick run never flashes it),
 // and shows the layers done as the server streams them (api.js onProgress).
 import { $ } from "./dom.js";
 

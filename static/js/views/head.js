@@ -3,7 +3,7 @@
 // (or a token chip) to pin it and list its weights below. A long text's matrix (up to 4096 x 4096) is painted
 // into a canvas, one pixel per cell, and drawn as one Plotly image under the same axes, hover and zoom.
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
-import { dividerAt, longRun, maskRule, matrixCells, ownMask, pairView, sentences, ticksIn, visibleTokens } from "../matrix.js";
+import { dividerAt, longText, maskRule, matrixCells, ownMask, pairView, sentences, ticksIn, visibleTokens } from "../matrix.js";
 import { AXIS_LINE, colourRange, exactString, FILTERED_COLOR, FILTERED_RGB, fmt, fmtExact, HIGHLIGHT, LUT, lutIndex, MASKED_COLOR, MASKED_RGB, PAIR_DIVIDER, plotlyScale, TRANSPARENT } from "../scale.js";
 
 export const title = "Head view";
@@ -22,7 +22,7 @@ const MIN_TICK_FONT = 8;        // zoomed in: tick labels shrink down to this (p
  *  float16 (8 MB at 2048 tokens, 32 MB at 4096). */
 export function requests(st, info) {
   return [{ endpoint: "attention", layers: [st.layer], heads: [st.head], include: ["attention"],
-    ...(longRun(st, info) ? { dtype: "float16" } : {}) }];
+    ...(longText(st, info) ? { dtype: "float16" } : {}) }];
 }
 
 const shortLabel = (tok, n = LABEL_CHARS) => {
