@@ -90,9 +90,9 @@ NO_KEYS = TextKeys()
 # ---- rows: one number per query ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Row:
-    """A per-query number of a head's probabilities. numpy(p, keys) -> [..., n] (p a float array) (n = T but for Diagonal, whose
-    first or last queries have no such key); counted(n, keys) -> [n] bool, which of those queries a mean counts;
-    reduce(r) -> the same row inside an ONNX graph (r: graphs.reductions.Reductions)."""
+    """A per-query number of a head's probabilities. numpy(p, keys) -> [..., n] for a float array p [..., T, T]
+    (n = T but for Diagonal, whose first or last queries have no such key); counted(n, keys) -> [n] bool, which of
+    those queries a mean counts; reduce(r) -> the same row inside an ONNX graph (r: graphs.reductions.Reductions)."""
     meaning: str
 
     def counted(self, n: int, keys: TextKeys = NO_KEYS) -> np.ndarray:
