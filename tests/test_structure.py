@@ -194,3 +194,36 @@ def test_layer_by_layer_and_stacked_agree_on_every_statistic(model_id, pair):
     assert np.max(stacked["summary"]["previous_token_mass"]) > 0.01   # not all zeros
     for name in ("entropy", "max_weight", "normalized_entropy"):
         np.testing.assert_allclose(layered[name], stacked[name], atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_every_row_is_the_same_in_numpy_and_inside_the_graph(causal):
+    """Each registry row's two forms, on peaked random attention: its NumPy form on the probabilities, and the
+    reduction the attend graph computes (graphs/reductions.py) on the same queries and keys."""
+    import onnxruntime as ort
+
+    from attnscope.analysis.statistics import ROWS, TextKeys
+    from attnscope.graphs.layers import build_attend
+    from attnscope.graphs.reductions import ASKED_ROWS, key_input
+    from attnscope.model.functional import softmax
+    from attnscope.model.masks import causal_mask
+    from attnscope.model.transformer import Transformer, TransformerConfig
+
+    cfg = TransformerConfig(vocab_size=50, max_positions=32, d_model=32, n_heads=4, n_layers=1, d_ff=8)
+    T, H, dh = 11, cfg.n_heads, cfg.d_head
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, H, T, dh)).astype(np.float32) * 3 for _ in range(3))
+    mask = (causal_mask(T) if causal else np.zeros((T, T), np.float32))[None, None]
+    keys = TextKeys(rng.random(T) < 0.3, [-1, 0, 0, 0, 0, -1, 1, 1, 1, 1, -1], list(rng.integers(0, 4, T)))
+    outputs = tuple(ROWS)
+    feeds = {"q": q, "k": k, "v": v, "attention_mask": mask, "heads": np.arange(H),
+             key_input("punctuation"): keys.punctuation.astype(np.float32)}
+    feeds |= {key_input(s): keys.mask(s, T).astype(np.float32) for s in ("other_sentence", "same_token_before")}
+    sess = ort.InferenceSession(build_attend(Transformer(cfg), outputs, causal).SerializeToString())
+    got = dict(zip(outputs, sess.run(list(outputs), {i.name: feeds[i.name] for i in sess.get_inputs()})))
+    p = softmax(np.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(dh) + mask)[0]             # [H, T, T]
+    assert p.max(-1).mean() > 0.5                                                    # peaked: not a vacuous test
+    for name, row in ROWS.items():
+        np.testing.assert_allclose(got[name][0], row.numpy(p.astype(np.float32), keys), atol=2e-5, rtol=1e-5,
+                                   err_msg=name)
+    assert set(ASKED_ROWS) <= set(ROWS)
