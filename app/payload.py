@@ -52,16 +52,39 @@ def attention(plan, computed) -> dict:
             out["blocks"] = blocks(T, req.resolution)
         else:
             out["attention"] = probs
-    rows = stats.row_stats(probs, r.mask) if "entropy" in req.include else None
-    if rows is not None:
-        out |= rows
-    if "summary" in req.include:
-        out["summary"] = stats.head_stats(probs, rows["entropy"] if rows else None, r.encoding.segments)
+    keys = stats.TextKeys.of(r.encoding)
+    rows = stats.rows(probs, keys, _rows_asked(req, keys))                              # [l, h, T'] each
+    out |= _row_statistics(plan, rows, keys, stats.visible_keys(r.mask), computed)
     if "rollout" in req.include:
         out["rollout"] = rollout.rollout(r.attentions).astype(np.float32)
-    if "scores" in req.include:
-        out["scores"] = scores(plan, head_scores.head_scores(probs, r.token_ids), computed.extra["probe"])
     return out | _outputs(plan, computed)
+
+
+def _rows_asked(req, keys: stats.TextKeys) -> list[str]:
+    """The registry's rows the answer's row outputs, summaries and scores read."""
+    names = set()
+    if "entropy" in req.include:
+        names |= {"entropy", "max_weight"}
+    if "summary" in req.include:
+        names |= {s.row for s in stats.STATISTICS.values() if s.needs == "probabilities" or (s.needs == "pair" and
+                                                                                            keys.pair)}
+    if "scores" in req.include:
+        names |= set(head_scores.score_rows())
+    return [name for name in stats.ROWS if name in names]
+
+
+def _row_statistics(plan, rows: dict, keys: stats.TextKeys, visible: np.ndarray, computed) -> dict:
+    """Row outputs, summaries and scores from the registry's rows: those the stacked path computed from the
+    matrices, or those a layer-by-layer run computed in its graphs."""
+    req, out = plan.request, {}
+    if "entropy" in req.include:
+        out |= {"entropy": rows["entropy"], "normalized_entropy": stats.normalize_entropy(rows["entropy"], visible),
+                "max_weight": rows["max_weight"]}
+    if "summary" in req.include:
+        out["summary"] = stats.summarize(rows, keys)
+    if "scores" in req.include:
+        out["scores"] = scores(plan, head_scores.scores_of(rows, keys), computed.extra["probe"])
+    return out
 
 
 def blocks(T: int, resolution: int) -> list[list[int]]:
@@ -86,15 +109,9 @@ def layerwise_attention(plan, computed) -> dict:
         else:
             out["attention"] = np.stack([r.asked.attention[layer] for layer in layers])
     rows = {name: values[sel] for name, values in r.rows.items()}                  # [l, h, T]
-    if "entropy" in req.include:
-        out |= {"entropy": rows["entropy"], "normalized_entropy": stats.normalize_entropy(rows["entropy"], r.visible),
-                "max_weight": rows["max_weight"]}
-    if "summary" in req.include:
-        out["summary"] = stats.summarize(rows, keys)
-    if "scores" in req.include:
-        duplicate = np.stack([r.asked.duplicate[layer] for layer in layers])
-        out["scores"] = scores(plan, head_scores.scores_of(rows | {"duplicate": duplicate}, keys),
-                               computed.extra["probe"])
+    if "scores" in req.include:                     # computed for the asked heads only
+        rows["duplicate"] = np.stack([r.asked.duplicate[layer] for layer in layers])
+    out |= _row_statistics(plan, rows, keys, r.visible, computed)
     return out | _outputs(plan, computed)
 
 

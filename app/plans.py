@@ -16,6 +16,7 @@ sending budget reserves), so whatever a run cannot give is refused before any wo
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from dataclasses import dataclass, replace
@@ -225,8 +226,13 @@ def _select(name: str, asked: list[int] | None, n: int) -> list[int]:
 class Planner:
     """Validates each kind of request into its plan, against the served models and the settings' limits."""
 
-    def __init__(self, runtimes: dict[str, Runtime], settings: Settings, max_chars: int):
-        self.runtimes, self.settings, self.max_chars = runtimes, settings, max_chars
+    def __init__(self, runtimes: dict[str, Runtime], settings: Settings):
+        self.runtimes, self.settings = runtimes, settings
+
+    @property
+    def max_chars(self) -> int:
+        """Characters of text (+ text_pair) a request may send: ATTNSCOPE_MAX_CHARS, or derived from the models."""
+        return self.settings.chars_limit([rt.spec.max_tokens for rt in self.runtimes.values()])
 
     # ---- what every kind checks --------------------------------------------------------------------------------
     def runtime(self, model_id: str) -> Runtime:
@@ -320,13 +326,17 @@ class Planner:
         """The induction probe: PROBE_TOKENS random non-special tokens repeated twice, wrapped in the specials the
         tokenizer puts around any text (so [CLS] ... [SEP] for BERT), under this request's masks and ablations. It
         does not depend on the text: one run per model (and causal/ablation choice), cached."""
-        n = min(PROBE_TOKENS, (rt.spec.max_tokens - 2) // 2)
-        opening = rt.encode("a")
-        first = opening.special.index(False)
-        ids = tuple(opening.ids[:first] + probe_ids(rt.cfg.vocab_size, n, set(rt.special_ids()))
-                    + opening.ids[first + 1:])
+        ids = self._probe_ids(rt)
         probe = req.model_copy(update={"text": "", "text_pair": None, "mask_tokens": []})
         return Run(self._run_key(probe, rt, False, ids), self._forward(probe, rt, rt.encode_ids(ids)))
+
+    @functools.cache   # noqa: B019 - one probe per model for the server's life
+    def _probe_ids(self, rt: Runtime) -> tuple[int, ...]:
+        n = min(PROBE_TOKENS, (rt.spec.max_tokens - 2) // 2)
+        opening = rt.vocabulary.encode("a")
+        first = opening.special.index(False)
+        return tuple(opening.ids[:first] + probe_ids(rt.cfg.vocab_size, n, set(rt.special_ids()))
+                     + opening.ids[first + 1:])
 
     def _layerwise(self, req: AttentionRequest, rt: Runtime, enc: Encoding, cells: int, common: dict) -> LayerwisePlan:
         """A text whose stacked attention would pass ATTNSCOPE_LAYERWISE_MB runs layer by layer; what such a run

@@ -29,7 +29,7 @@ class AttentionService:
         self.runtimes: dict[str, Runtime] = {}
         self.runner = Runner(settings.max_inflight, settings.max_queue, settings.cache_mb * 2**20)
         self.sending = Sending(settings.max_sending_mb * 2**20, settings.max_renders)
-        self.plans = Planner(self.runtimes, settings, settings.chars_limit([]))
+        self.plans = Planner(self.runtimes, settings)
 
     def load(self) -> None:
         """Build every configured model and open its session (exporting the graph on first start).
@@ -65,11 +65,9 @@ class AttentionService:
                                    f"ATTNSCOPE_CACHE at a writable folder") from None
             self.runtimes[model_id] = rt
             log.info("%s ready on %s", model_id, rt.provider)
-        self.plans.max_chars = st.chars_limit([rt.spec.max_tokens for rt in self.runtimes.values()])
 
     @property
     def max_chars(self) -> int:
-        """Characters of text (+ text_pair) a request may send: ATTNSCOPE_MAX_CHARS, or derived from the models."""
         return self.plans.max_chars
 
     def models(self) -> list[ModelInfo]:
