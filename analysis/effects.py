@@ -1,13 +1,44 @@
-"""What knocking heads out changed, from an intact run and an ablated one (runtime/interventions.py makes them)."""
+"""What an intervention changed: the metrics a patching run reads from next-token logits, and the effect of an
+ablation or knockout on the prediction (runtime/interventions.py makes the runs)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
+    """Over the last axis, in float64."""
     x = np.asarray(x, np.float64)
-    z = x - x.max()
-    return z - np.log(np.exp(z).sum())
+    z = x - x.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+@dataclass(frozen=True)
+class Metric:
+    """What a patching run measures at the last position: logit(target) - logit(distractor), or without a
+    distractor log p(target)."""
+    target: int
+    distractor: int | None = None
+
+    @property
+    def name(self) -> str:
+        return "logprob" if self.distractor is None else "logit_difference"
+
+    def __call__(self, logits: np.ndarray) -> np.ndarray:
+        """logits [..., V] -> the metric [...], float64."""
+        logits = np.asarray(logits, np.float64)
+        if self.distractor is None:
+            return log_softmax(logits)[..., self.target]
+        return logits[..., self.target] - logits[..., self.distractor]
+
+
+def recovery(patched: np.ndarray, clean: float, corrupt: float) -> np.ndarray | None:
+    """(patched - corrupt) / (clean - corrupt): 1 where patching restores the clean metric, 0 where it changes
+    nothing. None when clean and corrupt agree (nothing to recover)."""
+    if abs(clean - corrupt) < 1e-6:
+        return None
+    return (np.asarray(patched, np.float64) - corrupt) / (clean - corrupt)
 
 
 def effect(ablated, intact) -> dict:

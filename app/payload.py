@@ -12,6 +12,7 @@ import numpy as np
 
 from ..analysis import rollout, scores as head_scores, statistics as stats, thumbnails
 from ..analysis.effects import effect
+from ..model.interventions import HOOKS
 from ..model.transformer import SQUARE_STAGES
 from ..runtime import AttentionResult
 
@@ -124,7 +125,40 @@ def _outputs(plan, computed) -> dict:
         out["ablate"] = [list(pair) for pair in req.ablate]
     if "baseline" in computed.extra:
         out["effect"] = effect(r, computed.extra["baseline"])
+    if "attribution" in computed.extra:
+        out["attribution"] = attribution(plan.runtime, computed.extra["attribution"])
     return out
+
+
+def _token(rt, token_id: int | None) -> dict | None:
+    return None if token_id is None else {"token": rt.token_string(token_id), "id": int(token_id)}
+
+
+def attribution(rt, a) -> dict:
+    """Direct logit attribution (plans.Attributed): every part's share, their sum and the model's own logit."""
+    p = a.parts
+    return {"target": _token(rt, a.metric.target), "distractor": _token(rt, a.metric.distractor),
+            "position": a.position, "metric": "logit" if a.metric.distractor is None else "logit_difference",
+            "logit": a.logit, "sum": p.total, "embeddings": p.embeddings, "heads": p.heads, "mlps": p.mlps,
+            "attention_bias": p.attention_bias, "norm_bias": p.norm_bias}
+
+
+def patching(plan, computed) -> dict:
+    """Activation patching (runtime/patching.py Patching)."""
+    r, rt = computed.result, plan.runtime
+    return {"model": plan.request.model, "site": r.site, "hook": HOOKS[r.site], "direction": r.direction,
+            "metric": r.metric.name, "target": _token(rt, r.metric.target),
+            "distractor": _token(rt, r.metric.distractor), "clean_tokens": plan.encoding.tokens,
+            "corrupt_tokens": plan.corrupt.tokens, "clean": r.clean, "corrupt": r.corrupt, "patched": r.patched,
+            "recovery": r.recovery}
+
+
+def knockout(plan, computed) -> dict:
+    """Attention knockout's effect on the prediction (runtime/patching.py Knockout)."""
+    r, req = computed.result, plan.request
+    return {"model": req.model, "tokens": r.tokens, "queries": sorted(set(req.queries)), "keys": sorted(set(req.keys)),
+            "layers": list(r.layers), "effect": effect(r.after, r.before) | {
+                "next_tokens_after": [t._asdict() for t in r.after.next_tokens]}}
 
 
 def predictions(r: AttentionResult) -> dict:

@@ -10,6 +10,8 @@ Four kinds, one class each, told apart by nobody after planning:
     LayerwisePlan   /api/attention, a longer text: run layer by layer, keeping only what the answer needs
     StagesPlan      /api/stages, every step of one head
     ImportancePlan  /api/importance, every head's single-head ablation
+    PatchingPlan    /api/patching, activation patching between two texts
+    KnockoutPlan    /api/knockout, attention knockout's effect on the prediction
 
 The text is tokenised here, once; its token count decides the kind and sizes the answer (`size`, the bytes the
 sending budget reserves), so whatever a run cannot give is refused before any work.
@@ -26,14 +28,17 @@ import numpy as np
 import orjson
 
 from .. import __version__
+from ..analysis.attribution import attribution
+from ..analysis.effects import Metric
 from ..analysis.scores import probe_ids
 from ..runtime import Encoding, Runtime
-from ..runtime.interventions import head_importance, head_masks
+from ..runtime.interventions import Interventions, head_importance, head_masks
+from ..runtime.patching import knock_out, patch
 from ..runtime.layerwise import LayerwiseResult, Want
 from . import payload
 from .errors import Refused, TooLarge, UnknownModel
 from .runs import Run, RunProgress, Runner
-from .schemas import AttentionRequest, ImportanceRequest, StagesRequest
+from .schemas import AttentionRequest, ImportanceRequest, KnockoutRequest, PatchingRequest, StagesRequest
 from .settings import Settings
 
 PROBE_TOKENS = 50   # the induction probe: this many random tokens, repeated once
@@ -62,6 +67,19 @@ class Importance:
 
     def nbytes(self) -> int:
         return self.values.nbytes
+
+
+@dataclass(frozen=True)
+class Attributed:
+    """Direct logit attribution of one run (analysis/attribution.py), with the model's own logit (difference)."""
+    tokens: list[str]
+    metric: Metric
+    position: int
+    parts: object          # attribution.Attribution
+    logit: float
+
+    def nbytes(self) -> int:
+        return self.parts.heads.nbytes
 
 
 # ---- the plans --------------------------------------------------------------------------------------------
@@ -194,6 +212,24 @@ class ImportancePlan(OneRunPlan):
         return payload.importance(self, computed)
 
 
+@dataclass(frozen=True, kw_only=True)
+class PatchingPlan(OneRunPlan):
+    """Every (layer, head) of a site patched between two texts (runtime/patching.py)."""
+    corrupt: Encoding
+    metric: Metric
+
+    def payload(self, computed: Computed) -> dict:
+        return payload.patching(self, computed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KnockoutPlan(OneRunPlan):
+    """One run with queries blocked from keys in a range of layers, and the intact one."""
+
+    def payload(self, computed: Computed) -> dict:
+        return payload.knockout(self, computed)
+
+
 # ---- planning -------------------------------------------------------------------------------------------------
 def _hash(material) -> str:
     return hashlib.sha256(orjson.dumps(material)).hexdigest()[:32]
@@ -245,11 +281,12 @@ class Planner:
     def _text(self, req) -> tuple[Runtime, Encoding]:
         """The model and the text's tokens (the text's one tokenisation), within the character limit."""
         rt = self.runtime(req.model)
-        chars = len(req.text) + len(req.text_pair or "")
+        pair = getattr(req, "text_pair", None)
+        chars = len(req.text) + len(pair or "")
         if chars > self.max_chars:
             raise TooLarge(f"text is {chars} characters; the limit is {self.max_chars} (ATTNSCOPE_MAX_CHARS). "
                            f"The model reads at most {rt.spec.max_tokens} tokens anyway")
-        return rt, rt.vocabulary.encode(req.text, req.text_pair)
+        return rt, rt.vocabulary.encode(req.text, pair)
 
     def _run_options(self, req, rt: Runtime, enc: Encoding) -> None:
         """The options a forward pass takes (masks, ablations), checked against the model and the tokens."""
@@ -320,7 +357,55 @@ class Planner:
             extras["baseline"] = Run(self._run_key(intact, rt, False), self._forward(intact, rt, enc))
         if "scores" in req.include:
             extras["probe"] = self._probe(req, rt)
+        if "attribution" in req.include:
+            extras["attribution"] = self._attribution(req, rt, enc)
         return extras
+
+    def _attribution(self, req: AttentionRequest, rt: Runtime, enc: Encoding) -> Run:
+        """Direct logit attribution of `target` (minus `distractor`) at `position`: a run that keeps every layer's
+        head outputs and residual stream (runtime/interventions.py Trace)."""
+        self._lm(rt, "attribution")
+        if req.target is None:
+            raise Refused("attribution needs `target`: the token whose logit is attributed (as next_tokens shows it)")
+        if req.ablate:
+            raise Refused("attribution is of the intact model: leave `ablate` out (or `attribution` out of include)")
+        T = len(enc.ids)
+        self._patching_tokens(T, "attribution")
+        position = T - 1 if req.position is None else req.position
+        if position >= T:
+            raise Refused(f"position {position} is out of range: this text has {T} tokens (0..{T - 1})")
+        metric = self._metric(rt, req.target, req.distractor)
+
+        def call() -> Attributed:
+            trace = Interventions(rt).trace(enc, causal=req.causal, mask_tokens=req.mask_tokens or None)
+            W = rt.model.unembedding
+            u = W[metric.target] - (0 if metric.distractor is None else W[metric.distractor])
+            parts = attribution(rt.model, trace.sites["head_output"][:, :, position],
+                                trace.sites["residual"][:, position], u)
+            logits = trace.hidden[position].astype(np.float64) @ W.T.astype(np.float64)
+            return Attributed(enc.tokens, metric, position, parts, float(metric(logits)) if metric.distractor
+                              is not None else float(logits[metric.target]))
+        key = _hash(["attribution", self._run_key(req, rt, False), metric.target, metric.distractor, position])
+        return Run(key, call)
+
+    def _lm(self, rt: Runtime, what: str) -> None:
+        if not rt.cfg.lm_head:
+            with_lm = [m for m, r in self.runtimes.items() if r.cfg.lm_head]
+            raise Refused(f"{what} reads next-token logits, and model {rt.spec.id!r} has no LM head; models with one: "
+                          f"{', '.join(with_lm) or 'none served'}")
+
+    def _patching_tokens(self, T: int, what: str) -> None:
+        limit = self.settings.max_patching_tokens
+        if T > limit:
+            raise Refused(f"this text is {T} tokens; {what} keeps every layer's values of each token and takes at most "
+                          f"{limit} (ATTNSCOPE_MAX_PATCHING_TOKENS)")
+
+    def _metric(self, rt: Runtime, target: str, distractor: str | None) -> Metric:
+        t = rt.vocabulary.token_id(target, "target")
+        d = None if distractor is None else rt.vocabulary.token_id(distractor, "distractor")
+        if d == t:
+            raise Refused(f"target and distractor are the same token ({target!r}): the difference would be 0")
+        return Metric(t, d)
 
     def _probe(self, req: AttentionRequest, rt: Runtime) -> Run:
         """The induction probe: PROBE_TOKENS random non-special tokens repeated twice, wrapped in the specials the
@@ -346,6 +431,8 @@ class Planner:
                f"{self._stacked_bytes(rt, T) / 2**30:.1f} GiB, so it runs layer by layer (ATTNSCOPE_LAYERWISE_MB)")
         if req.engine == "numpy":
             raise Refused(f"{why} on the onnx engine only; leave `engine` out")
+        if "attribution" in req.include:
+            self._patching_tokens(T, "attribution")
         if "rollout" in req.include:
             raise Refused(f"{why}, and rollout multiplies every layer's full matrices; leave `rollout` out of "
                           f"include, or shorten the text")
@@ -405,3 +492,60 @@ class Planner:
             return Importance(enc.tokens, values, baseline, time.perf_counter() - t0, rt.cfg.lm_head)
         return ImportancePlan(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary),
                               binary=binary, size=16 * rt.cfg.n_layers * rt.cfg.n_heads + 100 * T, run=Run(key, call))
+
+    # ---- /api/patching --------------------------------------------------------------------------------------------
+    def patching(self, req: PatchingRequest, binary: bool) -> PatchingPlan:
+        rt = self.runtime(req.model)
+        self._lm(rt, "patching")
+        chars = len(req.clean) + len(req.corrupt)
+        if chars > self.max_chars:
+            raise TooLarge(f"clean and corrupt are {chars} characters; the limit is {self.max_chars} "
+                           f"(ATTNSCOPE_MAX_CHARS)")
+        clean, corrupt = rt.vocabulary.encode(req.clean), rt.vocabulary.encode(req.corrupt)
+        if len(clean.ids) != len(corrupt.ids):
+            raise Refused(f"clean and corrupt must have the same token count: clean has {len(clean.ids)} tokens, "
+                          f"corrupt has {len(corrupt.ids)}; patching puts each position's value into the same position")
+        T, L, H = len(clean.ids), rt.cfg.n_layers, rt.cfg.n_heads
+        self._patching_tokens(T, "patching")
+        rows = L * T if req.site == "residual" else L * H * (T if req.per_position else 1)
+        if rows > self.settings.max_patching_runs:
+            raise Refused(f"this patching is {rows} runs ({L} layers x {H} heads x {T} positions); the limit is "
+                          f"{self.settings.max_patching_runs} (ATTNSCOPE_MAX_PATCHING_RUNS): patch per (layer, head) "
+                          f"(per_position false), or shorten the texts")
+        metric = self._metric(rt, req.target, req.distractor)
+        key = _hash(["patching", req.model, rt.graphs.key, req.clean, req.corrupt, metric.target, metric.distractor,
+                     req.site, req.per_position, req.direction])
+
+        def call():
+            return patch(rt, clean, corrupt, metric, site=req.site, per_position=req.per_position,
+                         direction=req.direction)
+        return PatchingPlan(request=req, runtime=rt, encoding=clean, key=key, etag=_etag(key, req, binary),
+                            binary=binary, size=24 * rows + 200 * T, run=Run(key, call),
+                            corrupt=corrupt, metric=metric)
+
+    # ---- /api/knockout --------------------------------------------------------------------------------------------
+    def knockout(self, req: KnockoutRequest, binary: bool) -> KnockoutPlan:
+        rt, enc = self._text(req)
+        self._lm(rt, "knockout")
+        T, L = len(enc.ids), rt.cfg.n_layers
+        self._patching_tokens(T, "knockout")
+        for name in ("queries", "keys"):
+            bad = [j for j in getattr(req, name) if j >= T]
+            if bad:
+                raise Refused(f"{name} {bad[:5]} out of range: this text has {T} tokens (0..{T - 1})")
+        first, last = req.layers or (0, L - 1)
+        if not first <= last < L:
+            raise Refused(f"layers [{first}, {last}] must be [first, last] with first <= last <= {L - 1}")
+        queries, keys = sorted(set(req.queries)), sorted(set(req.keys))
+        mask = rt.build_mask([T], rt.cfg.causal)[0, 0] > -1.0
+        left = [q for q in queries if not np.any(mask[q] & ~np.isin(np.arange(T), keys))]
+        if left:
+            raise Refused(f"queries {left[:5]} would read no key at all: every key they see is knocked out; keep "
+                          f"at least one (a causal query {left[0]} sees keys 0..{left[0]})")
+        key = _hash(["knockout", req.model, rt.graphs.key, req.text, queries, keys, first, last])
+
+        def call():
+            return knock_out(rt, enc, queries, keys, (first, last))
+        return KnockoutPlan(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary),
+                            binary=binary, size=2000 + 40 * T, run=Run(key, call))
+

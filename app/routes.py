@@ -11,6 +11,7 @@ from .. import __version__
 from . import wire
 from .deps import get_service
 from .schemas import (AttentionRequest, AttentionResponse, Error, Health, ImportanceRequest, ImportanceResponse,
+                      KnockoutRequest, KnockoutResponse, PatchingRequest, PatchingResponse,
                       ModelInfo, StagesRequest, StagesResponse)
 from .service import AttentionService
 
@@ -84,6 +85,31 @@ async def importance(req: ImportanceRequest, svc: Service, request: Request, acc
     an LM head, the sentence embedding otherwise."""
     started = time.perf_counter()
     plan = svc.plans.importance(req, wire.accepts_binary(accept))
+    return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
+
+
+@router.post("/api/patching", response_model=PatchingResponse, tags=["interventions"],
+             summary="Activation patching: each head's value from one text put into the other's run",
+             responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
+async def patching(req: PatchingRequest, svc: Service, request: Request, accept: Annotated[str | None, Header()] = None,
+                   if_none_match: Annotated[str | None, Header()] = None):
+    """Patches `site` of every (layer, head) -- or (layer, head, position) -- from the clean run into the corrupt
+    one (denoise) or back (noise), and reports the metric at the last position and its recovery,
+    (patched - corrupt) / (clean - corrupt). Each patched run reuses the unpatched layers below its site."""
+    started = time.perf_counter()
+    plan = svc.plans.patching(req, wire.accepts_binary(accept))
+    return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
+
+
+@router.post("/api/knockout", response_model=KnockoutResponse, tags=["interventions"],
+             summary="Attention knockout: queries stop reading keys in a range of layers; the prediction's change",
+             responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
+async def knockout(req: KnockoutRequest, svc: Service, request: Request, accept: Annotated[str | None, Header()] = None,
+                   if_none_match: Annotated[str | None, Header()] = None):
+    """In layers `layers` every head's `queries` stop reading `keys` (each such row's other weights renormalised by
+    the softmax); the answer is the next-token prediction before and after, and each token's log-prob change."""
+    started = time.perf_counter()
+    plan = svc.plans.knockout(req, wire.accepts_binary(accept))
     return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
 
 

@@ -117,11 +117,20 @@ class AttentionRequest(RunOptions):
                                        "be below the chosen model's `layers` (GET /api/models)", examples=[[0, 5]])
     heads: list[Index] | None = Field(None, description="heads to return (0-based); all when omitted. Each must be "
                                       "below the chosen model's `heads` (GET /api/models)")
-    include: list[Literal["attention", "entropy", "summary", "rollout", "predictions", "scores", "effect"]] = Field(
+    include: list[Literal["attention", "entropy", "summary", "rollout", "predictions", "scores", "effect",
+                          "attribution"]] = Field(
         default=["attention", "entropy", "summary"],
         description="parts of the answer to compute: leave out `attention` for summaries without matrices; "
         "`predictions`: next_tokens and token_logprobs (models with an LM head; ignored for others); `scores`: "
-        "head-finding scores; `effect`: what `ablate` changed (ignored without `ablate`)")
+        "head-finding scores; `effect`: what `ablate` changed (ignored without `ablate`); `attribution`: direct "
+        "logit attribution of `target` (models with an LM head; needs `target`)")
+    target: Text | None = Field(None, description="with `attribution`: the token whose logit is attributed, as "
+                                "next_tokens shows it (\"␣Mary\") or a text that is exactly one token (\" Mary\")",
+                                examples=["␣Mary"])
+    distractor: Text | None = Field(None, description="with `attribution`: attribute logit(target) - "
+                                    "logit(distractor) instead (one token, like `target`)")
+    position: Index | None = Field(None, description="with `attribution`: the position whose next-token logit is "
+                                   "attributed (0-based; below the text's token count); the last when omitted")
     resolution: _bounded(1, 512) | None = Field(
         None, description="block-average each matrix to at most resolution x resolution (overview thumbnails); "
         "`blocks` then gives each cell's token range. A cell is the mean weight of its block, so a row of cells sums "
@@ -134,6 +143,113 @@ class AttentionRequest(RunOptions):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"model": "minilm", "text": EXAMPLE_TEXT, "layers": [4], "heads": [3]}]})
+
+
+class Token(BaseModel):
+    token: str = Field(description="the token as a person reads it")
+    id: int = Field(description="its exact vocabulary id")
+
+
+class Attribution(BaseModel):
+    """Direct logit attribution: each part of the residual stream's direct share of one logit (or a difference of
+    two) at one position, through the final norm with its scale frozen at the run's value. The parts sum to `sum`,
+    which is the logit (difference) itself (`logit`, read from the model's own output, agrees within float error)."""
+    target: Token
+    distractor: Token | None = Field(None, description="when given: the parts are of logit(target) - "
+                                     "logit(distractor)")
+    position: int = Field(description="the position whose next-token logit is attributed")
+    metric: Literal["logit", "logit_difference"]
+    logit: float = Field(description="the model's own logit (difference) at that position")
+    sum: float = Field(description="the sum of every part below")
+    embeddings: float = Field(description="the token (and position) embeddings' share")
+    heads: Matrix = Field(description="[layer][head] each head's share: its output through its columns of W_O")
+    mlps: list[float] = Field(description="[layer] each MLP's share")
+    attention_bias: list[float] = Field(description="[layer] each attention output bias' share (0 without one)")
+    norm_bias: float = Field(description="the final LayerNorm's bias' share (0 for RMSNorm)")
+
+
+SITE_DOC = ("head_output (blocks.{layer}.attn.hook_z: a head's output before the output projection), query "
+            "(hook_q, after RoPE), key (hook_k), value (hook_v) -- per query head: in a grouped-query model the key "
+            "and value that head reads --, pattern (hook_pattern: the attention probabilities), residual "
+            "(blocks.{layer}.hook_resid_pre: the residual stream entering the block, patched per position)")
+
+
+class PatchingRequest(Strict):
+    """Activation patching between a clean and a corrupt text of the same token count."""
+    model: Text = Field("smollm2", description="a model id from GET /api/models, one with an LM head "
+                        "(`predictions`)", examples=["smollm2"])
+    clean: Text = Field(description="the clean text", examples=["When Mary and John went to the store, John gave a "
+                                                                 "drink to"], json_schema_extra={"pattern": r"\S"})
+    corrupt: Text = Field(description="the corrupt text: the same token count as `clean`",
+                          examples=["When Mary and John went to the store, Mary gave a drink to"],
+                          json_schema_extra={"pattern": r"\S"})
+    target: Text = Field(description="the token whose logit the metric reads, as next_tokens shows it (\"␣Mary\") "
+                         "or a text that is exactly one token", examples=["␣Mary"])
+    distractor: Text | None = Field(None, description="metric logit(target) - logit(distractor) when given; "
+                                    "log p(target) otherwise", examples=["␣John"])
+    site: Literal["head_output", "query", "key", "value", "pattern", "residual"] = Field(
+        "head_output", description="what is patched: " + SITE_DOC)
+    per_position: JsonBool = Field(False, description="patch each (layer, head, position) alone, not each (layer, "
+                                   "head) at every position; at most ATTNSCOPE_MAX_PATCHING_RUNS rows in all. "
+                                   "residual is always per position")
+    direction: Literal["denoise", "noise"] = Field("denoise", description="denoise: clean values into the corrupt "
+                                                   "run; noise: corrupt values into the clean run")
+    precision: _bounded(1, 8) | None = Field(None, description="round every number to this many decimals")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "smollm2", "clean": "When Mary and John went to the store, John gave a drink to",
+         "corrupt": "When Mary and John went to the store, Mary gave a drink to", "target": "␣Mary",
+         "distractor": "␣John"}]})
+
+
+class PatchingResponse(BaseModel):
+    model: str = Field(description="the model id that answered")
+    site: str = Field(description="the site patched")
+    hook: str = Field(description="its name at each layer, TransformerLens' hook point", examples=[
+        "blocks.{layer}.attn.hook_z"])
+    direction: Literal["denoise", "noise"]
+    metric: Literal["logit_difference", "logprob"] = Field(description="logit(target) - logit(distractor) at the "
+                                                           "last position, or log p(target) without a distractor")
+    target: Token
+    distractor: Token | None = None
+    clean_tokens: list[str]
+    corrupt_tokens: list[str]
+    clean: float = Field(description="the metric on the clean run")
+    corrupt: float = Field(description="the metric on the corrupt run")
+    patched: list = Field(description="the metric with one site patched: [layer][head] ([layer][head][position] "
+                          "per position; residual [layer][position])")
+    recovery: list | None = Field(description="(patched - corrupt) / (clean - corrupt), the same shape; null when "
+                                  "clean and corrupt have the same metric")
+    timing_ms: dict[str, float]
+
+
+class KnockoutRequest(Strict):
+    """Attention knockout: chosen queries stop reading chosen keys in a range of layers."""
+    model: Text = Field("smollm2", description="a model id with an LM head (`predictions`)", examples=["smollm2"])
+    text: Text = Field(description="the text", examples=["When Mary and John went to the store, John gave a drink "
+                                                         "to"], json_schema_extra={"pattern": r"\S"})
+    queries: list[Index] = Field(min_length=1, max_length=MAX_INDEX + 1, description="query positions (0-based)",
+                                 examples=[[13]])
+    keys: list[Index] = Field(min_length=1, max_length=MAX_INDEX + 1, description="key positions they stop reading",
+                              examples=[[2]])
+    layers: Annotated[list[Index], Field(min_length=2, max_length=2)] | None = Field(
+        None, description="[first, last] layers (inclusive) of the knockout; every layer when omitted",
+        examples=[[0, 29]])
+    precision: _bounded(1, 8) | None = Field(None, description="round every number to this many decimals")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "smollm2", "text": "When Mary and John went to the store, John gave a drink to", "queries": [13],
+         "keys": [2]}]})
+
+
+class KnockoutResponse(BaseModel):
+    model: str = Field(description="the model id that answered")
+    tokens: list[str]
+    queries: list[int]
+    keys: list[int]
+    layers: list[int] = Field(description="[first, last] the layers knocked out")
+    effect: Effect = Field(description="the prediction before and after (`next_tokens_after`)")
+    timing_ms: dict[str, float]
 
 
 class StagesRequest(RunOptions):
@@ -198,6 +314,7 @@ class AttentionResponse(Tokens):
     scores: dict[str, list[list[float]]] | None = Field(
         None, description="with `scores`, per head [layer][head] in [0, 1]: "
         + "; ".join(f"{k}: {v}" for k, v in SCORE_INFO.items()))
+    attribution: Attribution | None = Field(None, description="with `attribution`: direct logit attribution")
     ablate: list[list[int]] | None = Field(None, description="the heads knocked out in this run, [layer, head]")
     effect: Effect | None = Field(None, description="with `effect` and `ablate`: what the ablation changed")
 
@@ -242,6 +359,7 @@ class Effect(BaseModel):
     token_logprob_change: list[float | None] | None = Field(
         None, description="decoders: each token's log-prob, ablated minus intact (null for the first token)")
     mean_logprob_change: float | None = Field(None, description="decoders: mean of token_logprob_change")
+    next_tokens_after: list[NextToken] | None = Field(None, description="knockout: top next tokens after it")
     cosine: float | None = Field(None, description="encoders: cosine similarity of the mean-pooled final hidden "
                                  "states (the sentence embedding) ablated vs intact; 1 = unchanged")
 
@@ -292,7 +410,8 @@ class Error(BaseModel):
     errors: list[dict] | None = Field(None, description="per-field validation errors, when there are several")
 
 
-REQUESTS = ("AttentionRequest", "StagesRequest", "ImportanceRequest")
+REQUESTS = ("AttentionRequest", "StagesRequest", "ImportanceRequest", "PatchingRequest", "KnockoutRequest")
+LM_REQUESTS = ("PatchingRequest", "KnockoutRequest")   # models with an LM head only
 
 
 def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int) -> dict:
@@ -311,16 +430,17 @@ def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int) -> d
     _bound_generic(schemas, models)
     for name in REQUESTS:
         generic = schemas.get(name)
-        if generic is None:
+        served = [m for m in models if m.predictions or name not in LM_REQUESTS]
+        if generic is None or not served:
             continue
-        for m in models:
+        for m in served:
             schemas[f"{name}.{m.id}"] = _variant(generic, m, max_mask_tokens)
         schemas[f"{name}ByModel"] = {
             "title": f"{name} (one schema per served model)", "description": generic.get("description", "") +
-            f" The fields of {name}, with the ranges of the model `model` names.",
-            "oneOf": [{"$ref": f"#/components/schemas/{name}.{m.id}"} for m in models],
-            "examples": [{"model": models[0].id, "text": EXAMPLE_TEXT} | (
-                {"layer": 0, "head": 0} if "layer" in generic["properties"] else {})]}
+            f" The fields of {name}, with the ranges of the model `model` names" + (
+                " (the models with an LM head)." if name in LM_REQUESTS else "."),
+            "oneOf": [{"$ref": f"#/components/schemas/{name}.{m.id}"} for m in served],
+            "examples": [_example(generic, served[0])]}
     for item in openapi.get("paths", {}).values():
         for op in item.values():
             body = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
@@ -365,8 +485,8 @@ def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int) -> dict:
     variant.pop("description", None)
     variant["title"] = f"{generic.get('title', '')} for {m.id}"
     props = variant["properties"]
-    variant["examples"] = [{"model": m.id, "text": EXAMPLE_TEXT} | ({"layer": 0, "head": 0} if "layer" in props else {})]
-    for field in ("layers", "heads", "ablate", "mask_tokens"):    # the generic examples need not fit this model
+    variant["examples"] = [_example(generic, m)]
+    for field in ("layers", "heads", "ablate", "mask_tokens", "queries", "keys"):   # the generic examples need not fit
         props.get(field, {}).pop("examples", None)
     default = props["model"].get("default")
     props["model"] = {"const": m.id, "type": "string", "description": f"{m.title}: {m.layers} layers x {m.heads} "
@@ -374,7 +494,8 @@ def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int) -> dict:
     if m.id != default:
         variant["required"] = sorted(set(variant.get("required", [])) | {"model"})
     bounds = {"layers": m.layers - 1, "heads": m.heads - 1, "layer": m.layers - 1, "head": m.heads - 1,
-              "mask_tokens": m.max_tokens - 1}
+              "mask_tokens": m.max_tokens - 1, "queries": m.max_tokens - 1, "keys": m.max_tokens - 1,
+              "position": m.max_tokens - 1}
     for field, bound in bounds.items():
         if field in props:
             _narrow(props[field], bound)
@@ -391,6 +512,16 @@ def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int) -> dict:
     if "text_pair" in props and not m.pair:
         props["text_pair"] = {"type": "null", "description": f"{m.id} takes a single text: leave it out"}
     return variant
+
+
+def _example(generic: dict, m: ModelInfo) -> dict:
+    """A request that this model takes: a text (and a head), or a patching or knockout example's texts."""
+    props = generic["properties"]
+    if "text" in props and "queries" not in props:
+        return {"model": m.id, "text": EXAMPLE_TEXT} | ({"layer": 0, "head": 0} if "layer" in props else {})
+    if "queries" in props:
+        return {"model": m.id, "text": EXAMPLE_TEXT, "queries": [1], "keys": [0]}
+    return {"model": m.id, "clean": "The cat sat on the mat", "corrupt": "The dog sat on the mat", "target": "."}
 
 
 def _narrow(node: dict, bound: int) -> None:

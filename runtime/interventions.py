@@ -1,21 +1,38 @@
-"""Knocking heads out: the head-mask inputs every graph takes (functional.ablate_heads), from a list of heads, and
-each head's single-head ablation effect on one text (head importance), batched along the batch axis."""
+"""Interventions on the served model: runs with edits at named sites (model/interventions.py names them and is the
+NumPy reference), through the layer-by-layer graphs (runtime/layerwise.py), so that
+
+    trace = Interventions(rt).trace(enc)              # one run, every site's value at every layer kept
+    out = Interventions(rt).run(trace, rows)          # rows[b]: the edits of batch row b, made to that run
+
+A row whose first edit is at layer l starts from the trace's residual stream entering layer l: the unedited prefix
+is never run again. Rows run in batches along the batch axis, grouped by that first layer; at the first layer a row
+reuses the trace's queries, keys, values and head outputs unless an edit there changes them. Ablation (the head
+masks of every graph, head_masks below), head importance, activation patching, knockout and direct logit
+attribution (analysis/attribution.py, from a trace) all go through here.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, Sequence
 
 import numpy as np
 
+from ..model.interventions import Edit
+from ..model.masks import MASKED
+from ..model.transformer import LM_OUTPUTS
+from .errors import InputError
 from .results import Encoding
 
 Ablation = Literal["zero", "mean"]
+Readout = Literal["logits", "outputs"]   # the last position's logits [B, V], or the final graph's outputs
+BATCH = 16                                # rows per batch
 
 
 def head_masks(ablate: Sequence[Sequence[int]], ablation: Ablation, layers: int, heads: int
                ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """[layer, head] pairs to knock out as the runtime's head_mask and head_mean [1, L, H]: a knocked-out head's
     output (before the output projection) becomes zero, or its mean over the text's positions. None, None keeps
-    every head."""
+    every head. The stacked graph's form of a head_output edit (see ablation_edits)."""
     if not ablate:
         return None, None
     keep = np.ones((1, layers, heads), np.float32)
@@ -24,31 +41,204 @@ def head_masks(ablate: Sequence[Sequence[int]], ablation: Ablation, layers: int,
     return keep, (1.0 - keep) if ablation == "mean" else np.zeros_like(keep)
 
 
-def head_importance(rt, text: str | Encoding, *, ablation: Ablation = "zero", batch: int = 16,
-                    pair: str | None = None) -> tuple[np.ndarray, float]:
+@dataclass
+class Trace:
+    """One text's run with every site's value kept: sites[name] [L, ...] one text's values per layer (pattern only
+    when asked for); residual has L + 1 entries, the last the stream after the last block (before the final norm)."""
+    encoding: Encoding
+    mask: np.ndarray                     # [1, 1, T, T] the additive mask the run used
+    sites: dict[str, np.ndarray]
+    hidden: np.ndarray                   # [T, D] after the final norm
+    logits: np.ndarray | None            # [V] after the last position (LM head only)
+    token_logprobs: np.ndarray | None    # [T]
+
+    @property
+    def T(self) -> int:
+        return len(self.encoding.ids)
+
+    def mean(self, site: str, layer: int) -> np.ndarray:
+        """The site's mean over the text's positions at a layer: [H, 1, dh] (head sites) or [1, D] (residual)."""
+        return self.sites[site][layer].mean(axis=-2, keepdims=True)
+
+
+def ablation_edits(ablate: Sequence[Sequence[int]], ablation: Ablation, trace: Trace) -> list[Edit]:
+    """Heads knocked out as head_output edits: to zero, or to the head's mean output over the text."""
+    H = trace.sites["head_output"].shape[1]
+    edits = []
+    for layer, head in ablate:
+        where = np.zeros((H, trace.T), bool)
+        where[head] = True
+        edits.append(Edit("head_output", layer, where, trace.mean("head_output", layer) if ablation == "mean" else 0.0))
+    return edits
+
+
+class Interventions:
+    """A Runtime's model run with edits, through its layer-by-layer graphs."""
+
+    def __init__(self, rt, batch: int = BATCH):
+        self.rt, self.lw, self.batch = rt, rt.layerwise(), int(batch)
+
+    # ---- the clean run ---------------------------------------------------------------------------------------------
+    def trace(self, enc: Encoding, *, causal: bool | None = None, mask_tokens=None, pattern: bool = False) -> Trace:
+        """Run one text, keeping every site's value at every layer (the pattern's [L, H, T, T] only with `pattern`)."""
+        rt, cfg, lw = self.rt, self.rt.cfg, self.lw
+        L, H, T = cfg.n_layers, cfg.n_heads, len(enc.ids)
+        causal = cfg.causal if causal is None else bool(causal)
+        mask = rt.build_mask([T], causal, [mask_tokens] if mask_tokens else None)
+        inputs = rt.feeds(np.array([enc.ids]), np.array([enc.type_ids]), mask, [T])
+        names = ("residual", "query", "key", "value", "head_output") + (("pattern",) if pattern else ())
+        sites = {name: [] for name in names}
+        with lw.busy:
+            x = lw.run_graph("embed", inputs | lw._graph_feeds("embed"), ["x"])["x"]
+            for layer in range(L):
+                sites["residual"].append(x[0])
+                q, k, v = self._qkv(layer, x)
+                out = self._attend(q, k, v, mask, range(H) if pattern else ())
+                for name, value in (("query", q), ("key", k), ("value", v), ("head_output", out["ctx"])):
+                    sites[name].append(value[0])
+                if pattern:
+                    sites["pattern"].append(out["attention"][0])
+                x = self._block_out(layer, x, out["ctx"])
+            sites["residual"].append(x[0])
+            final = self._final(x, np.array([enc.ids]))
+        return Trace(enc, mask, {name: np.stack(values) for name, values in sites.items()}, final["hidden"][0],
+                     final["next_token_logits"][0] if cfg.lm_head else None,
+                     final["token_logprobs"][0] if cfg.lm_head else None)
+
+    # ---- edited runs -----------------------------------------------------------------------------------------------
+    def run(self, base: Trace, rows: Sequence[Sequence[Edit]], readout: Readout = "logits",
+            reuse: bool = True) -> dict[str, np.ndarray]:
+        """Every row's edits made to `base`'s run: {"logits": [B, V]} (the last position's next-token logits), or
+        the final graph's outputs {"hidden" [B, T, D], "next_token_logits", "token_logprobs"}. reuse=False runs
+        every row from the embeddings, one at a time (the plain way, for comparison: the same numbers)."""
+        first = [min((e.layer for e in row), default=self.rt.cfg.n_layers) if reuse else 0 for row in rows]
+        order = sorted(range(len(rows)), key=lambda b: first[b])
+        size = self.batch if reuse else 1
+        out: dict[str, list] = {}
+        with self.lw.busy:
+            n = 0
+            while n < len(order):
+                chunk = [b for b in order[n:n + size] if first[b] == first[order[n]]]
+                n += len(chunk)
+                for name, value in self._rows(base, [rows[b] for b in chunk], first[chunk[0]], readout).items():
+                    out.setdefault(name, []).append((chunk, value))
+        result = {}
+        for name, parts in out.items():
+            value = np.empty((len(rows),) + parts[0][1].shape[1:], parts[0][1].dtype)
+            for chunk, part in parts:
+                value[chunk] = part
+            result[name] = value
+        return result
+
+    def _rows(self, base: Trace, rows: list[Sequence[Edit]], start: int, readout: Readout) -> dict[str, np.ndarray]:
+        """One batch of rows, all of whose edits are at layers >= start, from base's residual stream at start."""
+        cfg, s = self.rt.cfg, base.sites
+        B, T = len(rows), base.T
+        x = np.repeat(s["residual"][start][None], B, axis=0)                  # [B, T, D]
+        fresh = True                                                          # x is base's in every row
+        for layer in range(start, cfg.n_layers):
+            here = [[e for e in row if e.layer == layer] for row in rows]
+            sites = {e.site for row in here for e in row}
+            if "residual" in sites:
+                x, fresh = _edit(x, here, "residual"), False
+            if fresh:
+                q, k, v = (np.repeat(s[name][layer][None], B, axis=0) for name in ("query", "key", "value"))
+            else:
+                q, k, v = self._qkv(layer, x)
+            q, k, v = (_edit(t, here, name) for t, name in ((q, "query"), (k, "key"), (v, "value")))
+            if fresh and not sites & {"query", "key", "value", "scores", "pattern"}:
+                z = np.repeat(s["head_output"][layer][None], B, axis=0)
+            else:
+                patterned = sorted({h for row in here for e in row if e.site == "pattern"
+                                    for h in np.flatnonzero(e.where.any(axis=-1))})
+                mask = base.mask if "scores" not in sites else _knocked(base.mask, here, cfg.n_heads)
+                out = self._attend(q, k, v, mask, patterned)
+                z = out["ctx"]
+                if patterned:                                                 # z = pattern @ v, for edited heads
+                    p = np.zeros((B, cfg.n_heads, T, T), np.float32)
+                    p[:, patterned] = out["attention"]
+                    p = _edit(p, here, "pattern")
+                    z[:, patterned] = p[:, patterned] @ v[:, patterned]
+            z = _edit(z, here, "head_output")
+            x, fresh = self._block_out(layer, x, z), False
+        if readout == "logits":
+            model = self.rt.model
+            last = x[:, -1]
+            if model.ln_f is not None:
+                last = model.ln_f(last)
+            return {"logits": last @ model.unembedding.T}
+        return self._final(x, np.repeat(np.array([base.encoding.ids]), B, axis=0))
+
+    # ---- the graphs ------------------------------------------------------------------------------------------------
+    def _qkv(self, layer: int, x: np.ndarray):
+        out = self.lw.run_graph("block_in", {"x": x, **self.lw.params(layer)}, list("qkv"))
+        return out["q"], out["k"], out["v"]
+
+    def _attend(self, q, k, v, mask, heads) -> dict[str, np.ndarray]:
+        """ctx [B, H, T, dh], and the probabilities of `heads` [B, n, T, T] as "attention" when any are asked."""
+        heads = np.asarray(list(heads), np.int64)
+        outputs = ("attention",) if len(heads) else ()
+        feeds = {"q": q, "k": k, "v": v, "attention_mask": mask, "heads": heads, "top_k": np.array([1], np.int64)}
+        return self.lw.run_graph(("attend", outputs, self.rt.cfg.causal), feeds, ["ctx", *outputs])
+
+    def _block_out(self, layer: int, x: np.ndarray, z: np.ndarray) -> np.ndarray:
+        B, H = len(x), self.rt.cfg.n_heads
+        feeds = {"x": x, "ctx": np.ascontiguousarray(z, np.float32), "lengths": np.full(B, x.shape[1], np.int64),
+                 "head_mask": np.ones((B, H), np.float32), "head_mean": np.zeros((B, H), np.float32)}
+        return self.lw.run_graph("block_out", feeds | self.lw.params(layer), ["x_next"])["x_next"]
+
+    def _final(self, x: np.ndarray, ids: np.ndarray) -> dict[str, np.ndarray]:
+        feeds = {"x": x, "input_ids": ids, "lengths": np.full(len(x), x.shape[1], np.int64)}
+        outputs = ["hidden"] + (list(LM_OUTPUTS) if self.rt.cfg.lm_head else [])
+        return self.lw.run_graph("final", feeds | self.lw._graph_feeds("final"), outputs)
+
+
+def _edit(value: np.ndarray, here: list[list[Edit]], site: str) -> np.ndarray:
+    """value [B, ...] with each row's edits of `site` made (a copy when any)."""
+    if not any(e.site == site for row in here for e in row):
+        return value
+    value = np.array(value, np.float32)
+    for b, row in enumerate(here):
+        for e in row:
+            if e.site == site:
+                value[b] = e.apply(value[b])
+    return value
+
+
+def _knocked(mask: np.ndarray, here: list[list[Edit]], heads: int) -> np.ndarray:
+    """The additive mask [B, H, T, T] with each row's scores edits: knockouts (MASKED on the blocked cells); the
+    served graphs take an edit of the scores as a mask, so no other value can be written there."""
+    out = np.repeat(np.broadcast_to(mask, (1, heads) + mask.shape[2:]), len(here), axis=0).astype(np.float32)
+    for b, row in enumerate(here):
+        for e in row:
+            if e.site == "scores":
+                if not np.all(np.asarray(e.value) == MASKED):
+                    raise InputError("the served model edits attention scores by knockout only (value MASKED)")
+                out[b] = np.where(e.where, MASKED, out[b])
+    return out
+
+
+def head_importance(rt, text: str | Encoding, *, ablation: Ablation = "zero", batch: int = BATCH,
+                    pair: str | None = None, reuse: bool = True) -> tuple[np.ndarray, float]:
     """Each head's single-head ablation effect on a text (or its Encoding), for every head: [L, H], and the intact
     run's value.
 
     Decoders (an LM head): the change in the text's mean token log-prob when that head alone is knocked out
     (negative: the head helps predict this text). Encoders: 1 - cosine similarity of the mean-pooled final
-    hidden states (the sentence embedding) with and without the head. The text is run `batch` times at once,
-    the batch axis carrying different head masks; the first run of all keeps every head."""
+    hidden states (the sentence embedding) with and without the head. One trace of the text, then every head's
+    head_output edit, each row starting at its own layer (Interventions.run)."""
     L, H = rt.cfg.n_layers, rt.cfg.n_heads
     enc = rt.encode(text, pair) if isinstance(text, str) else text
-    masks = np.ones((L * H + 1, L, H), np.float32)          # row 0 intact, row 1 + l*H + h ablates (l, h)
-    masks[1:].reshape(L * H, L * H)[np.arange(L * H), np.arange(L * H)] = 0.0
-    values = []
-    for start in range(0, len(masks), batch):
-        keep = masks[start:start + batch]
-        mean = (1.0 - keep) if ablation == "mean" else np.zeros_like(keep)
-        for r in rt.forward([enc] * len(keep), head_mask=keep, head_mean=mean, top_k=0):
-            if r.token_logprobs is not None:
-                values.append(np.mean(r.token_logprobs[1:]) if len(r.token_logprobs) > 1 else 0.0)
-            else:
-                values.append(r.hidden.mean(axis=0).astype(np.float64))
-    if isinstance(values[0], np.ndarray):
-        e = np.stack(values)
-        cos = e[1:] @ e[0] / (np.linalg.norm(e[1:], axis=1) * np.linalg.norm(e[0]))
-        return (1.0 - cos).reshape(L, H), 1.0
-    v = np.asarray(values)
-    return (v[1:] - v[0]).reshape(L, H), float(v[0])
+    iv = Interventions(rt, batch)
+    base = iv.trace(enc)
+    rows = [ablation_edits([(layer, head)], ablation, base) for layer in range(L) for head in range(H)]
+    out = iv.run(base, rows, "outputs", reuse=reuse)
+    if rt.cfg.lm_head:
+        intact = float(np.mean(base.token_logprobs[1:])) if base.T > 1 else 0.0
+        values = out["token_logprobs"][:, 1:].mean(axis=1) if base.T > 1 else np.zeros(len(rows))
+        return (values.astype(np.float64) - intact).reshape(L, H), intact
+    e, e0 = out["hidden"].mean(axis=1).astype(np.float64), base.hidden.mean(axis=0).astype(np.float64)
+    cos = e @ e0 / (np.linalg.norm(e, axis=1) * np.linalg.norm(e0))
+    return (1.0 - cos).reshape(L, H), 1.0
+
+

@@ -196,7 +196,7 @@ class Layerwise:
             self._params[layer] = layers.block_params(self.rt.model, layer)
         return self._params[layer]
 
-    def _run(self, which, feeds: dict[str, np.ndarray], outputs: list[str], release: bool = False):
+    def run_graph(self, which, feeds: dict[str, np.ndarray], outputs: list[str], release: bool = False):
         """One session run -> {output: array}. release: give the session's memory arena back afterwards."""
         sess, names = self.session(which)
         return dict(zip(outputs, sess.run(outputs, {k: v for k, v in feeds.items() if k in names},
@@ -209,7 +209,7 @@ class Layerwise:
         outputs are those of `heads` (none: empty), in their order."""
         T, H = x.shape[1], self.rt.cfg.n_heads
         params, heads = self.params(layer), np.asarray(heads, np.int64)
-        qkv = self._run("block_in", {"x": x, **params}, list("qkv"), release)
+        qkv = self.run_graph("block_in", {"x": x, **params}, list("qkv"), release)
         groups = head_groups(H, self.groups(T))
         parts, order = {name: [] for name in ("ctx",) + outputs}, []
         for n, (a, b) in enumerate(groups):
@@ -218,7 +218,7 @@ class Layerwise:
             feeds = {name: qkv[name] if len(groups) == 1 else np.ascontiguousarray(qkv[name][:, a:b]) for name in "qkv"}
             feeds |= {"attention_mask": inputs["attention_mask"], "heads": mine - a,
                       "top_k": np.array([min(max(top_k, 1), T)], np.int64), **extra}
-            out = self._run(("attend", outputs, causal), feeds, list(parts), release and n == len(groups) - 1)
+            out = self.run_graph(("attend", outputs, causal), feeds, list(parts), release and n == len(groups) - 1)
             for name, value in out.items():
                 parts[name].append(value)
         out = {name: values[0] if len(values) == 1 else np.concatenate(values, axis=1)
@@ -228,7 +228,7 @@ class Layerwise:
             out |= {name: out[name][:, back] for name in ("attention", "top_weights", "top_keys", "duplicate")
                     if name in out}
         if next_x:
-            out["x_next"] = self._run("block_out", {"x": x, "ctx": out["ctx"], "lengths": inputs["lengths"],
+            out["x_next"] = self.run_graph("block_out", {"x": x, "ctx": out["ctx"], "lengths": inputs["lengths"],
                                                     "head_mask": np.ascontiguousarray(inputs["head_mask"][:, layer]),
                                                     "head_mean": np.ascontiguousarray(inputs["head_mean"][:, layer]),
                                                     **params}, ["x_next"], release)["x_next"]
@@ -261,7 +261,7 @@ class Layerwise:
         rows = {name: np.empty((L, H, T - 1 if name in ("previous", "next") else T), np.float32) for name in kept}
         checkpoints, thumbnails, asked = {}, {}, Asked(tuple(want.heads))
         with self.busy:
-            x = self._run("embed", inputs | self._graph_feeds("embed"), ["x"], release=True)["x"]
+            x = self.run_graph("embed", inputs | self._graph_feeds("embed"), ["x"], release=True)["x"]
             for layer in range(L):
                 if layer % self.every == 0:
                     checkpoints[layer] = x[0]
@@ -276,7 +276,7 @@ class Layerwise:
                     _keep(asked, layer, out)
                 if progress:
                     progress(layer + 1, L)
-            final = self._run("final", inputs | self._graph_feeds("final") | {"x": x},
+            final = self.run_graph("final", inputs | self._graph_feeds("final") | {"x": x},
                               ["hidden"] + (list(LM_OUTPUTS) if cfg.lm_head else []), release=True)
         res = LayerwiseResult(
             rt.spec.id, "onnx", self.session("final")[0].get_providers()[0], causal, enc, final["hidden"][0], rows,

@@ -21,6 +21,7 @@ class Vocabulary:
         self.tokenizer.enable_truncation(max_tokens, strategy="longest_first")
         self.byte_level = is_byte_level(tokenizer)
         # typed into a text, these are special too ("[SEP]" becomes id 102 whether the tokenizer added it or not)
+        self._readable: dict[str, int] | None = None   # token_id's table, built on first use
         self._typed = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
 
     def encode(self, text: str, pair: str | None = None) -> Encoding:
@@ -64,6 +65,22 @@ class Vocabulary:
         """The vocabulary entry of an id, as a person reads it."""
         token = self.tokenizer.id_to_token(int(token_id))
         return readable(token) if self.byte_level else token
+
+    def token_id(self, token: str, what: str = "target") -> int:
+        """The id of one token, given as the API shows it (next_tokens' `token`, e.g. "␣Mary") or as a text that is
+        exactly one token (" Mary"). Anything else is refused, naming the tokens it splits into."""
+        if not isinstance(token, str) or not token:
+            raise InputError(f"{what} is empty: give one token, as next_tokens shows it")
+        if self._readable is None:
+            self._readable = {self.token_string(i): i for i in range(self.tokenizer.get_vocab_size())}
+        if token in self._readable:
+            return self._readable[token]
+        ids = self.tokenizer.encode(token, add_special_tokens=False).ids
+        if len(ids) == 1:
+            return ids[0]
+        shown = [self.token_string(i) for i in ids]
+        raise InputError(f"{what} {token!r} is not one token: it splits into {len(ids)}, {shown[:8]}"
+                         f"{' ...' if len(ids) > 8 else ''}; give one of them (as next_tokens shows it)")
 
     def top_tokens(self, logits: np.ndarray, k: int) -> list[NextToken]:
         """The k most probable next tokens from logits [V], probabilities from the softmax over all V."""

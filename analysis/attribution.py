@@ -1,0 +1,77 @@
+"""Direct logit attribution (DLA): each part of the residual stream's direct contribution to one logit (or to the
+difference of two), at one position.
+
+Before the final norm the residual stream is a sum (pre-norm decoders: GPT-2, Llama):
+
+    x_L = embeddings + sum_l ( sum_h z_lh W_O,h  +  b_O,l )  +  sum_l mlp_l
+
+z_lh W_O,h is head h's output through its d_head columns of layer l's output projection. The final norm is linear
+once its scale is frozen at the run's value, s = 1 / sqrt(mean(x_L^2) + eps) (RMSNorm) or 1 / sqrt(var(x_L) + eps)
+(LayerNorm, which also centres each part and adds its bias). Each part's share of logit = norm(x_L) . u, with u the
+unembedding row of the target (minus the distractor's), is then g * s * part . u: the shares, with the norm's bias
+term, sum to the logit (difference) exactly.
+
+    dla = attribution(model, z, residual, u)       # z [L, H, d_head], residual [L + 1, D] at the position
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Attribution:
+    embeddings: float          # the token (+ position) embeddings
+    heads: np.ndarray          # [L, H] each head's output
+    attention_bias: np.ndarray  # [L] each output projection's bias (zeros where it has none)
+    mlps: np.ndarray           # [L] each block's MLP
+    norm_bias: float           # the final LayerNorm's bias (0 for RMSNorm)
+
+    @property
+    def total(self) -> float:
+        """The parts' sum: the logit (difference) itself."""
+        return float(self.embeddings + self.heads.sum() + self.attention_bias.sum() + self.mlps.sum()
+                     + self.norm_bias)
+
+
+def out_projection(block) -> tuple[np.ndarray, np.ndarray | None]:
+    """A block's attention output projection: W_O [D, H * d_head] and its bias [D] (or None)."""
+    p = block.attn.params
+    name = "o_proj" if "o_proj.weight" in p else "out_proj"
+    return p[name + ".weight"], p.get(name + ".bias")
+
+
+def attribution(model, z: np.ndarray, residual: np.ndarray, u: np.ndarray) -> Attribution:
+    """z [L, H, d_head] every head's output at one position; residual [L + 1, D] the stream entering each block
+    there and leaving the last; u [D] the logit's direction (W_U[target] - W_U[distractor]). Float64 throughout."""
+    cfg = model.cfg
+    if not cfg.norm_first:
+        raise ValueError("direct logit attribution needs a pre-norm model (its residual stream is a sum)")
+    L, H, dh = z.shape
+    z, residual, u = (np.asarray(a, np.float64) for a in (z, residual, u))
+    x = residual[-1]
+    ln = model.ln_f
+    if ln is None:
+        scale, centre, bias = np.ones_like(x), False, 0.0
+    elif hasattr(ln, "bias"):                               # LayerNorm: (x - mean) / sqrt(var + eps) * g + b
+        scale = np.asarray(ln.weight, np.float64) / np.sqrt(x.var() + ln.eps)
+        centre, bias = True, float(np.asarray(ln.bias, np.float64) @ u)
+    else:                                                   # RMSNorm: x / sqrt(mean(x^2) + eps) * g
+        scale, centre, bias = np.asarray(ln.weight, np.float64) / np.sqrt(np.mean(x * x) + ln.eps), False, 0.0
+    w = scale * u                                           # a part p contributes (p - mean(p) if centre) . w
+
+    def share(parts: np.ndarray) -> np.ndarray:             # [..., D] -> [...]
+        return (parts - parts.mean(axis=-1, keepdims=True) if centre else parts) @ w
+
+    heads, biases, attn_out = np.zeros((L, H)), np.zeros(L), np.zeros((L, x.shape[0]))
+    for layer, block in enumerate(model.blocks):
+        W, b = out_projection(block)
+        per_head = np.einsum("hd,ehd->he", z[layer], np.asarray(W, np.float64).reshape(-1, H, dh))   # [H, D]
+        heads[layer] = share(per_head)
+        attn_out[layer] = per_head.sum(axis=0)
+        if b is not None:
+            attn_out[layer] += b
+            biases[layer] = share(np.asarray(b, np.float64))
+    mlps = share(residual[1:] - residual[:-1] - attn_out)  # what each block added besides its attention
+    return Attribution(float(share(residual[0])), heads, biases, mlps, bias)

@@ -1,0 +1,142 @@
+"""Interventions: a forward pass with edits at named sites, in NumPy (the reference the served path is tested against).
+
+A site is a value the forward pass computes at one layer. Its name is TransformerLens' hook point's:
+
+    residual      blocks.{layer}.hook_resid_pre       the residual stream entering the block    [T, D]
+    query         blocks.{layer}.attn.hook_q          each head's queries (after RoPE)           [H, T, d_head]
+    key           blocks.{layer}.attn.hook_k          the keys each query head reads             [H, T, d_head]
+    value         blocks.{layer}.attn.hook_v          the values each query head reads           [H, T, d_head]
+    scores        blocks.{layer}.attn.hook_attn_scores  the masked, scaled scores (pre-softmax)  [H, T, T]
+    pattern       blocks.{layer}.attn.hook_pattern    the attention probabilities                [H, T, T]
+    head_output   blocks.{layer}.attn.hook_z          each head's output before the output projection, [H, T, d_head]
+
+For grouped-query models (fewer key/value heads) key and value are per *query* head: the copy of its group's key
+and value that head reads, so an edit of one head's key leaves its group's other heads alone.
+
+An Edit replaces a site's value where `where` is true by `value` (an array broadcast to the site's shape: zero, a
+mean over reference texts, a value cached from another run). `where` picks positions [T] of the residual stream,
+(head, position) [H, T] of query, key, value and head_output, (head, query row) [H, T] of pattern, and
+(head, query, key) cells [H, T, T] of scores.
+Knockout is an edit of the scores: MASKED on the blocked (query, key) cells, so the softmax renormalises the row's
+other weights. runtime/interventions.py runs the same edits through the ONNX graphs, layer by layer, reusing the
+unedited prefix; this module is their independent reference.
+
+    edited = forward(model, ids, mask, edits)          # edits: for each text of the batch, a list of Edit
+    cache = edited.cache                               # (site, layer) -> [B, ...] every site's value as computed
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .attention import GroupedQueryAttention
+from .functional import apply_rope, linear, repeat_kv, softmax
+from .masks import MASKED
+
+HOOKS = {
+    "residual": "blocks.{layer}.hook_resid_pre",
+    "query": "blocks.{layer}.attn.hook_q",
+    "key": "blocks.{layer}.attn.hook_k",
+    "value": "blocks.{layer}.attn.hook_v",
+    "scores": "blocks.{layer}.attn.hook_attn_scores",
+    "pattern": "blocks.{layer}.attn.hook_pattern",
+    "head_output": "blocks.{layer}.attn.hook_z",
+}
+SITES = tuple(HOOKS)
+HEAD_SITES = ("query", "key", "value", "pattern", "head_output")   # one value per head
+
+
+def hook_name(site: str, layer: int) -> str:
+    """The stable name of a site at a layer: hook_name("head_output", 3) == "blocks.3.attn.hook_z"."""
+    return HOOKS[site].format(layer=layer)
+
+
+@dataclass(frozen=True, eq=False)
+class Edit:
+    """Replace `site` at `layer` where `where` is true by `value`. `where` has the site's shape without its last
+    axis (for scores, with it: it picks cells); value broadcasts to the site's shape."""
+    site: str
+    layer: int
+    where: np.ndarray
+    value: np.ndarray | float = 0.0
+
+    def __post_init__(self):
+        if self.site not in HOOKS:
+            raise ValueError(f"unknown site {self.site!r}; sites: {', '.join(SITES)}")
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        """The site's value x (one text: no batch axis) with this edit made."""
+        where = self.where if self.site == "scores" else self.where[..., None]
+        return np.where(where, np.asarray(self.value, np.float32), x).astype(np.float32)
+
+
+def knockout(layers, queries, keys, heads: int, T: int) -> list[Edit]:
+    """Attention knockout (Geva et al. 2023): every head of `layers` stops reading `keys` from `queries`; each such
+    query's other weights are renormalised by the softmax."""
+    where = np.zeros((heads, T, T), bool)
+    where[:, np.asarray(queries, int)[:, None], np.asarray(keys, int)[None, :]] = True
+    return [Edit("scores", int(layer), where, MASKED) for layer in layers]
+
+
+@dataclass
+class Edited:
+    """An edited forward pass: final hidden states (after the final norm) [B, T, D], next-token logits [B, V] of
+    the last position (LM head only), and every site's value as computed, cache[(site, layer)] [B, ...]."""
+    hidden: np.ndarray
+    logits: np.ndarray | None
+    cache: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+
+
+def forward(model, input_ids, mask, edits: list[list[Edit]] | None = None) -> Edited:
+    """The model's forward pass on input_ids [B, T] (no padding) under the additive mask [B|1, 1, T, T], with
+    edits[b] made to text b. Written out site by site as TransformerBlock and its attention compute them."""
+    ids = np.asarray(input_ids, np.int64)
+    B, T = ids.shape
+    edits = edits or [[] for _ in range(B)]
+    cfg, cache = model.cfg, {}
+
+    def site(name: str, layer: int, value: np.ndarray) -> np.ndarray:   # value [B, ...] -> edited, kept
+        value = np.array(value, np.float32)
+        for b in range(B):
+            for e in edits[b]:
+                if e.site == name and e.layer == layer:
+                    value[b] = e.apply(value[b])
+        cache[(name, layer)] = value
+        return value
+
+    x = model.embed(ids)                                                             # [B, T, D]
+    for layer, block in enumerate(model.blocks):
+        x = site("residual", layer, x)
+        h = block.ln1(x) if cfg.norm_first else x
+        q, k, v = _qkv(block.attn, h, cfg)                                           # [B, H, T, dh]
+        q, k, v = site("query", layer, q), site("key", layer, k), site("value", layer, v)
+        scores = q @ np.swapaxes(k, -1, -2) / np.float32(np.sqrt(cfg.d_head) * cfg.temperature) + mask
+        scores = site("scores", layer, scores)                                      # [B, H, T, T]
+        pattern = site("pattern", layer, softmax(scores, axis=-1))
+        z = site("head_output", layer, pattern @ v)                                  # [B, H, T, dh]
+        a = linear(z.transpose(0, 2, 1, 3).reshape(B, T, -1), *_out_proj(block.attn))   # [B, T, D]
+        x = x + a if cfg.norm_first else block.ln1(x + a)
+        x = x + block.mlp(block.ln2(x)) if cfg.norm_first else block.ln2(x + block.mlp(x))
+    if model.ln_f is not None:
+        x = model.ln_f(x)
+    logits = x[:, -1] @ model.unembedding.T if cfg.lm_head else None
+    return Edited(x, logits, cache)
+
+
+def _qkv(attn, h: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A block's queries, keys and values per query head [B, H, T, dh] from its input h [B, T, D]."""
+    B, T, _ = h.shape
+    H, dh = cfg.n_heads, cfg.d_head
+    if isinstance(attn, GroupedQueryAttention):
+        q, k, v = (linear(h, *attn.projection(f"{n}_proj")).reshape(B, T, -1, dh).transpose(0, 2, 1, 3) for n in "qkv")
+        if attn.rope is not None:
+            cos, sin = (t[:T] for t in attn.rope)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return q, repeat_kv(k, attn.group), repeat_kv(v, attn.group)
+    return tuple(linear(h, *attn._projection(j)).reshape(B, T, H, dh).transpose(0, 2, 1, 3) for j in range(3))
+
+
+def _out_proj(attn) -> tuple[np.ndarray, np.ndarray | None]:
+    return attn.projection("o_proj") if isinstance(attn, GroupedQueryAttention) else \
+        (attn.params["out_proj.weight"], attn.params.get("out_proj.bias"))
