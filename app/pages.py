@@ -13,15 +13,21 @@ from fastapi.templating import Jinja2Templates
 from ..analysis.roles import ROLE_TARGETS, ROLE_TEXT
 from ..analysis.statistics import catalogue
 from .deps import get_service
-from .schemas import EXAMPLE_TEXT, RunOptions
+from .schemas import EXAMPLE_TEXT, PatchingRequest, RunOptions
 
 ROOT = Path(__file__).resolve().parents[1]   # the attnscope package: static/ and templates/ are its data
 # The page's views, in tab order (id, tab label): the tabs, the view panels and static/js/main.js follow this list.
 VIEWS = [("head", "Head"), ("lines", "Lines"), ("model", "Model"), ("summary", "Head summary"),
          ("entropy", "Entropy"), ("stages", "Causal mask & steps"), ("compare", "Compare"),
-         ("corpus", "Corpus")]
+         ("corpus", "Corpus"), ("effects", "Effects")]
 # What replaces a knocked-out head's output (RunOptions.ablation), in the page's words.
 ABLATION_LABELS = {"zero": "zeros", "mean": "their mean over the text"}
+# What activation patching patches (PatchingRequest.site) and which way (direction), in the page's words.
+SITE_LABELS = {"head_output": "head output (hook_z)", "query": "queries (hook_q)", "key": "keys (hook_k)",
+               "value": "values (hook_v)", "pattern": "attention pattern (hook_pattern)",
+               "residual": "residual stream, per position (hook_resid_pre)"}
+DIRECTION_LABELS = {"denoise": "denoise: clean values into the corrupt run",
+                    "noise": "noise: corrupt values into the clean run"}
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 SWAGGER_DIR = Path(fastapi_offline.__file__).parent / "static"   # swagger-ui-bundle.js, swagger-ui.css
 templates = Jinja2Templates(directory=ROOT / "templates")
@@ -42,7 +48,12 @@ def index(request: Request):
                               for rt in svc.runtimes.values()},
             "roles": [{"id": k, "target": target, "text": ROLE_TEXT[k]} for k, target in ROLE_TARGETS.items()],
             "ablations": [{"id": k, "label": ABLATION_LABELS.get(k, k)}
-                          for k in get_args(RunOptions.model_fields["ablation"].annotation)]}
+                          for k in get_args(RunOptions.model_fields["ablation"].annotation)],
+            # the effects view's menus: what POST /api/patching takes
+            "sites": [{"id": k, "label": SITE_LABELS.get(k, k)}
+                      for k in get_args(PatchingRequest.model_fields["site"].annotation)],
+            "directions": [{"id": k, "label": DIRECTION_LABELS.get(k, k)}
+                           for k in get_args(PatchingRequest.model_fields["direction"].annotation)]}
     return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS})
 
 

@@ -129,6 +129,21 @@ async function fetchBinary(path, body) {
   return answer;
 }
 
+async function fetchJSON(path, body) {
+  const started = performance.now();
+  const response = await post(path, body, "application/json");
+  const text = await response.text();
+  const answer = JSON.parse(text);
+  answer.bytes = text.length;
+  log.push({ path, body, bytes: answer.bytes, ms: performance.now() - started, end: performance.now() });
+  if (log.length > 200) log.shift();
+  return answer;
+}
+
+/** Only the fields of `body` that `fields` names (a request merged with the page's run options carries more). */
+const only = (body, fields) => Object.fromEntries(fields.filter((k) => body[k] !== undefined && body[k] !== null)
+  .map((k) => [k, body[k]]));
+
 // ---- progress of a layer-by-layer run ----------------------------------------------------------------------
 let progressListener = () => {};
 /** fn({layer, layers}) is called for every layer a layer-by-layer run finishes (one listener: the page's progress bar). */
@@ -190,4 +205,17 @@ export function attention(body, { progress = false } = {}) {
 /** POST /api/stages (binary): q, k, scores, scaled, mask, masked, probs for one layer and head. */
 export function stages(body) {
   return cached("/api/stages", body);
+}
+
+/** POST /api/patching (JSON): activation patching of `site` between clean and corrupt texts of the same token
+ *  count; the metric reads target (minus distractor). Fields other than the endpoint's own are dropped. */
+export function patching(body) {
+  return cached("/api/patching", only(body, ["model", "clean", "corrupt", "target", "distractor", "site",
+    "per_position", "direction", "precision"]), fetchJSON);
+}
+
+/** POST /api/knockout (JSON): `queries` stop reading `keys` in layers [first, last]; the prediction before and
+ *  after. The page's text is the knocked-out text. */
+export function knockout(body) {
+  return cached("/api/knockout", only(body, ["model", "text", "queries", "keys", "layers", "precision"]), fetchJSON);
 }

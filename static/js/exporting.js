@@ -1,7 +1,8 @@
 // The view's export buttons: PNG, SVG, CSV and JSON of what the active view's render() returned
 // ({name, plot | svg | canvas, csv(), json()}); a button is enabled only when the view offers that form.
-// The downloads themselves are export.js's.
-import { $ } from "./dom.js";
+// The downloads themselves are export.js's. A view that draws several pictures gives each its own small group of
+// the same buttons (exportGroup).
+import { $, h } from "./dom.js";
 import { canvasToPng, download, downloadCSV, downloadJSON, svgBlob, svgToPng } from "./export.js";
 import { setStatus, showError } from "./notices.js";
 
@@ -33,4 +34,13 @@ async function exportAs(kind, ex) {
 /** Each button downloads its form of latest(): the exports of the view drawn last. */
 export function wireExports(latest) {
   for (const kind of KINDS) $(`export-${kind}`).addEventListener("click", () => exportAs(kind, latest()));
+}
+
+/** The same buttons for one picture of a view that draws several: a group of those `ex` offers, each downloading
+ *  its form of `ex` ({name, plot | svg | canvas, csv(), json()}). */
+export function exportGroup(ex, label) {
+  const offers = { png: ex.plot || ex.svg || ex.canvas, svg: ex.plot || ex.svg, csv: ex.csv, json: ex.json };
+  return h("div", { class: "export", role: "group", "aria-label": `Export ${label}` },
+    KINDS.filter((k) => offers[k]).map((kind) => h("button", { type: "button", class: "small", "data-export": kind,
+      title: `Download ${label} as ${kind.toUpperCase()}`, text: kind.toUpperCase(), onclick: () => exportAs(kind, ex) })));
 }

@@ -6,7 +6,8 @@
 //
 // The view contract: each module in views/ exports
 //   title, help            strings shown above the view
-//   requests(st, info, meta) -> [{endpoint, ...body}]   what to fetch (merged with the run's options)
+//   requests(st, info, meta) -> [{endpoint, soft?, ...body}]   what to fetch (merged with the run's options); a
+//                          soft request's refusal is its result ({error}) instead of the view's error
 //   needsMeta              optional: true when requests() needs the tokens (meta) first
 //   render(container, {meta, results}, st, ctx) -> exports
 //                          a pure function of (data, state) drawing into its container; ctx gives
@@ -17,6 +18,8 @@
 //                          export buttons. No module-level state, no global listeners: those are here.
 //   onKey(event, container, st, ctx)      optional: a key pressed anywhere while the view shows (before the
 //                                         classroom layout's keys; preventDefault() keeps it from them)
+//   nextTokenPick(st, go) optional: {marks: {token: class}, choose(token, event), hint} makes the panel's
+//                          next tokens buttons while the view shows (the effects view picks its target there)
 //   onResize(container, st, ctx)          optional: the window was resized while the view shows
 //                          (the hooks get the container, state and ctx of the view's last render)
 import { showAblation, wireAblation } from "./ablation.js";
@@ -44,12 +47,14 @@ import * as entropy from "./views/entropy.js";
 import * as stages from "./views/stages.js";
 import * as compare from "./views/compare.js";
 import * as corpus from "./views/corpus.js";
+import * as effects from "./views/effects.js";
 
 // ---- the views the server offers, and what the page keeps ------------------------------------------------
-const MODULES = { head, lines, model, summary, entropy, stages, compare, corpus };
+const MODULES = { head, lines, model, summary, entropy, stages, compare, corpus, effects };
 const VIEWS = Object.fromEntries(BOOT.views.map((v) => [v.id, MODULES[v.id]]));
 state.configure({ model: BOOT.default_model, text: BOOT.example_text },
-  { views: BOOT.views.map((v) => v.id), stats: BOOT.stats.filter((s) => !s.corpus_only).map((s) => s.id), ablations: BOOT.ablations.map((a) => a.id) });
+  { views: BOOT.views.map((v) => v.id), stats: BOOT.stats.filter((s) => !s.corpus_only).map((s) => s.id), ablations: BOOT.ablations.map((a) => a.id),
+    sites: BOOT.sites.map((s) => s.id), directions: BOOT.directions.map((d) => d.id) });
 
 const draft = createDraft();
 const go = draft.go;                       // every state change carries an edited text along (draft.js)
@@ -60,7 +65,10 @@ let drawn = null;                          // the last render: {id, view, contai
 
 // ---- the update loop --------------------------------------------------------------------------------
 function fetchAll(reqs, run, opts) {
-  return Promise.all(reqs.map(({ endpoint, ...params }) => api[endpoint]({ ...run, ...params }, opts)));
+  return Promise.all(reqs.map(({ endpoint, soft, ...params }) => {
+    const answer = api[endpoint]({ ...run, ...params }, opts);
+    return soft ? answer.catch((error) => ({ error })) : answer;
+  }));
 }
 
 /** The run's first request: the tokens and what every view shows round the view (summary, next tokens, the
@@ -77,9 +85,9 @@ function firstRequest(st, info, run, long) {
 }
 
 /** What the page shows round the view, from the run's first answer. */
-function showRun(meta, st, info) {
+function showRun(meta, st, info, view) {
   renderChips($("chips"), meta, st, go, surprisal(meta));
-  renderPredictions($("predictions"), meta, st);
+  renderPredictions($("predictions"), meta, st, view.nextTokenPick?.(st, go));
   showAblation(st, go);
   notices.showTokenInfo(meta, st, info);
   notices.showWhatIf(meta, info);
@@ -131,7 +139,7 @@ async function update() {
     dataP?.catch(() => {});
     const meta = await metaP;
     if (gen !== generation) return;
-    showRun(meta, st, info);
+    showRun(meta, st, info, view);
     dataP ??= fetchAll(view.requests(st, info, meta), run, opts);
     const results = await dataP;
     if (gen !== generation) return;

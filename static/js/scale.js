@@ -98,6 +98,17 @@ export function colourRange(st, max, top = 1) {
     label: perHead ? `scaled to its maximum ${fmt(max, 3)}` : `fixed scale 0–${top === 1 ? 1 : fmt(top, 2)}` };
 }
 
+/** The range of a signed quantity (attributions, effects) on the diverging scale: symmetric round 0, so 0 is the
+ *  scale's middle (white) and equal sizes of either sign are equally strong: {zmin, zmid: 0, zmax, absmax, label}.
+ *  rows: nested arrays of numbers (nulls skipped). */
+export function divergingRange(rows) {
+  let absmax = 0;
+  for (const v of rows.flat(Infinity)) if (v !== null && Number.isFinite(v)) absmax = Math.max(absmax, Math.abs(v));
+  const top = Math.max(absmax, 1e-9);
+  return { zmin: -top, zmid: 0, zmax: top, absmax,
+    label: `symmetric scale ${MINUS}${fmt(top, 3)} to +${fmt(top, 3)}, 0 white (purple: negative, orange: positive)` };
+}
+
 /** 0..255 index into LUT of value v on a colour range. */
 export function lutIndex(v, range) {
   return Math.min(255, Math.max(0, Math.round((v / range.zmax) * 255)));

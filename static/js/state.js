@@ -10,6 +10,9 @@ export const STEP_TOKENS = [6, 8, 12, 16, 24, 32];
 //   pairs: which query → key cells of a sentence pair the head and line views show
 //   dist_norm: mean distance divided by the longest possible (T − 1); sort: the summary's ranking order
 //   present: classroom layout (present.js); lesson: the page of the guided lesson shown (lesson.js), or none
+//   effects view (views/effects.js), in the API's words: the clean text is `text`; corrupt, target, distractor,
+//   site and direction as POST /api/patching takes them; open_head: the patterns of head (layer, head) shown;
+//   queries, keys, knockout_layers ([first, last]) as POST /api/knockout takes them; knockout: run it
 const FIELDS = [
   ["model", "", "str"], ["text", "", "str"], ["text_pair", "", "str"], ["view", "head", "view"],
   ["layer", 0, "int"], ["head", 0, "int"], ["causal", null, "tri"], ["mask_tokens", [], "ints"],
@@ -20,17 +23,24 @@ const FIELDS = [
   ["dist_norm", false, "bool"], ["sort", "-value", ["-value", "value", "layer", "-layer", "head", "-head"]],
   ["ablate", [], "heads"], ["ablation", "zero", "ablation"], ["text_b", "", "str"],
   ["present", false, "bool"], ["lesson", null, "int?"],
+  ["corrupt", "", "str"], ["target", "", "str"], ["distractor", "", "str"], ["site", "head_output", "site"],
+  ["direction", "denoise", "direction"], ["open_head", false, "bool"], ["queries", [], "ints"], ["keys", [], "ints"],
+  ["knockout_layers", null, "range?"], ["knockout", false, "bool"],
 ];
 const ALWAYS = new Set(["model", "text", "view", "layer", "head"]);   // written even when default
 let defaults = Object.fromEntries(FIELDS.map(([k, d]) => [k, d]));
-const choices = { view: [], stat: [], ablation: [] };   // the values a "view" / "stat" / "ablation" field may take
+// the values a "view" / "stat" / "ablation" / "site" / "direction" field may take
+const choices = { view: [], stat: [], ablation: [], site: [], direction: [] };
 
-/** Set the page's defaults and the views, statistics and ablations it offers (all from the server's boot block). */
-export function configure(patch, { views, stats, ablations }) {
+/** Set the page's defaults and the views, statistics, ablations and patching sites and directions it offers (all
+ *  from the server's boot block). */
+export function configure(patch, { views, stats, ablations, sites = [], directions = [] }) {
   defaults = { ...defaults, ...patch };
   choices.view = views;
   choices.stat = stats;
   choices.ablation = ablations;
+  choices.site = sites;
+  choices.direction = directions;
 }
 
 /** Knocked-out heads are "layer.head" strings in the state and the URL ("3.1,5.0"). */
@@ -50,6 +60,12 @@ function parseInts(s) {
     .sort((a, b) => a - b);
 }
 
+/** "first,last" (first <= last) as [first, last], else null. */
+function parseRange(s) {
+  const m = /^(\d+),(\d+)$/.exec(s);
+  return m && Number(m[1]) <= Number(m[2]) ? [Number(m[1]), Number(m[2])] : null;
+}
+
 /** State object from a query string. Unknown or malformed values fall back to defaults. */
 export function parse(search = location.search) {
   const q = new URLSearchParams(search);
@@ -61,7 +77,8 @@ export function parse(search = location.search) {
     if (Array.isArray(kind)) { st[k] = kind.includes(raw) ? raw : d; continue; }
     switch (kind) {
       case "str": st[k] = raw; break;
-      case "view": case "stat": case "ablation": st[k] = choices[kind].includes(raw) ? raw : d; break;
+      case "view": case "stat": case "ablation": case "site": case "direction":
+        st[k] = choices[kind].includes(raw) ? raw : d; break;
       case "click": st[k] = raw === "mask" ? "mask" : "pin"; break;
       case "int": st[k] = /^\d+$/.test(raw) ? Number(raw) : d; break;
       case "int?": st[k] = /^\d+$/.test(raw) ? Number(raw) : null; break;
@@ -70,6 +87,7 @@ export function parse(search = location.search) {
       case "ints": st[k] = parseInts(raw); break;
       case "ints?": st[k] = raw === "" ? null : parseInts(raw); break;
       case "heads": st[k] = [...new Set(raw.split(",").filter((x) => /^\d+\.\d+$/.test(x)))].sort(byHead); break;
+      case "range?": st[k] = parseRange(raw); break;
     }
   }
   return st;
@@ -138,6 +156,10 @@ export function normalize(st, models, defaultModel, steps) {
   if (!info.pair) fixed.text_pair = "";
   if (!STEP_TOKENS.includes(fixed.n)) fixed.n = 12;
   if (fixed.step > steps) fixed.step = 0;
+  if (fixed.knockout_layers) {
+    const [a, b] = fixed.knockout_layers.map((x) => Math.min(x, info.layers - 1));
+    fixed.knockout_layers = a === 0 && b === info.layers - 1 ? null : [a, b];   // every layer: the default
+  }
   const changed = JSON.stringify(fixed) !== JSON.stringify(st);
   return [fixed, changed];
 }
