@@ -338,6 +338,8 @@ class Planner:
         heads = _select("heads", req.heads, rt.cfg.n_heads)
         self._run_options(req, rt, enc)
         T = len(enc.ids)
+        if req.position is not None and req.position >= T:
+            raise Refused(f"position {req.position} is out of range: this text has {T} tokens (0..{T - 1})")
         cells, size = attention_size(req, len(layers), len(heads), T, binary)
         key = self._run_key(req, rt, False)
         common = dict(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary), binary=binary,

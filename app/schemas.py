@@ -124,10 +124,10 @@ class AttentionRequest(RunOptions):
         "`predictions`: next_tokens and token_logprobs (models with an LM head; ignored for others); `scores`: "
         "head-finding scores; `effect`: what `ablate` changed (ignored without `ablate`); `attribution`: direct "
         "logit attribution of `target` (models with an LM head; needs `target`)")
-    target: Text | None = Field(None, description="with `attribution`: the token whose logit is attributed, as "
+    target: Text | None = Field(None, min_length=1, description="with `attribution`: the token whose logit is attributed, as "
                                 "next_tokens shows it (\"␣Mary\") or a text that is exactly one token (\" Mary\")",
                                 examples=["␣Mary"])
-    distractor: Text | None = Field(None, description="with `attribution`: attribute logit(target) - "
+    distractor: Text | None = Field(None, min_length=1, description="with `attribution`: attribute logit(target) - "
                                     "logit(distractor) instead (one token, like `target`)")
     position: Index | None = Field(None, description="with `attribution`: the position whose next-token logit is "
                                    "attributed (0-based; below the text's token count); the last when omitted")
@@ -183,9 +183,9 @@ class PatchingRequest(Strict):
     corrupt: Text = Field(description="the corrupt text: the same token count as `clean`",
                           examples=["When Mary and John went to the store, Mary gave a drink to"],
                           json_schema_extra={"pattern": r"\S"})
-    target: Text = Field(description="the token whose logit the metric reads, as next_tokens shows it (\"␣Mary\") "
+    target: Text = Field(min_length=1, description="the token whose logit the metric reads, as next_tokens shows it (\"␣Mary\") "
                          "or a text that is exactly one token", examples=["␣Mary"])
-    distractor: Text | None = Field(None, description="metric logit(target) - logit(distractor) when given; "
+    distractor: Text | None = Field(None, min_length=1, description="metric logit(target) - logit(distractor) when given; "
                                     "log p(target) otherwise", examples=["␣John"])
     site: Literal["head_output", "query", "key", "value", "pattern", "residual"] = Field(
         "head_output", description="what is patched: " + SITE_DOC)
@@ -486,7 +486,8 @@ def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int) -> dict:
     variant["title"] = f"{generic.get('title', '')} for {m.id}"
     props = variant["properties"]
     variant["examples"] = [_example(generic, m)]
-    for field in ("layers", "heads", "ablate", "mask_tokens", "queries", "keys"):   # the generic examples need not fit
+    for field in ("layers", "heads", "ablate", "mask_tokens", "queries", "keys", "position", "clean", "corrupt", "target",
+                  "distractor"):   # the generic examples need not fit this model (its tokens, its sizes)
         props.get(field, {}).pop("examples", None)
     default = props["model"].get("default")
     props["model"] = {"const": m.id, "type": "string", "description": f"{m.title}: {m.layers} layers x {m.heads} "
@@ -502,7 +503,7 @@ def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int) -> dict:
     for field in ("layers", "heads"):        # an empty list is refused ("leave it out for all")
         for node in [props.get(field, {}), *props.get(field, {}).get("anyOf", [])]:
             if node.get("type") == "array":
-                node["minItems"] = 1
+                node["minItems"] = max(node.get("minItems", 1), 1)
     if "mask_tokens" in props:
         props["mask_tokens"]["maxItems"] = max_mask_tokens
     if "ablate" in props:                    # [layer, head] pairs: each number bounded by its own axis

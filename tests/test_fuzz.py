@@ -38,6 +38,19 @@ SEMANTIC = re.compile("|".join([
     r"^(layers|heads) is empty: leave it out for all \d+, or list indices 0\.\.\d+$",
     r"^text is \d+ characters; the limit is \d+ \(ATTNSCOPE_MAX_CHARS\)",
     r"^this answer would hold [\d,]+ attention values; the (JSON|binary) limit is [\d,]+",
+    # the effects (issue 22): rules on how the texts tokenise, or across two fields
+    r"^(queries|keys) \[[\d, ]+\] out of range: this text has \d+ tokens \(0\.\.\d+\)$",
+    r"^position \d+ is out of range: this text has \d+ tokens \(0\.\.\d+\)$",
+    r"^clean and corrupt must have the same token count: clean has \d+ tokens, corrupt has \d+",
+    r"^(target|distractor) .* is not one token: it splits into \d+",
+    r"^target and distractor are the same token",
+    r"^queries \[[\d, ]+\] would read no key at all",
+    r"^layers \[\d+, \d+\] must be \[first, last\] with first <= last",
+    r"^(clean and corrupt are|this text is) \d+ (characters|tokens).*ATTNSCOPE_MAX_(CHARS|PATCHING_TOKENS)",
+    r"^this patching is \d+ runs .*ATTNSCOPE_MAX_PATCHING_RUNS",
+    r"^attribution needs `target`",
+    r"^attribution is of the intact model",
+    r".* has no LM head; models with one",
     # JSON Schema calls 1.0 an integer; the API takes integers written as integers only (issue 17)
     r"^(?:[\w.]+: Value error, must be a JSON integer(?:; |$))+$",
 ]))
