@@ -35,13 +35,6 @@ class Attribution:
                      + self.norm_bias)
 
 
-def out_projection(block) -> tuple[np.ndarray, np.ndarray | None]:
-    """A block's attention output projection: W_O [D, H * d_head] and its bias [D] (or None)."""
-    p = block.attn.params
-    name = "o_proj" if "o_proj.weight" in p else "out_proj"
-    return p[name + ".weight"], p.get(name + ".bias")
-
-
 def attribution(model, z: np.ndarray, residual: np.ndarray, u: np.ndarray) -> Attribution:
     """z [L, H, d_head] every head's output at one position; residual [L + 1, D] the stream entering each block
     there and leaving the last; u [D] the logit's direction (W_U[target] - W_U[distractor]). Float64 throughout."""
@@ -66,7 +59,7 @@ def attribution(model, z: np.ndarray, residual: np.ndarray, u: np.ndarray) -> At
 
     heads, biases, attn_out = np.zeros((L, H)), np.zeros(L), np.zeros((L, x.shape[0]))
     for layer, block in enumerate(model.blocks):
-        W, b = out_projection(block)
+        W, b = block.attn.out_projection()
         per_head = np.einsum("hd,ehd->he", z[layer], np.asarray(W, np.float64).reshape(-1, H, dh))   # [H, D]
         heads[layer] = share(per_head)
         attn_out[layer] = per_head.sum(axis=0)

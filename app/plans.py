@@ -281,12 +281,16 @@ class Planner:
     def _text(self, req) -> tuple[Runtime, Encoding]:
         """The model and the text's tokens (the text's one tokenisation), within the character limit."""
         rt = self.runtime(req.model)
-        pair = getattr(req, "text_pair", None)
-        chars = len(req.text) + len(pair or "")
-        if chars > self.max_chars:
-            raise TooLarge(f"text is {chars} characters; the limit is {self.max_chars} (ATTNSCOPE_MAX_CHARS). "
-                           f"The model reads at most {rt.spec.max_tokens} tokens anyway")
+        pair = getattr(req, "text_pair", None)          # knockout takes one text
+        self._chars(rt, "text is", req.text, pair)
         return rt, rt.vocabulary.encode(req.text, pair)
+
+    def _chars(self, rt: Runtime, what: str, *texts: str | None) -> None:
+        """The character limit, over every text of a request."""
+        chars = sum(len(t or "") for t in texts)
+        if chars > self.max_chars:
+            raise TooLarge(f"{what} {chars} characters; the limit is {self.max_chars} (ATTNSCOPE_MAX_CHARS). "
+                           f"The model reads at most {rt.spec.max_tokens} tokens anyway")
 
     def _run_options(self, req, rt: Runtime, enc: Encoding) -> None:
         """The options a forward pass takes (masks, ablations), checked against the model and the tokens."""
@@ -319,8 +323,8 @@ class Planner:
         """What the stacked graph's attention output holds for a text of this many tokens (float32)."""
         return rt.cfg.n_layers * rt.cfg.n_heads * tokens * tokens * 4
 
-    def fits_stacked(self, rt: Runtime, tokens: int, copies: int = 1) -> bool:
-        return self._stacked_bytes(rt, tokens) * copies <= self.settings.layerwise_mb * 2**20
+    def fits_stacked(self, rt: Runtime, tokens: int) -> bool:
+        return self._stacked_bytes(rt, tokens) <= self.settings.layerwise_mb * 2**20
 
     def _check_cells(self, req: AttentionRequest, cells: int, binary: bool) -> None:
         limit = self.settings.max_binary_cells if binary else self.settings.max_json_cells
@@ -380,13 +384,11 @@ class Planner:
 
         def call() -> Attributed:
             trace = Interventions(rt).trace(enc, causal=req.causal, mask_tokens=req.mask_tokens or None)
-            W = rt.model.unembedding
-            u = W[metric.target] - (0 if metric.distractor is None else W[metric.distractor])
+            W = rt.model.unembedding                                       # [V, D]: two rows of it are read
+            u = W[metric.target].astype(np.float64) - (0 if metric.distractor is None else W[metric.distractor])
             parts = attribution(rt.model, trace.sites["head_output"][:, :, position],
                                 trace.sites["residual"][:, position], u)
-            logits = trace.hidden[position].astype(np.float64) @ W.T.astype(np.float64)
-            return Attributed(enc.tokens, metric, position, parts, float(metric(logits)) if metric.distractor
-                              is not None else float(logits[metric.target]))
+            return Attributed(enc.tokens, metric, position, parts, float(trace.hidden[position] @ u))
         key = _hash(["attribution", self._run_key(req, rt, False), metric.target, metric.distractor, position])
         return Run(key, call)
 
@@ -480,12 +482,14 @@ class Planner:
     def importance(self, req: ImportanceRequest, binary: bool) -> ImportancePlan:
         rt, enc = self._text(req)
         T = len(enc.ids)
-        if not self.fits_stacked(rt, T, req.batch):
-            fits = self.settings.layerwise_mb * 2**20 // self._stacked_bytes(rt, T)
+        self._patching_tokens(T, "importance")       # its run keeps every layer's values (runtime/interventions.py)
+        layer = rt.cfg.n_heads * T * T * 4             # one copy's attention in one layer: what a batch holds at once
+        if layer * req.batch > self.settings.layerwise_mb * 2**20:
+            fits = int(self.settings.layerwise_mb * 2**20 // layer)
             fix = f"set batch to {fits} or less" if fits else "shorten the text"
-            raise Refused(f"importance runs {req.batch} copies of this {T}-token text through the graph that holds "
-                          f"every layer's attention: {self._stacked_bytes(rt, T) * req.batch / 2**30:.1f} GiB, over "
-                          f"ATTNSCOPE_LAYERWISE_MB ({self.settings.layerwise_mb} MB); {fix}")
+            raise Refused(f"importance runs {req.batch} copies of this {T}-token text a layer at a time: their "
+                          f"attention in one layer is {layer * req.batch / 2**20:.1f} MB, over ATTNSCOPE_LAYERWISE_MB "
+                          f"({self.settings.layerwise_mb} MB); {fix}")
         key = _hash(["importance", req.model, rt.graphs.key, req.text, req.text_pair, req.ablation])
 
         def call() -> Importance:
@@ -499,10 +503,7 @@ class Planner:
     def patching(self, req: PatchingRequest, binary: bool) -> PatchingPlan:
         rt = self.runtime(req.model)
         self._lm(rt, "patching")
-        chars = len(req.clean) + len(req.corrupt)
-        if chars > self.max_chars:
-            raise TooLarge(f"clean and corrupt are {chars} characters; the limit is {self.max_chars} "
-                           f"(ATTNSCOPE_MAX_CHARS)")
+        self._chars(rt, "clean and corrupt are", req.clean, req.corrupt)
         clean, corrupt = rt.vocabulary.encode(req.clean), rt.vocabulary.encode(req.corrupt)
         if len(clean.ids) != len(corrupt.ids):
             raise Refused(f"clean and corrupt must have the same token count: clean has {len(clean.ids)} tokens, "

@@ -80,8 +80,8 @@ async def attention(req: AttentionRequest, svc: Service, request: Request,
              responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
 async def importance(req: ImportanceRequest, svc: Service, request: Request, accept: Annotated[str | None, Header()] = None,
                      if_none_match: Annotated[str | None, Header()] = None):
-    """Knocks out every head in turn (batches of `batch` heads share one forward pass, the batch axis carrying
-    the head masks) and reports what each head alone changes: the text's mean token log-prob for models with
+    """Knocks out every head in turn (one run of the text keeps every layer's values; each head's ablated run then
+    starts at its own layer, `batch` heads at once along the batch axis) and reports what each head alone changes: the text's mean token log-prob for models with
     an LM head, the sentence embedding otherwise."""
     started = time.perf_counter()
     plan = svc.plans.importance(req, wire.accepts_binary(accept))

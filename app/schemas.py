@@ -327,8 +327,9 @@ class ImportanceRequest(Strict):
     text_pair: Text | None = Field(None, description="optional second sentence (models with `pair` only); at least "
                                    "one non-blank character", json_schema_extra={"pattern": r"\S"})
     ablation: Literal["zero", "mean"] = Field("zero", description="what replaces the knocked-out head's output")
-    batch: _bounded(1, 64) = Field(16, description="heads ablated per forward pass (the batch axis carries "
-                                   "different head masks); changes the speed, never the numbers")
+    batch: _bounded(1, 64) = Field(16, description="heads ablated at once (each a row of the batch axis, "
+                                   "from its own layer on); changes the speed, never the numbers beyond float "
+                                   "rounding (1e-5)")
     precision: _bounded(1, 8) | None = Field(None, description="round every number to this many decimals")
     dtype: Literal["float32", "float16"] = Field("float32", description="tensor dtype of the binary form")
 

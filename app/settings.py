@@ -67,8 +67,9 @@ class Settings(BaseSettings):
     max_chars: int | None = Field(default=None, ge=1, description="characters of text (+ text_pair), 413 beyond; "
                                   "default: derived from the models served (chars_limit)")
     max_mask_tokens: int = 512           # entries in mask_tokens
-    max_patching_tokens: int = Field(default=256, ge=1, description="tokens of a patching, knockout or attribution "
-                                     "text: their runs keep every layer's queries, keys, values and head outputs")
+    max_patching_tokens: int = Field(default=256, ge=1, description="tokens of a patching, knockout, attribution or "
+                                     "importance text: their runs keep every layer's queries, keys, values and head "
+                                     "outputs")
     max_patching_runs: int = Field(default=4096, ge=1, description="rows of one /api/patching request (layers x "
                                    "heads, x positions per position): each is a run of the layers above its own")
     max_tokens: Limits = Field(default={}, description="per-model token limit, e.g. minilm=512, up to the model's "

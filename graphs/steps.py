@@ -110,8 +110,7 @@ def attend(g: Graph, cfg, p: str, q: str, k: str, v: str, mask: str) -> dict[str
 def block_output(g: Graph, block, cfg, p: str, x: str, ctx: str, keep: str, mean: str, weights: str) -> str:
     """The block after its attention: the head mask on ctx, the output projection, the residual and norms, the MLP."""
     H, dh, attn = cfg.n_heads, cfg.d_head, block.attn
-    out_proj = attn.projection("o_proj") if isinstance(attn, GroupedQueryAttention) else \
-        (attn.params["out_proj.weight"], attn.params.get("out_proj.bias"))
+    out_proj = attn.out_projection()
     # functional.ablate_heads: keep * ctx + (1 - keep) * mean * sum_t weights_t ctx_t
     keep, mean = (g.op("Unsqueeze", t, g.const(np.array([2, 3]))) for t in (keep, mean))   # [B, H, 1, 1]
     replace = g.op("Mul", g.op("Sub", g.const(np.float32(1.0)), keep), mean)

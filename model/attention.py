@@ -101,6 +101,10 @@ class MultiHeadAttention:
         b = p["in_proj_bias"][which * E:(which + 1) * E] if self.bias else None
         return w, b
 
+    def out_projection(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """W_O [E, E] (the heads' outputs, concatenated, mixed back into the stream) and its bias (or None)."""
+        return self.params["out_proj.weight"], self.params.get("out_proj.bias")
+
     # ---- forward ----------------------------------------------------------------------------
     def __call__(self, query, key=None, value=None, key_padding_mask=None, attn_mask=None,
                  need_weights: bool = True, average_attn_weights: bool = True, causal: bool | None = None,
@@ -145,7 +149,7 @@ class MultiHeadAttention:
         if head_mask is not None:
             ctx = ablate_heads(ctx, *head_mask)
         out = ctx.transpose(0, 2, 1, 3).reshape(B, Tq, E)                 # heads concatenated
-        out = linear(out, self.params["out_proj.weight"], self.params.get("out_proj.bias"))
+        out = linear(out, *self.out_projection())
 
         weights = None
         if need_weights:
@@ -240,6 +244,10 @@ class GroupedQueryAttention:
         """Weight [out, in] and bias (or None) of q_proj, k_proj, v_proj or o_proj."""
         return self.params[name + ".weight"], self.params.get(name + ".bias")
 
+    def out_projection(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """W_O [D, H * d_head] and its bias (or None): o_proj."""
+        return self.projection("o_proj")
+
     def __call__(self, x, attn_mask=None, head_mask=None, average_attn_weights: bool = False,
                  return_stages: bool = False):
         """x [B, T, D]; attn_mask additive [B|1, H|1, T, T]; head_mask as in MultiHeadAttention.
@@ -262,7 +270,7 @@ class GroupedQueryAttention:
         ctx = stages.probs @ v                                                                     # [B, H, T, dh]
         if head_mask is not None:
             ctx = ablate_heads(ctx, *head_mask)
-        out = linear(ctx.transpose(0, 2, 1, 3).reshape(B, T, H * dh), *self.projection("o_proj"))  # [B, T, D]
+        out = linear(ctx.transpose(0, 2, 1, 3).reshape(B, T, H * dh), *self.out_projection())  # [B, T, D]
         weights = stages.probs.mean(axis=1) if average_attn_weights else stages.probs
         if return_stages:
             return out, weights, stages, (q, k, v)

@@ -115,7 +115,7 @@ def forward(model, input_ids, mask, edits: list[list[Edit]] | None = None) -> Ed
         scores = site("scores", layer, scores)                                      # [B, H, T, T]
         pattern = site("pattern", layer, softmax(scores, axis=-1))
         z = site("head_output", layer, pattern @ v)                                  # [B, H, T, dh]
-        a = linear(z.transpose(0, 2, 1, 3).reshape(B, T, -1), *_out_proj(block.attn))   # [B, T, D]
+        a = linear(z.transpose(0, 2, 1, 3).reshape(B, T, -1), *block.attn.out_projection())   # [B, T, D]
         x = x + a if cfg.norm_first else block.ln1(x + a)
         x = x + block.mlp(block.ln2(x)) if cfg.norm_first else block.ln2(x + block.mlp(x))
     if model.ln_f is not None:
@@ -136,7 +136,3 @@ def _qkv(attn, h: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return q, repeat_kv(k, attn.group), repeat_kv(v, attn.group)
     return tuple(linear(h, *attn._projection(j)).reshape(B, T, H, dh).transpose(0, 2, 1, 3) for j in range(3))
 
-
-def _out_proj(attn) -> tuple[np.ndarray, np.ndarray | None]:
-    return attn.projection("o_proj") if isinstance(attn, GroupedQueryAttention) else \
-        (attn.params["out_proj.weight"], attn.params.get("out_proj.bias"))

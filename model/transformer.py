@@ -159,8 +159,7 @@ class TransformerBlock:
     def head_output(self, head: int, ctx: np.ndarray) -> np.ndarray:
         """One head's share of Attn(x): its output ctx [..., T, d_head] through its d_head columns of the output
         projection W_o [D, H * d_head] -> [..., T, D]. The heads' shares plus W_o's bias sum to Attn(x)."""
-        W = self.attn.params["o_proj.weight" if "o_proj.weight" in self.attn.params else "out_proj.weight"]
-        dh = ctx.shape[-1]
+        W, dh = self.attn.out_projection()[0], ctx.shape[-1]
         return ctx @ W[:, head * dh:(head + 1) * dh].T
 
 

@@ -89,7 +89,7 @@ class Interventions:
         names = ("residual", "query", "key", "value", "head_output") + (("pattern",) if pattern else ())
         sites = {name: [] for name in names}
         with lw.busy:
-            x = lw.run_graph("embed", inputs | lw._graph_feeds("embed"), ["x"])["x"]
+            x = lw.run_graph("embed", inputs | lw.graph_feeds("embed"), ["x"])["x"]
             for layer in range(L):
                 sites["residual"].append(x[0])
                 q, k, v = self._qkv(layer, x)
@@ -110,7 +110,8 @@ class Interventions:
             reuse: bool = True) -> dict[str, np.ndarray]:
         """Every row's edits made to `base`'s run: {"logits": [B, V]} (the last position's next-token logits), or
         the final graph's outputs {"hidden" [B, T, D], "next_token_logits", "token_logprobs"}. reuse=False runs
-        every row from the embeddings, one at a time (the plain way, for comparison: the same numbers)."""
+        every row from the embeddings' output, every block recomputed, one row at a time (the plain way, for
+        comparison: the same numbers)."""
         first = [min((e.layer for e in row), default=self.rt.cfg.n_layers) if reuse else 0 for row in rows]
         order = sorted(range(len(rows)), key=lambda b: first[b])
         size = self.batch if reuse else 1
@@ -120,7 +121,8 @@ class Interventions:
             while n < len(order):
                 chunk = [b for b in order[n:n + size] if first[b] == first[order[n]]]
                 n += len(chunk)
-                for name, value in self._rows(base, [rows[b] for b in chunk], first[chunk[0]], readout).items():
+                for name, value in self._rows(base, [rows[b] for b in chunk], first[chunk[0]], readout,
+                                              reuse).items():
                     out.setdefault(name, []).append((chunk, value))
         result = {}
         for name, parts in out.items():
@@ -130,12 +132,14 @@ class Interventions:
             result[name] = value
         return result
 
-    def _rows(self, base: Trace, rows: list[Sequence[Edit]], start: int, readout: Readout) -> dict[str, np.ndarray]:
-        """One batch of rows, all of whose edits are at layers >= start, from base's residual stream at start."""
+    def _rows(self, base: Trace, rows: list[Sequence[Edit]], start: int, readout: Readout,
+              reuse: bool = True) -> dict[str, np.ndarray]:
+        """One batch of rows, all of whose edits are at layers >= start, from base's residual stream at start (and,
+        with reuse, base's attention at start where no edit changes it)."""
         cfg, s = self.rt.cfg, base.sites
         B, T = len(rows), base.T
         x = np.repeat(s["residual"][start][None], B, axis=0)                  # [B, T, D]
-        fresh = True                                                          # x is base's in every row
+        fresh = reuse                                                         # x is base's in every row
         for layer in range(start, cfg.n_layers):
             here = [[e for e in row if e.layer == layer] for row in rows]
             sites = {e.site for row in here for e in row}
@@ -190,7 +194,7 @@ class Interventions:
     def _final(self, x: np.ndarray, ids: np.ndarray) -> dict[str, np.ndarray]:
         feeds = {"x": x, "input_ids": ids, "lengths": np.full(len(x), x.shape[1], np.int64)}
         outputs = ["hidden"] + (list(LM_OUTPUTS) if self.rt.cfg.lm_head else [])
-        return self.lw.run_graph("final", feeds | self.lw._graph_feeds("final"), outputs)
+        return self.lw.run_graph("final", feeds | self.lw.graph_feeds("final"), outputs)
 
 
 def _edit(value: np.ndarray, here: list[list[Edit]], site: str) -> np.ndarray:
@@ -219,7 +223,7 @@ def _knocked(mask: np.ndarray, here: list[list[Edit]], heads: int) -> np.ndarray
 
 
 def head_importance(rt, text: str | Encoding, *, ablation: Ablation = "zero", batch: int = BATCH,
-                    pair: str | None = None, reuse: bool = True) -> tuple[np.ndarray, float]:
+                    pair: str | None = None) -> tuple[np.ndarray, float]:
     """Each head's single-head ablation effect on a text (or its Encoding), for every head: [L, H], and the intact
     run's value.
 
@@ -232,7 +236,7 @@ def head_importance(rt, text: str | Encoding, *, ablation: Ablation = "zero", ba
     iv = Interventions(rt, batch)
     base = iv.trace(enc)
     rows = [ablation_edits([(layer, head)], ablation, base) for layer in range(L) for head in range(H)]
-    out = iv.run(base, rows, "outputs", reuse=reuse)
+    out = iv.run(base, rows, "outputs")
     if rt.cfg.lm_head:
         intact = float(np.mean(base.token_logprobs[1:])) if base.T > 1 else 0.0
         values = out["token_logprobs"][:, 1:].mean(axis=1) if base.T > 1 else np.zeros(len(rows))

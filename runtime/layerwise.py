@@ -141,10 +141,16 @@ class LayerwiseResult(Encoded):
 class Layerwise:
     """A Runtime's model as the chain of graphs above, for texts too long for the stacked graph."""
 
-    def __init__(self, rt, checkpoint_every: int = 1, group_mb: float = 256):
+    def __init__(self, rt, checkpoint_every: int = 1, group_mb: float = 256, graphs: Layerwise | None = None):
+        """graphs: another Layerwise of the same model whose sessions (and run lock) this one shares: the graphs
+        do not depend on checkpoint_every or group_mb, only the runs do."""
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1; got {checkpoint_every}")
         self.rt, self.every, self.group_mb = rt, int(checkpoint_every), float(group_mb)
+        if graphs is not None:
+            self._sessions, self._feeds, self._params = graphs._sessions, graphs._feeds, graphs._params
+            self._lock, self.busy = graphs._lock, graphs.busy
+            return
         self._sessions: dict[tuple[str, ...] | str, tuple[object, set[str]]] = {}
         self._feeds: dict[str, dict[str, np.ndarray]] = {}
         self._params: dict[int, dict[str, np.ndarray]] = {}
@@ -261,7 +267,7 @@ class Layerwise:
         rows = {name: np.empty((L, H, T - 1 if name in ("previous", "next") else T), np.float32) for name in kept}
         checkpoints, thumbnails, asked = {}, {}, Asked(tuple(want.heads))
         with self.busy:
-            x = self.run_graph("embed", inputs | self._graph_feeds("embed"), ["x"], release=True)["x"]
+            x = self.run_graph("embed", inputs | self.graph_feeds("embed"), ["x"], release=True)["x"]
             for layer in range(L):
                 if layer % self.every == 0:
                     checkpoints[layer] = x[0]
@@ -276,7 +282,7 @@ class Layerwise:
                     _keep(asked, layer, out)
                 if progress:
                     progress(layer + 1, L)
-            final = self.run_graph("final", inputs | self._graph_feeds("final") | {"x": x},
+            final = self.run_graph("final", inputs | self.graph_feeds("final") | {"x": x},
                               ["hidden"] + (list(LM_OUTPUTS) if cfg.lm_head else []), release=True)
         res = LayerwiseResult(
             rt.spec.id, "onnx", self.session("final")[0].get_providers()[0], causal, enc, final["hidden"][0], rows,
@@ -328,7 +334,7 @@ class Layerwise:
         return replace(base, thumbnails=base.thumbnails | ({R: thumbnails} if R else {}),
                        asked=asked if want.block_outputs() else None, seconds=time.perf_counter() - t0)
 
-    def _graph_feeds(self, which: str) -> dict[str, np.ndarray]:
+    def graph_feeds(self, which: str) -> dict[str, np.ndarray]:
         """The weights of the embed or final graph."""
         self.session(which)
         return self._feeds[which]

@@ -219,8 +219,8 @@ class Runtime:
         """This model run layer by layer, for texts whose stacked attention is too big (runtime/layerwise.py)."""
         with self._lock:
             lw = self._layerwise
-            if lw is None or (lw.every, lw.group_mb) != (checkpoint_every, group_mb):
-                self._layerwise = Layerwise(self, checkpoint_every, group_mb)
+            if lw is None or (lw.every, lw.group_mb) != (checkpoint_every, group_mb):   # the same sessions
+                self._layerwise = Layerwise(self, checkpoint_every, group_mb, graphs=lw)
             return self._layerwise
 
 
