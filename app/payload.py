@@ -161,6 +161,30 @@ def knockout(plan, computed) -> dict:
                 "next_tokens_after": [t._asdict() for t in r.after.next_tokens]}}
 
 
+def generated(plan, token, text: str) -> dict:
+    """One line of a generation (runtime/generation.py Generated): the token, and what the request included."""
+    line = {"index": token.index, "id": token.id, "token": token.token, "text": text,
+            "probability": token.probability, "sampling_probability": token.sampling_probability}
+    if "candidates" in plan.request.include:
+        line["candidates"] = [{"token": c.token, "id": c.id, "probability": c.probability,
+                               "sampling_probability": c.sampling_probability} for c in token.candidates]
+    if token.attention is not None:
+        line["attention"] = token.attention
+    return {"token": line}
+
+
+def generation_done(plan, gen, timing_ms: dict) -> dict:
+    """A generation's last line: the whole continuation and why it stopped."""
+    rt, n = plan.runtime, len(gen.new_ids)
+    return {"done": {
+        "model": plan.request.model, "prompt_tokens": plan.encoding.tokens,
+        "tokens": [rt.token_string(i) for i in gen.new_ids], "ids": list(gen.new_ids), "text": gen.text,
+        "sequence": rt.tokenizer.decode(list(plan.encoding.ids) + gen.new_ids, skip_special_tokens=False),
+        "stop_reason": gen.stop_reason, "seed": plan.sampling.seed, "layers": list(gen.layers) or None,
+        "heads": list(gen.heads) or None, "ablate": [list(p) for p in plan.ablate], "timing_ms": timing_ms,
+        "tokens_per_second": n / max(timing_ms["total"] - timing_ms["prompt"], 1e-9) * 1000}}
+
+
 def predictions(r: AttentionResult) -> dict:
     return {"next_tokens": [t._asdict() for t in r.next_tokens], "token_logprobs": r.token_logprobs}
 

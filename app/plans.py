@@ -12,6 +12,7 @@ Four kinds, one class each, told apart by nobody after planning:
     ImportancePlan  /api/importance, every head's single-head ablation
     PatchingPlan    /api/patching, activation patching between two texts
     KnockoutPlan    /api/knockout, attention knockout's effect on the prediction
+    GeneratePlan    /api/generate, token by token: its lines are streamed as each step is done
 
 The text is tokenised here, once; its token count decides the kind and sizes the answer (`size`, the bytes the
 sending budget reserves), so whatever a run cannot give is refused before any work.
@@ -33,12 +34,14 @@ from ..analysis.effects import Metric
 from ..analysis.scores import probe_ids
 from ..runtime import Encoding, Runtime
 from ..runtime.interventions import Interventions, head_importance, head_masks
+from ..runtime.generation import Generator, Sampling, chat_prompt
 from ..runtime.patching import knock_out, patch
 from ..runtime.layerwise import LayerwiseResult, Want
 from . import payload
 from .errors import Refused, TooLarge, UnknownModel
 from .runs import Run, RunProgress, Runner
-from .schemas import AttentionRequest, ImportanceRequest, KnockoutRequest, PatchingRequest, StagesRequest
+from .schemas import (AttentionRequest, GenerateRequest, ImportanceRequest, KnockoutRequest, PatchingRequest,
+                      StagesRequest)
 from .settings import Settings
 
 PROBE_TOKENS = 50   # the induction probe: this many random tokens, repeated once
@@ -231,6 +234,42 @@ class KnockoutPlan(OneRunPlan):
 
 
 # ---- planning -------------------------------------------------------------------------------------------------
+@dataclass
+class GeneratePlan:
+    """/api/generate: the prompt's tokens and the generation's options, checked; `lines` runs it, a step at a time,
+    each step waiting for a run slot like any run (app/runs.py Runner.step)."""
+    request: GenerateRequest
+    runtime: Runtime
+    encoding: Encoding
+    sampling: Sampling
+    ablate: list[tuple[int, int]]
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    seconds: float
+    chunk_bytes: int
+
+    def generator(self) -> Generator:
+        L, H = self.runtime.cfg.n_layers, self.runtime.cfg.n_heads
+        keep = head_masks(self.ablate, "zero", L, H)[0]
+        return Generator(self.runtime, list(self.encoding.ids), self.sampling, self.request.max_new_tokens, keep,
+                         tuple(self.request.stop), self.layers, self.heads, time.monotonic() + self.seconds,
+                         self.chunk_bytes)
+
+    async def lines(self, runner: Runner, started: float):
+        """A line per new token ({"token": ...}), then {"done": ...}; a client that goes away stops it between two
+        steps (the response stops asking for lines)."""
+        gen = self.generator()
+        await runner.step(gen.prefill)
+        prompt = time.perf_counter()
+        while gen.stop_reason is None:
+            token = await runner.step(gen.__next__, admit=False)
+            yield payload.generated(self, token, gen.text)
+        end = time.perf_counter()
+        n = max(len(gen.new_ids), 1)
+        yield payload.generation_done(self, gen, {"prompt": (prompt - started) * 1000, "total": (end - started) * 1000,
+                                                  "per_token": (end - prompt) * 1000 / n})
+
+
 def _hash(material) -> str:
     return hashlib.sha256(orjson.dumps(material)).hexdigest()[:32]
 
@@ -552,3 +591,36 @@ class Planner:
         return KnockoutPlan(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary),
                             binary=binary, size=2000 + 40 * T, run=Run(key, call))
 
+
+    # ---- /api/generate --------------------------------------------------------------------------------------------
+    def generate(self, req: GenerateRequest) -> GeneratePlan:
+        rt = self.runtime(req.model)
+        self._lm(rt, "generation")
+        self._chars(rt, "text is", req.text)
+        st, L, H = self.settings, rt.cfg.n_layers, rt.cfg.n_heads
+        if req.max_new_tokens > st.max_new_tokens:
+            raise Refused(f"max_new_tokens {req.max_new_tokens} is over the limit of {st.max_new_tokens} "
+                          f"(ATTNSCOPE_MAX_NEW_TOKENS)")
+        enc = rt.vocabulary.encode(chat_prompt(rt.generation, req.text) if req.chat else req.text)
+        T, room = len(enc.ids), rt.spec.max_tokens
+        if enc.truncated or T + req.max_new_tokens > room:
+            raise Refused(f"the prompt is {'over ' if enc.truncated else ''}{T} tokens and {req.max_new_tokens} new "
+                          f"ones would pass {rt.spec.id}'s {room} (its max_tokens): ask for at most "
+                          f"{max(room - T, 0)} new tokens, or shorten the prompt")
+        ablate = [tuple(pair) for pair in (req.interventions.ablate if req.interventions else [])]
+        bad = [list(pair) for pair in ablate if pair[0] >= L or pair[1] >= H]
+        if bad:
+            raise Refused(f"interventions.ablate {bad[:5]} out of range: this model has layers 0..{L - 1} and heads "
+                          f"0..{H - 1}")
+        layers = heads = ()
+        if "attention" in req.include:
+            layers, heads = tuple(_select("layers", req.layers, L)), tuple(_select("heads", req.heads, H))
+            cells = len(layers) * len(heads) * req.max_new_tokens * (T + req.max_new_tokens)
+            if cells > st.max_json_cells:
+                raise Refused(f"the attention rows of this generation are {cells} numbers, over the limit of "
+                              f"{st.max_json_cells} (ATTNSCOPE_MAX_JSON_CELLS): ask for fewer layers or heads, or "
+                              f"fewer new tokens")
+        seed = req.seed if req.seed is not None else int(np.random.default_rng().integers(2**32))
+        sampling = Sampling(req.greedy, req.temperature, req.top_k, req.top_p, seed)
+        return GeneratePlan(req, rt, enc, sampling, sorted(set(ablate)), layers, heads, st.max_generate_seconds,
+                            int(st.layerwise_group_mb * 2**20))

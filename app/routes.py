@@ -5,13 +5,14 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Path, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, StreamingResponse
 
 from .. import __version__
 from . import wire
 from .deps import get_service
-from .schemas import (AttentionRequest, AttentionResponse, Error, Health, ImportanceRequest, ImportanceResponse,
-                      KnockoutRequest, KnockoutResponse, PatchingRequest, PatchingResponse,
+from .schemas import (AttentionRequest, AttentionResponse, Error, GenerateDone, GeneratedToken, GenerateRequest,
+                      Health, ImportanceRequest, ImportanceResponse, KnockoutRequest, KnockoutResponse,
+                      PatchingRequest, PatchingResponse,
                       ModelInfo, StagesRequest, StagesResponse)
 from .service import AttentionService
 
@@ -111,6 +112,31 @@ async def knockout(req: KnockoutRequest, svc: Service, request: Request, accept:
     started = time.perf_counter()
     plan = svc.plans.knockout(req, wire.accepts_binary(accept))
     return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
+
+
+GENERATE_200 = {
+    "content": {wire.NDJSON: {
+        "schema": {"type": "string", "description": "newline-delimited JSON objects"},
+        "example": '{"token": {"index": 4, "id": 314, "token": "␣jumps", "text": " jumps", "probability": 0.61, '
+                   '"sampling_probability": 0.61, "candidates": [{"token": "␣jumps", "id": 314, "probability": 0.61, '
+                   '"sampling_probability": 0.61}]}}\n...\n{"done": {"model": "smollm2", "tokens": ["␣jumps", '
+                   '"..."], "stop_reason": "max_new_tokens", "seed": 7, "...": "..."}}\n'}},
+    "description": "NDJSON, one object per line, each sent when its step is done: `{\"token\": GeneratedToken}` per "
+                   "new token, then `{\"done\": GenerateDone}`; or `{\"error\": {\"status\", \"detail\"}}` for a "
+                   "refusal that comes once the stream has begun (503 when the run queue is full as the prompt's run "
+                   "is admitted). Schemas: components GeneratedToken and GenerateDone."}
+
+
+@router.post("/api/generate", tags=["generation"], summary="Generate text token by token, streamed with each "
+             "token's probabilities and attention", response_class=StreamingResponse,
+             responses={**ERRORS, 200: GENERATE_200})
+async def generate(req: GenerateRequest, svc: Service):
+    """Each new token costs one position (a key/value cache), and each step waits for a run slot like any other
+    run, so generations take turns with the rest. Heads in `interventions.ablate` stay knocked out in every step.
+    The stream stops when the client goes away, at the end of the step under way."""
+    started = time.perf_counter()
+    plan = svc.plans.generate(req)
+    return svc.sending.generation(plan, svc.runner, started)
 
 
 @router.post("/api/stages", response_model=StagesResponse, tags=["attention"],

@@ -138,9 +138,7 @@ class Runner:
         if task is None:
             # admitted runs (waiting or running) are counted the moment they are admitted, so a burst cannot
             # slip past the bound before the first of it takes a slot
-            if self._waiting + self._running >= self.max_inflight + self.max_queue:
-                raise Busy(f"busy: {self._running} model runs in flight and {self._waiting} waiting "
-                           f"(ATTNSCOPE_MAX_INFLIGHT, ATTNSCOPE_MAX_QUEUE); retry shortly", {"Retry-After": "1"})
+            self._admit()
             # The run is a task of its own: a request that goes away (cancelled) neither cancels a run that
             # other requests share nor leaks a slot or a count. A run that nobody waits for any more is dropped
             # while it waits for a slot; one already running finishes and is cached.
@@ -176,6 +174,30 @@ class Runner:
             self._slots.release()
         self.cache.put(run.key, result)
         return result
+
+    def _admit(self) -> None:
+        """Busy when the runs in flight and waiting fill the slots and the queue."""
+        if self._waiting + self._running >= self.max_inflight + self.max_queue:
+            raise Busy(f"busy: {self._running} model runs in flight and {self._waiting} waiting "
+                       f"(ATTNSCOPE_MAX_INFLIGHT, ATTNSCOPE_MAX_QUEUE); retry shortly", {"Retry-After": "1"})
+
+    async def step(self, call: Callable[[], object], admit: bool = True):
+        """One uncached piece of model work (a step of a generation) in a worker thread, when a run slot is free: so
+        a long generation takes turns with every other run, a slot per step. admit: refuse it (Busy) when the queue
+        is full, as a new run is; a generation's later steps are already admitted and wait."""
+        if admit:
+            self._admit()
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        self._running += 1
+        try:
+            return await anyio.to_thread.run_sync(call)
+        finally:
+            self._running -= 1
+            self._slots.release()
 
     @staticmethod
     def _execute(run: Run):

@@ -252,6 +252,87 @@ class KnockoutResponse(BaseModel):
     timing_ms: dict[str, float]
 
 
+class Interventions(Strict):
+    """What is changed in every step of a generation."""
+    ablate: list[Annotated[list[Index], Field(min_length=2, max_length=2)]] = Field(
+        default_factory=list, max_length=4096, examples=[[[17, 4]]],
+        description="heads to knock out, as [layer, head] pairs: their output (before the output projection) is zero "
+        "in the prompt's run and in every step, as `ablate` with `ablation` zero on /api/attention")
+
+
+class GenerateRequest(Strict):
+    """Token-by-token generation, streamed as NDJSON."""
+    model: Text = Field("smollm2", description="a model id with an LM head (`predictions`)", examples=["smollm2"])
+    text: Text = Field(description="the prompt", examples=["The quick brown fox"], json_schema_extra={"pattern": r"\S"})
+    max_new_tokens: _bounded(1, 4096) = Field(32, description="tokens to generate at most (ATTNSCOPE_MAX_NEW_TOKENS "
+                                              "caps it; the prompt and the new tokens together within the model's "
+                                              "`max_tokens`)")
+    greedy: JsonBool = Field(False, description="always the most probable token (temperature, top_k and top_p then "
+                             "only shape the reported distribution); otherwise sampled")
+    temperature: Annotated[float, Field(gt=0, le=100)] = Field(1.0, description="divides the logits before the "
+                                                                "softmax: below 1 sharper, above 1 flatter")
+    top_k: _bounded(0, 1_000_000) = Field(0, description="sample among the k most probable tokens only; 0: off")
+    top_p: Annotated[float, Field(gt=0, le=1)] = Field(1.0, description="then among the fewest most probable tokens "
+                                                       "whose probability reaches top_p (nucleus sampling); 1: off")
+    seed: _bounded(0, 2**32 - 1) | None = Field(None, description="the sampling's random seed: the same seed and "
+                                                "options give the same continuation; a random one when omitted (the "
+                                                "last line says which)")
+    stop: list[Annotated[Text, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=8, description="stop once the continuation contains one of these texts "
+                                                        "(its token included); the model's end-of-text token always stops")
+    chat: JsonBool = Field(False, description="wrap the prompt in the model's chat template as a user message, "
+                           "with the assistant's turn opened (models whose files have a template)")
+    interventions: Interventions | None = Field(None, description="heads knocked out while generating")
+    layers: list[Index] | None = Field(None, description="with `attention`: the layers whose rows each token "
+                                       "carries; all when omitted")
+    heads: list[Index] | None = Field(None, description="with `attention`: the heads whose rows each token "
+                                      "carries; all when omitted")
+    include: list[Literal["attention", "candidates"]] = Field(
+        default=["candidates"], description="what each token's line carries: `candidates`, the step's most "
+        "probable tokens with their probability before and after temperature, top-k and top-p; `attention`, the "
+        "new token's attention row over every position so far, [layer][head][key]")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "smollm2", "text": "The quick brown fox", "max_new_tokens": 16, "greedy": True}]})
+
+
+class Candidate(BaseModel):
+    token: str = Field(description="the token as a person reads it")
+    id: int
+    probability: float = Field(description="its probability under the model (softmax of the logits)")
+    sampling_probability: float = Field(description="after temperature, top-k and top-p: what it is drawn with")
+
+
+class GeneratedToken(BaseModel):
+    """One line of the stream per new token: `{"token": GeneratedToken}`."""
+    index: int = Field(description="its position in the sequence (prompt tokens first)")
+    id: int
+    token: str = Field(description="the token as a person reads it")
+    text: str = Field(description="the continuation so far, decoded")
+    probability: float = Field(description="its probability under the model")
+    sampling_probability: float = Field(description="its probability under the sampling distribution")
+    candidates: list[Candidate] | None = Field(None, description="with `candidates`: the step's most probable tokens")
+    attention: list | None = Field(None, description="with `attention`: its attention row, [layer][head][key] over "
+                                   "positions 0..index")
+
+
+class GenerateDone(BaseModel):
+    """The stream's last line: `{"done": GenerateDone}` (or `{"error": {"status", "detail"}}`)."""
+    model: str
+    prompt_tokens: list[str] = Field(description="the prompt's tokens (after the chat template, with `chat`)")
+    tokens: list[str] = Field(description="the new tokens")
+    ids: list[int] = Field(description="the new tokens' ids")
+    text: str = Field(description="the continuation, decoded")
+    sequence: str = Field(description="prompt and continuation, decoded")
+    stop_reason: Literal["max_new_tokens", "eos", "stop", "time"]
+    seed: int = Field(description="the seed used")
+    layers: list[int] | None = Field(None, description="with `attention`: the layers of each row")
+    heads: list[int] | None = Field(None, description="with `attention`: the heads of each row")
+    ablate: list[list[int]] = Field(description="the heads knocked out")
+    timing_ms: dict[str, float] = Field(description="prompt (its run), total, and per_token (the mean step)")
+    tokens_per_second: float
+
+
 class StagesRequest(RunOptions):
     layer: Index = Field(description="0-based layer, below the chosen model's `layers` (GET /api/models)")
     head: Index = Field(description="0-based head, below the chosen model's `heads` (GET /api/models)")
@@ -411,8 +492,9 @@ class Error(BaseModel):
     errors: list[dict] | None = Field(None, description="per-field validation errors, when there are several")
 
 
-REQUESTS = ("AttentionRequest", "StagesRequest", "ImportanceRequest", "PatchingRequest", "KnockoutRequest")
-LM_REQUESTS = ("PatchingRequest", "KnockoutRequest")   # models with an LM head only
+REQUESTS = ("AttentionRequest", "StagesRequest", "ImportanceRequest", "PatchingRequest", "KnockoutRequest",
+            "GenerateRequest")
+LM_REQUESTS = ("PatchingRequest", "KnockoutRequest", "GenerateRequest")   # models with an LM head only
 
 
 def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int) -> dict:
@@ -424,6 +506,7 @@ def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int) -> d
     What depends on the text itself (a mask index past its last token, an answer too big for its wire form, the
     character limit) is checked per request and refused with a message naming it. With no models loaded the schema
     keeps its generic form."""
+    _stream_schemas(openapi)
     _integer_bounds(openapi)
     if not models:
         return openapi
@@ -532,3 +615,15 @@ def _narrow(node: dict, bound: int) -> None:
     for child in [node.get("items"), *node.get("anyOf", [])]:
         if isinstance(child, dict):
             _narrow(child, bound)
+
+
+STREAMED = (GeneratedToken, GenerateDone)   # the lines of /api/generate's stream: no response_model names them
+
+
+def _stream_schemas(openapi: dict) -> None:
+    """The streamed lines' schemas among the components, where the stream's description points."""
+    from pydantic.json_schema import models_json_schema
+
+    _, defs = models_json_schema([(m, "serialization") for m in STREAMED],
+                                 ref_template="#/components/schemas/{model}")
+    openapi.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))

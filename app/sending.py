@@ -158,6 +158,25 @@ class Sending:
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                                           "Vary": "Accept, Prefer"})
 
+    def generation(self, plan, runner: Runner, started: float) -> StreamingResponse:
+        """A generation's NDJSON lines (app/routes.py documents them), each sent as soon as its step is done."""
+        return StreamingResponse(self._generated(plan, runner, started), media_type=wire.NDJSON,
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @staticmethod
+    async def _generated(plan, runner: Runner, started: float):
+        lines = plan.lines(runner, started)
+        try:
+            async for line in lines:
+                yield wire.to_json(line) + b"\n"
+        except Exception as e:  # noqa: BLE001 - a refusal becomes the stream's last line; anything else a bug
+            answer = refusal(e)
+            if answer is None:
+                raise
+            yield wire.to_json({"error": {"status": answer[0], "detail": answer[1]}}) + b"\n"
+        finally:
+            await lines.aclose()
+
     async def _lines(self, plan: Plan, runner: Runner, started: float, minimal: bool, every: float = 0.1):
         """A progress line whenever another layer is done (the last one always), then the answer (`{"done": ...}`
         alone when `minimal`) or the refusal. A client that goes away stops the lines; its run is shared and cached

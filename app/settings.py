@@ -72,6 +72,9 @@ class Settings(BaseSettings):
                                      "outputs")
     max_patching_runs: int = Field(default=4096, ge=1, description="rows of one /api/patching request (layers x "
                                    "heads, x positions per position): each is a run of the layers above its own")
+    max_new_tokens: int = Field(default=256, ge=1, description="tokens one /api/generate request may ask for")
+    max_generate_seconds: float = Field(default=120, gt=0, description="a generation stops (stop_reason \"time\") "
+                                        "once it has run this long, waits for run slots included")
     max_tokens: Limits = Field(default={}, description="per-model token limit, e.g. minilm=512, up to the model's "
                                "positions; default: the length it was trained on (answers past that carry a warning)")
     max_json_cells: int = 8_000_000      # attention cells (layers x heads x T x T) in one JSON answer, 422 beyond

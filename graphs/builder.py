@@ -140,3 +140,21 @@ def pruned(proto: onnx.ModelProto) -> onnx.ModelProto:
         del field[:]
         field.extend(kept)
     return proto
+
+
+def save_checked(proto: onnx.ModelProto, path, progress=None) -> None:
+    """Write a graph to `path` atomically (a temporary file, then a rename) and validate it with onnx.checker.
+    progress(1) after each of the two."""
+    import os
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    onnx.save(proto, tmp)
+    if progress:
+        progress(1)
+    onnx.checker.check_model(str(tmp), full_check=True)
+    if progress:
+        progress(1)
+    os.replace(tmp, path)

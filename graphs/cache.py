@@ -21,10 +21,10 @@ import numpy as np
 
 from ..model import transformer
 from ..model.weights import state_dict
-from . import builder, stacked, steps
+from . import builder, decoding, stacked, steps
 
 log = logging.getLogger("attnscope")
-EXPORTER = (builder, steps, stacked, transformer)   # the source that shapes an exported graph
+EXPORTER = (builder, steps, stacked, decoding, transformer)   # the source that shapes an exported graph
 
 
 def content_key(model) -> str:
@@ -40,7 +40,7 @@ def content_key(model) -> str:
 
 
 class GraphCache:
-    """One model's exported graphs (plain, and with the teaching stages) in `folder`."""
+    """One model's exported graphs in `folder`: plain, with the teaching stages, and (decoders) the decoding step."""
 
     def __init__(self, folder: Path, model_id: str, model):
         self.folder, self.model_id, self.model = Path(folder), model_id, model
@@ -54,27 +54,28 @@ class GraphCache:
             self._key = content_key(self.model)
         return self._key
 
-    def cached_path(self, stages: bool = False) -> Path:
+    def cached_path(self, stages: bool = False, decode: bool = False) -> Path:
         """Where the exported graph lives in the cache (it may not exist yet)."""
-        return self.folder / f"{self.model_id}{'-stages' if stages else ''}-{self.key}.onnx"
+        variant = "-decode" if decode else "-stages" if stages else ""
+        return self.folder / f"{self.model_id}{variant}-{self.key}.onnx"
 
-    def path(self, stages: bool = False) -> Path:
+    def path(self, stages: bool = False, decode: bool = False) -> Path:
         """The exported graph, building it if it is not cached yet or fails its checksum."""
         if not self._verified:                      # first look at the cache: clear what killed exports left
             _remove_stale_temporaries(self.folder)
-        path = self.cached_path(stages)
+        path = self.cached_path(stages, decode)
         if self._intact(path):
             return path
         if self._scratch is not None and self._intact(self._scratch / path.name):
             return self._scratch / path.name
         try:
-            self._build(path, stages)
+            self._build(path, stages, decode)
             return path
         except OSError as e:
             log.warning("cannot write the graph cache %s (%s); building %s in a temporary folder for this "
                         "process (point ATTNSCOPE_CACHE at a writable folder to keep it)", self.folder,
                         e.strerror or type(e).__name__, path.name)
-            self._build(self._scratch_dir() / path.name, stages)
+            self._build(self._scratch_dir() / path.name, stages, decode)
             return self._scratch / path.name
 
     def forget(self, path: Path) -> None:
@@ -105,9 +106,12 @@ class GraphCache:
         self._verified[path] = stamp
         return True
 
-    def _build(self, path: Path, stages: bool) -> None:
+    def _build(self, path: Path, stages: bool, decode: bool) -> None:
         log.info("exporting %s to %s", self.model_id, path)
-        stacked.export(self.model, path, stages=stages, desc=self.model_id)   # written atomically
+        if decode:
+            decoding.export(self.model, path, desc=self.model_id)                # written atomically
+        else:
+            stacked.export(self.model, path, stages=stages, desc=self.model_id)
         tmp = path.with_name(f"{path.name}.sha256.tmp{os.getpid()}")
         tmp.write_text(_sha256(path) + "\n")
         os.replace(tmp, _sidecar(path))

@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..model.transformer import SQUARE_STAGES, STAGES, Transformer
-from .builder import Graph, model_proto, pruned
+from .builder import Graph, model_proto, pruned, save_checked
 from .steps import embed, final, final_outputs, position_weights, rope_tables, token_inputs, transformer_block
 
 
@@ -57,18 +57,7 @@ def build_graph(model: Transformer, stages: bool = False, progress=None, attenti
 
 def export(model: Transformer, path, stages: bool = False, desc: str = "export") -> None:
     """Write the graph to `path` (atomically), with a progress bar, and validate it with onnx.checker."""
-    import os
-    from pathlib import Path
-
     from tqdm import tqdm
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     with tqdm(total=len(model.blocks) + 2, desc=f"{desc}: building ONNX", unit="step", leave=False) as bar:
-        proto = build_graph(model, stages, progress=bar.update)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        onnx.save(proto, tmp)
-        bar.update(1)
-        onnx.checker.check_model(str(tmp), full_check=True)
-        bar.update(1)
-    os.replace(tmp, path)
+        save_checked(build_graph(model, stages, progress=bar.update), path, bar.update)

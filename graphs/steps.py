@@ -31,14 +31,15 @@ def final_outputs(cfg) -> list:
     return outputs
 
 
-def embed(g: Graph, model: Transformer) -> tuple[str, str, str]:
-    """Transformer.embed: wte[ids] (+ wpe[:T]) (+ wtt[types]), then LayerNorm for BERT. Returns x [B, T, D],
-    the name of wte (the tied LM head reads it) and T (a 1-element int64 tensor)."""
+def embed(g: Graph, model: Transformer, start: str | None = None) -> tuple[str, str, str]:
+    """Transformer.embed: wte[ids] (+ wpe[start:start+T]) (+ wtt[types]), then LayerNorm for BERT. Returns x
+    [B, T, D], the name of wte (the tied LM head reads it) and T (a 1-element int64 tensor). start: the first
+    position, a 1-element int64 tensor (None: 0)."""
     T = g.slice(g.op("Shape", "input_ids"), 1, 2, 0, hint="T")
     wte = g.param(model.wte, "wte")
     x = g.op("Gather", wte, "input_ids")
     if model.wpe is not None:
-        x = g.op("Add", x, g.slice(g.param(model.wpe, "wpe"), 0, T, 0))
+        x = g.op("Add", x, _positions(g, g.param(model.wpe, "wpe"), T, start))
     if model.wtt is not None:
         x = g.op("Add", x, g.op("Gather", g.param(model.wtt, "wtt"), "token_type_ids"))
     if model.ln_embed is not None:
@@ -46,10 +47,16 @@ def embed(g: Graph, model: Transformer) -> tuple[str, str, str]:
     return x, wte, T
 
 
-def rope_tables(g: Graph, model: Transformer, T: str) -> tuple[str, str] | None:
-    """RoPE's cos/sin tables sliced to [T, d_head], like wpe."""
-    return None if model.rope is None else tuple(g.slice(g.param(t, name), 0, T, 0, hint=name)
+def rope_tables(g: Graph, model: Transformer, T: str, start: str | None = None) -> tuple[str, str] | None:
+    """RoPE's cos/sin tables sliced to positions start..start+T-1 [T, d_head], like wpe."""
+    return None if model.rope is None else tuple(_positions(g, g.param(t, name), T, start, hint=name)
                                                  for t, name in zip(model.rope, ("rope_cos", "rope_sin")))
+
+
+def _positions(g: Graph, table: str, T: str, start: str | None, hint: str | None = None) -> str:
+    """table[start:start+T] (table[:T] when start is None)."""
+    return g.slice(table, 0, T, 0, hint=hint) if start is None else g.slice(table, start, g.op("Add", start, T), 0,
+                                                                            hint=hint)
 
 
 def position_weights(g: Graph, T: str) -> str:
@@ -76,23 +83,35 @@ def attention_inputs(g: Graph, block, cfg, p: str, x: str, rope) -> tuple[str, t
     """The block up to its attention: its input h (normed first for pre-norm blocks) and the queries, keys and
     values, each [B, H, T, dh] (keys and values repeated for grouped-query attention, rotated by RoPE where the
     model has it)."""
-    H, Hkv, dh, attn = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, block.attn
     h = g.norm(x, block.ln1, p + ".ln1") if cfg.norm_first else x
-    if isinstance(attn, GroupedQueryAttention):   # GroupedQueryAttention.__call__
+    q, k, v = project(g, block, cfg, p, h, rope)
+    return h, (q, repeat_kv(g, block, cfg, p, k, "k"), repeat_kv(g, block, cfg, p, v, "v"))
+
+
+def project(g: Graph, block, cfg, p: str, h: str, rope) -> tuple[str, str, str]:
+    """GroupedQueryAttention.project / MultiHeadAttention.project: queries [B, H, T, dh] and the key/value heads'
+    keys and values [B, Hkv, T, dh] of h, q and k rotated by `rope` (cos, sin [T, dh]) where the model has RoPE."""
+    H, Hkv, dh, attn = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, block.attn
+    if isinstance(attn, GroupedQueryAttention):
         q, k, v = (g.op("Transpose", g.op("Reshape", g.linear(h, *attn.projection(f"{n}_proj"), f"{p}.attn.{n}"),
                                           g.const(np.array([0, 0, heads, dh]))), perm=[0, 2, 1, 3], hint=f"{p}.{n}")
                    for n, heads in (("q", H), ("k", Hkv), ("v", Hkv)))                 # [B, H|Hkv, T, dh]
         if rope is not None:
             q, k = g.rope(q, *rope, dh), g.rope(k, *rope, dh)
-        if attn.group > 1:                        # functional.repeat_kv: query head h reads kv head h // group
-            k, v = (g.op("Reshape", g.op("Expand", g.op("Unsqueeze", t, g.const(np.array([2]))),
-                                          g.const(np.array([1, 1, attn.group, 1, 1]))),
-                         g.const(np.array([0, H, -1, dh])), hint=f"{p}.{n}_repeated")
-                    for t, n in ((k, "k"), (v, "v")))                                   # [B, H, T, dh]
-        return h, (q, k, v)
-    return h, tuple(g.op("Transpose", g.op("Reshape", g.linear(h, *attn._projection(j), f"{p}.attn.{'qkv'[j]}"),
+        return q, k, v
+    return tuple(g.op("Transpose", g.op("Reshape", g.linear(h, *attn._projection(j), f"{p}.attn.{'qkv'[j]}"),
                                         g.const(np.array([0, 0, H, dh]))), perm=[0, 2, 1, 3], hint=f"{p}.{'qkv'[j]}")
-                 for j in range(3))                                                     # MultiHeadAttention.__call__
+                 for j in range(3))
+
+
+def repeat_kv(g: Graph, block, cfg, p: str, t: str, n: str) -> str:
+    """functional.repeat_kv: [B, Hkv, T, dh] -> [B, H, T, dh], query head h reading kv head h // group."""
+    group = cfg.n_heads // cfg.n_kv_heads
+    if group == 1:
+        return t
+    return g.op("Reshape", g.op("Expand", g.op("Unsqueeze", t, g.const(np.array([2]))),
+                                g.const(np.array([1, 1, group, 1, 1]))),
+                g.const(np.array([0, cfg.n_heads, -1, cfg.d_head])), hint=f"{p}.{n}_repeated")
 
 
 def attend(g: Graph, cfg, p: str, q: str, k: str, v: str, mask: str) -> dict[str, str]:
@@ -107,15 +126,20 @@ def attend(g: Graph, cfg, p: str, q: str, k: str, v: str, mask: str) -> dict[str
     return dict(attentions=probs, q=q, k=k, v=v, scores=scores, scaled=scaled, masked=masked, ctx=ctx)
 
 
-def block_output(g: Graph, block, cfg, p: str, x: str, ctx: str, keep: str, mean: str, weights: str) -> str:
-    """The block after its attention: the head mask on ctx, the output projection, the residual and norms, the MLP."""
+def block_output(g: Graph, block, cfg, p: str, x: str, ctx: str, keep: str, mean: str | None,
+                 weights: str | None) -> str:
+    """The block after its attention: the head mask on ctx, the output projection, the residual and norms, the MLP.
+    mean None: knocked-out heads write zero (the decoding step's form, model/decoding.py)."""
     H, dh, attn = cfg.n_heads, cfg.d_head, block.attn
     out_proj = attn.out_projection()
-    # functional.ablate_heads: keep * ctx + (1 - keep) * mean * sum_t weights_t ctx_t
-    keep, mean = (g.op("Unsqueeze", t, g.const(np.array([2, 3]))) for t in (keep, mean))   # [B, H, 1, 1]
-    replace = g.op("Mul", g.op("Sub", g.const(np.float32(1.0)), keep), mean)
-    avg = g.op("MatMul", weights, ctx)                                                  # [B, H, 1, dh]
-    ctx = g.op("Add", g.op("Mul", keep, ctx), g.op("Mul", replace, avg), hint=p + ".ctx_masked")
+    keep = g.op("Unsqueeze", keep, g.const(np.array([2, 3])))                          # [B, H, 1, 1]
+    if mean is None:
+        ctx = g.op("Mul", keep, ctx, hint=p + ".ctx_masked")
+    else:   # functional.ablate_heads: keep * ctx + (1 - keep) * mean * sum_t weights_t ctx_t
+        mean = g.op("Unsqueeze", mean, g.const(np.array([2, 3])))                      # [B, H, 1, 1]
+        replace = g.op("Mul", g.op("Sub", g.const(np.float32(1.0)), keep), mean)
+        avg = g.op("MatMul", weights, ctx)                                              # [B, H, 1, dh]
+        ctx = g.op("Add", g.op("Mul", keep, ctx), g.op("Mul", replace, avg), hint=p + ".ctx_masked")
     merged = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const(np.array([0, 0, H * dh])))
     a = g.linear(merged, *out_proj, p + ".attn.out")
     x = g.op("Add", x, a) if cfg.norm_first else g.norm(g.op("Add", x, a), block.ln1, p + ".ln1")

@@ -105,6 +105,13 @@ class MultiHeadAttention:
         """W_O [E, E] (the heads' outputs, concatenated, mixed back into the stream) and its bias (or None)."""
         return self.params["out_proj.weight"], self.params.get("out_proj.bias")
 
+    def project(self, x, start: int = 0):
+        """Self-attention's queries, keys and values [B, H, T, dh] of x [B, T, E] (positions are not this module's
+        business: start is taken for GroupedQueryAttention's signature)."""
+        B, T, _ = x.shape
+        return tuple(linear(x, *self._projection(j)).reshape(B, T, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+                     for j in range(3))
+
     # ---- forward ----------------------------------------------------------------------------
     def __call__(self, query, key=None, value=None, key_padding_mask=None, attn_mask=None,
                  need_weights: bool = True, average_attn_weights: bool = True, causal: bool | None = None,
@@ -210,7 +217,7 @@ class GroupedQueryAttention:
     keys are rotated by their positions (RoPE) before the dot product, so scores see relative offsets.
     d_head need not be d_model / n_heads. Parameters are named as transformers names them (q_proj,
     k_proj, v_proj, o_proj; weights [out, in]); biases are off (Llama) or on q/k/v only (Qwen2).
-    graphs/steps.attention_inputs mirrors __call__ step by step (its "GroupedQueryAttention.__call__" branch).
+    graphs/steps.project mirrors project step by step, and graphs/steps.attention_inputs the rest of __call__.
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, rope=None,
@@ -248,6 +255,19 @@ class GroupedQueryAttention:
         """W_O [D, H * d_head] and its bias (or None): o_proj."""
         return self.projection("o_proj")
 
+    def project(self, x, start: int = 0):
+        """Queries [B, H, T, dh] and the key/value heads' keys and values [B, Hkv, T, dh] of x [B, T, D], q and k
+        rotated as positions start..start+T-1 (start > 0: new tokens after a key/value cache, model/decoding.py)."""
+        B, T, _ = x.shape
+        H, Hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
+        q = linear(x, *self.projection("q_proj")).reshape(B, T, H, dh).transpose(0, 2, 1, 3)      # [B, H, T, dh]
+        k = linear(x, *self.projection("k_proj")).reshape(B, T, Hkv, dh).transpose(0, 2, 1, 3)    # [B, Hkv, T, dh]
+        v = linear(x, *self.projection("v_proj")).reshape(B, T, Hkv, dh).transpose(0, 2, 1, 3)    # [B, Hkv, T, dh]
+        if self.rope is not None:
+            cos, sin = (t[start:start + T] for t in self.rope)                                     # [T, dh]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return q, k, v
+
     def __call__(self, x, attn_mask=None, head_mask=None, average_attn_weights: bool = False,
                  return_stages: bool = False):
         """x [B, T, D]; attn_mask additive [B|1, H|1, T, T]; head_mask as in MultiHeadAttention.
@@ -257,13 +277,8 @@ class GroupedQueryAttention:
         after RoPE; k and v repeated per group).
         """
         B, T, _ = x.shape
-        H, Hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
-        q = linear(x, *self.projection("q_proj")).reshape(B, T, H, dh).transpose(0, 2, 1, 3)      # [B, H, T, dh]
-        k = linear(x, *self.projection("k_proj")).reshape(B, T, Hkv, dh).transpose(0, 2, 1, 3)    # [B, Hkv, T, dh]
-        v = linear(x, *self.projection("v_proj")).reshape(B, T, Hkv, dh).transpose(0, 2, 1, 3)    # [B, Hkv, T, dh]
-        if self.rope is not None:
-            cos, sin = (t[:T] for t in self.rope)                                                  # [T, dh]
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        H, dh = self.n_heads, self.head_dim
+        q, k, v = self.project(x)                                                                  # RoPE'd
         k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)                                  # [B, H, T, dh]
 
         stages = attention_stages(q, k, attn_mask, self.temperature)                               # [B, H, T, T]

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .attention import GroupedQueryAttention
-from .functional import apply_rope, linear, repeat_kv, softmax
+from .functional import linear, repeat_kv, softmax
 from .masks import MASKED
 
 HOOKS = {
@@ -126,13 +126,7 @@ def forward(model, input_ids, mask, edits: list[list[Edit]] | None = None) -> Ed
 
 def _qkv(attn, h: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A block's queries, keys and values per query head [B, H, T, dh] from its input h [B, T, D]."""
-    B, T, _ = h.shape
-    H, dh = cfg.n_heads, cfg.d_head
+    q, k, v = attn.project(h)
     if isinstance(attn, GroupedQueryAttention):
-        q, k, v = (linear(h, *attn.projection(f"{n}_proj")).reshape(B, T, -1, dh).transpose(0, 2, 1, 3) for n in "qkv")
-        if attn.rope is not None:
-            cos, sin = (t[:T] for t in attn.rope)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return q, repeat_kv(k, attn.group), repeat_kv(v, attn.group)
-    return tuple(linear(h, *attn._projection(j)).reshape(B, T, H, dh).transpose(0, 2, 1, 3) for j in range(3))
-
+        k, v = repeat_kv(k, attn.group), repeat_kv(v, attn.group)
+    return q, k, v

@@ -13,10 +13,11 @@ import numpy as np
 MASKED = np.float32(np.finfo(np.float32).min)
 
 
-def causal_mask(t_query: int, t_key: int | None = None) -> np.ndarray:
-    """Look-ahead mask [Tq, Tk]: query i may see keys 0..i, never a later one (the future)."""
+def causal_mask(t_query: int, t_key: int | None = None, start: int = 0) -> np.ndarray:
+    """Look-ahead mask [Tq, Tk]: query i, at position start + i, may see keys 0..start+i, never a later one (the
+    future). start > 0: new tokens after `start` cached ones (model/decoding.py)."""
     t_key = t_query if t_key is None else t_key
-    future = np.triu(np.ones((t_query, t_key), dtype=bool), k=1)
+    future = np.triu(np.ones((t_query, t_key), dtype=bool), k=1 + start)
     return to_additive(future)
 
 

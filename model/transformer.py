@@ -198,13 +198,15 @@ class Transformer:
         """The LM head's weight [V, D]: logits = hidden @ W^T. Tied: the token embedding itself."""
         return self.wte if self.lm_head is None else self.lm_head.weight
 
-    def embed(self, input_ids, token_type_ids=None):
+    def embed(self, input_ids, token_type_ids=None, start: int = 0):
+        """Token (+ position, + segment) embeddings of input_ids [B, T] at positions start..start+T-1 -> [B, T, D]."""
         T = input_ids.shape[1]
-        if T > self.cfg.max_positions:
-            raise ValueError(f"{T} tokens is more than this model's {self.cfg.max_positions} positions; truncate the input")
+        if start + T > self.cfg.max_positions:
+            raise ValueError(f"{start + T} tokens is more than this model's {self.cfg.max_positions} positions; "
+                             "truncate the input")
         x = self.wte[input_ids]                                           # [B, T, D]
         if self.wpe is not None:
-            x = x + self.wpe[:T]
+            x = x + self.wpe[start:start + T]
         if self.wtt is not None:
             x = x + self.wtt[np.zeros_like(input_ids) if token_type_ids is None else token_type_ids]
         return x if self.ln_embed is None else self.ln_embed(x)

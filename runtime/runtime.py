@@ -43,10 +43,11 @@ class Runtime:
         self.cfg: T_.TransformerConfig = self.model.cfg
         self.vocabulary = Vocabulary(spec.load_tokenizer(self.cache_dir), spec.id, spec.max_tokens, spec.pair,
                                      self.cfg.vocab_size)
+        self.generation = spec.load_generation() if self.cfg.lm_head else None   # end-of-text ids, chat template
         self.graphs = GraphCache(self.cache_dir, spec.id, self.model)
         self.providers = list(providers) if providers else default_providers()
         self.threads = threads
-        self._sessions: dict[bool, object] = {}
+        self._sessions: dict[bool | str, object] = {}
         self._lock = threading.Lock()
         self._layerwise = None
 
@@ -195,25 +196,27 @@ class Runtime:
         """The exported graph, building it (with a progress bar) if it is not cached yet or fails its checksum."""
         return self.graphs.path(stages)
 
-    def session(self, stages: bool = False):
-        """The onnxruntime session (with or without teaching outputs); a corrupt cached file is rebuilt.
-        The stages graph allocates per run, without an arena: its peak is huge (four [L, H, T, T] outputs: two
-        512-token runs at once would leave ~1.4 GB behind) and its runs are rare."""
-        sess = self._sessions.get(stages)
+    def session(self, stages: bool = False, decode: bool = False):
+        """The onnxruntime session (with or without teaching outputs, or the decoding step of runtime/generation.py,
+        opened on first use); a corrupt cached file is rebuilt. The stages graph allocates per run, without an
+        arena: its peak is huge (four [L, H, T, T] outputs: two 512-token runs at once would leave ~1.4 GB behind)
+        and its runs are rare."""
+        which = "decode" if decode else stages
+        sess = self._sessions.get(which)
         if sess is not None:  # the common case takes no lock: building the other graph can take seconds
             return sess
         with self._lock:
-            if stages not in self._sessions:
+            if which not in self._sessions:
                 check_providers(self.providers)  # a bad option, not a corrupt file: never delete a good graph for it
-                path = self.graphs.path(stages)
+                path = self.graphs.path(stages, decode)
                 try:
-                    self._sessions[stages] = open_session(path, self.providers, self.threads, arena=not stages)
+                    self._sessions[which] = open_session(path, self.providers, self.threads, arena=not stages)
                 except Exception as e:  # noqa: BLE001 - onnxruntime raises its own error types
                     log.warning("cached graph %s is unreadable (%s); rebuilding", path.name, type(e).__name__)
                     self.graphs.forget(path)
-                    self._sessions[stages] = open_session(self.graphs.path(stages), self.providers, self.threads,
-                                                          arena=not stages)
-            return self._sessions[stages]
+                    self._sessions[which] = open_session(self.graphs.path(stages, decode), self.providers,
+                                                         self.threads, arena=not stages)
+            return self._sessions[which]
 
     def layerwise(self, checkpoint_every: int = 1, group_mb: float = 256):
         """This model run layer by layer, for texts whose stacked attention is too big (runtime/layerwise.py)."""

@@ -24,7 +24,7 @@ from ..model.transformer import Transformer, TransformerConfig
 from ..model.weights import load_state_dict, state_dict
 from .families import ARCHITECTURES, Source, architecture
 from .safetensors import DTYPES, Tensor, read_header, read_tensor, weight_files
-from .spec import ModelUnavailable, one_line
+from .spec import Generation, ModelUnavailable, one_line
 
 FOLDER_FILES = "config.json, model.safetensors (or model.safetensors.index.json and its shards) and tokenizer.json"
 
@@ -201,3 +201,21 @@ def load_tokenizer(folder: str | Path, cache: Path | None = None):
                                f"{mf.cfg.vocab_size} rows (config.json vocab_size): tokenizer and weights do "
                                f"not belong together")
     return tok
+
+
+def load_generation(folder: str | Path) -> Generation:
+    """End-of-text ids (generation_config.json, else config.json: eos_token_id, one or a list) and the chat template
+    (chat_template.jinja, else tokenizer_config.json's chat_template) with the BOS and EOS tokens it names."""
+    folder = Path(folder)
+    read = lambda name: _read_json(folder / name) if (folder / name).is_file() else {}   # noqa: E731
+    eos = read("generation_config.json").get("eos_token_id", read("config.json").get("eos_token_id"))
+    eos_ids = tuple(int(i) for i in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
+    tc = read("tokenizer_config.json")
+    template = tc.get("chat_template")
+    if isinstance(template, list):   # named templates: the default one
+        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+    if (folder / "chat_template.jinja").is_file():
+        template = (folder / "chat_template.jinja").read_text()
+    token = lambda v: v.get("content", "") if isinstance(v, dict) else (v or "")   # noqa: E731
+    return Generation(eos_ids, template if isinstance(template, str) else None, token(tc.get("bos_token")),
+                      token(tc.get("eos_token")))

