@@ -10,7 +10,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 from .. import __version__
 from . import wire
 from .deps import get_service
-from .schemas import (AttentionRequest, AttentionResponse, Error, GenerateDone, GeneratedToken, GenerateRequest,
+from .schemas import (AttentionRequest, AttentionResponse, Error, GenerateRequest,
                       Health, ImportanceRequest, ImportanceResponse, KnockoutRequest, KnockoutResponse,
                       PatchingRequest, PatchingResponse,
                       ModelInfo, StagesRequest, StagesResponse)

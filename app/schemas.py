@@ -270,7 +270,8 @@ class GenerateRequest(Strict):
     greedy: JsonBool = Field(False, description="always the most probable token (temperature, top_k and top_p then "
                              "only shape the reported distribution); otherwise sampled")
     temperature: Annotated[float, Field(gt=0, le=100)] = Field(1.0, description="divides the logits before the "
-                                                                "softmax: below 1 sharper, above 1 flatter")
+                                                                "softmax: below 1 sharper, above 1 flatter; above 0 "
+                                                                "(for the most probable token, set greedy)")
     top_k: _bounded(0, 1_000_000) = Field(0, description="sample among the k most probable tokens only; 0: off")
     top_p: Annotated[float, Field(gt=0, le=1)] = Field(1.0, description="then among the fewest most probable tokens "
                                                        "whose probability reaches top_p (nucleus sampling); 1: off")
