@@ -612,9 +612,10 @@ class Planner:
         if bad:
             raise Refused(f"interventions.ablate {bad[:5]} out of range: this model has layers 0..{L - 1} and heads "
                           f"0..{H - 1}")
-        layers = heads = ()
-        if "attention" in req.include:
-            layers, heads = tuple(_select("layers", req.layers, L)), tuple(_select("heads", req.heads, H))
+        layers, heads = tuple(_select("layers", req.layers, L)), tuple(_select("heads", req.heads, H))
+        if "attention" not in req.include:
+            layers = heads = ()
+        else:
             cells = len(layers) * len(heads) * req.max_new_tokens * (T + req.max_new_tokens)
             if cells > st.max_json_cells:
                 raise Refused(f"the attention rows of this generation are {cells} numbers, over the limit of "

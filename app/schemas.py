@@ -80,7 +80,9 @@ class ModelInfo(BaseModel):
     provider: str = Field(description="onnxruntime execution provider in use", examples=["CPUExecutionProvider"])
     kv_heads: int = Field(description="key/value heads: query head h reads key/value group h // (heads / kv_heads) "
                           "(grouped-query attention when fewer than heads)")
-    predictions: bool = Field(description="has an LM head: answers can include next-token predictions")
+    predictions: bool = Field(description="has an LM head: answers can include next-token predictions, and it "
+                              "generates text (/api/generate)")
+    chat: bool = Field(False, description="its files have a chat template: /api/generate takes `chat`")
     head_roles: list[HeadRole] = Field(default_factory=list, description="teaching models: what each hand-wired "
                                        "head does, exactly (>= 0.99 of its weight on its role's target)")
     explanation: str = Field("", description="teaching models: how the model works, in plain language")
@@ -498,12 +500,12 @@ REQUESTS = ("AttentionRequest", "StagesRequest", "ImportanceRequest", "PatchingR
 LM_REQUESTS = ("PatchingRequest", "KnockoutRequest", "GenerateRequest")   # models with an LM head only
 
 
-def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int) -> dict:
+def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int, max_new_tokens: int = 256) -> dict:
     """The OpenAPI with one schema per served model for every request body, so that the schema says what the server
     takes. The operations take `<Request>ByModel`, one of `<Request>.<model>`: each fixes `model` (the default
     model's may leave it out) and bounds every layer, head and token index by that model's own `layers`, `heads` and
     `max_tokens`, takes `text_pair` only for a model with `pair`, and at most ATTNSCOPE_MAX_MASK_TOKENS masked
-    tokens. The generic `<Request>` stays, every field documented, its indices bounded by the largest served model.
+    tokens (a generation: at most ATTNSCOPE_MAX_NEW_TOKENS new ones, and `chat` only where the model has a template). The generic `<Request>` stays, every field documented, its indices bounded by the largest served model.
     What depends on the text itself (a mask index past its last token, an answer too big for its wire form, the
     character limit) is checked per request and refused with a message naming it. With no models loaded the schema
     keeps its generic form."""
@@ -519,7 +521,7 @@ def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int) -> d
         if generic is None or not served:
             continue
         for m in served:
-            schemas[f"{name}.{m.id}"] = _variant(generic, m, max_mask_tokens)
+            schemas[f"{name}.{m.id}"] = _variant(generic, m, max_mask_tokens, max_new_tokens, schemas)
         schemas[f"{name}ByModel"] = {
             "title": f"{name} (one schema per served model)", "description": generic.get("description", "") +
             f" The fields of {name}, with the ranges of the model `model` names" + (
@@ -565,7 +567,7 @@ def _bound_generic(schemas: dict, models: list[ModelInfo]) -> None:
                                                  "served models, each of which checks its own")
 
 
-def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int) -> dict:
+def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int, max_new_tokens: int, schemas: dict) -> dict:
     variant = copy.deepcopy(generic)
     variant.pop("description", None)
     variant["title"] = f"{generic.get('title', '')} for {m.id}"
@@ -591,13 +593,28 @@ def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int) -> dict:
                 node["minItems"] = max(node.get("minItems", 1), 1)
     if "mask_tokens" in props:
         props["mask_tokens"]["maxItems"] = max_mask_tokens
-    if "ablate" in props:                    # [layer, head] pairs: each number bounded by its own axis
-        pair = props["ablate"]["items"]
-        index = pair.pop("items")
-        pair["prefixItems"] = [index | {"maximum": m.layers - 1}, index | {"maximum": m.heads - 1}]
+    if "interventions" in props:             # inline, to bound its [layer, head] pairs by this model
+        inline = copy.deepcopy(schemas["Interventions"])
+        _bound_pairs(inline["properties"], m)
+        props["interventions"] = {"anyOf": [inline, {"type": "null"}], "default": None,
+                                  "description": props["interventions"].get("description", "")}
+    _bound_pairs(props, m)
+    if "max_new_tokens" in props:
+        props["max_new_tokens"]["maximum"] = max(1, min(max_new_tokens, m.max_tokens - 1))
+    if "chat" in props and not m.chat:
+        props["chat"] = {"type": "boolean", "const": False, "default": False,
+                         "description": f"{m.id}'s files have no chat template: leave it out"}
     if "text_pair" in props and not m.pair:
         props["text_pair"] = {"type": "null", "description": f"{m.id} takes a single text: leave it out"}
     return variant
+
+
+def _bound_pairs(props: dict, m: ModelInfo) -> None:
+    """`ablate`'s [layer, head] pairs: each number bounded by its own axis."""
+    if "ablate" in props:
+        pair = props["ablate"]["items"]
+        index = pair.pop("items")
+        pair["prefixItems"] = [index | {"maximum": m.layers - 1}, index | {"maximum": m.heads - 1}]
 
 
 def _example(generic: dict, m: ModelInfo) -> dict:

@@ -45,6 +45,19 @@ def runtimes():
 
 
 @pytest.fixture(scope="session")
+def hf_smollm2():
+    """transformers' own reading of SmolLM2's GGUF (~20 s: it de-quantises the file again), eager attention, float32:
+    the independent reference of every SmolLM2 test, loaded once per session."""
+    import torch
+    import transformers
+    from attnscope.sources import zoo
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(zoo.smollm2_path().parent), gguf_file=zoo.SMOLLM2_FILE, attn_implementation="eager", dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
 def minilm(runtimes):
     """The real all-MiniLM-L6-v2 Runtime."""
     return runtimes["minilm"]

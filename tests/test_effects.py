@@ -22,7 +22,7 @@ from attnscope.model.masks import MASKED
 from attnscope.runtime import Runtime
 from attnscope.runtime.interventions import Interventions
 from attnscope.runtime.patching import patch
-from attnscope.sources import resolve, zoo
+from attnscope.sources import resolve
 
 from .conftest import CACHE
 from .test_checkpoints import build_checkpoint
@@ -36,13 +36,6 @@ GPT2_CLEAN, GPT2_CORRUPT = "the cat sat on the mat and the dog", "the cat sat on
 @pytest.fixture(scope="module")
 def smollm2(runtimes):
     return runtimes["smollm2"]
-
-
-@pytest.fixture(scope="module")
-def hf_smollm2():
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(zoo.smollm2_path().parent), gguf_file=zoo.SMOLLM2_FILE, attn_implementation="eager", dtype=torch.float32)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

@@ -48,12 +48,9 @@ def hf_tokenizer():
 
 
 @pytest.fixture(scope="module")
-def hf_model():
-    """transformers' own reading of the GGUF (~20 s: it de-quantises the file again), loaded once."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(zoo.smollm2_path().parent), gguf_file=zoo.SMOLLM2_FILE, attn_implementation="eager",
-        dtype=torch.float32)
-    return model.eval()
+def hf_model(hf_smollm2):
+    """transformers' own reading of the GGUF (tests/conftest.py, shared by the session)."""
+    return hf_smollm2
 
 
 def hf_forward(hf_model, ids):
