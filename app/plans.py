@@ -34,7 +34,7 @@ from ..analysis.effects import Metric
 from ..analysis.scores import probe_ids
 from ..runtime import Encoding, Runtime
 from ..runtime.interventions import Interventions, head_importance, head_masks
-from ..runtime.generation import Generator, Sampling, chat_prompt
+from ..runtime.generation import Generator, Sampling
 from ..runtime.patching import knock_out, patch
 from ..runtime.layerwise import LayerwiseResult, Want
 from . import payload
@@ -268,6 +268,27 @@ class GeneratePlan:
         n = max(len(gen.new_ids), 1)
         yield payload.generation_done(self, gen, {"prompt": (prompt - started) * 1000, "total": (end - started) * 1000,
                                                   "per_token": (end - prompt) * 1000 / n})
+
+
+def chat_prompt(generation, text: str) -> str:
+    """The prompt as a user message in the model's chat template (its own files' Jinja2, rendered as transformers'
+    apply_chat_template renders it: sandboxed, trim_blocks and lstrip_blocks), with the assistant's turn opened."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    if generation is None or not generation.chat_template:
+        raise Refused("this model's files have no chat template: send the prompt as it is (chat false)")
+
+    def raise_exception(message):
+        raise TemplateError(message)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(generation.chat_template).render(
+            messages=[{"role": "user", "content": text}], add_generation_prompt=True,
+            bos_token=generation.bos_token, eos_token=generation.eos_token)
+    except TemplateError as e:
+        raise Refused(f"the model's chat template refused this prompt: {e}") from None
 
 
 def _hash(material) -> str:

@@ -51,27 +51,6 @@ class Sampling:
             raise InputError(f"top_k must be >= 0 (0: off); got {self.top_k}")
 
 
-def chat_prompt(generation, text: str) -> str:
-    """The prompt as a user message in the model's chat template (its own files' Jinja2, rendered as transformers'
-    apply_chat_template renders it: sandboxed, trim_blocks and lstrip_blocks), with the assistant's turn opened."""
-    from jinja2.exceptions import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    if generation is None or not generation.chat_template:
-        raise InputError("this model's files have no chat template: send the prompt as it is (chat false)")
-
-    def raise_exception(message):
-        raise TemplateError(message)
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(generation.chat_template).render(
-            messages=[{"role": "user", "content": text}], add_generation_prompt=True,
-            bos_token=generation.bos_token, eos_token=generation.eos_token)
-    except TemplateError as e:
-        raise InputError(f"the model's chat template refused this prompt: {e}") from None
-
-
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max())
     return e / e.sum()
@@ -83,7 +62,8 @@ def distributions(logits: np.ndarray, sampling: Sampling) -> tuple[np.ndarray, n
     cumulative probability first reaches top_p (at least one kept), renormalised. Both float64 [V]."""
     z = np.asarray(logits, np.float64)
     p = _softmax(z)
-    z = z / sampling.temperature
+    with np.errstate(over="ignore"):
+        z = (z - z.max()) / sampling.temperature                   # shifted first: a tiny temperature gives -inf, not nan
     if 0 < sampling.top_k < len(z):
         z = np.where(z < np.partition(z, -sampling.top_k)[-sampling.top_k], -np.inf, z)
     if sampling.top_p < 1:

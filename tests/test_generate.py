@@ -19,8 +19,9 @@ import transformers
 from attnscope.model.interventions import forward as reference_forward
 from attnscope.model.masks import causal_mask
 from attnscope.runtime import Runtime
-from attnscope.runtime.errors import InputError
-from attnscope.runtime.generation import Generator, Sampling, chat_prompt, distributions
+from attnscope.app.errors import Refused
+from attnscope.app.plans import chat_prompt
+from attnscope.runtime.generation import Generator, Sampling, distributions
 from attnscope.sources import resolve, zoo
 
 from .conftest import CACHE, ablation_hooks
@@ -280,7 +281,7 @@ def test_api_refuses_bad_input_clearly(live_server_smollm2, body, status, words)
 
 
 def test_a_model_without_a_chat_template_refuses_chat(runtimes):
-    with pytest.raises(InputError, match="no chat template"):
+    with pytest.raises(Refused, match="no chat template"):
         chat_prompt(runtimes["induction"].generation, "Hi")
 
 
