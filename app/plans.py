@@ -628,6 +628,12 @@ class Planner:
             raise Refused(f"the prompt is {'over ' if enc.truncated else ''}{T} tokens and {req.max_new_tokens} new "
                           f"ones would pass {rt.spec.id}'s {room} (its max_tokens): ask for at most "
                           f"{max(room - T, 0)} new tokens, or shorten the prompt")
+        cfg = rt.cfg
+        cache = cfg.n_layers * 2 * cfg.n_kv_heads * cfg.d_head * 4 * (T + req.max_new_tokens)
+        if cache > st.layerwise_mb * 2**20:
+            raise Refused(f"this generation's key/value cache would hold {cache / 2**20:.0f} MB ({T} + "
+                          f"{req.max_new_tokens} tokens), over ATTNSCOPE_LAYERWISE_MB ({st.layerwise_mb:g} MB): "
+                          f"shorten the prompt or ask for fewer new tokens")
         ablate = [tuple(pair) for pair in (req.interventions.ablate if req.interventions else [])]
         bad = [list(pair) for pair in ablate if pair[0] >= L or pair[1] >= H]
         if bad:

@@ -53,6 +53,7 @@ SEMANTIC = re.compile("|".join([
     r".* has no LM head; models with one",
     # generation (issue 26): the prompt's tokens and the new ones within the model's length; its rows' size
     r"^the prompt is (over )?\d+ tokens and \d+ new ones would pass .*'s \d+ \(its max_tokens\)",
+    r"^this generation's key/value cache would hold \d+ MB .*ATTNSCOPE_LAYERWISE_MB",
     r"^the attention rows of this generation are \d+ numbers, over the limit of \d+ \(ATTNSCOPE_MAX_JSON_CELLS\)",
     # JSON Schema calls 1.0 an integer; the API takes integers written as integers only (issue 17)
     r"^(?:[\w.]+: Value error, must be a JSON integer(?:; |$))+$",

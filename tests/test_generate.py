@@ -20,7 +20,9 @@ from attnscope.model.interventions import forward as reference_forward
 from attnscope.model.masks import causal_mask
 from attnscope.runtime import Runtime
 from attnscope.app.errors import Refused
-from attnscope.app.plans import chat_prompt
+from attnscope.app.plans import Planner, chat_prompt
+from attnscope.app.schemas import GenerateRequest
+from attnscope.app.settings import Settings
 from attnscope.runtime.generation import Generator, Sampling, distributions
 from attnscope.sources import resolve, zoo
 
@@ -278,6 +280,14 @@ def test_api_refuses_bad_input_clearly(live_server_smollm2, body, status, words)
     r = post(live_server_smollm2, {"model": "smollm2"} | body)
     assert r.status_code == status and words.lower() in r.json()["detail"].lower(), r.text
     assert httpx.get(live_server_smollm2 + "/healthz").json()["running"] == 0
+
+
+def test_a_key_value_cache_over_its_limit_is_refused(smollm2):
+    """SmolLM2's cache is 45 KB a token (5,825 tokens fit the default 256 MB, more than it reads); at 1 MB, 23 do."""
+    planner = Planner({"smollm2": smollm2}, Settings(layerwise_mb=1))
+    planner.generate(GenerateRequest(text="The quick brown fox", max_new_tokens=18))
+    with pytest.raises(Refused, match=r"key/value cache would hold 1 MB \(4 \+ 19 tokens\).*ATTNSCOPE_LAYERWISE_MB"):
+        planner.generate(GenerateRequest(text="The quick brown fox", max_new_tokens=19))
 
 
 def test_a_model_without_a_chat_template_refuses_chat(runtimes):
