@@ -26,12 +26,12 @@ def cache_names(layer: int) -> tuple[str, str, str, str]:
     return f"past.{layer}.key", f"past.{layer}.value", f"present.{layer}.key", f"present.{layer}.value"
 
 
-def build_decode(model: Transformer, params_as_inputs: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """decoding.decode as a graph, and its weight feeds when params_as_inputs (views of the model's arrays)."""
+def build_decode(model: Transformer) -> onnx.ModelProto:
+    """decoding.decode (model/decoding.py) as a graph, step for step."""
     cfg, f = model.cfg, TensorProto.FLOAT
     if not (cfg.causal and cfg.lm_head):
         raise ValueError("decoding needs a decoder with an LM head (a causal model that predicts the next token)")
-    g = Graph(params_as_inputs=params_as_inputs)
+    g = Graph()
     cache = ["batch", cfg.n_kv_heads, "past", cfg.d_head]
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"])]
     for layer in range(cfg.n_layers):
@@ -65,7 +65,7 @@ def build_decode(model: Transformer, params_as_inputs: bool = False) -> tuple[on
                helper.make_tensor_value_info("attentions", f, [cfg.n_layers, "batch", cfg.n_heads, "keys"])]
     for layer in range(cfg.n_layers):
         outputs += [helper.make_tensor_value_info(name, f, present) for name in cache_names(layer)[2:]]
-    return pruned(model_proto(g, inputs + g.inputs, outputs, "attnscope-decode")), g.feeds
+    return pruned(model_proto(g, inputs, outputs, "attnscope-decode"))
 
 
 def export(model: Transformer, path, desc: str = "export") -> None:
@@ -73,6 +73,6 @@ def export(model: Transformer, path, desc: str = "export") -> None:
     from tqdm import tqdm
 
     with tqdm(total=3, desc=f"{desc}: building the decoding graph", unit="step", leave=False) as bar:
-        proto = build_decode(model)[0]
+        proto = build_decode(model)
         bar.update(1)
         save_checked(proto, path, bar.update)
