@@ -137,13 +137,16 @@ export function createGeneration({ go, redraw, target }) {
     if (r.plain && aborted(r.plain.error)) r.plain.error = null;
     r.sequence = r.done ? r.done.sequence : !r.error && r.steps.length ? r.prompt + r.steps[r.steps.length - 1].text : null;
     r.seed = r.done?.seed ?? r.settings.seed;
-    const failure = r.error ?? r.plain?.error;
     if (r.sequence && !r.superseded) {
       go({ text: r.sequence, prompt: r.prompt, pin: null, mask_tokens: [], ...(st.greedy ? {} : { seed: r.seed }) });
     } else {
       redraw();
     }
-    if (failure && !r.superseded) showError(failure);        // after the update that go() started: it stays
+    // a refusal is shown with the page's notices until the state next changes (sync shows it after every update's
+    // clearError: a redraw still queued would otherwise wipe it)
+    r.failure = r.superseded ? null : r.error ?? r.plain?.error ?? null;
+    r.failedAt = location.search;
+    if (r.failure) showError(r.failure);
   }
 
   function stop() {
@@ -170,11 +173,13 @@ export function createGeneration({ go, redraw, target }) {
     able.map((m, k) => [k ? ", " : "", h("a", { href: state.href({ model: m.id, prompt: "" }), text: m.title })])];
   }
 
-  /** One continuation: the prompt, then each new token (its probability in the title), from the first token
-   *  where it parts from `other` (the other stream's tokens) marked. */
-  function continuation(r, steps, label, cls, other = null) {
+  /** Where two streams' tokens first differ (an index into both), or -1. */
+  const partAt = (a, b) => a.findIndex((s, k) => b[k] && b[k].id !== s.id);
+
+  /** One continuation: the prompt, then each new token (its probability in the title), from new token `parted` on
+   *  underlined (where it parts from the other stream's); done: its stream's last line, for the side-by-side view. */
+  function continuation(r, steps, label, cls, parted = -1, done = undefined) {
     let prev = "";
-    const parted = other ? steps.findIndex((s, k) => other[k] && other[k].id !== s.id) : -1;
     return h("div", { class: `gen-text ${cls}`, "data-tokens": steps.length },
       h("h3", { text: label }),
       h("p", { class: "gen-sequence" }, h("span", { class: "gen-prompt", text: r.prompt }),
@@ -185,7 +190,8 @@ export function createGeneration({ go, redraw, target }) {
             title: `token ${s.index} “${tokenLabel(s.token)}”: model probability ${fmt(s.probability, 4)}, ` +
               `sampling probability ${fmt(s.sampling_probability, 4)}`, text: piece });
         })),
-      parted >= 0 && h("p", { class: "hint", text: `The two part at new token ${parted + 1} (underlined).` }));
+      done !== undefined && h("p", { class: "hint", text: `${steps.length} new token${steps.length === 1 ? "" : "s"}` +
+        (done ? ` (${STOPPED_BY[done.stop_reason] ?? done.stop_reason})` : r.running ? "…" : "") }));
   }
 
   function statusText(r) {
@@ -215,10 +221,14 @@ export function createGeneration({ go, redraw, target }) {
         ". Generate continues it further. ", back));
       return;
     }
-    const texts = r.plain
-      ? h("div", { class: "gen-compare" },
-        continuation(r, r.steps, `With ${knockedOut(r.ablate)} knocked out`, "ablated", r.plain.steps),
-        continuation(r, r.plain.steps, "Intact model", "plain", r.steps))
+    const parted = r.plain ? partAt(r.steps, r.plain.steps) : -1;
+    const texts = !r.steps.length && !r.plain?.steps.length ? null : r.plain
+      ? [h("div", { class: "gen-compare" },
+        continuation(r, r.steps, `With ${knockedOut(r.ablate)} knocked out`, "ablated", parted, r.done),
+        continuation(r, r.plain.steps, "Intact model", "plain", parted, r.plain.done)),
+      h("p", { class: "hint gen-parted", "data-parted": parted, text: parted >= 0
+        ? `The two part at new token ${parted + 1} (underlined): the same seed and settings, so the knocked-out heads made the difference.`
+        : "The two are the same so far." })]
       : continuation(r, r.steps, r.ablate.length ? `With ${knockedOut(r.ablate)} knocked out` : "Continuation", "ablated");
     replace(box, h("p", { class: "gen-status", text: statusText(r) }), texts, !r.running && back);
   }
@@ -230,7 +240,7 @@ export function createGeneration({ go, redraw, target }) {
       return;
     }
     const at = Math.min(stepShown ?? r.steps.length - 1, r.steps.length - 1);
-    renderSampling(box, { steps: r.steps, at, settings: { ...r.settings, seed: r.seed ?? r.settings.seed },
+    renderSampling(box, { steps: r.steps, at, what: r.plain ? ` (with ${knockedOut(r.ablate)} knocked out)` : "", settings: { ...r.settings, seed: r.seed ?? r.settings.seed },
       font: st.large || st.present ? 18 : 13, name: `attnscope-${r.model}-sampling-step${at + 1}`,
       onStep: (k) => { stepShown = k === r.steps.length - 1 ? null : k; sampling(state.get(), r); } });
   }
@@ -257,6 +267,7 @@ export function createGeneration({ go, redraw, target }) {
     $("gen-stop").hidden = !running;
     $("gen-stop").disabled = false;
     replace($("gen-note"), reason(st, info));
+    if (r?.failure && r.failedAt === location.search) showError(r.failure);
     output(st, r);
     sampling(st, r);
   }

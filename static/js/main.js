@@ -138,18 +138,19 @@ async function update() {
   draft.sync(st);
   syncControls(st, info);
   syncFrame(st, VIEWS, go);
-  generator.sync(st, info);
   const live = generator.live(st);         // a generation streaming from this text: its tokens so far grow the answer
   const steps = live?.steps.slice();
   const view = VIEWS[st.view];
   const container = document.querySelector(`.view[data-view="${st.view}"]`);
   const gen = ++generation;
   if (!st.text.trim()) {
+    generator.sync(st, info);
     clearChips($("chips"));
     notices.showNoText();
     return;
   }
   notices.clearError();
+  generator.sync(st, info);                // after clearError: a generation's refusal stays shown
   $("view-area").setAttribute("aria-busy", "true");
   notices.setStatus(live ? `Generating: ${steps.length} new tokens…` : "Running the model…");
   progress.start();

@@ -27,9 +27,9 @@ function rowsOf(step) {
 }
 
 /** Draw step `at` of `steps` (0-based) into container; settings: the generation's {greedy, temperature, top_k, top_p,
- *  seed}; font: the page's font size; name: the downloads' name; onStep(k): the range moved. Returns the picture's
- *  exports ({name, plot, csv, json}). */
-export function renderSampling(container, { steps, at, settings, font, name, onStep }) {
+ *  seed}; what: words after the heading; font: the page's font size; name: the downloads' name; onStep(k): the range
+ *  moved. Returns the picture's exports ({name, plot, csv, json}). */
+export function renderSampling(container, { steps, at, what = "", settings, font, name, onStep }) {
   const step = steps[at], rows = rowsOf(step);
   const chosen = rows.find((r) => r.chosen);
   container.hidden = false;
@@ -38,7 +38,7 @@ export function renderSampling(container, { steps, at, settings, font, name, onS
   const head = part(container, "heading", "div", { class: "sampling-head" });
   const range = steps.length > 1 && h("input", { type: "range", id: "sampling-step", min: 1, max: steps.length, value: at + 1,
     "aria-label": "Step shown", oninput: (e) => onStep(Number(e.target.value) - 1) });
-  replace(head, h("h3", { text: `Sampling: step ${at + 1} of ${steps.length}, token ${step.index} “${tokenLabel(step.token)}”` }),
+  replace(head, h("h3", { text: `Sampling: step ${at + 1} of ${steps.length}, token ${step.index} “${tokenLabel(step.token)}”${what}` }),
     range);
   const inTop = rows.filter((r) => r.rank !== null);
   const sum = (k) => inTop.reduce((s, r) => s + r[k], 0);
@@ -87,7 +87,8 @@ export function renderSampling(container, { steps, at, settings, font, name, onS
       h("th", { scope: "row", class: "tok", text: tokenLabel(r.token) + (r.chosen ? " ◀" : "") }),
       h("td", { class: "num", text: r.id }),
       h("td", { class: "num", text: fmt(r.probability, 4), title: String(r.probability) }),
-      h("td", { class: "num", text: fmt(r.sampling_probability, 4), title: String(r.sampling_probability) })))));
+      h("td", { class: "num", text: r.sampling_probability === 0 ? "0 (cut)" : fmt(r.sampling_probability, 4),
+        title: r.sampling_probability === 0 ? "left out by top-k or top-p: never drawn" : String(r.sampling_probability) })))));
 
   const ex = { plot: el, name,
     csv: () => [["rank", "token", "id", "chosen", "model_probability", "sampling_probability"],
