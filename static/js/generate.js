@@ -8,7 +8,7 @@
 // (interventions.ablate); with side_by_side a second stream without them runs beside it, and both texts show.
 // What the streams sent is page memory (rec), never auto-generated again on load.
 import * as api from "./api.js";
-import { BOOT } from "./boot.js";
+import { BOOT, MODELS } from "./boot.js";
 import { $, h, replace, tokenLabel } from "./dom.js";
 import { showError } from "./notices.js";
 import { clearSampling, renderSampling } from "./sampling.js";
@@ -80,11 +80,11 @@ export function createGeneration({ go, redraw, target }) {
     const before = state.get();
     go({ ...boxes(), mask_tokens: [], causal: null,           // generation runs the model's own mask
       ...(before.ablate.length && before.ablation !== "zero" ? { ablation: "zero" } : {}) });
-    const st = state.get(), info = BOOT.models.find((m) => m.id === st.model);
+    const st = state.get(), info = MODELS[st.model];
     if (!info?.predictions || !st.text.trim()) return;
     const controller = new AbortController();
     const mine = rec = { model: st.model, prompt: st.text, ablate: [...st.ablate], running: true, streaming: false,
-      controller, steps: [], plain: null, done: null, error: null, started: performance.now(), first: null,
+      controller, steps: [], plain: null, done: null, error: null, first: null,
       settings: { greedy: st.greedy, temperature: st.temperature, top_k: st.top_k, top_p: st.top_p, seed: st.seed,
         max_new_tokens: st.max_new_tokens } };
     stepShown = null;
@@ -130,7 +130,6 @@ export function createGeneration({ go, redraw, target }) {
    *  unless the page moved on meanwhile; a refusal is shown with the page's notices. */
   function end(r, st) {
     r.running = false;
-    r.seconds = (performance.now() - r.started) / 1000;
     if (rec !== r) return;
     const aborted = (e) => e?.name === "AbortError";
     if (aborted(r.error)) r.error = null;
@@ -237,6 +236,10 @@ export function createGeneration({ go, redraw, target }) {
     const box = $("sampling");
     if (!r?.steps.length) {
       clearSampling(box);
+      if (r?.running) {                       // its room kept from the start: the view below does not jump later
+        box.hidden = false;
+        box.append(h("p", { class: "hint sampling-wait", text: "Each step's sampling shows here as its token comes." }));
+      }
       return;
     }
     const at = Math.min(stepShown ?? r.steps.length - 1, r.steps.length - 1);

@@ -33,6 +33,7 @@ export function renderSampling(container, { steps, at, what = "", settings, font
   const step = steps[at], rows = rowsOf(step);
   const chosen = rows.find((r) => r.chosen);
   container.hidden = false;
+  container.querySelector(":scope > .sampling-wait")?.remove();
   container.dataset.step = String(at);
   container.dataset.token = step.token;
   const head = part(container, "heading", "div", { class: "sampling-head" });
