@@ -62,6 +62,20 @@ export function renderSampling(container, { steps, at, what = "", settings, font
   const hover = (what) => `%{customdata}<br>${what}: %{y:.4f}<extra></extra>`;
   const custom = rows.map((r) => `${plotlyText(tokenLabel(r.token))} (id ${r.id}${r.rank ? `, rank ${r.rank}` : ""})${r.chosen ? ", chosen" : ""}`);
   const top = Math.max(...rows.map((r) => Math.max(r.probability, r.sampling_probability)), 1e-6);
+  // the table first: the plot is drawn at the width the row leaves it
+  const table = part(body, "table", "table", { class: "sampling-table" });
+  replace(table,
+    h("caption", { text: "The same numbers (◀: the chosen token)" }),
+    h("thead", {}, h("tr", {}, ["rank", "token", "id", "model probability", "sampling probability"]
+      .map((t) => h("th", { scope: "col", text: t })))),
+    h("tbody", {}, rows.map((r) => h("tr", { class: r.chosen ? "chosen" : null, "data-token-id": r.id },
+      h("td", { class: "num", text: r.rank ?? ">10" }),
+      h("th", { scope: "row", class: "tok", text: tokenLabel(r.token) + (r.chosen ? " ◀" : "") }),
+      h("td", { class: "num", text: r.id }),
+      h("td", { class: "num", text: fmt(r.probability, 4), title: String(r.probability) }),
+      h("td", { class: "num", text: r.sampling_probability === 0 ? "0 (cut)" : fmt(r.sampling_probability, 4),
+        title: r.sampling_probability === 0 ? "left out by top-k or top-p: never drawn" : String(r.sampling_probability) })))));
+
   plot(el, [
     { type: "bar", name: "model: softmax of the logits", x, y: rows.map((r) => r.probability), customdata: custom,
       marker: { color: PROB_BAR_BEFORE }, hovertemplate: hover("model") },
@@ -77,19 +91,6 @@ export function renderSampling(container, { steps, at, what = "", settings, font
     annotations: [{ x: c, y: cy, yanchor: "bottom", text: settings.greedy ? "chosen (greedy)" : "chosen",
       showarrow: false, font: { color: HIGHLIGHT } }],
   }, font, name);
-
-  const table = part(body, "table", "table", { class: "sampling-table" });
-  replace(table,
-    h("caption", { text: "The same numbers (◀: the chosen token)" }),
-    h("thead", {}, h("tr", {}, ["rank", "token", "id", "model probability", "sampling probability"]
-      .map((t) => h("th", { scope: "col", text: t })))),
-    h("tbody", {}, rows.map((r) => h("tr", { class: r.chosen ? "chosen" : null, "data-token-id": r.id },
-      h("td", { class: "num", text: r.rank ?? ">10" }),
-      h("th", { scope: "row", class: "tok", text: tokenLabel(r.token) + (r.chosen ? " ◀" : "") }),
-      h("td", { class: "num", text: r.id }),
-      h("td", { class: "num", text: fmt(r.probability, 4), title: String(r.probability) }),
-      h("td", { class: "num", text: r.sampling_probability === 0 ? "0 (cut)" : fmt(r.sampling_probability, 4),
-        title: r.sampling_probability === 0 ? "left out by top-k or top-p: never drawn" : String(r.sampling_probability) })))));
 
   const ex = { plot: el, name,
     csv: () => [["rank", "token", "id", "chosen", "model_probability", "sampling_probability"],
