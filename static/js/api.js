@@ -100,13 +100,15 @@ function cacheKey(path, body) {
   return path + " " + JSON.stringify(sorted);
 }
 
-async function post(path, body, accept, extra = {}) {
+async function post(path, body, accept, extra = {}, signal = undefined) {
   let response;
   try {
     response = await fetch(path, {
       method: "POST", headers: { "Content-Type": "application/json", Accept: accept, ...extra }, body: JSON.stringify(body),
+      signal,
     });
   } catch (err) {
+    if (err.name === "AbortError") throw err;
     throw new ApiError(0, `could not reach the server (${err.message}); is it still running?`);
   }
   if (!response.ok) {
@@ -151,32 +153,43 @@ export function onProgress(fn) {
   progressListener = fn;
 }
 
-/** Read the request's NDJSON stream (progress lines, then done or error) without its result: the run is then
- *  in the server's cache. */
-async function runWithProgress(path, body) {
-  const started = performance.now();
-  const response = await post(path, body, NDJSON, { Prefer: "return=minimal" });
+/** Read an NDJSON response a line at a time as it arrives: fn(message) for each; an {"error"} line throws its
+ *  ApiError (a refusal that came once the stream had begun). */
+async function readLines(response, fn) {
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buf = "";
   const line = (text) => {
     if (!text.trim()) return;
     const msg = JSON.parse(text);
-    if (msg.progress) progressListener(msg.progress);
     if (msg.error) {
       const { status, detail } = msg.error;
       throw new ApiError(status, typeof detail === "string" ? detail : JSON.stringify(detail));
     }
+    fn(msg);
   };
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buf += value;
-    for (let nl = buf.indexOf("\n"); nl >= 0; nl = buf.indexOf("\n")) {
-      line(buf.slice(0, nl));
-      buf = buf.slice(nl + 1);
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += value;
+      for (let nl = buf.indexOf("\n"); nl >= 0; nl = buf.indexOf("\n")) {
+        line(buf.slice(0, nl));
+        buf = buf.slice(nl + 1);
+      }
     }
+    line(buf);
+  } catch (err) {
+    reader.cancel().catch(() => {});             // an error line (or an abort): stop reading the rest
+    throw err;
   }
-  line(buf);
+}
+
+/** Read the request's NDJSON stream (progress lines, then done or error) without its result: the run is then
+ *  in the server's cache. */
+async function runWithProgress(path, body) {
+  const started = performance.now();
+  const response = await post(path, body, NDJSON, { Prefer: "return=minimal" });
+  await readLines(response, (msg) => { if (msg.progress) progressListener(msg.progress); });
   log.push({ path, body, stream: true, ms: performance.now() - started, end: performance.now() });   // the run is done
 }
 
@@ -218,4 +231,22 @@ export function patching(body) {
  *  after. The page's text is the knocked-out text. */
 export function knockout(body) {
   return cached("/api/knockout", only(body, ["model", "text", "queries", "keys", "layers", "precision"]), fetchJSON);
+}
+
+/** POST /api/generate (NDJSON, never cached: a generation is streamed, not looked up). onToken(token) is called
+ *  with each new token's line as it arrives; resolves to the last line's `done`. A refusal before the stream (4xx)
+ *  or in it (an {"error"} line) rejects with an ApiError; signal (an AbortSignal) stops it, rejecting with an
+ *  AbortError (the server stops at the end of the step under way). */
+export async function generate(body, onToken, { signal } = {}) {
+  const started = performance.now();
+  const response = await post("/api/generate", only(body, ["model", "text", "max_new_tokens", "greedy", "temperature",
+    "top_k", "top_p", "seed", "stop", "chat", "interventions", "layers", "heads", "include"]), NDJSON, {}, signal);
+  let done = null;
+  await readLines(response, (msg) => {
+    if (msg.token) onToken(msg.token);
+    if (msg.done) done = msg.done;
+  });
+  log.push({ path: "/api/generate", body, stream: true, ms: performance.now() - started, end: performance.now() });
+  if (!done) throw new ApiError(0, "the generation's stream ended before its last line; is the server still running?");
+  return done;
 }

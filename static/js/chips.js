@@ -8,10 +8,11 @@ function toggled(list, i) {
 }
 
 /** Draw the chips for an answer's tokens under state st; go(patch) changes the state. shade: null, or each
- *  token's surprisal as 0–1 (decoders: −log p(token | before) / 12 nats), drawn as the chip's underline. */
-export function renderChips(container, meta, st, go, shade = null) {
-  const drawn = [meta, st.pin, st.click];   // a long text has thousands of chips: redrawn only when these change
-                                            // (shade comes from meta)
+ *  token's surprisal as 0–1 (decoders: −log p(token | before) / 12 nats), drawn as the chip's underline.
+ *  generated: null, or the index of the first token a generation made (those chips are marked). */
+export function renderChips(container, meta, st, go, shade = null, generated = null) {
+  const drawn = [meta, st.pin, st.click, generated];   // a long text has thousands of chips: redrawn only when
+                                                       // these change (shade comes from meta)
   if (container._drawn?.every((x, k) => x === drawn[k])) return;
   container._drawn = drawn;
   const hadFocus = container.contains(document.activeElement)
@@ -24,11 +25,12 @@ export function renderChips(container, meta, st, go, shade = null) {
   };
   const chips = meta.tokens.map((tok, i) => {
     const special = meta.special[i], isMasked = masked.has(i), pinned = st.pin === i;
-    const states = [special && "special token", isMasked && "masked", pinned && "pinned"].filter(Boolean);
+    const states = [special && "special token", isMasked && "masked", pinned && "pinned",
+      generated !== null && i >= generated && "generated"].filter(Boolean);
     return h("button", {
       type: "button",
       class: ["chip", special && "special", meta.segments[i] === 1 && "seg1", isMasked && "masked",
-        pinned && "pinned"].filter(Boolean).join(" "),
+        pinned && "pinned", generated !== null && i >= generated && "generated"].filter(Boolean).join(" "),
       "data-index": i,
       "aria-pressed": st.click === "mask" ? String(isMasked) : String(pinned),
       "aria-label": `token ${i}: ${tok}${states.length ? " (" + states.join(", ") + ")" : ""}`,

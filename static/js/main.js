@@ -1,8 +1,10 @@
 // The page's update loop: URL state -> controls -> fetch (api.js) -> the active view's render(). Everything else
 // has a module of its own, which this one ties together: controls.js (the controls above the view), frame.js
 // (tabs, heading, classroom bar, lesson), draft.js (the text boxes: an edited text is never lost), progress.js,
-// notices.js (status, errors, banners), ablation.js, exporting.js, permalink.js. The page's global listeners
-// (keydown, resize, popstate) are all here, and go to the active view through its optional hooks.
+// notices.js (status, errors, banners), ablation.js, exporting.js, permalink.js, generate.js (the Generate control:
+// while a generation streams, each new token redraws the page from the prompt's answer grown by the tokens so far,
+// through the same render path). The page's global listeners (keydown, resize, popstate) are all here, and go to the
+// active view through its optional hooks.
 //
 // The view contract: each module in views/ exports
 //   title, help            strings shown above the view
@@ -31,7 +33,8 @@ import { $ } from "./dom.js";
 import { createDraft } from "./draft.js";
 import { showExports, wireExports } from "./exporting.js";
 import { syncFrame, wireFrame } from "./frame.js";
-import { longText, runOptions } from "./matrix.js";
+import { createGeneration, generatedFrom } from "./generate.js";
+import { grownAnswer, grownMeta, longText, runOptions } from "./matrix.js";
 import * as notices from "./notices.js";
 import { wirePermalink } from "./permalink.js";
 import { plot } from "./plot.js";
@@ -62,6 +65,7 @@ const progress = createProgress();
 const memory = Object.fromEntries(Object.keys(VIEWS).map((id) => [id, {}]));   // each view's page memory
 let generation = 0;                        // the update now running: an older one's answers are dropped
 let drawn = null;                          // the last render: {id, view, container, st, ctx, exports}
+const generator = createGeneration({ go, redraw, target: streamTarget });
 
 // ---- the update loop --------------------------------------------------------------------------------
 function fetchAll(reqs, run, opts) {
@@ -84,9 +88,25 @@ function firstRequest(st, info, run, long) {
     ...(info.predictions ? ["predictions"] : []), ...(st.ablate.length ? ["effect"] : [])] };
 }
 
+/** What a generation from st streams: the attention rows of the view's layer that it draws (and the page's head),
+ *  from its requests for the prompt's answer (the update's own: shared from api.js's cache). */
+async function streamTarget(st, info) {
+  const run = runOptions(st, info), opts = { progress: longText(st, info) };
+  const meta = await api.attention(firstRequest(st, info, run, opts.progress), opts);
+  const heads = new Set([st.head]);
+  for (const r of VIEWS[st.view].requests(st, info, meta)) {
+    if (r.endpoint === "attention" && r.layers?.length === 1 && r.layers[0] === st.layer) r.heads?.forEach((hd) => heads.add(hd));
+  }
+  return { layer: st.layer, heads: [...heads].sort((a, b) => a - b) };
+}
+
+/** Are these a view's requests for the page's own run only (no other text, mask or knocked-out heads)? Only those
+ *  answers grow with a generation's tokens. */
+const ownRun = (reqs) => reqs.length > 0 && reqs.every((r) => !["text", "text_pair", "ablate", "causal", "mask_tokens"].some((k) => k in r));
+
 /** What the page shows round the view, from the run's first answer. */
 function showRun(meta, st, info, view) {
-  renderChips($("chips"), meta, st, go, surprisal(meta));
+  renderChips($("chips"), meta, st, go, surprisal(meta), generatedFrom(meta, st));
   renderPredictions($("predictions"), meta, st, view.nextTokenPick?.(st, go));
   showAblation(st, go);
   notices.showTokenInfo(meta, st, info);
@@ -118,17 +138,21 @@ async function update() {
   draft.sync(st);
   syncControls(st, info);
   syncFrame(st, VIEWS, go);
+  const live = generator.live(st);         // a generation streaming from this text: its tokens so far grow the answer
+  const steps = live?.steps.slice();
   const view = VIEWS[st.view];
   const container = document.querySelector(`.view[data-view="${st.view}"]`);
   const gen = ++generation;
   if (!st.text.trim()) {
+    generator.sync(st, info);
     clearChips($("chips"));
     notices.showNoText();
     return;
   }
   notices.clearError();
+  generator.sync(st, info);                // after clearError: a generation's refusal stays shown
   $("view-area").setAttribute("aria-busy", "true");
-  notices.setStatus("Running the model…");
+  notices.setStatus(live ? `Generating: ${steps.length} new tokens…` : "Running the model…");
   progress.start();
   const started = performance.now();
   const run = runOptions(st, info);
@@ -139,12 +163,22 @@ async function update() {
     dataP?.catch(() => {});
     const meta = await metaP;
     if (gen !== generation) return;
-    showRun(meta, st, info, view);
+    const shown = live ? grownMeta(meta, steps, st.text) : meta;
+    showRun(shown, st, info, view);
     dataP ??= fetchAll(view.requests(st, info, meta), run, opts);
     const results = await dataP;
     if (gen !== generation) return;
-    if (!await draw(view, container, { meta, results }, st, info, gen)) return;
-    notices.showDrawn(info, meta, results, started);
+    // streaming: the view grows when each of its answers is one head the stream carries; any other view keeps the
+    // prompt's drawing (drawn once for this state)
+    const grown = live && ownRun(view.requests(st, info, meta)) && results.map((r) => grownAnswer(r, steps, live.layers, live.heads));
+    const data = grown?.every(Boolean) ? { meta: shown, results: grown } : { meta, results };
+    if (live && data.meta === meta && container.dataset.state === location.search) {
+      notices.setStatus(`Generating: ${steps.length} new tokens…`);
+      return;
+    }
+    if (!await draw(view, container, data, st, info, gen)) return;
+    if (live) notices.setStatus(`Generating: ${steps.length} new tokens…`);
+    else notices.showDrawn(info, meta, results, started);
     showExports(drawn.exports);
   } catch (err) {
     if (gen !== generation) return;
@@ -156,6 +190,21 @@ async function update() {
       $("view-area").setAttribute("aria-busy", "false");
     }
   }
+}
+
+/** Draw the page again for the same state (a generation's new token): one update at a time, the latest tokens
+ *  each time, at most one a frame. */
+let redrawing = null, again = false;
+function redraw() {
+  again = true;
+  redrawing ??= (async () => {
+    while (again) {
+      again = false;
+      await update();
+      await new Promise((resolve) => requestAnimationFrame(resolve));
+    }
+    redrawing = null;
+  })();
 }
 
 // ---- the page's global listeners --------------------------------------------------------------------
@@ -182,6 +231,7 @@ function wire() {
   wireAblation(go);
   wireExports(() => drawn?.exports);
   wirePermalink();
+  generator.wire();
   api.onProgress(progress.report);
   document.addEventListener("keydown", onKey);
   window.addEventListener("resize", onResize);

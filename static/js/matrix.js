@@ -1,5 +1,6 @@
 // Pure helpers on decoded answers: which tokens are shown, sub-matrices, renormalisation, the mask,
-// sentence pairs, tick labels.
+// sentence pairs, tick labels, a generation's growing answer.
+import { Tensor } from "./api.js";
 
 /** Indices of the tokens to show: all, or all but the special tokens ([CLS], [SEP]). */
 export function visibleTokens(meta, hideSpecial) {
@@ -130,4 +131,44 @@ export function runOptions(st, info) {
     body.ablation = st.ablation;
   }
   return body;
+}
+
+// ---- a generation's growing answer ---------------------------------------------------------------------------
+/** The prompt's answer (meta) with a generation's new tokens appended (steps: POST /api/generate's token lines,
+ *  in order): tokens, ids, offsets in the text prompt + continuation (code points, as the API counts them), and
+ *  each token's log-probability (the chips' surprisal). The next-token panel and the knock-out effect speak of
+ *  the prompt's last token: left out. `generated` is the index of the first new token. */
+export function grownMeta(meta, steps, prompt) {
+  const T0 = meta.tokens.length, base = Array.from(prompt).length;
+  const more = (list, f) => (list ? [...list, ...steps.map(f)] : list);
+  let end = base;
+  const offsets = steps.map((s) => {
+    const start = end;
+    end = base + Array.from(s.text).length;
+    return [start, end];
+  });
+  const { next_tokens: _next, effect: _effect, ...rest } = meta;
+  return { ...rest, tokens: more(meta.tokens, (s) => s.token), token_ids: more(meta.token_ids, (s) => s.id),
+    special: more(meta.special, () => false), segments: more(meta.segments, () => 0),
+    offsets: meta.offsets && [...meta.offsets, ...offsets],
+    token_logprobs: more(meta.token_logprobs, (s) => (s.probability > 0 ? Math.log(s.probability) : -Infinity)),
+    generated: T0 };
+}
+
+/** One view answer grown by the streamed rows: r must be one head's full T0 x T0 matrix (layers [l], heads [h])
+ *  of a head the stream carries (steps' attention is [layer][head][key] over `layers` x `heads`); each new token
+ *  adds its row, zeros right of it (a causal model puts exactly 0 on future keys), and its key column. null when r
+ *  is anything else (several heads, top keys, block means) or the stream does not carry its head. */
+export function grownAnswer(r, steps, layers, heads) {
+  const li = r.layers?.length === 1 ? layers.indexOf(r.layers[0]) : -1;
+  const hi = r.heads?.length === 1 ? heads.indexOf(r.heads[0]) : -1;
+  const m = r.attention;
+  if (li < 0 || hi < 0 || !m || m.shape.length !== 4 || r.top_keys || r.blocks) return null;
+  const T0 = m.shape[3], T = T0 + steps.length;
+  if (steps.some((s, k) => s.index !== T0 + k || !s.attention)) return null;    // not this prompt's tokens
+  const data = new Float32Array(T * T);
+  for (let i = 0; i < T0; i++) data.set(m.data.subarray(i * T0, (i + 1) * T0), i * T);
+  steps.forEach((s, k) => data.set(s.attention[li][hi], (T0 + k) * T));
+  return { ...r, tokens: r.tokens && [...r.tokens, ...steps.map((s) => s.token)],
+    attention: new Tensor(data, [1, 1, T, T]) };
 }

@@ -155,6 +155,10 @@ export const SUM_CELL = "#f4f5f7";
 export const PAIR_DIVIDER = "#e7298a";
 /** What the page points at on a chart: the pinned row, the current head. */
 export const HIGHLIGHT = "#ff7f0e";
+/** Probability bars: the next-token panel's (app.css .next-tokens .bar), and the sampling panel's "sampled with". */
+export const PROB_BAR = "#3b5b8c";
+/** The bars they are compared with: the intact run (app.css .next-tokens.before .bar), the model's own probability. */
+export const PROB_BAR_BEFORE = "#999";
 /** No fill (an outline only). */
 export const TRANSPARENT = "rgba(0,0,0,0)";
 

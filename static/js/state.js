@@ -4,6 +4,9 @@ import { PAIR_FILTERS } from "./matrix.js";
 import { SCALE_MODES } from "./scale.js";
 
 export const STEP_TOKENS = [6, 8, 12, 16, 24, 32];
+/** What POST /api/generate takes: new tokens per request (the page's own limit; the server's may be lower and
+ *  then says so), temperature in (0, 100], seeds below 2^32. */
+export const GENERATION = { max_new_tokens: 256, max_temperature: 100, max_seed: 2 ** 32 - 1 };
 
 // Name, default, kind (a list of values = one of those). Order here is the order in the URL.
 //   scale: colours on the fixed 0–1 scale, or stretched to each picture's own maximum ("head")
@@ -13,6 +16,10 @@ export const STEP_TOKENS = [6, 8, 12, 16, 24, 32];
 //   effects view (views/effects.js), in the API's words: the clean text is `text`; corrupt, target, distractor,
 //   site and direction as POST /api/patching takes them; open_head: the patterns of head (layer, head) shown;
 //   queries, keys, knockout_layers ([first, last]) as POST /api/knockout takes them; knockout: run it
+//   generation (generate.js), in the API's words: max_new_tokens, greedy, temperature, top_k, top_p, seed (null: a
+//   random one; a sampled generation writes the one it used, so the link says how to get its text again);
+//   side_by_side: with heads knocked out, also generate without them; prompt: the text a generation continued (the
+//   page's text is then prompt + continuation)
 const FIELDS = [
   ["model", "", "str"], ["text", "", "str"], ["text_pair", "", "str"], ["view", "head", "view"],
   ["layer", 0, "int"], ["head", 0, "int"], ["causal", null, "tri"], ["mask_tokens", [], "ints"],
@@ -26,6 +33,8 @@ const FIELDS = [
   ["corrupt", "", "str"], ["target", "", "str"], ["distractor", "", "str"], ["site", "head_output", "site"],
   ["direction", "denoise", "direction"], ["open_head", false, "bool"], ["queries", [], "ints"], ["keys", [], "ints"],
   ["knockout_layers", null, "range?"], ["knockout", false, "bool"],
+  ["max_new_tokens", 32, "int"], ["greedy", false, "bool"], ["temperature", 1, "num"], ["top_k", 0, "int"],
+  ["top_p", 1, "num"], ["seed", null, "int?"], ["side_by_side", false, "bool"], ["prompt", "", "str"],
 ];
 const ALWAYS = new Set(["model", "text", "view", "layer", "head"]);   // written even when default
 let defaults = Object.fromEntries(FIELDS.map(([k, d]) => [k, d]));
@@ -82,6 +91,7 @@ export function parse(search = location.search) {
       case "click": st[k] = raw === "mask" ? "mask" : "pin"; break;
       case "int": st[k] = /^\d+$/.test(raw) ? Number(raw) : d; break;
       case "int?": st[k] = /^\d+$/.test(raw) ? Number(raw) : null; break;
+      case "num": st[k] = /^(\d+\.?\d*|\.\d+)$/.test(raw) ? Number(raw) : d; break;
       case "tri": st[k] = raw === "1" || raw === "true" ? true : raw === "0" || raw === "false" ? false : null; break;
       case "bool": st[k] = raw === "1" || raw === "true"; break;
       case "ints": st[k] = parseInts(raw); break;
@@ -160,6 +170,14 @@ export function normalize(st, models, defaultModel, steps) {
     const [a, b] = fixed.knockout_layers.map((x) => Math.min(x, info.layers - 1));
     fixed.knockout_layers = a === 0 && b === info.layers - 1 ? null : [a, b];   // every layer: the default
   }
+  // the generation's settings within what POST /api/generate takes (GENERATION); a prompt the text no longer
+  // continues is forgotten
+  const g = GENERATION;
+  fixed.max_new_tokens = Math.max(1, Math.min(g.max_new_tokens, fixed.max_new_tokens));
+  if (!(fixed.temperature > 0 && fixed.temperature <= g.max_temperature)) fixed.temperature = defaults.temperature;
+  if (!(fixed.top_p > 0 && fixed.top_p <= 1)) fixed.top_p = defaults.top_p;
+  if (fixed.seed !== null && fixed.seed > g.max_seed) fixed.seed = null;
+  if (fixed.prompt && (fixed.prompt === fixed.text || !fixed.text.startsWith(fixed.prompt))) fixed.prompt = "";
   const changed = JSON.stringify(fixed) !== JSON.stringify(st);
   return [fixed, changed];
 }
