@@ -310,3 +310,30 @@ def test_a_client_that_goes_away_stops_its_generation(live_server_smollm2):
         running.append(httpx.get(url + "/healthz").json()["running"])
         time.sleep(0.1)
     assert running == [0] * 10
+
+
+def test_a_generation_takes_turns_with_other_runs(live_server_smollm2):
+    """A generation holds a run slot a step at a time: a request that comes while it streams is answered before the
+    generation ends (on 2 cores the server runs one model run at a time), and the generation then goes on."""
+    import threading
+
+    url, events = live_server_smollm2, []
+    body = {"model": "smollm2", "text": PROMPTS[0], "max_new_tokens": 96, "greedy": True}
+
+    def generate():
+        with httpx.Client(timeout=120) as c, c.stream("POST", url + "/api/generate", json=body) as r:
+            for line in r.iter_lines():
+                events.append("done" if line.startswith('{"done"') else "token")
+                if len(events) == 2:
+                    started.set()
+
+    started = threading.Event()
+    worker = threading.Thread(target=generate)
+    worker.start()
+    assert started.wait(60)
+    r = httpx.post(url + "/api/attention", json={"model": "smollm2", "text": "A fresh text to read, once.",
+                                                  "layers": [0]}, timeout=120)
+    answered_after = len(events)
+    worker.join(120)
+    assert r.status_code == 200
+    assert events[-1] == "done" and answered_after < len(events) - 1, (answered_after, len(events))
