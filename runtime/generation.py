@@ -174,7 +174,8 @@ class Generator:
         else:
             cdf = np.cumsum(q)
             token = min(int(np.searchsorted(cdf, self._rng.random() * cdf[-1], side="right")), len(q) - 1)
-        top = np.argpartition(-p, CANDIDATES)[:CANDIDATES]
+        k = min(CANDIDATES, len(p))
+        top = np.argpartition(-p, k - 1)[:k]
         top = top[np.argsort(-p[top], kind="stable")]                   # the most probable, in order
         candidates = [Candidate(int(i), self.rt.token_string(int(i)), float(p[i]), float(q[i])) for i in top]
         step = self._step([token])
