@@ -290,6 +290,11 @@ def test_a_key_value_cache_over_its_limit_is_refused(smollm2):
         planner.generate(GenerateRequest(text="The quick brown fox", max_new_tokens=19))
 
 
+def test_an_encoder_is_refused(minilm):
+    with pytest.raises(Refused, match="generation reads next-token logits, and model 'minilm' has no LM head"):
+        Planner({"minilm": minilm}, Settings()).generate(GenerateRequest(model="minilm", text="A sentence."))
+
+
 def test_a_model_without_a_chat_template_refuses_chat(runtimes):
     with pytest.raises(Refused, match="no chat template"):
         chat_prompt(runtimes["induction"].generation, "Hi")
