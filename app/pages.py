@@ -40,6 +40,7 @@ def index(request: Request):
     models = svc.models()
     boot = {"models": [m.model_dump() for m in models], "default_model": svc.settings.default_model,
             "example_text": EXAMPLE_TEXT, "max_chars": svc.max_chars,
+            "max_new_tokens": svc.settings.max_new_tokens,   # the Generate control's limit (ATTNSCOPE_MAX_NEW_TOKENS)
             "views": [{"id": v, "label": label} for v, label in VIEWS],
             "stats": catalogue(),
             # what the page says about a family (steps view): from the served models' own configurations

@@ -1,12 +1,13 @@
 // All state lives in the URL query string: every view is a link, back/forward works, and the
 // "copy permalink" button just copies location.href.
+import { BOOT } from "./boot.js";
 import { PAIR_FILTERS } from "./matrix.js";
 import { SCALE_MODES } from "./scale.js";
 
 export const STEP_TOKENS = [6, 8, 12, 16, 24, 32];
-/** What POST /api/generate takes: new tokens per request (the page's own limit; the server's may be lower and
- *  then says so), temperature in (0, 100], seeds below 2^32. */
-export const GENERATION = { max_new_tokens: 256, max_temperature: 100, max_seed: 2 ** 32 - 1 };
+/** What POST /api/generate takes: new tokens per request (the server's ATTNSCOPE_MAX_NEW_TOKENS, from the boot
+ *  block), temperature in (0, 100], seeds below 2^32. */
+export const GENERATION = { max_new_tokens: BOOT.max_new_tokens ?? 256, max_temperature: 100, max_seed: 2 ** 32 - 1 };
 
 // Name, default, kind (a list of values = one of those). Order here is the order in the URL.
 //   scale: colours on the fixed 0–1 scale, or stretched to each picture's own maximum ("head")
