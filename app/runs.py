@@ -160,20 +160,25 @@ class Runner:
                     task.cancel()
 
     async def _queued(self, run: Run):
-        me = asyncio.current_task()
+        result = await self._in_slot(lambda: self._execute(run), started=True)
+        self.cache.put(run.key, result)
+        return result
+
+    async def _in_slot(self, call: Callable[[], object], started: bool = False):
+        """call() in a worker thread once a run slot is free, counted as waiting (the caller counted it) and then as
+        running. started: mark this task as holding a slot (a run under way finishes even if nobody waits)."""
         try:
             await self._slots.acquire()
         finally:
             self._waiting -= 1
-        self._started.add(me)
+        if started:
+            self._started.add(asyncio.current_task())
         self._running += 1
         try:
-            result = await anyio.to_thread.run_sync(self._execute, run)
+            return await anyio.to_thread.run_sync(call)
         finally:
             self._running -= 1
             self._slots.release()
-        self.cache.put(run.key, result)
-        return result
 
     def _admit(self) -> None:
         """Busy when the runs in flight and waiting fill the slots and the queue."""
@@ -188,16 +193,7 @@ class Runner:
         if admit:
             self._admit()
         self._waiting += 1
-        try:
-            await self._slots.acquire()
-        finally:
-            self._waiting -= 1
-        self._running += 1
-        try:
-            return await anyio.to_thread.run_sync(call)
-        finally:
-            self._running -= 1
-            self._slots.release()
+        return await self._in_slot(call)
 
     @staticmethod
     def _execute(run: Run):

