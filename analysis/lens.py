@@ -21,12 +21,20 @@ from .qk import head_outputs
 
 
 def top_k(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k largest entries of each row of x [..., V] and their indices, largest first (ties: the lower index)."""
-    k = min(k, x.shape[-1])
-    idx = np.argpartition(-x, k - 1, axis=-1)[..., :k]
-    vals = np.take_along_axis(x, idx, axis=-1)
-    order = np.lexsort((idx, -vals), axis=-1)
-    return np.take_along_axis(idx, order, axis=-1), np.take_along_axis(vals, order, axis=-1)
+    """The k largest entries of each row of x [n, V] and their indices, largest first (ties: the lower index).
+    k passes of argmax, each winner set aside (x is restored): for a small k over a vocabulary-wide row, several
+    times faster than a partition."""
+    k, rows = min(k, x.shape[-1]), np.arange(len(x))
+    idx = np.empty((len(x), k), np.int64)
+    for i in range(k):
+        idx[:, i] = x.argmax(axis=-1)
+        if i == 0:
+            vals = np.empty((len(x), k), x.dtype)
+        vals[:, i] = x[rows, idx[:, i]]
+        x[rows, idx[:, i]] = -np.inf
+    for i in range(k):
+        x[rows, idx[:, i]] = vals[:, i]
+    return idx, vals
 
 
 @dataclass(frozen=True)
@@ -47,11 +55,13 @@ def logit_lens(model, residual: np.ndarray, ids, k: int) -> Lens:
     for r in range(R):
         x = residual[r] if model.ln_f is None else model.ln_f(residual[r])
         logits = x @ W.T                                                       # [T, V]
-        m = logits.max(axis=-1, keepdims=True)
-        lse = m[:, 0] + np.log(np.exp(logits - m).sum(axis=-1))                # [T]
         top_ids[r], values = top_k(logits, k)
+        following = logits[np.arange(T - 1), ids[1:]]                          # [T - 1] the next token's logit
+        m = values[:, :1]                                                      # each row's max
+        logits -= m                                                            # in place: a [T, V] array is 50 MB
+        lse = m[:, 0] + np.log(np.exp(logits, out=logits).sum(axis=-1))        # [T] log-sum-exp
         top_probs[r] = np.exp(values - lse[:, None])
-        next_probs[r, :-1] = np.exp(logits[np.arange(T - 1), ids[1:]] - lse[:-1])
+        next_probs[r, :-1] = np.exp(following - lse[:-1])
     return Lens(top_ids, top_probs, next_probs)
 
 
@@ -72,5 +82,5 @@ def head_lens(model, z: np.ndarray, final: np.ndarray, layer: int, head: int, k:
     part = head_outputs(model, layer, np.asarray(z)[None], [head])[0]         # [T, D]
     logits = FrozenNorm.of(model.ln_f, final)(part).astype(np.float32) @ model.unembedding.T     # [T, V]
     up, up_vals = top_k(logits, k)
-    down, down_vals = top_k(-logits, k)
+    down, down_vals = top_k(np.negative(logits, out=logits), k)
     return HeadLens(layer, head, up, up_vals, down, -down_vals)
