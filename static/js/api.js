@@ -250,3 +250,12 @@ export async function generate(body, onToken, { signal } = {}) {
   if (!done) throw new ApiError(0, "the generation's stream ended before its last line; is the server still running?");
   return done;
 }
+
+/** POST /api/qk (JSON): the pre-softmax score of head (layer, head) at cell (query, key), split into pairs of a
+ *  query-side and a key-side component of the residual stream (the top pairs, each side's sums). The page's run
+ *  options other than the text are not the endpoint's: dropped (the attribution is of the model's own run). */
+export function qk(body) {
+  return cached("/api/qk", only(body, ["model", "text", "layer", "head", "query", "key", "top", "table", "precision"]),
+    fetchJSON);
+}
+
