@@ -259,3 +259,9 @@ export function qk(body) {
     fetchJSON);
 }
 
+/** POST /api/lens (JSON): the logit lens (every layer's residual stream through the final norm and the
+ *  unembedding), and with layer and head that head's output through the same (its promoted and suppressed tokens). */
+export function lens(body) {
+  return cached("/api/lens", only(body, ["model", "text", "top", "layer", "head", "precision"]), fetchJSON);
+}
+
