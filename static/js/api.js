@@ -265,3 +265,8 @@ export function lens(body) {
   return cached("/api/lens", only(body, ["model", "text", "top", "layer", "head", "precision"]), fetchJSON);
 }
 
+/** POST /api/circuits (JSON): the model's weight-space circuits, no text: each head's OV copying score and the Q-, K-
+ *  and V-composition of every earlier head into every later one. */
+export function circuits(body) {
+  return cached("/api/circuits", only(body, ["model", "precision"]), fetchJSON);
+}

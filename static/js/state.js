@@ -22,7 +22,8 @@ export const GENERATION = { max_new_tokens: BOOT.max_new_tokens ?? 256, max_temp
 //   side_by_side: with heads knocked out, also generate without them; prompt: the text a generation continued (the
 //   page's text is then prompt + continuation)
 //   why: the head view's cell [query, key] whose score POST /api/qk explains (views/head.js); lens: what colours the
-//   logit lens (views/lens.js), the top token's probability (the API's top_probs) or the next token's (next_probs)
+//   logit lens (views/lens.js), the top token's probability (the API's top_probs) or the next token's (next_probs);
+//   composition: the circuits view's composition map (views/circuits.js), Q-, K- or V-composition
 const FIELDS = [
   ["model", "", "str"], ["text", "", "str"], ["text_pair", "", "str"], ["view", "head", "view"],
   ["layer", 0, "int"], ["head", 0, "int"], ["causal", null, "tri"], ["mask_tokens", [], "ints"],
@@ -38,7 +39,7 @@ const FIELDS = [
   ["knockout_layers", null, "range?"], ["knockout", false, "bool"],
   ["max_new_tokens", 32, "int"], ["greedy", false, "bool"], ["temperature", 1, "num"], ["top_k", 0, "int"],
   ["top_p", 1, "num"], ["seed", null, "int?"], ["side_by_side", false, "bool"], ["prompt", "", "str"],
-  ["why", null, "pair?"], ["lens", "top", ["top", "next"]],
+  ["why", null, "pair?"], ["lens", "top", ["top", "next"]], ["composition", "k", ["q", "k", "v"]],
 ];
 const ALWAYS = new Set(["model", "text", "view", "layer", "head"]);   // written even when default
 let defaults = Object.fromEntries(FIELDS.map(([k, d]) => [k, d]));
