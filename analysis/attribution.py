@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .norms import FrozenNorm
+
 
 @dataclass(frozen=True)
 class Attribution:
@@ -43,21 +45,13 @@ def attribution(model, z: np.ndarray, residual: np.ndarray, u: np.ndarray) -> At
         raise ValueError("direct logit attribution needs a pre-norm model (its residual stream is a sum)")
     L, H, dh = z.shape
     z, residual, u = (np.asarray(a, np.float64) for a in (z, residual, u))
-    x = residual[-1]
-    ln = model.ln_f
-    if ln is None:
-        scale, centre, bias = np.ones_like(x), False, 0.0
-    elif hasattr(ln, "bias"):                               # LayerNorm: (x - mean) / sqrt(var + eps) * g + b
-        scale = np.asarray(ln.weight, np.float64) / np.sqrt(x.var() + ln.eps)
-        centre, bias = True, float(np.asarray(ln.bias, np.float64) @ u)
-    else:                                                   # RMSNorm: x / sqrt(mean(x^2) + eps) * g
-        scale, centre, bias = np.asarray(ln.weight, np.float64) / np.sqrt(np.mean(x * x) + ln.eps), False, 0.0
-    w = scale * u                                           # a part p contributes (p - mean(p) if centre) . w
+    norm = FrozenNorm.of(model.ln_f, residual[-1])
+    bias = 0.0 if norm.bias is None else float(norm.bias @ u)
 
-    def share(parts: np.ndarray) -> np.ndarray:             # [..., D] -> [...]
-        return (parts - parts.mean(axis=-1, keepdims=True) if centre else parts) @ w
+    def share(parts: np.ndarray) -> np.ndarray:             # [..., D] -> [...]: a part's share of the logit
+        return norm(parts) @ u
 
-    heads, biases, attn_out = np.zeros((L, H)), np.zeros(L), np.zeros((L, x.shape[0]))
+    heads, biases, attn_out = np.zeros((L, H)), np.zeros(L), np.zeros((L, residual.shape[-1]))
     for layer, block in enumerate(model.blocks):
         W, b = block.attn.out_projection()
         per_head = np.einsum("hd,ehd->he", z[layer], np.asarray(W, np.float64).reshape(-1, H, dh))   # [H, D]

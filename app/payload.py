@@ -12,6 +12,7 @@ import numpy as np
 
 from ..analysis import rollout, scores as head_scores, statistics as stats, thumbnails
 from ..analysis.effects import effect
+from ..analysis.qk import qk_attribution
 from ..model.interventions import HOOKS
 from ..model.transformer import SQUARE_STAGES
 from ..runtime import AttentionResult
@@ -151,6 +152,60 @@ def patching(plan, computed) -> dict:
             "distractor": _token(rt, r.metric.distractor), "clean_tokens": plan.encoding.tokens,
             "corrupt_tokens": plan.corrupt.tokens, "clean": r.clean, "corrupt": r.corrupt, "patched": r.patched,
             "recovery": r.recovery}
+
+
+def qk(plan, computed) -> dict:
+    """QK attribution of one cell (analysis/qk.py), from the text's traced run (runtime/interventions.py Trace)."""
+    trace, req, rt = computed.result, plan.request, plan.runtime
+    l, h, i, j = req.layer, req.head, req.query, req.key
+    enc, s = plan.encoding, trace.sites
+    a = qk_attribution(rt.model, enc.ids, enc.type_ids, s["residual"], s["head_output"], l, h, i, j)
+    t = a.table
+    scale = 1.0 / (np.sqrt(rt.cfg.d_head) * rt.model.blocks[l].attn.temperature)
+    row = (s["query"][l, h, i] @ s["key"][l, h].T).astype(np.float64) * scale + trace.mask[0, 0, i]   # [T]
+    p = np.exp(row - row.max())
+    order = np.argsort(-np.abs(t), axis=None, kind="stable")[:req.top]
+    top = [{"query": int(q), "key": int(k), "value": float(t[q, k])} for q, k in zip(*np.unravel_index(order, t.shape))]
+    mass = np.abs(t).sum()
+    return {"model": req.model, "tokens": enc.tokens, "layer": l, "head": h, "query": i, "key": j,
+            "kv_head": a.kv_head, "score": a.score, "scaled": float(row[j] - trace.mask[0, 0, i, j]),
+            "visible": bool(trace.mask[0, 0, i, j] > -1.0), "probability": float(p[j] / p.sum()),
+            "components": [vars(c) for c in a.components], "query_sums": t.sum(axis=1), "key_sums": t.sum(axis=0),
+            "top": top, "explained": float(sum(abs(x["value"]) for x in top) / mass) if mass else 1.0,
+            "table": t if req.table else None}
+
+
+def lens(plan, computed) -> dict:
+    """The logit lens (plans.Lensed): the stream after the embeddings and after each block, and one head's."""
+    r, rt, enc = computed.result, plan.runtime, plan.encoding
+    L = rt.cfg.n_layers
+    strings = np.vectorize(rt.token_string, otypes=[object])
+
+    def ids(a: np.ndarray) -> list:
+        return a.tolist()
+    out = {"model": plan.request.model, "tokens": enc.tokens, "token_ids": enc.ids,
+           "rows": ["embed"] + [f"L{l}" for l in range(L)],
+           "hooks": ["blocks.0.hook_resid_pre"] + [f"blocks.{l}.hook_resid_post" for l in range(L)],
+           "top_ids": ids(r.lens.top_ids), "top_tokens": strings(r.lens.top_ids).tolist(),
+           "top_probs": r.lens.top_probs, "next_probs": r.lens.next_probs, "head_lens": None}
+    if r.head is not None:
+        hl = r.head
+        out["head_lens"] = {"layer": hl.layer, "head": hl.head,
+                            "promoted_ids": ids(hl.promoted_ids), "promoted_tokens": strings(hl.promoted_ids).tolist(),
+                            "promoted_logits": hl.promoted_logits.astype(np.float32),
+                            "suppressed_ids": ids(hl.suppressed_ids),
+                            "suppressed_tokens": strings(hl.suppressed_ids).tolist(),
+                            "suppressed_logits": hl.suppressed_logits.astype(np.float32)}
+    return out
+
+
+def circuits(plan, computed) -> dict:
+    """Weight-space circuits (plans.Circuits)."""
+    r, cfg = computed.result, plan.runtime.cfg
+    ov = None if r.ov_copying is None else [[None if np.isnan(x) else float(x) for x in row] for row in r.ov_copying]
+    return {"model": plan.request.model, "layers": cfg.n_layers, "heads": cfg.n_heads, "kv_heads": cfg.n_kv_heads,
+            "ov_copying": ov, "composition_q": r.composition.q.astype(np.float32),
+            "composition_k": r.composition.k.astype(np.float32), "composition_v": r.composition.v.astype(np.float32)}
 
 
 def knockout(plan, computed) -> dict:

@@ -13,6 +13,9 @@ Four kinds, one class each, told apart by nobody after planning:
     PatchingPlan    /api/patching, activation patching between two texts
     KnockoutPlan    /api/knockout, attention knockout's effect on the prediction
     GeneratePlan    /api/generate, token by token: its lines are streamed as each step is done
+    QKPlan          /api/qk, one head's score at one cell split into the stream's components (a traced run)
+    LensPlan        /api/lens, the logit lens of a text and of one head (the same traced run)
+    CircuitsPlan    /api/circuits, weight-space circuits: OV copying and composition scores (no text)
 
 The text is tokenised here, once; its token count decides the kind and sizes the answer (`size`, the bytes the
 sending budget reserves), so whatever a run cannot give is refused before any work.
@@ -30,18 +33,20 @@ import orjson
 
 from .. import __version__
 from ..analysis.attribution import attribution
+from ..analysis.circuits import Composition, composition, head_weights, ov_copying
+from ..analysis.lens import HeadLens, Lens, head_lens, logit_lens
 from ..analysis.effects import Metric
 from ..analysis.scores import probe_ids
 from ..runtime import Encoding, Runtime
-from ..runtime.interventions import Interventions, head_importance, head_masks
+from ..runtime.interventions import Interventions, Trace, head_importance, head_masks
 from ..runtime.generation import Generator, Sampling
 from ..runtime.patching import knock_out, patch
 from ..runtime.layerwise import LayerwiseResult, Want
 from . import payload
 from .errors import Refused, TooLarge, UnknownModel
 from .runs import Run, RunProgress, Runner
-from .schemas import (AttentionRequest, GenerateRequest, ImportanceRequest, KnockoutRequest, PatchingRequest,
-                      StagesRequest)
+from .schemas import (AttentionRequest, CircuitsRequest, GenerateRequest, ImportanceRequest, KnockoutRequest,
+                      LensRequest, PatchingRequest, QKRequest, StagesRequest)
 from .settings import Settings
 
 PROBE_TOKENS = 50   # the induction probe: this many random tokens, repeated once
@@ -85,13 +90,38 @@ class Attributed:
         return self.parts.heads.nbytes
 
 
+@dataclass(frozen=True)
+class Lensed:
+    """The logit lens of a traced text, and one head's when asked (analysis/lens.py)."""
+    tokens: list[str]
+    lens: Lens
+    head: HeadLens | None
+    seconds: float
+
+    def nbytes(self) -> int:
+        return self.lens.top_ids.nbytes * 2 + self.lens.next_probs.nbytes + (
+            0 if self.head is None else self.head.promoted_ids.nbytes * 4)
+
+
+@dataclass(frozen=True)
+class Circuits:
+    """A model's weight-space circuits (analysis/circuits.py): no text."""
+    ov_copying: np.ndarray | None     # [L, H]; None without an unembedding
+    composition: Composition
+    seconds: float
+    tokens: tuple = ()
+
+    def nbytes(self) -> int:
+        return 3 * self.composition.q.nbytes
+
+
 # ---- the plans --------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """What every plan has: its model, its runs' key, how its answer is sent and how big it is."""
     request: AttentionRequest | StagesRequest | ImportanceRequest
     runtime: Runtime
-    encoding: Encoding
+    encoding: Encoding | None        # None: a plan of the model alone (circuits)
     key: str              # content hash of the model run (the cache key)
     etag: str             # of the answer: the run, every option, the wire form
     binary: bool
@@ -99,7 +129,7 @@ class Plan:
 
     @property
     def dtype(self) -> str:
-        return self.request.dtype
+        return getattr(self.request, "dtype", "float32")
 
     @property
     def precision(self) -> int | None:
@@ -231,6 +261,39 @@ class KnockoutPlan(OneRunPlan):
 
     def payload(self, computed: Computed) -> dict:
         return payload.knockout(self, computed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QKPlan(OneRunPlan):
+    """One head's scaled score at one cell split into the stream's components (analysis/qk.py), from the text's
+    traced run: the run is shared by every head and cell of the text (and by the lens); the split is the payload's."""
+
+    def payload(self, computed: Computed) -> dict:
+        return payload.qk(self, computed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LensPlan(Plan):
+    """The logit lens (and one head's) of the text's traced run: two cached runs, the trace and the lens of it."""
+    run: Run                                  # the trace
+    lens_key: str
+    lens: Callable[[Trace], Lensed]
+
+    async def compute(self, runner: Runner) -> Computed:
+        trace, _ = await runner.result(self.run)
+        result, hit = await runner.result(Run(self.lens_key, functools.partial(self.lens, trace)))
+        return Computed(result, hit, {})
+
+    def payload(self, computed: Computed) -> dict:
+        return payload.lens(self, computed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CircuitsPlan(OneRunPlan):
+    """The model's OV copying and composition scores, from its weights."""
+
+    def payload(self, computed: Computed) -> dict:
+        return payload.circuits(self, computed)
 
 
 # ---- planning -------------------------------------------------------------------------------------------------
@@ -612,6 +675,69 @@ class Planner:
         return KnockoutPlan(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary),
                             binary=binary, size=2000 + 40 * T, run=Run(key, call))
 
+
+    # ---- /api/qk, /api/lens: a traced run of the text --------------------------------------------------------------
+    def _traced(self, rt: Runtime, enc: Encoding, what: str) -> Run:
+        """The text's run with the stream entering every block, each head's output, queries and keys kept
+        (runtime/interventions.py Trace): one per text, shared by QK attribution and the lens."""
+        self._patching_tokens(len(enc.ids), what)
+        key = _hash(["trace", rt.spec.id, rt.graphs.key, enc.ids, enc.type_ids])
+        return Run(key, lambda: Interventions(rt).trace(enc, keep=("residual", "query", "key", "head_output"),
+                                                        final=False))
+
+    def qk(self, req: QKRequest, binary: bool) -> QKPlan:
+        rt, enc = self._text(req)
+        _select("layers", [req.layer], rt.cfg.n_layers)
+        _select("heads", [req.head], rt.cfg.n_heads)
+        T = len(enc.ids)
+        for name in ("query", "key"):
+            if getattr(req, name) >= T:
+                raise Refused(f"{name} {getattr(req, name)} is out of range: this text has {T} tokens (0..{T - 1})")
+        run = self._traced(rt, enc, "QK attribution")
+        C = 3 + req.layer * (rt.cfg.n_heads + 1)                          # the components
+        size = 200 * (C + req.top) + (C * C * (4 if binary else 12) if req.table else 0) + 40 * T
+        return QKPlan(request=req, runtime=rt, encoding=enc, key=run.key, etag=_etag(run.key, req, binary),
+                      binary=binary, size=size, run=run)
+
+    def lens(self, req: LensRequest, binary: bool) -> LensPlan:
+        rt, enc = self._text(req)
+        if not rt.cfg.has_unembedding:
+            with_one = [m for m, r in self.runtimes.items() if r.cfg.has_unembedding]
+            raise Refused(f"the logit lens reads tokens out of the residual stream, and model {rt.spec.id!r} has no "
+                          f"unembedding (no LM head); models with one: {', '.join(with_one) or 'none served'}")
+        if (req.layer is None) != (req.head is None):
+            raise Refused("a head's logit lens needs both `layer` and `head`: give both, or neither for the "
+                          "residual stream's lens alone")
+        if req.layer is not None:
+            _select("layers", [req.layer], rt.cfg.n_layers)
+            _select("heads", [req.head], rt.cfg.n_heads)
+        run = self._traced(rt, enc, "the logit lens")
+        k, L, T = req.top, rt.cfg.n_layers, len(enc.ids)
+
+        def call(trace: Trace) -> Lensed:
+            t0 = time.perf_counter()
+            residual = trace.sites["residual"]
+            lens = logit_lens(rt.model, residual, enc.ids, k)
+            head = None if req.layer is None else head_lens(rt.model, trace.sites["head_output"][req.layer, req.head],
+                                                            residual[-1], req.layer, req.head, k)
+            return Lensed(enc.tokens, lens, head, time.perf_counter() - t0)
+        per = 4 if binary else 30                                         # a token's id, string and probability
+        return LensPlan(request=req, runtime=rt, encoding=enc, key=run.key, etag=_etag(run.key, req, binary),
+                        binary=binary, size=(L + 3) * T * (k * per + 12) + 100 * T, run=run,
+                        lens_key=_hash(["lens", run.key, k, req.layer, req.head]), lens=call)
+
+    def circuits(self, req: CircuitsRequest, binary: bool) -> CircuitsPlan:
+        rt = self.runtime(req.model)
+        key = _hash(["circuits", rt.spec.id, rt.graphs.key])
+
+        def call() -> Circuits:
+            t0 = time.perf_counter()
+            w = head_weights(rt.model)
+            ov = ov_copying(rt.model, w) if rt.cfg.has_unembedding else None
+            return Circuits(ov, composition(rt.model, w), time.perf_counter() - t0)
+        n = rt.cfg.n_layers * rt.cfg.n_heads
+        return CircuitsPlan(request=req, runtime=rt, encoding=None, key=key, etag=_etag(key, req, binary),
+                            binary=binary, size=3 * n * n * (4 if binary else 12) + 12 * n, run=Run(key, call))
 
     # ---- /api/generate --------------------------------------------------------------------------------------------
     def generate(self, req: GenerateRequest) -> GeneratePlan:

@@ -10,10 +10,10 @@ from fastapi.responses import FileResponse, StreamingResponse
 from .. import __version__
 from . import wire
 from .deps import get_service
-from .schemas import (AttentionRequest, AttentionResponse, Error, GenerateRequest,
-                      Health, ImportanceRequest, ImportanceResponse, KnockoutRequest, KnockoutResponse,
-                      PatchingRequest, PatchingResponse,
-                      ModelInfo, StagesRequest, StagesResponse)
+from .schemas import (AttentionRequest, AttentionResponse, CircuitsRequest, CircuitsResponse, Error, GenerateRequest,
+                      Health, ImportanceRequest, ImportanceResponse, KnockoutRequest, KnockoutResponse, LensRequest,
+                      LensResponse, ModelInfo, PatchingRequest, PatchingResponse, QKRequest, QKResponse,
+                      StagesRequest, StagesResponse)
 from .service import AttentionService
 
 router = APIRouter()
@@ -111,6 +111,50 @@ async def knockout(req: KnockoutRequest, svc: Service, request: Request, accept:
     the softmax); the answer is the next-token prediction before and after, and each token's log-prob change."""
     started = time.perf_counter()
     plan = svc.plans.knockout(req, wire.accepts_binary(accept))
+    return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
+
+
+@router.post("/api/qk", response_model=QKResponse, tags=["circuits"],
+             summary="QK attribution: why a head attends to a key, split into query-side x key-side components",
+             responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
+async def qk(req: QKRequest, svc: Service, request: Request, accept: Annotated[str | None, Header()] = None,
+             if_none_match: Annotated[str | None, Header()] = None):
+    """Head `head` of `layer`'s scaled score at (`query`, `key`), the `scaled` step of /api/stages, as a table of
+    contributions: each part of the residual stream on the query side (the token embedding, each earlier head's
+    output, each earlier MLP's output, the constant terms) with each part on the key side. The block's norm is
+    linear once its scale is frozen at the run's value, and RoPE rotates each part at its own position, so the table
+    sums to the score exactly. One run of the text serves every head and cell of it."""
+    started = time.perf_counter()
+    plan = svc.plans.qk(req, wire.accepts_binary(accept))
+    return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
+
+
+@router.post("/api/lens", response_model=LensResponse, tags=["circuits"],
+             summary="Logit lens: the residual stream after each block read as next-token predictions; a head's "
+             "promoted and suppressed tokens",
+             responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
+async def lens(req: LensRequest, svc: Service, request: Request, accept: Annotated[str | None, Header()] = None,
+               if_none_match: Annotated[str | None, Header()] = None):
+    """Every row is the stream after the embeddings or after a block, through the final norm and the unembedding
+    (the last row is the model's own prediction). With `layer` and `head`: that head's output at each position
+    through the final norm (its scale frozen at the run's value) and the unembedding, its direct effect on the
+    logits, as the tokens it promotes and suppresses most. Models with an unembedding only."""
+    started = time.perf_counter()
+    plan = svc.plans.lens(req, wire.accepts_binary(accept))
+    return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
+
+
+@router.post("/api/circuits", response_model=CircuitsResponse, tags=["circuits"],
+             summary="Weight-space circuits: each head's OV copying score, and Q-, K- and V-composition between heads",
+             responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
+async def circuits(req: CircuitsRequest, svc: Service, request: Request,
+                   accept: Annotated[str | None, Header()] = None,
+                   if_none_match: Annotated[str | None, Header()] = None):
+    """From the weights alone (Elhage et al. 2021), norms' weights folded in: how much each head copies the tokens
+    it attends to, and how much each head's output feeds each later head's queries, keys and values (grouped-query
+    aware: a head's keys and values are its key/value head's)."""
+    started = time.perf_counter()
+    plan = svc.plans.circuits(req, wire.accepts_binary(accept))
     return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
 
 

@@ -82,6 +82,8 @@ class ModelInfo(BaseModel):
                           "(grouped-query attention when fewer than heads)")
     predictions: bool = Field(description="has an LM head: answers can include next-token predictions, and it "
                               "generates text (/api/generate)")
+    unembedding: bool = Field(False, description="reads tokens out of its residual stream: an LM head, or a "
+                              "decoder's tied token embeddings; /api/lens and the OV copying scores need one")
     chat: bool = Field(False, description="its files have a chat template: /api/generate takes `chat`")
     head_roles: list[HeadRole] = Field(default_factory=list, description="teaching models: what each hand-wired "
                                        "head does, exactly (>= 0.99 of its weight on its role's target)")
@@ -251,6 +253,142 @@ class KnockoutResponse(BaseModel):
     keys: list[int]
     layers: list[int] = Field(description="[first, last] the layers knocked out")
     effect: Effect = Field(description="the prediction before and after (`next_tokens_after`)")
+    timing_ms: dict[str, float]
+
+
+QK_TEXT = "The cat sat on the mat. The cat"
+
+
+class QKRequest(Strict):
+    """QK attribution: one head's pre-softmax score at one (query, key) cell, split into the residual stream's
+    components on either side."""
+    model: Text = Field("smollm2", description="a model id from GET /api/models", examples=["smollm2"])
+    text: Text = Field(description="the text; at least one non-blank character", examples=[QK_TEXT],
+                       json_schema_extra={"pattern": r"\S"})
+    layer: Index = Field(description="the head's layer (0-based), below the model's `layers`", examples=[1])
+    head: Index = Field(description="the head (0-based), below the model's `heads`", examples=[0])
+    query: Index = Field(description="the query position (0-based), below the text's token count", examples=[7])
+    key: Index = Field(description="the key position (0-based), below the text's token count", examples=[2])
+    top: _bounded(1, 1000) = Field(12, description="the pairs of components with the largest |contribution|, "
+                                   "largest first")
+    table: JsonBool = Field(False, description="also the whole [query component][key component] table")
+    precision: _bounded(1, 8) | None = Field(None, description="round every number to this many decimals")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "smollm2", "text": QK_TEXT, "layer": 1, "head": 0, "query": 7, "key": 2}]})
+
+
+class Component(BaseModel):
+    name: str = Field(description="embed (token embeddings), pos_embed (learned positions), type_embed (segments), "
+                      "L{layer}H{head} (a head's output through its columns of W_O), L{layer} MLP (an MLP's output), "
+                      "bias (every constant term: projection and norm biases)", examples=["L0H3"])
+    kind: Literal["embed", "pos_embed", "type_embed", "head", "mlp", "bias"]
+    layer: int | None = None
+    head: int | None = None
+    hook: str | None = Field(None, description="the TransformerLens hook point that holds it",
+                             examples=["blocks.0.attn.hook_result"])
+
+
+class QKPair(BaseModel):
+    query: int = Field(description="index into `components`: the query-side part (at position `query`)")
+    key: int = Field(description="index into `components`: the key-side part (at position `key`)")
+    value: float = Field(description="its contribution to the scaled score")
+
+
+class QKResponse(BaseModel):
+    model: str = Field(description="the model id that answered")
+    tokens: list[str]
+    layer: int
+    head: int
+    query: int
+    key: int
+    kv_head: int = Field(description="the key/value head whose keys this head reads (grouped-query attention)")
+    score: float = Field(description="the table's sum: the head's scaled score q.k / (sqrt(d_head) * temperature) "
+                         "at the cell, through the decomposition (float64)")
+    scaled: float = Field(description="the same score as the model's run computed it (/api/stages' `scaled`); "
+                          "`score` equals it to float error")
+    visible: bool = Field(description="the query sees the key (false: masked, e.g. a causal model's future key: its "
+                          "probability is 0 whatever the score)")
+    probability: float = Field(description="the head's attention probability at the cell")
+    components: list[Component] = Field(description="the residual stream's parts entering the layer, on either side; "
+                                        "norms' scales are frozen at the run's value, RoPE rotates each part at its "
+                                        "own position")
+    query_sums: list[float] = Field(description="[component] its query-side part's contribution with the whole key")
+    key_sums: list[float] = Field(description="[component] its key-side part's contribution with the whole query")
+    top: list[QKPair] = Field(description="the largest contributions by absolute value, largest first")
+    explained: float = Field(description="the top pairs' share of the table's absolute mass, sum |top| / sum |table|")
+    table: Matrix | None = Field(None, description="with `table`: [query component][key component]")
+    timing_ms: dict[str, float]
+
+
+class LensRequest(Strict):
+    """The logit lens of a text, and optionally one head's logit lens."""
+    model: Text = Field("smollm2", description="a model id with an unembedding (`unembedding`)",
+                        examples=["smollm2"])
+    text: Text = Field(description="the text; at least one non-blank character", examples=[QK_TEXT],
+                       json_schema_extra={"pattern": r"\S"})
+    top: _bounded(1, 20) = Field(5, description="tokens per cell, most probable first")
+    layer: Index | None = Field(None, description="with `head`: that head's logit lens (its layer)", examples=[1])
+    head: Index | None = Field(None, description="with `layer`: that head's logit lens", examples=[0])
+    precision: _bounded(1, 8) | None = Field(None, description="round every number to this many decimals")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "dependentRequired": {"layer": ["head"], "head": ["layer"]},
+        "examples": [{"model": "smollm2", "text": QK_TEXT, "layer": 1, "head": 0}]})
+
+
+class HeadLens(BaseModel):
+    layer: int
+    head: int
+    promoted_ids: list[list[int]] = Field(description="[position][k] the tokens whose logits the head's output there "
+                                          "raises most (through the final norm, its scale frozen, and the "
+                                          "unembedding), largest first")
+    promoted_tokens: list[list[str]]
+    promoted_logits: Matrix = Field(description="[position][k] the head's direct effect on each one's logit")
+    suppressed_ids: list[list[int]] = Field(description="[position][k] the tokens it lowers most")
+    suppressed_tokens: list[list[str]]
+    suppressed_logits: Matrix
+
+
+class LensResponse(BaseModel):
+    model: str = Field(description="the model id that answered")
+    tokens: list[str]
+    token_ids: list[int]
+    rows: list[str] = Field(description="embed, then L0 .. L{layers-1}: the residual stream after the embeddings and "
+                            "after each block, read through the final norm and the unembedding. The last row is the "
+                            "model's own prediction")
+    hooks: list[str] = Field(description="each row's TransformerLens hook point")
+    top_ids: list[list[list[int]]] = Field(description="[row][position][k] the most probable next tokens")
+    top_tokens: list[list[list[str]]]
+    top_probs: list[list[list[float]]]
+    next_probs: Matrix = Field(description="[row][position] the probability of the token that actually comes next "
+                               "(0 at the last position: nothing follows)")
+    head_lens: HeadLens | None = None
+    timing_ms: dict[str, float]
+
+
+class CircuitsRequest(Strict):
+    """Weight-space circuits of a model: no text."""
+    model: Text = Field("smollm2", description="a model id from GET /api/models", examples=["smollm2"])
+    precision: _bounded(1, 8) | None = Field(None, description="round every number to this many decimals")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"model": "smollm2"}]})
+
+
+class CircuitsResponse(BaseModel):
+    model: str = Field(description="the model id that answered")
+    layers: int
+    heads: int
+    kv_heads: int
+    ov_copying: list[list[float | None]] | None = Field(
+        description="[layer][head] the OV copying score (Elhage et al. 2021): the eigenvalues of the OV circuit "
+        "from tokens to logits (W_E W_V W_O W_U), their sum over the sum of their absolute values, in [-1, 1]; "
+        "positive: the head raises the logit of the token it attends to. Null for a model without an unembedding "
+        "(null entries: a head whose circuit is zero)")
+    composition_q: Matrix = Field(description="[writer][reader] Q-composition ||OV_w QK_r|| / (||OV_w|| ||QK_r||), "
+                                  "heads by flat index layer * heads + head; 0 unless the reader's layer is later")
+    composition_k: Matrix = Field(description="[writer][reader] K-composition ||OV_w QK_r^T|| / (||OV_w|| ||QK_r||)")
+    composition_v: Matrix = Field(description="[writer][reader] V-composition ||OV_w OV_r|| / (||OV_w|| ||OV_r||)")
     timing_ms: dict[str, float]
 
 
@@ -496,8 +634,10 @@ class Error(BaseModel):
 
 
 REQUESTS = ("AttentionRequest", "StagesRequest", "ImportanceRequest", "PatchingRequest", "KnockoutRequest",
-            "GenerateRequest")
-LM_REQUESTS = ("PatchingRequest", "KnockoutRequest", "GenerateRequest")   # models with an LM head only
+            "GenerateRequest", "QKRequest", "LensRequest", "CircuitsRequest")
+# the requests only some models take: the ModelInfo flag that says which, and its words
+NEEDS = {"PatchingRequest": ("predictions", "an LM head"), "KnockoutRequest": ("predictions", "an LM head"),
+         "GenerateRequest": ("predictions", "an LM head"), "LensRequest": ("unembedding", "an unembedding")}
 
 
 def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int, max_new_tokens: int = 256) -> dict:
@@ -517,7 +657,8 @@ def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int, max_
     _bound_generic(schemas, models)
     for name in REQUESTS:
         generic = schemas.get(name)
-        served = [m for m in models if m.predictions or name not in LM_REQUESTS]
+        flag, words = NEEDS.get(name, (None, ""))
+        served = [m for m in models if flag is None or getattr(m, flag)]
         if generic is None or not served:
             continue
         for m in served:
@@ -525,7 +666,7 @@ def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int, max_
         schemas[f"{name}ByModel"] = {
             "title": f"{name} (one schema per served model)", "description": generic.get("description", "") +
             f" The fields of {name}, with the ranges of the model `model` names" + (
-                " (the models with an LM head)." if name in LM_REQUESTS else "."),
+                f" (the models with {words})." if flag else "."),
             "oneOf": [{"$ref": f"#/components/schemas/{name}.{m.id}"} for m in served],
             "examples": [_example(generic, served[0])]}
     for item in openapi.get("paths", {}).values():
@@ -573,8 +714,8 @@ def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int, max_new_tokens: 
     variant["title"] = f"{generic.get('title', '')} for {m.id}"
     props = variant["properties"]
     variant["examples"] = [_example(generic, m)]
-    for field in ("layers", "heads", "ablate", "mask_tokens", "queries", "keys", "position", "clean", "corrupt", "target",
-                  "distractor"):   # the generic examples need not fit this model (its tokens, its sizes)
+    for field in ("layers", "heads", "ablate", "mask_tokens", "queries", "keys", "query", "key", "position", "clean",
+                  "corrupt", "target", "distractor"):   # the generic examples need not fit this model (its tokens, its sizes)
         props.get(field, {}).pop("examples", None)
     default = props["model"].get("default")
     props["model"] = {"const": m.id, "type": "string", "description": f"{m.title}: {m.layers} layers x {m.heads} "
@@ -583,7 +724,7 @@ def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int, max_new_tokens: 
         variant["required"] = sorted(set(variant.get("required", [])) | {"model"})
     bounds = {"layers": m.layers - 1, "heads": m.heads - 1, "layer": m.layers - 1, "head": m.heads - 1,
               "mask_tokens": m.max_tokens - 1, "queries": m.max_tokens - 1, "keys": m.max_tokens - 1,
-              "position": m.max_tokens - 1}
+              "position": m.max_tokens - 1, "query": m.max_tokens - 1, "key": m.max_tokens - 1}
     for field, bound in bounds.items():
         if field in props:
             _narrow(props[field], bound)
@@ -620,6 +761,10 @@ def _bound_pairs(props: dict, m: ModelInfo) -> None:
 def _example(generic: dict, m: ModelInfo) -> dict:
     """A request that this model takes: a text (and a head), or a patching or knockout example's texts."""
     props = generic["properties"]
+    if "query" in props:
+        return {"model": m.id, "text": EXAMPLE_TEXT, "layer": 0, "head": 0, "query": 1, "key": 0}
+    if "text" not in props and "clean" not in props:
+        return {"model": m.id}
     if "text" in props and "queries" not in props:
         return {"model": m.id, "text": EXAMPLE_TEXT} | ({"layer": 0, "head": 0} if "layer" in props else {})
     if "queries" in props:

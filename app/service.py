@@ -77,6 +77,7 @@ class AttentionService:
                           max_tokens=rt.spec.max_tokens, pair=rt.spec.pair,
                           trained_tokens=rt.spec.trained_tokens, max_positions=rt.cfg.max_positions,
                           provider=rt.provider, kv_heads=rt.cfg.n_kv_heads, predictions=rt.cfg.lm_head,
+                          unembedding=rt.cfg.has_unembedding,
                           chat=bool(rt.generation and rt.generation.chat_template),
                           head_roles=list(rt.spec.head_roles), explanation=rt.spec.explanation)
                 for i, rt in self.runtimes.items()]

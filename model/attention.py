@@ -105,6 +105,10 @@ class MultiHeadAttention:
         """W_O [E, E] (the heads' outputs, concatenated, mixed back into the stream) and its bias (or None)."""
         return self.params["out_proj.weight"], self.params.get("out_proj.bias")
 
+    def projection(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """Weight [out, in] and bias (or None) by GroupedQueryAttention's names: q_proj, k_proj, v_proj, o_proj."""
+        return self.out_projection() if name == "o_proj" else self._projection(("q_proj", "k_proj", "v_proj").index(name))
+
     def project(self, x, start: int = 0):
         """Self-attention's queries, keys and values [B, H, T, dh] of x [B, T, E] (positions are not this module's
         business: start is taken for GroupedQueryAttention's signature)."""

@@ -59,6 +59,12 @@ class TransformerConfig:
     lm_head: bool = False           # next-token logits from the final hidden states
     tie_embeddings: bool = True     # the LM head is the token embedding matrix (no weights of its own)
 
+    @property
+    def has_unembedding(self) -> bool:
+        """Tokens can be read out of the residual stream: an LM head, or a decoder whose tied token embeddings serve
+        as one (tiny-gpt). The logit lens and the OV copying scores need it."""
+        return self.lm_head or (self.causal and self.tie_embeddings)
+
     def __post_init__(self):
         if not self.n_kv_heads:
             object.__setattr__(self, "n_kv_heads", self.n_heads)

@@ -12,6 +12,7 @@ attribution (analysis/attribution.py, from a trace) all go through here.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -25,6 +26,7 @@ from .results import Encoding
 
 Ablation = Literal["zero", "mean"]
 Readout = Literal["logits", "outputs"]   # the last position's logits [B, V], or the final graph's outputs
+TRACED = ("residual", "query", "key", "value", "head_output")   # the sites a trace keeps by default
 BATCH = 16                                # rows per batch
 
 
@@ -48,13 +50,21 @@ class Trace:
     encoding: Encoding
     mask: np.ndarray                     # [1, 1, T, T] the additive mask the run used
     sites: dict[str, np.ndarray]
-    hidden: np.ndarray                   # [T, D] after the final norm
+    hidden: np.ndarray | None            # [T, D] after the final norm (None: a trace without the final graph)
     logits: np.ndarray | None            # [V] after the last position (LM head only)
     token_logprobs: np.ndarray | None    # [T]
+    seconds: float = 0.0                 # the run's
 
     @property
     def T(self) -> int:
         return len(self.encoding.ids)
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.encoding.tokens
+
+    def nbytes(self) -> int:
+        return sum(v.nbytes for v in self.sites.values())
 
     def mean(self, site: str, layer: int) -> np.ndarray:
         """The site's mean over the text's positions at a layer: [H, 1, dh] (head sites) or [1, D] (residual)."""
@@ -79,31 +89,35 @@ class Interventions:
         self.rt, self.lw, self.batch = rt, rt.layerwise(), int(batch)
 
     # ---- the clean run ---------------------------------------------------------------------------------------------
-    def trace(self, enc: Encoding, *, causal: bool | None = None, mask_tokens=None, pattern: bool = False) -> Trace:
-        """Run one text, keeping every site's value at every layer (the pattern's [L, H, T, T] only with `pattern`)."""
+    def trace(self, enc: Encoding, *, causal: bool | None = None, mask_tokens=None, pattern: bool = False,
+              keep: Sequence[str] = TRACED, final: bool = True) -> Trace:
+        """Run one text, keeping the sites in `keep` at every layer (the pattern's [L, H, T, T] only with `pattern`);
+        final=False skips the final graph (no hidden states, logits or log-probs)."""
+        t0 = time.perf_counter()
         rt, cfg, lw = self.rt, self.rt.cfg, self.lw
         L, H, T = cfg.n_layers, cfg.n_heads, len(enc.ids)
         causal = cfg.causal if causal is None else bool(causal)
         mask = rt.build_mask([T], causal, [mask_tokens] if mask_tokens else None)
         inputs = rt.feeds(np.array([enc.ids]), np.array([enc.type_ids]), mask, [T])
-        names = ("residual", "query", "key", "value", "head_output") + (("pattern",) if pattern else ())
+        names = tuple(keep) + (("pattern",) if pattern else ())
         sites = {name: [] for name in names}
         with lw.busy:
             x = lw.run_graph("embed", inputs | lw.graph_feeds("embed"), ["x"])["x"]
             for layer in range(L):
-                sites["residual"].append(x[0])
                 q, k, v = self._qkv(layer, x)
                 out = self._attend(q, k, v, mask, range(H) if pattern else ())
-                for name, value in (("query", q), ("key", k), ("value", v), ("head_output", out["ctx"])):
-                    sites[name].append(value[0])
-                if pattern:
-                    sites["pattern"].append(out["attention"][0])
+                for name, value in (("residual", x), ("query", q), ("key", k), ("value", v),
+                                    ("head_output", out["ctx"])) + ((("pattern", out["attention"]),) if pattern else ()):
+                    if name in sites:
+                        sites[name].append(value[0])
                 x = self._block_out(layer, x, out["ctx"])
-            sites["residual"].append(x[0])
-            final = self._final(x, np.array([enc.ids]))
-        return Trace(enc, mask, {name: np.stack(values) for name, values in sites.items()}, final["hidden"][0],
-                     final["next_token_logits"][0] if cfg.lm_head else None,
-                     final["token_logprobs"][0] if cfg.lm_head else None)
+            if "residual" in sites:
+                sites["residual"].append(x[0])
+            ends = self._final(x, np.array([enc.ids])) if final else {}
+        lm = cfg.lm_head and final
+        return Trace(enc, mask, {name: np.stack(values) for name, values in sites.items()},
+                     ends["hidden"][0] if final else None, ends["next_token_logits"][0] if lm else None,
+                     ends["token_logprobs"][0] if lm else None, time.perf_counter() - t0)
 
     # ---- edited runs -----------------------------------------------------------------------------------------------
     def run(self, base: Trace, rows: Sequence[Sequence[Edit]], readout: Readout = "logits",

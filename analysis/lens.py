@@ -1,0 +1,76 @@
+"""Reading tokens out of the residual stream: the logit lens (nostalgebraist 2020) and a head's logit lens.
+
+    logit lens    the stream after the embeddings and after each block, through the final norm and the
+                  unembedding, as if the model stopped there: logits_r = N_f(x_r) W_U^T. The last row is the
+                  model's own prediction.
+    head lens     what one head writes at each position, head_p = z_p W_O,h, through the final norm with its scale
+                  frozen at the run's value (analysis/norms.py) and the unembedding: its direct effect on every
+                  logit, the same quantity direct logit attribution gives per head. The tokens it pushes up most
+                  (promotes) and down most (suppresses).
+
+Both need an unembedding: an LM head, or a decoder's tied token embeddings (model.unembedding).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .norms import FrozenNorm
+from .qk import head_outputs
+
+
+def top_k(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest entries of each row of x [..., V] and their indices, largest first (ties: the lower index)."""
+    k = min(k, x.shape[-1])
+    idx = np.argpartition(-x, k - 1, axis=-1)[..., :k]
+    vals = np.take_along_axis(x, idx, axis=-1)
+    order = np.lexsort((idx, -vals), axis=-1)
+    return np.take_along_axis(idx, order, axis=-1), np.take_along_axis(vals, order, axis=-1)
+
+
+@dataclass(frozen=True)
+class Lens:
+    """The logit lens of one text: rows = the stream after the embeddings and after each block."""
+    top_ids: np.ndarray        # [R, T, k] int64, most probable first
+    top_probs: np.ndarray      # [R, T, k] float32
+    next_probs: np.ndarray     # [R, T] float32: p(the token that comes next); 0 at the last position
+
+
+def logit_lens(model, residual: np.ndarray, ids, k: int) -> Lens:
+    """residual [R, T, D] (a Trace's: the stream entering each block, and leaving the last) -> its Lens."""
+    W = model.unembedding                                                      # [V, D]
+    ids = np.asarray(ids, np.int64)
+    R, T, _ = residual.shape
+    top_ids, top_probs, next_probs = np.zeros((R, T, k), np.int64), np.zeros((R, T, k), np.float32), \
+        np.zeros((R, T), np.float32)
+    for r in range(R):
+        x = residual[r] if model.ln_f is None else model.ln_f(residual[r])
+        logits = x @ W.T                                                       # [T, V]
+        m = logits.max(axis=-1, keepdims=True)
+        lse = m[:, 0] + np.log(np.exp(logits - m).sum(axis=-1))                # [T]
+        top_ids[r], values = top_k(logits, k)
+        top_probs[r] = np.exp(values - lse[:, None])
+        next_probs[r, :-1] = np.exp(logits[np.arange(T - 1), ids[1:]] - lse[:-1])
+    return Lens(top_ids, top_probs, next_probs)
+
+
+@dataclass(frozen=True)
+class HeadLens:
+    """A head's direct effect on the logits at each position: the tokens it promotes and suppresses most."""
+    layer: int
+    head: int
+    promoted_ids: np.ndarray       # [T, k], largest logit first
+    promoted_logits: np.ndarray    # [T, k]
+    suppressed_ids: np.ndarray     # [T, k], most negative first
+    suppressed_logits: np.ndarray  # [T, k]
+
+
+def head_lens(model, z: np.ndarray, final: np.ndarray, layer: int, head: int, k: int) -> HeadLens:
+    """z [T, d_head] the head's output before W_O at each position; final [T, D] the stream leaving the last block
+    (where the final norm's scale is frozen)."""
+    part = head_outputs(model, layer, np.asarray(z)[None], [head])[0]         # [T, D]
+    logits = FrozenNorm.of(model.ln_f, final)(part).astype(np.float32) @ model.unembedding.T     # [T, V]
+    up, up_vals = top_k(logits, k)
+    down, down_vals = top_k(-logits, k)
+    return HeadLens(layer, head, up, up_vals, down, -down_vals)
