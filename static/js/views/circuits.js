@@ -17,6 +17,8 @@ export const help = "Read from the weights alone, the same for every text. Left:
 /** Composition kinds (state.composition), as the API names their maps (composition_q, _k, _v) and in words. */
 export const COMPOSITIONS = [["q", "Q-composition (queries read the writer)"], ["k", "K-composition (keys read the writer)"],
   ["v", "V-composition (values read the writer)"]];
+/** Each kind's score as POST /api/circuits defines it (Frobenius norms; OV, QK: a head's circuits). */
+const FORMULAS = { q: "‖OV_w QK_r‖ / (‖OV_w‖ ‖QK_r‖)", k: "‖OV_w QK_rᵀ‖ / (‖OV_w‖ ‖QK_r‖)", v: "‖OV_w OV_r‖ / (‖OV_w‖ ‖OV_r‖)" };
 
 export function requests() {
   return [{ endpoint: "circuits" }];
@@ -129,8 +131,8 @@ function compositionMap(ctx, c, ans, st) {
     const m = /^L(\d+)H(\d+)$/.exec(e?.shiftKey ? pt.y : pt.x);
     if (m) ctx.go({ layer: Number(m[1]), head: Number(m[2]) });
   };
-  c.note.textContent = `${kind[1]}: ‖W_OV(writer)ᵀ W(reader)‖ / (‖W_OV(writer)‖ ‖W(reader)‖) for every earlier writer ` +
-    `and later reader (Elhage et al. 2021), ${N} heads. White: the reader is not in a later layer. Colours: ${range.label}.`;
+  c.note.textContent = `${kind[1]}: ${FORMULAS[st.composition]} for every earlier writer w and later reader r ` +
+    `(Elhage et al. 2021; Frobenius norms), ${N} heads. White: the reader is not in a later layer. Colours: ${range.label}.`;
   const ex = { plot: c.plot, name: `attnscope-${st.model}-composition-${st.composition}`,
     csv: () => [[`writer\\reader (${label})`, ...names], ...full.map((row, w) => [names[w], ...row.map((v) => Number(exactString(v)))])],
     json: () => ({ model: st.model, kind: st.composition, heads: names, [`composition_${st.composition}`]: full }) };

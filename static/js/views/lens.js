@@ -118,7 +118,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     : ans.top_probs[r][p][0])));
   const text = ans.rows.map((_, r) => ans.top_tokens[r].map((toks) => short(toks[0])));
   const hover = ans.rows.map((row, r) => Array.from({ length: T }, (_, p) => {
-    const head = `${row} at ${p} “${plotlyText(tokenLabel(ans.tokens[p]))}”`;
+    const head = `${row} (${ans.hooks[r]}) at ${p} “${plotlyText(tokenLabel(ans.tokens[p]))}”`;
     const tops = ans.top_tokens[r][p].map((t, k) => `${plotlyText(tokenLabel(t))}  ${fmt(ans.top_probs[r][p][k], 4)}`);
     const real = p < T - 1 ? `next token “${plotlyText(tokenLabel(ans.tokens[p + 1]))}”: ${fmt(ans.next_probs[r][p], 4)}`
       : "nothing comes next";
