@@ -5,6 +5,8 @@ both maps (equal to POST /api/circuits) and a click on a head makes it the page'
 induction head's "why" opens, and its sentence's numbers are the API's. No console errors anywhere."""
 from __future__ import annotations
 
+import csv
+import io
 import re
 from urllib.parse import urlencode
 
@@ -169,6 +171,13 @@ def test_circuits_view_draws_both_maps_and_a_click_picks_a_head(page: Page, live
     hover = page.evaluate(f"document.querySelector('{comp_plot}').data[0].hovertemplate")
     assert hover.startswith("%{y} → %{x}, K-composition")
     screenshot(page, "circuits-tiny-gpt")
+    # the view's CSV: the copying map (a row per layer), then the composition map shown (a row per writer)
+    with page.expect_download() as dl:
+        page.locator("#export-csv").click()
+    rows = list(csv.reader(io.StringIO(open(dl.value.path(), encoding="utf-8").read())))
+    assert rows[0] == ["ov_copying"] and rows[1] == ["layer"] + [f"head {h}" for h in range(H)]
+    assert rows[2 + L + 1] == ["composition_k"] and rows[2 + L + 2][1:] == names
+    assert float(rows[2 + L + 3][1 + H]) == pytest.approx(ref["composition_k"][0][H], abs=1e-7)
     # a head of the copying map becomes the page's head
     page.locator(ov_plot).scroll_into_view_if_needed()
     page.mouse.click(*plot_point(page, ov_plot, 2, 1))
