@@ -162,13 +162,14 @@ def qk(plan, computed) -> dict:
     a = qk_attribution(rt.model, enc.ids, enc.type_ids, s["residual"], s["head_output"], l, h, i, j)
     t = a.table
     scale = 1.0 / (np.sqrt(rt.cfg.d_head) * rt.model.blocks[l].attn.temperature)
-    row = (s["query"][l, h, i] @ s["key"][l, h].T).astype(np.float64) * scale + trace.mask[0, 0, i]   # [T]
+    scaled = (s["query"][l, h, i] @ s["key"][l, h].T).astype(np.float64) * scale             # [T]: the run's own
+    row = scaled + trace.mask[0, 0, i]
     p = np.exp(row - row.max())
     order = np.argsort(-np.abs(t), axis=None, kind="stable")[:req.top]
     top = [{"query": int(q), "key": int(k), "value": float(t[q, k])} for q, k in zip(*np.unravel_index(order, t.shape))]
     mass = np.abs(t).sum()
     return {"model": req.model, "tokens": enc.tokens, "layer": l, "head": h, "query": i, "key": j,
-            "kv_head": a.kv_head, "score": a.score, "scaled": float(row[j] - trace.mask[0, 0, i, j]),
+            "kv_head": a.kv_head, "score": a.score, "scaled": float(scaled[j]),
             "visible": bool(trace.mask[0, 0, i, j] > -1.0), "probability": float(p[j] / p.sum()),
             "components": [vars(c) for c in a.components], "query_sums": t.sum(axis=1), "key_sums": t.sum(axis=0),
             "top": top, "explained": float(sum(abs(x["value"]) for x in top) / mass) if mass else 1.0,
