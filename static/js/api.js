@@ -250,3 +250,23 @@ export async function generate(body, onToken, { signal } = {}) {
   if (!done) throw new ApiError(0, "the generation's stream ended before its last line; is the server still running?");
   return done;
 }
+
+/** POST /api/qk (JSON): the pre-softmax score of head (layer, head) at cell (query, key), split into pairs of a
+ *  query-side and a key-side component of the residual stream (the top pairs, each side's sums). The page's run
+ *  options other than the text are not the endpoint's: dropped (the attribution is of the model's own run). */
+export function qk(body) {
+  return cached("/api/qk", only(body, ["model", "text", "layer", "head", "query", "key", "top", "table", "precision"]),
+    fetchJSON);
+}
+
+/** POST /api/lens (JSON): the logit lens (every layer's residual stream through the final norm and the
+ *  unembedding), and with layer and head that head's output through the same (its promoted and suppressed tokens). */
+export function lens(body) {
+  return cached("/api/lens", only(body, ["model", "text", "top", "layer", "head", "precision"]), fetchJSON);
+}
+
+/** POST /api/circuits (JSON): the model's weight-space circuits, no text: each head's OV copying score and the Q-, K-
+ *  and V-composition of every earlier head into every later one. */
+export function circuits(body) {
+  return cached("/api/circuits", only(body, ["model", "precision"]), fetchJSON);
+}

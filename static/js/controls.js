@@ -66,7 +66,7 @@ export function wireControls(go, draft) {
     const st = state.get();
     const pairText = draft.edited ? $("text-pair").value : st.text_pair;
     go({ model: info.id, layer: Math.min(st.layer, info.layers - 1), head: Math.min(st.head, info.heads - 1),
-      mask_tokens: [], pin: null, causal: null, heads: null, ablate: [], text_pair: info.pair ? pairText : "" });
+      mask_tokens: [], pin: null, why: null, causal: null, heads: null, ablate: [], text_pair: info.pair ? pairText : "" });
   });
   $("layer").addEventListener("change", (e) => go({ layer: Number(e.target.value) }));
   $("head").addEventListener("change", (e) => go({ head: Number(e.target.value) }));

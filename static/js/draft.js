@@ -28,11 +28,12 @@ export function createDraft() {
     show();
   };
 
-  /** state.go, carrying an edited text along unless the change names a token of the old one (a pin, a mask). */
+  /** state.go, carrying an edited text along unless the change names a token of the old one (a pin, a mask). A
+   *  new text forgets what named the old one's tokens (a pin, a mask, the head view's "why" cell). */
   const go = (patch, opts) => {
     const byToken = (patch.pin !== undefined && patch.pin !== null) || patch.mask_tokens?.length;
     const next = edited && pending() && !byToken
-      ? { text: $("text").value, text_pair: $("text-pair").value, mask_tokens: [], pin: null, ...patch } : patch;
+      ? { text: $("text").value, text_pair: $("text-pair").value, mask_tokens: [], pin: null, why: null, ...patch } : patch;
     return state.go(next, opts);
   };
 
@@ -42,7 +43,7 @@ export function createDraft() {
       e.preventDefault();
       edited = false;
       // the same text again re-runs anyway (answered from the cache)
-      if (!state.go({ text: $("text").value, text_pair: $("text-pair").value, mask_tokens: [], pin: null })) rerun();
+      if (!state.go({ text: $("text").value, text_pair: $("text-pair").value, mask_tokens: [], pin: null, why: null })) rerun();
     });
     for (const box of [$("text"), $("text-pair")]) {
       box.addEventListener("input", () => { edited = true; show(); });

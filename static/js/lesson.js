@@ -3,8 +3,8 @@
 // bookmark or project any of them; the panel above the view says where the class is and links on.
 import { h, replace } from "./dom.js";
 
-// Every page sets what it shows and resets what would change it (a pin, a mask, a what-if).
-const BASE = { text_pair: "", causal: null, mask_tokens: [], pin: null, hide_special: false, heads: null,
+// Every page sets what it shows and resets what would change it (a pin, a mask, a what-if, a "why" cell).
+const BASE = { text_pair: "", causal: null, mask_tokens: [], pin: null, why: null, hide_special: false, heads: null,
   all_heads: false, n: 12, step: 0, scale: "fixed", ablate: [], text_b: "" };
 const TINY = { model: "tiny-gpt", text: "the cat sat on the mat and then the cat slept", view: "stages", layer: 0, head: 0 };
 const INDUCTION = { model: "induction", text: "Harry Potter met Ron Weasley at school. Then Harry Potter", view: "head" };
@@ -41,6 +41,13 @@ export const LESSON = [
     text: "The second head looks, from each token, at the token that followed the same token earlier: from the second " +
       "“potter” it looks at “met”, and the model predicts “met” next. It finds that position only because the first " +
       "head wrote “the token before me” into every position: the two heads compose (an induction circuit)." },
+  // positions from the tokenizer: [CLS] harry potter met ron we ##as ##ley at school . then harry potter (0..13)
+  { title: "Induction, part 3: why the head looks at “met”", state: { ...INDUCTION, layer: 1, head: 0, pin: 13, why: [13, 3] },
+    text: "Why does the second “potter” look at “met”? The chart below splits the head's score for that cell (2427.1, " +
+      "before the softmax) into pairs: a part of the stream at “potter” times a part at “met”. The largest part on the " +
+      "key side is the output of layer 0's previous-token head (L0H0) at “met”, 3168.0: the copy of “potter” that layer " +
+      "0 wrote there. The key reads what layer 0 wrote (K-composition); the biases × positions pair (−759.3) is the " +
+      "head's preference for recent keys." },
 ];
 
 /** The full state of lesson page k (1-based), keeping how the page is shown (present, large). */

@@ -57,6 +57,15 @@ export function ownMask(meta, info) {
   return meta.causal === (info.kind === "decoder") && meta.mask_tokens.length === 0;
 }
 
+/** For an answer of the model's own run (the QK attribution, the logit lens: they take no mask and no knocked-out
+ *  heads): " It shows the model's own run: … do not apply to it." naming what of the page's run it leaves out, or "". */
+export function ownRunNote(st, meta, info) {
+  const left = [];
+  if (!ownMask(meta, info)) left.push("the mask chosen above");
+  if (st.ablate.length) left.push("the knocked-out heads");
+  return left.length ? ` It shows the model's own run: ${left.join(" and ")} do${left.length > 1 ? "" : "es"} not apply to it.` : "";
+}
+
 /** Index where sentence B starts (BertViz's split: [CLS] A [SEP] | B [SEP]), or -1 for a single text. */
 export function pairStart(meta) {
   return meta.segments.indexOf(1);

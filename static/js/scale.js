@@ -114,6 +114,11 @@ export function lutIndex(v, range) {
   return Math.min(255, Math.max(0, Math.round((v / range.zmax) * 255)));
 }
 
+/** Bars of a signed quantity (the head view's "why" chart): one tone of the diverging scale for each sign, orange
+ *  for positive and purple for negative, as on its maps. */
+export const POSITIVE = rgbString(PUOR[7][1]), NEGATIVE = rgbString(PUOR[1][1]);
+export const signColor = (v) => (v < 0 ? NEGATIVE : POSITIVE);
+
 // Categorical colours for heads (line view, entropy view): Paul Tol's "muted" palette plus three
 // Okabe–Ito colours; distinguishable with colour blindness when only a few are shown at once.
 export const HEAD_COLORS = ["#332288", "#CC6677", "#117733", "#DDAA33", "#88CCEE", "#882255",

@@ -21,6 +21,9 @@ export const GENERATION = { max_new_tokens: BOOT.max_new_tokens ?? 256, max_temp
 //   random one; a sampled generation writes the one it used, so the link says how to get its text again);
 //   side_by_side: with heads knocked out, also generate without them; prompt: the text a generation continued (the
 //   page's text is then prompt + continuation)
+//   why: the head view's cell [query, key] whose score POST /api/qk explains (views/head.js); lens: what colours the
+//   logit lens (views/lens.js), the top token's probability (the API's top_probs) or the next token's (next_probs);
+//   composition: the circuits view's composition map (views/circuits.js), Q-, K- or V-composition
 const FIELDS = [
   ["model", "", "str"], ["text", "", "str"], ["text_pair", "", "str"], ["view", "head", "view"],
   ["layer", 0, "int"], ["head", 0, "int"], ["causal", null, "tri"], ["mask_tokens", [], "ints"],
@@ -36,6 +39,7 @@ const FIELDS = [
   ["knockout_layers", null, "range?"], ["knockout", false, "bool"],
   ["max_new_tokens", 32, "int"], ["greedy", false, "bool"], ["temperature", 1, "num"], ["top_k", 0, "int"],
   ["top_p", 1, "num"], ["seed", null, "int?"], ["side_by_side", false, "bool"], ["prompt", "", "str"],
+  ["why", null, "pair?"], ["lens", "top", ["top", "next"]], ["composition", "k", ["q", "k", "v"]],
 ];
 const ALWAYS = new Set(["model", "text", "view", "layer", "head"]);   // written even when default
 let defaults = Object.fromEntries(FIELDS.map(([k, d]) => [k, d]));
@@ -76,6 +80,12 @@ function parseRange(s) {
   return m && Number(m[1]) <= Number(m[2]) ? [Number(m[1]), Number(m[2])] : null;
 }
 
+/** "a,b" (any two indices) as [a, b], else null. */
+function parsePair(s) {
+  const m = /^(\d+),(\d+)$/.exec(s);
+  return m ? [Number(m[1]), Number(m[2])] : null;
+}
+
 /** State object from a query string. Unknown or malformed values fall back to defaults. */
 export function parse(search = location.search) {
   const q = new URLSearchParams(search);
@@ -99,6 +109,7 @@ export function parse(search = location.search) {
       case "ints?": st[k] = raw === "" ? null : parseInts(raw); break;
       case "heads": st[k] = [...new Set(raw.split(",").filter((x) => /^\d+\.\d+$/.test(x)))].sort(byHead); break;
       case "range?": st[k] = parseRange(raw); break;
+      case "pair?": st[k] = parsePair(raw); break;
     }
   }
   return st;

@@ -191,7 +191,7 @@ def test_lesson_pages_open_and_the_head_menu_lists_roles(page: Page, console_err
     page.get_by_role("link", name="Lesson").click()
     wait_drawn(page, "stages")
     lesson = page.locator("#lesson")
-    expect(lesson).to_contain_text("Lesson · 1 of 8")
+    expect(lesson).to_contain_text("Lesson · 1 of 9")
     expect(lesson.locator("h2")).to_have_text("Dot products")
     assert "lesson=1" in page.url and "model=tiny-gpt" in page.url and "step=5" in page.url
     expect(page.locator("#view-stages [data-stage]")).to_have_count(1)      # the page's one step: the scores
@@ -224,10 +224,10 @@ def test_lesson_pages_open_and_the_head_menu_lists_roles(page: Page, console_err
     # the lesson in the classroom layout: arrows walk the pages
     page.goto(page.url + "&present=1")
     wait_drawn(page, "head")
-    expect(page.locator("#present-bar")).to_contain_text("Lesson 7 of 8")
+    expect(page.locator("#present-bar")).to_contain_text("Lesson 7 of 9")
     page.keyboard.press("ArrowLeft")
     wait_drawn(page, "model")
-    expect(page.locator("#present-bar")).to_contain_text("Lesson 6 of 8 · Heads differ")
+    expect(page.locator("#present-bar")).to_contain_text("Lesson 6 of 9 · Heads differ")
     screenshot(page, "lesson-6-present", full_page=False)
     page.keyboard.press("Escape")                          # out of the classroom layout, still in the lesson
     wait_drawn(page, "model")

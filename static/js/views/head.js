@@ -1,16 +1,20 @@
 // Head view: the query x key weights of one head as a heatmap across the panel's width; hover a cell for
 // both tokens and the exact weight, zoom in (drag a box) and every token is labelled again, click a row
 // (or a token chip) to pin it and list its weights below. A long text's matrix (up to 4096 x 4096) is painted
-// into a canvas, one pixel per cell, and drawn as one Plotly image under the same axes, hover and zoom.
+// into a canvas, one pixel per cell, and drawn as one Plotly image under the same axes, hover and zoom. A click on a
+// cell of the pinned row (or its "Why?" button in the list) asks why the head attends there (state.why): the panel
+// below splits the cell's score into the parts of the residual stream that made it (why.js, POST /api/qk).
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { dividerAt, longText, maskRule, matrixCells, ownMask, pairView, sentences, ticksIn, visibleTokens } from "../matrix.js";
+import { renderWhy, WHY_TOP } from "../why.js";
 import { AXIS_LINE, colourRange, exactString, FILTERED_COLOR, FILTERED_RGB, fmt, fmtExact, HIGHLIGHT, LUT, lutIndex, MASKED_COLOR, MASKED_RGB, PAIR_DIVIDER, plotlyScale, TRANSPARENT } from "../scale.js";
 
 export const title = "Head view";
 export const help = "Rows are queries (the token doing the looking), columns are keys (the tokens it looks at). " +
   "Each cell is how much weight the query puts on the key; every row of the model's matrix sums to 1. " +
   "Hover a cell for both tokens and the exact weight; drag a box to zoom in (double-click to zoom out); " +
-  "click a row or a token to pin it.";
+  "click a row or a token to pin it, then a cell of the pinned row (or a “Why?” in its list) to see why the head " +
+  "attends there.";
 
 const LIST_LIMIT = 40;          // pinned rows longer than this list their top weights
 const LABEL_CHARS = 14;         // tick labels longer than this are shortened (the hover has the whole token)
@@ -18,11 +22,19 @@ const MAX_CELL = 56;            // short texts: cells no larger than this (px), 
 const IMAGE_CELLS = 320 * 320;  // larger matrices are painted as one image, not sent to Plotly as numbers
 const MIN_TICK_FONT = 8;        // zoomed in: tick labels shrink down to this (px) before some are left out
 
+/** Does the state show a sentence pair? POST /api/qk explains one text. */
+const shownPair = (st, info) => info.pair && Boolean(st.text_pair);
+
 /** What to fetch: only this layer and head, float32 (about 0.25 MB at 256 tokens); a long text's matrix in
- *  float16 (8 MB at 2048 tokens, 32 MB at 4096). */
+ *  float16 (8 MB at 2048 tokens, 32 MB at 4096). With a cell asked about (why), its QK attribution: a refusal (an
+ *  index past the text's end) is shown in its panel. */
 export function requests(st, info) {
-  return [{ endpoint: "attention", layers: [st.layer], heads: [st.head], include: ["attention"],
+  const out = [{ endpoint: "attention", layers: [st.layer], heads: [st.head], include: ["attention"],
     ...(longText(st, info) ? { dtype: "float16" } : {}) }];
+  if (st.why && !shownPair(st, info)) {
+    out.push({ endpoint: "qk", layer: st.layer, head: st.head, query: st.why[0], key: st.why[1], top: WHY_TOP, soft: true });
+  }
+  return out;
 }
 
 const shortLabel = (tok, n = LABEL_CHARS) => {
@@ -54,6 +66,7 @@ function pinnedPanel(panel, d, st, ctx) {
     return;
   }
   const q = st.pin;
+  const whyKey = st.why?.[0] === q ? st.why[1] : null;
   const items = cols.map((k, j) => ({ k, w: cells.value(pos, j), raw: cells.raw(pos, j), masked: hidden(q, k) }));
   const shown = items.length > LIST_LIMIT ? [...items].sort((a, b) => b.w - a.w).slice(0, LIST_LIMIT) : items;
   const table = h("table", { class: "weights", "aria-label": `Weights of query ${q}` },
@@ -61,26 +74,31 @@ function pinnedPanel(panel, d, st, ctx) {
       h("th", { scope: "col", text: "key" }), h("th", { scope: "col", text: "token" }),
       h("th", { scope: "col", text: renorm ? "weight (renormalised)" : "weight" }),
       renorm && h("th", { scope: "col", text: "model's weight" }),
-      h("th", { scope: "col", "aria-hidden": "true", class: "bar-col" }))),
+      h("th", { scope: "col", "aria-hidden": "true", class: "bar-col" }),
+      h("th", { scope: "col", class: "why-col" }, h("span", { class: "visually-hidden", text: "why" })))),
     h("tbody", {}, shown.map(({ k, w, raw: rw, masked }) => h("tr", {
       "data-key": k, "data-weight": exactString(w), "data-raw": exactString(rw),
-      class: [masked && "masked", meta.special[k] && "special"].filter(Boolean).join(" "),
+      class: [masked && "masked", meta.special[k] && "special", k === whyKey && "why"].filter(Boolean).join(" "),
       title: masked ? "masked: hidden from this query, weight exactly 0" : null,
     },
     h("td", { class: "num", text: k }),
     h("td", { class: "tok", text: tokenLabel(meta.tokens[k]) }),
     h("td", { class: "num", text: masked ? "0 (masked)" : fmtExact(w) }),
     renorm && h("td", { class: "num", text: fmtExact(rw) }),
-    h("td", { class: "bar-col", "aria-hidden": "true" }, h("span", { class: "bar", style: `width:${(w * 100).toFixed(1)}%` }))))));
+    h("td", { class: "bar-col", "aria-hidden": "true" }, h("span", { class: "bar", style: `width:${(w * 100).toFixed(1)}%` })),
+    h("td", { class: "why-col" }, h("button", { type: "button", class: "small why-button", "data-why-key": k, text: "Why?",
+      "aria-pressed": String(k === whyKey), title: "Why does the head attend here? Its score split into the parts that made it",
+      "aria-label": `Why does query ${q} attend to key ${k}?`, onclick: () => ctx.go({ why: [q, k] }) }))))));
   const sum = items.reduce((s, r) => s + r.w, 0);
   replace(panel,
     h("h3", {}, `Pinned query ${q}: `, h("q", { class: "tok", text: tokenLabel(meta.tokens[q]) })),
     h("p", { class: "hint" },
       items.length > LIST_LIMIT ? `Its ${LIST_LIMIT} largest of ${items.length} weights, largest first. ` : "Its weight on every key shown. ",
       renorm ? `The visible keys held ${fmt(cells.rowMass[pos], 4)} of the row's weight before renormalising. ` : "",
-      `The keys listed hold ${fmt(sum, 6)} of the row${renorm ? " as shown" : ""}.`),
+      `The keys listed hold ${fmt(sum, 6)} of the row${renorm ? " as shown" : ""}. ` +
+      "Click a cell of this row, or a “Why?”, to see why the head attends there."),
     table,
-    h("button", { type: "button", class: "small", onclick: () => ctx.go({ pin: null }), text: "Unpin" }));
+    h("button", { type: "button", class: "small", onclick: () => ctx.go({ pin: null, why: null }), text: "Unpin" }));
   panel.dataset.pin = String(q);
 }
 
@@ -157,7 +175,7 @@ function paintImage(nr, nc, shown, range) {
 }
 const MASKED = -1, FILTERED = -2;       // shown(a, b) for a cell the query cannot see, or a filter leaves out
 
-export function render(container, { meta, results: [ans] }, st, ctx) {
+export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
   const idx = visibleTokens(meta, st.hide_special);
   const renorm = st.hide_special && meta.special.some(Boolean);
   const view = pairView(meta, idx, st.pairs);
@@ -246,6 +264,11 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     shapes.push({ type: "rect", xref: "x", yref: "y", x0: -0.5, x1: nc - 0.5, y0: pinPos - 0.5, y1: pinPos + 0.5,
       line: { color: HIGHLIGHT, width: 3 }, fillcolor: TRANSPARENT });
   }
+  const whyAt = st.why ? [rows.indexOf(st.why[0]), cols.indexOf(st.why[1])] : [-1, -1];
+  if (whyAt[0] >= 0 && whyAt[1] >= 0) {               // the cell the "why" panel explains
+    shapes.push({ type: "rect", xref: "x", yref: "y", x0: whyAt[1] - 0.5, x1: whyAt[1] + 0.5, y0: whyAt[0] - 0.5,
+      y1: whyAt[0] + 0.5, line: { color: HIGHLIGHT, width: 3, dash: "dot" }, fillcolor: TRANSPARENT });
+  }
   if (view.filter === "all" || view.filter === "within") {
     const dx = dividerAt(meta, cols), dy = dividerAt(meta, rows);
     const line = { color: PAIR_DIVIDER, width: 2, dash: "dash" };
@@ -301,14 +324,15 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
       showTip(tip, wrap, e, [pairText, value]);
     });
     plot.addEventListener("mouseleave", () => { tip.hidden = true; });
-    // a click pins the row under it (not the end of a zoom drag, nor the second click of a double-click)
+    // a click pins the row under it, and on the pinned row asks why the head attends to that key (not the end of a
+    // zoom drag, nor the second click of a double-click)
     let down = null;
     plot.addEventListener("mousedown", (e) => { down = [e.clientX, e.clientY]; }, true);
     plot.addEventListener("click", (e) => {
       const at = cellAt(e), cur = memory.shown;
       if (!at || e.detail > 1 || !down || Math.hypot(e.clientX - down[0], e.clientY - down[1]) > 4) return;
-      const qi = cur.rows[at[0]];
-      cur.go({ pin: cur.pin === qi ? null : qi });
+      const qi = cur.rows[at[0]], ki = cur.cols[at[1]];
+      cur.go(cur.pin === qi ? { why: [qi, ki] } : { pin: qi });
     });
     // Zooming relabels the axes: every token gets its label back once they fit.
     plot.on("plotly_relayout", (ev) => {
@@ -330,6 +354,8 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   ctx.memory.shown = { rows, cols, cells, renorm, hidden, keep: view.keep, tokens: meta.tokens, pin: st.pin, go: ctx.go,
     rev, rowLabels, colLabels, tickFont };
   pinnedPanel(panel, { meta, rows, cols, cells, renorm, hidden }, st, ctx);
+  renderWhy(part(container, "why", "section", { class: "why", "aria-label": "Why the head attends to a key" }),
+    shownPair(st, ctx.info) ? undefined : whyAns, st, ctx, meta);
   container.dataset.layer = st.layer;
   container.dataset.head = st.head;
   container.dataset.zmax = exactString(range.zmax);
