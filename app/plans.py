@@ -705,12 +705,9 @@ class Planner:
             with_one = [m for m, r in self.runtimes.items() if r.cfg.has_unembedding]
             raise Refused(f"the logit lens reads tokens out of the residual stream, and model {rt.spec.id!r} has no "
                           f"unembedding (no LM head); models with one: {', '.join(with_one) or 'none served'}")
-        if (req.layer is None) != (req.head is None):
-            raise Refused("a head's logit lens needs both `layer` and `head`: give both, or neither for the "
-                          "residual stream's lens alone")
-        if req.layer is not None:
-            _select("layers", [req.layer], rt.cfg.n_layers)
-            _select("heads", [req.head], rt.cfg.n_heads)
+        if req.head_lens is not None:
+            _select("layers", req.head_lens[:1], rt.cfg.n_layers)
+            _select("heads", req.head_lens[1:], rt.cfg.n_heads)
         run = self._traced(rt, enc, "the logit lens")
         k, L, T = req.top, rt.cfg.n_layers, len(enc.ids)
 
@@ -718,13 +715,13 @@ class Planner:
             t0 = time.perf_counter()
             residual = trace.sites["residual"]
             lens = logit_lens(rt.model, residual, enc.ids, k)
-            head = None if req.layer is None else head_lens(rt.model, trace.sites["head_output"][req.layer, req.head],
-                                                            residual[-1], req.layer, req.head, k)
+            head = None if req.head_lens is None else head_lens(rt.model, trace.sites["head_output"][tuple(req.head_lens)],
+                                                                residual[-1], *req.head_lens, k)
             return Lensed(enc.tokens, lens, head, time.perf_counter() - t0)
         per = 4 if binary else 30                                         # a token's id, string and probability
         return LensPlan(request=req, runtime=rt, encoding=enc, key=run.key, etag=_etag(run.key, req, binary),
                         binary=binary, size=(L + 3) * T * (k * per + 12) + 100 * T, run=run,
-                        lens_key=_hash(["lens", run.key, k, req.layer, req.head]), lens=call)
+                        lens_key=_hash(["lens", run.key, k, req.head_lens]), lens=call)
 
     def circuits(self, req: CircuitsRequest, binary: bool) -> CircuitsPlan:
         rt = self.runtime(req.model)

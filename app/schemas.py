@@ -328,13 +328,12 @@ class LensRequest(Strict):
     text: Text = Field(description="the text; at least one non-blank character", examples=[QK_TEXT],
                        json_schema_extra={"pattern": r"\S"})
     top: _bounded(1, 20) = Field(5, description="tokens per cell, most probable first")
-    layer: Index | None = Field(None, description="with `head`: that head's logit lens (its layer)", examples=[1])
-    head: Index | None = Field(None, description="with `layer`: that head's logit lens", examples=[0])
+    head_lens: Annotated[list[Index], Field(min_length=2, max_length=2)] | None = Field(
+        None, description="[layer, head]: also that head's logit lens", examples=[[1, 0]])
     precision: _bounded(1, 8) | None = Field(None, description="round every number to this many decimals")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={
-        "dependentRequired": {"layer": ["head"], "head": ["layer"]},
-        "examples": [{"model": "smollm2", "text": QK_TEXT, "layer": 1, "head": 0}]})
+        "examples": [{"model": "smollm2", "text": QK_TEXT, "head_lens": [1, 0]}]})
 
 
 class HeadLens(BaseModel):
@@ -715,7 +714,7 @@ def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int, max_new_tokens: 
     props = variant["properties"]
     variant["examples"] = [_example(generic, m)]
     for field in ("layers", "heads", "ablate", "mask_tokens", "queries", "keys", "query", "key", "position", "clean",
-                  "corrupt", "target", "distractor"):   # the generic examples need not fit this model (its tokens, its sizes)
+                  "corrupt", "target", "distractor", "head_lens"):   # the generic examples need not fit this model (its tokens, its sizes)
         props.get(field, {}).pop("examples", None)
     default = props["model"].get("default")
     props["model"] = {"const": m.id, "type": "string", "description": f"{m.title}: {m.layers} layers x {m.heads} "
@@ -751,9 +750,10 @@ def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int, max_new_tokens: 
 
 
 def _bound_pairs(props: dict, m: ModelInfo) -> None:
-    """`ablate`'s [layer, head] pairs: each number bounded by its own axis."""
-    if "ablate" in props:
-        pair = props["ablate"]["items"]
+    """[layer, head] pairs (`ablate`'s, `head_lens`): each number bounded by its own axis."""
+    pairs = [props["ablate"]["items"]] if "ablate" in props else []
+    pairs += [node for node in props.get("head_lens", {}).get("anyOf", []) if node.get("type") == "array"]
+    for pair in pairs:
         index = pair.pop("items")
         pair["prefixItems"] = [index | {"maximum": m.layers - 1}, index | {"maximum": m.heads - 1}]
 

@@ -64,7 +64,7 @@ def main(argv=None) -> None:
                  "/api/qk, last layer": post("/api/qk", body=lambda T: {"layer": L - 1, "head": 0, "query": T - 1,
                                                                          "key": T // 2, "top": 20}),
                  "/api/qk, layer 2": post("/api/qk", body=lambda T: {"layer": 2, "head": 0, "query": T - 1, "key": 1}),
-                 "/api/lens (+ one head)": post("/api/lens", body=lambda T: {"layer": L - 1, "head": 0})}
+                 "/api/lens (+ one head)": post("/api/lens", body=lambda T: {"head_lens": [L - 1, 0]})}
         for fn in kinds.values():                    # warm-up: sessions open, arenas sized
             fn()
         times = {name: [] for name in kinds}

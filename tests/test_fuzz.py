@@ -55,9 +55,8 @@ SEMANTIC = re.compile("|".join([
     r"^the prompt is (over )?\d+ tokens and \d+ new ones would pass .*'s \d+ \(its max_tokens\)",
     r"^this generation's key/value cache would hold \d+ MB .*ATTNSCOPE_LAYERWISE_MB",
     r"^the attention rows of this generation are \d+ numbers, over the limit of \d+ \(ATTNSCOPE_MAX_JSON_CELLS\)",
-    # QK attribution and the lens (issue 25): positions within the text; the schema's dependentRequired, restated
+    # QK attribution and the lens (issue 25): positions within the text; an unembedding
     r"^(query|key) \d+ is out of range: this text has \d+ tokens \(0\.\.\d+\)$",
-    r"^a head's logit lens needs both `layer` and `head`",
     r".* has no unembedding \(no LM head\); models with one",
     # JSON Schema calls 1.0 an integer; the API takes integers written as integers only (issue 17)
     r"^(?:[\w.]+: Value error, must be a JSON integer(?:; |$))+$",

@@ -185,11 +185,11 @@ def test_head_lens_matches_the_teaching_models_construction(client):
     """tiny-gpt's layer-0 heads write into slots the tied unembedding does not read: no direct effect on any logit.
     The induction head writes the attended token's code: at the second "potter" it promotes "met"."""
     for head in range(4):
-        r = client.post("/api/lens", json={"model": "tiny-gpt", "text": INDUCTION_TEXT, "layer": 0, "head": head})
+        r = client.post("/api/lens", json={"model": "tiny-gpt", "text": INDUCTION_TEXT, "head_lens": [0, head]})
         hl = r.json()["head_lens"]
         assert np.abs(hl["promoted_logits"]).max() < 1e-6 and np.abs(hl["suppressed_logits"]).max() < 1e-6
     assert client.post("/api/circuits", json={"model": "tiny-gpt"}).json()["ov_copying"][0] == [None] * 4
-    j = client.post("/api/lens", json={"model": "induction", "text": INDUCTION_TEXT, "layer": 1, "head": 0}).json()
+    j = client.post("/api/lens", json={"model": "induction", "text": INDUCTION_TEXT, "head_lens": [1, 0]}).json()
     hl = j["head_lens"]
     assert hl["promoted_tokens"][13][0] == "met" and hl["promoted_logits"][13][0] > 10
     assert j["top_tokens"][-1][13][0] == "met" and j["top_tokens"][1][13][0] == "potter"   # before the head: itself
@@ -199,7 +199,7 @@ def test_head_lens_matches_the_teaching_models_construction(client):
 
 def test_logit_lens_last_row_is_the_models_prediction_and_head_lens_is_direct_attribution(client):
     text = IOI_CLEAN
-    j = client.post("/api/lens", json={"model": "smollm2", "text": text, "layer": 17, "head": 4, "top": 5}).json()
+    j = client.post("/api/lens", json={"model": "smollm2", "text": text, "head_lens": [17, 4], "top": 5}).json()
     T = len(j["tokens"])
     assert j["rows"] == ["embed"] + [f"L{l}" for l in range(30)] and len(j["hooks"]) == 31
     assert np.shape(j["top_probs"]) == (31, T, 5) and j["next_probs"][5][-1] == 0
@@ -263,8 +263,8 @@ def test_bad_qk_lens_and_circuits_requests_get_clear_4xx(client):
              ("/api/qk", ok | {"model": "nope"}, 404, "unknown model"),
              ("/api/qk", ok | {"top": 0}, 422, "greater than or equal to 1"),
              ("/api/lens", {"model": "minilm", "text": "a b"}, 422, "has no unembedding"),
-             ("/api/lens", {"model": "induction", "text": "a b", "layer": 1}, 422, "needs both `layer` and `head`"),
-             ("/api/lens", {"model": "induction", "text": "a b", "layer": 1, "head": 3}, 422, "heads [3] out of range"),
+             ("/api/lens", {"model": "induction", "text": "a b", "head_lens": [1]}, 422, "at least 2 items"),
+             ("/api/lens", {"model": "induction", "text": "a b", "head_lens": [1, 3]}, 422, "heads [3] out of range"),
              ("/api/circuits", {"model": "nope"}, 404, "unknown model"),
              ("/api/circuits", {"model": "induction", "text": "a"}, 422, "Extra inputs are not permitted")]
     for path, body, status, says in cases:

@@ -260,9 +260,11 @@ export function qk(body) {
 }
 
 /** POST /api/lens (JSON): the logit lens (every layer's residual stream through the final norm and the
- *  unembedding), and with layer and head that head's output through the same (its promoted and suppressed tokens). */
-export function lens(body) {
-  return cached("/api/lens", only(body, ["model", "text", "top", "layer", "head", "precision"]), fetchJSON);
+ *  unembedding), and with layer and head that head's output through the same (its promoted and suppressed tokens:
+ *  the API's head_lens [layer, head]). */
+export function lens({ layer, head, ...body }) {
+  const asked = only(body, ["model", "text", "top", "precision"]);
+  return cached("/api/lens", layer === undefined ? asked : { ...asked, head_lens: [layer, head] }, fetchJSON);
 }
 
 /** POST /api/circuits (JSON): the model's weight-space circuits, no text: each head's OV copying score and the Q-, K-

@@ -109,7 +109,7 @@ def test_why_draws_the_qk_attribution_of_a_smollm2_cell(page: Page, live_server_
 def test_lens_view_draws_the_grid_and_the_head_lens(page: Page, live_server_smollm2, console_errors):
     base = live_server_smollm2
     goto(page, base, "lens", layer=3, head=2)
-    ref = post(base, "/api/lens", model="smollm2", text=TEXT, top=5, layer=3, head=2)
+    ref = post(base, "/api/lens", model="smollm2", text=TEXT, top=5, head_lens=[3, 2])
     R, T = len(ref["rows"]), len(ref["tokens"])
     assert (R, T) == (31, 9) and ref["rows"][0] == "embed" and ref["rows"][-1] == "L29"
     plot = "#view-lens [data-part=plot]"
