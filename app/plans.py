@@ -4,7 +4,7 @@
     computed = await plan.compute(runner)      # its runs, from the cache or the run queue (app/runs.py)
     body = plan.payload(computed)              # pure functions (app/payload.py)
 
-Four kinds, one class each, told apart by nobody after planning:
+One class per kind, told apart by nobody after planning:
 
     AttentionPlan   /api/attention, a text whose every layer's attention fits the stacked graph's output
     LayerwisePlan   /api/attention, a longer text: run layer by layer, keeping only what the answer needs
@@ -506,7 +506,8 @@ class Planner:
         metric = self._metric(rt, req.target, req.distractor)
 
         def call() -> Attributed:
-            trace = Interventions(rt).trace(enc, causal=req.causal, mask_tokens=req.mask_tokens or None)
+            trace = Interventions(rt).trace(enc, causal=req.causal, mask_tokens=req.mask_tokens or None,
+                                            keep=("residual", "head_output"))
             W = rt.model.unembedding                                       # [V, D]: two rows of it are read
             u = W[metric.target].astype(np.float64) - (0 if metric.distractor is None else W[metric.distractor])
             parts = attribution(rt.model, trace.sites["head_output"][:, :, position],

@@ -278,7 +278,7 @@ class QKRequest(Strict):
         {"model": "smollm2", "text": QK_TEXT, "layer": 1, "head": 0, "query": 7, "key": 2}]})
 
 
-class Component(BaseModel):
+class QKComponent(BaseModel):
     name: str = Field(description="embed (token embeddings), pos_embed (learned positions), type_embed (segments), "
                       "L{layer}H{head} (a head's output through its columns of W_O), L{layer} MLP (an MLP's output), "
                       "bias (every constant term: projection and norm biases)", examples=["L0H3"])
@@ -310,7 +310,7 @@ class QKResponse(BaseModel):
     visible: bool = Field(description="the query sees the key (false: masked, e.g. a causal model's future key: its "
                           "probability is 0 whatever the score)")
     probability: float = Field(description="the head's attention probability at the cell")
-    components: list[Component] = Field(description="the residual stream's parts entering the layer, on either side; "
+    components: list[QKComponent] = Field(description="the residual stream's parts entering the layer, on either side; "
                                         "norms' scales are frozen at the run's value, RoPE rotates each part at its "
                                         "own position")
     query_sums: list[float] = Field(description="[component] its query-side part's contribution with the whole key")

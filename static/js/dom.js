@@ -73,3 +73,16 @@ export function rove(e, items, i, keys = { ArrowRight: 1, ArrowDown: 1, ArrowLef
   items[j].scrollIntoView?.({ block: "nearest" });
   return true;
 }
+
+/** A view's one-menu control row, kept across renders: a labelled <select> of [value, text] options showing `value`;
+ *  choosing one calls go(value) (the views write it into the URL state). */
+export function menuControl(container, { aria, label, id, options, value, go }) {
+  const form = part(container, "controls", "div", { class: "view-controls", role: "group", "aria-label": aria });
+  if (!form.firstChild) {
+    replace(form, h("label", {}, label, h("select", { id }, options.map(([v, text]) => h("option", { value: v, text })))));
+  }
+  const select = form.querySelector(`#${id}`);
+  select.value = value;
+  select.onchange = (e) => go(e.target.value);
+  return form;
+}

@@ -3,7 +3,7 @@
 // map on the diverging scale, fixed to [−1, 1]. Right: how much each earlier head's output feeds a later head's
 // queries, keys or values (Q-, K-, V-composition: state.composition) as a writer x reader map. Click a head in either
 // map: it becomes the page's layer and head (a composition cell: its reader; shift+click: its writer).
-import { h, part, replace } from "../dom.js";
+import { h, menuControl, part, replace } from "../dom.js";
 import { exportGroup } from "../exporting.js";
 import { colourRange, divergingRange, exactString, HIGHLIGHT, MASKED_COLOR, plotlyDiverging, plotlyScale, TRANSPARENT } from "../scale.js";
 
@@ -27,14 +27,8 @@ export function requests() {
 const headName = (l, hd) => `L${l}H${hd}`;
 
 function controls(container, st, ctx) {
-  const form = part(container, "controls", "div", { class: "view-controls", role: "group", "aria-label": "Circuits: composition" });
-  if (!form.firstChild) {
-    replace(form, h("label", {}, "Composition: ", h("select", { id: "circuits-composition" },
-      COMPOSITIONS.map(([v, label]) => h("option", { value: v, text: label })))));
-  }
-  const select = form.querySelector("#circuits-composition");
-  select.value = st.composition;
-  select.onchange = (e) => ctx.go({ composition: e.target.value });
+  return menuControl(container, { aria: "Circuits: composition", label: "Composition: ", id: "circuits-composition",
+    options: COMPOSITIONS, value: st.composition, go: (composition) => ctx.go({ composition }) });
 }
 
 /** One map's cell: heading, note, plot, export buttons (kept across renders). */

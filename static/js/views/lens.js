@@ -4,7 +4,7 @@
 // probability of the token that actually comes next: state.lens); hover for the top k. Below it, the head lens of the
 // page's layer and head: the tokens its output pushes up and down most at each position. Click a row of the grid: its
 // layer becomes the page's layer (the head lens follows).
-import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
+import { h, menuControl, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { exportGroup } from "../exporting.js";
 import { ownRunNote } from "../matrix.js";
 import { colourRange, exactString, fmt, HIGHLIGHT, plotlyScale, TRANSPARENT } from "../scale.js";
@@ -38,15 +38,8 @@ const short = (tok, n = LABEL_CHARS) => {
 };
 
 function controls(container, st, ctx) {
-  const form = part(container, "controls", "div", { class: "view-controls", role: "group", "aria-label": "Logit lens: colours" });
-  if (!form.firstChild) {
-    replace(form, h("label", {}, "Colour: ", h("select", { id: "lens-colour" },
-      COLOURINGS.map(([v, label]) => h("option", { value: v, text: label })))));
-  }
-  const select = form.querySelector("#lens-colour");
-  select.value = st.lens;
-  select.onchange = (e) => ctx.go({ lens: e.target.value });
-  return form;
+  return menuControl(container, { aria: "Logit lens: colours", label: "Colour: ", id: "lens-colour",
+    options: COLOURINGS, value: st.lens, go: (lens) => ctx.go({ lens }) });
 }
 
 /** Nothing to draw: hide the grid and the head lens, say why in the note. */
