@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .norms import FrozenNorm
+from .qk import head_outputs
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def attribution(model, z: np.ndarray, residual: np.ndarray, u: np.ndarray) -> At
     cfg = model.cfg
     if not cfg.norm_first:
         raise ValueError("direct logit attribution needs a pre-norm model (its residual stream is a sum)")
-    L, H, dh = z.shape
+    L, H, _ = z.shape
     z, residual, u = (np.asarray(a, np.float64) for a in (z, residual, u))
     norm = FrozenNorm.of(model.ln_f, residual[-1])
     bias = 0.0 if norm.bias is None else float(norm.bias @ u)
@@ -53,8 +54,8 @@ def attribution(model, z: np.ndarray, residual: np.ndarray, u: np.ndarray) -> At
 
     heads, biases, attn_out = np.zeros((L, H)), np.zeros(L), np.zeros((L, residual.shape[-1]))
     for layer, block in enumerate(model.blocks):
-        W, b = block.attn.out_projection()
-        per_head = np.einsum("hd,ehd->he", z[layer], np.asarray(W, np.float64).reshape(-1, H, dh))   # [H, D]
+        b = block.attn.out_projection()[1]
+        per_head = head_outputs(model, layer, z[layer][:, None])[:, 0]                                # [H, D]
         heads[layer] = share(per_head)
         attn_out[layer] = per_head.sum(axis=0)
         if b is not None:

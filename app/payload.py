@@ -13,6 +13,7 @@ import numpy as np
 from ..analysis import rollout, scores as head_scores, statistics as stats, thumbnails
 from ..analysis.effects import effect
 from ..analysis.qk import qk_attribution
+from ..model.functional import softmax
 from ..model.interventions import HOOKS
 from ..model.transformer import SQUARE_STAGES
 from ..runtime import AttentionResult
@@ -163,14 +164,13 @@ def qk(plan, computed) -> dict:
     t = a.table
     scale = 1.0 / (np.sqrt(rt.cfg.d_head) * rt.model.blocks[l].attn.temperature)
     scaled = (s["query"][l, h, i] @ s["key"][l, h].T).astype(np.float64) * scale             # [T]: the run's own
-    row = scaled + trace.mask[0, 0, i]
-    p = np.exp(row - row.max())
+    p = softmax(scaled + trace.mask[0, 0, i])                                                     # [T] its row
     order = np.argsort(-np.abs(t), axis=None, kind="stable")[:req.top]
     top = [{"query": int(q), "key": int(k), "value": float(t[q, k])} for q, k in zip(*np.unravel_index(order, t.shape))]
     mass = np.abs(t).sum()
     return {"model": req.model, "tokens": enc.tokens, "layer": l, "head": h, "query": i, "key": j,
             "kv_head": a.kv_head, "score": a.score, "scaled": float(scaled[j]),
-            "visible": bool(trace.mask[0, 0, i, j] > -1.0), "probability": float(p[j] / p.sum()),
+            "visible": bool(trace.mask[0, 0, i, j] > -1.0), "probability": float(p[j]),
             "components": [vars(c) for c in a.components], "query_sums": t.sum(axis=1), "key_sums": t.sum(axis=0),
             "top": top, "explained": float(sum(abs(x["value"]) for x in top) / mass) if mass else 1.0,
             "table": t if req.table else None}
@@ -181,20 +181,17 @@ def lens(plan, computed) -> dict:
     r, rt, enc = computed.result, plan.runtime, plan.encoding
     L = rt.cfg.n_layers
     strings = np.vectorize(rt.token_string, otypes=[object])
-
-    def ids(a: np.ndarray) -> list:
-        return a.tolist()
     out = {"model": plan.request.model, "tokens": enc.tokens, "token_ids": enc.ids,
            "rows": ["embed"] + [f"L{l}" for l in range(L)],
            "hooks": ["blocks.0.hook_resid_pre"] + [f"blocks.{l}.hook_resid_post" for l in range(L)],
-           "top_ids": ids(r.lens.top_ids), "top_tokens": strings(r.lens.top_ids).tolist(),
+           "top_ids": r.lens.top_ids.tolist(), "top_tokens": strings(r.lens.top_ids).tolist(),
            "top_probs": r.lens.top_probs, "next_probs": r.lens.next_probs, "head_lens": None}
     if r.head is not None:
         hl = r.head
         out["head_lens"] = {"layer": hl.layer, "head": hl.head,
-                            "promoted_ids": ids(hl.promoted_ids), "promoted_tokens": strings(hl.promoted_ids).tolist(),
+                            "promoted_ids": hl.promoted_ids.tolist(), "promoted_tokens": strings(hl.promoted_ids).tolist(),
                             "promoted_logits": hl.promoted_logits.astype(np.float32),
-                            "suppressed_ids": ids(hl.suppressed_ids),
+                            "suppressed_ids": hl.suppressed_ids.tolist(),
                             "suppressed_tokens": strings(hl.suppressed_ids).tolist(),
                             "suppressed_logits": hl.suppressed_logits.astype(np.float32)}
     return out

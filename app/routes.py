@@ -136,7 +136,7 @@ async def qk(req: QKRequest, svc: Service, request: Request, accept: Annotated[s
 async def lens(req: LensRequest, svc: Service, request: Request, accept: Annotated[str | None, Header()] = None,
                if_none_match: Annotated[str | None, Header()] = None):
     """Every row is the stream after the embeddings or after a block, through the final norm and the unembedding
-    (the last row is the model's own prediction). With `layer` and `head`: that head's output at each position
+    (the last row is the model's own prediction). With `head_lens` [layer, head]: that head's output at each position
     through the final norm (its scale frozen at the run's value) and the unembedding, its direct effect on the
     logits, as the tokens it promotes and suppresses most. Models with an unembedding only."""
     started = time.perf_counter()
