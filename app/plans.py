@@ -522,6 +522,7 @@ class Planner:
             raise Refused("attribution needs `target`: the token whose logit is attributed (as next_tokens shows it)")
         if req.ablate:
             raise Refused("attribution is of the intact model: leave `ablate` out (or `attribution` out of include)")
+        self._decomposable(rt, "direct logit attribution", direct=True)
         T = len(enc.ids)
         self._patching_tokens(T, "attribution")
         position = T - 1 if req.position is None else req.position
@@ -539,6 +540,21 @@ class Planner:
             return Attributed(enc.tokens, metric, position, parts, float(trace.hidden[position] @ u))
         key = _hash(["attribution", self._run_key(req, rt, False), metric.target, metric.distractor, position])
         return Run(key, call)
+
+    def _decomposable(self, rt: Runtime, what: str, qk: bool = False, direct: bool = False) -> None:
+        """Refuse `what` where the model's features make its decomposition inexact. qk: it splits a score bilinearly
+        into stream components (QK-norm puts a norm of each query and key between them); direct: it reads a head's
+        output as its share of the stream (norms after the sublayers normalise the heads' sum before it joins)."""
+        cfg = rt.cfg
+        if qk and cfg.qk_norm:
+            over = "each head's" if cfg.qk_norm == "head" else "the whole projection's"
+            raise Refused(f"{what} splits the score bilinearly into stream components, and model {rt.spec.id!r} has "
+                          f"QK-norm (an RMSNorm over {over} queries and keys before the dot product), which makes "
+                          f"that split inexact")
+        if direct and cfg.output_norms:
+            raise Refused(f"{what} reads each head's output as its direct share of the residual stream, and model "
+                          f"{rt.spec.id!r} normalises each sublayer's output before it joins the stream (post-norms, "
+                          f"x = x + N(Attn(x))): a head's output is not its share")
 
     def _lm(self, rt: Runtime, what: str) -> None:
         if not rt.cfg.lm_head:
@@ -714,6 +730,7 @@ class Planner:
         rt, enc = self._text(req)
         _select("layers", [req.layer], rt.cfg.n_layers)
         _select("heads", [req.head], rt.cfg.n_heads)
+        self._decomposable(rt, "QK attribution", qk=True, direct=True)
         T = len(enc.ids)
         for name in ("query", "key"):
             if getattr(req, name) >= T:
@@ -731,6 +748,7 @@ class Planner:
             raise Refused(f"the logit lens reads tokens out of the residual stream, and model {rt.spec.id!r} has no "
                           f"unembedding (no LM head); models with one: {', '.join(with_one) or 'none served'}")
         if req.head_lens is not None:
+            self._decomposable(rt, "the head lens", direct=True)
             _select("layers", req.head_lens[:1], rt.cfg.n_layers)
             _select("heads", req.head_lens[1:], rt.cfg.n_heads)
         run = self._traced(rt, enc, "the logit lens")
@@ -750,6 +768,7 @@ class Planner:
 
     def circuits(self, req: CircuitsRequest, binary: bool) -> CircuitsPlan:
         rt = self.runtime(req.model)
+        self._decomposable(rt, "the weight-space circuits (QK = W_Q W_K^T, OV = W_V W_O)", qk=True, direct=True)
         key = _hash(["circuits", rt.spec.id, rt.graphs.key])
 
         def call() -> Circuits:

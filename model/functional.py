@@ -81,7 +81,12 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """Rotate each position's feature pairs by its angles: x [..., T, d], cos and sin [T, d].
 
     Rotating queries and keys by their own positions makes q_i . k_j depend on i - j only.
+    Partial rotary (GPT-NeoX): tables narrower than x, [T, r] with r < d, turn x's first r features (rotate-half
+    within them) and pass the other d - r through unchanged.
     """
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        return np.concatenate([apply_rope(x[..., :r], cos, sin), x[..., r:]], axis=-1)
     return x * cos + rotate_half(x) * sin
 
 

@@ -32,7 +32,9 @@ class TransformerConfig:
       GPT-2   norm_first, causal, final_norm (mlp="gelu_tanh" is the real GPT-2's activation)
       Llama   norm_first, causal, final_norm, norm="rms", position="rope", mlp="swiglu",
               attention="gqa", n_kv_heads, rope_theta, qkv_bias=False, bias=False, lm_head
-              (Qwen2 keeps qkv_bias=True)
+              (Qwen2 keeps qkv_bias=True; Qwen3 adds qk_norm="head")
+      OLMo 2  Llama's, but output_norms instead of norm_first, and qk_norm="full"
+      GPT-NeoX GPT-2's LayerNorm and GELU with RoPE (attention="gqa"), parallel_residual, rotary_dim < d_head
     """
     vocab_size: int
     max_positions: int
@@ -58,6 +60,12 @@ class TransformerConfig:
     bias: bool = True               # biases on the attention output and MLP projections
     lm_head: bool = False           # next-token logits from the final hidden states
     tie_embeddings: bool = True     # the LM head is the token embedding matrix (no weights of its own)
+    qk_norm: Literal[None, "head", "full"] = None   # QK-norm: RMSNorm on the queries and keys before RoPE, over each
+                                    # head's d_head features (Qwen3) or over the whole projection (OLMo 2)
+    output_norms: bool = False      # OLMo 2: each sublayer's output is normalised before it joins the stream,
+                                    # x = x + N1(Attn(x)); x = x + N2(MLP(x)) (with norm_first False)
+    parallel_residual: bool = False  # GPT-NeoX: attention and MLP read the same input, x = x + Attn(N1(x)) + MLP(N2(x))
+    rotary_dim: int = 0             # partial rotary (GPT-NeoX): only each head's first rotary_dim features turn; 0 = d_head
 
     @property
     def has_unembedding(self) -> bool:
@@ -70,6 +78,16 @@ class TransformerConfig:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if not self.d_head:
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        if not self.rotary_dim:
+            object.__setattr__(self, "rotary_dim", self.d_head)
+        if self.output_norms and self.norm_first:
+            raise ValueError("output_norms with norm_first (norms before and after each sublayer, Gemma's) is not built")
+        if self.parallel_residual and not self.norm_first:
+            raise ValueError("parallel_residual needs norm_first (both sublayers read their own norm of the same x)")
+        if self.rotary_dim > self.d_head or self.rotary_dim % 2:
+            raise ValueError(f"rotary_dim {self.rotary_dim} must be even and at most d_head {self.d_head}")
+        if self.attention == "mha" and self.qk_norm:
+            raise ValueError("qk_norm needs attention='gqa'")
         if self.attention == "mha" and (self.position == "rope" or self.n_kv_heads != self.n_heads or
                                         self.d_head * self.n_heads != self.d_model or self.qkv_bias != self.bias):
             raise ValueError("RoPE, n_kv_heads != n_heads, d_head != d_model / n_heads and q/k/v biases without "
@@ -133,15 +151,18 @@ class TransformerBlock:
     pre-norm (GPT-2, Llama):  x = x + Attn(N1(x));   x = x + MLP(N2(x))
     Pre-norm keeps an un-normalised residual stream, which is what lets deep stacks train stably.
     Llama's block is the pre-norm one with RMSNorm, grouped-query attention with RoPE, and SwiGLU.
+    parallel (GPT-NeoX):      x = x + Attn(N1(x)) + MLP(N2(x))
+    output norms (OLMo 2):    x = x + N1(Attn(x));   x = x + N2(MLP(x))
     """
 
     def __init__(self, cfg: TransformerConfig, rng, rope=None):
-        self.norm_first = cfg.norm_first
+        self.norm_first, self.output_norms, self.parallel_residual = cfg.norm_first, cfg.output_norms, \
+            cfg.parallel_residual
         seed = None if rng is None else int(rng.integers(2**31))
         if cfg.attention == "gqa":
             self.attn = GroupedQueryAttention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_head, rope=rope,
                                               qkv_bias=cfg.qkv_bias, out_bias=cfg.bias, temperature=cfg.temperature,
-                                              seed=seed)
+                                              seed=seed, qk_norm=cfg.qk_norm, norm_eps=cfg.layer_norm_eps)
         else:
             self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, bias=cfg.bias, temperature=cfg.temperature,
                                            seed=seed or 0)
@@ -152,15 +173,32 @@ class TransformerBlock:
     def __call__(self, x, mask=None, head_mask=None, stages: bool = False):
         """x [B, T, D], mask additive [B, 1|H, T, T], head_mask (keep, mean, weights) for this layer or None.
         Returns x, probs [B, H, T, T], stages or None."""
-        h = self.ln1(x) if self.norm_first else x
+        h = self.attention_input(x)
         a, probs, st, (q, k, v) = self.attn(h, attn_mask=mask, head_mask=head_mask, average_attn_weights=False,
                                             return_stages=True)
-        x = x + a if self.norm_first else self.ln1(x + a)
-        x = x + self.mlp(self.ln2(x)) if self.norm_first else self.ln2(x + self.mlp(x))
+        x = self.after_attention(x, a)
         if not stages:
             return x, probs, None
         return x, probs, dict(x=h, q=q, k=k, v=v, scores=st.scores, scaled=st.scaled, masked=st.masked,
                               ctx=st.probs @ v)   # ctx: before any ablation, as the head computed it
+
+    def attention_input(self, x):
+        """What the attention reads of the block's input x [B, T, D]: N1(x) in a pre-norm block, x itself otherwise."""
+        return self.ln1(x) if self.norm_first else x
+
+    def after_attention(self, x, a):
+        """The block's output from its input x and its attention's output a = Attn(attention_input(x)), both
+        [B, T, D]: the residual connections, the norms and the MLP, in the order of the class docstring."""
+        if self.parallel_residual:
+            return x + a + self.mlp(self.ln2(x))
+        if self.output_norms:
+            x = x + self.ln1(a)
+            return x + self.ln2(self.mlp(x))
+        if self.norm_first:
+            x = x + a
+            return x + self.mlp(self.ln2(x))
+        x = self.ln1(x + a)
+        return self.ln2(x + self.mlp(x))
 
     def head_output(self, head: int, ctx: np.ndarray) -> np.ndarray:
         """One head's share of Attn(x): its output ctx [..., T, d_head] through its d_head columns of the output
@@ -190,8 +228,8 @@ class Transformer:
         self.wte = _normal(rng, (cfg.vocab_size, cfg.d_model))                                    # tokens
         self.wpe = _normal(rng, (cfg.max_positions, cfg.d_model)) if cfg.position == "learned" else None  # positions
         self.wtt = _normal(rng, (cfg.type_vocab_size, cfg.d_model)) if cfg.type_vocab_size else None      # segments
-        self.rope = rope_tables(cfg.max_positions, cfg.d_head, cfg.rope_theta) \
-            if cfg.position == "rope" else None                                     # (cos, sin) [P, d_head]
+        self.rope = rope_tables(cfg.max_positions, cfg.rotary_dim, cfg.rope_theta) \
+            if cfg.position == "rope" else None                                     # (cos, sin) [P, rotary_dim]
         Norm = RMSNorm if cfg.norm == "rms" else LayerNorm
         self.ln_embed = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.embed_norm else None
         self.blocks = [TransformerBlock(cfg, rng, self.rope) for _ in range(cfg.n_layers)]

@@ -10,12 +10,19 @@ mapping (our tensor -> the model folder's). Where the families differ from the T
   Llama     pre-norm, RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases
   Mistral   Llama with a sliding window: exact while the input fits in it, so max_tokens is capped there
   Qwen2     Llama with biases on the q, k and v projections
+  Qwen3     Llama with QK-norm: an RMSNorm over each head's queries and keys (weights of d_head) before RoPE
+  OLMo 2    Llama with its norms after the sublayers (x = x + N(Attn(x)); x = x + N(MLP(x))) and QK-norm over the
+            whole q and k projections (before they are split into heads)
+  GPT-NeoX  Pythia's family: LayerNorm with biases, GELU, untied embed_out, RoPE on each head's first rotary_pct of
+            its features (rotate-half within them), parallel residual (x = x + Attn(N1(x)) + MLP(N2(x))) when
+            use_parallel_residual; query_key_value is one fused matrix laid out per head (q, k, v of head 0, then of
+            head 1, ...), split at load
 Adding a family is adding an entry here (and its parity test), never editing routes or the page.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
 
 from ..model.transformer import TransformerConfig
@@ -29,6 +36,8 @@ class Source(NamedTuple):
     names: tuple[str, ...]
     transpose: bool = False   # GPT-2's Conv1D keeps weights [in, out]
     skip_rows: int = 0        # RoBERTa's position table: rows before padding_idx + 1 are never read
+    split: tuple[int, int, int] = (1, 0, 1)   # (groups, part, parts): the rows seen as [groups, parts, n], part kept;
+                                              # GPT-NeoX's query_key_value is (heads, 0|1|2, 3)
 
 
 @dataclass(frozen=True)
@@ -159,6 +168,11 @@ def _llama_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[s
     family = c["model_type"]
     if family == "qwen2":
         qkv_bias, bias = True, False                      # q/k/v biases; o_proj and the MLP have none
+    elif family in ("qwen3", "olmo2"):                    # attention_bias: q, k, v and o, but never the MLP
+        if c.get("attention_bias"):
+            raise ModelUnavailable(f"attention_bias true (biases on q, k, v and o but not the MLP) is not supported "
+                                   f"for model_type {family!r}")
+        qkv_bias = bias = False
     else:
         qkv_bias = bias = bool(c.get("attention_bias", False))   # q, k, v and o
         if bool(c.get("mlp_bias", False)) != bias:
@@ -179,6 +193,10 @@ def _llama_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[s
         mlp="swiglu", attention="gqa", n_kv_heads=c.get("num_key_value_heads") or heads,
         d_head=c.get("head_dim") or d // heads, rope_theta=_rope_theta(c), qkv_bias=qkv_bias, bias=bias,
         lm_head=tie or "lm_head.weight" in tensors, tie_embeddings=tie)
+    if family == "qwen3":
+        cfg = replace(cfg, qk_norm="head")
+    if family == "olmo2":
+        cfg = replace(cfg, qk_norm="full", norm_first=False, output_norms=True)
     return cfg, max_tokens, notes
 
 
@@ -188,13 +206,61 @@ LLAMA_BLOCK = {"attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_pr
                "mlp.gate": "mlp.gate_proj", "mlp.up": "mlp.up_proj", "mlp.down": "mlp.down_proj"}
 
 
+QK_NORMS = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}                 # Qwen3, OLMo 2
+OUTPUT_NORMS = {"ln1": "post_attention_layernorm", "ln2": "post_feedforward_layernorm"}            # OLMo 2
+
+
 def _llama_names(cfg: TransformerConfig, c: dict, m: str) -> dict[str, Source]:
     names = {"wte": Source((m + "embed_tokens.weight",)), "ln_f.weight": Source((m + "norm.weight",))}
+    block = LLAMA_BLOCK | (QK_NORMS if cfg.qk_norm else {}) | (OUTPUT_NORMS if cfg.output_norms else {})
     for i in range(cfg.n_layers):
-        for ours, theirs in LLAMA_BLOCK.items():
+        for ours, theirs in block.items():
             names |= _module(f"blocks.{i}.{ours}", f"{m}layers.{i}.{theirs}")
     if not cfg.tie_embeddings:
         names["lm_head.weight"] = Source(("lm_head.weight",))
+    return names
+
+
+def _gpt_neox_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[str]]:
+    if not c.get("attention_bias", True):
+        raise ModelUnavailable("GPT-NeoX without attention biases (attention_bias false; its MLP keeps them) is not "
+                               "supported")
+    d, heads = _width(c, "hidden_size", "num_attention_heads")
+    rope = c.get("rope_parameters") or {}
+    factor = rope.get("partial_rotary_factor", c.get("rotary_pct", 0.25))      # transformers' default, 0.25
+    rotary_dim = int(d // heads * factor)
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ModelUnavailable(f"partial_rotary_factor {factor} turns {rotary_dim} of each head's {d // heads} "
+                               f"features; supported: an even number, at least 2")
+    theta = _rope_theta({**c, "rope_theta": c.get("rotary_emb_base", c.get("rope_theta"))})   # 4.x: rotary_emb_base
+    tie = c.get("tie_word_embeddings", False)
+    positions = _get(c, "max_position_embeddings")
+    cfg = TransformerConfig(
+        vocab_size=_get(c, "vocab_size"), max_positions=positions, d_model=d, n_heads=heads,
+        n_layers=_get(c, "num_hidden_layers"), d_ff=_get(c, "intermediate_size"), norm_first=True, causal=True,
+        final_norm=True, layer_norm_eps=float(c.get("layer_norm_eps", 1e-5)), mlp=_activation(c, "hidden_act", "gelu"),
+        position="rope", attention="gqa", rope_theta=theta, rotary_dim=rotary_dim,
+        parallel_residual=bool(c.get("use_parallel_residual", True)), lm_head=tie or "embed_out.weight" in tensors,
+        tie_embeddings=tie)
+    return cfg, min(positions, MAX_TOKENS), []
+
+
+GPT_NEOX_BLOCK = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm", "attn.o_proj": "attention.dense",
+                  "mlp.fc": "mlp.dense_h_to_4h", "mlp.proj": "mlp.dense_4h_to_h"}
+
+
+def _gpt_neox_names(cfg: TransformerConfig, c: dict, m: str) -> dict[str, Source]:
+    """query_key_value [3 D, D] holds, head by head, that head's q, k and v rows: split into q_proj, k_proj, v_proj."""
+    names = {"wte": Source((m + "embed_in.weight",))} | _module("ln_f", m + "final_layer_norm")
+    for i in range(cfg.n_layers):
+        h, p = f"{m}layers.{i}.", f"blocks.{i}."
+        for ours, theirs in GPT_NEOX_BLOCK.items():
+            names |= _module(p + ours, h + theirs)
+        for j, n in enumerate("qkv"):
+            names |= {f"{p}attn.{n}_proj.{w}": Source((f"{h}attention.query_key_value.{w}",), split=(cfg.n_heads, j, 3))
+                      for w in ("weight", "bias")}
+    if not cfg.tie_embeddings:
+        names["lm_head.weight"] = Source(("embed_out.weight",))
     return names
 
 
@@ -211,9 +277,12 @@ ARCHITECTURES = {
     "llama": Architecture("Llama", **_LLAMA),
     "mistral": Architecture("Mistral", **_LLAMA),
     "qwen2": Architecture("Qwen2", **_LLAMA),
+    "qwen3": Architecture("Qwen3", **_LLAMA),
+    "olmo2": Architecture("OLMo 2", **_LLAMA),
+    "gpt_neox": Architecture("GPT-NeoX", "embed_in.weight", _gpt_neox_config, _gpt_neox_names),
 }
 CLASS_PREFIXES = {"Bert": "bert", "Roberta": "roberta", "GPT2": "gpt2", "Llama": "llama", "Mistral": "mistral",
-                  "Qwen2": "qwen2"}   # BertModel, BertForMaskedLM, GPT2LMHeadModel, Qwen2ForCausalLM, ...
+                  "Qwen2": "qwen2", "Qwen3": "qwen3", "Olmo2": "olmo2", "GPTNeoX": "gpt_neox"}   # BertModel, BertForMaskedLM, GPT2LMHeadModel, Qwen2ForCausalLM, ...
 SUPPORTED = (f"supported: {', '.join(a.title for a in ARCHITECTURES.values())} model folders "
              f"(model_type {', '.join(ARCHITECTURES)}) and Llama-family .gguf files")
 

@@ -146,6 +146,7 @@ def _check(mf: ModelFolder, prefix: str) -> None:
         src = mf.sources[ours]
         want = shape[::-1] if src.transpose else shape
         want = (want[0] // len(src.names) + src.skip_rows, *want[1:])       # each stacked part's rows
+        want = (want[0] * src.split[2], *want[1:])                         # a fused tensor holds every part
         for name in src.names:
             if name not in tensors:
                 raise ModelUnavailable(f"tensor {name} is missing from the weights in {mf.folder} "
@@ -163,10 +164,17 @@ def convert(mf: ModelFolder) -> dict[str, np.ndarray]:
     sd = {}
     for ours in _shapes(mf.cfg):
         src = mf.sources[ours]
-        parts = [read_tensor(mf.tensors[name])[src.skip_rows:] for name in src.names]
+        parts = [_split(read_tensor(mf.tensors[name])[src.skip_rows:], *src.split) for name in src.names]
         w = parts[0] if len(parts) == 1 else np.concatenate(parts)
         sd[ours] = np.ascontiguousarray(w.T) if src.transpose else w
     return sd
+
+
+def _split(w: np.ndarray, groups: int, part: int, parts: int) -> np.ndarray:
+    """Rows of a fused tensor seen as [groups, parts, n, ...], part `part` kept: [groups * n, ...]."""
+    if parts == 1:
+        return w
+    return w.reshape(groups, parts, -1, *w.shape[1:])[:, part].reshape(-1, *w.shape[1:])
 
 
 def load_model(folder: str | Path, cache: Path | None = None) -> Transformer:
