@@ -100,8 +100,12 @@ class Graph:
     def silu(self, x: str) -> str:
         return self.op("Mul", x, self.op("Sigmoid", x))
 
-    def rope(self, x: str, cos: str, sin: str, d_head: int) -> str:
-        """x * cos + rotate_half(x) * sin, rotate_half([x1, x2]) = [-x2, x1], as functional.apply_rope."""
+    def rope(self, x: str, cos: str, sin: str, d_head: int, rotary_dim: int | None = None) -> str:
+        """x * cos + rotate_half(x) * sin, rotate_half([x1, x2]) = [-x2, x1], as functional.apply_rope; with
+        rotary_dim < d_head only the first rotary_dim features turn (the tables' width), the rest pass."""
+        if rotary_dim is not None and rotary_dim < d_head:
+            turned = self.rope(self.slice(x, 0, rotary_dim, -1), cos, sin, rotary_dim)
+            return self.op("Concat", turned, self.slice(x, rotary_dim, d_head, -1), axis=-1)
         x1, x2 = self.slice(x, 0, d_head // 2, -1), self.slice(x, d_head // 2, d_head, -1)
         rotated = self.op("Concat", self.op("Neg", x2), x1, axis=-1)
         return self.op("Add", self.op("Mul", x, cos), self.op("Mul", rotated, sin))

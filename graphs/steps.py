@@ -97,7 +97,7 @@ def project(g: Graph, block, cfg, p: str, h: str, rope) -> tuple[str, str, str]:
                                           g.const(np.array([0, 0, heads, dh]))), perm=[0, 2, 1, 3], hint=f"{p}.{n}")
                    for n, heads in (("q", H), ("k", Hkv), ("v", Hkv)))                 # [B, H|Hkv, T, dh]
         if rope is not None:
-            q, k = g.rope(q, *rope, dh), g.rope(k, *rope, dh)
+            q, k = g.rope(q, *rope, dh, cfg.rotary_dim), g.rope(k, *rope, dh, cfg.rotary_dim)
         return q, k, v
     return tuple(g.op("Transpose", g.op("Reshape", g.linear(h, *attn._projection(j), f"{p}.attn.{'qkv'[j]}"),
                                         g.const(np.array([0, 0, H, dh]))), perm=[0, 2, 1, 3], hint=f"{p}.{'qkv'[j]}")
