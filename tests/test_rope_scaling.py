@@ -244,3 +244,103 @@ def test_rope_configs_refused_in_one_line(folders, tmp_path):
     assert "longrope short_factor has 3 entries; its 8 rotary features need 4" in refusal(f"m={folder}")
     folder = copy_of(folders["dynamic"], tmp_path)     # past max_position_embeddings: not exact, so not allowed
     assert "ATTNSCOPE_MAX_TOKENS: m=65, but it takes 2 to 64 tokens" in refusal(f"m={folder}", max_tokens={"m": 65})
+
+
+# ---- a Llama 3.2-style checkpoint past 8192 positions -------------------------------------------------------------
+LONG = 8300          # tokens: past Llama 3's original 8192, where llama3 scaling has slowed its slow pairs 32 times
+PAST = 8192
+
+
+@pytest.fixture(scope="module")
+def llama32(tmp_path_factory):
+    """1 layer, 1 head, head_dim 16, tied embeddings, 131072 positions with
+    Llama 3.2's rope_parameters (theta 500000, llama3 factor 32 from 8192); q/k drawn wide enough that rows of
+    8300 keys are peaked."""
+    folder = tmp_path_factory.mktemp("llama32") / "l32"
+    folder.mkdir()
+    vocab = save_tokenizer("mistral", folder)
+    config = transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=32, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
+        head_dim=16, intermediate_size=64, max_position_embeddings=131072, tie_word_embeddings=True,
+        rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1,
+        rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
+                             high_freq_factor=4.0, original_max_position_embeddings=8192))
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    widen(model, seed=32)
+    with torch.no_grad():
+        for proj in (model.model.layers[0].self_attn.q_proj, model.model.layers[0].self_attn.k_proj):
+            proj.weight.mul_(1.0 / 0.3)          # q and k N(0, 1): one key stands out among thousands
+    model.save_pretrained(folder)
+    return folder
+
+
+def long_text(folder, n: int) -> str:
+    """Random words of the checkpoints' corpus, a little more than n tokens."""
+    from tokenizers import Tokenizer
+
+    tok, words = Tokenizer.from_file(str(folder / "tokenizer.json")), " ".join(CORPUS[:4]).split()
+    rng, text = np.random.default_rng(0), "Once"
+    while len(tok.encode(text).ids) <= n:
+        text += " " + " ".join(rng.choice(words, 500))
+    return text
+
+
+def rows_past(folder, ids: list[int], start: int, plain: bool = False):
+    """transformers on ids: its attention probabilities of queries start.. [H, R, T] (its own eager_attention_forward
+    on the queries and keys its rotary embedding turned, captured), and log-softmax of its logits [T, V]. The forward
+    runs sdpa, so that no [H, T, T] is held (eager's would be 0.5 GB a tensor at 8300 tokens)."""
+    from transformers.models.llama import modeling_llama as ML
+
+    _, model = reference(folder, plain)
+    model.config._attn_implementation = "sdpa"
+    captured, rotate = {}, ML.apply_rotary_pos_emb
+
+    def capture(q, k, cos, sin, *args, **kwargs):
+        captured["q"], captured["k"] = rotate(q, k, cos, sin, *args, **kwargs)
+        return captured["q"], captured["k"]
+
+    ML.apply_rotary_pos_emb = capture
+    try:
+        with torch.inference_mode():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].double(), -1)
+            attn = model.model.layers[0].self_attn
+            T = len(ids)
+            future = torch.arange(T)[None, :] > torch.arange(start, T)[:, None]                 # [R, T]
+            mask = torch.zeros(future.shape).masked_fill(future, torch.finfo(torch.float32).min)[None, None]
+            v = torch.zeros_like(captured["k"])
+            _, probs = ML.eager_attention_forward(attn, captured["q"][:, :, start:], captured["k"], v, mask,
+                                                  scaling=attn.scaling)
+    finally:
+        ML.apply_rotary_pos_emb = rotate
+    return probs[0].numpy(), logp
+
+
+@pytest.mark.slow
+def test_llama32_is_served_past_8192_positions(llama32):
+    """Through the app (ATTNSCOPE_MAX_TOKENS=l32=8300, layer by layer): each query's 4 heaviest keys and their
+    weights, and every token's log-probability, against transformers at positions 8192..8299."""
+    settings = Settings(models=[f"l32={llama32}"], max_tokens={"l32": LONG}, cache=CACHE, threads=2)
+    with TestClient(create_app(settings)) as client:
+        info = client.get("/api/models").json()[0]
+        assert (info["max_tokens"], info["max_positions"]) == (LONG, 16384)   # MAX_POSITIONS, within its 131072
+        assert "with llama3 scaling (factor 32 from 8192 positions)" in info["description"]
+        r = client.post("/api/attention", json={"model": "l32", "text": long_text(llama32, LONG), "top_k": 4,
+                                                "include": ["attention", "predictions"]})
+    assert r.status_code == 200, r.text[:300]
+    r = r.json()
+    ids = r["token_ids"]
+    assert len(ids) == LONG and r["truncated"]
+    keys, weights = (np.asarray(r[n])[0, :, PAST:] for n in ("top_keys", "top_weights"))   # [H, R, 4]
+    ref, logp = rows_past(llama32, ids, PAST)                                              # [H, R, T]
+    assert peaked(ref) >= 0.5, peaked(ref)
+    heavy = np.take_along_axis(ref, keys, -1)                                              # transformers' weights there
+    np.testing.assert_allclose(weights, heavy, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(ref.sum(-1) - heavy.sum(-1), 1 - weights.sum(-1), atol=ATOL)   # nothing heavier missed
+    want = logp[torch.arange(PAST - 1, LONG - 1), torch.tensor(ids[PAST:])].numpy()
+    np.testing.assert_allclose(r["token_logprobs"][PAST:], want, atol=ATOL * max(1.0, np.abs(want).max()), rtol=0)
+    top = int(logp[-1].argmax())
+    assert r["next_tokens"][0]["id"] == top and abs(r["next_tokens"][0]["prob"] - float(logp[-1, top].exp())) <= ATOL
+
+    plain, _ = rows_past(llama32, ids, PAST, plain=True)        # the scaling is what these numbers show
+    assert np.abs(np.take_along_axis(plain, keys, -1) - heavy).max() > 0.5
