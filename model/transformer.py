@@ -15,6 +15,7 @@ import numpy as np
 
 from .attention import GroupedQueryAttention, MultiHeadAttention
 from .functional import gelu, gelu_tanh, layer_norm, linear, position_weights, rms_norm, rope_tables, silu
+from .rope import RopeScaling
 
 # Teaching outputs, besides the probabilities. Per layer and batch: x [T, D], what the block's q/k/v projections
 # read (after ln1 in a pre-norm block); q, k, v and ctx = probs @ v, the head's output before the output
@@ -56,6 +57,9 @@ class TransformerConfig:
     n_kv_heads: int = 0             # key/value heads shared by groups of query heads (gqa); 0 = n_heads
     d_head: int = 0                 # features per head; 0 = d_model // n_heads
     rope_theta: float = 10000.0     # RoPE's base: the slowest pair turns once per ~2 pi theta tokens
+    rope_scaling: RopeScaling | None = None   # Llama 3.x, YaRN, LongRoPE, linear, dynamic (model/rope.py); None: plain
+    rotary_dim: int = 0             # features of each head RoPE turns, the first ones (partial rotary: GPT-NeoX's
+    #                                 rotary_pct, Phi-3's partial_rotary_factor, x d_head); 0 = d_head
     qkv_bias: bool = True           # biases on the q, k, v projections
     bias: bool = True               # biases on the attention output and MLP projections
     lm_head: bool = False           # next-token logits from the final hidden states
@@ -65,7 +69,6 @@ class TransformerConfig:
     output_norms: bool = False      # OLMo 2: each sublayer's output is normalised before it joins the stream,
                                     # x = x + N1(Attn(x)); x = x + N2(MLP(x)) (with norm_first False)
     parallel_residual: bool = False  # GPT-NeoX: attention and MLP read the same input, x = x + Attn(N1(x)) + MLP(N2(x))
-    rotary_dim: int = 0             # partial rotary (GPT-NeoX): only each head's first rotary_dim features turn; 0 = d_head
 
     @property
     def has_unembedding(self) -> bool:
@@ -80,12 +83,14 @@ class TransformerConfig:
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
         if not self.rotary_dim:
             object.__setattr__(self, "rotary_dim", self.d_head)
+        if isinstance(self.rope_scaling, dict):   # as asdict() wrote it (a GGUF file's cached config)
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
         if self.output_norms and self.norm_first:
             raise ValueError("output_norms with norm_first (norms before and after each sublayer, Gemma's) is not built")
         if self.parallel_residual and not self.norm_first:
             raise ValueError("parallel_residual needs norm_first (both sublayers read their own norm of the same x)")
-        if self.rotary_dim > self.d_head or self.rotary_dim % 2:
-            raise ValueError(f"rotary_dim {self.rotary_dim} must be even and at most d_head {self.d_head}")
+        if self.position == "rope" and (self.rotary_dim % 2 or self.rotary_dim > self.d_head):
+            raise ValueError(f"rotary_dim must be even and at most d_head {self.d_head}; got {self.rotary_dim}")
         if self.attention == "mha" and self.qk_norm:
             raise ValueError("qk_norm needs attention='gqa'")
         if self.attention == "mha" and (self.position == "rope" or self.n_kv_heads != self.n_heads or
@@ -228,7 +233,7 @@ class Transformer:
         self.wte = _normal(rng, (cfg.vocab_size, cfg.d_model))                                    # tokens
         self.wpe = _normal(rng, (cfg.max_positions, cfg.d_model)) if cfg.position == "learned" else None  # positions
         self.wtt = _normal(rng, (cfg.type_vocab_size, cfg.d_model)) if cfg.type_vocab_size else None      # segments
-        self.rope = rope_tables(cfg.max_positions, cfg.rotary_dim, cfg.rope_theta) \
+        self.rope = rope_tables(cfg.max_positions, cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling) \
             if cfg.position == "rope" else None                                     # (cos, sin) [P, rotary_dim]
         Norm = RMSNorm if cfg.norm == "rms" else LayerNorm
         self.ln_embed = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.embed_norm else None

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .spec import Generation
+from .spec import MAX_POSITIONS, Generation
 from .tokens import bytes_to_unicode
 from ..model.transformer import Transformer, TransformerConfig
 from ..model.weights import load_state_dict
@@ -60,7 +60,8 @@ def gguf_config(reader) -> TransformerConfig:
                          f"this one is {arch!r}")
     scaling = _field(reader, f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
-        raise ValueError(f"RoPE scaling {scaling!r} is not supported")
+        raise ValueError(f"RoPE scaling {scaling!r} is not supported in GGUF files (a Hugging Face folder's "
+                         f"rope_parameters are)")
     g = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
     n_heads, d_model = g("attention.head_count"), g("embedding_length")
     d_head = g("attention.key_length", d_model // n_heads)
@@ -71,7 +72,7 @@ def gguf_config(reader) -> TransformerConfig:
     return TransformerConfig(
         vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in reader.fields
         else g("vocab_size"),
-        max_positions=g("context_length"), d_model=d_model, n_heads=n_heads, n_layers=g("block_count"),
+        max_positions=min(g("context_length"), MAX_POSITIONS), d_model=d_model, n_heads=n_heads, n_layers=g("block_count"),
         d_ff=g("feed_forward_length"), norm_first=True, causal=True, final_norm=True,
         layer_norm_eps=float(g("attention.layer_norm_rms_epsilon")), norm="rms", position="rope", mlp="swiglu",
         attention="gqa", n_kv_heads=g("attention.head_count_kv", n_heads), d_head=d_head,
@@ -106,8 +107,10 @@ def read_weights(reader, cfg: TransformerConfig, progress=None) -> dict[str, np.
             sd[f"blocks.{layer}.{BLOCK_NAMES[rest]}"] = w
         elif t.name in TOP_NAMES:
             sd[TOP_NAMES[t.name]] = w
-        else:   # e.g. rope_freqs (Llama 3's scaled RoPE): not supported, and never silently dropped
-            raise ValueError(f"unexpected tensor {t.name} in a Llama GGUF file")
+        else:   # e.g. rope_freqs (Llama 3's scaled RoPE): not supported in GGUF files, and never silently dropped
+            raise ValueError(f"unexpected tensor {t.name} in a Llama GGUF file" + (
+                " (Llama 3.x RoPE scaling: supported from a Hugging Face folder's rope_parameters, not from GGUF "
+                "files yet)" if t.name.startswith("rope_freqs") else ""))
         if progress:
             progress(1)
     return sd
