@@ -69,6 +69,7 @@ class EncoderDecoderConfig:
 
     # the names the rest of attnscope reads off a config
     causal = False
+    type_vocab_size = 0
     lm_head = True
     n_kv_heads = property(lambda self: self.n_heads)
     has_unembedding = True
