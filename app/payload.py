@@ -63,6 +63,22 @@ def attention(plan, computed) -> dict:
     return out | _outputs(plan, computed)
 
 
+def encoder_decoder(plan, computed) -> dict:
+    """An encoder-decoder's answer: the encoder's attention as `attention` [l][h][S][S], the decoder's
+    `decoder_attention` [l][h][T][T] and `cross_attention` [l][h][T][S], for the asked layers x heads; both token lists;
+    next_tokens and token_logprobs (of the decoder's tokens) with `predictions`."""
+    r, req, layers, heads = computed.result, plan.request, plan.layers, plan.heads
+    pick = lambda a: a[np.ix_(layers, heads)]   # noqa: E731  [l, h, ., .]
+    out = tokens(plan, r) | {"layers": layers, "heads": heads, "decoder_tokens": r.decoder_encoding.tokens,
+                             "decoder_token_ids": r.decoder_encoding.ids}
+    if "attention" in req.include:
+        out |= {"attention": pick(r.encoder_attentions), "decoder_attention": pick(r.decoder_attentions),
+                "cross_attention": pick(r.cross_attentions)}
+    if "predictions" in req.include:
+        out |= predictions(r)
+    return out
+
+
 def _rows_asked(req, keys: stats.TextKeys) -> list[str]:
     """The registry's rows the answer's row outputs, summaries and scores read."""
     names = set()

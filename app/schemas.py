@@ -65,7 +65,9 @@ class ModelInfo(BaseModel):
     id: str = Field(description="model id to pass as `model`", examples=["minilm"])
     title: str = Field(description="human-readable name")
     description: str = Field(description="what the model is and where its weights come from")
-    kind: Literal["encoder", "decoder"] = Field(description="decoders are causal: each token sees only the past")
+    kind: Literal["encoder", "decoder", "encoder-decoder"] = Field(
+        description="decoders are causal: each token sees only the past; encoder-decoders (T5, BART, Marian) read "
+        "`text` with the encoder and `decoder_text` with the decoder, which attends to the encoder (cross-attention)")
     source: Literal["zoo", "folder", "gguf", "hf-cache"] = Field(description="where the model came from")
     architecture: str = Field(description="model family: bert, roberta, gpt2, llama, mistral, qwen2", examples=["bert"])
     layers: int = Field(description="transformer blocks")
@@ -146,8 +148,16 @@ class AttentionRequest(RunOptions):
         "to the lower key): `top_keys` and `top_weights` [layer][head][query][k], what a lines view of a long text "
         "draws. Keys a query cannot see come last, with weight 0")
 
+    decoder_text: Text | None = Field(None, description="encoder-decoders only: the decoder's text, read as "
+                                      "transformers reads labels (tokenised with the tokenizer's specials, shifted "
+                                      "right behind the decoder start token); the start token alone when omitted. "
+                                      "The answer then has decoder_attention and cross_attention",
+                                      json_schema_extra={"pattern": r"\S"})
+
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"model": "minilm", "text": EXAMPLE_TEXT, "layers": [4], "heads": [3]}]})
+        {"model": "minilm", "text": EXAMPLE_TEXT, "layers": [4], "heads": [3]},
+        {"model": "t5-small", "text": "translate English to German: The house is wonderful.",
+         "decoder_text": "Das Haus ist", "layers": [0], "heads": [0, 1]}]})
 
 
 class Token(BaseModel):
@@ -539,6 +549,15 @@ class AttentionResponse(Tokens):
     attribution: Attribution | None = Field(None, description="with `attribution`: direct logit attribution")
     ablate: list[list[int]] | None = Field(None, description="the heads knocked out in this run, [layer, head]")
     effect: Effect | None = Field(None, description="with `effect` and `ablate`: what the ablation changed")
+    decoder_tokens: list[str] | None = Field(None, description="encoder-decoders: the decoder's tokens, its start "
+                                             "token first")
+    decoder_token_ids: list[int] | None = Field(None, description="encoder-decoders: their ids")
+    decoder_attention: list[list[Matrix]] | None = Field(
+        None, description="encoder-decoders: the decoder's self-attention [layer][head][decoder query][decoder key] "
+        "(causal); `attention` is then the encoder's")
+    cross_attention: list[list[Matrix]] | None = Field(
+        None, description="encoder-decoders: [layer][head][decoder query][encoder key], each decoder token's "
+        "attention over the encoder's tokens (rows sum to 1)")
 
 
 class ImportanceRequest(Strict):

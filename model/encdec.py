@@ -72,7 +72,7 @@ class EncoderDecoderConfig:
     type_vocab_size = 0
     lm_head = True
     n_kv_heads = property(lambda self: self.n_heads)
-    has_unembedding = True
+    has_unembedding = False          # no logit lens or OV copying scores here (their analyses read one stack)
 
 
 def sinusoidal_positions(n_positions: int, d: int) -> np.ndarray:

@@ -51,6 +51,9 @@ class EncoderDecoderResult(Encoded):
         """The encoder's self-attention: what `attention` means for every model."""
         return self.encoder_attentions
 
+    causal = False                        # the encoder's attention (`attention`) sees both ways
+    mask_tokens: tuple = ()
+
     @property
     def decoder_tokens(self) -> list[str]:
         return self.decoder_encoding.tokens
