@@ -509,8 +509,8 @@ class Planner:
         if isinstance(rt, EncoderDecoderRuntime):
             return self._encoder_decoder(req, rt, enc, binary)
         if req.decoder_text is not None:
-            raise Refused(f"decoder_text is for encoder-decoders (T5, BART, Marian); {req.model!r} is a "
-                          f"{rt.spec.kind}: leave it out")
+            raise Refused(f"decoder_text is for encoder-decoders (T5, BART, Marian); {req.model!r} is "
+                          f"{'an' if rt.spec.kind == 'encoder' else 'a'} {rt.spec.kind}: leave it out")
         layers = _select("layers", req.layers, rt.cfg.n_layers)
         heads = _select("heads", req.heads, rt.cfg.n_heads)
         self._run_options(req, rt, enc)
