@@ -10,6 +10,11 @@ mapping (our tensor -> the model folder's). Where the families differ from the T
   Llama     pre-norm, RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases
   Mistral   Llama with a sliding window: exact while the input fits in it, so max_tokens is capped there
   Qwen2     Llama with biases on the q, k and v projections
+  T5, BART, Marian   encoder-decoders (model/encdec.py, EncoderDecoderConfig): T5 pre-norm RMS with bucketed
+            relative positions, unscaled scores, relu or gated FF, the tied LM head at d_model**-0.5 (none when
+            config.json has tie_word_embeddings false or the file has its own lm_head); BART post-norm with learned
+            positions at offset 2 and layernorm_embedding; Marian sinusoidal; both final_logits_bias. One vocabulary
+            and one width for both stacks (anything else is refused)
 Adding a family is adding an entry here (and its parity test), never editing routes or the page.
 """
 from __future__ import annotations
