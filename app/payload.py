@@ -70,7 +70,7 @@ def encoder_decoder(plan, computed) -> dict:
     r, req, layers, heads = computed.result, plan.request, plan.layers, plan.heads
     pick = lambda a: a[np.ix_(layers, heads)]   # noqa: E731  [l, h, ., .]
     out = tokens(plan, r) | {"layers": layers, "heads": heads, "decoder_tokens": r.decoder_encoding.tokens,
-                             "decoder_token_ids": r.decoder_encoding.ids}
+                             "decoder_token_ids": r.decoder_encoding.ids, "decoder_special": r.decoder_encoding.special}
     if "attention" in req.include:
         out |= {"attention": pick(r.encoder_attentions), "decoder_attention": pick(r.decoder_attentions),
                 "cross_attention": pick(r.cross_attentions)}

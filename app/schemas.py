@@ -552,6 +552,8 @@ class AttentionResponse(Tokens):
     decoder_tokens: list[str] | None = Field(None, description="encoder-decoders: the decoder's tokens, its start "
                                              "token first")
     decoder_token_ids: list[int] | None = Field(None, description="encoder-decoders: their ids")
+    decoder_special: list[bool] | None = Field(None, description="encoder-decoders: which decoder tokens are special "
+                                               "(the start token, </s>): what the page hides with the special tokens")
     decoder_attention: list[list[Matrix]] | None = Field(
         None, description="encoder-decoders: the decoder's self-attention [layer][head][decoder query][decoder key] "
         "(causal); `attention` is then the encoder's")

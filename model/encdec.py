@@ -72,6 +72,7 @@ class EncoderDecoderConfig:
     type_vocab_size = 0
     lm_head = True
     n_kv_heads = property(lambda self: self.n_heads)
+    qkv_bias = property(lambda self: self.bias)   # the page's facts about the family (app/pages.py)
     has_unembedding = False          # no logit lens or OV copying scores here (their analyses read one stack)
 
 
