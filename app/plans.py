@@ -10,6 +10,7 @@ One class per kind, told apart by nobody after planning:
     EncoderDecoderPlan  /api/attention for an encoder-decoder: encoder, decoder and cross-attention in one run
     LayerwisePlan   /api/attention, a longer text: run layer by layer, keeping only what the answer needs
     StagesPlan      /api/stages, every step of one head
+    EncoderDecoderStagesPlan  /api/stages for an encoder-decoder: one head of one of its three attentions
     ImportancePlan  /api/importance, every head's single-head ablation
     PatchingPlan    /api/patching, activation patching between two texts
     KnockoutPlan    /api/knockout, attention knockout's effect on the prediction
@@ -275,6 +276,15 @@ class StagesPlan(OneRunPlan):
 
     def payload(self, computed: Computed) -> dict:
         return payload.stages(self, computed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncoderDecoderStagesPlan(StagesPlan):
+    """/api/stages for an encoder-decoder: one head of its encoder's, its decoder's or its cross-attention."""
+    attention: str
+
+    def payload(self, computed: Computed) -> dict:
+        return payload.encoder_decoder_stages(self, computed)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -663,7 +673,14 @@ class Planner:
 
     # ---- /api/stages ----------------------------------------------------------------------------------------------
     def stages(self, req: StagesRequest, binary: bool) -> StagesPlan:
-        rt, enc = self._text(req, "the steps view (/api/stages)")
+        rt, enc = self._text(req)
+        if isinstance(rt, EncoderDecoderRuntime):
+            return self._encoder_decoder_stages(req, rt, enc, binary)
+        given = [name for name in ("decoder_text", "attention") if getattr(req, name) is not None]
+        if given:
+            raise Refused(f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} for encoder-decoders (T5, BART, "
+                          f"Marian); {req.model!r} is {'an' if rt.spec.kind == 'encoder' else 'a'} {rt.spec.kind}: "
+                          f"leave {'them' if len(given) > 1 else 'it'} out")
         _select("layers", [req.layer], rt.cfg.n_layers)
         _select("heads", [req.head], rt.cfg.n_heads)
         self._run_options(req, rt, enc)
@@ -678,6 +695,28 @@ class Planner:
         return StagesPlan(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary),
                           binary=binary, size=8 * n * (n + rt.cfg.d_head) * (4 if binary else 12),
                           layer=req.layer, head=req.head, run=Run(key, self._forward(req, rt, enc, stages=True)))
+
+    def _encoder_decoder_stages(self, req: StagesRequest, rt: EncoderDecoderRuntime, enc: Encoding,
+                                binary: bool) -> EncoderDecoderStagesPlan:
+        """The steps of one head of an encoder-decoder's `attention` (cross by default), from the NumPy reference run
+        with every step kept (runtime/encdec.py). What reads one stack's run (masks, ablation, pairs) is refused."""
+        unsupported = [name for name in ("text_pair", "causal") if getattr(req, name) is not None]
+        unsupported += [name for name in ("mask_tokens", "ablate") if getattr(req, name)]
+        if unsupported:
+            raise Refused(f"{', '.join(unsupported)}: not available for encoder-decoders ({req.model!r} is one); "
+                          f"their steps take text, decoder_text, attention, layer, head and limit")
+        self._chars(rt, "text and decoder_text are", req.text, req.decoder_text)
+        dec = rt.encode_decoder(req.decoder_text)
+        which = req.attention or "cross"
+        _select("layers", [req.layer], rt.cfg.n_layers if which == "encoder" else rt.cfg.n_decoder_layers)
+        _select("heads", [req.head], rt.cfg.n_heads)
+        nq, nk = (min(req.limit or n, n) for n in ((len(dec.ids) if which != "encoder" else len(enc.ids)),
+                                                   (len(dec.ids) if which == "decoder" else len(enc.ids))))
+        key = _hash(["stages", req.model, rt.graphs.key, req.text, dec.ids])
+        run = Run(key, lambda: rt.forward([enc], [dec], stages=True)[0])
+        return EncoderDecoderStagesPlan(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary),
+                                        binary=binary, size=8 * nq * (nk + rt.cfg.d_model) * (4 if binary else 12),
+                                        layer=req.layer, head=req.head, run=run, attention=which)
 
     # ---- /api/importance ------------------------------------------------------------------------------------------
     def importance(self, req: ImportanceRequest, binary: bool) -> ImportancePlan:

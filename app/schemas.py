@@ -490,6 +490,12 @@ class StagesRequest(RunOptions):
     limit: _bounded(1, 512) | None = Field(
         None, description="return the matrices for the first `limit` tokens only (queries and keys), e.g. to show "
         "the numbers of a long text's opening; `probs` rows are then partial. All tokens when omitted")
+    decoder_text: Text | None = Field(None, description="encoder-decoders only: the decoder's text, as /api/attention "
+                                      "reads it", json_schema_extra={"pattern": r"\S"})
+    attention: Literal["encoder", "decoder", "cross"] | None = Field(
+        None, description="encoder-decoders only: whose head, the encoder's self-attention, the decoder's, or "
+        "cross-attention (the default: queries from the decoder's tokens, keys and values from the encoder's output). "
+        "Its steps come from the NumPy reference (the served graph keeps only the probabilities)")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"model": "tiny-gpt", "text": "The cat sat on the mat", "layer": 0, "head": 1}]})
@@ -637,6 +643,12 @@ class StagesResponse(Tokens):
                                  "through its d_head columns of the output projection, ctx W_o[:, head]^T. The "
                                  "heads' shares plus W_o's bias make the attention output added to the residual "
                                  "stream. Computed by the server from ctx and the model's weights")
+    attention: Literal["encoder", "decoder", "cross"] | None = Field(
+        None, description="encoder-decoders: whose head this is; `tokens` are then the encoder's (as in /api/attention)")
+    query_tokens: list[str] | None = Field(None, description="encoder-decoders: the queries' tokens (the rows; the "
+                                           "decoder's for decoder and cross-attention)")
+    key_tokens: list[str] | None = Field(None, description="encoder-decoders: the keys' tokens (the columns; the "
+                                         "encoder's for encoder and cross-attention)")
 
 
 class Health(BaseModel):

@@ -30,7 +30,8 @@ from .functional import gelu, gelu_tanh, silu
 from .transformer import LayerNorm, Linear, RMSNorm, _normal
 
 ACTIVATIONS = {"relu": lambda x: np.maximum(x, np.float32(0.0)), "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
-STAGES = ("q", "k", "v", "scores", "scaled", "masked", "ctx")   # per attention: q [L, B, H, Tq, dh], k, v [.., S, dh]
+STAGES = ("x", "q", "k", "v", "scores", "scaled", "masked", "ctx")   # per attention: x [L, B, Tq, D] (the queries'
+#                                                                     input), q [L, B, H, Tq, dh], k, v [.., S, dh]
 
 
 @dataclass(frozen=True)
@@ -174,13 +175,13 @@ class EncoderDecoderBlock:
 
     def __call__(self, x, mask, memory=None, cross_mask=None):
         """x [B, T, D]; mask additive [B, 1|H, T, T]; memory [B, S, D] and cross_mask [B, 1|H, T, S] (decoder blocks).
-        Returns x and, per attention ("self", "cross"), (probs, stages, (q, k, v))."""
+        Returns x and, per attention ("self", "cross"), (probs, stages, (q, k, v), the queries' input [B, T, D])."""
         seen = {}
 
         def attend(which, attn, m, mem=None):
             def sublayer(h):
                 out, probs, st, qkv = attn(h, mem, m)
-                seen[which] = (probs, st, qkv)
+                seen[which] = (probs, st, qkv, h)
                 return out, None
             return sublayer
 
@@ -201,6 +202,7 @@ class EncoderDecoderOutput:
     next_token_logits: np.ndarray       # [B, V] after each decoder text's last token
     token_logprobs: np.ndarray          # [B, T] log p(decoder token t | tokens before t, source); 0 at t = 0
     stages: dict[str, dict[str, np.ndarray]] | None = field(default=None)   # "encoder"/"decoder"/"cross" -> STAGES
+    masks: dict[str, np.ndarray] | None = field(default=None)   # with stages: the additive mask each attention adds
 
 
 class EncoderDecoder:
@@ -324,14 +326,15 @@ class EncoderDecoder:
         following = np.concatenate([dec[:, 1:], np.zeros((B, 1), np.int64)], axis=1)             # x_{t+1}, [B, T]
         logp_next = np.take_along_axis(logp, following[..., None], -1)[..., 0]
         token_logprobs = np.concatenate([np.zeros((B, 1)), logp_next[:, :-1]], axis=1).astype(np.float32)
-        probs = {k: np.stack([p for p, _, _ in v]) for k, v in kept.items()}
-        st = None
+        probs = {k: np.stack([p for p, _, _, _ in v]) for k, v in kept.items()}
+        st = masks = None
         if stages:
-            st = {k: {n: np.stack([s._asdict()[n] if n in ("scores", "scaled", "masked") else
-                                   (s.probs @ qkv[2] if n == "ctx" else qkv["qkv".index(n)]) for _, s, qkv in v])
+            st = {k: {n: np.stack([x if n == "x" else s._asdict()[n] if n in ("scores", "scaled", "masked") else
+                                   (s.probs @ qkv[2] if n == "ctx" else qkv["qkv".index(n)]) for _, s, qkv, x in v])
                       for n in STAGES} for k, v in kept.items()}
+            masks = {"encoder": encoder_mask, "decoder": decoder_mask, "cross": cross_mask}   # T5's bias included
         return EncoderDecoderOutput(memory, hidden, probs["encoder"], probs["decoder"], probs["cross"],
-                                    logits[np.arange(B), lengths - 1], token_logprobs, st)
+                                    logits[np.arange(B), lengths - 1], token_logprobs, st, masks)
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """The LM head: (hidden * lm_scale) @ W^T (+ final_logits_bias) -> [..., V]."""

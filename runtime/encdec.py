@@ -21,6 +21,7 @@ import numpy as np
 
 from ..graphs.cache import GraphCache
 from ..model import masks as M
+from ..model.encdec import EncoderDecoderOutput
 from ..sources import ModelSpec
 from .errors import InputError
 from .results import Encoded, Encoding, Engine, NextToken
@@ -45,6 +46,7 @@ class EncoderDecoderResult(Encoded):
     next_tokens: list[NextToken]
     token_logprobs: list[float | None]    # log p(decoder token t | tokens before it, source); None for the first
     seconds: float = 0.0
+    steps: EncoderDecoderOutput | None = None   # with stages: the NumPy run, every attention's steps and masks
 
     @property
     def attentions(self) -> np.ndarray:
@@ -59,8 +61,10 @@ class EncoderDecoderResult(Encoded):
         return self.decoder_encoding.tokens
 
     def nbytes(self) -> int:
+        kept = [] if self.steps is None else [a for st in (*self.steps.stages.values(), self.steps.masks)
+                                              for a in st.values()]
         return sum(a.nbytes for a in (self.encoder_attentions, self.decoder_attentions, self.cross_attentions,
-                                      self.next_token_logits))
+                                      self.next_token_logits, *kept))
 
 
 class EncoderDecoderRuntime:
@@ -145,8 +149,9 @@ class EncoderDecoderRuntime:
                 "cross_mask": np.ascontiguousarray(np.broadcast_to(src_pad, (B, 1, T, S)))}
 
     def forward(self, encs: Sequence[Encoding], decs: Sequence[Encoding], *, engine: Engine = "onnx",
-                top_k: int = 10) -> list[EncoderDecoderResult]:
-        """Run source and decoder encodings (padded together)."""
+                top_k: int = 10, stages: bool = False) -> list[EncoderDecoderResult]:
+        """Run source and decoder encodings (padded together). stages: keep every attention's steps (the steps view,
+        /api/stages): the NumPy reference runs (the graph keeps only the probabilities), one text at a time."""
         t0 = time.perf_counter()
         if engine not in ("onnx", "numpy"):
             raise InputError(f"engine must be 'onnx' or 'numpy'; got {engine!r}")
@@ -156,8 +161,13 @@ class EncoderDecoderRuntime:
         for b in range(B):
             ids[b, :sl[b]], dec[b, :dl[b]] = encs[b].ids, decs[b].ids
         masks = self.masks(sl, dl)
+        if stages and B != 1:
+            raise InputError("the steps of an encoder-decoder's heads are kept for one text at a time")
+        engine, steps = "numpy" if stages else engine, None
         if engine == "numpy":
-            out = self.model(ids, dec, masks["encoder_mask"], masks["decoder_mask"], masks["cross_mask"], dl)
+            out = self.model(ids, dec, masks["encoder_mask"], masks["decoder_mask"], masks["cross_mask"], dl,
+                             stages=stages)
+            steps = out if stages else None
             outs, provider = {n: getattr(out, n) for n in ("encoder_attentions", "decoder_attentions",
                                                            "cross_attentions", "next_token_logits", "token_logprobs")}, "numpy"
         else:
@@ -173,5 +183,5 @@ class EncoderDecoderRuntime:
             np.ascontiguousarray(outs["decoder_attentions"][:, b, :, :t, :t]),
             np.ascontiguousarray(outs["cross_attentions"][:, b, :, :t, :s]), outs["next_token_logits"][b].copy(),
             self.vocabulary.top_tokens(outs["next_token_logits"][b], top_k),
-            [None] + outs["token_logprobs"][b, 1:t].astype(float).tolist(), seconds)
+            [None] + outs["token_logprobs"][b, 1:t].astype(float).tolist(), seconds, steps)
             for b, (e, d, s, t) in enumerate(zip(encs, decs, sl, dl))]

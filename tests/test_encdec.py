@@ -171,7 +171,7 @@ def test_bucket_table_matches_transformers():
 @pytest.mark.parametrize("path, body, named", [
     ("/api/attention", {"ablate": [[0, 0]]}, "ablate"),
     ("/api/attention", {"include": ["attention", "entropy"]}, "include 'entropy'"),
-    ("/api/stages", {"layer": 0, "head": 0}, "the steps view"),
+    ("/api/stages", {"layer": 0, "head": 0, "mask_tokens": [1]}, "mask_tokens"),
     ("/api/qk", {"layer": 0, "head": 0, "query": 1, "key": 0}, "QK attribution"),
     ("/api/lens", {}, "the logit lens"),
     ("/api/importance", {}, "head importance"),
@@ -205,3 +205,96 @@ def test_unsupported_config_options_are_refused(folders, tmp_path):
     (folder / "config.json").write_text(json.dumps(config | {"decoder_attention_heads": 2}))
     with pytest.raises(ModelUnavailable, match="encoder_attention_heads 4 differs from its decoder_attention_heads 2"):
         hf_folders.inspect(folder)
+
+
+def _cross_modules(model, family: str, layer: int):
+    """transformers' cross-attention of decoder layer `layer`: (module, q, k, v, o projections)."""
+    if family.startswith("t5"):
+        a = model.decoder.block[layer].layer[1].EncDecAttention
+        return a, a.q, a.k, a.v, a.o
+    a = model.model.decoder.layers[layer].encoder_attn
+    return a, a.q_proj, a.k_proj, a.v_proj, a.out_proj
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_cross_attention_steps(family, folders, client):
+    """/api/stages explains a cross-attention head (the default `attention`): Q from the decoder's tokens (the input
+    transformers' cross-attention reads, caught with a hook), K and V from the encoder's output (transformers'
+    encoder_last_hidden_state) through the head's projections; probabilities equal to /api/attention's
+    cross_attention (the ONNX graph) and to transformers'; every step follows from the one before."""
+    l, h, H = 1, 2, 4
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(folders[family], attn_implementation="eager",
+                                                               dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folders[family])
+    src = tok(TEXT)["input_ids"]
+    tgt = [model.config.decoder_start_token_id] + tok(text_target=DECODER_TEXT)["input_ids"][:-1]
+    attn, wq, wk, wv, wo = _cross_modules(model, family, l)
+    seen = {}
+
+    def keep_input(module, args, kwargs):                     # the decoder's hidden states the queries are made of
+        seen["x"] = kwargs.get("hidden_states", args[0] if args else None)
+    hook = attn.register_forward_pre_hook(keep_input, with_kwargs=True)
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([src]), decoder_input_ids=torch.tensor([tgt]), output_attentions=True)
+    hook.remove()
+    split = lambda t: t[0].reshape(t.shape[1], H, -1)[:, h].numpy()   # noqa: E731  [T, dh] of head h
+
+    body = {"model": family, "text": TEXT, "decoder_text": DECODER_TEXT}
+    st = client.post("/api/stages", json=body | {"layer": l, "head": h})
+    assert st.status_code == 200, st.text
+    st = st.json()
+    ans = client.post("/api/attention", json=body | {"layers": [l], "heads": [h]}).json()
+    assert st["attention"] == "cross" and st["provider"] == "numpy"
+    assert list(st["query_tokens"]) == ans["decoder_tokens"] and list(st["key_tokens"]) == ans["tokens"]
+    probs = np.asarray(st["probs"], np.float64)
+    assert probs.shape == (len(tgt), len(src)) and peaked(probs) >= 0.5
+    np.testing.assert_allclose(probs, ans["cross_attention"][0][0], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(probs, out.cross_attentions[l][0, h].numpy(), atol=ATOL, rtol=0)
+    with torch.inference_mode():
+        memory = out.encoder_last_hidden_state                                    # [1, S, D]
+        want = {"x": seen["x"][0].numpy(), "q": split(wq(seen["x"])), "k": split(wk(memory)), "v": split(wv(memory))}
+    for name, w in want.items():
+        got = np.asarray(st[name], np.float64)
+        assert got.shape == w.shape, name
+        np.testing.assert_allclose(got, w, atol=ATOL * max(1.0, np.abs(w).max()), rtol=0, err_msg=name)
+    q, k, v = (np.asarray(st[n], np.float64) for n in "qkv")
+    scores = np.asarray(st["scores"], np.float64)
+    np.testing.assert_allclose(scores, q @ k.T, atol=1e-4 * max(1.0, np.abs(scores).max()), rtol=0)
+    np.testing.assert_allclose(st["scaled"], scores * st["scale"], atol=1e-4 * max(1.0, np.abs(scores).max()))
+    assert st["scale"] == (1.0 if family == "t5" else 16 ** -0.5)
+    assert not np.asarray(st["mask"]).any()                          # nothing is hidden from a decoder token
+    masked = np.asarray(st["masked"], np.float64)
+    e = np.exp(masked - masked.max(-1, keepdims=True))
+    np.testing.assert_allclose(e / e.sum(-1, keepdims=True), probs, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(st["ctx"], probs @ v, atol=1e-4 * max(1.0, np.abs(v).max()), rtol=0)
+    W = wo.weight.detach().numpy()[:, h * 16:(h + 1) * 16]                                   # [D, dh]
+    contribution = np.asarray(st["contribution"], np.float64)
+    np.testing.assert_allclose(contribution, np.asarray(st["ctx"]) @ W.T,
+                               atol=1e-4 * max(1.0, np.abs(contribution).max()), rtol=0)
+
+
+def test_decoder_self_attention_steps_with_t5_position_bias(folders, client):
+    """The decoder's own head, T5: the mask the steps add is the causal mask plus T5's position bias; the probabilities
+    are transformers'. `limit` cuts queries and keys; a single-stack model refuses `attention` by name."""
+    _, tgt, out = reference(folders["t5"], TEXT, DECODER_TEXT)
+    body = {"model": "t5", "text": TEXT, "decoder_text": DECODER_TEXT, "layer": 0, "head": 1, "attention": "decoder"}
+    st = client.post("/api/stages", json=body).json()
+    assert st["causal"] is True and st["query_tokens"] == st["key_tokens"]
+    probs, mask = np.asarray(st["probs"]), np.asarray(st["mask"], np.float64)
+    np.testing.assert_allclose(probs, out.decoder_attentions[0][0, 1].numpy(), atol=ATOL, rtol=0)
+    upper = np.triu(np.ones_like(mask, bool), 1)
+    assert (mask[upper] < -1e30).all() and (probs[upper] == 0).all() and np.abs(mask[~upper]).max() > 0   # the bias
+    np.testing.assert_allclose(st["masked"], np.asarray(st["scaled"]) + mask, atol=1e-5, rtol=0)
+    part = client.post("/api/stages", json=body | {"attention": "cross", "limit": 3}).json()
+    assert np.asarray(part["probs"]).shape == (3, 3) and np.asarray(part["k"]).shape == (3, 16)
+    assert len(tgt) > 3
+
+
+def test_steps_options_of_encoder_decoders_refused_elsewhere():
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(Settings(models=["tiny-gpt"], cache=CACHE, threads=2))) as c:
+        r = c.post("/api/stages", json={"model": "tiny-gpt", "text": TEXT, "layer": 0, "head": 0,
+                                        "attention": "cross"})
+    assert r.status_code == 422 and r.json()["detail"] == ("attention is for encoder-decoders (T5, BART, Marian); "
+                                                           "'tiny-gpt' is a decoder: leave it out"), r.text
