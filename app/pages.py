@@ -23,7 +23,7 @@ VIEWS = [("head", "Head"), ("lines", "Lines"), ("model", "Model"), ("summary", "
          ("atlas", "Atlas")]
 # The views that draw an encoder-decoder's attentions (the others read one stack's run: their tabs are hidden), and
 # the attentions an encoder-decoder's answer holds (the page's "Attention" control: static/js/encdec.js).
-ENCODER_DECODER_VIEWS = {"head", "lines"}
+ENCODER_DECODER_VIEWS = {"head", "lines", "stages"}
 ATTENTIONS = [("encoder", "Encoder self-attention"), ("decoder", "Decoder self-attention"),
               ("cross", "Cross-attention (decoder → encoder)")]
 # What replaces a knocked-out head's output (RunOptions.ablation), in the page's words.

@@ -73,7 +73,7 @@ def test_encoder_decoder_head_view_cross_then_decoder(page: Page, bart_server, a
     expect(page.locator("#attention-note")).to_contain_text("queries come from the decoder's tokens")
     for hidden in ("#causal-field", "#click-mode", "#generate", "#pair-field"):
         expect(page.locator(hidden)).to_be_hidden()
-    assert page.locator("#tabs a:visible").all_inner_texts() == ["Head", "Lines"]
+    assert page.locator("#tabs a:visible").all_inner_texts() == ["Head", "Lines", "Causal mask & steps"]
     expect(page.locator("#predictions h2")).to_have_text(f"The decoder's next token after “{shown(dec[-1])}”")
     # cross-attention: decoder tokens down the side (queries), encoder tokens along the bottom (keys)
     m = drawn_matrix(page)
@@ -126,4 +126,24 @@ def test_encoder_decoder_line_view_encoder(page: Page, bart_server, answer, cons
     for k, w in weights:
         assert w == pytest.approx(att[q, k], abs=1e-3)
     expect(view.locator("[data-part=note]")).to_contain_text("Encoder self-attention")
+    assert console_errors == []
+
+
+def test_encoder_decoder_steps_view_cross_attention(page: Page, bart_server, answer, console_errors):
+    """The steps view of a cross-attention head: K and V one column per encoder token, Q per decoder token, the
+    softmax step's cells the API's cross_attention."""
+    nk, nq = min(len(answer["tokens"]), 32), min(len(answer["decoder_tokens"]), 32)   # 32: the most it shows
+    goto(page, bart_server, view="stages", layer=1, head=2, n=32)
+    view = page.locator("#view-stages")
+    expect(view.locator("[data-part=note]")).to_contain_text("keys and values from the encoder's output")
+    expect(view.locator('[data-stage="k"] h3')).to_contain_text("encoder output")
+    assert view.locator('[data-stage="k"] td[data-d="0"]').count() == nk       # one column per source token
+    assert view.locator('[data-stage="q"] td[data-d="0"]').count() == nq
+    cells = view.locator('[data-stage="probs"] td[data-q]').evaluate_all(
+        "ts => ts.map(t => [Number(t.dataset.q), Number(t.dataset.k), Number(t.dataset.value)])")
+    probs = np.zeros((nq, nk))
+    for q, k, w in cells:
+        probs[q, k] = w
+    assert len(cells) == probs.size
+    np.testing.assert_allclose(probs, np.asarray(answer["cross_attention"][0][0])[:nq, :nk], atol=1e-5)
     assert console_errors == []
