@@ -63,6 +63,22 @@ def attention(plan, computed) -> dict:
     return out | _outputs(plan, computed)
 
 
+def encoder_decoder(plan, computed) -> dict:
+    """An encoder-decoder's answer: the encoder's attention as `attention` [l][h][S][S], the decoder's
+    `decoder_attention` [l][h][T][T] and `cross_attention` [l][h][T][S], for the asked layers x heads; both token lists;
+    next_tokens and token_logprobs (of the decoder's tokens) with `predictions`."""
+    r, req, layers, heads = computed.result, plan.request, plan.layers, plan.heads
+    pick = lambda a: a[np.ix_(layers, heads)]   # noqa: E731  [l, h, ., .]
+    out = tokens(plan, r) | {"layers": layers, "heads": heads, "decoder_tokens": r.decoder_encoding.tokens,
+                             "decoder_token_ids": r.decoder_encoding.ids, "decoder_special": r.decoder_encoding.special}
+    if "attention" in req.include:
+        out |= {"attention": pick(r.encoder_attentions), "decoder_attention": pick(r.decoder_attentions),
+                "cross_attention": pick(r.cross_attentions)}
+    if "predictions" in req.include:
+        out |= predictions(r)
+    return out
+
+
 def _rows_asked(req, keys: stats.TextKeys) -> list[str]:
     """The registry's rows the answer's row outputs, summaries and scores read."""
     names = set()
@@ -277,6 +293,34 @@ def stages(plan, computed) -> dict:
                         **st, "mask": r.mask[:n, :n], "probs": r.attentions[l, h, :n, :n],
                         "contribution": plan.runtime.model.blocks[l].head_output(h, st["ctx"]),
                         "row_max": row_max, "row_sum": np.exp(rows - row_max[:, None]).sum(axis=1)}
+
+
+def encoder_decoder_stages(plan, computed) -> dict:
+    """Every step of one head of an encoder-decoder (its encoder's or decoder's self-attention, or cross-attention),
+    for the first `limit` queries and keys, from the NumPy reference's run (model/encdec.py): the queries' input x,
+    q [query], k and v [key] (cross-attention: the encoder's output through W_K and W_V), the [query, key] matrices,
+    the additive mask the run added (T5's position bias included), probs, ctx and the head's contribution through
+    its columns of W_o; each shown row's softmax max and sum over all its keys. `tokens` stay the encoder's."""
+    r, req, which = computed.result, plan.request, plan.attention
+    l, h, dh = req.layer, req.head, plan.runtime.cfg.d_head
+    s, mask = r.steps.stages[which], r.steps.masks[which]                 # [L, B=1, H, Tq, S], [1, 1|H, Tq, S]
+    queries = r.encoding if which == "encoder" else r.decoder_encoding
+    keys = r.decoder_encoding if which == "decoder" else r.encoding
+    nq, nk = (min(req.limit or len(e.ids), len(e.ids)) for e in (queries, keys))
+    block = (plan.runtime.model.encoder if which == "encoder" else plan.runtime.model.decoder)[l]
+    attn = block.cross_attn if which == "cross" else block.self_attn
+    probs = {"encoder": r.encoder_attentions, "decoder": r.decoder_attentions, "cross": r.cross_attentions}[which]
+    ctx = s["ctx"][l, 0, h, :nq]                                                                   # [nq, dh]
+    rows = s["masked"][l, 0, h, :nq].astype(np.float64)                  # [nq, S]: whole rows, in float64
+    row_max = rows.max(axis=1)
+    return tokens(plan, r) | {
+        "layer": l, "head": h, "d_head": dh, "scale": float(attn.scale), "causal": which == "decoder",
+        "attention": which, "query_tokens": queries.tokens, "key_tokens": keys.tokens,
+        "x": s["x"][l, 0, :nq], "q": s["q"][l, 0, h, :nq], "k": s["k"][l, 0, h, :nk], "v": s["v"][l, 0, h, :nk],
+        **{name: s[name][l, 0, h, :nq, :nk] for name in ("scores", "scaled", "masked")},
+        "mask": mask[0, min(h, mask.shape[1] - 1), :nq, :nk], "probs": probs[l, h, :nq, :nk], "ctx": ctx,
+        "contribution": ctx @ attn.out_projection()[0][:, h * dh:(h + 1) * dh].T,                # [nq, D]
+        "row_max": row_max, "row_sum": np.exp(rows - row_max[:, None]).sum(axis=1)}
 
 
 def rounded(payload: dict, precision: int | None) -> dict:

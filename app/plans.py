@@ -7,8 +7,10 @@
 One class per kind, told apart by nobody after planning:
 
     AttentionPlan   /api/attention, a text whose every layer's attention fits the stacked graph's output
+    EncoderDecoderPlan  /api/attention for an encoder-decoder: encoder, decoder and cross-attention in one run
     LayerwisePlan   /api/attention, a longer text: run layer by layer, keeping only what the answer needs
     StagesPlan      /api/stages, every step of one head
+    EncoderDecoderStagesPlan  /api/stages for an encoder-decoder: one head of one of its three attentions
     ImportancePlan  /api/importance, every head's single-head ablation
     PatchingPlan    /api/patching, activation patching between two texts
     KnockoutPlan    /api/knockout, attention knockout's effect on the prediction
@@ -39,6 +41,7 @@ from ..analysis.lens import HeadLens, Lens, head_lens, logit_lens
 from ..analysis.effects import Metric
 from ..analysis.scores import probe_ids
 from ..runtime import Encoding, Runtime
+from ..runtime.encdec import EncoderDecoderRuntime
 from ..runtime.interventions import Interventions, Trace, head_importance, head_masks
 from ..runtime.generation import Generator, Sampling
 from ..runtime.patching import knock_out, patch
@@ -187,6 +190,21 @@ class AttentionPlan(Plan):
 
 
 @dataclass(frozen=True, kw_only=True)
+class EncoderDecoderPlan(Plan):
+    """/api/attention for an encoder-decoder: one run of both stacks (runtime/encdec.py)."""
+    layers: list[int]
+    heads: list[int]
+    run: Run
+
+    async def compute(self, runner: Runner) -> Computed:
+        result, hit = await runner.result(self.run)
+        return Computed(result, hit, {})
+
+    def payload(self, computed: Computed) -> dict:
+        return payload.encoder_decoder(self, computed)
+
+
+@dataclass(frozen=True, kw_only=True)
 class LayerwisePlan(Plan):
     """A long text, layer by layer (runtime/layerwise.py). Its kept parts (rows, checkpoints, thumbnails) are cached
     under `key`, shared by every request on this text; what a request asks of its heads (want) is computed in the
@@ -258,6 +276,15 @@ class StagesPlan(OneRunPlan):
 
     def payload(self, computed: Computed) -> dict:
         return payload.stages(self, computed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncoderDecoderStagesPlan(StagesPlan):
+    """/api/stages for an encoder-decoder: one head of its encoder's, its decoder's or its cross-attention."""
+    attention: str
+
+    def payload(self, computed: Computed) -> dict:
+        return payload.encoder_decoder_stages(self, computed)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -417,16 +444,21 @@ class Planner:
         return self.settings.chars_limit([rt.spec.max_tokens for rt in self.runtimes.values()])
 
     # ---- what every kind checks --------------------------------------------------------------------------------
-    def runtime(self, model_id: str) -> Runtime:
+    def runtime(self, model_id: str, what: str | None = None) -> Runtime:
+        """The served model; `what`: the feature asked, which an encoder-decoder refuses (only /api/attention
+        serves them)."""
         rt = self.runtimes.get(model_id)
         if rt is None:
             shown = model_id if len(model_id) <= 64 else model_id[:64] + "…"
             raise UnknownModel(f"unknown model {shown!r}; available: {', '.join(self.runtimes)}")
+        if what is not None and isinstance(rt, EncoderDecoderRuntime):
+            raise Refused(f"{what} is not available for encoder-decoders ({model_id!r} is one): /api/attention "
+                          f"gives their encoder, decoder and cross-attention")
         return rt
 
-    def _text(self, req) -> tuple[Runtime, Encoding]:
+    def _text(self, req, what: str | None = None) -> tuple[Runtime, Encoding]:
         """The model and the text's tokens (the text's one tokenisation), within the character limit."""
-        rt = self.runtime(req.model)
+        rt = self.runtime(req.model, what)
         pair = getattr(req, "text_pair", None)          # knockout takes one text
         self._chars(rt, "text is", req.text, pair)
         return rt, rt.vocabulary.encode(req.text, pair)
@@ -484,6 +516,11 @@ class Planner:
     # ---- /api/attention -------------------------------------------------------------------------------------
     def attention(self, req: AttentionRequest, binary: bool) -> AttentionPlan:
         rt, enc = self._text(req)
+        if isinstance(rt, EncoderDecoderRuntime):
+            return self._encoder_decoder(req, rt, enc, binary)
+        if req.decoder_text is not None:
+            raise Refused(f"decoder_text is for encoder-decoders (T5, BART, Marian); {req.model!r} is "
+                          f"{'an' if rt.spec.kind == 'encoder' else 'a'} {rt.spec.kind}: leave it out")
         layers = _select("layers", req.layers, rt.cfg.n_layers)
         heads = _select("heads", req.heads, rt.cfg.n_heads)
         self._run_options(req, rt, enc)
@@ -500,6 +537,32 @@ class Planner:
             run = Run(key if depth is None else _hash([key, depth]), self._forward(req, rt, enc, depth=depth))
             return AttentionPlan(run=run, extras=self._extras(req, rt, enc), **common)
         return self._layerwise(req, rt, enc, cells, common)
+
+    def _encoder_decoder(self, req: AttentionRequest, rt: EncoderDecoderRuntime, enc: Encoding,
+                         binary: bool) -> EncoderDecoderPlan:
+        """/api/attention for an encoder-decoder: its three attentions, the layers and heads asked of each (a layer
+        must be in both stacks). What reads one text's single stack (masks, ablation, statistics, ...) is refused."""
+        given = req.model_fields_set
+        unsupported = [name for name in ("text_pair", "causal", "resolution", "top_k", "target", "distractor",
+                                         "position") if getattr(req, name) is not None]
+        unsupported += [name for name in ("mask_tokens", "ablate") if getattr(req, name)]
+        if "include" in given:
+            unsupported += [f"include {part!r}" for part in req.include if part not in ("attention", "predictions")]
+        if unsupported:
+            raise Refused(f"{', '.join(unsupported)}: not available for encoder-decoders ({req.model!r} is one); "
+                          f"they answer `attention`, `decoder_attention`, `cross_attention` and `predictions`")
+        self._chars(rt, "text and decoder_text are", req.text, req.decoder_text)
+        dec = rt.encode_decoder(req.decoder_text)
+        layers = _select("layers", req.layers, min(rt.cfg.n_layers, rt.cfg.n_decoder_layers))
+        heads = _select("heads", req.heads, rt.cfg.n_heads)
+        S, T = len(enc.ids), len(dec.ids)
+        cells = len(layers) * len(heads) * (S * S + T * T + T * S) if "attention" in req.include else 0
+        self._check_cells(req, cells, binary)
+        key = _hash([req.model, rt.graphs.key, req.engine, req.text, dec.ids])
+        run = Run(key, lambda: rt.forward([enc], [dec], engine=req.engine)[0])
+        per = 4 if binary else (req.precision or 9) + 3
+        return EncoderDecoderPlan(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary),
+                                  binary=binary, size=cells * per + 100 * (S + T), layers=layers, heads=heads, run=run)
 
     def _extras(self, req: AttentionRequest, rt: Runtime, enc: Encoding) -> dict[str, Run]:
         """The runs an answer compares its run with: the text intact (`effect` of an ablation), the induction probe
@@ -627,6 +690,13 @@ class Planner:
     # ---- /api/stages ----------------------------------------------------------------------------------------------
     def stages(self, req: StagesRequest, binary: bool) -> StagesPlan:
         rt, enc = self._text(req)
+        if isinstance(rt, EncoderDecoderRuntime):
+            return self._encoder_decoder_stages(req, rt, enc, binary)
+        given = [name for name in ("decoder_text", "attention") if getattr(req, name) is not None]
+        if given:
+            raise Refused(f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} for encoder-decoders (T5, BART, "
+                          f"Marian); {req.model!r} is {'an' if rt.spec.kind == 'encoder' else 'a'} {rt.spec.kind}: "
+                          f"leave {'them' if len(given) > 1 else 'it'} out")
         _select("layers", [req.layer], rt.cfg.n_layers)
         _select("heads", [req.head], rt.cfg.n_heads)
         self._run_options(req, rt, enc)
@@ -642,9 +712,31 @@ class Planner:
                           binary=binary, size=8 * n * (n + rt.cfg.d_head) * (4 if binary else 12),
                           layer=req.layer, head=req.head, run=Run(key, self._forward(req, rt, enc, stages=True)))
 
+    def _encoder_decoder_stages(self, req: StagesRequest, rt: EncoderDecoderRuntime, enc: Encoding,
+                                binary: bool) -> EncoderDecoderStagesPlan:
+        """The steps of one head of an encoder-decoder's `attention` (cross by default), from the NumPy reference run
+        with every step kept (runtime/encdec.py). What reads one stack's run (masks, ablation, pairs) is refused."""
+        unsupported = [name for name in ("text_pair", "causal") if getattr(req, name) is not None]
+        unsupported += [name for name in ("mask_tokens", "ablate") if getattr(req, name)]
+        if unsupported:
+            raise Refused(f"{', '.join(unsupported)}: not available for encoder-decoders ({req.model!r} is one); "
+                          f"their steps take text, decoder_text, attention, layer, head and limit")
+        self._chars(rt, "text and decoder_text are", req.text, req.decoder_text)
+        dec = rt.encode_decoder(req.decoder_text)
+        which = req.attention or "cross"
+        _select("layers", [req.layer], rt.cfg.n_layers if which == "encoder" else rt.cfg.n_decoder_layers)
+        _select("heads", [req.head], rt.cfg.n_heads)
+        nq, nk = (min(req.limit or n, n) for n in ((len(dec.ids) if which != "encoder" else len(enc.ids)),
+                                                   (len(dec.ids) if which == "decoder" else len(enc.ids))))
+        key = _hash(["stages", req.model, rt.graphs.key, req.text, dec.ids])
+        run = Run(key, lambda: rt.forward([enc], [dec], stages=True)[0])
+        return EncoderDecoderStagesPlan(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary),
+                                        binary=binary, size=8 * nq * (nk + rt.cfg.d_model) * (4 if binary else 12),
+                                        layer=req.layer, head=req.head, run=run, attention=which)
+
     # ---- /api/importance ------------------------------------------------------------------------------------------
     def importance(self, req: ImportanceRequest, binary: bool) -> ImportancePlan:
-        rt, enc = self._text(req)
+        rt, enc = self._text(req, "head importance (/api/importance)")
         T = len(enc.ids)
         self._patching_tokens(T, "importance")       # its run keeps every layer's values (runtime/interventions.py)
         layer = rt.cfg.n_heads * T * T * 4             # one copy's attention in one layer: what a batch holds at once
@@ -665,7 +757,7 @@ class Planner:
 
     # ---- /api/patching --------------------------------------------------------------------------------------------
     def patching(self, req: PatchingRequest, binary: bool) -> PatchingPlan:
-        rt = self.runtime(req.model)
+        rt = self.runtime(req.model, "activation patching (/api/patching)")
         self._lm(rt, "patching")
         self._chars(rt, "clean and corrupt are", req.clean, req.corrupt)
         clean, corrupt = rt.vocabulary.encode(req.clean), rt.vocabulary.encode(req.corrupt)
@@ -692,7 +784,7 @@ class Planner:
 
     # ---- /api/knockout --------------------------------------------------------------------------------------------
     def knockout(self, req: KnockoutRequest, binary: bool) -> KnockoutPlan:
-        rt, enc = self._text(req)
+        rt, enc = self._text(req, "attention knockout (/api/knockout)")
         self._lm(rt, "knockout")
         T, L = len(enc.ids), rt.cfg.n_layers
         self._patching_tokens(T, "knockout")
@@ -727,7 +819,7 @@ class Planner:
                                                         final=False))
 
     def qk(self, req: QKRequest, binary: bool) -> QKPlan:
-        rt, enc = self._text(req)
+        rt, enc = self._text(req, "QK attribution (/api/qk)")
         _select("layers", [req.layer], rt.cfg.n_layers)
         _select("heads", [req.head], rt.cfg.n_heads)
         self._decomposable(rt, "QK attribution", qk=True, direct=True)
@@ -742,7 +834,7 @@ class Planner:
                       binary=binary, size=size, run=run)
 
     def lens(self, req: LensRequest, binary: bool) -> LensPlan:
-        rt, enc = self._text(req)
+        rt, enc = self._text(req, "the logit lens (/api/lens)")
         if not rt.cfg.has_unembedding:
             with_one = [m for m, r in self.runtimes.items() if r.cfg.has_unembedding]
             raise Refused(f"the logit lens reads tokens out of the residual stream, and model {rt.spec.id!r} has no "
@@ -767,7 +859,7 @@ class Planner:
                         lens_key=_hash(["lens", run.key, k, req.head_lens]), lens=call)
 
     def circuits(self, req: CircuitsRequest, binary: bool) -> CircuitsPlan:
-        rt = self.runtime(req.model)
+        rt = self.runtime(req.model, "circuits (/api/circuits)")
         self._decomposable(rt, "the weight-space circuits (QK = W_Q W_K^T, OV = W_V W_O)", qk=True, direct=True)
         key = _hash(["circuits", rt.spec.id, rt.graphs.key])
 
@@ -782,7 +874,7 @@ class Planner:
 
     # ---- /api/generate --------------------------------------------------------------------------------------------
     def generate(self, req: GenerateRequest) -> GeneratePlan:
-        rt = self.runtime(req.model)
+        rt = self.runtime(req.model, "generation (/api/generate)")
         self._lm(rt, "generation")
         self._chars(rt, "text is", req.text)
         st, L, H = self.settings, rt.cfg.n_layers, rt.cfg.n_heads
@@ -825,7 +917,7 @@ class Planner:
         (a malformed upload, an upload with no text and a corpus over ATTNSCOPE_MAX_JOB_TEXTS are refused here),
         and its id."""
         st = self.settings
-        rt = self.runtime(req.model)
+        rt = self.runtime(req.model, "corpus jobs (/api/jobs)")
         try:
             zoo_model(rt.spec.id)
         except KeyError:

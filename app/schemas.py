@@ -65,7 +65,9 @@ class ModelInfo(BaseModel):
     id: str = Field(description="model id to pass as `model`", examples=["minilm"])
     title: str = Field(description="human-readable name")
     description: str = Field(description="what the model is and where its weights come from")
-    kind: Literal["encoder", "decoder"] = Field(description="decoders are causal: each token sees only the past")
+    kind: Literal["encoder", "decoder", "encoder-decoder"] = Field(
+        description="decoders are causal: each token sees only the past; encoder-decoders (T5, BART, Marian) read "
+        "`text` with the encoder and `decoder_text` with the decoder, which attends to the encoder (cross-attention)")
     source: Literal["zoo", "folder", "gguf", "hf-cache"] = Field(description="where the model came from")
     architecture: str = Field(description="model family: bert, roberta, gpt2, llama, mistral, qwen2", examples=["bert"])
     layers: int = Field(description="transformer blocks")
@@ -146,8 +148,16 @@ class AttentionRequest(RunOptions):
         "to the lower key): `top_keys` and `top_weights` [layer][head][query][k], what a lines view of a long text "
         "draws. Keys a query cannot see come last, with weight 0")
 
+    decoder_text: Text | None = Field(None, description="encoder-decoders only: the decoder's text, read as "
+                                      "transformers reads labels (tokenised with the tokenizer's specials, shifted "
+                                      "right behind the decoder start token); the start token alone when omitted. "
+                                      "The answer then has decoder_attention and cross_attention",
+                                      json_schema_extra={"pattern": r"\S"})
+
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"model": "minilm", "text": EXAMPLE_TEXT, "layers": [4], "heads": [3]}]})
+        {"model": "minilm", "text": EXAMPLE_TEXT, "layers": [4], "heads": [3]},
+        {"model": "t5-small", "text": "translate English to German: The house is wonderful.",
+         "decoder_text": "Das Haus ist", "layers": [0], "heads": [0, 1]}]})
 
 
 class Token(BaseModel):
@@ -480,6 +490,12 @@ class StagesRequest(RunOptions):
     limit: _bounded(1, 512) | None = Field(
         None, description="return the matrices for the first `limit` tokens only (queries and keys), e.g. to show "
         "the numbers of a long text's opening; `probs` rows are then partial. All tokens when omitted")
+    decoder_text: Text | None = Field(None, description="encoder-decoders only: the decoder's text, as /api/attention "
+                                      "reads it", json_schema_extra={"pattern": r"\S"})
+    attention: Literal["encoder", "decoder", "cross"] | None = Field(
+        None, description="encoder-decoders only: whose head, the encoder's self-attention, the decoder's, or "
+        "cross-attention (the default: queries from the decoder's tokens, keys and values from the encoder's output). "
+        "Its steps come from the NumPy reference (the served graph keeps only the probabilities)")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"model": "tiny-gpt", "text": "The cat sat on the mat", "layer": 0, "head": 1}]})
@@ -539,6 +555,17 @@ class AttentionResponse(Tokens):
     attribution: Attribution | None = Field(None, description="with `attribution`: direct logit attribution")
     ablate: list[list[int]] | None = Field(None, description="the heads knocked out in this run, [layer, head]")
     effect: Effect | None = Field(None, description="with `effect` and `ablate`: what the ablation changed")
+    decoder_tokens: list[str] | None = Field(None, description="encoder-decoders: the decoder's tokens, its start "
+                                             "token first")
+    decoder_token_ids: list[int] | None = Field(None, description="encoder-decoders: their ids")
+    decoder_special: list[bool] | None = Field(None, description="encoder-decoders: which decoder tokens are special "
+                                               "(the start token, </s>): what the page hides with the special tokens")
+    decoder_attention: list[list[Matrix]] | None = Field(
+        None, description="encoder-decoders: the decoder's self-attention [layer][head][decoder query][decoder key] "
+        "(causal); `attention` is then the encoder's")
+    cross_attention: list[list[Matrix]] | None = Field(
+        None, description="encoder-decoders: [layer][head][decoder query][encoder key], each decoder token's "
+        "attention over the encoder's tokens (rows sum to 1)")
 
 
 class ImportanceRequest(Strict):
@@ -616,6 +643,12 @@ class StagesResponse(Tokens):
                                  "through its d_head columns of the output projection, ctx W_o[:, head]^T. The "
                                  "heads' shares plus W_o's bias make the attention output added to the residual "
                                  "stream. Computed by the server from ctx and the model's weights")
+    attention: Literal["encoder", "decoder", "cross"] | None = Field(
+        None, description="encoder-decoders: whose head this is; `tokens` are then the encoder's (as in /api/attention)")
+    query_tokens: list[str] | None = Field(None, description="encoder-decoders: the queries' tokens (the rows; the "
+                                           "decoder's for decoder and cross-attention)")
+    key_tokens: list[str] | None = Field(None, description="encoder-decoders: the keys' tokens (the columns; the "
+                                         "encoder's for encoder and cross-attention)")
 
 
 class Health(BaseModel):

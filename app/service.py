@@ -13,6 +13,7 @@ import logging
 from dataclasses import replace
 
 from ..runtime import Runtime
+from ..runtime.encdec import EncoderDecoderRuntime
 from ..sources import ModelUnavailable, resolve, split_entry
 from .errors import StartupError
 from .jobs import Jobs
@@ -48,7 +49,8 @@ class AttentionService:
                 seen.add(spec.id)
                 if model_id in st.max_tokens:  # ATTNSCOPE_MAX_TOKENS: up to the model's positions
                     spec = replace(spec, max_tokens=st.max_tokens[model_id])
-                rt = Runtime(spec, providers=st.providers or None, threads=st.threads, cache_dir=st.cache,
+                kind = EncoderDecoderRuntime if spec.kind == "encoder-decoder" else Runtime
+                rt = kind(spec, providers=st.providers or None, threads=st.threads, cache_dir=st.cache,
                              stop_early_mb=st.stop_early_mb)
                 if not 2 <= spec.max_tokens <= rt.cfg.max_positions:
                     raise StartupError(f"ATTNSCOPE_MAX_TOKENS: {model_id}={spec.max_tokens}, but it takes 2 to "

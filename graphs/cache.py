@@ -19,12 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..model import encdec as encdec_model
 from ..model import rope, transformer
 from ..model.weights import state_dict
-from . import builder, decoding, stacked, steps
+from . import builder, decoding, encdec, stacked, steps
 
 log = logging.getLogger("attnscope")
-EXPORTER = (builder, steps, stacked, decoding, transformer, rope)   # the source that shapes an exported graph
+EXPORTER = (builder, steps, stacked, decoding, transformer, rope, encdec, encdec_model)   # the source that shapes
+#                                                                                          an exported graph
 
 
 def content_key(model) -> str:
@@ -113,7 +115,9 @@ class GraphCache:
 
     def _build(self, path: Path, stages: bool, decode: bool) -> None:
         log.info("exporting %s to %s", self.model_id, path)
-        if decode:
+        if isinstance(self.model, encdec_model.EncoderDecoder):     # both stacks in one graph
+            encdec.export(self.model, path, desc=self.model_id)
+        elif decode:
             decoding.export(self.model, path, desc=self.model_id)                # written atomically
         else:
             stacked.export(self.model, path, stages=stages, desc=self.model_id)

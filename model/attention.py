@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import masks as M
-from .functional import AttentionStages, ablate_heads, apply_rope, attention_stages, linear, repeat_kv, rms_norm
+from .functional import (AttentionStages, ablate_heads, apply_rope, attention_stages, linear, repeat_kv,
+                         rms_norm, softmax)
 
 
 class MultiHeadAttention:
@@ -312,6 +313,45 @@ class GroupedQueryAttention:
         if return_stages:
             return out, weights, stages, (q, k, v)
         return out, weights
+
+
+class CrossAttention(GroupedQueryAttention):
+    """Encoder-decoder attention (Vaswani et al. 2017, section 3.2.3): queries from one sequence x [B, Tq, D], keys
+    and values from another, the memory [B, S, D] (the encoder's output); with memory = x it is self-attention.
+    The encoder-decoders' attention (T5, BART, Marian, model/encdec.py): q/k/v/o as transformers names them, one
+    key/value head per query head, no rotary positions (their positions are added to the tokens, or to the scores
+    as a bias that arrives inside the additive mask). `scaled`: scores times 1/sqrt(d_head) (BART, Marian), or not
+    at all (T5, whose initialisation absorbs it). graphs/encdec.attention mirrors __call__ step by step."""
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int, bias: bool, scaled: bool = True,
+                 seed: int | None = 0, std: float = 0.02):
+        super().__init__(d_model, n_heads, n_heads, d_head, qkv_bias=bias, out_bias=bias, seed=seed, std=std)
+        self.scaled = scaled
+
+    @property
+    def scale(self) -> np.float32:
+        """What the scores are multiplied by: 1/sqrt(d_head), or 1 (T5)."""
+        return np.float32(self.head_dim ** -0.5 if self.scaled else 1.0)
+
+    def __call__(self, x, memory=None, attn_mask=None, head_mask=None):
+        """x [B, Tq, D] (queries); memory [B, S, D] (keys and values; None: x); attn_mask additive [B|1, H|1, Tq, S]
+        (padding, causality and T5's position bias). Returns (output [B, Tq, D], probs [B, H, Tq, S], stages,
+        (q, k, v)): q [B, H, Tq, dh], k and v [B, H, S, dh]."""
+        memory = x if memory is None else memory
+        B, Tq, _ = x.shape
+        S, H, dh = memory.shape[1], self.n_heads, self.head_dim
+        q = linear(x, *self.projection("q_proj")).reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)        # [B, H, Tq, dh]
+        k = linear(memory, *self.projection("k_proj")).reshape(B, S, H, dh).transpose(0, 2, 1, 3)    # [B, H, S, dh]
+        v = linear(memory, *self.projection("v_proj")).reshape(B, S, H, dh).transpose(0, 2, 1, 3)    # [B, H, S, dh]
+        scores = q @ np.swapaxes(k, -1, -2)                                                          # [B, H, Tq, S]
+        scaled = scores * self.scale
+        masked = scaled if attn_mask is None else scaled + attn_mask
+        stages = AttentionStages(scores, scaled, masked, softmax(masked, axis=-1))
+        ctx = stages.probs @ v                                                                       # [B, H, Tq, dh]
+        if head_mask is not None:
+            ctx = ablate_heads(ctx, *head_mask)
+        out = linear(ctx.transpose(0, 2, 1, 3).reshape(B, Tq, H * dh), *self.out_projection())       # [B, Tq, D]
+        return out, stages.probs, stages, (q, k, v)
 
 
 def _pad_keys(mask: np.ndarray | None) -> np.ndarray | None:

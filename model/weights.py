@@ -21,7 +21,9 @@ def _params(prefix: str, module) -> dict[str, np.ndarray]:
 
 
 def state_dict(model: Transformer) -> dict[str, np.ndarray]:
-    """Every parameter of the model under a flat, PyTorch-style name."""
+    """Every parameter of the model under a flat, PyTorch-style name (an encoder-decoder names its own)."""
+    if hasattr(model, "state_dict"):          # model/encdec.EncoderDecoder
+        return model.state_dict()
     sd = {"wte": model.wte}
     for name in ("wpe", "wtt"):
         if getattr(model, name) is not None:

@@ -24,10 +24,16 @@ RoPE scaling (the Llama family and Phi-3; model/rope.py): llama3 (Llama 3.x), li
 from rope_parameters / rope_scaling, into the one table of each model; dynamic is plain RoPE up to
 max_position_embeddings, where its positions end anyway. Positions go to max_position_embeddings within
 MAX_POSITIONS (ATTNSCOPE_MAX_TOKENS's ceiling), inputs by default to MAX_TOKENS.
+  T5, BART, Marian   encoder-decoders (model/encdec.py, EncoderDecoderConfig): T5 pre-norm RMS with bucketed
+            relative positions, unscaled scores, relu or gated FF, the tied LM head at d_model**-0.5 (none when
+            config.json has tie_word_embeddings false or the file has its own lm_head); BART post-norm with learned
+            positions at offset 2 and layernorm_embedding; Marian sinusoidal; both final_logits_bias. One vocabulary
+            and one width for both stacks (anything else is refused)
 Adding a family is adding an entry here (and its parity test), never editing routes or the page.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
@@ -404,3 +410,115 @@ def architecture(c: dict) -> str:
         found = f"model_type {c.get('model_type')!r}, architectures {c.get('architectures')}"
         raise ModelUnavailable(f"config.json says {found}; {SUPPORTED}")
     return kind
+
+
+# ---- encoder-decoders (model/encdec.py) -------------------------------------------------------------------------
+T5_ACT = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu"}
+T5_MAX_TOKENS = 512   # T5's relative positions have no table to run out of; this is the length it was trained on
+
+
+def _t5_config(c: dict, tensors: set):
+    from ..model.encdec import EncoderDecoderConfig
+    proj = c.get("feed_forward_proj", "relu")
+    gated, _, act = proj.rpartition("-")
+    act = "gelu_new" if proj == "gated-gelu" else act           # transformers' own special case
+    if gated not in ("", "gated") or act not in T5_ACT:
+        raise ModelUnavailable(f"config.json's feed_forward_proj is {proj!r}; supported: an activation of "
+                               f"{', '.join(T5_ACT)}, optionally gated ('gated-gelu')")
+    d = _get(c, "d_model")
+    # transformers' T5Config: the decoder's output is scaled by d_model**-0.5 unless tie_word_embeddings is false
+    scale = c.get("scale_decoder_outputs", c.get("tie_word_embeddings") is not False)
+    cfg = EncoderDecoderConfig(
+        vocab_size=_get(c, "vocab_size"), d_model=d, n_heads=_get(c, "num_heads"), n_layers=_get(c, "num_layers"),
+        n_decoder_layers=c.get("num_decoder_layers") or c["num_layers"], d_ff=_get(c, "d_ff"),
+        max_positions=T5_MAX_TOKENS, d_head=_get(c, "d_kv"), norm="rms", norm_first=True, position="relative",
+        relative_buckets=c.get("relative_attention_num_buckets", 32),
+        relative_max_distance=c.get("relative_attention_max_distance", 128), final_norm=True, scaled=False,
+        activation=T5_ACT[act], gated=bool(gated), bias=False, layer_norm_eps=float(c.get("layer_norm_epsilon", 1e-6)),
+        lm_scale=d ** -0.5 if scale else 1.0, tie_embeddings="lm_head.weight" not in tensors,
+        decoder_start_token_id=int(c.get("decoder_start_token_id", c.get("pad_token_id", 0)) or 0))
+    return cfg, T5_MAX_TOKENS, [f"Inputs are capped at {T5_MAX_TOKENS} tokens, the length T5 was trained on."]
+
+
+def _t5_names(cfg, c: dict, m: str) -> dict[str, Source]:
+    names = {"shared": Source((m + "shared.weight",))}
+    for stack, blocks in (("encoder", cfg.n_layers), ("decoder", cfg.n_decoder_layers)):
+        h = f"{m}{stack}."
+        names |= _module(f"{stack[:3]}_ln_f", h + "final_layer_norm")
+        names[f"{stack[:3]}_bias.weight"] = Source((h + "block.0.layer.0.SelfAttention.relative_attention_bias.weight",))
+        for i in range(blocks):
+            b, p = f"{h}block.{i}.layer.", f"{stack}.{i}."
+            ff = 2 if stack == "decoder" else 1
+            parts = {"self_attn": "0.SelfAttention", "ln_self": "0.layer_norm", "cross_attn": "1.EncDecAttention",
+                     "ln_cross": "1.layer_norm", "ln_ff": f"{ff}.layer_norm", "ff.proj": f"{ff}.DenseReluDense.wo",
+                     "ff.fc": f"{ff}.DenseReluDense.{'wi_0' if cfg.gated else 'wi'}",
+                     "ff.up": f"{ff}.DenseReluDense.wi_1"}
+            for ours, theirs in parts.items():
+                if ours.endswith("_attn"):
+                    for n in "qkvo":
+                        names |= _module(f"{p}{ours}.{n}_proj", f"{b}{theirs}.{n}")
+                else:
+                    names |= _module(p + ours, b + theirs)
+    names["lm_head"] = Source(("lm_head.weight",))
+    return names
+
+
+def _bart_config(c: dict, tensors: set):
+    """BART and Marian: one shape, told apart by their positions and embedding norm."""
+    from ..model.encdec import EncoderDecoderConfig
+    family = c["model_type"]
+    for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
+        if _get(c, a) != _get(c, b):
+            raise ModelUnavailable(f"config.json's {a} {c[a]} differs from its {b} {c[b]}; attnscope supports "
+                                   f"encoder-decoders whose two stacks have the same width")
+    for key in ("add_final_layer_norm", "normalize_before", "add_bias_logits"):   # mBART's and others' options
+        if c.get(key):
+            raise ModelUnavailable(f"config.json sets {key}, which {family} folders attnscope reads do not have")
+    if family == "marian" and (not c.get("share_encoder_decoder_embeddings", True) or
+                               c.get("decoder_vocab_size") not in (None, c.get("vocab_size"))):
+        raise ModelUnavailable("a Marian model with separate encoder and decoder vocabularies "
+                               "(share_encoder_decoder_embeddings false) is not supported")
+    act = c.get("activation_function", "gelu")
+    if act not in T5_ACT:
+        raise ModelUnavailable(f"config.json's activation_function is {act!r}; supported: {', '.join(T5_ACT)}")
+    d, heads = _width(c, "d_model", "encoder_attention_heads")
+    positions = _get(c, "max_position_embeddings")
+    cfg = EncoderDecoderConfig(
+        vocab_size=_get(c, "vocab_size"), d_model=d, n_heads=heads, n_layers=_get(c, "encoder_layers"),
+        n_decoder_layers=_get(c, "decoder_layers"), d_ff=_get(c, "encoder_ffn_dim"), max_positions=positions,
+        position="learned" if family == "bart" else "sinusoidal", position_offset=2 if family == "bart" else 0,
+        embed_scale=math.sqrt(d) if c.get("scale_embedding") else 1.0, embed_norm=family == "bart",
+        activation=T5_ACT[act], tie_embeddings="lm_head.weight" not in tensors, logits_bias=True,
+        decoder_start_token_id=int(_get(c, "decoder_start_token_id")))
+    return cfg, min(positions, MAX_TOKENS), []
+
+
+BART_BLOCK = {"ln_self": "self_attn_layer_norm", "ln_cross": "encoder_attn_layer_norm", "ln_ff": "final_layer_norm",
+              "ff.fc": "fc1", "ff.proj": "fc2"}
+
+
+def _bart_names(cfg, c: dict, m: str) -> dict[str, Source]:
+    names = {"shared": Source((m + "shared.weight",)), "lm_head": Source(("lm_head.weight",)),
+             "logits_bias": Source(("final_logits_bias",))}
+    for stack, blocks in (("encoder", cfg.n_layers), ("decoder", cfg.n_decoder_layers)):
+        h = f"{m}{stack}."
+        names[f"{stack[:3]}_wpe"] = Source((h + "embed_positions.weight",))
+        names |= _module(f"{stack[:3]}_ln_embed", h + "layernorm_embedding")
+        for i in range(blocks):
+            b, p = f"{h}layers.{i}.", f"{stack}.{i}."
+            for ours, theirs in (("self_attn", "self_attn"), ("cross_attn", "encoder_attn")):
+                for n in "qkvo":
+                    names |= _module(f"{p}{ours}.{n}_proj", f"{b}{theirs}.{'out' if n == 'o' else n}_proj")
+            for ours, theirs in BART_BLOCK.items():
+                names |= _module(p + ours, b + theirs)
+    return names
+
+
+ARCHITECTURES |= {
+    "t5": Architecture("T5", "shared.weight", _t5_config, _t5_names),
+    "bart": Architecture("BART", "shared.weight", _bart_config, _bart_names),
+    "marian": Architecture("Marian", "shared.weight", _bart_config, _bart_names),
+}
+CLASS_PREFIXES |= {"T5": "t5", "Bart": "bart", "Marian": "marian"}   # T5ForConditionalGeneration, BartModel, ...
+SUPPORTED = (f"supported: {', '.join(a.title for a in ARCHITECTURES.values())} model folders "
+             f"(model_type {', '.join(ARCHITECTURES)}) and Llama-family .gguf files")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..model.encdec import EncoderDecoder, EncoderDecoderConfig
 from ..model.transformer import Transformer, TransformerConfig
 from ..model.weights import load_state_dict, state_dict
 from .families import ARCHITECTURES, Source, architecture
@@ -42,6 +43,8 @@ class ModelFolder:
 
     @property
     def kind(self) -> str:
+        if isinstance(self.cfg, EncoderDecoderConfig):
+            return "encoder-decoder"
         return "decoder" if self.cfg.causal else "encoder"
 
     @property
@@ -136,7 +139,13 @@ def _prefix(tensors: dict, embedding: str, folder: Path) -> str:
 @functools.lru_cache(maxsize=8)
 def _shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """Our tensors and their shapes for this config, from a skeleton model (once per config)."""
-    return {name: value.shape for name, value in state_dict(Transformer(cfg, seed=None)).items()}
+    return {name: value.shape for name, value in state_dict(skeleton(cfg)).items()}
+
+
+def skeleton(cfg):
+    """The model a config describes, its weights zero (to be loaded): an encoder-decoder (model/encdec.py) or a
+    Transformer."""
+    return EncoderDecoder(cfg, seed=None) if isinstance(cfg, EncoderDecoderConfig) else Transformer(cfg, seed=None)
 
 
 def _config_words(mf: ModelFolder) -> str:
@@ -202,7 +211,8 @@ def load_model(folder: str | Path, cache: Path | None = None) -> Transformer:
         sd = convert(mf)
     except OSError as e:
         raise ModelUnavailable(f"cannot read {e.filename or folder} ({e.strerror or type(e).__name__})") from None
-    return load_state_dict(Transformer(mf.cfg, seed=None), sd)
+    model = skeleton(mf.cfg)
+    return model.load_state_dict(sd) if isinstance(model, EncoderDecoder) else load_state_dict(model, sd)
 
 
 def load_tokenizer(folder: str | Path, cache: Path | None = None):

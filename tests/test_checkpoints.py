@@ -300,9 +300,9 @@ def edit_config(folder: Path, **changes) -> None:
 
 def test_unknown_architecture(folders, tmp_path):
     folder = copy_of(folders["gpt2"], tmp_path)
-    edit_config(folder, model_type="t5", architectures=["T5ForConditionalGeneration"])
+    edit_config(folder, model_type="mamba", architectures=["MambaForCausalLM"])
     line = refusal(f"mine={folder}")
-    assert line.startswith("model 'mine': config.json says model_type 't5', architectures ['T5ForConditionalGeneration']")
+    assert line.startswith("model 'mine': config.json says model_type 'mamba', architectures ['MambaForCausalLM']")
     assert "supported: BERT, RoBERTa, GPT-2, Llama, Mistral, Qwen2" in line and ".gguf" in line
 
 

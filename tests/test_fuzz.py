@@ -35,6 +35,8 @@ SEMANTIC = re.compile("|".join([
     r"^text is empty: give at least one non-blank character$",
     r"^text_pair is blank: leave it out or give at least one non-blank character$",
     r"^model '[^']+' takes a single text, not a sentence pair$",
+    r"^(decoder_text is|attention is|decoder_text and attention are) for encoder-decoders \(T5, BART, Marian\); "
+    r"'[^']+' is an? (encoder|decoder): leave (it|them) out$",
     r"^mask_tokens index \d+ is out of range: this text has \d+ tokens \(0\.\.\d+\)$",
     r"^(layers|heads) is empty: leave it out for all \d+, or list indices 0\.\.\d+$",
     r"^text is \d+ characters; the limit is \d+ \(ATTNSCOPE_MAX_CHARS\)",

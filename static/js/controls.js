@@ -3,6 +3,7 @@
 // colour scale, the sentence-pair filter, "Unmask all" and "Large text".
 import { BOOT, MODELS } from "./boot.js";
 import { $, h, replace } from "./dom.js";
+import { isEncDec } from "./encdec.js";
 import { PAIR_FILTERS } from "./matrix.js";
 import { labelHeads, showExplanation } from "./roles.js";
 import { SCALE_MODES, SCALE_NAME } from "./scale.js";
@@ -35,6 +36,11 @@ export function syncControls(st, info) {
   $("model-desc").textContent = info.description;
   $("text-hint").textContent = textHint(info);
   $("pair-field").hidden = !info.pair;
+  // an encoder-decoder: its decoder text and which of its three attentions; what reads one stack's run is hidden
+  const encdec = isEncDec(info);
+  $("decoder-field").hidden = $("attention-field").hidden = $("attention-note").hidden = !encdec;
+  $("attention").value = st.attention;
+  $("causal-field").hidden = $("click-mode").hidden = $("generate").hidden = encdec;
   options($("layer"), info.layers, "layer");
   options($("head"), info.heads, "head");
   $("layer").value = st.layer;
@@ -69,6 +75,8 @@ export function wireControls(go, draft) {
       mask_tokens: [], pin: null, why: null, causal: null, heads: null, ablate: [], text_pair: info.pair ? pairText : "" });
   });
   $("layer").addEventListener("change", (e) => go({ layer: Number(e.target.value) }));
+  // the queries change with the attention (encoder or decoder tokens): a pinned row is let go
+  $("attention").addEventListener("change", (e) => go({ attention: e.target.value, pin: null }));
   $("head").addEventListener("change", (e) => go({ head: Number(e.target.value) }));
   $("causal").addEventListener("change", (e) => {
     const info = MODELS[state.get().model];

@@ -1,17 +1,20 @@
-// The text boxes, and their drafts: an edited text is never thrown away. Changing any control after editing the
-// text runs the new text; a click on a token (which names a token of the text already run) leaves the edit
-// pending, and it is marked as such until it runs. Run (or Ctrl+Enter in either box) runs it.
+// The text boxes (an encoder-decoder's decoder text among them), and their drafts: an edited text is never thrown
+// away. Changing any control after editing the text runs the new text; a click on a token (which names a token of
+// the text already run) leaves the edit pending, and it is marked as such until it runs. Run (or Ctrl+Enter in any
+// box) runs it.
 import { MODELS } from "./boot.js";
 import { $ } from "./dom.js";
 import * as state from "./state.js";
 
-/** The draft of the page's two text boxes: {edited, sync(st), go(patch, opts), wire(rerun)}. */
+/** The draft of the page's text boxes: {edited, sync(st), go(patch, opts), wire(rerun)}. */
 export function createDraft() {
   let edited = false;
 
   const pending = () => {
     const st = state.get();
-    return $("text").value !== st.text || (MODELS[st.model].pair && $("text-pair").value !== st.text_pair);
+    const info = MODELS[st.model];
+    return $("text").value !== st.text || (info.pair && $("text-pair").value !== st.text_pair) ||
+      (info.kind === "encoder-decoder" && $("decoder-text").value !== st.decoder_text);
   };
 
   const show = () => {
@@ -19,11 +22,15 @@ export function createDraft() {
     $("draft-note").hidden = !edited;
   };
 
+  /** What the boxes hold, as state. */
+  const texts = () => ({ text: $("text").value, text_pair: $("text-pair").value, decoder_text: $("decoder-text").value });
+
   /** The boxes show the state's texts, except an edited text: that stays, marked pending. */
   const sync = (st) => {
     if (!edited) {
       $("text").value = st.text;
       $("text-pair").value = st.text_pair;
+      $("decoder-text").value = st.decoder_text;
     }
     show();
   };
@@ -33,7 +40,7 @@ export function createDraft() {
   const go = (patch, opts) => {
     const byToken = (patch.pin !== undefined && patch.pin !== null) || patch.mask_tokens?.length;
     const next = edited && pending() && !byToken
-      ? { text: $("text").value, text_pair: $("text-pair").value, mask_tokens: [], pin: null, why: null, ...patch } : patch;
+      ? { ...texts(), mask_tokens: [], pin: null, why: null, ...patch } : patch;
     return state.go(next, opts);
   };
 
@@ -43,9 +50,9 @@ export function createDraft() {
       e.preventDefault();
       edited = false;
       // the same text again re-runs anyway (answered from the cache)
-      if (!state.go({ text: $("text").value, text_pair: $("text-pair").value, mask_tokens: [], pin: null, why: null })) rerun();
+      if (!state.go({ ...texts(), mask_tokens: [], pin: null, why: null })) rerun();
     });
-    for (const box of [$("text"), $("text-pair")]) {
+    for (const box of [$("text"), $("text-pair"), $("decoder-text")]) {
       box.addEventListener("input", () => { edited = true; show(); });
       box.addEventListener("keydown", (e) => {   // Ctrl/Cmd+Enter runs, from either box
         if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {

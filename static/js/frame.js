@@ -2,6 +2,7 @@
 // title, the classroom bar (present.js) and the lesson panel (lesson.js).
 import { MODELS } from "./boot.js";
 import { $ } from "./dom.js";
+import { isEncDec, VIEWS as ENCODER_DECODER_VIEWS } from "./encdec.js";
 import { syncLesson } from "./lesson.js";
 import { syncPresent, wirePresent } from "./present.js";
 import * as state from "./state.js";
@@ -11,8 +12,10 @@ export function syncFrame(st, views, go) {
   const titles = Object.fromEntries(Object.entries(views).map(([id, v]) => [id, v.title]));
   syncPresent($("present-bar"), st, { views: Object.keys(views), titles, go });
   syncLesson($("lesson"), $("lesson-link"), st, { href: state.href, go, models: MODELS });
+  const encdec = isEncDec(MODELS[st.model]);
   for (const a of document.querySelectorAll("#tabs a")) {
     a.href = state.href({ view: a.dataset.view });
+    a.hidden = encdec && !ENCODER_DECODER_VIEWS.includes(a.dataset.view);   // views of one stack's run
     if (a.dataset.view === st.view) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
   }

@@ -31,6 +31,7 @@ import { clearChips, renderChips } from "./chips.js";
 import { syncControls, wireControls } from "./controls.js";
 import { $ } from "./dom.js";
 import { createDraft } from "./draft.js";
+import { isEncDec, stackAnswer, stackMeta } from "./encdec.js";
 import { showExports, wireExports } from "./exporting.js";
 import { syncFrame, wireFrame } from "./frame.js";
 import { createGeneration, generatedFrom } from "./generate.js";
@@ -60,7 +61,8 @@ const MODULES = { head, lines, model, summary, entropy, stages, compare, corpus,
 const VIEWS = Object.fromEntries(BOOT.views.map((v) => [v.id, MODULES[v.id]]));
 state.configure({ model: BOOT.default_model, text: BOOT.example_text },
   { views: BOOT.views.map((v) => v.id), stats: BOOT.stats.filter((s) => !s.corpus_only).map((s) => s.id), ablations: BOOT.ablations.map((a) => a.id),
-    sites: BOOT.sites.map((s) => s.id), directions: BOOT.directions.map((d) => d.id) });
+    sites: BOOT.sites.map((s) => s.id), directions: BOOT.directions.map((d) => d.id),
+    attentions: BOOT.attentions.map((a) => a.id) });
 
 const draft = createDraft();
 const go = draft.go;                       // every state change carries an edited text along (draft.js)
@@ -85,6 +87,7 @@ function fetchAll(reqs, run, opts) {
  *  (a few ms a layer), and the view's requests wait for the run (a head is then recomputed from the run's
  *  checkpoints in well under a second, instead of a second pass over every layer). */
 function firstRequest(st, info, run, long) {
+  if (isEncDec(info)) return { ...run, include: info.predictions ? ["predictions"] : [] };   // the tokens of both stacks
   const { include: thumbs, resolution, dtype } = model.requests()[0];
   const overview = long ? { resolution, dtype } : {};
   return { ...run, ...overview, include: [...(long ? thumbs : []), "summary",
@@ -164,12 +167,14 @@ async function update() {
     const metaP = api.attention(firstRequest(st, info, run, opts.progress), opts);
     let dataP = view.needsMeta || opts.progress ? null : fetchAll(view.requests(st, info, null), run, opts);
     dataP?.catch(() => {});
-    const meta = await metaP;
+    const answer = await metaP;
     if (gen !== generation) return;
+    // an encoder-decoder's answer as the one stack the views draw (encdec.js): st.attention's queries and keys
+    const meta = isEncDec(info) ? stackMeta(answer, st.attention) : answer;
     const shown = live ? grownMeta(meta, steps, st.text) : meta;
     showRun(shown, st, info, view);
     dataP ??= fetchAll(view.requests(st, info, meta), run, opts);
-    const results = await dataP;
+    const results = (await dataP).map((r) => (isEncDec(info) ? stackAnswer(r, st.attention) : r));
     if (gen !== generation) return;
     // streaming: the view grows when each of its answers is one head the stream carries; any other view keeps the
     // prompt's drawing (drawn once for this state)

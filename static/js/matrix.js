@@ -46,6 +46,12 @@ export function maxOf(rows) {
   return m;
 }
 
+/** The keys' tokens ({tokens, special}): the queries' own, except for an encoder-decoder's cross-attention, whose
+ *  keys are the encoder's tokens (encdec.js stackMeta). */
+export function keysOf(meta) {
+  return meta.keys ?? meta;
+}
+
 /** Is key j hidden from query i? The runtime's rule: causal (j > i) or a masked key (not on the diagonal). */
 export function maskRule(meta) {
   const masked = new Set(meta.mask_tokens);
@@ -54,7 +60,7 @@ export function maskRule(meta) {
 
 /** Is this run's mask the model's own? False for a what-if: causal switched, or tokens masked. */
 export function ownMask(meta, info) {
-  return meta.causal === (info.kind === "decoder") && meta.mask_tokens.length === 0;
+  return meta.causal === (meta.stack ? meta.stack.causal : info.kind === "decoder") && meta.mask_tokens.length === 0;
 }
 
 /** For an answer of the model's own run (the QK attribution, the logit lens: they take no mask and no knocked-out
@@ -81,11 +87,12 @@ export const PAIR_FILTERS = [["all", "all pairs"], ["ab", "A → B"], ["ba", "B 
 
 /**
  * The queries (rows) and keys (cols) a pair filter shows, from the visible tokens idx, and keep(i, j):
- * false for a cell the filter leaves out ("within": the other sentence). No pair: everything.
+ * false for a cell the filter leaves out ("within": the other sentence). No pair: everything. keyIdx: the visible keys
+ * when they are other tokens than the queries (cross-attention: meta.keys).
  */
-export function pairView(meta, idx, filter) {
-  const s = sentences(meta), all = { rows: idx, cols: idx, keep: () => true, filter: "all" };
-  if (pairStart(meta) < 0 || filter === "all") return all;
+export function pairView(meta, idx, filter, keyIdx = idx) {
+  const s = sentences(meta), all = { rows: idx, cols: keyIdx, keep: () => true, filter: "all" };
+  if (meta.keys || pairStart(meta) < 0 || filter === "all") return all;
   const A = idx.filter((i) => s[i] === 0), B = idx.filter((i) => s[i] === 1);
   if (filter === "ab" && A.length && B.length) return { rows: A, cols: B, keep: () => true, filter };
   if (filter === "ba" && A.length && B.length) return { rows: B, cols: A, keep: () => true, filter };
@@ -124,15 +131,17 @@ export function ticksIn(lo, hi, px, perLabel) {
  *  LONG_TOKENS tokens (SmolLM2: 2048 tokens take seconds). */
 export const LONG_TEXT = 1500, LONG_TOKENS = 512;
 
-/** May this state's run take over a second? Then its progress is streamed, and its T x T matrices travel as float16. */
+/** May this state's run take over a second? Then its progress is streamed, and its T x T matrices travel as float16.
+ *  Never an encoder-decoder's: both its stacks run at once, not layer by layer. */
 export function longText(st, info) {
-  return info.max_tokens > LONG_TOKENS && st.text.length + (st.text_pair || "").length > LONG_TEXT;
+  return info.kind !== "encoder-decoder" && info.max_tokens > LONG_TOKENS && st.text.length + (st.text_pair || "").length > LONG_TEXT;
 }
 
 /** The run options shared by every request for a state. */
 export function runOptions(st, info) {
   const body = { model: st.model, text: st.text };
   if (info.pair && st.text_pair) body.text_pair = st.text_pair;
+  if (info.kind === "encoder-decoder" && st.decoder_text.trim()) body.decoder_text = st.decoder_text;
   if (st.causal !== null) body.causal = st.causal;
   if (st.mask_tokens.length) body.mask_tokens = st.mask_tokens;
   if (st.ablate.length) {                                  // knocked-out heads change every view's run

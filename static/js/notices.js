@@ -52,7 +52,10 @@ export function showWarnings(meta) {
 }
 
 export function showTokenInfo(meta, st, info) {
-  const parts = [`${meta.tokens.length} tokens`];
+  const parts = meta.stack   // an encoder-decoder: the chips are the queries of the attention shown (encdec.js)
+    ? [`${meta.encoder.tokens.length} encoder tokens`, `${meta.decoder.tokens.length} decoder tokens`,
+      `the chips are the ${meta.stack.queries}'s tokens (the queries of the ${meta.stack.title.toLowerCase()})`]
+    : [`${meta.tokens.length} tokens`];
   if (meta.truncated) parts.push(`input truncated to the model's ${info.max_tokens}-token limit`);
   if (meta.mask_tokens.length) parts.push(`${meta.mask_tokens.length} masked as keys (${meta.mask_tokens.join(", ")})`);
   if (st.pin !== null && st.pin < meta.tokens.length) parts.push(`token ${st.pin} pinned`);

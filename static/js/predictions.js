@@ -34,8 +34,9 @@ export function renderPredictions(container, ans, st, pick = null) {
     return;
   }
   container.hidden = false;
-  const last = ans.tokens[ans.tokens.length - 1];
-  const parts = [h("h2", { text: `Next token after “${tokenLabel(last)}”` })];
+  const tokens = ans.decoder_tokens ?? ans.tokens;      // an encoder-decoder predicts its decoder's next token
+  const last = tokens[tokens.length - 1];
+  const parts = [h("h2", { text: `${ans.decoder_tokens ? "The decoder's next token" : "Next token"} after “${tokenLabel(last)}”` })];
   if (ans.effect && ans.effect.next_tokens_before) {
     const knocked = st.ablate.map((x) => `L${x.replace(".", "H")}`).join(", ");
     parts.push(h("p", { class: "note", text: `With ${knocked} knocked out (${st.ablation} ablation): KL(intact ‖ ablated) = ` +

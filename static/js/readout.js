@@ -11,6 +11,8 @@ export const sub = (i) => String(i).replace(/\d/g, (c) => SUB[c]);
 /** A number as a factor: negative ones in brackets. */
 const factor = (v, d) => (v < 0 ? `(${fmt(v, d)})` : fmt(v, d));
 const tok = (ans, i) => h("q", { class: "tok", text: tokenLabel(ans.tokens[i]) });
+/** A key's token: an encoder-decoder's cross-attention reads the encoder's tokens as keys (keyTokens). */
+const keyTok = (ans, j) => h("q", { class: "tok", text: tokenLabel((ans.keyTokens ?? ans.tokens)[j]) });
 
 /** Digits that show a vector's numbers without losing them: 3, fewer for big numbers. */
 function digitsFor(values) {
@@ -65,7 +67,7 @@ const EXPLAIN = {
       return [`${factor(x, digits)}·${factor(k[d], digits)}`, `d = ${d}: ${fmtExact(x)} × ${fmtExact(k[d])} = ${fmt(x * k[d], 5)}`];
     });
     return { title: [`q${sub(i)} · k${sub(j)} = Σ_d q${sub(i)}[d] · k${sub(j)}[d]`],
-      body: [h("p", {}, "The query of token ", tok(ans, i), ` (row ${i}) times the key of token `, tok(ans, j),
+      body: [h("p", {}, "The query of token ", tok(ans, i), ` (row ${i}) times the key of token `, keyTok(ans, j),
         ` (column ${j}), number by number, all ${dh} products added up:`),
       terms(list), result(fmt(sum, 4), fmtExact(ans.scores.at(i, j)))] };
   },
@@ -83,7 +85,7 @@ const EXPLAIN = {
       : ans.causal && j > i ? `token ${j} comes after token ${i}: a causal model cannot look ahead.`
         : `token ${j} is masked as a key (a what-if): no other token may look at it.`;
     return { title: [`mask[${i}, ${j}] = ${hidden ? "−∞" : "0"}`],
-      body: [h("p", {}, "Query ", tok(ans, i), ", key ", tok(ans, j), `: ${why}`),
+      body: [h("p", {}, "Query ", tok(ans, i), ", key ", keyTok(ans, j), `: ${why}`),
         h("p", { class: "hint", text: "The mask is added to the scaled scores: 0 keeps a score, −∞ removes it (exp(−∞) = 0 in the softmax). The model adds the largest negative float32, −3.4 × 10³⁸." })] };
   },
 
@@ -125,7 +127,7 @@ const EXPLAIN = {
       if (isMinusInf(ans.mask.at(i, j))) continue;
       const p = ans.probs.at(i, j), v = ans.v.at(j, d);
       sum += p * v;
-      list.push([`${fmt(p, 4)}·${factor(v, digits)}`, `key ${j} (${tokenLabel(ans.tokens[j])}): p = ${fmtExact(p)}, v[${d}] = ${fmtExact(v)}`]);
+      list.push([`${fmt(p, 4)}·${factor(v, digits)}`, `key ${j} (${tokenLabel((ans.keyTokens ?? ans.tokens)[j])}): p = ${fmtExact(p)}, v[${d}] = ${fmtExact(v)}`]);
     }
     const cut = ans.causal ? "" : cutRow(env);   // causal: query i < n sees no key past the ones shown
     return { title: [`out${sub(i)}[${d}] = Σ_j p[${i}, j] · v_j[${d}]`],
@@ -146,7 +148,8 @@ const EXPLAIN = {
 function projection(key, word, W) {
   return (ans, i, d, env) => ({
     title: [`${key}${sub(i)}[${d}] = ${fmtExact(ans[key].at(i, d))}`],
-    body: [h("p", {}, `Number ${d} of the ${word} vector of token `, tok(ans, i), `: x${sub(i)} (d_model = ${ans.x.shape[1]} numbers) times column ${d} of this head's ${W}` +
+    body: [h("p", {}, `Number ${d} of the ${word} vector of token `, key === "q" ? tok(ans, i) : keyTok(ans, i),
+      ans.attention === "cross" && key !== "q" ? ": the encoder's output for that token" : `: x${sub(i)}`, ` (d_model = ${ans.x.shape[1]} numbers) times column ${d} of this head's ${W}` +
       (env.bias ? ", plus its bias" : "") + (env.qkNorm && key !== "v" ? `, then RMS-normalised (QK-norm, over ${env.qkNorm === "head" ? "this head's numbers" : "all heads' numbers together"})` : "") +
       (env.rope && key !== "v" ? (env.rotary ? `, then, for numbers below ${env.rotary}, rotated by the token's position (partial RoPE)` : ", then rotated by the token's position (RoPE)") : "") +
       `. ${W}'s numbers are not sent to the page.`)],

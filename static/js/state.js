@@ -1,6 +1,7 @@
 // All state lives in the URL query string: every view is a link, back/forward works, and the
 // "copy permalink" button just copies location.href.
 import { BOOT } from "./boot.js";
+import { VIEWS as ENCODER_DECODER_VIEWS } from "./encdec.js";
 import { PAIR_FILTERS } from "./matrix.js";
 import { SCALE_MODES } from "./scale.js";
 
@@ -27,6 +28,8 @@ export const GENERATION = { max_new_tokens: BOOT.max_new_tokens ?? 256, max_temp
 //   atlas view (views/atlas.js): job, the atlas job's id (POST /api/jobs); x_stat and y_stat, the Head Finder's axes
 //   (statistics of the atlas); y_min, its filter (heads with y_stat below it greyed); example, the top example
 //   marked in the dashboard; the head is (layer, head) and the list's order `sort`
+//   encoder-decoders (encdec.js): decoder_text, the decoder's text as POST /api/attention takes it; attention, which
+//   of their three attentions the views draw (encoder, decoder or cross, from the boot block)
 const FIELDS = [
   ["model", "", "str"], ["text", "", "str"], ["text_pair", "", "str"], ["view", "head", "view"],
   ["layer", 0, "int"], ["head", 0, "int"], ["causal", null, "tri"], ["mask_tokens", [], "ints"],
@@ -44,22 +47,23 @@ const FIELDS = [
   ["top_p", 1, "num"], ["seed", null, "int?"], ["side_by_side", false, "bool"], ["prompt", "", "str"],
   ["why", null, "pair?"], ["lens", "top", ["top", "next"]], ["composition", "k", ["q", "k", "v"]],
   ["job", "", "str"], ["x_stat", "mean_entropy", "str"], ["y_stat", "induction_mass", "str"], ["y_min", 0, "num"],
-  ["example", 0, "int"],
+  ["example", 0, "int"], ["decoder_text", "", "str"], ["attention", "cross", "attention"],
 ];
 const ALWAYS = new Set(["model", "text", "view", "layer", "head"]);   // written even when default
 let defaults = Object.fromEntries(FIELDS.map(([k, d]) => [k, d]));
 // the values a "view" / "stat" / "ablation" / "site" / "direction" field may take
-const choices = { view: [], stat: [], ablation: [], site: [], direction: [] };
+const choices = { view: [], stat: [], ablation: [], site: [], direction: [], attention: [] };
 
 /** Set the page's defaults and the views, statistics, ablations and patching sites and directions it offers (all
  *  from the server's boot block). */
-export function configure(patch, { views, stats, ablations, sites = [], directions = [] }) {
+export function configure(patch, { views, stats, ablations, sites = [], directions = [], attentions = [] }) {
   defaults = { ...defaults, ...patch };
   choices.view = views;
   choices.stat = stats;
   choices.ablation = ablations;
   choices.site = sites;
   choices.direction = directions;
+  choices.attention = attentions;
 }
 
 /** Knocked-out heads are "layer.head" strings in the state and the URL ("3.1,5.0"). */
@@ -102,7 +106,7 @@ export function parse(search = location.search) {
     if (Array.isArray(kind)) { st[k] = kind.includes(raw) ? raw : d; continue; }
     switch (kind) {
       case "str": st[k] = raw; break;
-      case "view": case "stat": case "ablation": case "site": case "direction":
+      case "view": case "stat": case "ablation": case "site": case "direction": case "attention":
         st[k] = choices[kind].includes(raw) ? raw : d; break;
       case "click": st[k] = raw === "mask" ? "mask" : "pin"; break;
       case "int": st[k] = /^\d+$/.test(raw) ? Number(raw) : d; break;
@@ -181,6 +185,10 @@ export function normalize(st, models, defaultModel, steps) {
   if (fixed.heads) fixed.heads = fixed.heads.filter((x) => x < info.heads);
   fixed.ablate = fixed.ablate.filter((x) => { const [l, hd] = x.split(".").map(Number); return l < info.layers && hd < info.heads; });
   if (!info.pair) fixed.text_pair = "";
+  if (info.kind === "encoder-decoder") {    // what reads one stack's run does not apply (encdec.js): left out
+    Object.assign(fixed, { causal: null, mask_tokens: [], ablate: [], why: null, click: "pin" });
+    if (!ENCODER_DECODER_VIEWS.includes(fixed.view)) fixed.view = "head";
+  } else fixed.decoder_text = "";
   if (!STEP_TOKENS.includes(fixed.n)) fixed.n = 12;
   if (fixed.step > steps) fixed.step = 0;
   if (fixed.knockout_layers) {

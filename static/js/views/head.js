@@ -5,7 +5,7 @@
 // cell of the pinned row (or its "Why?" button in the list) asks why the head attends there (state.why): the panel
 // below splits the cell's score into the parts of the residual stream that made it (why.js, POST /api/qk).
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
-import { dividerAt, longText, maskRule, matrixCells, ownMask, pairView, sentences, ticksIn, visibleTokens } from "../matrix.js";
+import { dividerAt, keysOf, longText, maskRule, matrixCells, ownMask, pairView, sentences, ticksIn, visibleTokens } from "../matrix.js";
 import { renderWhy, WHY_TOP } from "../why.js";
 import { AXIS_LINE, colourRange, exactString, FILTERED_COLOR, FILTERED_RGB, fmt, fmtExact, HIGHLIGHT, LUT, lutIndex, MASKED_COLOR, MASKED_RGB, PAIR_DIVIDER, plotlyScale, TRANSPARENT } from "../scale.js";
 
@@ -56,6 +56,7 @@ function axisTicks(labels, lo, hi, px, font) {
 
 function pinnedPanel(panel, d, st, ctx) {
   const { meta, rows, cols, cells, renorm, hidden } = d;
+  const keys = keysOf(meta), asks = !meta.stack;      // an encoder-decoder's cell has no QK attribution (POST /api/qk)
   const pos = st.pin === null ? -1 : rows.indexOf(st.pin);
   if (pos < 0) {
     const why = st.pin === null || st.pin >= meta.tokens.length ? ""
@@ -75,18 +76,18 @@ function pinnedPanel(panel, d, st, ctx) {
       h("th", { scope: "col", text: renorm ? "weight (renormalised)" : "weight" }),
       renorm && h("th", { scope: "col", text: "model's weight" }),
       h("th", { scope: "col", "aria-hidden": "true", class: "bar-col" }),
-      h("th", { scope: "col", class: "why-col" }, h("span", { class: "visually-hidden", text: "why" })))),
+      asks && h("th", { scope: "col", class: "why-col" }, h("span", { class: "visually-hidden", text: "why" })))),
     h("tbody", {}, shown.map(({ k, w, raw: rw, masked }) => h("tr", {
       "data-key": k, "data-weight": exactString(w), "data-raw": exactString(rw),
-      class: [masked && "masked", meta.special[k] && "special", k === whyKey && "why"].filter(Boolean).join(" "),
+      class: [masked && "masked", keys.special[k] && "special", k === whyKey && "why"].filter(Boolean).join(" "),
       title: masked ? "masked: hidden from this query, weight exactly 0" : null,
     },
     h("td", { class: "num", text: k }),
-    h("td", { class: "tok", text: tokenLabel(meta.tokens[k]) }),
+    h("td", { class: "tok", text: tokenLabel(keys.tokens[k]) }),
     h("td", { class: "num", text: masked ? "0 (masked)" : fmtExact(w) }),
     renorm && h("td", { class: "num", text: fmtExact(rw) }),
     h("td", { class: "bar-col", "aria-hidden": "true" }, h("span", { class: "bar", style: `width:${(w * 100).toFixed(1)}%` })),
-    h("td", { class: "why-col" }, h("button", { type: "button", class: "small why-button", "data-why-key": k, text: "Why?",
+    asks && h("td", { class: "why-col" }, h("button", { type: "button", class: "small why-button", "data-why-key": k, text: "Why?",
       "aria-pressed": String(k === whyKey), title: "Why does the head attend here? Its score split into the parts that made it",
       "aria-label": `Why does query ${q} attend to key ${k}?`, onclick: () => ctx.go({ why: [q, k] }) }))))));
   const sum = items.reduce((s, r) => s + r.w, 0);
@@ -96,7 +97,7 @@ function pinnedPanel(panel, d, st, ctx) {
       items.length > LIST_LIMIT ? `Its ${LIST_LIMIT} largest of ${items.length} weights, largest first. ` : "Its weight on every key shown. ",
       renorm ? `The visible keys held ${fmt(cells.rowMass[pos], 4)} of the row's weight before renormalising. ` : "",
       `The keys listed hold ${fmt(sum, 6)} of the row${renorm ? " as shown" : ""}. ` +
-      "Click a cell of this row, or a “Why?”, to see why the head attends there."),
+      (asks ? "Click a cell of this row, or a “Why?”, to see why the head attends there." : "")),
     table,
     h("button", { type: "button", class: "small", onclick: () => ctx.go({ pin: null, why: null }), text: "Unpin" }));
   panel.dataset.pin = String(q);
@@ -104,7 +105,7 @@ function pinnedPanel(panel, d, st, ctx) {
 
 function noteText(meta, st, ctx, renorm, view) {
   const own = ownMask(meta, ctx.info);
-  const parts = [];
+  const parts = meta.stack ? [meta.stack.note] : [];
   if (renorm) {
     parts.push("[CLS] and [SEP] are hidden. Each remaining row is renormalised to sum to 1 over the keys still shown, " +
       "so colours and numbers show how the rest of the attention is shared out (the hover and the pinned list also " +
@@ -176,12 +177,13 @@ function paintImage(nr, nc, shown, range) {
 const MASKED = -1, FILTERED = -2;       // shown(a, b) for a cell the query cannot see, or a filter leaves out
 
 export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
-  const idx = visibleTokens(meta, st.hide_special);
-  const renorm = st.hide_special && meta.special.some(Boolean);
-  const view = pairView(meta, idx, st.pairs);
+  const keys = keysOf(meta);                         // the queries' own tokens, or (cross-attention) the encoder's
+  const idx = visibleTokens(meta, st.hide_special), keyIdx = visibleTokens(keys, st.hide_special);
+  const renorm = st.hide_special && keys.special.some(Boolean);
+  const view = pairView(meta, idx, st.pairs, keyIdx);
   const { rows, cols } = view;
   const m = ans.attention.sub(0, 0);
-  const cells = matrixCells(m, rows, cols, renorm ? idx : null);
+  const cells = matrixCells(m, rows, cols, renorm ? keyIdx : null);
   const hidden = maskRule(meta);
   const nr = rows.length, nc = cols.length;
   // what each cell shows, worked out once (a long text has millions): its weight, or MASKED (the key is hidden
@@ -222,7 +224,7 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
   const width = Math.max(260, layout.clientWidth || container.clientWidth || 800);
   const narrow = width < 640, font = ctx.font;
   const chars = narrow ? 8 : LABEL_CHARS;
-  const rowLabels = rows.map((i) => shortLabel(meta.tokens[i], chars)), colLabels = cols.map((i) => shortLabel(meta.tokens[i], chars));
+  const rowLabels = rows.map((i) => shortLabel(meta.tokens[i], chars)), colLabels = cols.map((i) => shortLabel(keys.tokens[i], chars));
   const margin = narrow ? { l: 64, r: 4, t: 36, b: 64 } : { l: 118, r: 16, t: 46, b: 112 };
   const bar = narrow ? 48 : 86;                                               // the colour bar's share
   const cell = Math.min((width - margin.l - margin.r - bar) / nc, MAX_CELL);
@@ -280,11 +282,11 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
     showgrid: false, zeroline: false, fixedrange: false, showline: true, linecolor: AXIS_LINE, mirror: true,
     scaleanchor: false,                  // an image trace would otherwise keep its pixels square
   });
-  const axisTitle = (side) => view.filter === "ab" ? (side === "x" ? "key in sentence B" : "query in sentence A")
+  const axisTitle = (side) => meta.stack ? meta.stack[side === "x" ? "key" : "query"] : view.filter === "ab" ? (side === "x" ? "key in sentence B" : "query in sentence A")
     : view.filter === "ba" ? (side === "x" ? "key in sentence A" : "query in sentence B")
       : side === "x" ? "key (attended to)" : "query (attending)";
   ctx.plot(plot, traces, {
-    title: `${plotlyText(ctx.info.title)} · layer ${st.layer} · head ${st.head}`,
+    title: `${plotlyText(ctx.info.title)}${meta.stack ? ` · ${meta.stack.which === "cross" ? "cross-attention" : meta.stack.which}` : ""} · layer ${st.layer} · head ${st.head}`,
     margin, height, width: figWidth, autosize: figWidth === undefined, plot_bgcolor: MASKED_COLOR,
     xaxis: { ...axis(axisTitle("x"), xt), tickangle: -60, side: "bottom", ...(zoom ? { range: zoom.xr } : {}) },
     yaxis: { ...axis(axisTitle("y"), yt), autorange: zoom ? false : "reversed", ...(zoom ? { range: zoom.yr } : {}) },
@@ -311,7 +313,7 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
       const [a, b] = at;
       const qi = cur.rows[a], ki = cur.cols[b], w = cur.cells.value(a, b);
       const masked = cur.hidden(qi, ki), out = !cur.keep(qi, ki);
-      const pairText = `query ${qi} “${tokenLabel(cur.tokens[qi])}” → key ${ki} “${tokenLabel(cur.tokens[ki])}”`;
+      const pairText = `query ${qi} “${tokenLabel(cur.tokens[qi])}” → key ${ki} “${tokenLabel(cur.keyTokens[ki])}”`;
       const value = masked ? "masked: this query cannot see this key (weight exactly 0)"
         : `weight ${fmtExact(w)}` + (cur.renorm ? ` (model's own ${fmtExact(cur.cells.raw(a, b))})` : "") +
           (out ? " · the other sentence" : "");
@@ -332,7 +334,8 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
       const at = cellAt(e), cur = memory.shown;
       if (!at || e.detail > 1 || !down || Math.hypot(e.clientX - down[0], e.clientY - down[1]) > 4) return;
       const qi = cur.rows[at[0]], ki = cur.cols[at[1]];
-      cur.go(cur.pin === qi ? { why: [qi, ki] } : { pin: qi });
+      if (cur.pin !== qi) cur.go({ pin: qi });
+      else if (cur.asks) cur.go({ why: [qi, ki] });
     });
     // Zooming relabels the axes: every token gets its label back once they fit.
     plot.on("plotly_relayout", (ev) => {
@@ -351,7 +354,8 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
         "yaxis.tickfont.size": yt2.tickfont.size });
     });
   }
-  ctx.memory.shown = { rows, cols, cells, renorm, hidden, keep: view.keep, tokens: meta.tokens, pin: st.pin, go: ctx.go,
+  ctx.memory.shown = { rows, cols, cells, renorm, hidden, keep: view.keep, tokens: meta.tokens, keyTokens: keys.tokens,
+    asks: !meta.stack, pin: st.pin, go: ctx.go,
     rev, rowLabels, colLabels, tickFont };
   pinnedPanel(panel, { meta, rows, cols, cells, renorm, hidden }, st, ctx);
   renderWhy(part(container, "why", "section", { class: "why", "aria-label": "Why the head attends to a key" }),
@@ -360,18 +364,20 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
   container.dataset.head = st.head;
   container.dataset.zmax = exactString(range.zmax);
 
-  const tok = (i) => meta.tokens[i];
+  const tok = (i) => meta.tokens[i], keyTok = (i) => keys.tokens[i];
   const valueRows = () => rows.map((_, a) => cols.map((_, b) => Number(exactString(cells.value(a, b)))));
+  container.dataset.attention = meta.stack?.which ?? "";
   return {
     plot,
-    name: `attnscope-${st.model}-L${st.layer}H${st.head}`,
-    csv: () => [["query\\key", ...cols.map((i) => `${i}:${tok(i)}`)],
+    name: `attnscope-${st.model}-${meta.stack ? `${meta.stack.which}-` : ""}L${st.layer}H${st.head}`,
+    csv: () => [["query\\key", ...cols.map((i) => `${i}:${keyTok(i)}`)],
       ...valueRows().map((r, a) => [`${rows[a]}:${tok(rows[a])}`, ...r])],
     json: () => ({
       model: st.model, text: st.text, text_pair: st.text_pair || null, layer: st.layer, head: st.head,
       causal: meta.causal, mask_tokens: meta.mask_tokens, renormalised: renorm, pairs: view.filter,
       colour_scale: { zmin: range.zmin, zmax: range.zmax, mode: range.perHead ? "per head" : "fixed" },
       query_indices: rows, key_indices: cols, tokens: meta.tokens, attention: valueRows(),
+      ...(meta.stack ? { decoder_text: st.decoder_text, attention_of: meta.stack.which, key_tokens: keys.tokens } : {}),
     }),
   };
 }

@@ -2,7 +2,7 @@
 // opacity is the weight, one colour per head. Hover or focus a token to see only its lines. A long text
 // (more than TOP_K_FROM tokens) fetches only each query's TOP_K heaviest keys (the server's top_k), not T x T.
 import { h, part, replace, rove, svg, tokenLabel } from "../dom.js";
-import { dividerAt, ownMask, pairView, subMatrix, visibleTokens } from "../matrix.js";
+import { dividerAt, keysOf, ownMask, pairView, subMatrix, visibleTokens } from "../matrix.js";
 import { CAPTION_INK, DARK_TEXT, exactString, fmt, headColor, PAIR_DIVIDER, PAPER, SPECIAL_INK } from "../scale.js";
 
 export const title = "Line view";
@@ -33,7 +33,7 @@ export function selectedHeads(st, T, H) {
 export function requests(st, info, meta) {
   const T = meta.tokens.length;
   return selectedHeads(st, T, info.heads).map((hd) => ({ endpoint: "attention", layers: [st.layer], heads: [hd],
-    include: ["attention"], dtype: "float16", ...(T > TOP_K_FROM ? { top_k: TOP_K } : {}) }));
+    include: ["attention"], dtype: "float16", ...(T > TOP_K_FROM && !meta.stack ? { top_k: TOP_K } : {}) }));
 }
 
 /**
@@ -97,13 +97,14 @@ function headPicker(el, st, T, H, heads, ctx) {
 export function render(container, { meta, results }, st, ctx) {
   const T = meta.tokens.length;
   const heads = results.map((r) => r.heads[0]);
-  const renorm = st.hide_special && meta.special.some(Boolean);
-  const idx = visibleTokens(meta, st.hide_special);
-  const view = pairView(meta, idx, st.pairs);
+  const keys = keysOf(meta);                         // the queries' own tokens, or (cross-attention) the encoder's
+  const renorm = st.hide_special && keys.special.some(Boolean);
+  const idx = visibleTokens(meta, st.hide_special), keyIdx = visibleTokens(keys, st.hide_special);
+  const view = pairView(meta, idx, st.pairs, keyIdx);
   const { rows, cols } = view;                       // queries on the left, keys on the right
   const n = Math.max(rows.length, cols.length);
   const topK = results[0].top_keys ? results[0].top_keys.shape[3] : 0;    // 0: full matrices
-  const mats = topK ? null : results.map((r) => subMatrix(r.attention.sub(0, 0), rows, cols, renorm ? idx : null).z
+  const mats = topK ? null : results.map((r) => subMatrix(r.attention.sub(0, 0), rows, cols, renorm ? keyIdx : null).z
     .map((row, a) => row.map((w, b) => (view.keep(rows[a], cols[b]) ? w : 0))));
   const headLines = topK                                                    // each head's lines
     ? results.map((r) => topKLines(r.top_keys.sub(0, 0), r.top_weights.sub(0, 0), rows, cols, view.keep))
@@ -111,7 +112,7 @@ export function render(container, { meta, results }, st, ctx) {
 
   headPicker(part(container, "picker", "div", { class: "picker" }), st, T, ctx.info.heads, heads, ctx);
   const note = part(container, "note", "p", { class: "note" });
-  note.textContent = (topK
+  note.textContent = (meta.stack ? `${meta.stack.note} ` : "") + (topK
     ? `${T} tokens: each query's ${topK} heaviest keys are drawn, with the model's own weights${renorm ? " ([CLS] and [SEP] hidden, not renormalised)" : ""}.`
     : renorm ? "[CLS] and [SEP] are hidden; each query's remaining weights are renormalised to sum to 1."
     : ownMask(meta, ctx.info) ? "All tokens shown; line opacity is the model's own weight."
@@ -130,6 +131,7 @@ export function render(container, { meta, results }, st, ctx) {
   const xl = colW, xr = colW + gap;
   const y = (p) => pad + p * rh + rh / 2;
   const list = (side) => (side === "q" ? rows : cols);
+  const tokensOf = (side) => (side === "q" ? meta : keys);
 
   // Overview: bucket every visible line by head and opacity level into one path each.
   let segs = [];
@@ -150,16 +152,16 @@ export function render(container, { meta, results }, st, ctx) {
   const focusG = svg("g", { class: "focus-lines" });
 
   const tokenText = (p, side) => {
-    const i = list(side)[p];
-    const masked = meta.mask_tokens.includes(i), pinned = st.pin === i;
+    const i = list(side)[p], toks = tokensOf(side);
+    const masked = meta.mask_tokens.includes(i), pinned = (side === "q" || !meta.keys) && st.pin === i;
     return svg("text", {
       x: side === "q" ? xl - 4 : xr + 4, y: y(p), "text-anchor": side === "q" ? "end" : "start",
       "dominant-baseline": "central", "font-size": fs, "font-family": "system-ui, sans-serif",
-      fill: meta.special[i] ? SPECIAL_INK : DARK_TEXT, "font-weight": pinned ? "bold" : "normal",
+      fill: toks.special[i] ? SPECIAL_INK : DARK_TEXT, "font-weight": pinned ? "bold" : "normal",
       "text-decoration": masked ? "line-through" : "none",
       class: "tok-label", tabindex: p === 0 ? "0" : "-1", role: "button", "data-side": side, "data-pos": p, "data-index": i,
-      "aria-label": `${side === "q" ? "query" : "key"} ${i}: ${meta.tokens[i]}${masked ? " (masked)" : ""}`,
-    }, tokenLabel(meta.tokens[i]));
+      "aria-label": `${side === "q" ? "query" : "key"} ${i}: ${toks.tokens[i]}${masked ? " (masked)" : ""}`,
+    }, tokenLabel(toks.tokens[i]));
   };
   const qLabels = rows.map((_, p) => tokenText(p, "q"));
   const kLabels = cols.map((_, p) => tokenText(p, "k"));
@@ -175,8 +177,8 @@ export function render(container, { meta, results }, st, ctx) {
     "aria-label": `Attention lines of layer ${st.layer}, heads ${heads.join(", ")}: ${rows.length} queries on the left, ${cols.length} keys on the right`,
   },
   svg("rect", { x: 0, y: 0, width: W, height: H, fill: PAPER }),
-  svg("text", { x: xl - 4, y: pad / 2, "text-anchor": "end", "font-size": fs - 2, fill: CAPTION_INK, "font-family": "system-ui, sans-serif" }, "query"),
-  svg("text", { x: xr + 4, y: pad / 2, "font-size": fs - 2, fill: CAPTION_INK, "font-family": "system-ui, sans-serif" }, "key"),
+  svg("text", { x: xl - 4, y: pad / 2, "text-anchor": "end", "font-size": fs - 2, fill: CAPTION_INK, "font-family": "system-ui, sans-serif" }, meta.stack?.query ?? "query"),
+  svg("text", { x: xr + 4, y: pad / 2, "font-size": fs - 2, fill: CAPTION_INK, "font-family": "system-ui, sans-serif" }, meta.stack?.key ?? "key"),
   overview, focusG, svg("g", {}, dividers), svg("g", {}, qLabels), svg("g", {}, kLabels));
   replace(scroller, drawing);
 
@@ -209,12 +211,12 @@ export function render(container, { meta, results }, st, ctx) {
         h("strong", { text: `head ${heads[hi]}: ` }),
         top.map(([w, o], r) => h("span", {
           class: "w", "data-head": heads[hi], "data-other": list(other)[o], "data-weight": exactString(w),
-        }, r ? ", " : "", tokenLabel(meta.tokens[list(other)[o]]), ` ${fmt(w, 3)}`))));
+        }, r ? ", " : "", tokenLabel(tokensOf(other).tokens[list(other)[o]]), ` ${fmt(w, 3)}`))));
     });
     replace(focusG, lines);
     const i = list(side)[p];
     replace(aside,
-      h("h3", {}, side === "q" ? `Query ${i} ` : `Key ${i} `, h("q", { class: "tok", text: tokenLabel(meta.tokens[i]) })),
+      h("h3", {}, side === "q" ? `Query ${i} ` : `Key ${i} `, h("q", { class: "tok", text: tokenLabel(tokensOf(side).tokens[i]) })),
       h("p", { class: "hint", text: side === "q" ? "Where it looks: its strongest keys per head (weights sent as float16, 3 decimals; the head view has the exact float32):"
         : topK ? `Who looks at it: the strongest queries per head among those that have it in their top ${topK} (float16 weights, 3 decimals):`
           : "Who looks at it: the strongest queries per head (float16 weights, 3 decimals):" }),
@@ -231,14 +233,15 @@ export function render(container, { meta, results }, st, ctx) {
   drawing.addEventListener("mouseleave", rest);
   drawing.addEventListener("focusin", (e) => { const l = onLabel(e); if (l) focus(l[0], l[1]); });
   drawing.addEventListener("focusout", (e) => { if (!drawing.contains(e.relatedTarget)) rest(); });
-  drawing.addEventListener("click", (e) => { const l = onLabel(e); if (l) ctx.go({ pin: st.pin === l[2] ? null : l[2] }); });
+  const pin = (l) => (l[0] === "q" || !meta.keys) && ctx.go({ pin: st.pin === l[2] ? null : l[2] });   // a query
+  drawing.addEventListener("click", (e) => { const l = onLabel(e); if (l) pin(l); });
   drawing.addEventListener("keydown", (e) => {
     const l = onLabel(e);
     if (!l) return;
     if (rove(e, l[0] === "q" ? qLabels : kLabels, l[1], { ArrowDown: 1, ArrowUp: -1 })) return;
     if (e.key === "Enter" || e.key === " ") {
       e.preventDefault();
-      ctx.go({ pin: st.pin === l[2] ? null : l[2] });
+      pin(l);
     }
   });
   rest();
@@ -247,6 +250,7 @@ export function render(container, { meta, results }, st, ctx) {
   container.dataset.head = st.head;
   container.dataset.heads = heads.join(",");
   container.dataset.topK = String(topK);
+  container.dataset.attention = meta.stack?.which ?? "";
 
   return {
     svg: drawing,
@@ -254,11 +258,12 @@ export function render(container, { meta, results }, st, ctx) {
     csv: () => [["layer", "head", "query_index", "query_token", "key_index", "key_token", "weight"],
       ...(topK ? headLines.flatMap((ln, hi) => ln.all.map(([a, b, w]) => [hi, a, b, w]))
         : mats.flatMap((z, hi) => z.flatMap((row, a) => row.map((w, b) => [hi, a, b, w]))))
-        .map(([hi, a, b, w]) => [st.layer, heads[hi], rows[a], meta.tokens[rows[a]], cols[b], meta.tokens[cols[b]],
+        .map(([hi, a, b, w]) => [st.layer, heads[hi], rows[a], meta.tokens[rows[a]], cols[b], keys.tokens[cols[b]],
           Number(exactString(w))])],
     json: () => ({
       model: st.model, text: st.text, layer: st.layer, heads, dtype: "float16", renormalised: renorm && !topK,
       pairs: view.filter, query_indices: rows, key_indices: cols, tokens: meta.tokens,
+      ...(meta.stack ? { decoder_text: st.decoder_text, attention_of: meta.stack.which, key_tokens: keys.tokens } : {}),
       ...(topK   // [query index, key index, weight] of each query's top keys, per head
         ? { top_k: topK, lines: headLines.map((ln) => ln.all.map(([a, b, w]) => [rows[a], cols[b], Number(exactString(w))])) }
         : { attention: mats.map((z) => z.map((r) => r.map((w) => Number(exactString(w))))) }),

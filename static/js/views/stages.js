@@ -6,6 +6,7 @@ import { download, svgBlob, svgToPng } from "../export.js";
 import { h, part, replace, tokenLabel } from "../dom.js";
 import { gridSvg, gridTable, moveInTable } from "../grid.js";
 import { explain } from "../readout.js";
+import { LABELS } from "../encdec.js";
 import { roleSentence } from "../roles.js";
 import { STEP_TOKENS } from "../state.js";
 import { color, divergingColor, exactString, fmt, fmtExact, isMinusInf, MASKED_COLOR, NEUTRAL_CELL, SOFT_INK, textOn, textOnDiverging } from "../scale.js";
@@ -30,9 +31,12 @@ export const STEPS = [
   { key: "contribution", kind: "vectors", short: "W_O" },
 ];
 
-export function requests(st) {
-  // Only the tokens shown travel: `limit` trims every matrix server-side (512 tokens would be 5 MB).
-  return [{ endpoint: "stages", layer: st.layer, head: st.head, limit: st.n }];
+export function requests(st, info) {
+  // Only the tokens shown travel: `limit` trims every matrix server-side (512 tokens would be 5 MB). An
+  // encoder-decoder: the head of the attention chosen (encdec.js), cross-attention's Q from the decoder, K and V
+  // from the encoder
+  return [{ endpoint: "stages", layer: st.layer, head: st.head, limit: st.n,
+    ...(info.kind === "encoder-decoder" ? { attention: st.attention } : {}) }];
 }
 
 /** What the model is, for the sentences: pre-norm or not, which norm, RoPE, q/k/v biases (the server's facts
@@ -44,7 +48,7 @@ function facts(info, st, boot) {
   return { preNorm: arch.norm_first, norm: arch.norm === "rms" ? "RMSNorm" : "LayerNorm",
     rope: arch.position === "rope", bias: arch.qkv_bias, qkNorm: arch.qk_norm || null, outputNorms: !!arch.output_norms,
     rotary: arch.rotary_dim && arch.rotary_dim < arch.d_head ? arch.rotary_dim : null, shared: group > 1 ? [first, first + group - 1] : null,
-    layer: st.layer, head: st.head };
+    layer: st.layer, head: st.head, arch: info.architecture };
 }
 
 /** Heading and sentence of each step, in the model's own terms. */
@@ -67,12 +71,17 @@ function texts(step, ans, info, f, n) {
       : f.outputNorms ? "Each token's vector as this layer reads it: the residual stream itself, not normalised (this model normalises each sublayer's output instead)."
       : f.layer === 0 ? "Each token's vector as this layer reads it: token, position and segment embeddings, added and normalised."
         : "Each token's vector as this layer reads it: the output of the layer before.") + " One column per token."];
-    case "q": return [`Queries Q = x W_Q${after} (d_head = ${dh})`, `Each token's query: its x times this head's ${dh} columns of W_Q${f.bias ? ", plus a bias" : ""}. It says what the token looks for.${qkNorm}${rope}`];
-    case "k": return [`Keys K = x W_K${after}`, `Each token's key: its x times this head's columns of W_K${f.bias ? ", plus a bias" : ""}. It says what the token offers to the queries.${qkNorm}${rope}${shared}`];
-    case "v": return [`Values V = x W_V`, `Each token's value: what it hands on when a query attends to it.${shared}`];
+    case "q": if (ans.attention === "cross") return [`Queries Q = x W_Q (d_head = ${dh})`, `Each decoder token's query: its x (the decoder's hidden state as this cross-attention reads it) times this head's ${dh} columns of W_Q${f.bias ? ", plus a bias" : ""}. It says what the decoder token looks for in the source text.`];
+      return [`Queries Q = x W_Q${after} (d_head = ${dh})`, `Each token's query: its x times this head's ${dh} columns of W_Q${f.bias ? ", plus a bias" : ""}. It says what the token looks for.${qkNorm}${rope}`];
+    case "k": if (ans.attention === "cross") return ["Keys K = encoder output W_K", `Each source token's key: the encoder's output for it (its last layer, the same in every decoder layer) times this head's columns of W_K${f.bias ? ", plus a bias" : ""}. Cross-attention's keys and values come from the encoder, its queries from the decoder.`];
+      return [`Keys K = x W_K${after}`, `Each token's key: its x times this head's columns of W_K${f.bias ? ", plus a bias" : ""}. It says what the token offers to the queries.${qkNorm}${rope}${shared}`];
+    case "v": if (ans.attention === "cross") return ["Values V = encoder output W_V", "Each source token's value: the encoder's output for it times W_V, what it hands on to a decoder token that attends to it."];
+      return [`Values V = x W_V`, `Each token's value: what it hands on when a query attends to it.${shared}`];
     case "scores": return ["Scores Q · Kᵀ", "Each query (row) is multiplied with every key (column), number by number and added up: a dot product. A bigger number means a better match."];
     case "scaled": return [`Scaled: × 1/√${dh}`, `Every score times ${fmt(ans.scale, 4)}${Math.abs(ans.scale * s - 1) > 1e-6 ? " (1/√d_head, with the model's temperature)" : ` = 1/√${dh}`}, so the numbers do not grow with the vector size and the softmax does not become too peaked.`];
-    case "mask": return ["The mask", ans.causal && anyMasked ? "−∞ above the diagonal (a token cannot see the tokens after it) and in the columns of the masked tokens; 0 elsewhere."
+    case "mask": if (ans.attention === "cross") return ["The mask", "All zeros: the whole source text is known before decoding starts, so every decoder token may look at every encoder token."];
+      if (ans.attention) return ["The mask", (ans.causal ? "−∞ above the diagonal (a decoder token cannot see the tokens after it); elsewhere 0" : "0 everywhere (the encoder reads both ways)") + (f.arch === "t5" ? ", plus T5's relative position bias: a learned number per head for each bucket of distance, added to the scores (shown here)." : ".")];
+      return ["The mask", ans.causal && anyMasked ? "−∞ above the diagonal (a token cannot see the tokens after it) and in the columns of the masked tokens; 0 elsewhere."
       : ans.causal ? "The causal mask: −∞ above the diagonal, where a token would see the tokens after it; 0 elsewhere."
         : anyMasked ? `−∞ in the columns of the masked token${ans.mask_tokens.length > 1 ? "s" : ""} (a token still sees itself); 0 elsewhere.`
           : "All zeros here: the causal mask is off and no token is masked, so every token sees every other."];
@@ -88,11 +97,14 @@ function texts(step, ans, info, f, n) {
 }
 
 /** The step's table as a grid (grid.js): rows and columns, each cell's text and colours. */
-function stepGrid(step, ans, n, st) {
-  const tokens = ans.tokens;
-  const mask = ans.mask;
-  const cols = [...Array(n).keys()].map((i) => ({ label: tokenLabel(tokens[i]), title: `token ${i}: ${tokens[i]}` }));
+function stepGrid(step, ans, n, st, nk = n) {
+  const tokens = ans.tokens, keyTokens = ans.keyTokens ?? tokens;   // an encoder-decoder's cross-attention: keys
+  const mask = ans.mask;                                             // are the encoder's tokens (nk of them shown)
+  const keySide = step.key === "k" || step.key === "v";
+  const side = (list, count) => [...Array(count).keys()].map((i) => ({ label: tokenLabel(list[i]), title: `token ${i}: ${list[i]}` }));
+  const cols = step.kind === "matrix" || keySide ? side(keyTokens, nk) : side(tokens, n);
   if (step.kind === "vectors") {
+    n = cols.length;
     const t = ans[step.key], dims = t.shape[1];
     let absmax = 0;
     for (let i = 0; i < n; i++) for (let d = 0; d < dims; d++) absmax = Math.max(absmax, Math.abs(t.at(i, d)));
@@ -110,7 +122,7 @@ function stepGrid(step, ans, n, st) {
   const diverging = kind !== "probs" && kind !== "mask";
   let absmax = 0;
   if (diverging) {
-    for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) {
+    for (let i = 0; i < n; i++) for (let j = 0; j < nk; j++) {
       const v = t.at(i, j);
       if (!isMinusInf(v)) absmax = Math.max(absmax, Math.abs(v));
     }
@@ -128,7 +140,7 @@ function stepGrid(step, ans, n, st) {
       if (kind === "probs") s += v;
       const bg = masked ? MASKED_COLOR : kind === "mask" ? NEUTRAL_CELL : diverging ? divergingColor(v, absmax) : color(v);
       const fg = masked || kind === "mask" ? SOFT_INK : diverging ? textOnDiverging(v, absmax) : textOn(v);
-      return { text: kind === "mask" && !inf ? "0" : fmt(v, digits), bg, fg,
+      return { text: kind === "mask" && !inf ? (v === 0 ? "0" : fmt(v, 2)) : fmt(v, digits), bg, fg,   // T5's bias
         cls: (inf ? "neg-inf" : "") + (masked ? " masked-cell" : ""),
         attrs: { "data-q": i, "data-k": j, "data-value": exactString(v), title: `query ${i}, key ${j}: ${fmtExact(v)}` } };
     });
@@ -144,7 +156,8 @@ function stepGrid(step, ans, n, st) {
 function showReadout(panel, ans, env, memory) {
   const selected = memory.selected;
   if (!selected || !ans[selected.key] || (STEPS.find((s) => s.key === selected.key).kind === "matrix"
-    ? Math.max(selected.a, selected.b) >= env.n : selected.a >= env.n || selected.b >= ans[selected.key].shape[1])) {
+    ? selected.a >= env.nq || selected.b >= env.n
+    : selected.a >= (["k", "v"].includes(selected.key) ? env.n : env.nq) || selected.b >= ans[selected.key].shape[1])) {
     memory.selected = null;
     panel.hidden = true;
     return;
@@ -200,7 +213,10 @@ async function exportStep(kind, name, svgEl) {
   }
 }
 
-export function render(container, { results: [ans] }, st, ctx) {
+export function render(container, { results: [answer] }, st, ctx) {
+  // an encoder-decoder's head: the queries' tokens (rows) and the keys' (columns; the encoder's for cross-attention)
+  const ans = answer.attention ? { ...answer, tokens: answer.query_tokens, keyTokens: answer.key_tokens } : answer;
+  const K = (ans.keyTokens ?? ans.tokens).length, nk = Math.min(K, st.n);
   const T = ans.tokens.length;
   const n = Math.min(T, st.n);
   const N = STEPS.length;
@@ -208,7 +224,7 @@ export function render(container, { results: [ans] }, st, ctx) {
   const single = st.present || (st.lesson !== null && st.step > 0);
   const cur = st.present && st.step === 0 ? 1 : st.step;
   const f = facts(ctx.info, st, ctx.boot);
-  const env = { ...f, n, T, info: ctx.info };
+  const env = { ...f, n: nk, T: K, nq: n, info: ctx.info };   // n, T: the keys (shown, all); nq: queries shown
 
   const controls = part(container, "controls", "div", { class: "view-controls stepper", role: "group", "aria-label": "Steps" });
   const stepBtn = (k, text, label) => h("button", {
@@ -234,7 +250,9 @@ export function render(container, { results: [ans] }, st, ctx) {
   const knocked = (st.ablate || []).includes(`${st.layer}.${st.head}`)
     ? "This head is knocked out in this run: steps 10 and 11 show what it computed; the model used " +
       (st.ablation === "mean" ? "its average output" : "zeros") + " instead. " : "";
-  note.textContent = whatIf + knocked + `Layer ${st.layer}, head ${st.head}${role ? `: ${role}` : ""}. ` + (n < T
+  const stack = ans.attention ? `${LABELS[ans.attention]} of the ${ans.attention === "encoder" ? "encoder" : "decoder"}'s ` : "";
+  note.textContent = whatIf + knocked + `${stack}${stack ? "l" : "L"}ayer ${st.layer}, head ${st.head}${role ? `: ${role}` : ""}. ` +
+    (ans.attention === "cross" ? "Queries come from the decoder's tokens (rows), keys and values from the encoder's output (columns); these numbers come from the NumPy reference, whose probabilities are the served graph's. " : "") + (n < T
     ? `Showing the first ${n} of ${T} tokens; the numbers come from the run on the whole input.`
     : `All ${T} tokens; d_head = ${ans.d_head}.`) + " Click a number to see how it was computed.";
 
@@ -244,7 +262,7 @@ export function render(container, { results: [ans] }, st, ctx) {
   const picture = (k) => {
     if (!pictures.has(k)) {
       const [heading, sentence] = texts(STEPS[k], ans, ctx.info, f, n);
-      pictures.set(k, gridSvg(stepGrid(STEPS[k], ans, n, st), `${k + 1}. ${heading} · ${ctx.info.title}, layer ${st.layer}, head ${st.head}`, sentence));
+      pictures.set(k, gridSvg(stepGrid(STEPS[k], ans, n, st, nk), `${k + 1}. ${heading} · ${ctx.info.title}, layer ${st.layer}, head ${st.head}`, sentence));
     }
     return pictures.get(k);
   };
@@ -261,7 +279,7 @@ export function render(container, { results: [ans] }, st, ctx) {
       h("span", { class: "stage-export" }, exportBtn("png"), exportBtn("svg"))),
     h("p", { class: "explain", text: sentence }),
     h("div", { class: "table-scroll" + (step.kind === "vectors" ? " vector-scroll" : "") },
-      gridTable(stepGrid(step, ans, n, st), step.kind === "vectors" ? `vectors ${step.key}` : step.key)));
+      gridTable(stepGrid(step, ans, n, st, nk), step.kind === "vectors" ? `vectors ${step.key}` : step.key)));
   }));
   const readout = part(container, "readout", "section", { class: "readout-panel", role: "region", "aria-labelledby": "readout-title", hidden: true });
   const open = (td) => {
@@ -298,19 +316,20 @@ export function render(container, { results: [ans] }, st, ctx) {
     get svg() { return picture(exportK); },   // the PNG / SVG buttons: the step shown (softmax when all are)
     csv: () => {
       const rows = [["query_index", "query_token", "key_index", "key_token", ...kinds]];
-      for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) {
-        rows.push([i, ans.tokens[i], j, ans.tokens[j], ...kinds.map((k) => Number(exactString(ans[k].at(i, j))))]);
+      for (let i = 0; i < n; i++) for (let j = 0; j < nk; j++) {
+        rows.push([i, ans.tokens[i], j, (ans.keyTokens ?? ans.tokens)[j], ...kinds.map((k) => Number(exactString(ans[k].at(i, j))))]);
       }
       return rows;
     },
     json: () => {
-      const cut = (t, cols) => [...Array(n).keys()].map((i) => [...Array(cols ?? n).keys()].map((j) => {
+      const cut = (t, cols, rows = n) => [...Array(rows).keys()].map((i) => [...Array(cols ?? nk).keys()].map((j) => {
         const v = t.at(i, j);
         return isMinusInf(v) ? "-Infinity" : Number(exactString(v));
       }));
       return { model: st.model, text: st.text, layer: st.layer, head: st.head, causal: ans.causal,
         mask_tokens: ans.mask_tokens, d_head: ans.d_head, scale: ans.scale, tokens_shown: n, tokens: ans.tokens.slice(0, n),
-        ...Object.fromEntries(vectors.map((k) => [k, cut(ans[k], ans[k].shape[1])])),
+        ...(ans.keyTokens ? { attention: ans.attention, key_tokens: ans.keyTokens.slice(0, nk) } : {}),
+        ...Object.fromEntries(vectors.map((k) => [k, cut(ans[k], ans[k].shape[1], ans[k].shape[0])])),
         ...Object.fromEntries(kinds.map((k) => [k, cut(ans[k])])) };
     },
   };

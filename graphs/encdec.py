@@ -1,0 +1,169 @@
+"""An encoder-decoder (model/encdec.py) as one ONNX graph: both stacks in one run, as a request needs them.
+
+Inputs:  input_ids [B, S], decoder_input_ids [B, T] int64; additive masks encoder_mask [B, 1, S, S], decoder_mask
+         [B, 1, T, T] (causal + padding), cross_mask [B, 1, T, S]; decoder_lengths [B] int64.
+Outputs: encoder_hidden [B, S, D], hidden [B, T, D], encoder_attentions [L, B, H, S, S], decoder_attentions
+         [L_dec, B, H, T, T], cross_attentions [L_dec, B, H, T, S], next_token_logits [B, V] (after each decoder
+         text's last token), token_logprobs [B, T] (log p of each decoder token; 0 for the first).
+Each function names the NumPy code it mirrors, step for step.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ..model.encdec import EncoderDecoder, EncoderDecoderBlock
+from .builder import Graph, model_proto, save_checked
+
+INPUTS = (("input_ids", TensorProto.INT64, ["batch", "source"]),
+          ("decoder_input_ids", TensorProto.INT64, ["batch", "target"]),
+          ("encoder_mask", TensorProto.FLOAT, ["batch", 1, "source", "source"]),
+          ("decoder_mask", TensorProto.FLOAT, ["batch", 1, "target", "target"]),
+          ("cross_mask", TensorProto.FLOAT, ["batch", 1, "target", "source"]),
+          ("decoder_lengths", TensorProto.INT64, ["batch"]))
+OUTPUTS = ("encoder_hidden", "hidden", "encoder_attentions", "decoder_attentions", "cross_attentions",
+           "next_token_logits", "token_logprobs")
+
+
+def length(g: Graph, ids: str) -> str:
+    """T of ids [B, T], a 1-element int64 tensor."""
+    return g.slice(g.op("Shape", ids), 1, 2, 0, hint="T")
+
+
+def embed(g: Graph, model: EncoderDecoder, ids: str, decoder: bool) -> str:
+    """EncoderDecoder.embed: shared[ids] * embed_scale (+ wpe[offset:offset+T] or sinusoids[:T]) (then
+    layernorm_embedding) -> [B, T, D]."""
+    cfg, side = model.cfg, "dec" if decoder else "enc"
+    T = length(g, ids)
+    x = g.op("Gather", g.param(model.shared, "shared"), ids)
+    if cfg.embed_scale != 1.0:
+        x = g.op("Mul", x, g.const(np.float32(cfg.embed_scale), "embed_scale"))
+    wpe = model.dec_wpe if decoder else model.enc_wpe
+    if wpe is not None:
+        start = g.const(np.array([cfg.position_offset], np.int64), "position_offset")
+        x = g.op("Add", x, g.slice(g.param(wpe, f"{side}_wpe"), start, g.op("Add", start, T), 0))
+    if model.sinusoids is not None:
+        x = g.op("Add", x, g.slice(g.param(model.sinusoids, "sinusoids"), 0, T, 0))
+    ln = model.dec_ln_embed if decoder else model.enc_ln_embed
+    return x if ln is None else g.norm(x, ln, f"{side}_ln_embed")
+
+
+def position_bias(g: Graph, bias, name: str, Tq: str, S: str) -> str:
+    """RelativePositionBias.__call__: by_distance[j - i + P - 1] for query i, key j -> [1, H, Tq, S]."""
+    P = bias.cfg.max_positions
+    rng = lambda n: g.op("Range", g.const(np.int64(0)), g.op("Squeeze", n, g.const(np.array([0]))),   # noqa: E731
+                         g.const(np.int64(1)))
+    distance = g.op("Add", g.op("Sub", g.op("Unsqueeze", rng(S), g.const(np.array([0]))),
+                                g.op("Unsqueeze", rng(Tq), g.const(np.array([1])))), g.const(np.int64(P - 1)))
+    table = g.op("Gather", g.param(bias.by_distance, name), distance)                     # [Tq, S, H]
+    return g.op("Unsqueeze", g.op("Transpose", table, perm=[2, 0, 1]), g.const(np.array([0])), hint=name)
+
+
+def attention(g: Graph, attn, p: str, x: str, memory: str, mask: str) -> tuple[str, str]:
+    """CrossAttention.__call__: q from x, k and v from memory, scores * scale + mask, softmax, the weighted values,
+    the output projection. Returns (output [B, Tq, D], probs [B, H, Tq, S])."""
+    H, dh = attn.n_heads, attn.head_dim
+    heads = lambda t, n: g.op("Transpose", g.op("Reshape", g.linear(t, *attn.projection(f"{n}_proj"), f"{p}.{n}"),  # noqa: E731
+                                                g.const(np.array([0, 0, H, dh]))), perm=[0, 2, 1, 3], hint=f"{p}.{n}")
+    q, k, v = heads(x, "q"), heads(memory, "k"), heads(memory, "v")                        # [B, H, T|S, dh]
+    scores = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2]), hint=p + ".scores")
+    scaled = g.op("Mul", scores, g.const(attn.scale, "scale"), hint=p + ".scaled")
+    probs = g.op("Softmax", g.op("Add", scaled, mask, hint=p + ".masked"), axis=-1, hint=p + ".probs")
+    ctx = g.op("MatMul", probs, v, hint=p + ".ctx")                                         # [B, H, Tq, dh]
+    merged = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const(np.array([0, 0, H * dh])))
+    return g.linear(merged, *attn.out_projection(), p + ".o"), probs
+
+
+def feed_forward(g: Graph, ff, h: str, p: str) -> str:
+    """FeedForward.__call__: proj(act(fc(h))) or proj(act(fc(h)) * up(h))."""
+    a = g.linear(h, ff.fc.weight, ff.fc.bias, p + ".fc")
+    a = {"relu": lambda t: g.op("Relu", t), "gelu": g.gelu, "gelu_tanh": g.gelu_tanh, "silu": g.silu}[ff.activation](a)
+    if ff.up is not None:
+        a = g.op("Mul", a, g.linear(h, ff.up.weight, ff.up.bias, p + ".up"))
+    return g.linear(a, ff.proj.weight, ff.proj.bias, p + ".proj")
+
+
+def block(g: Graph, b: EncoderDecoderBlock, p: str, x: str, mask: str, memory: str | None = None,
+          cross_mask: str | None = None) -> tuple[str, dict[str, str]]:
+    """EncoderDecoderBlock.__call__: each sublayer in its residual and norm (EncoderDecoderBlock.residual)."""
+    probs = {}
+
+    def residual(x, norm, hint, sublayer):
+        out = sublayer(g.norm(x, norm, hint) if b.norm_first else x)
+        return g.op("Add", x, out) if b.norm_first else g.norm(g.op("Add", x, out), norm, hint)
+
+    def attend(which, attn, m, mem):
+        def sublayer(h):
+            out, probs[which] = attention(g, attn, f"{p}.{which}_attn", h, h if mem is None else mem, m)
+            return out
+        return sublayer
+
+    x = residual(x, b.ln_self, p + ".ln_self", attend("self", b.self_attn, mask, None))
+    if b.cross_attn is not None:
+        x = residual(x, b.ln_cross, p + ".ln_cross", attend("cross", b.cross_attn, cross_mask, memory))
+    return residual(x, b.ln_ff, p + ".ln_ff", lambda h: feed_forward(g, b.ff, h, p + ".ff")), probs
+
+
+def lm_outputs(g: Graph, model: EncoderDecoder, hidden: str) -> None:
+    """EncoderDecoder.logits and the log-probs of EncoderDecoder.__call__: next_token_logits [B, V] after each
+    text's last token, token_logprobs [B, T] (the decoder's texts are short: every position's logits are made)."""
+    cfg = model.cfg
+    h = hidden if cfg.lm_scale == 1.0 else g.op("Mul", hidden, g.const(np.float32(cfg.lm_scale), "lm_scale"))
+    W = g.param(np.ascontiguousarray(model.unembedding.T), "unembeddingT")                 # [D, V]
+    logits = g.op("MatMul", h, W, hint="logits")                                          # [B, T, V]
+    if model.logits_bias is not None:
+        logits = g.op("Add", logits, g.param(model.logits_bias, "logits_bias"))
+    last = g.op("Unsqueeze", g.op("Sub", "decoder_lengths", g.const(np.int64(1))), g.const(np.array([1])))
+    g.op("GatherND", logits, last, batch_dims=1, out="next_token_logits")                  # [B, V]
+    ids = "decoder_input_ids"
+    first = g.slice(ids, 0, 1, 1)
+    following = g.op("Concat", g.slice(ids, 1, np.iinfo(np.int64).max, 1), g.op("Mul", first, g.const(np.int64(0))),
+                     axis=1)                                                              # x_{t+1}, [B, T]
+    target = g.op("Squeeze", g.op("GatherElements", logits, g.op("Unsqueeze", following, g.const(np.array([2]))),
+                                  axis=2), g.const(np.array([2])))                        # [B, T]
+    logp_next = g.op("Sub", target, g.logsumexp(logits, 0))
+    zero = g.op("Cast", g.op("Mul", first, g.const(np.int64(0))), to=TensorProto.FLOAT)  # [B, 1]
+    g.op("Concat", zero, g.slice(logp_next, 0, -1, 1), axis=1, out="token_logprobs")
+
+
+def build_graph(model: EncoderDecoder) -> onnx.ModelProto:
+    """EncoderDecoder.__call__ as one graph."""
+    cfg, g = model.cfg, Graph()
+    S, T = length(g, "input_ids"), length(g, "decoder_input_ids")
+    enc_mask, dec_mask = "encoder_mask", "decoder_mask"
+    if model.enc_bias is not None:                       # T5: the position bias joins the masks
+        enc_mask = g.op("Add", enc_mask, position_bias(g, model.enc_bias, "enc_bias", S, S))
+        dec_mask = g.op("Add", dec_mask, position_bias(g, model.dec_bias, "dec_bias", T, T))
+    kept = {"encoder": [], "decoder": [], "cross": []}
+    x = embed(g, model, "input_ids", decoder=False)
+    for i, b in enumerate(model.encoder):
+        x, probs = block(g, b, f"encoder.{i}", x, enc_mask)
+        kept["encoder"].append(probs["self"])
+    memory = x if model.enc_ln_f is None else g.norm(x, model.enc_ln_f, "enc_ln_f")
+    g.op("Identity", memory, out="encoder_hidden")
+    y = embed(g, model, "decoder_input_ids", decoder=True)
+    for i, b in enumerate(model.decoder):
+        y, probs = block(g, b, f"decoder.{i}", y, dec_mask, memory, "cross_mask")
+        kept["decoder"].append(probs["self"])
+        kept["cross"].append(probs["cross"])
+    hidden = y if model.dec_ln_f is None else g.norm(y, model.dec_ln_f, "dec_ln_f")
+    g.op("Identity", hidden, out="hidden")
+    for name, probs in kept.items():
+        g.op("Concat", *[g.op("Unsqueeze", p, g.const(np.array([0]))) for p in probs], axis=0,
+             out=f"{name}_attentions")
+    lm_outputs(g, model, "hidden")
+    f = TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info(*i) for i in INPUTS]
+    dims = {"encoder_hidden": ["batch", "source", cfg.d_model], "hidden": ["batch", "target", cfg.d_model],
+            "encoder_attentions": [cfg.n_layers, "batch", cfg.n_heads, "source", "source"],
+            "decoder_attentions": [cfg.n_decoder_layers, "batch", cfg.n_heads, "target", "target"],
+            "cross_attentions": [cfg.n_decoder_layers, "batch", cfg.n_heads, "target", "source"],
+            "next_token_logits": ["batch", cfg.vocab_size], "token_logprobs": ["batch", "target"]}
+    outputs = [helper.make_tensor_value_info(n, f, dims[n]) for n in OUTPUTS]
+    return model_proto(g, inputs, outputs, "attnscope-encoder-decoder")
+
+
+def export(model: EncoderDecoder, path, desc: str = "export") -> None:
+    """Write the graph to `path` (atomically) and validate it with onnx.checker."""
+    save_checked(build_graph(model), path)

@@ -1,0 +1,187 @@
+"""Encoder-decoders, text in and attention out: a source text for the encoder, a target text for the decoder.
+
+    rt = EncoderDecoderRuntime(spec, cache_dir=...)
+    res = rt("The house is wonderful.", "Das Haus")
+    res.encoder_attentions [L, H, S, S], res.decoder_attentions [L_dec, H, T, T], res.cross_attentions [L_dec, H, T, S]
+
+The decoder reads what transformers' decoder reads when trained on `decoder_text` as labels: the text tokenised with
+the tokenizer's own specials, shifted right behind the decoder start token (so the final </s> is what the last
+position predicts, not a token read). No decoder text: the start token alone. One graph runs both stacks
+(graphs/encdec.py); the NumPy reference (model/encdec.py) runs when asked.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..graphs.cache import GraphCache
+from ..model import masks as M
+from ..model.encdec import EncoderDecoderOutput
+from ..sources import ModelSpec
+from .errors import InputError
+from .results import Encoded, Encoding, Engine, NextToken
+from .sessions import check_providers, default_providers, open_session, run_owned
+from .tokenizing import Vocabulary
+
+DEFAULT_CACHE = Path.home() / ".cache" / "attnscope"
+
+
+@dataclass
+class EncoderDecoderResult(Encoded):
+    """One source text and one decoder text, trimmed to their own tokens."""
+    model: str
+    engine: Engine
+    provider: str
+    encoding: Encoding                    # the source (encoder) tokens
+    decoder_encoding: Encoding            # the decoder's tokens, the start token first
+    encoder_attentions: np.ndarray        # [L, H, S, S]
+    decoder_attentions: np.ndarray        # [L_dec, H, T, T] (causal)
+    cross_attentions: np.ndarray          # [L_dec, H, T, S]: decoder queries x encoder keys
+    next_token_logits: np.ndarray         # [V] after the decoder's last token
+    next_tokens: list[NextToken]
+    token_logprobs: list[float | None]    # log p(decoder token t | tokens before it, source); None for the first
+    seconds: float = 0.0
+    steps: EncoderDecoderOutput | None = None   # with stages: the NumPy run, every attention's steps and masks
+
+    @property
+    def attentions(self) -> np.ndarray:
+        """The encoder's self-attention: what `attention` means for every model."""
+        return self.encoder_attentions
+
+    causal = False                        # the encoder's attention (`attention`) sees both ways
+    mask_tokens: tuple = ()
+
+    @property
+    def decoder_tokens(self) -> list[str]:
+        return self.decoder_encoding.tokens
+
+    def nbytes(self) -> int:
+        kept = [] if self.steps is None else [a for st in (*self.steps.stages.values(), self.steps.masks)
+                                              for a in st.values()]
+        return sum(a.nbytes for a in (self.encoder_attentions, self.decoder_attentions, self.cross_attentions,
+                                      self.next_token_logits, *kept))
+
+
+class EncoderDecoderRuntime:
+    """One encoder-decoder, its tokenizer and its onnxruntime session (opened on first use)."""
+
+    def __init__(self, spec: ModelSpec, providers: Sequence[str] | None = None, threads: int = 0,
+                 cache_dir: str | Path = DEFAULT_CACHE, stop_early_mb: float = 0):
+        self.spec, self.cache_dir = spec, Path(cache_dir)
+        self.model = spec.load_model(self.cache_dir)
+        self.cfg = self.model.cfg
+        self.vocabulary = Vocabulary(spec.load_tokenizer(self.cache_dir), spec.id, spec.max_tokens, False,
+                                     self.cfg.vocab_size)
+        self.generation = None
+        self.graphs = GraphCache(self.cache_dir, spec.id, self.model)
+        self.providers = list(providers) if providers else default_providers()
+        self.threads = threads
+        self._session = None
+        self._lock = threading.Lock()
+
+    @property
+    def tokenizer(self):
+        return self.vocabulary.tokenizer
+
+    @property
+    def provider(self) -> str:
+        return self.session().get_providers()[0]
+
+    def session(self, stages: bool = False):
+        if self._session is None:
+            with self._lock:
+                if self._session is None:
+                    check_providers(self.providers)
+                    self._session = open_session(self.graphs.path(), self.providers, self.threads)
+        return self._session
+
+    def cache_key(self) -> str:
+        return self.graphs.key
+
+    def onnx_path(self, stages: bool = False) -> Path:
+        return self.graphs.path()
+
+    # ---- tokens ---------------------------------------------------------------------------------------
+    def encode(self, text: str, pair: str | None = None) -> Encoding:
+        return self.vocabulary.encode(text, pair)
+
+    def encode_decoder(self, decoder_text: str | None) -> Encoding:
+        """[decoder start] + the decoder text's tokens (with the tokenizer's specials) but its last: the labels
+        shifted right, as transformers' shift_tokens_right makes them."""
+        start = self.cfg.decoder_start_token_id
+        head = Encoding([start], [0], [self.vocabulary.token_string(start)], [(0, 0)], [True], [-1], False, [False])
+        if decoder_text is None:
+            return head
+        if not isinstance(decoder_text, str) or not decoder_text.strip():
+            raise InputError("decoder_text is blank: leave it out (the decoder start token alone) or give at least "
+                             "one non-blank character")
+        e = self.vocabulary.encode(decoder_text)
+        n = min(len(e.ids) - 1, self.spec.max_tokens - 1)
+        return Encoding(head.ids + e.ids[:n], [0] * (n + 1), head.tokens + e.tokens[:n], head.offsets + e.offsets[:n],
+                        head.special + e.special[:n], head.segments + e.segments[:n],
+                        e.truncated or n < len(e.ids) - 1, head.punctuation + e.punctuation[:n])
+
+    def token_string(self, token_id: int) -> str:
+        return self.vocabulary.token_string(token_id)
+
+    def special_ids(self) -> list[int]:
+        return self.vocabulary.special_ids()
+
+    # ---- running --------------------------------------------------------------------------------------
+    def __call__(self, text: str, decoder_text: str | None = None, **options) -> EncoderDecoderResult:
+        return self.forward([self.encode(text)], [self.encode_decoder(decoder_text)], **options)[0]
+
+    @staticmethod
+    def masks(src_lengths: Sequence[int], dec_lengths: Sequence[int]) -> dict[str, np.ndarray]:
+        """The three additive masks: encoder [B, 1, S, S] (its padding), decoder [B, 1, T, T] (causal + padding),
+        cross [B, 1, T, S] (the encoder's padding)."""
+        B, S, T = len(src_lengths), max(src_lengths), max(dec_lengths)
+        src_pad = M.padding_mask(np.arange(S)[None, :] < np.asarray(src_lengths)[:, None])   # [B, 1, 1, S]
+        dec_pad = M.padding_mask(np.arange(T)[None, :] < np.asarray(dec_lengths)[:, None])   # [B, 1, 1, T]
+        return {"encoder_mask": np.ascontiguousarray(np.broadcast_to(src_pad, (B, 1, S, S))),
+                "decoder_mask": np.ascontiguousarray(np.broadcast_to(
+                    M.combine(dec_pad, M.causal_mask(T)[None, None]), (B, 1, T, T))),
+                "cross_mask": np.ascontiguousarray(np.broadcast_to(src_pad, (B, 1, T, S)))}
+
+    def forward(self, encs: Sequence[Encoding], decs: Sequence[Encoding], *, engine: Engine = "onnx",
+                top_k: int = 10, stages: bool = False) -> list[EncoderDecoderResult]:
+        """Run source and decoder encodings (padded together). stages: keep every attention's steps (the steps view,
+        /api/stages): the NumPy reference runs (the graph keeps only the probabilities), one text at a time."""
+        t0 = time.perf_counter()
+        if engine not in ("onnx", "numpy"):
+            raise InputError(f"engine must be 'onnx' or 'numpy'; got {engine!r}")
+        sl, dl = [len(e.ids) for e in encs], [len(d.ids) for d in decs]
+        B = len(encs)
+        ids, dec = np.zeros((B, max(sl)), np.int64), np.zeros((B, max(dl)), np.int64)
+        for b in range(B):
+            ids[b, :sl[b]], dec[b, :dl[b]] = encs[b].ids, decs[b].ids
+        masks = self.masks(sl, dl)
+        if stages and B != 1:
+            raise InputError("the steps of an encoder-decoder's heads are kept for one text at a time")
+        engine, steps = "numpy" if stages else engine, None
+        if engine == "numpy":
+            out = self.model(ids, dec, masks["encoder_mask"], masks["decoder_mask"], masks["cross_mask"], dl,
+                             stages=stages)
+            steps = out if stages else None
+            outs, provider = {n: getattr(out, n) for n in ("encoder_attentions", "decoder_attentions",
+                                                           "cross_attentions", "next_token_logits", "token_logprobs")}, "numpy"
+        else:
+            sess = self.session()
+            feeds = {"input_ids": ids, "decoder_input_ids": dec, **masks, "decoder_lengths": np.asarray(dl, np.int64)}
+            names = ["encoder_attentions", "decoder_attentions", "cross_attentions", "next_token_logits",
+                     "token_logprobs"]
+            outs = dict(zip(names, run_owned(sess, names, feeds, {"batch": B, "source": max(sl), "target": max(dl)})))
+            provider = sess.get_providers()[0]
+        seconds = time.perf_counter() - t0
+        return [EncoderDecoderResult(
+            self.spec.id, engine, provider, e, d, np.ascontiguousarray(outs["encoder_attentions"][:, b, :, :s, :s]),
+            np.ascontiguousarray(outs["decoder_attentions"][:, b, :, :t, :t]),
+            np.ascontiguousarray(outs["cross_attentions"][:, b, :, :t, :s]), outs["next_token_logits"][b].copy(),
+            self.vocabulary.top_tokens(outs["next_token_logits"][b], top_k),
+            [None] + outs["token_logprobs"][b, 1:t].astype(float).tolist(), seconds, steps)
+            for b, (e, d, s, t) in enumerate(zip(encs, decs, sl, dl))]
