@@ -74,6 +74,8 @@ class EncoderDecoderConfig:
     lm_head = True
     n_kv_heads = property(lambda self: self.n_heads)
     qkv_bias = property(lambda self: self.bias)   # the page's facts about the family (app/pages.py)
+    qk_norm, output_norms, parallel_residual = None, False, False   # none of the decoder families' variations
+    rotary_dim = 0
     has_unembedding = False          # no logit lens or OV copying scores here (their analyses read one stack)
 
 
