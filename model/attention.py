@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import masks as M
-from .functional import AttentionStages, ablate_heads, apply_rope, attention_stages, linear, repeat_kv
+from .functional import AttentionStages, ablate_heads, apply_rope, attention_stages, linear, repeat_kv, rms_norm
 
 
 class MultiHeadAttention:
@@ -221,13 +221,19 @@ class GroupedQueryAttention:
     keys are rotated by their positions (RoPE) before the dot product, so scores see relative offsets.
     d_head need not be d_model / n_heads. Parameters are named as transformers names them (q_proj,
     k_proj, v_proj, o_proj; weights [out, in]); biases are off (Llama) or on q/k/v only (Qwen2).
+    Gemma's options: qk_norm "head" (QK-norm, Gemma 3: each head's query and key RMS-normalised over its d_head
+    features before RoPE, one weight [d_head] shared by the heads: q_norm, k_norm), scale_dim (scores divided by
+    sqrt(query_pre_attn_scalar) instead of sqrt(d_head)) and softcap (attention logit soft-capping, Gemma 2).
     graphs/steps.project mirrors project step by step, and graphs/steps.attention_inputs the rest of __call__.
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, rope=None,
                  qkv_bias: bool = False, out_bias: bool = False, temperature: float = 1.0, seed: int | None = 0,
-                 std: float = 0.02):
-        """Weights from N(0, std^2) by seed (seed=None: zeros, to be loaded); biases zero."""
+                 std: float = 0.02, qk_norm: str | None = None, norm_eps: float = 1e-6, scale_dim: float = 0.0,
+                 softcap: float = 0.0):
+        """Weights from N(0, std^2) by seed (seed=None: zeros, to be loaded); biases zero; QK-norm weights one."""
+        if qk_norm not in (None, "head"):
+            raise ValueError(f"qk_norm {qk_norm!r} is not built here (None or 'head', per head over d_head)")
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads must divide n_heads: {n_heads} query heads cannot share {n_kv_heads} "
                              f"key/value heads evenly")
@@ -237,8 +243,10 @@ class GroupedQueryAttention:
         self.group = n_heads // n_kv_heads       # query heads per key/value head
         self.rope = rope                         # (cos, sin), each [max_positions, d_head], or None
         self.qkv_bias, self.out_bias, self.temperature = qkv_bias, out_bias, temperature
+        self.qk_norm, self.norm_eps, self.scale_dim, self.softcap = qk_norm, norm_eps, scale_dim, softcap
         rng = None if seed is None else np.random.default_rng(seed)
-        self.params = {name: (np.zeros(shape, np.float32) if name.endswith("bias") or rng is None else
+        self.params = {name: (np.ones(shape, np.float32) if name.endswith("norm.weight") else
+                              np.zeros(shape, np.float32) if name.endswith("bias") or rng is None else
                               (rng.standard_normal(shape) * std).astype(np.float32))
                        for name, shape in self.param_shapes().items()}
 
@@ -249,6 +257,8 @@ class GroupedQueryAttention:
             shapes |= {"q_proj.bias": (q,), "k_proj.bias": (kv,), "v_proj.bias": (kv,)}
         if self.out_bias:
             shapes["o_proj.bias"] = (D,)
+        if self.qk_norm == "head":
+            shapes |= {"q_norm.weight": (self.head_dim,), "k_norm.weight": (self.head_dim,)}
         return shapes
 
     def projection(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -267,6 +277,9 @@ class GroupedQueryAttention:
         q = linear(x, *self.projection("q_proj")).reshape(B, T, H, dh).transpose(0, 2, 1, 3)      # [B, H, T, dh]
         k = linear(x, *self.projection("k_proj")).reshape(B, T, Hkv, dh).transpose(0, 2, 1, 3)    # [B, Hkv, T, dh]
         v = linear(x, *self.projection("v_proj")).reshape(B, T, Hkv, dh).transpose(0, 2, 1, 3)    # [B, Hkv, T, dh]
+        if self.qk_norm == "head":                                          # QK-norm: each head's q, k over dh
+            q = rms_norm(q, self.params["q_norm.weight"], self.norm_eps)
+            k = rms_norm(k, self.params["k_norm.weight"], self.norm_eps)
         if self.rope is not None:
             cos, sin = (t[start:start + T] for t in self.rope)                                     # [T, dh]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -285,7 +298,7 @@ class GroupedQueryAttention:
         q, k, v = self.project(x)                                                                  # RoPE'd
         k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)                                  # [B, H, T, dh]
 
-        stages = attention_stages(q, k, attn_mask, self.temperature)                               # [B, H, T, T]
+        stages = attention_stages(q, k, attn_mask, self.temperature, self.scale_dim, self.softcap)  # [B, H, T, T]
         ctx = stages.probs @ v                                                                     # [B, H, T, dh]
         if head_mask is not None:
             ctx = ablate_heads(ctx, *head_mask)

@@ -13,8 +13,9 @@ from typing import Literal
 
 import numpy as np
 
+from . import masks as M
 from .attention import GroupedQueryAttention, MultiHeadAttention
-from .functional import gelu, gelu_tanh, layer_norm, linear, position_weights, rms_norm, rope_tables, silu
+from .functional import gelu, gelu_tanh, layer_norm, linear, position_weights, rms_norm, rope_tables, silu, soft_cap
 
 # Teaching outputs, besides the probabilities. Per layer and batch: x [T, D], what the block's q/k/v projections
 # read (after ln1 in a pre-norm block); q, k, v and ctx = probs @ v, the head's output before the output
@@ -33,6 +34,9 @@ class TransformerConfig:
       Llama   norm_first, causal, final_norm, norm="rms", position="rope", mlp="swiglu",
               attention="gqa", n_kv_heads, rope_theta, qkv_bias=False, bias=False, lm_head
               (Qwen2 keeps qkv_bias=True)
+      Gemma 2 Llama's, with mlp="geglu", embed_scale, query_pre_attn_scalar, attn_softcap, final_softcap,
+              post_norms, sliding_window and layer_types (local and global layers)
+      Gemma 3 Gemma 2's without the soft-capping, with qk_norm="head" and rope_local_theta
     """
     vocab_size: int
     max_positions: int
@@ -49,7 +53,7 @@ class TransformerConfig:
     temperature: float = 1.0
     norm: Literal["layer", "rms"] = "layer"
     position: Literal["learned", "rope"] = "learned"    # a learned table added to the tokens, or rotary q/k
-    mlp: Literal["gelu", "gelu_tanh", "swiglu"] = "gelu"
+    mlp: Literal["gelu", "gelu_tanh", "swiglu", "geglu"] = "gelu"   # geglu: SwiGLU's gate through gelu_tanh
     attention: Literal["mha", "gqa"] = "mha"            # PyTorch's MultiheadAttention, or Llama's q/k/v/o
     n_kv_heads: int = 0             # key/value heads shared by groups of query heads (gqa); 0 = n_heads
     d_head: int = 0                 # features per head; 0 = d_model // n_heads
@@ -58,6 +62,16 @@ class TransformerConfig:
     bias: bool = True               # biases on the attention output and MLP projections
     lm_head: bool = False           # next-token logits from the final hidden states
     tie_embeddings: bool = True     # the LM head is the token embedding matrix (no weights of its own)
+    # Gemma 2 and 3 (the defaults leave every other family as it was)
+    embed_scale: float = 1.0        # token embeddings times this (Gemma: sqrt(d_model), rounded to float32)
+    query_pre_attn_scalar: float = 0.0   # scores divided by sqrt(this) instead of sqrt(d_head); 0: d_head
+    attn_softcap: float = 0.0       # attention logit soft-capping, scores -> cap * tanh(scores / cap); 0: off
+    final_softcap: float = 0.0      # the same on the next-token logits; 0: off
+    post_norms: bool = False        # a norm after the attention and after the MLP too, before each residual add
+    sliding_window: int = 0         # local layers' window: a query sees its last sliding_window keys (own included)
+    layer_types: tuple[str, ...] = ()   # per layer "full_attention" (global) or "sliding_attention" (local)
+    rope_local_theta: float = 0.0   # RoPE's base on local layers (Gemma 3's rope_local_base_freq); 0: rope_theta
+    qk_norm: Literal[None, "head", "full"] = None   # QK-norm: RMSNorm on queries and keys ("head": per head)
 
     @property
     def has_unembedding(self) -> bool:
@@ -65,7 +79,23 @@ class TransformerConfig:
         as one (tiny-gpt). The logit lens and the OV copying scores need it."""
         return self.lm_head or (self.causal and self.tie_embeddings)
 
+    def window(self, layer: int) -> int:
+        """Layer `layer`'s sliding window (a local layer), or 0 (a global one: every earlier key)."""
+        local = self.layer_types and self.layer_types[layer] == "sliding_attention"
+        return self.sliding_window if local else 0
+
+    @property
+    def local_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layers) if self.window(i))
+
     def __post_init__(self):
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if self.layer_types and (len(self.layer_types) != self.n_layers or not set(self.layer_types) <= {
+                "full_attention", "sliding_attention"}):
+            raise ValueError(f"layer_types must name each of the {self.n_layers} layers 'full_attention' or "
+                             f"'sliding_attention'; got {list(self.layer_types)}")
+        if self.local_layers and self.sliding_window < 1:
+            raise ValueError(f"sliding_attention layers need a sliding_window >= 1; got {self.sliding_window}")
         if not self.n_kv_heads:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if not self.d_head:
@@ -126,6 +156,14 @@ class SwiGLU:
         return self.down(silu(self.gate(x)) * self.up(x))
 
 
+class GeGLU(SwiGLU):
+    """SwiGLU with the GELU (tanh form) as the gate's activation (Shazeer 2020): Gemma's MLP,
+    down(gelu_tanh(gate(x)) * up(x))."""
+
+    def __call__(self, x):
+        return self.down(gelu_tanh(self.gate(x)) * self.up(x))
+
+
 class TransformerBlock:
     """Attention then MLP, each wrapped in a residual connection and a norm (N: LayerNorm or RMSNorm).
 
@@ -133,30 +171,52 @@ class TransformerBlock:
     pre-norm (GPT-2, Llama):  x = x + Attn(N1(x));   x = x + MLP(N2(x))
     Pre-norm keeps an un-normalised residual stream, which is what lets deep stacks train stably.
     Llama's block is the pre-norm one with RMSNorm, grouped-query attention with RoPE, and SwiGLU.
+    post_norms (Gemma's 4 norms per block):  x = x + P1(Attn(N1(x)));   x = x + P2(MLP(N2(x)))
+    A local layer (window > 0) adds its sliding-window band (masks.sliding_window_mask) to the mask it is given,
+    like the causal mask: part of the model's own mask, on that layer only.
     """
 
-    def __init__(self, cfg: TransformerConfig, rng, rope=None):
-        self.norm_first = cfg.norm_first
+    def __init__(self, cfg: TransformerConfig, rng, rope=None, window: int = 0):
+        self.norm_first, self.window = cfg.norm_first, window
         seed = None if rng is None else int(rng.integers(2**31))
         if cfg.attention == "gqa":
             self.attn = GroupedQueryAttention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_head, rope=rope,
                                               qkv_bias=cfg.qkv_bias, out_bias=cfg.bias, temperature=cfg.temperature,
-                                              seed=seed)
+                                              seed=seed, qk_norm=cfg.qk_norm, norm_eps=cfg.layer_norm_eps,
+                                              scale_dim=cfg.query_pre_attn_scalar, softcap=cfg.attn_softcap)
         else:
             self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, bias=cfg.bias, temperature=cfg.temperature,
                                            seed=seed or 0)
         Norm = RMSNorm if cfg.norm == "rms" else LayerNorm
         self.ln1, self.ln2 = Norm(cfg.d_model, cfg.layer_norm_eps), Norm(cfg.d_model, cfg.layer_norm_eps)
-        self.mlp = SwiGLU(cfg, rng) if cfg.mlp == "swiglu" else MLP(cfg, rng)
+        self.mlp = SwiGLU(cfg, rng) if cfg.mlp == "swiglu" else GeGLU(cfg, rng) if cfg.mlp == "geglu" else MLP(cfg, rng)
+        self.post_attn_norm = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.post_norms else None
+        self.post_mlp_norm = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.post_norms else None
+
+    def local_mask(self, mask, t_query: int, t_key: int, start: int = 0):
+        """The mask this layer attends with: `mask` plus, on a local layer, its sliding-window band."""
+        if not self.window:
+            return mask
+        return M.combine(mask, M.sliding_window_mask(t_query, t_key, self.window, start)[None, None])
+
+    def residual(self, x, a):
+        """x after the attention's output a joins the residual stream, and after the MLP (post_norms: each output
+        normed first). Returns the block's output."""
+        if self.norm_first:
+            x = x + (a if self.post_attn_norm is None else self.post_attn_norm(a))
+            m = self.mlp(self.ln2(x))
+            return x + (m if self.post_mlp_norm is None else self.post_mlp_norm(m))
+        x = self.ln1(x + a)
+        return self.ln2(x + self.mlp(x))
 
     def __call__(self, x, mask=None, head_mask=None, stages: bool = False):
         """x [B, T, D], mask additive [B, 1|H, T, T], head_mask (keep, mean, weights) for this layer or None.
         Returns x, probs [B, H, T, T], stages or None."""
         h = self.ln1(x) if self.norm_first else x
+        mask = self.local_mask(mask, x.shape[1], x.shape[1])
         a, probs, st, (q, k, v) = self.attn(h, attn_mask=mask, head_mask=head_mask, average_attn_weights=False,
                                             return_stages=True)
-        x = x + a if self.norm_first else self.ln1(x + a)
-        x = x + self.mlp(self.ln2(x)) if self.norm_first else self.ln2(x + self.mlp(x))
+        x = self.residual(x, a)
         if not stages:
             return x, probs, None
         return x, probs, dict(x=h, q=q, k=k, v=v, scores=st.scores, scaled=st.scaled, masked=st.masked,
@@ -192,12 +252,18 @@ class Transformer:
         self.wtt = _normal(rng, (cfg.type_vocab_size, cfg.d_model)) if cfg.type_vocab_size else None      # segments
         self.rope = rope_tables(cfg.max_positions, cfg.d_head, cfg.rope_theta) \
             if cfg.position == "rope" else None                                     # (cos, sin) [P, d_head]
+        self.rope_local = rope_tables(cfg.max_positions, cfg.d_head, cfg.rope_local_theta) \
+            if self.rope is not None and cfg.rope_local_theta and cfg.local_layers else None   # local layers' own
         Norm = RMSNorm if cfg.norm == "rms" else LayerNorm
         self.ln_embed = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.embed_norm else None
-        self.blocks = [TransformerBlock(cfg, rng, self.rope) for _ in range(cfg.n_layers)]
+        self.blocks = [TransformerBlock(cfg, rng, self.rope_for(i), cfg.window(i)) for i in range(cfg.n_layers)]
         self.ln_f = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.final_norm else None
         self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng, bias=False) \
             if cfg.lm_head and not cfg.tie_embeddings else None                                       # [V, D]
+
+    def rope_for(self, layer: int):
+        """The RoPE tables (cos, sin) layer `layer` rotates by: the local layers' own base where it has one."""
+        return self.rope_local if self.rope_local is not None and self.cfg.window(layer) else self.rope
 
     @property
     def unembedding(self) -> np.ndarray:
@@ -211,6 +277,8 @@ class Transformer:
             raise ValueError(f"{start + T} tokens is more than this model's {self.cfg.max_positions} positions; "
                              "truncate the input")
         x = self.wte[input_ids]                                           # [B, T, D]
+        if self.cfg.embed_scale != 1.0:                                   # Gemma: times sqrt(d_model)
+            x = x * np.float32(self.cfg.embed_scale)
         if self.wpe is not None:
             x = x + self.wpe[start:start + T]
         if self.wtt is not None:
@@ -269,11 +337,12 @@ class Transformer:
         W = self.unembedding                                              # [V, D]
         B, T, _ = hidden.shape
         last = hidden[np.arange(B), lengths - 1]                         # [B, D]
-        next_token_logits = last @ W.T                                    # [B, V]
+        cap = self.cfg.final_softcap                                      # Gemma 2: logits soft-capped (0: off)
+        next_token_logits = soft_cap(last @ W.T, cap)                     # [B, V]
         following = np.concatenate([input_ids[:, 1:], np.zeros((B, 1), np.int64)], axis=1)   # x_{t+1}, [B, T]
-        target = np.einsum("btd,btd->bt", hidden, W[following])          # logit_t[x_{t+1}], [B, T]
-        lse = np.stack([_logsumexp(hidden @ W[v:v + VOCAB_CHUNK].T) for v in range(0, len(W), VOCAB_CHUNK)],
-                       axis=-1)                                           # [B, T, chunks]
+        target = soft_cap(np.einsum("btd,btd->bt", hidden, W[following]), cap)   # logit_t[x_{t+1}], [B, T]
+        lse = np.stack([_logsumexp(soft_cap(hidden @ W[v:v + VOCAB_CHUNK].T, cap))
+                        for v in range(0, len(W), VOCAB_CHUNK)], axis=-1)   # [B, T, chunks]
         logp_next = np.minimum(target - _logsumexp(lse), 0.0)             # log p(x_{t+1} | x_<=t), [B, T]
         token_logprobs = np.concatenate([np.zeros((B, 1), np.float32), logp_next[:, :-1]], axis=1)
         return next_token_logits, token_logprobs.astype(np.float32)

@@ -32,6 +32,9 @@ def state_dict(model: Transformer) -> dict[str, np.ndarray]:
         p = f"blocks.{i}."
         sd |= {p + "attn." + k: v for k, v in b.attn.params.items()}
         sd |= _params(p + "ln1", b.ln1) | _params(p + "ln2", b.ln2)
+        for name in ("post_attn_norm", "post_mlp_norm"):   # Gemma's norms after the attention and the MLP
+            if getattr(b, name, None) is not None:
+                sd |= _params(p + name, getattr(b, name))
         for name, linear in vars(b.mlp).items():          # fc, proj (GELU) or gate, up, down (SwiGLU)
             if isinstance(linear, Linear):
                 sd |= _params(p + "mlp." + name, linear)

@@ -10,6 +10,13 @@ mapping (our tensor -> the model folder's). Where the families differ from the T
   Llama     pre-norm, RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases
   Mistral   Llama with a sliding window: exact while the input fits in it, so max_tokens is capped there
   Qwen2     Llama with biases on the q, k and v projections
+  Gemma 2   Llama's shape with GeGLU (gelu_pytorch_tanh), token embeddings times sqrt(d_model), scores scaled by
+            query_pre_attn_scalar, attention and final logit soft-capping, a norm before and after both the
+            attention and the MLP (4 per block), alternating local (sliding-window) and global layers (layer_types;
+            the window is part of a local layer's own mask, exact at every length), tied embeddings. Gemma's RMSNorm
+            multiplies by (1 + weight): 1 is added to the norms' weights at load (GGUF files already hold 1 + weight)
+  Gemma 3   Gemma 2 without soft-capping, with QK-norm (each head's q and k RMS-normalised) and the local layers'
+            own RoPE base (rope_local_base_freq); model_type gemma3_text, or gemma3 with its text_config inside
 Adding a family is adding an entry here (and its parity test), never editing routes or the page.
 """
 from __future__ import annotations
@@ -17,6 +24,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
+
+import numpy as np
 
 from ..model.transformer import TransformerConfig
 from .spec import MAX_TOKENS, ModelUnavailable
@@ -29,6 +38,7 @@ class Source(NamedTuple):
     names: tuple[str, ...]
     transpose: bool = False   # GPT-2's Conv1D keeps weights [in, out]
     skip_rows: int = 0        # RoBERTa's position table: rows before padding_idx + 1 are never read
+    offset: float = 0.0       # added to the values: Gemma's norms multiply by (1 + weight)
 
 
 @dataclass(frozen=True)
@@ -198,6 +208,88 @@ def _llama_names(cfg: TransformerConfig, c: dict, m: str) -> dict[str, Source]:
     return names
 
 
+def _rope_parameters(c: dict, layer_type: str) -> dict:
+    """Gemma 3's RoPE parameters of one layer type: transformers 5's rope_parameters by layer type, or 4.x's
+    rope_theta (global), rope_local_base_freq (local) and rope_scaling (global)."""
+    rope = c.get("rope_parameters") or {}
+    if layer_type in rope:
+        return rope[layer_type] or {}
+    if layer_type == "sliding_attention":
+        return {"rope_type": "default", "rope_theta": c.get("rope_local_base_freq", 10000.0)}
+    scaling = c.get("rope_scaling") or {}
+    return {"rope_type": scaling.get("rope_type") or scaling.get("type") or "default",
+            "rope_theta": rope.get("rope_theta") or c.get("rope_theta", 1_000_000.0)}
+
+
+def _gemma_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[str]]:
+    """Gemma 2 and Gemma 3 (gemma3: the text model inside, text_config)."""
+    if c["model_type"] == "gemma3":
+        c = {**(c.get("text_config") or {}), "model_type": "gemma3"}
+    family = "Gemma 3" if c["model_type"].startswith("gemma3") else "Gemma 2"
+    act = c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_new"):
+        raise ModelUnavailable(f"hidden_activation {act!r} is not supported (Gemma's GeGLU uses gelu_pytorch_tanh)")
+    if c.get("use_bidirectional_attention"):
+        raise ModelUnavailable("use_bidirectional_attention is not supported (attnscope's Gemma is the causal decoder)")
+    if c.get("attention_bias"):
+        raise ModelUnavailable("attention_bias true is not supported (Gemma's projections have no biases)")
+    d, heads, L = _get(c, "hidden_size"), _get(c, "num_attention_heads"), _get(c, "num_hidden_layers")
+    pattern = c.get("sliding_window_pattern", 6 if family == "Gemma 3" else 2)
+    layer_types = tuple(c.get("layer_types") or (   # transformers' defaults: Gemma 2 alternates, Gemma 3 5:1
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(L)))
+    window = int(c.get("sliding_window") or 0) if "sliding_attention" in layer_types else 0
+    if family == "Gemma 3":
+        ropes = {t: _rope_parameters(c, t) for t in ("full_attention", "sliding_attention")}
+        bad = {t: r.get("rope_type", "default") for t, r in ropes.items() if r.get("rope_type", "default") != "default"}
+        if bad:
+            raise ModelUnavailable(f"RoPE scaling {', '.join(f'{v!r} on {k}' for k, v in bad.items())} is not "
+                                   f"supported for Gemma 3 (only plain RoPE, rope_type 'default')")
+        theta = float(ropes["full_attention"].get("rope_theta", 1_000_000.0))
+        local_theta = float(ropes["sliding_attention"].get("rope_theta", 10000.0))
+    else:
+        theta, local_theta = _rope_theta(c), 0.0
+    tie = c.get("tie_word_embeddings", True)
+    max_tokens = min(_get(c, "max_position_embeddings"), MAX_TOKENS)
+    cfg = TransformerConfig(
+        vocab_size=_get(c, "vocab_size"), max_positions=max_tokens, d_model=d, n_heads=heads, n_layers=L,
+        d_ff=_get(c, "intermediate_size"), norm_first=True, causal=True, final_norm=True,
+        layer_norm_eps=float(c.get("rms_norm_eps", 1e-6)), norm="rms", position="rope", mlp="geglu",
+        attention="gqa", n_kv_heads=c.get("num_key_value_heads") or heads, d_head=c.get("head_dim") or d // heads,
+        rope_theta=theta, qkv_bias=False, bias=False, lm_head=tie or "lm_head.weight" in tensors, tie_embeddings=tie,
+        embed_scale=float(np.float32(d ** 0.5)), query_pre_attn_scalar=float(c.get("query_pre_attn_scalar") or 0.0),
+        attn_softcap=float(c.get("attn_logit_softcapping") or 0.0),
+        final_softcap=float(c.get("final_logit_softcapping") or 0.0), post_norms=True, sliding_window=window,
+        layer_types=layer_types if window else (), rope_local_theta=local_theta if local_theta != theta else 0.0,
+        qk_norm="head" if family == "Gemma 3" else None)
+    notes = []
+    if window:
+        local = [i for i, t in enumerate(layer_types) if t == "sliding_attention"]
+        notes.append(f"{len(local)} of its {L} layers are local: each query sees only the last {window} keys "
+                     f"(sliding window), part of those layers' own mask like the causal mask.")
+    return cfg, max_tokens, notes
+
+
+GEMMA_BLOCK = {"ln1": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
+               "ln2": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm"}
+
+
+def _gemma_names(cfg: TransformerConfig, c: dict, m: str) -> dict[str, Source]:
+    """Llama's names, but four norms per block, each (like q_norm, k_norm and the final norm) stored as the
+    multiplier 1 + weight."""
+    one = lambda name: Source((name,), offset=1.0)   # noqa: E731
+    names = {"wte": Source((m + "embed_tokens.weight",)), "ln_f.weight": one(m + "norm.weight")}
+    for i in range(cfg.n_layers):
+        h, p = f"{m}layers.{i}.", f"blocks.{i}."
+        for ours, theirs in LLAMA_BLOCK.items():
+            if not ours.startswith("ln"):
+                names |= _module(p + ours, h + theirs)
+        names |= {p + ours + ".weight": one(h + theirs + ".weight") for ours, theirs in GEMMA_BLOCK.items()}
+        names |= {f"{p}attn.{n}_norm.weight": one(f"{h}self_attn.{n}_norm.weight") for n in "qk"}
+    if not cfg.tie_embeddings:
+        names["lm_head.weight"] = Source(("lm_head.weight",))
+    return names
+
+
 def _module(ours: str, theirs: str, transpose: bool = False) -> dict[str, Source]:
     """A norm's or linear layer's weight and bias (the bias only where our model has one: see convert)."""
     return {ours + ".weight": Source((theirs + ".weight",), transpose), ours + ".bias": Source((theirs + ".bias",))}
@@ -211,9 +303,12 @@ ARCHITECTURES = {
     "llama": Architecture("Llama", **_LLAMA),
     "mistral": Architecture("Mistral", **_LLAMA),
     "qwen2": Architecture("Qwen2", **_LLAMA),
+    "gemma2": Architecture("Gemma 2", "embed_tokens.weight", _gemma_config, _gemma_names),
+    "gemma3_text": Architecture("Gemma 3", "embed_tokens.weight", _gemma_config, _gemma_names),
+    "gemma3": Architecture("Gemma 3 (its text model)", "embed_tokens.weight", _gemma_config, _gemma_names),
 }
 CLASS_PREFIXES = {"Bert": "bert", "Roberta": "roberta", "GPT2": "gpt2", "Llama": "llama", "Mistral": "mistral",
-                  "Qwen2": "qwen2"}   # BertModel, BertForMaskedLM, GPT2LMHeadModel, Qwen2ForCausalLM, ...
+                  "Qwen2": "qwen2", "Gemma2": "gemma2", "Gemma3": "gemma3"}   # BertModel, BertForMaskedLM, GPT2LMHeadModel, Qwen2ForCausalLM, ...
 SUPPORTED = (f"supported: {', '.join(a.title for a in ARCHITECTURES.values())} model folders "
              f"(model_type {', '.join(ARCHITECTURES)}) and Llama-family .gguf files")
 
