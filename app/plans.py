@@ -394,6 +394,21 @@ def attention_size(req: AttentionRequest, layers: int, heads: int, T: int, binar
     return cells, values * per + 64 * T * layers * heads + 100 * T
 
 
+# What a model feature breaks (Gemma 2 and 3): the analyses below are exact decompositions of a linear (or bilinear)
+# computation, and these features put a non-linearity in the middle of it.
+INEXACT = {"qk_norm": "QK-norm (queries and keys RMS-normalised per head)",
+           "attn_softcap": "attention logit soft-capping (scores -> cap * tanh(scores / cap))",
+           "post_norms": "post-norms (each attention and MLP output normed before it joins the residual stream)",
+           "final_softcap": "final logit soft-capping (logits -> cap * tanh(logits / cap))"}
+
+
+def _exact(rt: Runtime, what: str, *features: str) -> None:
+    """Refuse `what` on a model with any of `features` (INEXACT's keys, TransformerConfig fields), naming them."""
+    found = [INEXACT[f] for f in features if getattr(rt.cfg, f)]
+    if found:
+        raise Refused(f"{what}: not exact for model {rt.spec.id!r}, which has {'; '.join(found)}")
+
+
 def _select(name: str, asked: list[int] | None, n: int) -> list[int]:
     if asked is None:
         return list(range(n))
@@ -518,6 +533,8 @@ class Planner:
         """Direct logit attribution of `target` (minus `distractor`) at `position`: a run that keeps every layer's
         head outputs and residual stream (runtime/interventions.py Trace)."""
         self._lm(rt, "attribution")
+        _exact(rt, "direct logit attribution (a sum of each part's direct effect on the logit)", "post_norms",
+               "final_softcap")
         if req.target is None:
             raise Refused("attribution needs `target`: the token whose logit is attributed (as next_tokens shows it)")
         if req.ablate:
@@ -718,6 +735,8 @@ class Planner:
         for name in ("query", "key"):
             if getattr(req, name) >= T:
                 raise Refused(f"{name} {getattr(req, name)} is out of range: this text has {T} tokens (0..{T - 1})")
+        _exact(rt, "QK attribution (the score q.k as a sum over pairs of residual components)", "qk_norm",
+               "attn_softcap", "post_norms")
         run = self._traced(rt, enc, "QK attribution")
         C = 3 + req.layer * (rt.cfg.n_heads + 1)                          # the components
         size = 200 * (C + req.top) + (C * C * (4 if binary else 12) if req.table else 0) + 40 * T
@@ -733,6 +752,7 @@ class Planner:
         if req.head_lens is not None:
             _select("layers", req.head_lens[:1], rt.cfg.n_layers)
             _select("heads", req.head_lens[1:], rt.cfg.n_heads)
+            _exact(rt, "the head lens (a head's output as it joins the residual stream)", "post_norms")
         run = self._traced(rt, enc, "the logit lens")
         k, L, T = req.top, rt.cfg.n_layers, len(enc.ids)
 
@@ -750,6 +770,8 @@ class Planner:
 
     def circuits(self, req: CircuitsRequest, binary: bool) -> CircuitsPlan:
         rt = self.runtime(req.model)
+        _exact(rt, "weight-space circuits (OV and QK circuits as products of weight matrices)", "qk_norm",
+               "post_norms")
         key = _hash(["circuits", rt.spec.id, rt.graphs.key])
 
         def call() -> Circuits:

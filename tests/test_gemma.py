@@ -264,3 +264,34 @@ def test_unsupported_gemma_options_are_refused_by_name(folders, tmp_path):
         f"m={edited(g3, tmp_path, rope_parameters=scaled)}")
     assert "hidden_activation 'silu' is not supported" in refusal(
         f"m={edited(folders['gemma2'], tmp_path, hidden_activation='silu')}")
+
+
+def test_analyses_whose_math_changes_refuse_by_name(client):
+    """QK attribution, the weight-space circuits, the head lens and direct logit attribution decompose a linear (or
+    bilinear) computation: QK-norm, soft-capping and post-norms put a non-linearity in it. Each refuses (422, one
+    line) and names what breaks it; the logit lens applies the final cap and stays exact."""
+    qk = {"text": TEXT, "layer": 1, "head": 0, "query": 9, "key": 2}
+    dla = {"text": TEXT, "include": ["attribution"], "target": "the"}
+    expected = {   # (family, path) -> what is refused, and the features named
+        ("gemma2", "/api/qk"): ("QK attribution", ["attention logit soft-capping", "post-norms"]),
+        ("gemma3_text", "/api/qk"): ("QK attribution", ["QK-norm", "post-norms"]),
+        ("gemma2", "/api/circuits"): ("weight-space circuits", ["post-norms"]),
+        ("gemma3_text", "/api/circuits"): ("weight-space circuits", ["QK-norm", "post-norms"]),
+        ("gemma2", "/api/lens"): ("the head lens", ["post-norms"]),
+        ("gemma3_text", "/api/lens"): ("the head lens", ["post-norms"]),
+        ("gemma2", "/api/attention"): ("direct logit attribution", ["post-norms", "final logit soft-capping"]),
+        ("gemma3_text", "/api/attention"): ("direct logit attribution", ["post-norms"])}
+    bodies = {"/api/qk": qk, "/api/circuits": {}, "/api/lens": {"text": TEXT, "head_lens": [1, 0]},
+              "/api/attention": dla}
+    for (family, path), (what, words) in expected.items():
+        r = client.post(path, json={"model": family} | bodies[path])
+        assert r.status_code == 422, (family, path, r.text)
+        line = r.json()["detail"]
+        assert line.startswith(what) and f"not exact for model {family!r}, which has" in line and "\n" not in line, line
+        assert all(w in line for w in words), line
+    rt = runtime(client, "gemma2")
+    r = client.post("/api/lens", json={"model": "gemma2", "text": TEXT, "top": 1})
+    assert r.status_code == 200, r.text
+    res = rt(TEXT)
+    assert r.json()["top_ids"][-1][-1][0] == res.next_tokens[0].id
+    assert abs(r.json()["top_probs"][-1][-1][0] - res.next_tokens[0].prob) < 1e-4
