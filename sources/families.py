@@ -310,7 +310,7 @@ ARCHITECTURES = {
 CLASS_PREFIXES = {"Bert": "bert", "Roberta": "roberta", "GPT2": "gpt2", "Llama": "llama", "Mistral": "mistral",
                   "Qwen2": "qwen2", "Gemma2": "gemma2", "Gemma3": "gemma3"}   # BertModel, BertForMaskedLM, GPT2LMHeadModel, Qwen2ForCausalLM, ...
 SUPPORTED = (f"supported: {', '.join(a.title for a in ARCHITECTURES.values())} model folders "
-             f"(model_type {', '.join(ARCHITECTURES)}) and Llama-family .gguf files")
+             f"(model_type {', '.join(ARCHITECTURES)}) and Llama-family or Gemma 3 .gguf files")
 
 
 def architecture(c: dict) -> str:

@@ -67,8 +67,8 @@ def gguf_config(reader) -> TransformerConfig:
     """Our config from the file's metadata ("llama.block_count", ...)."""
     arch = _field(reader, "general.architecture")
     if arch not in ARCHITECTURES:
-        raise ValueError(f"only Llama-family and Gemma 3 GGUF files are supported (general.architecture 'llama' "
-                         f"or 'gemma3'); this one is {arch!r}")
+        raise ValueError(f"only Llama-family GGUF files are supported (general.architecture 'llama'), and Gemma 3's "
+                         f"('gemma3'); this one is {arch!r}")
     scaling = _field(reader, f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         raise ValueError(f"RoPE scaling {scaling!r} is not supported")

@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers
 
+from attnscope import sources
 from attnscope.runtime import Runtime
 from attnscope.sources import zoo
 
@@ -48,6 +49,9 @@ def test_the_spec_and_the_file(gemma3):
     assert cfg.qk_norm == "head" and cfg.rope_local_theta == 10000.0 and cfg.rope_theta == 1e6
     path = zoo.gemma3_path(None, CACHE)
     assert path.stat().st_size == sum(p.stat().st_size for p in zoo.gemma3_chunks()[0])
+    spec = sources.resolve(f"g={path}", cache=CACHE)          # the same file served by path: a Gemma 3 GGUF
+    assert (spec.source, spec.architecture) == ("gguf", "gemma3")
+    assert "15 of its 18 layers are local: each query sees only the last 512 keys" in spec.description
 
 
 def test_token_ids_equal_transformers(gemma3, hf):
