@@ -295,3 +295,27 @@ def test_analyses_whose_math_changes_refuse_by_name(client):
     res = rt(TEXT)
     assert r.json()["top_ids"][-1][-1][0] == res.next_tokens[0].id
     assert abs(r.json()["top_probs"][-1][-1][0] - res.next_tokens[0].prob) < 1e-4
+
+
+def test_a_gemma3_folder_serves_its_text_model(folders, client, tmp_path):
+    """model_type gemma3 (Gemma3ForConditionalGeneration): config.json keeps the text model's config in text_config
+    and the weights under model.language_model.*; a vision tower's tensors are left alone. Served by path, it is the
+    gemma3_text checkpoint it was made from: the same attention, bit for bit."""
+    from safetensors.numpy import load_file, save_file
+
+    src = folders["gemma3_text"]
+    folder = Path(shutil.copytree(src, tmp_path / "gemma3", ignore=shutil.ignore_patterns("*.safetensors*")))
+    text = json.loads((src / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({"model_type": "gemma3", "text_config": text,
+                                                    "architectures": ["Gemma3ForConditionalGeneration"]}))
+    weights = {"model.language_model." + k.removeprefix("model."): v for k, v in
+               load_file(src / "model.safetensors").items()}
+    weights["model.vision_tower.vision_model.embeddings.patch_embedding.weight"] = np.ones((4, 3), np.float32)
+    save_file(weights, folder / "model.safetensors")
+    settings = Settings(models=[f"g3={folder}"], cache=CACHE, threads=2)
+    with TestClient(create_app(settings)) as c:
+        info = c.get("/api/models").json()[0]
+        assert (info["architecture"], info["local_layers"], info["sliding_window"]) == ("gemma3", [0], WINDOW)
+        got = c.post("/api/attention", json={"model": "g3", "text": TEXT}).json()["attention"]
+    want = client.post("/api/attention", json={"model": "gemma3_text", "text": TEXT}).json()["attention"]
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
