@@ -46,7 +46,10 @@ def index(request: Request):
             "stats": catalogue(),
             # what the page says about a family (steps view): from the served models' own configurations
             "architectures": {rt.spec.architecture: {"norm_first": rt.cfg.norm_first, "norm": rt.cfg.norm,
-                                                     "position": rt.cfg.position, "qkv_bias": rt.cfg.qkv_bias}
+                                                     "position": rt.cfg.position, "qkv_bias": rt.cfg.qkv_bias,
+                                                     "qk_norm": rt.cfg.qk_norm, "output_norms": rt.cfg.output_norms,
+                                                     "parallel_residual": rt.cfg.parallel_residual,
+                                                     "rotary_dim": rt.cfg.rotary_dim, "d_head": rt.cfg.d_head}
                               for rt in svc.runtimes.values()},
             "roles": [{"id": k, "target": target, "text": ROLE_TEXT[k]} for k, target in ROLE_TARGETS.items()],
             "ablations": [{"id": k, "label": ABLATION_LABELS.get(k, k)}

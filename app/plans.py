@@ -394,21 +394,6 @@ def attention_size(req: AttentionRequest, layers: int, heads: int, T: int, binar
     return cells, values * per + 64 * T * layers * heads + 100 * T
 
 
-# What a model feature breaks (Gemma 2 and 3): the analyses below are exact decompositions of a linear (or bilinear)
-# computation, and these features put a non-linearity in the middle of it.
-INEXACT = {"qk_norm": "QK-norm (queries and keys RMS-normalised per head)",
-           "attn_softcap": "attention logit soft-capping (scores -> cap * tanh(scores / cap))",
-           "post_norms": "post-norms (each attention and MLP output normed before it joins the residual stream)",
-           "final_softcap": "final logit soft-capping (logits -> cap * tanh(logits / cap))"}
-
-
-def _exact(rt: Runtime, what: str, *features: str) -> None:
-    """Refuse `what` on a model with any of `features` (INEXACT's keys, TransformerConfig fields), naming them."""
-    found = [INEXACT[f] for f in features if getattr(rt.cfg, f)]
-    if found:
-        raise Refused(f"{what}: not exact for model {rt.spec.id!r}, which has {'; '.join(found)}")
-
-
 def _select(name: str, asked: list[int] | None, n: int) -> list[int]:
     if asked is None:
         return list(range(n))
@@ -533,12 +518,11 @@ class Planner:
         """Direct logit attribution of `target` (minus `distractor`) at `position`: a run that keeps every layer's
         head outputs and residual stream (runtime/interventions.py Trace)."""
         self._lm(rt, "attribution")
-        _exact(rt, "direct logit attribution (a sum of each part's direct effect on the logit)", "post_norms",
-               "final_softcap")
         if req.target is None:
             raise Refused("attribution needs `target`: the token whose logit is attributed (as next_tokens shows it)")
         if req.ablate:
             raise Refused("attribution is of the intact model: leave `ablate` out (or `attribution` out of include)")
+        self._decomposable(rt, "direct logit attribution", direct=True, logits=True)
         T = len(enc.ids)
         self._patching_tokens(T, "attribution")
         position = T - 1 if req.position is None else req.position
@@ -556,6 +540,32 @@ class Planner:
             return Attributed(enc.tokens, metric, position, parts, float(trace.hidden[position] @ u))
         key = _hash(["attribution", self._run_key(req, rt, False), metric.target, metric.distractor, position])
         return Run(key, call)
+
+    def _decomposable(self, rt: Runtime, what: str, qk: bool = False, scores: bool = False, direct: bool = False,
+                      logits: bool = False) -> None:
+        """Refuse `what` where the model's features make its decomposition inexact, in one line naming them all.
+        qk: it splits a score bilinearly into stream components (QK-norm puts a norm of each query and key between
+        them); scores: it is that split of the score itself (attention soft-capping bends the score after it);
+        direct: it reads a head's output as its share of the stream (output norms, OLMo 2's and Gemma's, normalise
+        the heads' sum before it joins); logits: it sums direct effects on a logit (final soft-capping bends it)."""
+        cfg, m = rt.cfg, rt.spec.id
+        over = "each head's" if cfg.qk_norm == "head" else "the whole projection's"
+        checks = [   # (asked, present, what `what` does that it breaks, the feature)
+            (qk, cfg.qk_norm, "splits the score bilinearly into stream components",
+             f"QK-norm (an RMSNorm over {over} queries and keys before the dot product)"),
+            (scores, cfg.attn_softcap, "splits the score bilinearly into stream components",
+             "attention logit soft-capping (scores -> cap * tanh(scores / cap))"),
+            (direct, cfg.output_norms, "reads each head's output as its direct share of the residual stream",
+             "post-norms (each attention and MLP output normed before it joins the residual stream)"),
+            (logits, cfg.final_softcap, "sums each part's direct effect on the logit",
+             "final logit soft-capping (logits -> cap * tanh(logits / cap))")]
+        found = [(does, feature) for asked, present, does, feature in checks if asked and present]
+        if not found:
+            return
+        does = " and ".join(dict.fromkeys(d for d, _ in found))
+        norms = f", and model {m!r} normalises each sublayer's output before it joins the stream" \
+            if direct and cfg.output_norms else ""
+        raise Refused(f"{what} {does}{norms}: not exact for model {m!r}, which has {'; '.join(f for _, f in found)}")
 
     def _lm(self, rt: Runtime, what: str) -> None:
         if not rt.cfg.lm_head:
@@ -731,12 +741,11 @@ class Planner:
         rt, enc = self._text(req)
         _select("layers", [req.layer], rt.cfg.n_layers)
         _select("heads", [req.head], rt.cfg.n_heads)
+        self._decomposable(rt, "QK attribution", qk=True, scores=True, direct=True)
         T = len(enc.ids)
         for name in ("query", "key"):
             if getattr(req, name) >= T:
                 raise Refused(f"{name} {getattr(req, name)} is out of range: this text has {T} tokens (0..{T - 1})")
-        _exact(rt, "QK attribution (the score q.k as a sum over pairs of residual components)", "qk_norm",
-               "attn_softcap", "post_norms")
         run = self._traced(rt, enc, "QK attribution")
         C = 3 + req.layer * (rt.cfg.n_heads + 1)                          # the components
         size = 200 * (C + req.top) + (C * C * (4 if binary else 12) if req.table else 0) + 40 * T
@@ -750,9 +759,9 @@ class Planner:
             raise Refused(f"the logit lens reads tokens out of the residual stream, and model {rt.spec.id!r} has no "
                           f"unembedding (no LM head); models with one: {', '.join(with_one) or 'none served'}")
         if req.head_lens is not None:
+            self._decomposable(rt, "the head lens", direct=True)
             _select("layers", req.head_lens[:1], rt.cfg.n_layers)
             _select("heads", req.head_lens[1:], rt.cfg.n_heads)
-            _exact(rt, "the head lens (a head's output as it joins the residual stream)", "post_norms")
         run = self._traced(rt, enc, "the logit lens")
         k, L, T = req.top, rt.cfg.n_layers, len(enc.ids)
 
@@ -770,8 +779,7 @@ class Planner:
 
     def circuits(self, req: CircuitsRequest, binary: bool) -> CircuitsPlan:
         rt = self.runtime(req.model)
-        _exact(rt, "weight-space circuits (OV and QK circuits as products of weight matrices)", "qk_norm",
-               "post_norms")
+        self._decomposable(rt, "weight-space circuits (QK = W_Q W_K^T, OV = W_V W_O)", qk=True, direct=True)
         key = _hash(["circuits", rt.spec.id, rt.graphs.key])
 
         def call() -> Circuits:

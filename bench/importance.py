@@ -4,11 +4,15 @@ then each head's edit run from its own layer, in batches) versus one full forwar
 
     .venv/bin/python bench/importance.py [--model smollm2] [--tokens 64] [--batch 16]
 
-Prints the time of each, the speed-up, and the largest difference between the two (they must agree).
+Prints the time of each, the speed-up, and the largest difference between the two (they must agree); then the most
+any exact method of this kind could reach: an edit at layer l must recompute layers >= l and, for the mean token
+log-prob, the LM head at every position, so its FLOPs (bench/forward.py's count) bound the speed-up, at the plain
+runs' own rate and at this machine's sgemm rate measured in the same run (the fastest the matmuls could go).
 """
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import sys
 import time
 from pathlib import Path
@@ -18,6 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from bench.common import runtime, text_of_tokens  # noqa: E402
+from bench.forward import forward_flops, sgemm_gflops  # noqa: E402
+
+
+def edit_flops(cfg, T: int) -> float:
+    """FLOPs of importance done the reusing way: one intact forward (the trace), then for every head an edit run
+    of the layers from its own up, and the LM head over every position."""
+    whole, no_blocks = forward_flops(cfg, T), forward_flops(replace(cfg, n_layers=0), T)
+    block = (whole - no_blocks) / cfg.n_layers
+    return whole + cfg.n_heads * sum((cfg.n_layers - layer) * block + no_blocks for layer in range(cfg.n_layers))
 
 
 def per_head_forward(rt, enc) -> np.ndarray:
@@ -62,6 +75,13 @@ def main(argv=None) -> None:
     print(f"interventions (prefix reused, batches of {args.batch:<3})     : {t_ours:7.2f} s   "
           f"speed-up {t_plain / t_ours:.2f}x")
     print(f"largest |difference| between the two: {np.abs(ours - plain).max():.2e}")
+    T, flops = len(enc.ids), forward_flops(rt.cfg, len(enc.ids))
+    plain_flops, edits = L * H * flops, edit_flops(rt.cfg, T)
+    rate = sgemm_gflops(rt.threads) * 1e9       # the same intra-op threads as the runs
+    print(f"FLOPs: per-head forwards {plain_flops / 1e12:.2f} T, reusing {edits / 1e12:.2f} T; the most an exact "
+          f"reusing method can gain: {plain_flops / edits:.2f}x at the plain runs' rate "
+          f"({plain_flops / t_plain / 1e9:.0f} GFLOP/s), {t_plain / (edits / rate):.2f}x at this machine's sgemm rate "
+          f"({rate / 1e9:.0f} GFLOP/s); ours ran at {edits / t_ours / 1e9:.0f} GFLOP/s")
     top = np.dstack(np.unravel_index(np.argsort(ours, axis=None)[:5], ours.shape))[0]
     print("most important heads (largest drop in mean log-prob): " +
           ", ".join(f"L{l}H{h} {ours[l, h]:+.4f}" for l, h in top))

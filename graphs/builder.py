@@ -100,8 +100,13 @@ class Graph:
     def silu(self, x: str) -> str:
         return self.op("Mul", x, self.op("Sigmoid", x))
 
-    def rope(self, x: str, cos: str, sin: str, d_head: int) -> str:
-        """x * cos + rotate_half(x) * sin, rotate_half([x1, x2]) = [-x2, x1], as functional.apply_rope."""
+    def rope(self, x: str, cos: str, sin: str, d_head: int, rotary_dim: int | None = None) -> str:
+        """x * cos + rotate_half(x) * sin, rotate_half([x1, x2]) = [-x2, x1], as functional.apply_rope; with
+        rotary_dim < d_head (partial rotary) on x's first rotary_dim features, the rest passed through."""
+        r = rotary_dim or d_head
+        if r < d_head:
+            turned = self.rope(self.slice(x, 0, r, -1), cos, sin, r)
+            return self.op("Concat", turned, self.slice(x, r, d_head, -1), axis=-1)
         x1, x2 = self.slice(x, 0, d_head // 2, -1), self.slice(x, d_head // 2, d_head, -1)
         rotated = self.op("Concat", self.op("Neg", x2), x1, axis=-1)
         return self.op("Add", self.op("Mul", x, cos), self.op("Mul", rotated, sin))

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model import transformer
+from ..model import rope, transformer
 from ..model.weights import state_dict
 from . import builder, decoding, stacked, steps
 
 log = logging.getLogger("attnscope")
-EXPORTER = (builder, steps, stacked, decoding, transformer)   # the source that shapes an exported graph
+EXPORTER = (builder, steps, stacked, decoding, transformer, rope)   # the source that shapes an exported graph
 
 
 def content_key(model) -> str:

@@ -18,7 +18,8 @@ from onnx import TensorProto, helper
 
 from ..model.transformer import Transformer
 from .builder import Graph, model_proto, pruned, save_checked
-from .steps import attend, block_output, embed, project, repeat_kv, rope_tables, sliding_window_mask, soft_cap
+from .steps import (attend, attention_input, block_output, embed, project, repeat_kv, rope_tables,
+                    sliding_window_mask, soft_cap)
 
 
 def cache_names(layer: int) -> tuple[str, str, str, str]:
@@ -50,7 +51,7 @@ def build_decode(model: Transformer) -> onnx.ModelProto:
             masks[block.window] = sliding_window_mask(g, "attention_mask", T, g.op("Add", P, T), block.window, P) \
                 if block.window else "attention_mask"
         rope = None if tables is None else ropes[id(tables[0])]
-        h = g.norm(x, block.ln1, p + ".ln1") if cfg.norm_first else x
+        h = attention_input(g, block, cfg, p, x)
         q, k, v = project(g, block, cfg, p, h, rope)                                  # q [B, H, t, dh]; k, v [B, Hkv, t, dh]
         k = g.op("Concat", past_k, k, axis=2, out=present_k)                          # [B, Hkv, P+t, dh]
         v = g.op("Concat", past_v, v, axis=2, out=present_v)

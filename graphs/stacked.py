@@ -25,8 +25,9 @@ def build_graph(model: Transformer, stages: bool = False, progress=None, attenti
                 depth: int | None = None) -> onnx.ModelProto:
     """The model as one ONNX graph; each step below names the NumPy code it mirrors. attentions=False leaves out
     the stacked probabilities (hidden states and LM outputs only: what a plain inference graph returns). depth: the
-    run stops after that many blocks and returns only their attentions [depth, B, H, T, T] (a request for the first
-    layers needs nothing above them; onnxruntime runs every node of a graph, so stopping is a graph of its own). Its
+    run stops after that many blocks and returns only their attentions, one [B, H, T, T] output per block (a request
+    for the first layers needs nothing above them, nor the last block's values, MLP or LM head; onnxruntime runs
+    every node of a graph, so stopping is a graph of its own). Its
     nodes are the first blocks' nodes of the whole graph, so their probabilities are the same, bit for bit."""
     cfg, g = model.cfg, Graph()
     H, dh, L = cfg.n_heads, cfg.d_head, cfg.n_layers
@@ -57,17 +58,20 @@ def build_graph(model: Transformer, stages: bool = False, progress=None, attenti
     if depth is None:
         final(g, model, x, wte)
 
+    Ls = ["layers", "batch", "heads", "tokens"]
+    if depth:   # each block's probabilities are an output of their own, in layer order: the runtime binds them to the
+        outputs = [helper.make_tensor_value_info(t, TensorProto.FLOAT, Ls[1:] + ["tokens"])   # slices of one
+                   for t in collected["attentions"]]                        # [depth, B, H, T, T] buffer, no copy
+        return pruned(model_proto(g, inputs, outputs, "attnscope"))
     axis0 = g.const(np.array([0]), "axis0")
     names = (("attentions",) if attentions else ()) + (STAGES if stages else ())
     for name in names:
         g.op("Concat", *[g.op("Unsqueeze", t, axis0) for t in collected[name]], axis=0, out=name)
-    Ls = ["layers", "batch", "heads", "tokens"]
     dims = {n: Ls + (["tokens"] if n in ("attentions",) + SQUARE_STAGES else [dh]) for n in names}
     dims["x"] = ["layers", "batch", "tokens", cfg.d_model]
-    outputs = ([] if depth else final_outputs(cfg)) + [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims[n])
-                                                       for n in names]
+    outputs = final_outputs(cfg) + [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims[n]) for n in names]
     proto = model_proto(g, inputs, outputs, "attnscope")
-    return proto if attentions and not depth else pruned(proto)
+    return proto if attentions else pruned(proto)
 
 
 def export(model: Transformer, path, stages: bool = False, desc: str = "export") -> None:

@@ -8,10 +8,10 @@ written out in primitives, as functional.rms_norm.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 from onnx import TensorProto, helper
-
-from types import SimpleNamespace
 
 from ..model.attention import GroupedQueryAttention
 from ..model.masks import MASKED
@@ -105,9 +105,20 @@ def attention_inputs(g: Graph, block, cfg, p: str, x: str, rope) -> tuple[str, t
     """The block up to its attention: its input h (normed first for pre-norm blocks) and the queries, keys and
     values, each [B, H, T, dh] (keys and values repeated for grouped-query attention, rotated by RoPE where the
     model has it)."""
-    h = g.norm(x, block.ln1, p + ".ln1") if cfg.norm_first else x
+    h = attention_input(g, block, cfg, p, x)
     q, k, v = project(g, block, cfg, p, h, rope)
     return h, (q, repeat_kv(g, block, cfg, p, k, "k"), repeat_kv(g, block, cfg, p, v, "v"))
+
+
+def attention_input(g: Graph, block, cfg, p: str, x: str) -> str:
+    """TransformerBlock.attention_input: N1(x) in a pre-norm block, x itself otherwise."""
+    return g.norm(x, block.ln1, p + ".ln1") if cfg.norm_first else x
+
+
+def _qk_norms(g: Graph, attn, p: str, q: str, k: str) -> tuple[str, str]:
+    """GroupedQueryAttention.qk_normed: RMSNorm of q and k over their last axis, each with its own weight."""
+    return tuple(g.rms_norm(t, SimpleNamespace(weight=attn.params[f"{n}_norm.weight"], eps=attn.norm_eps),
+                            f"{p}.attn.{n}_norm") for t, n in ((q, "q"), (k, "k")))
 
 
 def project(g: Graph, block, cfg, p: str, h: str, rope) -> tuple[str, str, str]:
@@ -115,14 +126,15 @@ def project(g: Graph, block, cfg, p: str, h: str, rope) -> tuple[str, str, str]:
     keys and values [B, Hkv, T, dh] of h, q and k rotated by `rope` (cos, sin [T, dh]) where the model has RoPE."""
     H, Hkv, dh, attn = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, block.attn
     if isinstance(attn, GroupedQueryAttention):
-        q, k, v = (g.op("Transpose", g.op("Reshape", g.linear(h, *attn.projection(f"{n}_proj"), f"{p}.attn.{n}"),
-                                          g.const(np.array([0, 0, heads, dh]))), perm=[0, 2, 1, 3], hint=f"{p}.{n}")
-                   for n, heads in (("q", H), ("k", Hkv), ("v", Hkv)))                 # [B, H|Hkv, T, dh]
-        if attn.qk_norm == "head":                                                     # QK-norm over each head's dh
-            q, k = (g.rms_norm(t, SimpleNamespace(weight=attn.params[f"{n}_norm.weight"], eps=attn.norm_eps),
-                               f"{p}.attn.{n}_norm") for t, n in ((q, "q"), (k, "k")))
+        q, k, v = (g.linear(h, *attn.projection(f"{n}_proj"), f"{p}.attn.{n}") for n in "qkv")   # [B, T, H|Hkv * dh]
+        if attn.qk_norm == "full":
+            q, k = _qk_norms(g, attn, p, q, k)
+        q, k, v = (g.op("Transpose", g.op("Reshape", t, g.const(np.array([0, 0, heads, dh]))), perm=[0, 2, 1, 3],
+                        hint=f"{p}.{n}") for t, n, heads in ((q, "q", H), (k, "k", Hkv), (v, "v", Hkv)))
+        if attn.qk_norm == "head":                                                      # [B, H|Hkv, T, dh]
+            q, k = _qk_norms(g, attn, p, q, k)
         if rope is not None:
-            q, k = g.rope(q, *rope, dh), g.rope(k, *rope, dh)
+            q, k = g.rope(q, *rope, dh, cfg.rotary_dim), g.rope(k, *rope, dh, cfg.rotary_dim)
         return q, k, v
     return tuple(g.op("Transpose", g.op("Reshape", g.linear(h, *attn._projection(j), f"{p}.attn.{'qkv'[j]}"),
                                         g.const(np.array([0, 0, H, dh]))), perm=[0, 2, 1, 3], hint=f"{p}.{'qkv'[j]}")
@@ -176,13 +188,22 @@ def block_output(g: Graph, block, cfg, p: str, x: str, ctx: str, keep: str, mean
         ctx = g.op("Add", g.op("Mul", keep, ctx), g.op("Mul", replace, avg), hint=p + ".ctx_masked")
     merged = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const(np.array([0, 0, H * dh])))
     a = g.linear(merged, *out_proj, p + ".attn.out")
-    if block.post_attn_norm is not None:                                               # TransformerBlock.residual
-        a = g.norm(a, block.post_attn_norm, p + ".post_attn_norm")
+    return after_attention(g, block, cfg, p, x, a)
+
+
+def after_attention(g: Graph, block, cfg, p: str, x: str, a: str) -> str:
+    """TransformerBlock.after_attention: the residual connections, norms and MLP around the attention's output a."""
+    if cfg.parallel_residual:                                           # x + a + MLP(N2(x))
+        m = feed_forward(g, block.mlp, g.norm(x, block.ln2, p + ".ln2"), p + ".mlp")
+        return g.op("Add", g.op("Add", x, a), m)
+    if cfg.output_norms:                                # y = x + P1(a); y + P2(MLP(N2(y) or y)): OLMo 2, Gemma
+        x = g.op("Add", x, g.norm(a, block.post_attn_norm, p + ".post_attn_norm"))
+        h = g.norm(x, block.ln2, p + ".ln2") if cfg.norm_first else x
+        return g.op("Add", x, g.norm(feed_forward(g, block.mlp, h, p + ".mlp"), block.post_mlp_norm,
+                                     p + ".post_mlp_norm"))
     x = g.op("Add", x, a) if cfg.norm_first else g.norm(g.op("Add", x, a), block.ln1, p + ".ln1")
     h = g.norm(x, block.ln2, p + ".ln2") if cfg.norm_first else x
     m = feed_forward(g, block.mlp, h, p + ".mlp")
-    if block.post_mlp_norm is not None:
-        m = g.norm(m, block.post_mlp_norm, p + ".post_mlp_norm")
     return g.op("Add", x, m) if cfg.norm_first else g.norm(g.op("Add", x, m), block.ln2, p + ".ln2")
 
 

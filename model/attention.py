@@ -231,9 +231,9 @@ class GroupedQueryAttention:
                  qkv_bias: bool = False, out_bias: bool = False, temperature: float = 1.0, seed: int | None = 0,
                  std: float = 0.02, qk_norm: str | None = None, norm_eps: float = 1e-6, scale_dim: float = 0.0,
                  softcap: float = 0.0):
-        """Weights from N(0, std^2) by seed (seed=None: zeros, to be loaded); biases zero; QK-norm weights one."""
-        if qk_norm not in (None, "head"):
-            raise ValueError(f"qk_norm {qk_norm!r} is not built here (None or 'head', per head over d_head)")
+        """Weights from N(0, std^2) by seed (seed=None: zeros, to be loaded); biases zero, QK-norm weights one.
+        qk_norm: None, "head" (RMSNorm over each head's d_head query/key features, Qwen3, Gemma 3) or "full" (over the
+        whole q and k projections before they are split into heads, OLMo 2), before RoPE; norm_eps is its epsilon."""
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads must divide n_heads: {n_heads} query heads cannot share {n_kv_heads} "
                              f"key/value heads evenly")
@@ -245,7 +245,7 @@ class GroupedQueryAttention:
         self.qkv_bias, self.out_bias, self.temperature = qkv_bias, out_bias, temperature
         self.qk_norm, self.norm_eps, self.scale_dim, self.softcap = qk_norm, norm_eps, scale_dim, softcap
         rng = None if seed is None else np.random.default_rng(seed)
-        self.params = {name: (np.ones(shape, np.float32) if name.endswith("norm.weight") else
+        self.params = {name: (np.ones(shape, np.float32) if "_norm." in name else
                               np.zeros(shape, np.float32) if name.endswith("bias") or rng is None else
                               (rng.standard_normal(shape) * std).astype(np.float32))
                        for name, shape in self.param_shapes().items()}
@@ -257,8 +257,9 @@ class GroupedQueryAttention:
             shapes |= {"q_proj.bias": (q,), "k_proj.bias": (kv,), "v_proj.bias": (kv,)}
         if self.out_bias:
             shapes["o_proj.bias"] = (D,)
-        if self.qk_norm == "head":
-            shapes |= {"q_norm.weight": (self.head_dim,), "k_norm.weight": (self.head_dim,)}
+        if self.qk_norm:   # RMSNorm weights: per head (shared by every head) or over the whole projection
+            shapes |= {"q_norm.weight": (self.head_dim if self.qk_norm == "head" else q,),
+                       "k_norm.weight": (self.head_dim if self.qk_norm == "head" else kv,)}
         return shapes
 
     def projection(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -274,16 +275,24 @@ class GroupedQueryAttention:
         rotated as positions start..start+T-1 (start > 0: new tokens after a key/value cache, model/decoding.py)."""
         B, T, _ = x.shape
         H, Hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
-        q = linear(x, *self.projection("q_proj")).reshape(B, T, H, dh).transpose(0, 2, 1, 3)      # [B, H, T, dh]
-        k = linear(x, *self.projection("k_proj")).reshape(B, T, Hkv, dh).transpose(0, 2, 1, 3)    # [B, Hkv, T, dh]
+        q, k = linear(x, *self.projection("q_proj")), linear(x, *self.projection("k_proj"))     # [B, T, H|Hkv * dh]
+        if self.qk_norm == "full":                                                                 # OLMo 2
+            q, k = self.qk_normed(q, k)
+        q = q.reshape(B, T, H, dh).transpose(0, 2, 1, 3)                                          # [B, H, T, dh]
+        k = k.reshape(B, T, Hkv, dh).transpose(0, 2, 1, 3)                                        # [B, Hkv, T, dh]
         v = linear(x, *self.projection("v_proj")).reshape(B, T, Hkv, dh).transpose(0, 2, 1, 3)    # [B, Hkv, T, dh]
-        if self.qk_norm == "head":                                          # QK-norm: each head's q, k over dh
-            q = rms_norm(q, self.params["q_norm.weight"], self.norm_eps)
-            k = rms_norm(k, self.params["k_norm.weight"], self.norm_eps)
+        if self.qk_norm == "head":                                                                 # Qwen3
+            q, k = self.qk_normed(q, k)
         if self.rope is not None:
             cos, sin = (t[start:start + T] for t in self.rope)                                     # [T, dh]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return q, k, v
+
+    def qk_normed(self, q, k):
+        """QK-norm: RMSNorm of queries and keys over their last axis (a head's d_head features, or the whole
+        projection's), each with its own weight. It bounds the scores' size whatever the stream's scale."""
+        return (rms_norm(q, self.params["q_norm.weight"], self.norm_eps),
+                rms_norm(k, self.params["k_norm.weight"], self.norm_eps))
 
     def __call__(self, x, attn_mask=None, head_mask=None, average_attn_weights: bool = False,
                  return_stages: bool = False):
@@ -291,7 +300,7 @@ class GroupedQueryAttention:
 
         Returns (output [B, T, D], weights [B, H, T, T] per query head, or [B, T, T] averaged) and, with
         return_stages, the stages and the (q, k, v) each query head used, [B, H, T, d_head] (q and k
-        after RoPE; k and v repeated per group).
+        after QK-norm and RoPE; k and v repeated per group).
         """
         B, T, _ = x.shape
         H, dh = self.n_heads, self.head_dim

@@ -59,7 +59,7 @@ def decode(model, input_ids, cache: KVCache, keep: np.ndarray | None = None) -> 
     x = model.embed(ids, start=P)                                                 # [B, t, D]
     keys, values, rows = [], [], []
     for layer, block in enumerate(model.blocks):
-        h = block.ln1(x) if cfg.norm_first else x
+        h = block.attention_input(x)
         q, k, v = block.attn.project(h, start=P)                                  # q [B, H, t, dh]; k, v [B, Hkv, t, dh]
         k = np.concatenate([cache.keys[layer], k], axis=2)                        # [B, Hkv, P+t, dh]
         v = np.concatenate([cache.values[layer], v], axis=2)
@@ -73,7 +73,7 @@ def decode(model, input_ids, cache: KVCache, keep: np.ndarray | None = None) -> 
         if keep is not None:
             z = z * np.asarray(keep, np.float32)[:, layer, :, None, None]         # knocked-out heads write zero
         a = linear(z.transpose(0, 2, 1, 3).reshape(B, t, -1), *block.attn.out_projection())   # [B, t, D]
-        x = block.residual(x, a)
+        x = block.after_attention(x, a)
         rows.append(probs[:, :, -1])                                              # [B, H, P+t]
     last = x[:, -1]                                                               # [B, D]
     if model.ln_f is not None:

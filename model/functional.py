@@ -62,8 +62,9 @@ def soft_cap(x: np.ndarray, cap: float) -> np.ndarray:
     return cap * np.tanh(x / cap)
 
 
-def rope_tables(n_positions: int, d_head: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of rotary position embeddings (Su et al. 2021), each [n_positions, d_head].
+def rope_tables(n_positions: int, d_head: int, theta: float, scaling=None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of rotary position embeddings (Su et al. 2021), each [n_positions, d_head] (d_head: the features
+    RoPE turns, the first rotary_dim of a head where it turns only part of them).
 
     Feature pair (i, i + d_head/2) of position p turns by the angle p * theta^(-2i/d_head): fast for the
     first pairs, slow for the last. The pairing is transformers' rotate-half convention (first half with
@@ -74,10 +75,16 @@ def rope_tables(n_positions: int, d_head: int, theta: float) -> tuple[np.ndarray
     if d_head % 2:
         raise ValueError(f"rotary embeddings need an even head dimension; got {d_head}")
     exponents = np.arange(0, d_head, 2, dtype=np.float32) / np.float32(d_head)                 # 2i / d, float32
-    inv_freq = np.float32(1.0) / (theta ** exponents.astype(np.float64)).astype(np.float32)    # theta^(-2i/d)
+    base = (theta ** exponents.astype(np.float64)).astype(np.float32)                          # theta^(2i/d)
+    inv_freq, attention_factor = np.float32(1.0) / base, 1.0                                   # theta^(-2i/d)
+    if scaling is not None:   # a RoPE scaling (model/rope.py: Llama 3.x, YaRN, LongRoPE, ...) changes inv_freq
+        inv_freq, attention_factor = scaling.inverse_frequencies(base, theta, n_positions)
     angles = np.arange(n_positions, dtype=np.float32)[:, None] * inv_freq[None, :]   # [P, d/2], float32
     angles = np.concatenate([angles, angles], axis=-1).astype(np.float64)             # [P, d]
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    if attention_factor != 1.0:   # YaRN, LongRoPE: cos and sin times the attention factor, every score times its square
+        cos, sin = cos * np.float32(attention_factor), sin * np.float32(attention_factor)
+    return cos, sin
 
 
 def rotate_half(x: np.ndarray) -> np.ndarray:
@@ -87,10 +94,15 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate each position's feature pairs by its angles: x [..., T, d], cos and sin [T, d].
+    """Rotate each position's feature pairs by its angles: x [..., T, d], cos and sin [T, r].
 
     Rotating queries and keys by their own positions makes q_i . k_j depend on i - j only.
+    Partial rotary (GPT-NeoX's rotary_pct, Phi-3's partial_rotary_factor): tables narrower than x, [T, r] with r < d,
+    turn x's first r features (rotate-half within them, pairs (i, i + r/2)) and pass the other d - r through.
     """
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        return np.concatenate([apply_rope(x[..., :r], cos, sin), x[..., r:]], axis=-1)
     return x * cos + rotate_half(x) * sin
 
 

@@ -108,7 +108,7 @@ def forward(model, input_ids, mask, edits: list[list[Edit]] | None = None) -> Ed
     x = model.embed(ids)                                                             # [B, T, D]
     for layer, block in enumerate(model.blocks):
         x = site("residual", layer, x)
-        h = block.ln1(x) if cfg.norm_first else x
+        h = block.attention_input(x)
         q, k, v = _qkv(block.attn, h, cfg)                                           # [B, H, T, dh]
         q, k, v = site("query", layer, q), site("key", layer, k), site("value", layer, v)
         scores = soft_cap(q @ np.swapaxes(k, -1, -2) / np.float32(np.sqrt(cfg.query_pre_attn_scalar or cfg.d_head)
@@ -118,7 +118,7 @@ def forward(model, input_ids, mask, edits: list[list[Edit]] | None = None) -> Ed
         pattern = site("pattern", layer, softmax(scores, axis=-1))
         z = site("head_output", layer, pattern @ v)                                  # [B, H, T, dh]
         a = linear(z.transpose(0, 2, 1, 3).reshape(B, T, -1), *block.attn.out_projection())   # [B, T, D]
-        x = block.residual(x, a)
+        x = block.after_attention(x, a)
     if model.ln_f is not None:
         x = model.ln_f(x)
     logits = soft_cap(x[:, -1] @ model.unembedding.T, cfg.final_softcap) if cfg.lm_head else None

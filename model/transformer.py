@@ -16,6 +16,7 @@ import numpy as np
 from . import masks as M
 from .attention import GroupedQueryAttention, MultiHeadAttention
 from .functional import gelu, gelu_tanh, layer_norm, linear, position_weights, rms_norm, rope_tables, silu, soft_cap
+from .rope import RopeScaling
 
 # Teaching outputs, besides the probabilities. Per layer and batch: x [T, D], what the block's q/k/v projections
 # read (after ln1 in a pre-norm block); q, k, v and ctx = probs @ v, the head's output before the output
@@ -33,9 +34,11 @@ class TransformerConfig:
       GPT-2   norm_first, causal, final_norm (mlp="gelu_tanh" is the real GPT-2's activation)
       Llama   norm_first, causal, final_norm, norm="rms", position="rope", mlp="swiglu",
               attention="gqa", n_kv_heads, rope_theta, qkv_bias=False, bias=False, lm_head
-              (Qwen2 keeps qkv_bias=True)
+              (Qwen2 keeps qkv_bias=True; Qwen3 adds qk_norm="head")
+      OLMo 2  Llama's, but output_norms instead of norm_first, and qk_norm="full"
+      GPT-NeoX GPT-2's LayerNorm and GELU with RoPE (attention="gqa"), parallel_residual, rotary_dim < d_head
       Gemma 2 Llama's, with mlp="geglu", embed_scale, query_pre_attn_scalar, attn_softcap, final_softcap,
-              post_norms, sliding_window and layer_types (local and global layers)
+              output_norms (with norm_first), sliding_window and layer_types (local and global layers)
       Gemma 3 Gemma 2's without the soft-capping, with qk_norm="head" and rope_local_theta
     """
     vocab_size: int
@@ -58,20 +61,28 @@ class TransformerConfig:
     n_kv_heads: int = 0             # key/value heads shared by groups of query heads (gqa); 0 = n_heads
     d_head: int = 0                 # features per head; 0 = d_model // n_heads
     rope_theta: float = 10000.0     # RoPE's base: the slowest pair turns once per ~2 pi theta tokens
+    rope_scaling: RopeScaling | None = None   # Llama 3.x, YaRN, LongRoPE, linear, dynamic (model/rope.py); None: plain
+    rotary_dim: int = 0             # features of each head RoPE turns, the first ones (partial rotary: GPT-NeoX's
+    #                                 rotary_pct, Phi-3's partial_rotary_factor, x d_head); 0 = d_head
     qkv_bias: bool = True           # biases on the q, k, v projections
     bias: bool = True               # biases on the attention output and MLP projections
     lm_head: bool = False           # next-token logits from the final hidden states
     tie_embeddings: bool = True     # the LM head is the token embedding matrix (no weights of its own)
+    qk_norm: Literal[None, "head", "full"] = None   # QK-norm: RMSNorm on the queries and keys before RoPE, over each
+                                    # head's d_head features (Qwen3, Gemma 3) or over the whole projection (OLMo 2)
+    output_norms: bool = False      # each sublayer's output is normalised before it joins the stream: OLMo 2's
+                                    # x = x + P1(Attn(x)) (norm_first False), Gemma's x = x + P1(Attn(N1(x))) (with
+                                    # norm_first: 4 norms per block)
+    parallel_residual: bool = False  # GPT-NeoX: attention and MLP read the same input, x = x + Attn(N1(x)) + MLP(N2(x))
     # Gemma 2 and 3 (the defaults leave every other family as it was)
     embed_scale: float = 1.0        # token embeddings times this (Gemma: sqrt(d_model), rounded to float32)
     query_pre_attn_scalar: float = 0.0   # scores divided by sqrt(this) instead of sqrt(d_head); 0: d_head
     attn_softcap: float = 0.0       # attention logit soft-capping, scores -> cap * tanh(scores / cap); 0: off
     final_softcap: float = 0.0      # the same on the next-token logits; 0: off
-    post_norms: bool = False        # a norm after the attention and after the MLP too, before each residual add
     sliding_window: int = 0         # local layers' window: a query sees its last sliding_window keys (own included)
     layer_types: tuple[str, ...] = ()   # per layer "full_attention" (global) or "sliding_attention" (local)
-    rope_local_theta: float = 0.0   # RoPE's base on local layers (Gemma 3's rope_local_base_freq); 0: rope_theta
-    qk_norm: Literal[None, "head", "full"] = None   # QK-norm: RMSNorm on queries and keys ("head": per head)
+    rope_local_theta: float = 0.0   # RoPE's base on local layers (Gemma 3's rope_local_base_freq, no scaling);
+                                    # 0: rope_theta
 
     @property
     def has_unembedding(self) -> bool:
@@ -100,6 +111,19 @@ class TransformerConfig:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if not self.d_head:
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        if not self.rotary_dim:
+            object.__setattr__(self, "rotary_dim", self.d_head)
+        if isinstance(self.rope_scaling, dict):   # as asdict() wrote it (a GGUF file's cached config)
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        if self.parallel_residual and (self.output_norms or not self.norm_first):
+            raise ValueError("parallel_residual needs norm_first and no output_norms (both sublayers read their own "
+                             "norm of the same x)")
+        if self.parallel_residual and not self.norm_first:
+            raise ValueError("parallel_residual needs norm_first (both sublayers read their own norm of the same x)")
+        if self.position == "rope" and (self.rotary_dim % 2 or self.rotary_dim > self.d_head):
+            raise ValueError(f"rotary_dim must be even and at most d_head {self.d_head}; got {self.rotary_dim}")
+        if self.attention == "mha" and self.qk_norm:
+            raise ValueError("qk_norm needs attention='gqa'")
         if self.attention == "mha" and (self.position == "rope" or self.n_kv_heads != self.n_heads or
                                         self.d_head * self.n_heads != self.d_model or self.qkv_bias != self.bias):
             raise ValueError("RoPE, n_kv_heads != n_heads, d_head != d_model / n_heads and q/k/v biases without "
@@ -171,13 +195,19 @@ class TransformerBlock:
     pre-norm (GPT-2, Llama):  x = x + Attn(N1(x));   x = x + MLP(N2(x))
     Pre-norm keeps an un-normalised residual stream, which is what lets deep stacks train stably.
     Llama's block is the pre-norm one with RMSNorm, grouped-query attention with RoPE, and SwiGLU.
-    post_norms (Gemma's 4 norms per block):  x = x + P1(Attn(N1(x)));   x = x + P2(MLP(N2(x)))
+    parallel (GPT-NeoX):      x = x + Attn(N1(x)) + MLP(N2(x))
+    output norms (OLMo 2):    x = x + P1(Attn(x));   x = x + P2(MLP(x))
+    output norms with norm_first (Gemma's 4 norms):  x = x + P1(Attn(N1(x)));   x = x + P2(MLP(N2(x)))
+    The output norms P1, P2 are post_attn_norm and post_mlp_norm in both; N1, N2 (ln1, ln2) are the pre-norms of a
+    pre-norm block, the norms of the residual sums of a post-norm one, and absent in OLMo 2's.
     A local layer (window > 0) adds its sliding-window band (masks.sliding_window_mask) to the mask it is given,
     like the causal mask: part of the model's own mask, on that layer only.
     """
 
     def __init__(self, cfg: TransformerConfig, rng, rope=None, window: int = 0):
-        self.norm_first, self.window = cfg.norm_first, window
+        self.norm_first, self.output_norms, self.parallel_residual = cfg.norm_first, cfg.output_norms, \
+            cfg.parallel_residual
+        self.window = window
         seed = None if rng is None else int(rng.integers(2**31))
         if cfg.attention == "gqa":
             self.attn = GroupedQueryAttention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_head, rope=rope,
@@ -188,10 +218,12 @@ class TransformerBlock:
             self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, bias=cfg.bias, temperature=cfg.temperature,
                                            seed=seed or 0)
         Norm = RMSNorm if cfg.norm == "rms" else LayerNorm
-        self.ln1, self.ln2 = Norm(cfg.d_model, cfg.layer_norm_eps), Norm(cfg.d_model, cfg.layer_norm_eps)
+        inner = cfg.norm_first or not cfg.output_norms               # N1, N2: all but OLMo 2's block have them
+        self.ln1 = Norm(cfg.d_model, cfg.layer_norm_eps) if inner else None
+        self.ln2 = Norm(cfg.d_model, cfg.layer_norm_eps) if inner else None
         self.mlp = SwiGLU(cfg, rng) if cfg.mlp == "swiglu" else GeGLU(cfg, rng) if cfg.mlp == "geglu" else MLP(cfg, rng)
-        self.post_attn_norm = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.post_norms else None
-        self.post_mlp_norm = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.post_norms else None
+        self.post_attn_norm = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.output_norms else None   # P1
+        self.post_mlp_norm = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.output_norms else None    # P2
 
     def local_mask(self, mask, t_query: int, t_key: int, start: int = 0):
         """The mask this layer attends with: `mask` plus, on a local layer, its sliding-window band."""
@@ -199,28 +231,36 @@ class TransformerBlock:
             return mask
         return M.combine(mask, M.sliding_window_mask(t_query, t_key, self.window, start)[None, None])
 
-    def residual(self, x, a):
-        """x after the attention's output a joins the residual stream, and after the MLP (post_norms: each output
-        normed first). Returns the block's output."""
-        if self.norm_first:
-            x = x + (a if self.post_attn_norm is None else self.post_attn_norm(a))
-            m = self.mlp(self.ln2(x))
-            return x + (m if self.post_mlp_norm is None else self.post_mlp_norm(m))
-        x = self.ln1(x + a)
-        return self.ln2(x + self.mlp(x))
-
     def __call__(self, x, mask=None, head_mask=None, stages: bool = False):
         """x [B, T, D], mask additive [B, 1|H, T, T], head_mask (keep, mean, weights) for this layer or None.
         Returns x, probs [B, H, T, T], stages or None."""
-        h = self.ln1(x) if self.norm_first else x
+        h = self.attention_input(x)
         mask = self.local_mask(mask, x.shape[1], x.shape[1])
         a, probs, st, (q, k, v) = self.attn(h, attn_mask=mask, head_mask=head_mask, average_attn_weights=False,
                                             return_stages=True)
-        x = self.residual(x, a)
+        x = self.after_attention(x, a)
         if not stages:
             return x, probs, None
         return x, probs, dict(x=h, q=q, k=k, v=v, scores=st.scores, scaled=st.scaled, masked=st.masked,
                               ctx=st.probs @ v)   # ctx: before any ablation, as the head computed it
+
+    def attention_input(self, x):
+        """What the attention reads of the block's input x [B, T, D]: N1(x) in a pre-norm block, x itself otherwise."""
+        return self.ln1(x) if self.norm_first else x
+
+    def after_attention(self, x, a):
+        """The block's output from its input x and its attention's output a = Attn(attention_input(x)), both
+        [B, T, D]: the residual connections, the norms and the MLP, in the order of the class docstring."""
+        if self.parallel_residual:
+            return x + a + self.mlp(self.ln2(x))
+        if self.output_norms:                                    # OLMo 2, and Gemma with its pre-norms
+            x = x + self.post_attn_norm(a)
+            return x + self.post_mlp_norm(self.mlp(self.ln2(x) if self.norm_first else x))
+        if self.norm_first:
+            x = x + a
+            return x + self.mlp(self.ln2(x))
+        x = self.ln1(x + a)
+        return self.ln2(x + self.mlp(x))
 
     def head_output(self, head: int, ctx: np.ndarray) -> np.ndarray:
         """One head's share of Attn(x): its output ctx [..., T, d_head] through its d_head columns of the output
@@ -250,9 +290,9 @@ class Transformer:
         self.wte = _normal(rng, (cfg.vocab_size, cfg.d_model))                                    # tokens
         self.wpe = _normal(rng, (cfg.max_positions, cfg.d_model)) if cfg.position == "learned" else None  # positions
         self.wtt = _normal(rng, (cfg.type_vocab_size, cfg.d_model)) if cfg.type_vocab_size else None      # segments
-        self.rope = rope_tables(cfg.max_positions, cfg.d_head, cfg.rope_theta) \
-            if cfg.position == "rope" else None                                     # (cos, sin) [P, d_head]
-        self.rope_local = rope_tables(cfg.max_positions, cfg.d_head, cfg.rope_local_theta) \
+        self.rope = rope_tables(cfg.max_positions, cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling) \
+            if cfg.position == "rope" else None                                     # (cos, sin) [P, rotary_dim]
+        self.rope_local = rope_tables(cfg.max_positions, cfg.rotary_dim, cfg.rope_local_theta) \
             if self.rope is not None and cfg.rope_local_theta and cfg.local_layers else None   # local layers' own
         Norm = RMSNorm if cfg.norm == "rms" else LayerNorm
         self.ln_embed = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.embed_norm else None

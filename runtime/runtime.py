@@ -158,7 +158,7 @@ class Runtime:
             ids[b, :lengths[b]], types[b, :lengths[b]] = e.ids, e.type_ids
         mask = self.build_mask(lengths, causal, mask_tokens)
         feeds = self.feeds(ids, types, mask, lengths, head_mask, head_mean)   # checks the head mask's shape
-        depth = depth if depth is not None and depth < self.cfg.n_layers and engine == "onnx" and not stages else None
+        depth = depth if depth is not None and depth <= self.cfg.n_layers and engine == "onnx" and not stages else None
         lm = list(T_.LM_OUTPUTS) if self.cfg.lm_head and depth is None else []
 
         if engine == "numpy":
@@ -168,14 +168,20 @@ class Runtime:
             lm_out = {name: getattr(out, name) for name in lm}
         else:
             sess = self.session(stages, depth=depth)
-            names = (["hidden"] if depth is None else []) + ["attentions"] + lm + (list(T_.STAGES) if stages else [])
-            if depth is not None:
-                feeds = {name: feeds[name] for name in (i.name for i in sess.get_inputs())}
             axes = {"batch": B, "tokens": T, "layers": self.cfg.n_layers, "heads": self.cfg.n_heads}
-            outs = dict(zip(names, run_owned(sess, names, feeds, axes)))
-            hidden, attn, provider = outs.pop("hidden", None), outs.pop("attentions"), sess.get_providers()[0]
-            lm_out = {name: outs.pop(name) for name in lm}
-            st = outs if stages else None
+            if depth is not None:    # one output per block, each written into its slice of the stacked attentions
+                feeds = {name: feeds[name] for name in (i.name for i in sess.get_inputs())}
+                attn = np.empty((depth, B, self.cfg.n_heads, T, T), np.float32)
+                per_block = [o.name for o in sess.get_outputs()]
+                run_owned(sess, per_block, feeds, axes, into=dict(zip(per_block, attn)))
+                hidden, lm_out, st = None, {}, None
+            else:
+                names = ["hidden", "attentions"] + lm + (list(T_.STAGES) if stages else [])
+                outs = dict(zip(names, run_owned(sess, names, feeds, axes)))
+                hidden, attn = outs.pop("hidden"), outs.pop("attentions")
+                lm_out = {name: outs.pop(name) for name in lm}
+                st = outs if stages else None
+            provider = sess.get_providers()[0]
         seconds = time.perf_counter() - t0
 
         results = []
@@ -232,10 +238,9 @@ class Runtime:
 
     def depth_for(self, last_layer: int) -> int | None:
         """How many blocks a run needs for the attentions of layers <= last_layer: a power of two (a few graphs,
-        each opened once and kept: ~log2 L of them), within stop_early_mb; None: the whole model's graph."""
-        depth = 1 << last_layer.bit_length()
-        if depth >= self.cfg.n_layers:
-            return None
+        each opened once and kept: ~log2 L of them), or all L (the last block's attention still needs no values, MLP,
+        final norm, LM head or stacking copy), within stop_early_mb; None: the whole model's graph."""
+        depth = min(1 << last_layer.bit_length(), self.cfg.n_layers)
         opened = self.open_depths()
         if depth in opened:
             return depth

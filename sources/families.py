@@ -10,27 +10,51 @@ mapping (our tensor -> the model folder's). Where the families differ from the T
   Llama     pre-norm, RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases
   Mistral   Llama with a sliding window: exact while the input fits in it, so max_tokens is capped there
   Qwen2     Llama with biases on the q, k and v projections
+  Qwen3     Llama with QK-norm: an RMSNorm over each head's queries and keys (weights of d_head) before RoPE
+  OLMo 2    Llama with its norms after the sublayers (x = x + N(Attn(x)); x = x + N(MLP(x))) and QK-norm over the
+            whole q and k projections (before they are split into heads)
+  GPT-NeoX  Pythia's family: LayerNorm with biases, GELU, untied embed_out, RoPE on each head's first rotary_pct of
+            its features (rotate-half within them), parallel residual (x = x + Attn(N1(x)) + MLP(N2(x))) when
+            use_parallel_residual; query_key_value is one fused matrix laid out per head (q, k, v of head 0, then of
+            head 1, ...), split at load
+  Phi-3     Llama with fused qkv_proj and gate_up_proj (split into ours at load), a sliding window where its config
+            sets one, LongRoPE (the short factors: exact up to original_max_position_embeddings, so capped there) and
+            partial rotary embeddings (partial_rotary_factor: only a head's first features turn)
   Gemma 2   Llama's shape with GeGLU (gelu_pytorch_tanh), token embeddings times sqrt(d_model), scores scaled by
             query_pre_attn_scalar, attention and final logit soft-capping, a norm before and after both the
-            attention and the MLP (4 per block), alternating local (sliding-window) and global layers (layer_types;
-            the window is part of a local layer's own mask, exact at every length), tied embeddings. Gemma's RMSNorm
-            multiplies by (1 + weight): 1 is added to the norms' weights at load (GGUF files already hold 1 + weight)
+            attention and the MLP (4 per block: OLMo 2's output norms with the pre-norms), alternating local
+            (sliding-window) and global layers (layer_types; the window is part of a local layer's own mask, exact
+            at every length), tied embeddings. Gemma's RMSNorm multiplies by (1 + weight): 1 is added to the norms'
+            weights at load (GGUF files already hold 1 + weight)
   Gemma 3   Gemma 2 without soft-capping, with QK-norm (each head's q and k RMS-normalised) and the local layers'
             own RoPE base (rope_local_base_freq); model_type gemma3_text, or gemma3 with its text_config inside
+RoPE scaling (the Llama family and Phi-3; model/rope.py): llama3 (Llama 3.x), linear, yarn, longrope and dynamic
+from rope_parameters / rope_scaling, into the one table of each model; dynamic is plain RoPE up to
+max_position_embeddings, where its positions end anyway. Positions go to max_position_embeddings within
+MAX_POSITIONS (ATTNSCOPE_MAX_TOKENS's ceiling), inputs by default to MAX_TOKENS.
 Adding a family is adding an entry here (and its parity test), never editing routes or the page.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
 
 import numpy as np
 
+from ..model.rope import RopeScaling
 from ..model.transformer import TransformerConfig
-from .spec import MAX_TOKENS, ModelUnavailable
+from .spec import MAX_POSITIONS, MAX_TOKENS, ModelUnavailable
 
 GELU = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}   # hidden_act -> our mlp
+
+
+class Split(NamedTuple):
+    """One part of a fused tensor whose rows are `groups` runs of parts of these sizes (GPT-NeoX's query_key_value:
+    per head, q, k and v of d_head rows each; Phi-3's qkv_proj: one run of q, k, v; its gate_up_proj: gate, up)."""
+    part: int
+    sizes: tuple[int, ...]
+    groups: int = 1
 
 
 class Source(NamedTuple):
@@ -39,6 +63,7 @@ class Source(NamedTuple):
     transpose: bool = False   # GPT-2's Conv1D keeps weights [in, out]
     skip_rows: int = 0        # RoBERTa's position table: rows before padding_idx + 1 are never read
     offset: float = 0.0       # added to the values: Gemma's norms multiply by (1 + weight)
+    split: Split | None = None  # ours is one part of a fused tensor (GPT-NeoX's query_key_value, Phi-3's qkv_proj)
 
 
 @dataclass(frozen=True)
@@ -139,17 +164,83 @@ def _gpt2_names(cfg: TransformerConfig, c: dict, m: str) -> dict[str, Source]:
     return names
 
 
+def _rope_parameters(c: dict) -> dict:
+    """config.json's RoPE settings as one dict, its kind under 'rope_type': `rope_parameters` (transformers 5) or
+    `rope_scaling` (4.x, kind under 'type'), as transformers' standardize_rope_params merges them."""
+    rope = dict(c.get("rope_scaling") or {}) | dict(c.get("rope_parameters") or {})
+    rope["rope_type"] = rope.get("rope_type") or rope.get("type") or "default"
+    return rope
+
+
 def _rope_theta(c: dict) -> float:
-    """RoPE's base from `rope_parameters` (transformers 5) or `rope_theta` / `rope_scaling` (4.x)."""
-    rope = c.get("rope_parameters") or {}
-    scaling = c.get("rope_scaling") or {}
-    kind = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    """RoPE's base from `rope_parameters` (transformers 5) or `rope_theta` / `rope_scaling` (4.x), for a family whose
+    scaling is not wired (see _rope for those that are)."""
+    rope = _rope_parameters(c)
+    kind = rope["rope_type"]
     if kind != "default":
         raise ModelUnavailable(f"RoPE scaling {kind!r} is not supported (only plain RoPE, rope_type 'default')")
     if c.get("partial_rotary_factor", 1.0) != 1.0:
         raise ModelUnavailable(f"partial rotary embeddings (partial_rotary_factor {c['partial_rotary_factor']}) "
                                f"are not supported")
     return float(rope.get("rope_theta") or c.get("rope_theta") or 10000.0)
+
+
+ROPE_KINDS = ("linear", "llama3", "yarn", "longrope", "dynamic")   # besides "default": model/rope.py
+
+
+class Rope(NamedTuple):
+    theta: float
+    scaling: RopeScaling | None
+    rotary_dim: int
+    limit: int | None    # the most positions one table serves exactly (longrope, dynamic), or None
+    note: str            # for a person, where the limit caps the input
+
+
+def _rope(c: dict, d_head: int) -> Rope:
+    """RoPE as the Llama family and Phi-3 configure it: theta, the scaling (rope_type and its parameters, as
+    transformers' ROPE_INIT_FUNCTIONS read them), and the features it turns (Phi-3's partial_rotary_factor)."""
+    family, rope = c["model_type"], _rope_parameters(c)
+    theta = float(rope.get("rope_theta") or c.get("rope_theta") or 10000.0)
+    kind = rope["rope_type"]
+    if family == "phi3" and kind in ("su", "yarn"):      # Phi3Config's names for longrope in older configs
+        kind = "longrope"
+    if kind not in ("default",) + ROPE_KINDS:
+        raise ModelUnavailable(f"RoPE scaling {kind!r} is not supported (supported rope_type: default, "
+                               f"{', '.join(ROPE_KINDS)})")
+    partial = float(rope.get("partial_rotary_factor") or c.get("partial_rotary_factor") or 1.0)
+    if partial != 1.0 and family != "phi3":   # LlamaAttention turns every feature: transformers ignores it there
+        raise ModelUnavailable(f"partial rotary embeddings (partial_rotary_factor {partial}) are not supported for "
+                               f"model_type {family!r} (Phi-3 only)")
+    rotary_dim = int(d_head * partial)
+    if kind == "default":
+        return Rope(theta, None, rotary_dim, None, "")
+    positions = _get(c, "max_position_embeddings")
+    original = c.get("original_max_position_embeddings") or (4096 if family == "phi3" else None) \
+        or rope.get("original_max_position_embeddings") or positions   # a top-level one first, as transformers
+    need = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",), "longrope": ("short_factor",),
+            "llama3": ("factor", "low_freq_factor", "high_freq_factor")}[kind]
+    missing = [k for k in need if rope.get(k) is None and not (k == "factor" and kind == "yarn")]
+    if missing:
+        raise ModelUnavailable(f"config.json's RoPE scaling {kind!r} has no {', '.join(missing)}")
+    factor = rope.get("factor") or positions / original                  # yarn, longrope: the lengths' ratio
+    scaling = RopeScaling(
+        kind, float(factor), positions if kind == "dynamic" else int(original),
+        low_freq_factor=float(rope.get("low_freq_factor") or 1.0),
+        high_freq_factor=float(rope.get("high_freq_factor") or 4.0),
+        beta_fast=float(rope.get("beta_fast") or 32), beta_slow=float(rope.get("beta_slow") or 1),
+        truncate=bool(rope.get("truncate", True)), mscale=float(rope.get("mscale") or 0),
+        mscale_all_dim=float(rope.get("mscale_all_dim") or 0), attention_factor=rope.get("attention_factor"),
+        short_factor=rope.get("short_factor") or (), long_factor=rope.get("long_factor") or ())
+    if kind == "longrope" and len(scaling.short_factor) != rotary_dim // 2:
+        raise ModelUnavailable(f"config.json's longrope short_factor has {len(scaling.short_factor)} entries; its "
+                               f"{rotary_dim} rotary features need {rotary_dim // 2}")
+    note = {"longrope": f"LongRoPE's short factors are exact up to {original} tokens "
+                        f"(original_max_position_embeddings); past it transformers turns every position by the long "
+                        f"factors instead, which one table cannot serve: inputs are capped at {original} tokens.",
+            "dynamic": f"Dynamic NTK scaling is plain RoPE up to max_position_embeddings ({positions}); past it "
+                       f"transformers raises theta with the input's length: inputs are capped at {positions} tokens."
+            }.get(kind, "")
+    return Rope(theta, scaling, rotary_dim, scaling.limit, note)
 
 
 def _sliding_window(c: dict) -> int | None:
@@ -159,16 +250,21 @@ def _sliding_window(c: dict) -> int | None:
         return None
     if "layer_types" in c:
         return window if "sliding_attention" in (c["layer_types"] or ()) else None
-    return window if c["model_type"] == "mistral" or c.get("use_sliding_window") else None
+    return window if c["model_type"] in ("mistral", "phi3") or c.get("use_sliding_window") else None
 
 
 def _llama_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[str]]:
-    """Llama, Mistral and Qwen2: they differ in biases and the sliding window."""
+    """Llama, Mistral, Qwen2 and Phi-3: they differ in biases, the sliding window and RoPE (see _rope)."""
     if c.get("hidden_act", "silu") != "silu":
         raise ModelUnavailable(f"hidden_act {c['hidden_act']!r} is not supported (the family's SwiGLU uses silu)")
     family = c["model_type"]
     if family == "qwen2":
         qkv_bias, bias = True, False                      # q/k/v biases; o_proj and the MLP have none
+    elif family in ("qwen3", "olmo2"):                    # attention_bias: q, k, v and o, but never the MLP
+        if c.get("attention_bias"):
+            raise ModelUnavailable(f"attention_bias true (biases on q, k, v and o but not the MLP) is not supported "
+                                   f"for model_type {family!r}")
+        qkv_bias = bias = False
     else:
         qkv_bias = bias = bool(c.get("attention_bias", False))   # q, k, v and o
         if bool(c.get("mlp_bias", False)) != bias:
@@ -176,19 +272,30 @@ def _llama_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[s
                                    f"is not supported (both on or both off)")
     d, heads = _get(c, "hidden_size"), _get(c, "num_attention_heads")
     tie = c.get("tie_word_embeddings", False)
-    max_tokens, notes = min(_get(c, "max_position_embeddings"), MAX_TOKENS), []
+    d_head = c.get("head_dim") or d // heads
+    rope = _rope(c, d_head)
+    positions, notes = min(_get(c, "max_position_embeddings"), MAX_POSITIONS), []   # ATTNSCOPE_MAX_TOKENS's ceiling
     window = _sliding_window(c)
-    if window is not None and window < max_tokens:
-        max_tokens = window
+    if window is not None and window < positions:
+        positions = window
         notes.append(f"Inputs are capped at {window} tokens, its sliding window: within it every query sees all "
                      f"earlier keys, as transformers computes them; longer texts are truncated.")
+    if rope.limit is not None and rope.limit <= positions:
+        positions = rope.limit
+        notes.append(rope.note)
+    max_tokens = min(positions, MAX_TOKENS)
     cfg = TransformerConfig(
-        vocab_size=_get(c, "vocab_size"), max_positions=max_tokens, d_model=d, n_heads=heads,
+        vocab_size=_get(c, "vocab_size"), max_positions=positions, d_model=d, n_heads=heads,
         n_layers=_get(c, "num_hidden_layers"), d_ff=_get(c, "intermediate_size"), norm_first=True, causal=True,
         final_norm=True, layer_norm_eps=float(c.get("rms_norm_eps", 1e-6)), norm="rms", position="rope",
         mlp="swiglu", attention="gqa", n_kv_heads=c.get("num_key_value_heads") or heads,
-        d_head=c.get("head_dim") or d // heads, rope_theta=_rope_theta(c), qkv_bias=qkv_bias, bias=bias,
+        d_head=d_head, rope_theta=rope.theta, rope_scaling=rope.scaling, rotary_dim=rope.rotary_dim,
+        qkv_bias=qkv_bias, bias=bias,
         lm_head=tie or "lm_head.weight" in tensors, tie_embeddings=tie)
+    if family == "qwen3":
+        cfg = replace(cfg, qk_norm="head")
+    if family == "olmo2":
+        cfg = replace(cfg, qk_norm="full", norm_first=False, output_norms=True)
     return cfg, max_tokens, notes
 
 
@@ -198,17 +305,23 @@ LLAMA_BLOCK = {"attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_pr
                "mlp.gate": "mlp.gate_proj", "mlp.up": "mlp.up_proj", "mlp.down": "mlp.down_proj"}
 
 
+QK_NORMS = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}                 # Qwen3, OLMo 2
+OUTPUT_NORMS = {"post_attn_norm": "post_attention_layernorm", "post_mlp_norm": "post_feedforward_layernorm"}  # OLMo 2, Gemma
+
+
 def _llama_names(cfg: TransformerConfig, c: dict, m: str) -> dict[str, Source]:
     names = {"wte": Source((m + "embed_tokens.weight",)), "ln_f.weight": Source((m + "norm.weight",))}
+    block = {ours: theirs for ours, theirs in LLAMA_BLOCK.items() if cfg.norm_first or not ours.startswith("ln")}
+    block |= (QK_NORMS if cfg.qk_norm else {}) | (OUTPUT_NORMS if cfg.output_norms else {})   # OLMo 2: no ln1, ln2
     for i in range(cfg.n_layers):
-        for ours, theirs in LLAMA_BLOCK.items():
+        for ours, theirs in block.items():
             names |= _module(f"blocks.{i}.{ours}", f"{m}layers.{i}.{theirs}")
     if not cfg.tie_embeddings:
         names["lm_head.weight"] = Source(("lm_head.weight",))
     return names
 
 
-def _rope_parameters(c: dict, layer_type: str) -> dict:
+def _gemma_rope_parameters(c: dict, layer_type: str) -> dict:
     """Gemma 3's RoPE parameters of one layer type: transformers 5's rope_parameters by layer type, or 4.x's
     rope_theta (global), rope_local_base_freq (local) and rope_scaling (global)."""
     rope = c.get("rope_parameters") or {}
@@ -239,7 +352,7 @@ def _gemma_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[s
         "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(L)))
     window = int(c.get("sliding_window") or 0) if "sliding_attention" in layer_types else 0
     if family == "Gemma 3":
-        ropes = {t: _rope_parameters(c, t) for t in ("full_attention", "sliding_attention")}
+        ropes = {t: _gemma_rope_parameters(c, t) for t in ("full_attention", "sliding_attention")}
         bad = {t: r.get("rope_type", "default") for t, r in ropes.items() if r.get("rope_type", "default") != "default"}
         if bad:
             raise ModelUnavailable(f"RoPE scaling {', '.join(f'{v!r} on {k}' for k, v in bad.items())} is not "
@@ -258,7 +371,7 @@ def _gemma_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[s
         rope_theta=theta, qkv_bias=False, bias=False, lm_head=tie or "lm_head.weight" in tensors, tie_embeddings=tie,
         embed_scale=float(np.float32(d ** 0.5)), query_pre_attn_scalar=float(c.get("query_pre_attn_scalar") or 0.0),
         attn_softcap=float(c.get("attn_logit_softcapping") or 0.0),
-        final_softcap=float(c.get("final_logit_softcapping") or 0.0), post_norms=True, sliding_window=window,
+        final_softcap=float(c.get("final_logit_softcapping") or 0.0), output_norms=True, sliding_window=window,
         layer_types=layer_types if window else (), rope_local_theta=local_theta if local_theta != theta else 0.0,
         qk_norm="head" if family == "Gemma 3" else None)
     notes = []
@@ -269,8 +382,7 @@ def _gemma_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[s
     return cfg, max_tokens, notes
 
 
-GEMMA_BLOCK = {"ln1": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
-               "ln2": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm"}
+GEMMA_BLOCK = {"ln1": "input_layernorm", "ln2": "pre_feedforward_layernorm"} | OUTPUT_NORMS   # 4 norms per block
 
 
 def _gemma_names(cfg: TransformerConfig, c: dict, m: str) -> dict[str, Source]:
@@ -290,6 +402,64 @@ def _gemma_names(cfg: TransformerConfig, c: dict, m: str) -> dict[str, Source]:
     return names
 
 
+def _gpt_neox_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[str]]:
+    if not c.get("attention_bias", True):
+        raise ModelUnavailable("GPT-NeoX without attention biases (attention_bias false; its MLP keeps them) is not "
+                               "supported")
+    d, heads = _width(c, "hidden_size", "num_attention_heads")
+    rope = c.get("rope_parameters") or {}
+    factor = rope.get("partial_rotary_factor", c.get("rotary_pct", 0.25))      # transformers' default, 0.25
+    rotary_dim = int(d // heads * factor)
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ModelUnavailable(f"partial_rotary_factor {factor} turns {rotary_dim} of each head's {d // heads} "
+                               f"features; supported: an even number, at least 2")
+    theta = _rope_theta({**c, "rope_theta": c.get("rotary_emb_base", c.get("rope_theta"))})   # 4.x: rotary_emb_base
+    tie = c.get("tie_word_embeddings", False)
+    positions = _get(c, "max_position_embeddings")
+    cfg = TransformerConfig(
+        vocab_size=_get(c, "vocab_size"), max_positions=positions, d_model=d, n_heads=heads,
+        n_layers=_get(c, "num_hidden_layers"), d_ff=_get(c, "intermediate_size"), norm_first=True, causal=True,
+        final_norm=True, layer_norm_eps=float(c.get("layer_norm_eps", 1e-5)), mlp=_activation(c, "hidden_act", "gelu"),
+        position="rope", attention="gqa", rope_theta=theta, rotary_dim=rotary_dim,
+        parallel_residual=bool(c.get("use_parallel_residual", True)), lm_head=tie or "embed_out.weight" in tensors,
+        tie_embeddings=tie)
+    return cfg, min(positions, MAX_TOKENS), []
+
+
+GPT_NEOX_BLOCK = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm", "attn.o_proj": "attention.dense",
+                  "mlp.fc": "mlp.dense_h_to_4h", "mlp.proj": "mlp.dense_4h_to_h"}
+
+
+def _gpt_neox_names(cfg: TransformerConfig, c: dict, m: str) -> dict[str, Source]:
+    """query_key_value [3 D, D] holds, head by head, that head's q, k and v rows: split into q_proj, k_proj, v_proj."""
+    names = {"wte": Source((m + "embed_in.weight",))} | _module("ln_f", m + "final_layer_norm")
+    for i in range(cfg.n_layers):
+        h, p = f"{m}layers.{i}.", f"blocks.{i}."
+        for ours, theirs in GPT_NEOX_BLOCK.items():
+            names |= _module(p + ours, h + theirs)
+        for j, n in enumerate("qkv"):
+            names |= {f"{p}attn.{n}_proj.{w}": Source((f"{h}attention.query_key_value.{w}",),
+                                                      split=Split(j, (cfg.d_head,) * 3, cfg.n_heads))
+                      for w in ("weight", "bias")}
+    if not cfg.tie_embeddings:
+        names["lm_head.weight"] = Source(("embed_out.weight",))
+    return names
+
+
+def _phi3_names(cfg: TransformerConfig, c: dict, m: str) -> dict[str, Source]:
+    """Llama's names, but q, k and v are row blocks of one fused qkv_proj [q | k | v], and gate and up of gate_up_proj
+    [gate | up] (Phi3MLP: gate, up = gate_up_proj(x).chunk(2))."""
+    names = _llama_names(cfg, c, m)
+    q, kv, ff = cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head, cfg.d_ff
+    for i in range(cfg.n_layers):
+        h, p = f"{m}layers.{i}.", f"blocks.{i}."
+        for j, n in enumerate("qkv"):
+            names[f"{p}attn.{n}_proj.weight"] = Source((h + "self_attn.qkv_proj.weight",), split=Split(j, (q, kv, kv)))
+        for j, n in enumerate(("gate", "up")):
+            names[f"{p}mlp.{n}.weight"] = Source((h + "mlp.gate_up_proj.weight",), split=Split(j, (ff, ff)))
+    return names
+
+
 def _module(ours: str, theirs: str, transpose: bool = False) -> dict[str, Source]:
     """A norm's or linear layer's weight and bias (the bias only where our model has one: see convert)."""
     return {ours + ".weight": Source((theirs + ".weight",), transpose), ours + ".bias": Source((theirs + ".bias",))}
@@ -303,12 +473,18 @@ ARCHITECTURES = {
     "llama": Architecture("Llama", **_LLAMA),
     "mistral": Architecture("Mistral", **_LLAMA),
     "qwen2": Architecture("Qwen2", **_LLAMA),
+    "qwen3": Architecture("Qwen3", **_LLAMA),
+    "olmo2": Architecture("OLMo 2", **_LLAMA),
+    "gpt_neox": Architecture("GPT-NeoX", "embed_in.weight", _gpt_neox_config, _gpt_neox_names),
+    "phi3": Architecture("Phi-3", "embed_tokens.weight", _llama_config, _phi3_names),
     "gemma2": Architecture("Gemma 2", "embed_tokens.weight", _gemma_config, _gemma_names),
     "gemma3_text": Architecture("Gemma 3", "embed_tokens.weight", _gemma_config, _gemma_names),
     "gemma3": Architecture("Gemma 3 (its text model)", "embed_tokens.weight", _gemma_config, _gemma_names),
 }
 CLASS_PREFIXES = {"Bert": "bert", "Roberta": "roberta", "GPT2": "gpt2", "Llama": "llama", "Mistral": "mistral",
-                  "Qwen2": "qwen2", "Gemma2": "gemma2", "Gemma3": "gemma3"}   # BertModel, BertForMaskedLM, GPT2LMHeadModel, Qwen2ForCausalLM, ...
+                  "Qwen2": "qwen2", "Qwen3": "qwen3", "Olmo2": "olmo2", "GPTNeoX": "gpt_neox", "Phi3": "phi3",
+                  "Gemma2": "gemma2", "Gemma3": "gemma3"}
+# (BertModel, BertForMaskedLM, GPT2LMHeadModel, Qwen2ForCausalLM, ...)
 SUPPORTED = (f"supported: {', '.join(a.title for a in ARCHITECTURES.values())} model folders "
              f"(model_type {', '.join(ARCHITECTURES)}) and Llama-family or Gemma 3 .gguf files")
 

@@ -56,10 +56,21 @@ class ModelFolder:
             f" ({cfg.n_kv_heads} key/value head{'s' if cfg.n_kv_heads > 1 else ''})"
         parts = [f"{cfg.n_layers} layers x {cfg.n_heads} heads{kv}", f"d_model {cfg.d_model}", f"head_dim {cfg.d_head}"]
         if cfg.position == "rope":
-            parts.append(f"RoPE theta {cfg.rope_theta:g}")
+            parts.append(f"RoPE theta {cfg.rope_theta:g}" + rope_words(cfg))
         if cfg.lm_head:
             parts.append("tied embeddings" if cfg.tie_embeddings else "untied LM head")
         return ", ".join(parts)
+
+
+def rope_words(cfg: TransformerConfig) -> str:
+    """' with llama3 scaling (factor 32 from 8192 positions)', ' on 8 of 16 features', or ''."""
+    s, words = cfg.rope_scaling, ""
+    if s is not None:
+        words += f" with {s.kind} scaling (factor {s.factor:g}" + \
+            (f" from {s.original_max_positions} positions)" if s.kind != "dynamic" else ")")
+    if cfg.rotary_dim < cfg.d_head:
+        words += f" on {cfg.rotary_dim} of {cfg.d_head} features"
+    return words
 
 
 def _read_json(path: Path) -> dict:
@@ -146,6 +157,8 @@ def _check(mf: ModelFolder, prefix: str) -> None:
         src = mf.sources[ours]
         want = shape[::-1] if src.transpose else shape
         want = (want[0] // len(src.names) + src.skip_rows, *want[1:])       # each stacked part's rows
+        if src.split:                                                       # ours is one part of a fused tensor
+            want = (want[0] // src.split.sizes[src.split.part] * sum(src.split.sizes), *want[1:])
         for name in src.names:
             if name not in tensors:
                 raise ModelUnavailable(f"tensor {name} is missing from the weights in {mf.folder} "
@@ -160,15 +173,28 @@ def _check(mf: ModelFolder, prefix: str) -> None:
 
 def convert(mf: ModelFolder) -> dict[str, np.ndarray]:
     """Our flat state dict (weights.state_dict's names) from the model folder's tensors, float32."""
-    sd = {}
+    sd, last = {}, (None, None)     # the last tensor read: a fused one's parts come one after the other
     for ours in _shapes(mf.cfg):
         src = mf.sources[ours]
-        parts = [read_tensor(mf.tensors[name])[src.skip_rows:] for name in src.names]
+        if src.split:                                      # one part of a fused tensor, read once for all its parts
+            if last[0] != src.names[0]:
+                last = (src.names[0], read_tensor(mf.tensors[src.names[0]]))
+            parts = [_split(last[1], src.split)]
+        else:
+            parts = [read_tensor(mf.tensors[name])[src.skip_rows:] for name in src.names]
         w = parts[0] if len(parts) == 1 else np.concatenate(parts)
         if src.offset:                     # Gemma's norms: the multiplier 1 + weight, in float32 as transformers
             w = w + np.float32(src.offset)
         sd[ours] = np.ascontiguousarray(w.T) if src.transpose else w
     return sd
+
+
+def _split(w: np.ndarray, split) -> np.ndarray:
+    """Part `split.part` of a fused tensor whose rows are `split.groups` runs of parts of `split.sizes` rows:
+    [groups * sizes[part], ...]."""
+    runs = w.reshape(split.groups, sum(split.sizes), *w.shape[1:])
+    start = sum(split.sizes[:split.part])
+    return runs[:, start:start + split.sizes[split.part]].reshape(-1, *w.shape[1:])
 
 
 def load_model(folder: str | Path, cache: Path | None = None) -> Transformer:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .spec import Generation
+from .spec import MAX_POSITIONS, Generation
 from .tokens import bytes_to_unicode
 from ..model.transformer import Transformer, TransformerConfig
 from ..model.weights import load_state_dict
@@ -71,7 +71,8 @@ def gguf_config(reader) -> TransformerConfig:
                          f"('gemma3'); this one is {arch!r}")
     scaling = _field(reader, f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
-        raise ValueError(f"RoPE scaling {scaling!r} is not supported")
+        raise ValueError(f"RoPE scaling {scaling!r} is not supported in GGUF files (a Hugging Face folder's "
+                         f"rope_parameters are)")
     g = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
     n_heads, d_model = g("attention.head_count"), g("embedding_length")
     d_head = g("attention.key_length", d_model // n_heads)
@@ -84,7 +85,7 @@ def gguf_config(reader) -> TransformerConfig:
     return TransformerConfig(
         vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in reader.fields
         else g("vocab_size"),
-        max_positions=g("context_length"), d_model=d_model, n_heads=n_heads, n_layers=g("block_count"),
+        max_positions=min(g("context_length"), MAX_POSITIONS), d_model=d_model, n_heads=n_heads, n_layers=g("block_count"),
         d_ff=g("feed_forward_length"), norm_first=True, causal=True, final_norm=True,
         layer_norm_eps=float(g("attention.layer_norm_rms_epsilon")), norm="rms", position="rope", mlp="swiglu",
         attention="gqa", n_kv_heads=g("attention.head_count_kv", n_heads), d_head=d_head,
@@ -108,7 +109,7 @@ def _gemma3_config(reader, g, names) -> TransformerConfig:
         d_head=g("attention.key_length", d // n_heads), rope_theta=float(g("rope.freq_base", 1_000_000.0)),
         qkv_bias=False, bias=False, lm_head=True, tie_embeddings="output.weight" not in names,
         embed_scale=float(np.float32(d ** 0.5)), query_pre_attn_scalar=GEMMA3_DEFAULTS["query_pre_attn_scalar"],
-        post_norms=True, sliding_window=window, layer_types=tuple(
+        output_norms=True, sliding_window=window, layer_types=tuple(
             "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(L)) if window else (),
         rope_local_theta=GEMMA3_DEFAULTS["rope_local_theta"], qk_norm="head")
 
@@ -142,8 +143,10 @@ def read_weights(reader, cfg: TransformerConfig, progress=None) -> dict[str, np.
             sd[f"blocks.{layer}.{block_names[rest]}"] = w
         elif t.name in TOP_NAMES:
             sd[TOP_NAMES[t.name]] = w
-        else:   # e.g. rope_freqs (Llama 3's scaled RoPE): not supported, and never silently dropped
-            raise ValueError(f"unexpected tensor {t.name} in a Llama GGUF file")
+        else:   # e.g. rope_freqs (Llama 3's scaled RoPE): not supported in GGUF files, and never silently dropped
+            raise ValueError(f"unexpected tensor {t.name} in a Llama GGUF file" + (
+                " (Llama 3.x RoPE scaling: supported from a Hugging Face folder's rope_parameters, not from GGUF "
+                "files yet)" if t.name.startswith("rope_freqs") else ""))
         if progress:
             progress(1)
     return sd

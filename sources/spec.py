@@ -11,6 +11,9 @@ from ..model.transformer import Transformer
 
 MAX_TOKENS = 4096      # a model folder's or GGUF file's input cap, as SmolLM2's: past it one text's attention
 #                        outgrows a server's memory (the layer-by-layer run then bounds it)
+MAX_POSITIONS = 16384  # the most positions a model folder's or GGUF file's RoPE tables hold, so the most
+#                        ATTNSCOPE_MAX_TOKENS can raise its limit to (within its config's): one head's attention at
+#                        16384 tokens is 1 GiB of float32, and a layer-by-layer run holds about three such at a time
 
 
 class ModelUnavailable(RuntimeError):

@@ -308,8 +308,8 @@ def test_unknown_architecture(folders, tmp_path):
 
 def test_unsupported_config_options(folders, tmp_path):
     folder = copy_of(folders["llama"], tmp_path)
-    edit_config(folder, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0})
-    assert "RoPE scaling 'llama3' is not supported" in refusal(f"mine={folder}")
+    edit_config(folder, rope_parameters={"rope_type": "proportional", "rope_theta": 500000.0, "factor": 8.0})
+    assert "RoPE scaling 'proportional' is not supported" in refusal(f"mine={folder}")   # llama3: test_rope_scaling
     edit_config(folder, rope_parameters={"rope_type": "default", "rope_theta": 500.0}, hidden_act="gelu")
     assert "hidden_act 'gelu' is not supported" in refusal(f"mine={folder}")
     edit_config(folder, hidden_act="silu", num_key_value_heads=3)

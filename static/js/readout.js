@@ -47,6 +47,7 @@ const EXPLAIN = {
     return { title: [`x${sub(i)}[${d}] = ${fmtExact(ans.x.at(i, d))}`],
       body: [h("p", {}, `Number ${d} of the input vector of token ${i} `, tok(ans, i), ` to layer ${env.layer}: `,
         env.preNorm ? "the residual stream after this block's normalisation (the numbers the projections read)."
+          : env.outputNorms ? "the residual stream itself, not normalised (this model normalises each sublayer's output instead)."
           : env.layer === 0 ? "the embeddings, normalised." : "the output of the layer before.",
         ` Each token's vector has d_model = ${ans.x.shape[1]} numbers.`)] };
   },
@@ -137,7 +138,7 @@ const EXPLAIN = {
     return { title: [`c${sub(i)}[${e}] = Σ_d out${sub(i)}[d] · W_O[${e}, ${env.head * dh} + d]`],
       body: [h("p", {}, "What this head adds to number ", String(e), " of token ", tok(ans, i), "'s vector: its output (", String(dh),
         ` numbers) times row ${e} of the head's ${dh} columns of the output projection W_O. The heads' contributions, plus W_O's bias, are added to the residual stream` +
-        (env.preNorm ? "." : " (then normalised)."), " W_O's numbers are not sent to the page."),
+        (env.preNorm ? "." : env.outputNorms ? " after their sum is normalised." : " (then normalised)."), " W_O's numbers are not sent to the page."),
         h("p", { class: "result" }, "= ", h("strong", { text: fmtExact(ans.contribution.at(i, e)) }))] };
   },
 };
@@ -146,7 +147,8 @@ function projection(key, word, W) {
   return (ans, i, d, env) => ({
     title: [`${key}${sub(i)}[${d}] = ${fmtExact(ans[key].at(i, d))}`],
     body: [h("p", {}, `Number ${d} of the ${word} vector of token `, tok(ans, i), `: x${sub(i)} (d_model = ${ans.x.shape[1]} numbers) times column ${d} of this head's ${W}` +
-      (env.bias ? ", plus its bias" : "") + (env.rope && key !== "v" ? ", then rotated by the token's position (RoPE)" : "") +
+      (env.bias ? ", plus its bias" : "") + (env.qkNorm && key !== "v" ? `, then RMS-normalised (QK-norm, over ${env.qkNorm === "head" ? "this head's numbers" : "all heads' numbers together"})` : "") +
+      (env.rope && key !== "v" ? (env.rotary ? `, then, for numbers below ${env.rotary}, rotated by the token's position (partial RoPE)` : ", then rotated by the token's position (RoPE)") : "") +
       `. ${W}'s numbers are not sent to the page.`)],
   });
 }

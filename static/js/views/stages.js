@@ -42,7 +42,8 @@ function facts(info, st, boot) {
   const group = info.heads / (info.kv_heads || info.heads);
   const first = Math.floor(st.head / group) * group;
   return { preNorm: arch.norm_first, norm: arch.norm === "rms" ? "RMSNorm" : "LayerNorm",
-    rope: arch.position === "rope", bias: arch.qkv_bias, shared: group > 1 ? [first, first + group - 1] : null,
+    rope: arch.position === "rope", bias: arch.qkv_bias, qkNorm: arch.qk_norm || null, outputNorms: !!arch.output_norms,
+    rotary: arch.rotary_dim && arch.rotary_dim < arch.d_head ? arch.rotary_dim : null, shared: group > 1 ? [first, first + group - 1] : null,
     layer: st.layer, head: st.head };
 }
 
@@ -52,15 +53,22 @@ function texts(step, ans, info, f, n) {
   const s = Math.sqrt(dh);
   const anyMasked = ans.mask_tokens.length > 0;
   const shared = f.shared ? ` Query heads ${f.shared[0]}–${f.shared[1]} share these ${step.key === "k" ? "keys" : "values"} (grouped-query attention).` : "";
-  const rope = f.rope ? " Then each pair of its numbers is rotated by the token's position (RoPE); these are the rotated numbers." : "";
+  const qkNorm = f.qkNorm === "head" ? ` Then QK-norm: the ${dh} numbers are divided by their root mean square and scaled by learned weights (RMSNorm over this head's vector).`
+    : f.qkNorm === "full" ? " Then QK-norm: all heads' numbers together are divided by their root mean square and scaled by learned weights (RMSNorm over the whole projection); these are this head's part." : "";
+  const rope = !f.rope ? "" : f.rotary
+    ? ` Then its first ${f.rotary} numbers are rotated in pairs by the token's position (partial RoPE); the other ${dh - f.rotary} pass unchanged. These are the rotated numbers.`
+    : " Then each pair of its numbers is rotated by the token's position (RoPE); these are the rotated numbers.";
+  const shown = [f.qkNorm ? "after QK-norm" : "", f.rope ? "after RoPE" : ""].filter(Boolean).join(" and ");
+  const after = shown ? `, ${shown}` : "";
   const partial = n < ans.tokens.length && !ans.causal;
   switch (step.key) {
     case "x": return [`Input x (d_model = ${D})`, (f.preNorm
       ? `Each token's vector as this layer's projections read it: the residual stream after the block's ${f.norm}.`
+      : f.outputNorms ? "Each token's vector as this layer reads it: the residual stream itself, not normalised (this model normalises each sublayer's output instead)."
       : f.layer === 0 ? "Each token's vector as this layer reads it: token, position and segment embeddings, added and normalised."
         : "Each token's vector as this layer reads it: the output of the layer before.") + " One column per token."];
-    case "q": return [`Queries Q = x W_Q (d_head = ${dh})`, `Each token's query: its x times this head's ${dh} columns of W_Q${f.bias ? ", plus a bias" : ""}. It says what the token looks for.${rope}`];
-    case "k": return [`Keys K = x W_K`, `Each token's key: its x times this head's columns of W_K${f.bias ? ", plus a bias" : ""}. It says what the token offers to the queries.${rope}${shared}`];
+    case "q": return [`Queries Q = x W_Q${after} (d_head = ${dh})`, `Each token's query: its x times this head's ${dh} columns of W_Q${f.bias ? ", plus a bias" : ""}. It says what the token looks for.${qkNorm}${rope}`];
+    case "k": return [`Keys K = x W_K${after}`, `Each token's key: its x times this head's columns of W_K${f.bias ? ", plus a bias" : ""}. It says what the token offers to the queries.${qkNorm}${rope}${shared}`];
     case "v": return [`Values V = x W_V`, `Each token's value: what it hands on when a query attends to it.${shared}`];
     case "scores": return ["Scores Q · Kᵀ", "Each query (row) is multiplied with every key (column), number by number and added up: a dot product. A bigger number means a better match."];
     case "scaled": return [`Scaled: × 1/√${dh}`, `Every score times ${fmt(ans.scale, 4)}${Math.abs(ans.scale * s - 1) > 1e-6 ? " (1/√d_head, with the model's temperature)" : ` = 1/√${dh}`}, so the numbers do not grow with the vector size and the softmax does not become too peaked.`];
@@ -74,7 +82,7 @@ function texts(step, ans, info, f, n) {
       (partial ? " Σ is the part of the row shown here." : "")];
     case "ctx": return ["Output: weights · V", `Each token's output is the weighted sum of the value vectors: out_i = Σ_j p_ij v_j. One column per token, ${dh} numbers.` +
       (partial ? " The sums run over every token of the text, also those not shown." : "")];
-    case "contribution": return [`Through W_O: the head's contribution (d_model = ${D})`, `The output times this head's ${dh} columns of the output projection W_O: what this head adds to each token's vector. Every head's contribution, plus W_O's bias, is added to the residual stream${f.preNorm ? "" : " (then normalised)"}.`];
+    case "contribution": return [`Through W_O: the head's contribution (d_model = ${D})`, `The output times this head's ${dh} columns of the output projection W_O: what this head adds to each token's vector. Every head's contribution, plus W_O's bias, is added to the residual stream${f.outputNorms ? " after their sum is normalised (the block's post-attention norm)" : f.preNorm ? "" : " (then normalised)"}.`];
   }
   return [step.key, ""];
 }
