@@ -27,7 +27,8 @@ mapping (our tensor -> the model folder's). Where the families differ from the T
             at every length), tied embeddings. Gemma's RMSNorm multiplies by (1 + weight): 1 is added to the norms'
             weights at load (GGUF files already hold 1 + weight)
   Gemma 3   Gemma 2 without soft-capping, with QK-norm (each head's q and k RMS-normalised) and the local layers'
-            own RoPE base (rope_local_base_freq); model_type gemma3_text, or gemma3 with its text_config inside
+            own RoPE base (rope_local_base_freq, plain RoPE); the global layers' RoPE scaling (4B and up: linear) is
+            the Llama family's (_rope); model_type gemma3_text, or gemma3 with its text_config inside
 RoPE scaling (the Llama family and Phi-3; model/rope.py): llama3 (Llama 3.x), linear, yarn, longrope and dynamic
 from rope_parameters / rope_scaling, into the one table of each model; dynamic is plain RoPE up to
 max_position_embeddings, where its positions end anyway. Positions go to max_position_embeddings within
@@ -330,7 +331,7 @@ def _gemma_rope_parameters(c: dict, layer_type: str) -> dict:
     if layer_type == "sliding_attention":
         return {"rope_type": "default", "rope_theta": c.get("rope_local_base_freq", 10000.0)}
     scaling = c.get("rope_scaling") or {}
-    return {"rope_type": scaling.get("rope_type") or scaling.get("type") or "default",
+    return {**scaling, "rope_type": scaling.get("rope_type") or scaling.get("type") or "default",
             "rope_theta": rope.get("rope_theta") or c.get("rope_theta", 1_000_000.0)}
 
 
@@ -353,28 +354,31 @@ def _gemma_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[s
     window = int(c.get("sliding_window") or 0) if "sliding_attention" in layer_types else 0
     if family == "Gemma 3":
         ropes = {t: _gemma_rope_parameters(c, t) for t in ("full_attention", "sliding_attention")}
-        bad = {t: r.get("rope_type", "default") for t, r in ropes.items() if r.get("rope_type", "default") != "default"}
-        if bad:
-            raise ModelUnavailable(f"RoPE scaling {', '.join(f'{v!r} on {k}' for k, v in bad.items())} is not "
-                                   f"supported for Gemma 3 (only plain RoPE, rope_type 'default')")
-        theta = float(ropes["full_attention"].get("rope_theta", 1_000_000.0))
+        local = ropes["sliding_attention"].get("rope_type", "default")
+        if local != "default":
+            raise ModelUnavailable(f"RoPE scaling {local!r} on sliding_attention is not supported for Gemma 3 (its "
+                                   f"local layers turn by plain RoPE, rope_type 'default')")
+        full = {"rope_theta": 1_000_000.0} | ropes["full_attention"]   # the global layers: main's RoPE scaling
+        rope = _rope({k: c[k] for k in ("max_position_embeddings", "original_max_position_embeddings") if k in c}
+                     | {"model_type": c["model_type"], "rope_parameters": full}, c.get("head_dim") or d // heads)
         local_theta = float(ropes["sliding_attention"].get("rope_theta", 10000.0))
     else:
-        theta, local_theta = _rope_theta(c), 0.0
+        rope, local_theta = Rope(_rope_theta(c), None, 0, None, ""), 0.0
+    theta = rope.theta
     tie = c.get("tie_word_embeddings", True)
-    max_tokens = min(_get(c, "max_position_embeddings"), MAX_TOKENS)
+    max_tokens = min(_get(c, "max_position_embeddings"), MAX_TOKENS, rope.limit or MAX_TOKENS)
     cfg = TransformerConfig(
         vocab_size=_get(c, "vocab_size"), max_positions=max_tokens, d_model=d, n_heads=heads, n_layers=L,
         d_ff=_get(c, "intermediate_size"), norm_first=True, causal=True, final_norm=True,
         layer_norm_eps=float(c.get("rms_norm_eps", 1e-6)), norm="rms", position="rope", mlp="geglu",
         attention="gqa", n_kv_heads=c.get("num_key_value_heads") or heads, d_head=c.get("head_dim") or d // heads,
-        rope_theta=theta, qkv_bias=False, bias=False, lm_head=tie or "lm_head.weight" in tensors, tie_embeddings=tie,
-        embed_scale=float(np.float32(d ** 0.5)), query_pre_attn_scalar=float(c.get("query_pre_attn_scalar") or 0.0),
+        rope_theta=theta, rope_scaling=rope.scaling, qkv_bias=False, bias=False,
+        lm_head=tie or "lm_head.weight" in tensors, tie_embeddings=tie, embed_scale=float(np.float32(d ** 0.5)), query_pre_attn_scalar=float(c.get("query_pre_attn_scalar") or 0.0),
         attn_softcap=float(c.get("attn_logit_softcapping") or 0.0),
         final_softcap=float(c.get("final_logit_softcapping") or 0.0), output_norms=True, sliding_window=window,
-        layer_types=layer_types if window else (), rope_local_theta=local_theta if local_theta != theta else 0.0,
+        layer_types=layer_types if window else (), rope_local_theta=local_theta if local_theta != theta or rope.scaling else 0.0,
         qk_norm="head" if family == "Gemma 3" else None)
-    notes = []
+    notes = [rope.note] if rope.note and rope.limit is not None and rope.limit <= max_tokens else []
     if window:
         local = [i for i, t in enumerate(layer_types) if t == "sliding_attention"]
         notes.append(f"{len(local)} of its {L} layers are local: each query sees only the last {window} keys "

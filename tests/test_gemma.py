@@ -258,9 +258,9 @@ def test_unsupported_gemma_options_are_refused_by_name(folders, tmp_path):
     g3 = folders["gemma3_text"]
     line = refusal(f"m={edited(g3, tmp_path, use_bidirectional_attention=True)}")
     assert "use_bidirectional_attention is not supported" in line
-    scaled = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-              "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
-    assert "RoPE scaling 'linear' on full_attention is not supported for Gemma 3" in refusal(
+    scaled = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+              "sliding_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e4}}
+    assert "RoPE scaling 'linear' on sliding_attention is not supported for Gemma 3" in refusal(
         f"m={edited(g3, tmp_path, rope_parameters=scaled)}")
     assert "hidden_activation 'silu' is not supported" in refusal(
         f"m={edited(folders['gemma2'], tmp_path, hidden_activation='silu')}")
@@ -319,3 +319,28 @@ def test_a_gemma3_folder_serves_its_text_model(folders, client, tmp_path):
         got = c.post("/api/attention", json={"model": "g3", "text": TEXT}).json()["attention"]
     want = client.post("/api/attention", json={"model": "gemma3_text", "text": TEXT}).json()["attention"]
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_gemma3_global_rope_scaling_matches_transformers(folders, tmp_path):
+    """Gemma 3 (4B and up) scales its global layers' RoPE (linear, factor 8) and keeps plain RoPE on its local ones:
+    main's rope_scaling serves the global table, the local layers keep their own unscaled base."""
+    scaled = {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0},
+              "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}}
+    folder = edited(folders["gemma3_text"], tmp_path, rope_parameters=scaled)
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager",
+                                                              dtype=torch.float32).eval()
+    service = AttentionService(Settings(models=[f"g3s={folder}"], cache=CACHE, threads=2))
+    service.load()
+    rt = service.runtimes["g3s"]
+    assert rt.cfg.rope_scaling is not None and rt.cfg.rope_scaling.kind == "linear" and rt.cfg.rope_local_theta == 50.0
+    ids = tok(TEXT)["input_ids"]
+    ref, logp = hf_run(model, ids)
+    for engine in ("onnx", "numpy"):
+        res = rt(TEXT, engine=engine)
+        assert np.abs(np.asarray(res.attentions) - ref).max() < ATOL, engine
+        want = logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy()
+        np.testing.assert_allclose(res.token_logprobs[1:], want, atol=1e-4 * max(1.0, np.abs(want).max()), rtol=0)
+    plain, _ = hf_run(transformers.AutoModelForCausalLM.from_pretrained(
+        folders["gemma3_text"], attn_implementation="eager", dtype=torch.float32).eval(), ids)
+    assert np.abs(plain[1] - ref[1]).max() > 1e-3 and np.abs(plain[0] - ref[0]).max() < ATOL   # global layer moved
