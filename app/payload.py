@@ -289,7 +289,7 @@ def stages(plan, computed) -> dict:
     rows = r.stages["masked"][l, h, :n].astype(np.float64)    # [n, T]: whole rows; in float64 (also on the wire)
     row_max = rows.max(axis=1)                                 # so that exp(masked - row_max) is 1 at the max
     return tokens(plan, r) | {"layer": l, "head": h, "d_head": cfg.d_head,
-                        "scale": float(1.0 / (np.sqrt(cfg.d_head) * cfg.temperature)),
+                        "scale": float(1.0 / (np.sqrt(cfg.query_pre_attn_scalar or cfg.d_head) * cfg.temperature)),
                         **st, "mask": r.mask[:n, :n], "probs": r.attentions[l, h, :n, :n],
                         "contribution": plan.runtime.model.blocks[l].head_output(h, st["ctx"]),
                         "row_max": row_max, "row_sum": np.exp(rows - row_max[:, None]).sum(axis=1)}

@@ -585,7 +585,7 @@ class Planner:
             raise Refused("attribution needs `target`: the token whose logit is attributed (as next_tokens shows it)")
         if req.ablate:
             raise Refused("attribution is of the intact model: leave `ablate` out (or `attribution` out of include)")
-        self._decomposable(rt, "direct logit attribution", direct=True)
+        self._decomposable(rt, "direct logit attribution", direct=True, logits=True)
         T = len(enc.ids)
         self._patching_tokens(T, "attribution")
         position = T - 1 if req.position is None else req.position
@@ -604,20 +604,31 @@ class Planner:
         key = _hash(["attribution", self._run_key(req, rt, False), metric.target, metric.distractor, position])
         return Run(key, call)
 
-    def _decomposable(self, rt: Runtime, what: str, qk: bool = False, direct: bool = False) -> None:
-        """Refuse `what` where the model's features make its decomposition inexact. qk: it splits a score bilinearly
-        into stream components (QK-norm puts a norm of each query and key between them); direct: it reads a head's
-        output as its share of the stream (norms after the sublayers normalise the heads' sum before it joins)."""
-        cfg = rt.cfg
-        if qk and cfg.qk_norm:
-            over = "each head's" if cfg.qk_norm == "head" else "the whole projection's"
-            raise Refused(f"{what} splits the score bilinearly into stream components, and model {rt.spec.id!r} has "
-                          f"QK-norm (an RMSNorm over {over} queries and keys before the dot product), which makes "
-                          f"that split inexact")
-        if direct and cfg.output_norms:
-            raise Refused(f"{what} reads each head's output as its direct share of the residual stream, and model "
-                          f"{rt.spec.id!r} normalises each sublayer's output before it joins the stream (post-norms, "
-                          f"x = x + N(Attn(x))): a head's output is not its share")
+    def _decomposable(self, rt: Runtime, what: str, qk: bool = False, scores: bool = False, direct: bool = False,
+                      logits: bool = False) -> None:
+        """Refuse `what` where the model's features make its decomposition inexact, in one line naming them all.
+        qk: it splits a score bilinearly into stream components (QK-norm puts a norm of each query and key between
+        them); scores: it is that split of the score itself (attention soft-capping bends the score after it);
+        direct: it reads a head's output as its share of the stream (output norms, OLMo 2's and Gemma's, normalise
+        the heads' sum before it joins); logits: it sums direct effects on a logit (final soft-capping bends it)."""
+        cfg, m = rt.cfg, rt.spec.id
+        over = "each head's" if cfg.qk_norm == "head" else "the whole projection's"
+        checks = [   # (asked, present, what `what` does that it breaks, the feature)
+            (qk, cfg.qk_norm, "splits the score bilinearly into stream components",
+             f"QK-norm (an RMSNorm over {over} queries and keys before the dot product)"),
+            (scores, cfg.attn_softcap, "splits the score bilinearly into stream components",
+             "attention logit soft-capping (scores -> cap * tanh(scores / cap))"),
+            (direct, cfg.output_norms, "reads each head's output as its direct share of the residual stream",
+             "post-norms (each attention and MLP output normed before it joins the residual stream)"),
+            (logits, cfg.final_softcap, "sums each part's direct effect on the logit",
+             "final logit soft-capping (logits -> cap * tanh(logits / cap))")]
+        found = [(does, feature) for asked, present, does, feature in checks if asked and present]
+        if not found:
+            return
+        does = " and ".join(dict.fromkeys(d for d, _ in found))
+        norms = f", and model {m!r} normalises each sublayer's output before it joins the stream" \
+            if direct and cfg.output_norms else ""
+        raise Refused(f"{what} {does}{norms}: not exact for model {m!r}, which has {'; '.join(f for _, f in found)}")
 
     def _lm(self, rt: Runtime, what: str) -> None:
         if not rt.cfg.lm_head:
@@ -822,7 +833,7 @@ class Planner:
         rt, enc = self._text(req, "QK attribution (/api/qk)")
         _select("layers", [req.layer], rt.cfg.n_layers)
         _select("heads", [req.head], rt.cfg.n_heads)
-        self._decomposable(rt, "QK attribution", qk=True, direct=True)
+        self._decomposable(rt, "QK attribution", qk=True, scores=True, direct=True)
         T = len(enc.ids)
         for name in ("query", "key"):
             if getattr(req, name) >= T:
@@ -860,7 +871,7 @@ class Planner:
 
     def circuits(self, req: CircuitsRequest, binary: bool) -> CircuitsPlan:
         rt = self.runtime(req.model, "circuits (/api/circuits)")
-        self._decomposable(rt, "the weight-space circuits (QK = W_Q W_K^T, OV = W_V W_O)", qk=True, direct=True)
+        self._decomposable(rt, "weight-space circuits (QK = W_Q W_K^T, OV = W_V W_O)", qk=True, direct=True)
         key = _hash(["circuits", rt.spec.id, rt.graphs.key])
 
         def call() -> Circuits:

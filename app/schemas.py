@@ -88,6 +88,10 @@ class ModelInfo(BaseModel):
     unembedding: bool = Field(False, description="reads tokens out of its residual stream: an LM head, or a "
                               "decoder's tied token embeddings; /api/lens and the OV copying scores need one")
     chat: bool = Field(False, description="its files have a chat template: /api/generate takes `chat`")
+    local_layers: list[int] = Field(default_factory=list, description="layers with sliding-window (local) "
+                                    "attention (Gemma 2 and 3): there a query sees only its last `sliding_window` "
+                                    "keys, a band that is part of the model's own mask, like the causal mask")
+    sliding_window: int = Field(0, description="the local layers' window in keys, the query's own included (0: none)")
     head_roles: list[HeadRole] = Field(default_factory=list, description="teaching models: what each hand-wired "
                                        "head does, exactly (>= 0.99 of its weight on its role's target)")
     explanation: str = Field("", description="teaching models: how the model works, in plain language")
@@ -620,7 +624,9 @@ class StagesResponse(Tokens):
     layer: int = Field(description="the layer shown")
     head: int = Field(description="the head shown")
     d_head: int = Field(description="width of q, k, v and ctx")
-    scale: float = Field(description="1 / (sqrt(d_head) * temperature), the factor applied to the raw scores")
+    scale: float = Field(description="1 / (sqrt(d_head) * temperature), the factor applied to the raw scores (Gemma: "
+                         "sqrt(query_pre_attn_scalar) in place of sqrt(d_head); Gemma 2 then soft-caps them, "
+                         "cap * tanh(scaled / cap), as part of `scaled`)")
     x: Matrix = Field(description="the layer's input as its q, k and v projections read it [token][d_model]: after "
                       "the block's norm in a pre-norm model (GPT-2, Llama), the block's input itself in BERT")
     q: Matrix = Field(description="queries [token][d_head]: x W_q^T + b_q, this head's rows (after RoPE in Llama "

@@ -90,5 +90,6 @@ class AttentionService:
                           provider=rt.provider, kv_heads=rt.cfg.n_kv_heads, predictions=rt.cfg.lm_head,
                           unembedding=rt.cfg.has_unembedding,
                           chat=bool(rt.generation and rt.generation.chat_template),
+                          local_layers=list(rt.cfg.local_layers), sliding_window=rt.cfg.sliding_window,
                           head_roles=list(rt.spec.head_roles), explanation=rt.spec.explanation)
                 for i, rt in self.runtimes.items()]

@@ -18,7 +18,8 @@ from onnx import TensorProto, helper
 
 from ..model.transformer import Transformer
 from .builder import Graph, model_proto, pruned, save_checked
-from .steps import attend, attention_input, block_output, embed, project, repeat_kv, rope_tables
+from .steps import (attend, attention_input, block_output, embed, project, repeat_kv, rope_tables,
+                    sliding_window_mask, soft_cap)
 
 
 def cache_names(layer: int) -> tuple[str, str, str, str]:
@@ -40,16 +41,22 @@ def build_decode(model: Transformer) -> onnx.ModelProto:
                helper.make_tensor_value_info("head_mask", f, ["batch", cfg.n_layers, cfg.n_heads])]
     P = g.slice(g.op("Shape", "past.0.key"), 2, 3, 0, hint="P")
     x, wte, T = embed(g, model, start=P)                                             # [B, t, D]
-    rope = rope_tables(g, model, T, start=P)
-    rows = []
+    ropes, masks, rows = {}, {}, []   # RoPE tables (local layers may have their own) and masks (by window)
     for i, block in enumerate(model.blocks):
         p, (past_k, past_v, present_k, present_v) = f"blocks.{i}", cache_names(i)
+        tables = model.rope_for(i)
+        if tables is not None and id(tables[0]) not in ropes:
+            ropes[id(tables[0])] = rope_tables(g, model, T, start=P, layer=i)
+        if block.window not in masks:   # decoding.decode: block.local_mask at positions P..P+t-1
+            masks[block.window] = sliding_window_mask(g, "attention_mask", T, g.op("Add", P, T), block.window, P) \
+                if block.window else "attention_mask"
+        rope = None if tables is None else ropes[id(tables[0])]
         h = attention_input(g, block, cfg, p, x)
         q, k, v = project(g, block, cfg, p, h, rope)                                  # q [B, H, t, dh]; k, v [B, Hkv, t, dh]
         k = g.op("Concat", past_k, k, axis=2, out=present_k)                          # [B, Hkv, P+t, dh]
         v = g.op("Concat", past_v, v, axis=2, out=present_v)
         st = attend(g, cfg, p, q, repeat_kv(g, block, cfg, p, k, "k"), repeat_kv(g, block, cfg, p, v, "v"),
-                    "attention_mask")                                                 # probs [B, H, t, P+t]
+                    masks[block.window])                                              # probs [B, H, t, P+t]
         keep = g.op("Gather", "head_mask", g.const(np.array(i, np.int64)), axis=1)    # [B, H]
         x = block_output(g, block, cfg, p, x, st["ctx"], keep, None, None)
         rows.append(g.op("Gather", st["attentions"], g.const(np.array(-1, np.int64)), axis=2))   # [B, H, P+t]
@@ -57,7 +64,7 @@ def build_decode(model: Transformer) -> onnx.ModelProto:
     if model.ln_f is not None:
         last = g.norm(last, model.ln_f, "ln_f")
     W = wte if model.lm_head is None else g.param(model.lm_head.weight, "lm_head")
-    g.op("Gemm", last, W, transB=1, out="next_token_logits")                         # [B, V]
+    g.op("Identity", soft_cap(g, g.op("Gemm", last, W, transB=1), cfg.final_softcap), out="next_token_logits")  # [B, V]
     axis0 = g.const(np.array([0]))
     g.op("Concat", *[g.op("Unsqueeze", r, axis0) for r in rows], axis=0, out="attentions")
     present = ["batch", cfg.n_kv_heads, "keys", cfg.d_head]

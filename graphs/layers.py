@@ -46,7 +46,7 @@ def _halves(model: Transformer, i: int) -> tuple[Graph, Graph]:
     first = Graph(params_as_inputs=True)
     first.input("x", f, ["batch", "tokens", cfg.d_model])
     T = first.slice(first.op("Shape", "x"), 1, 2, 0, hint="T")
-    _, qkv = attention_inputs(first, model.blocks[i], cfg, "block", "x", rope_tables(first, model, T))
+    _, qkv = attention_inputs(first, model.blocks[i], cfg, "block", "x", rope_tables(first, model, T, layer=i))
     for name, value in zip("qkv", qkv):
         first.op("Identity", value, out=name)
     second = Graph(params_as_inputs=True)
@@ -81,7 +81,8 @@ def block_params(model: Transformer, i: int) -> dict[str, np.ndarray]:
 def build_attend(model: Transformer, outputs, causal: bool) -> onnx.ModelProto:
     """The attention of a group of heads: q, k, v [B, h, T, dh], attention_mask -> ctx [B, h, T, dh] and the
     reductions.OUTPUTS asked, nothing else (onnxruntime runs every node of a graph, asked for or not). `causal`: the
-    run's mask hides every later key (a cheaper distance)."""
+    run's mask hides every later key (a cheaper distance). A local layer's mask arrives with its band
+    (TransformerBlock.local_mask, Layerwise.layer_mask): one graph serves every layer."""
     unknown = set(outputs) - set(OUTPUTS)
     if unknown:
         raise ValueError(f"unknown attention outputs {sorted(unknown)}; known: {', '.join(OUTPUTS)}")

@@ -17,7 +17,8 @@ from onnx import TensorProto, helper
 
 from ..model.transformer import SQUARE_STAGES, STAGES, Transformer
 from .builder import Graph, model_proto, pruned, save_checked
-from .steps import embed, final, final_outputs, position_weights, rope_tables, token_inputs, transformer_block
+from .steps import (embed, final, final_outputs, position_weights, rope_tables, sliding_window_mask, token_inputs,
+                    transformer_block)
 
 
 def build_graph(model: Transformer, stages: bool = False, progress=None, attentions: bool = True,
@@ -36,12 +37,20 @@ def build_graph(model: Transformer, stages: bool = False, progress=None, attenti
         helper.make_tensor_value_info("head_mean", TensorProto.FLOAT, ["batch", L, H]),
         helper.make_tensor_value_info("lengths", TensorProto.INT64, ["batch"])]
     x, wte, T = embed(g, model)
-    rope, weights = rope_tables(g, model, T), position_weights(g, T)
+    weights = position_weights(g, T)
+    ropes, masks = {}, {}   # RoPE tables by their array (local layers may have their own), masks by window
     collected = {name: [] for name in ("attentions",) + STAGES}
     for i, block in enumerate(model.blocks[:depth]):
         layer = g.const(np.array(i, np.int64))
         keep, mean = (g.op("Gather", name, layer, axis=1) for name in ("head_mask", "head_mean"))   # [B, H]
-        x, st = transformer_block(g, block, cfg, f"blocks.{i}", x, "attention_mask", keep, mean, weights, rope)
+        tables = model.rope_for(i)
+        if tables is not None and id(tables[0]) not in ropes:
+            ropes[id(tables[0])] = rope_tables(g, model, T, layer=i)
+        if block.window not in masks:   # TransformerBlock.local_mask: a local layer's band, from positions
+            masks[block.window] = sliding_window_mask(g, "attention_mask", T, T, block.window) if block.window \
+                else "attention_mask"
+        x, st = transformer_block(g, block, cfg, f"blocks.{i}", x, masks[block.window], keep, mean, weights,
+                                  None if tables is None else ropes[id(tables[0])])
         for name in collected:
             collected[name].append(st[name])
         if progress:

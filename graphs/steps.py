@@ -14,7 +14,8 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from ..model.attention import GroupedQueryAttention
-from ..model.transformer import LM_OUTPUTS, VOCAB_CHUNK, Transformer
+from ..model.masks import MASKED
+from ..model.transformer import LM_OUTPUTS, VOCAB_CHUNK, GeGLU, Transformer
 from .builder import Graph
 
 
@@ -40,6 +41,8 @@ def embed(g: Graph, model: Transformer, start: str | None = None) -> tuple[str, 
     T = g.slice(g.op("Shape", "input_ids"), 1, 2, 0, hint="T")
     wte = g.param(model.wte, "wte")
     x = g.op("Gather", wte, "input_ids")
+    if model.cfg.embed_scale != 1.0:                                       # Gemma: times sqrt(d_model)
+        x = g.op("Mul", x, g.const(np.float32(model.cfg.embed_scale), "embed_scale"))
     if model.wpe is not None:
         x = g.op("Add", x, _positions(g, g.param(model.wpe, "wpe"), T, start))
     if model.wtt is not None:
@@ -49,10 +52,27 @@ def embed(g: Graph, model: Transformer, start: str | None = None) -> tuple[str, 
     return x, wte, T
 
 
-def rope_tables(g: Graph, model: Transformer, T: str, start: str | None = None) -> tuple[str, str] | None:
-    """RoPE's cos/sin tables sliced to positions start..start+T-1 [T, d_head], like wpe."""
-    return None if model.rope is None else tuple(_positions(g, g.param(t, name), T, start, hint=name)
-                                                 for t, name in zip(model.rope, ("rope_cos", "rope_sin")))
+def rope_tables(g: Graph, model: Transformer, T: str, start: str | None = None, layer: int = 0
+                ) -> tuple[str, str] | None:
+    """RoPE's cos/sin tables sliced to positions start..start+T-1 [T, d_head], like wpe: those of `layer`
+    (Transformer.rope_for: a local layer's own where the model has them; every graph with a layer-0 default)."""
+    tables = model.rope_for(layer)
+    return None if tables is None else tuple(_positions(g, g.param(t, name), T, start, hint=name)
+                                             for t, name in zip(tables, ("rope_cos", "rope_sin")))
+
+
+def sliding_window_mask(g: Graph, mask: str, Tq: str, Tk: str, window: int, start: str | None = None) -> str:
+    """TransformerBlock.local_mask: mask plus masks.sliding_window_mask, built from positions -- key j hidden from
+    the query at position start + i when start + i - j >= window -- and clipped at MASKED as masks.combine."""
+    def positions(n: str, first: str | None) -> str:
+        end = g.op("Squeeze", n if first is None else g.op("Add", first, n), g.const(np.array([0])))
+        begin = g.const(np.int64(0)) if first is None else g.op("Squeeze", first, g.const(np.array([0])))
+        return g.op("Range", begin, end, g.const(np.int64(1)))
+    distance = g.op("Sub", g.op("Unsqueeze", positions(Tq, start), g.const(np.array([1]))),
+                    g.op("Unsqueeze", positions(Tk, None), g.const(np.array([0]))))                # [Tq, Tk]
+    band = g.op("Where", g.op("GreaterOrEqual", distance, g.const(np.int64(window))), g.const(MASKED),
+                g.const(np.float32(0.0)), hint=f"sliding_window_{window}")                         # [Tq, Tk]
+    return g.op("Max", g.op("Add", mask, band), g.const(MASKED), hint="local_mask")
 
 
 def _positions(g: Graph, table: str, T: str, start: str | None, hint: str | None = None) -> str:
@@ -133,14 +153,23 @@ def repeat_kv(g: Graph, block, cfg, p: str, t: str, n: str) -> str:
 
 def attend(g: Graph, cfg, p: str, q: str, k: str, v: str, mask: str) -> dict[str, str]:
     """functional.attention_stages and the weighted values, for however many heads q, k, v hold:
-    scores, scaled, masked, attentions (the probabilities) [B, h, T, T] and ctx [B, h, T, dh]."""
-    scale = g.const(np.float32(1.0 / (np.sqrt(cfg.d_head) * cfg.temperature)), "scale")
+    scores, scaled (soft-capped where the model caps), masked, attentions (the probabilities) [B, h, T, T] and ctx
+    [B, h, T, dh]."""
+    scale = g.const(np.float32(1.0 / (np.sqrt(cfg.query_pre_attn_scalar or cfg.d_head) * cfg.temperature)), "scale")
     scores = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2]), hint=p + ".scores")
-    scaled = g.op("Mul", scores, scale, hint=p + ".scaled")
+    scaled = soft_cap(g, g.op("Mul", scores, scale, hint=p + ".scaled"), cfg.attn_softcap, hint=p + ".capped")
     masked = g.op("Add", scaled, mask, hint=p + ".masked")
     probs = g.op("Softmax", masked, axis=-1, hint=p + ".probs")                       # [B, H, T, T]
     ctx = g.op("MatMul", probs, v, hint=p + ".ctx")                                    # [B, H, T, dh]
     return dict(attentions=probs, q=q, k=k, v=v, scores=scores, scaled=scaled, masked=masked, ctx=ctx)
+
+
+def soft_cap(g: Graph, x: str, cap: float, hint: str | None = None) -> str:
+    """functional.soft_cap: cap * tanh(x / cap); cap 0: x itself."""
+    if not cap:
+        return x
+    c = g.const(np.float32(cap), "softcap")
+    return g.op("Mul", c, g.op("Tanh", g.op("Div", x, c)), hint=hint)
 
 
 def block_output(g: Graph, block, cfg, p: str, x: str, ctx: str, keep: str, mean: str | None,
@@ -167,9 +196,11 @@ def after_attention(g: Graph, block, cfg, p: str, x: str, a: str) -> str:
     if cfg.parallel_residual:                                           # x + a + MLP(N2(x))
         m = feed_forward(g, block.mlp, g.norm(x, block.ln2, p + ".ln2"), p + ".mlp")
         return g.op("Add", g.op("Add", x, a), m)
-    if cfg.output_norms:                                                # y = x + N1(a); y + N2(MLP(y))
-        x = g.op("Add", x, g.norm(a, block.ln1, p + ".ln1"))
-        return g.op("Add", x, g.norm(feed_forward(g, block.mlp, x, p + ".mlp"), block.ln2, p + ".ln2"))
+    if cfg.output_norms:                                # y = x + P1(a); y + P2(MLP(N2(y) or y)): OLMo 2, Gemma
+        x = g.op("Add", x, g.norm(a, block.post_attn_norm, p + ".post_attn_norm"))
+        h = g.norm(x, block.ln2, p + ".ln2") if cfg.norm_first else x
+        return g.op("Add", x, g.norm(feed_forward(g, block.mlp, h, p + ".mlp"), block.post_mlp_norm,
+                                     p + ".post_mlp_norm"))
     x = g.op("Add", x, a) if cfg.norm_first else g.norm(g.op("Add", x, a), block.ln1, p + ".ln1")
     h = g.norm(x, block.ln2, p + ".ln2") if cfg.norm_first else x
     m = feed_forward(g, block.mlp, h, p + ".mlp")
@@ -186,9 +217,11 @@ def final(g: Graph, model: Transformer, x: str, wte: str) -> None:
 
 
 def feed_forward(g: Graph, mlp, h: str, p: str) -> str:
-    """MLP.__call__ (Linear -> GELU -> Linear) or SwiGLU.__call__ (down(silu(gate(h)) * up(h)))."""
+    """MLP.__call__ (Linear -> GELU -> Linear), SwiGLU.__call__ (down(silu(gate(h)) * up(h))) or GeGLU.__call__
+    (gelu_tanh as the gate's activation)."""
     if hasattr(mlp, "gate"):
-        gate = g.silu(g.linear(h, mlp.gate.weight, mlp.gate.bias, p + ".gate"))
+        act = g.gelu_tanh if isinstance(mlp, GeGLU) else g.silu
+        gate = act(g.linear(h, mlp.gate.weight, mlp.gate.bias, p + ".gate"))
         return g.linear(g.op("Mul", gate, g.linear(h, mlp.up.weight, mlp.up.bias, p + ".up")),
                         mlp.down.weight, mlp.down.bias, p + ".down")
     act = g.gelu_tanh if mlp.act.__name__ == "gelu_tanh" else g.gelu
@@ -200,16 +233,21 @@ def lm_outputs(g: Graph, model: Transformer, W: str) -> None:
 
     Never more than [B, T, VOCAB_CHUNK] logits at a time: the target logit is one dot product per
     token (Gather of W's rows), and the log-sum-exp runs chunk by chunk over the vocabulary."""
-    V = model.cfg.vocab_size
+    V, cap = model.cfg.vocab_size, model.cfg.final_softcap                                # cap: Gemma 2's, or 0
     last = g.op("GatherND", "hidden", g.op("Unsqueeze", g.op("Sub", "lengths", g.const(np.int64(1))),
                                            g.const(np.array([1]))), batch_dims=1)          # [B, D]
-    g.op("Gemm", last, W, transB=1, out="next_token_logits")                              # [B, V]
+    if cap:
+        g.op("Identity", soft_cap(g, g.op("Gemm", last, W, transB=1), cap), out="next_token_logits")   # [B, V]
+    else:
+        g.op("Gemm", last, W, transB=1, out="next_token_logits")                          # [B, V]
     first = g.slice("input_ids", 0, 1, 1)
     following = g.op("Concat", g.slice("input_ids", 1, np.iinfo(np.int64).max, 1),
                      g.op("Mul", first, g.const(np.int64(0))), axis=1)                     # x_{t+1}, [B, T]
     target = g.op("ReduceSum", g.op("Mul", "hidden", g.op("Gather", W, following)), g.const(np.array([-1])),
                   keepdims=0, hint="target_logit")                                        # [B, T]
-    chunks = [g.logsumexp(g.op("MatMul", "hidden", g.op("Transpose", g.slice(W, v, min(v + VOCAB_CHUNK, V), 0))), 1)
+    target = soft_cap(g, target, cap)
+    chunks = [g.logsumexp(soft_cap(g, g.op("MatMul", "hidden", g.op("Transpose", g.slice(W, v, min(v + VOCAB_CHUNK, V),
+                                                                                         0))), cap), 1)
               for v in range(0, V, VOCAB_CHUNK)]                                          # each [B, T, 1]
     lse = g.logsumexp(g.op("Concat", *chunks, axis=-1), 0)                                 # [B, T]
     logp_next = g.op("Min", g.op("Sub", target, lse), g.const(np.float32(0.0)))

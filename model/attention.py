@@ -222,15 +222,19 @@ class GroupedQueryAttention:
     keys are rotated by their positions (RoPE) before the dot product, so scores see relative offsets.
     d_head need not be d_model / n_heads. Parameters are named as transformers names them (q_proj,
     k_proj, v_proj, o_proj; weights [out, in]); biases are off (Llama) or on q/k/v only (Qwen2).
+    Gemma's options: qk_norm "head" (QK-norm, Gemma 3: each head's query and key RMS-normalised over its d_head
+    features before RoPE, one weight [d_head] shared by the heads: q_norm, k_norm), scale_dim (scores divided by
+    sqrt(query_pre_attn_scalar) instead of sqrt(d_head)) and softcap (attention logit soft-capping, Gemma 2).
     graphs/steps.project mirrors project step by step, and graphs/steps.attention_inputs the rest of __call__.
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, rope=None,
                  qkv_bias: bool = False, out_bias: bool = False, temperature: float = 1.0, seed: int | None = 0,
-                 std: float = 0.02, qk_norm: str | None = None, norm_eps: float = 1e-6):
+                 std: float = 0.02, qk_norm: str | None = None, norm_eps: float = 1e-6, scale_dim: float = 0.0,
+                 softcap: float = 0.0):
         """Weights from N(0, std^2) by seed (seed=None: zeros, to be loaded); biases zero, QK-norm weights one.
-        qk_norm: None, "head" (RMSNorm over each head's d_head query/key features, Qwen3) or "full" (over the whole
-        q and k projections before they are split into heads, OLMo 2), before RoPE; norm_eps is its epsilon."""
+        qk_norm: None, "head" (RMSNorm over each head's d_head query/key features, Qwen3, Gemma 3) or "full" (over the
+        whole q and k projections before they are split into heads, OLMo 2), before RoPE; norm_eps is its epsilon."""
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads must divide n_heads: {n_heads} query heads cannot share {n_kv_heads} "
                              f"key/value heads evenly")
@@ -240,7 +244,7 @@ class GroupedQueryAttention:
         self.group = n_heads // n_kv_heads       # query heads per key/value head
         self.rope = rope                         # (cos, sin), each [max_positions, d_head], or None
         self.qkv_bias, self.out_bias, self.temperature = qkv_bias, out_bias, temperature
-        self.qk_norm, self.norm_eps = qk_norm, norm_eps
+        self.qk_norm, self.norm_eps, self.scale_dim, self.softcap = qk_norm, norm_eps, scale_dim, softcap
         rng = None if seed is None else np.random.default_rng(seed)
         self.params = {name: (np.ones(shape, np.float32) if "_norm." in name else
                               np.zeros(shape, np.float32) if name.endswith("bias") or rng is None else
@@ -304,7 +308,7 @@ class GroupedQueryAttention:
         q, k, v = self.project(x)                                                                  # RoPE'd
         k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)                                  # [B, H, T, dh]
 
-        stages = attention_stages(q, k, attn_mask, self.temperature)                               # [B, H, T, T]
+        stages = attention_stages(q, k, attn_mask, self.temperature, self.scale_dim, self.softcap)  # [B, H, T, T]
         ctx = stages.probs @ v                                                                     # [B, H, T, dh]
         if head_mask is not None:
             ctx = ablate_heads(ctx, *head_mask)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .functional import linear, repeat_kv, softmax
+from .functional import linear, repeat_kv, soft_cap, softmax
 from .masks import causal_mask
 
 
@@ -65,8 +65,10 @@ def decode(model, input_ids, cache: KVCache, keep: np.ndarray | None = None) -> 
         v = np.concatenate([cache.values[layer], v], axis=2)
         keys.append(k)
         values.append(v)
-        scores = q @ np.swapaxes(repeat_kv(k, group), -1, -2) / np.float32(np.sqrt(cfg.d_head) * cfg.temperature)
-        probs = softmax(scores + mask, axis=-1)                                   # [B, H, t, P+t]
+        scores = q @ np.swapaxes(repeat_kv(k, group), -1, -2) / np.float32(
+            np.sqrt(cfg.query_pre_attn_scalar or cfg.d_head) * cfg.temperature)
+        scores = soft_cap(scores, cfg.attn_softcap)                               # Gemma 2 (0: as it was)
+        probs = softmax(scores + block.local_mask(mask, t, P + t, start=P), axis=-1)   # [B, H, t, P+t]
         z = probs @ repeat_kv(v, group)                                           # [B, H, t, dh]
         if keep is not None:
             z = z * np.asarray(keep, np.float32)[:, layer, :, None, None]         # knocked-out heads write zero
@@ -76,4 +78,4 @@ def decode(model, input_ids, cache: KVCache, keep: np.ndarray | None = None) -> 
     last = x[:, -1]                                                               # [B, D]
     if model.ln_f is not None:
         last = model.ln_f(last)
-    return Step(last @ model.unembedding.T, np.stack(rows), KVCache(keys, values))
+    return Step(soft_cap(last @ model.unembedding.T, cfg.final_softcap), np.stack(rows), KVCache(keys, values))

@@ -53,6 +53,15 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x * expit(x)
 
 
+def soft_cap(x: np.ndarray, cap: float) -> np.ndarray:
+    """Logit soft-capping (Gemma 2): cap * tanh(x / cap), a smooth clamp of x into (-cap, cap). Nearly the identity
+    for |x| << cap, so large scores or logits stop growing instead of saturating the softmax. cap 0: off."""
+    if not cap:
+        return x
+    cap = np.asarray(cap, dtype=x.dtype)
+    return cap * np.tanh(x / cap)
+
+
 def rope_tables(n_positions: int, d_head: int, theta: float, scaling=None) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin of rotary position embeddings (Su et al. 2021), each [n_positions, d_head] (d_head: the features
     RoPE turns, the first rotary_dim of a head where it turns only part of them).
@@ -119,16 +128,19 @@ class AttentionStages(NamedTuple):
 
 
 def attention_stages(q: np.ndarray, k: np.ndarray, mask: np.ndarray | None = None,
-                     temperature: float = 1.0) -> AttentionStages:
+                     temperature: float = 1.0, scale_dim: float = 0.0, softcap: float = 0.0) -> AttentionStages:
     """The steps from queries and keys to attention probabilities.
 
     q: [..., Tq, d], k: [..., Tk, d], mask: additive, broadcastable to [..., Tq, Tk].
     Dot products of d-dimensional vectors with unit-variance entries have variance d; dividing by
     sqrt(d) keeps the logits at unit scale so the softmax does not saturate into a one-hot that
     passes no gradient. The temperature divides further: > 1 flattens, < 1 sharpens.
+    scale_dim: divide by sqrt(scale_dim) instead of sqrt(d) (Gemma's query_pre_attn_scalar; 0: d). softcap: the
+    scaled scores are soft-capped (soft_cap, Gemma 2) before the mask, as part of `scaled`.
     """
     scores = q @ np.swapaxes(k, -1, -2)                                   # [..., Tq, Tk]
-    scaled = scores * np.asarray(1.0 / (np.sqrt(q.shape[-1]) * temperature), dtype=q.dtype)
+    scaled = scores * np.asarray(1.0 / (np.sqrt(scale_dim or q.shape[-1]) * temperature), dtype=q.dtype)
+    scaled = soft_cap(scaled, softcap)                                    # cap * tanh(scaled / cap), or as it was
     masked = scaled if mask is None else scaled + mask
     return AttentionStages(scores, scaled, masked, softmax(masked, axis=-1))
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .attention import GroupedQueryAttention
-from .functional import linear, repeat_kv, softmax
+from .functional import linear, repeat_kv, soft_cap, softmax
 from .masks import MASKED
 
 HOOKS = {
@@ -111,7 +111,9 @@ def forward(model, input_ids, mask, edits: list[list[Edit]] | None = None) -> Ed
         h = block.attention_input(x)
         q, k, v = _qkv(block.attn, h, cfg)                                           # [B, H, T, dh]
         q, k, v = site("query", layer, q), site("key", layer, k), site("value", layer, v)
-        scores = q @ np.swapaxes(k, -1, -2) / np.float32(np.sqrt(cfg.d_head) * cfg.temperature) + mask
+        scores = soft_cap(q @ np.swapaxes(k, -1, -2) / np.float32(np.sqrt(cfg.query_pre_attn_scalar or cfg.d_head)
+                                                                  * cfg.temperature), cfg.attn_softcap)
+        scores = scores + block.local_mask(mask, T, T)                              # a local layer's band too
         scores = site("scores", layer, scores)                                      # [B, H, T, T]
         pattern = site("pattern", layer, softmax(scores, axis=-1))
         z = site("head_output", layer, pattern @ v)                                  # [B, H, T, dh]
@@ -119,7 +121,7 @@ def forward(model, input_ids, mask, edits: list[list[Edit]] | None = None) -> Ed
         x = block.after_attention(x, a)
     if model.ln_f is not None:
         x = model.ln_f(x)
-    logits = x[:, -1] @ model.unembedding.T if cfg.lm_head else None
+    logits = soft_cap(x[:, -1] @ model.unembedding.T, cfg.final_softcap) if cfg.lm_head else None
     return Edited(x, logits, cache)
 
 

@@ -21,6 +21,14 @@ def causal_mask(t_query: int, t_key: int | None = None, start: int = 0) -> np.nd
     return to_additive(future)
 
 
+def sliding_window_mask(t_query: int, t_key: int, window: int, start: int = 0) -> np.ndarray:
+    """A local layer's band [Tq, Tk] (sliding-window attention, Beltagy et al. 2020; Mistral, Gemma): the query at
+    position start + i sees only the last `window` keys, its own included: key j is hidden when start + i - j >= window
+    (transformers' sliding_window_overlay). With the causal mask it leaves each query window keys at most."""
+    distance = (start + np.arange(t_query))[:, None] - np.arange(t_key)[None, :]     # [Tq, Tk]
+    return to_additive(distance >= window)
+
+
 def padding_mask(keep: np.ndarray) -> np.ndarray:
     """From a [B, S] keep-mask (1 = real token, 0 = padding) to an additive [B, 1, 1, S] mask on keys."""
     keep = np.asarray(keep)

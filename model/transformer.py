@@ -13,8 +13,9 @@ from typing import Literal
 
 import numpy as np
 
+from . import masks as M
 from .attention import GroupedQueryAttention, MultiHeadAttention
-from .functional import gelu, gelu_tanh, layer_norm, linear, position_weights, rms_norm, rope_tables, silu
+from .functional import gelu, gelu_tanh, layer_norm, linear, position_weights, rms_norm, rope_tables, silu, soft_cap
 from .rope import RopeScaling
 
 # Teaching outputs, besides the probabilities. Per layer and batch: x [T, D], what the block's q/k/v projections
@@ -36,6 +37,9 @@ class TransformerConfig:
               (Qwen2 keeps qkv_bias=True; Qwen3 adds qk_norm="head")
       OLMo 2  Llama's, but output_norms instead of norm_first, and qk_norm="full"
       GPT-NeoX GPT-2's LayerNorm and GELU with RoPE (attention="gqa"), parallel_residual, rotary_dim < d_head
+      Gemma 2 Llama's, with mlp="geglu", embed_scale, query_pre_attn_scalar, attn_softcap, final_softcap,
+              output_norms (with norm_first), sliding_window and layer_types (local and global layers)
+      Gemma 3 Gemma 2's without the soft-capping, with qk_norm="head" and rope_local_theta
     """
     vocab_size: int
     max_positions: int
@@ -52,7 +56,7 @@ class TransformerConfig:
     temperature: float = 1.0
     norm: Literal["layer", "rms"] = "layer"
     position: Literal["learned", "rope"] = "learned"    # a learned table added to the tokens, or rotary q/k
-    mlp: Literal["gelu", "gelu_tanh", "swiglu"] = "gelu"
+    mlp: Literal["gelu", "gelu_tanh", "swiglu", "geglu"] = "gelu"   # geglu: SwiGLU's gate through gelu_tanh
     attention: Literal["mha", "gqa"] = "mha"            # PyTorch's MultiheadAttention, or Llama's q/k/v/o
     n_kv_heads: int = 0             # key/value heads shared by groups of query heads (gqa); 0 = n_heads
     d_head: int = 0                 # features per head; 0 = d_model // n_heads
@@ -65,10 +69,20 @@ class TransformerConfig:
     lm_head: bool = False           # next-token logits from the final hidden states
     tie_embeddings: bool = True     # the LM head is the token embedding matrix (no weights of its own)
     qk_norm: Literal[None, "head", "full"] = None   # QK-norm: RMSNorm on the queries and keys before RoPE, over each
-                                    # head's d_head features (Qwen3) or over the whole projection (OLMo 2)
-    output_norms: bool = False      # OLMo 2: each sublayer's output is normalised before it joins the stream,
-                                    # x = x + N1(Attn(x)); x = x + N2(MLP(x)) (with norm_first False)
+                                    # head's d_head features (Qwen3, Gemma 3) or over the whole projection (OLMo 2)
+    output_norms: bool = False      # each sublayer's output is normalised before it joins the stream: OLMo 2's
+                                    # x = x + P1(Attn(x)) (norm_first False), Gemma's x = x + P1(Attn(N1(x))) (with
+                                    # norm_first: 4 norms per block)
     parallel_residual: bool = False  # GPT-NeoX: attention and MLP read the same input, x = x + Attn(N1(x)) + MLP(N2(x))
+    # Gemma 2 and 3 (the defaults leave every other family as it was)
+    embed_scale: float = 1.0        # token embeddings times this (Gemma: sqrt(d_model), rounded to float32)
+    query_pre_attn_scalar: float = 0.0   # scores divided by sqrt(this) instead of sqrt(d_head); 0: d_head
+    attn_softcap: float = 0.0       # attention logit soft-capping, scores -> cap * tanh(scores / cap); 0: off
+    final_softcap: float = 0.0      # the same on the next-token logits; 0: off
+    sliding_window: int = 0         # local layers' window: a query sees its last sliding_window keys (own included)
+    layer_types: tuple[str, ...] = ()   # per layer "full_attention" (global) or "sliding_attention" (local)
+    rope_local_theta: float = 0.0   # RoPE's base on local layers (Gemma 3's rope_local_base_freq, no scaling);
+                                    # 0: rope_theta
 
     @property
     def has_unembedding(self) -> bool:
@@ -76,7 +90,23 @@ class TransformerConfig:
         as one (tiny-gpt). The logit lens and the OV copying scores need it."""
         return self.lm_head or (self.causal and self.tie_embeddings)
 
+    def window(self, layer: int) -> int:
+        """Layer `layer`'s sliding window (a local layer), or 0 (a global one: every earlier key)."""
+        local = self.layer_types and self.layer_types[layer] == "sliding_attention"
+        return self.sliding_window if local else 0
+
+    @property
+    def local_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layers) if self.window(i))
+
     def __post_init__(self):
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if self.layer_types and (len(self.layer_types) != self.n_layers or not set(self.layer_types) <= {
+                "full_attention", "sliding_attention"}):
+            raise ValueError(f"layer_types must name each of the {self.n_layers} layers 'full_attention' or "
+                             f"'sliding_attention'; got {list(self.layer_types)}")
+        if self.local_layers and self.sliding_window < 1:
+            raise ValueError(f"sliding_attention layers need a sliding_window >= 1; got {self.sliding_window}")
         if not self.n_kv_heads:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if not self.d_head:
@@ -85,8 +115,9 @@ class TransformerConfig:
             object.__setattr__(self, "rotary_dim", self.d_head)
         if isinstance(self.rope_scaling, dict):   # as asdict() wrote it (a GGUF file's cached config)
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
-        if self.output_norms and self.norm_first:
-            raise ValueError("output_norms with norm_first (norms before and after each sublayer, Gemma's) is not built")
+        if self.parallel_residual and (self.output_norms or not self.norm_first):
+            raise ValueError("parallel_residual needs norm_first and no output_norms (both sublayers read their own "
+                             "norm of the same x)")
         if self.parallel_residual and not self.norm_first:
             raise ValueError("parallel_residual needs norm_first (both sublayers read their own norm of the same x)")
         if self.position == "rope" and (self.rotary_dim % 2 or self.rotary_dim > self.d_head):
@@ -149,6 +180,14 @@ class SwiGLU:
         return self.down(silu(self.gate(x)) * self.up(x))
 
 
+class GeGLU(SwiGLU):
+    """SwiGLU with the GELU (tanh form) as the gate's activation (Shazeer 2020): Gemma's MLP,
+    down(gelu_tanh(gate(x)) * up(x))."""
+
+    def __call__(self, x):
+        return self.down(gelu_tanh(self.gate(x)) * self.up(x))
+
+
 class TransformerBlock:
     """Attention then MLP, each wrapped in a residual connection and a norm (N: LayerNorm or RMSNorm).
 
@@ -157,28 +196,46 @@ class TransformerBlock:
     Pre-norm keeps an un-normalised residual stream, which is what lets deep stacks train stably.
     Llama's block is the pre-norm one with RMSNorm, grouped-query attention with RoPE, and SwiGLU.
     parallel (GPT-NeoX):      x = x + Attn(N1(x)) + MLP(N2(x))
-    output norms (OLMo 2):    x = x + N1(Attn(x));   x = x + N2(MLP(x))
+    output norms (OLMo 2):    x = x + P1(Attn(x));   x = x + P2(MLP(x))
+    output norms with norm_first (Gemma's 4 norms):  x = x + P1(Attn(N1(x)));   x = x + P2(MLP(N2(x)))
+    The output norms P1, P2 are post_attn_norm and post_mlp_norm in both; N1, N2 (ln1, ln2) are the pre-norms of a
+    pre-norm block, the norms of the residual sums of a post-norm one, and absent in OLMo 2's.
+    A local layer (window > 0) adds its sliding-window band (masks.sliding_window_mask) to the mask it is given,
+    like the causal mask: part of the model's own mask, on that layer only.
     """
 
-    def __init__(self, cfg: TransformerConfig, rng, rope=None):
+    def __init__(self, cfg: TransformerConfig, rng, rope=None, window: int = 0):
         self.norm_first, self.output_norms, self.parallel_residual = cfg.norm_first, cfg.output_norms, \
             cfg.parallel_residual
+        self.window = window
         seed = None if rng is None else int(rng.integers(2**31))
         if cfg.attention == "gqa":
             self.attn = GroupedQueryAttention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_head, rope=rope,
                                               qkv_bias=cfg.qkv_bias, out_bias=cfg.bias, temperature=cfg.temperature,
-                                              seed=seed, qk_norm=cfg.qk_norm, norm_eps=cfg.layer_norm_eps)
+                                              seed=seed, qk_norm=cfg.qk_norm, norm_eps=cfg.layer_norm_eps,
+                                              scale_dim=cfg.query_pre_attn_scalar, softcap=cfg.attn_softcap)
         else:
             self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, bias=cfg.bias, temperature=cfg.temperature,
                                            seed=seed or 0)
         Norm = RMSNorm if cfg.norm == "rms" else LayerNorm
-        self.ln1, self.ln2 = Norm(cfg.d_model, cfg.layer_norm_eps), Norm(cfg.d_model, cfg.layer_norm_eps)
-        self.mlp = SwiGLU(cfg, rng) if cfg.mlp == "swiglu" else MLP(cfg, rng)
+        inner = cfg.norm_first or not cfg.output_norms               # N1, N2: all but OLMo 2's block have them
+        self.ln1 = Norm(cfg.d_model, cfg.layer_norm_eps) if inner else None
+        self.ln2 = Norm(cfg.d_model, cfg.layer_norm_eps) if inner else None
+        self.mlp = SwiGLU(cfg, rng) if cfg.mlp == "swiglu" else GeGLU(cfg, rng) if cfg.mlp == "geglu" else MLP(cfg, rng)
+        self.post_attn_norm = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.output_norms else None   # P1
+        self.post_mlp_norm = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.output_norms else None    # P2
+
+    def local_mask(self, mask, t_query: int, t_key: int, start: int = 0):
+        """The mask this layer attends with: `mask` plus, on a local layer, its sliding-window band."""
+        if not self.window:
+            return mask
+        return M.combine(mask, M.sliding_window_mask(t_query, t_key, self.window, start)[None, None])
 
     def __call__(self, x, mask=None, head_mask=None, stages: bool = False):
         """x [B, T, D], mask additive [B, 1|H, T, T], head_mask (keep, mean, weights) for this layer or None.
         Returns x, probs [B, H, T, T], stages or None."""
         h = self.attention_input(x)
+        mask = self.local_mask(mask, x.shape[1], x.shape[1])
         a, probs, st, (q, k, v) = self.attn(h, attn_mask=mask, head_mask=head_mask, average_attn_weights=False,
                                             return_stages=True)
         x = self.after_attention(x, a)
@@ -196,9 +253,9 @@ class TransformerBlock:
         [B, T, D]: the residual connections, the norms and the MLP, in the order of the class docstring."""
         if self.parallel_residual:
             return x + a + self.mlp(self.ln2(x))
-        if self.output_norms:
-            x = x + self.ln1(a)
-            return x + self.ln2(self.mlp(x))
+        if self.output_norms:                                    # OLMo 2, and Gemma with its pre-norms
+            x = x + self.post_attn_norm(a)
+            return x + self.post_mlp_norm(self.mlp(self.ln2(x) if self.norm_first else x))
         if self.norm_first:
             x = x + a
             return x + self.mlp(self.ln2(x))
@@ -235,12 +292,18 @@ class Transformer:
         self.wtt = _normal(rng, (cfg.type_vocab_size, cfg.d_model)) if cfg.type_vocab_size else None      # segments
         self.rope = rope_tables(cfg.max_positions, cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling) \
             if cfg.position == "rope" else None                                     # (cos, sin) [P, rotary_dim]
+        self.rope_local = rope_tables(cfg.max_positions, cfg.rotary_dim, cfg.rope_local_theta) \
+            if self.rope is not None and cfg.rope_local_theta and cfg.local_layers else None   # local layers' own
         Norm = RMSNorm if cfg.norm == "rms" else LayerNorm
         self.ln_embed = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.embed_norm else None
-        self.blocks = [TransformerBlock(cfg, rng, self.rope) for _ in range(cfg.n_layers)]
+        self.blocks = [TransformerBlock(cfg, rng, self.rope_for(i), cfg.window(i)) for i in range(cfg.n_layers)]
         self.ln_f = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.final_norm else None
         self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng, bias=False) \
             if cfg.lm_head and not cfg.tie_embeddings else None                                       # [V, D]
+
+    def rope_for(self, layer: int):
+        """The RoPE tables (cos, sin) layer `layer` rotates by: the local layers' own base where it has one."""
+        return self.rope_local if self.rope_local is not None and self.cfg.window(layer) else self.rope
 
     @property
     def unembedding(self) -> np.ndarray:
@@ -254,6 +317,8 @@ class Transformer:
             raise ValueError(f"{start + T} tokens is more than this model's {self.cfg.max_positions} positions; "
                              "truncate the input")
         x = self.wte[input_ids]                                           # [B, T, D]
+        if self.cfg.embed_scale != 1.0:                                   # Gemma: times sqrt(d_model)
+            x = x * np.float32(self.cfg.embed_scale)
         if self.wpe is not None:
             x = x + self.wpe[start:start + T]
         if self.wtt is not None:
@@ -312,11 +377,12 @@ class Transformer:
         W = self.unembedding                                              # [V, D]
         B, T, _ = hidden.shape
         last = hidden[np.arange(B), lengths - 1]                         # [B, D]
-        next_token_logits = last @ W.T                                    # [B, V]
+        cap = self.cfg.final_softcap                                      # Gemma 2: logits soft-capped (0: off)
+        next_token_logits = soft_cap(last @ W.T, cap)                     # [B, V]
         following = np.concatenate([input_ids[:, 1:], np.zeros((B, 1), np.int64)], axis=1)   # x_{t+1}, [B, T]
-        target = np.einsum("btd,btd->bt", hidden, W[following])          # logit_t[x_{t+1}], [B, T]
-        lse = np.stack([_logsumexp(hidden @ W[v:v + VOCAB_CHUNK].T) for v in range(0, len(W), VOCAB_CHUNK)],
-                       axis=-1)                                           # [B, T, chunks]
+        target = soft_cap(np.einsum("btd,btd->bt", hidden, W[following]), cap)   # logit_t[x_{t+1}], [B, T]
+        lse = np.stack([_logsumexp(soft_cap(hidden @ W[v:v + VOCAB_CHUNK].T, cap))
+                        for v in range(0, len(W), VOCAB_CHUNK)], axis=-1)   # [B, T, chunks]
         logp_next = np.minimum(target - _logsumexp(lse), 0.0)             # log p(x_{t+1} | x_<=t), [B, T]
         token_logprobs = np.concatenate([np.zeros((B, 1), np.float32), logp_next[:, :-1]], axis=1)
         return next_token_logits, token_logprobs.astype(np.float32)

@@ -33,7 +33,9 @@ def state_dict(model: Transformer) -> dict[str, np.ndarray]:
     for i, b in enumerate(model.blocks):
         p = f"blocks.{i}."
         sd |= {p + "attn." + k: v for k, v in b.attn.params.items()}
-        sd |= _params(p + "ln1", b.ln1) | _params(p + "ln2", b.ln2)
+        for name in ("ln1", "ln2", "post_attn_norm", "post_mlp_norm"):   # output norms: OLMo 2's, Gemma's
+            if getattr(b, name, None) is not None:                      # (OLMo 2's block has no ln1, ln2)
+                sd |= _params(p + name, getattr(b, name))
         for name, linear in vars(b.mlp).items():          # fc, proj (GELU) or gate, up, down (SwiGLU)
             if isinstance(linear, Linear):
                 sd |= _params(p + "mlp." + name, linear)

@@ -19,6 +19,7 @@ from typing import Literal, Sequence
 import numpy as np
 
 from ..model.interventions import Edit
+from ..model.functional import soft_cap
 from ..model.masks import MASKED
 from ..model.transformer import LM_OUTPUTS
 from .errors import InputError
@@ -105,7 +106,7 @@ class Interventions:
             x = lw.run_graph("embed", inputs | lw.graph_feeds("embed"), ["x"])["x"]
             for layer in range(L):
                 q, k, v = self._qkv(layer, x)
-                out = self._attend(q, k, v, mask, range(H) if pattern else ())
+                out = self._attend(layer, q, k, v, mask, range(H) if pattern else ())
                 for name, value in (("residual", x), ("query", q), ("key", k), ("value", v),
                                     ("head_output", out["ctx"])) + ((("pattern", out["attention"]),) if pattern else ()):
                     if name in sites:
@@ -170,7 +171,7 @@ class Interventions:
                 patterned = sorted({h for row in here for e in row if e.site == "pattern"
                                     for h in np.flatnonzero(e.where.any(axis=-1))})
                 mask = base.mask if "scores" not in sites else _knocked(base.mask, here, cfg.n_heads)
-                out = self._attend(q, k, v, mask, patterned)
+                out = self._attend(layer, q, k, v, mask, patterned)
                 z = out["ctx"]
                 if patterned:                                                 # z = pattern @ v, for edited heads
                     p = np.zeros((B, cfg.n_heads, T, T), np.float32)
@@ -184,7 +185,7 @@ class Interventions:
             last = x[:, -1]
             if model.ln_f is not None:
                 last = model.ln_f(last)
-            return {"logits": last @ model.unembedding.T}
+            return {"logits": soft_cap(last @ model.unembedding.T, model.cfg.final_softcap)}
         return self._final(x, np.repeat(np.array([base.encoding.ids]), B, axis=0))
 
     # ---- the graphs ------------------------------------------------------------------------------------------------
@@ -192,11 +193,12 @@ class Interventions:
         out = self.lw.run_graph("block_in", {"x": x, **self.lw.params(layer)}, list("qkv"))
         return out["q"], out["k"], out["v"]
 
-    def _attend(self, q, k, v, mask, heads) -> dict[str, np.ndarray]:
-        """ctx [B, H, T, dh], and the probabilities of `heads` [B, n, T, T] as "attention" when any are asked."""
+    def _attend(self, layer: int, q, k, v, mask, heads) -> dict[str, np.ndarray]:
+        """ctx [B, H, T, dh], and the probabilities of `heads` [B, n, T, T] as "attention" when any are asked. The
+        mask gets the layer's sliding-window band where it is a local layer (Layerwise.layer_mask)."""
         heads = np.asarray(list(heads), np.int64)
         outputs = ("attention",) if len(heads) else ()
-        feeds = {"q": q, "k": k, "v": v, "attention_mask": mask, "heads": heads, "top_k": np.array([1], np.int64)}
+        feeds = {"q": q, "k": k, "v": v, "attention_mask": self.lw.layer_mask(layer, mask), "heads": heads, "top_k": np.array([1], np.int64)}
         return self.lw.run_graph(("attend", outputs, self.rt.cfg.causal), feeds, ["ctx", *outputs])
 
     def _block_out(self, layer: int, x: np.ndarray, z: np.ndarray) -> np.ndarray:

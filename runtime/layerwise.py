@@ -197,6 +197,15 @@ class Layerwise:
                       ("attend", Want(top_k=1).block_outputs(), causal)):   # k is a graph input
             self.session(which)
 
+    def layer_mask(self, layer: int, mask: np.ndarray) -> np.ndarray:
+        """The additive mask layer `layer` attends with: TransformerBlock.local_mask, the run's mask plus a local
+        layer's sliding-window band (the stacked graph builds the same band from positions, graphs/steps.py)."""
+        block = self.rt.model.blocks[layer]
+        if not block.window:
+            return mask
+        T = mask.shape[-1]
+        return np.ascontiguousarray(block.local_mask(mask, mask.shape[-2], T), np.float32)
+
     def params(self, layer: int) -> dict[str, np.ndarray]:
         if layer not in self._params:
             self._params[layer] = layers.block_params(self.rt.model, layer)
@@ -222,7 +231,7 @@ class Layerwise:
             mine = heads[(heads >= a) & (heads < b)]
             order += mine.tolist()
             feeds = {name: qkv[name] if len(groups) == 1 else np.ascontiguousarray(qkv[name][:, a:b]) for name in "qkv"}
-            feeds |= {"attention_mask": inputs["attention_mask"], "heads": mine - a,
+            feeds |= {"attention_mask": self.layer_mask(layer, inputs["attention_mask"]), "heads": mine - a,
                       "top_k": np.array([min(max(top_k, 1), T)], np.int64), **extra}
             out = self.run_graph(("attend", outputs, causal), feeds, list(parts), release and n == len(groups) - 1)
             for name, value in out.items():

@@ -20,6 +20,15 @@ mapping (our tensor -> the model folder's). Where the families differ from the T
   Phi-3     Llama with fused qkv_proj and gate_up_proj (split into ours at load), a sliding window where its config
             sets one, LongRoPE (the short factors: exact up to original_max_position_embeddings, so capped there) and
             partial rotary embeddings (partial_rotary_factor: only a head's first features turn)
+  Gemma 2   Llama's shape with GeGLU (gelu_pytorch_tanh), token embeddings times sqrt(d_model), scores scaled by
+            query_pre_attn_scalar, attention and final logit soft-capping, a norm before and after both the
+            attention and the MLP (4 per block: OLMo 2's output norms with the pre-norms), alternating local
+            (sliding-window) and global layers (layer_types; the window is part of a local layer's own mask, exact
+            at every length), tied embeddings. Gemma's RMSNorm multiplies by (1 + weight): 1 is added to the norms'
+            weights at load (GGUF files already hold 1 + weight)
+  Gemma 3   Gemma 2 without soft-capping, with QK-norm (each head's q and k RMS-normalised) and the local layers'
+            own RoPE base (rope_local_base_freq, plain RoPE); the global layers' RoPE scaling (4B and up: linear) is
+            the Llama family's (_rope); model_type gemma3_text, or gemma3 with its text_config inside
 RoPE scaling (the Llama family and Phi-3; model/rope.py): llama3 (Llama 3.x), linear, yarn, longrope and dynamic
 from rope_parameters / rope_scaling, into the one table of each model; dynamic is plain RoPE up to
 max_position_embeddings, where its positions end anyway. Positions go to max_position_embeddings within
@@ -37,6 +46,8 @@ import math
 import re
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
+
+import numpy as np
 
 from ..model.rope import RopeScaling
 from ..model.transformer import TransformerConfig
@@ -58,6 +69,7 @@ class Source(NamedTuple):
     names: tuple[str, ...]
     transpose: bool = False   # GPT-2's Conv1D keeps weights [in, out]
     skip_rows: int = 0        # RoBERTa's position table: rows before padding_idx + 1 are never read
+    offset: float = 0.0       # added to the values: Gemma's norms multiply by (1 + weight)
     split: Split | None = None  # ours is one part of a fused tensor (GPT-NeoX's query_key_value, Phi-3's qkv_proj)
 
 
@@ -301,15 +313,100 @@ LLAMA_BLOCK = {"attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_pr
 
 
 QK_NORMS = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}                 # Qwen3, OLMo 2
-OUTPUT_NORMS = {"ln1": "post_attention_layernorm", "ln2": "post_feedforward_layernorm"}            # OLMo 2
+OUTPUT_NORMS = {"post_attn_norm": "post_attention_layernorm", "post_mlp_norm": "post_feedforward_layernorm"}  # OLMo 2, Gemma
 
 
 def _llama_names(cfg: TransformerConfig, c: dict, m: str) -> dict[str, Source]:
     names = {"wte": Source((m + "embed_tokens.weight",)), "ln_f.weight": Source((m + "norm.weight",))}
-    block = LLAMA_BLOCK | (QK_NORMS if cfg.qk_norm else {}) | (OUTPUT_NORMS if cfg.output_norms else {})
+    block = {ours: theirs for ours, theirs in LLAMA_BLOCK.items() if cfg.norm_first or not ours.startswith("ln")}
+    block |= (QK_NORMS if cfg.qk_norm else {}) | (OUTPUT_NORMS if cfg.output_norms else {})   # OLMo 2: no ln1, ln2
     for i in range(cfg.n_layers):
         for ours, theirs in block.items():
             names |= _module(f"blocks.{i}.{ours}", f"{m}layers.{i}.{theirs}")
+    if not cfg.tie_embeddings:
+        names["lm_head.weight"] = Source(("lm_head.weight",))
+    return names
+
+
+def _gemma_rope_parameters(c: dict, layer_type: str) -> dict:
+    """Gemma 3's RoPE parameters of one layer type: transformers 5's rope_parameters by layer type, or 4.x's
+    rope_theta (global), rope_local_base_freq (local) and rope_scaling (global)."""
+    rope = c.get("rope_parameters") or {}
+    if layer_type in rope:
+        return rope[layer_type] or {}
+    if layer_type == "sliding_attention":
+        return {"rope_type": "default", "rope_theta": c.get("rope_local_base_freq", 10000.0)}
+    scaling = c.get("rope_scaling") or {}
+    return {**scaling, "rope_type": scaling.get("rope_type") or scaling.get("type") or "default",
+            "rope_theta": rope.get("rope_theta") or c.get("rope_theta", 1_000_000.0)}
+
+
+def _gemma_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[str]]:
+    """Gemma 2 and Gemma 3 (gemma3: the text model inside, text_config)."""
+    if c["model_type"] == "gemma3":
+        c = {**(c.get("text_config") or {}), "model_type": "gemma3"}
+    family = "Gemma 3" if c["model_type"].startswith("gemma3") else "Gemma 2"
+    act = c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_new"):
+        raise ModelUnavailable(f"hidden_activation {act!r} is not supported (Gemma's GeGLU uses gelu_pytorch_tanh)")
+    if c.get("use_bidirectional_attention"):
+        raise ModelUnavailable("use_bidirectional_attention is not supported (attnscope's Gemma is the causal decoder)")
+    if c.get("attention_bias"):
+        raise ModelUnavailable("attention_bias true is not supported (Gemma's projections have no biases)")
+    d, heads, L = _get(c, "hidden_size"), _get(c, "num_attention_heads"), _get(c, "num_hidden_layers")
+    pattern = c.get("sliding_window_pattern", 6 if family == "Gemma 3" else 2)
+    layer_types = tuple(c.get("layer_types") or (   # transformers' defaults: Gemma 2 alternates, Gemma 3 5:1
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(L)))
+    window = int(c.get("sliding_window") or 0) if "sliding_attention" in layer_types else 0
+    if family == "Gemma 3":
+        ropes = {t: _gemma_rope_parameters(c, t) for t in ("full_attention", "sliding_attention")}
+        local = ropes["sliding_attention"].get("rope_type", "default")
+        if local != "default":
+            raise ModelUnavailable(f"RoPE scaling {local!r} on sliding_attention is not supported for Gemma 3 (its "
+                                   f"local layers turn by plain RoPE, rope_type 'default')")
+        full = {"rope_theta": 1_000_000.0} | ropes["full_attention"]   # the global layers: main's RoPE scaling
+        rope = _rope({k: c[k] for k in ("max_position_embeddings", "original_max_position_embeddings") if k in c}
+                     | {"model_type": c["model_type"], "rope_parameters": full}, c.get("head_dim") or d // heads)
+        local_theta = float(ropes["sliding_attention"].get("rope_theta", 10000.0))
+    else:
+        rope, local_theta = Rope(_rope_theta(c), None, 0, None, ""), 0.0
+    theta = rope.theta
+    tie = c.get("tie_word_embeddings", True)
+    max_tokens = min(_get(c, "max_position_embeddings"), MAX_TOKENS, rope.limit or MAX_TOKENS)
+    cfg = TransformerConfig(
+        vocab_size=_get(c, "vocab_size"), max_positions=max_tokens, d_model=d, n_heads=heads, n_layers=L,
+        d_ff=_get(c, "intermediate_size"), norm_first=True, causal=True, final_norm=True,
+        layer_norm_eps=float(c.get("rms_norm_eps", 1e-6)), norm="rms", position="rope", mlp="geglu",
+        attention="gqa", n_kv_heads=c.get("num_key_value_heads") or heads, d_head=c.get("head_dim") or d // heads,
+        rope_theta=theta, rope_scaling=rope.scaling, qkv_bias=False, bias=False,
+        lm_head=tie or "lm_head.weight" in tensors, tie_embeddings=tie, embed_scale=float(np.float32(d ** 0.5)), query_pre_attn_scalar=float(c.get("query_pre_attn_scalar") or 0.0),
+        attn_softcap=float(c.get("attn_logit_softcapping") or 0.0),
+        final_softcap=float(c.get("final_logit_softcapping") or 0.0), output_norms=True, sliding_window=window,
+        layer_types=layer_types if window else (), rope_local_theta=local_theta if local_theta != theta or rope.scaling else 0.0,
+        qk_norm="head" if family == "Gemma 3" else None)
+    notes = [rope.note] if rope.note and rope.limit is not None and rope.limit <= max_tokens else []
+    if window:
+        local = [i for i, t in enumerate(layer_types) if t == "sliding_attention"]
+        notes.append(f"{len(local)} of its {L} layers are local: each query sees only the last {window} keys "
+                     f"(sliding window), part of those layers' own mask like the causal mask.")
+    return cfg, max_tokens, notes
+
+
+GEMMA_BLOCK = {"ln1": "input_layernorm", "ln2": "pre_feedforward_layernorm"} | OUTPUT_NORMS   # 4 norms per block
+
+
+def _gemma_names(cfg: TransformerConfig, c: dict, m: str) -> dict[str, Source]:
+    """Llama's names, but four norms per block, each (like q_norm, k_norm and the final norm) stored as the
+    multiplier 1 + weight."""
+    one = lambda name: Source((name,), offset=1.0)   # noqa: E731
+    names = {"wte": Source((m + "embed_tokens.weight",)), "ln_f.weight": one(m + "norm.weight")}
+    for i in range(cfg.n_layers):
+        h, p = f"{m}layers.{i}.", f"blocks.{i}."
+        for ours, theirs in LLAMA_BLOCK.items():
+            if not ours.startswith("ln"):
+                names |= _module(p + ours, h + theirs)
+        names |= {p + ours + ".weight": one(h + theirs + ".weight") for ours, theirs in GEMMA_BLOCK.items()}
+        names |= {f"{p}attn.{n}_norm.weight": one(f"{h}self_attn.{n}_norm.weight") for n in "qk"}
     if not cfg.tie_embeddings:
         names["lm_head.weight"] = Source(("lm_head.weight",))
     return names
@@ -390,12 +487,16 @@ ARCHITECTURES = {
     "olmo2": Architecture("OLMo 2", **_LLAMA),
     "gpt_neox": Architecture("GPT-NeoX", "embed_in.weight", _gpt_neox_config, _gpt_neox_names),
     "phi3": Architecture("Phi-3", "embed_tokens.weight", _llama_config, _phi3_names),
+    "gemma2": Architecture("Gemma 2", "embed_tokens.weight", _gemma_config, _gemma_names),
+    "gemma3_text": Architecture("Gemma 3", "embed_tokens.weight", _gemma_config, _gemma_names),
+    "gemma3": Architecture("Gemma 3 (its text model)", "embed_tokens.weight", _gemma_config, _gemma_names),
 }
 CLASS_PREFIXES = {"Bert": "bert", "Roberta": "roberta", "GPT2": "gpt2", "Llama": "llama", "Mistral": "mistral",
-                  "Qwen2": "qwen2", "Qwen3": "qwen3", "Olmo2": "olmo2", "GPTNeoX": "gpt_neox", "Phi3": "phi3"}
+                  "Qwen2": "qwen2", "Qwen3": "qwen3", "Olmo2": "olmo2", "GPTNeoX": "gpt_neox", "Phi3": "phi3",
+                  "Gemma2": "gemma2", "Gemma3": "gemma3"}
 # (BertModel, BertForMaskedLM, GPT2LMHeadModel, Qwen2ForCausalLM, ...)
 SUPPORTED = (f"supported: {', '.join(a.title for a in ARCHITECTURES.values())} model folders "
-             f"(model_type {', '.join(ARCHITECTURES)}) and Llama-family .gguf files")
+             f"(model_type {', '.join(ARCHITECTURES)}) and Llama-family or Gemma 3 .gguf files")
 
 
 def architecture(c: dict) -> str:

@@ -192,6 +192,8 @@ def convert(mf: ModelFolder) -> dict[str, np.ndarray]:
         else:
             parts = [read_tensor(mf.tensors[name])[src.skip_rows:] for name in src.names]
         w = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if src.offset:                     # Gemma's norms: the multiplier 1 + weight, in float32 as transformers
+            w = w + np.float32(src.offset)
         sd[ours] = np.ascontiguousarray(w.T) if src.transpose else w
     return sd
 

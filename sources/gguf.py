@@ -1,4 +1,4 @@
-"""Llama-family models from GGUF files (llama.cpp's format): config, de-quantised weights, tokenizer.
+"""Llama-family and Gemma 3 models from GGUF files (llama.cpp's format): config, de-quantised weights, tokenizer.
 
     model = load_gguf(path, cache=folder)      # de-quantised once (progress bar), then read from the cache
     tokenizer = gguf_tokenizer(path, cache=folder)
@@ -12,6 +12,12 @@ undoes them (transformers/modeling_gguf_pytorch_utils.py, LlamaTensorProcessor):
 The de-quantised weights are cached as one .safetensors file in a folder the caller passes in,
 under a key made of the GGUF file's bytes and this module's source, so a later start reads ~0.5 GB
 of float32 instead of parsing and de-quantising again.
+
+Gemma 3 (general.architecture "gemma3"), as transformers' GGUF loader reads it (Gemma2TensorProcessor): no row
+permutation (llama.cpp rotates Gemma's q/k in the rotate-half layout already); its norms are stored as 1 + weight,
+which is the multiplier our RMSNorm holds (sources/families.py); what the file does not say is transformers'
+Gemma3TextConfig default (query_pre_attn_scalar 256, local RoPE base 10000, every 6th layer global). Its vocabulary
+is sentencepiece-style (tokenizer.ggml.model "llama"): gemma_tokenizer rebuilds it as transformers does.
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ from .tokens import bytes_to_unicode
 from ..model.transformer import Transformer, TransformerConfig
 from ..model.weights import load_state_dict
 
-ARCHITECTURES = ("llama",)
+ARCHITECTURES = ("llama", "gemma3")
 # GGUF tensor name (after "blk.N.") -> ours (after "blocks.N.")
 BLOCK_NAMES = {"attn_norm.weight": "ln1.weight", "attn_q.weight": "attn.q_proj.weight",
                "attn_k.weight": "attn.k_proj.weight", "attn_v.weight": "attn.v_proj.weight",
@@ -37,6 +43,11 @@ BLOCK_NAMES = {"attn_norm.weight": "ln1.weight", "attn_q.weight": "attn.q_proj.w
                "ffn_gate.weight": "mlp.gate.weight", "ffn_up.weight": "mlp.up.weight",
                "ffn_down.weight": "mlp.down.weight"}
 TOP_NAMES = {"token_embd.weight": "wte", "output_norm.weight": "ln_f.weight", "output.weight": "lm_head.weight"}
+GEMMA3_BLOCK_NAMES = {k: v for k, v in BLOCK_NAMES.items() if not k.startswith("ffn_norm")} | {
+    "post_attention_norm.weight": "post_attn_norm.weight", "ffn_norm.weight": "ln2.weight",
+    "post_ffw_norm.weight": "post_mlp_norm.weight", "attn_q_norm.weight": "attn.q_norm.weight",
+    "attn_k_norm.weight": "attn.k_norm.weight"}
+GEMMA3_DEFAULTS = dict(query_pre_attn_scalar=256.0, rope_local_theta=10000.0, sliding_window_pattern=6)
 
 
 def _reader(path):
@@ -56,8 +67,8 @@ def gguf_config(reader) -> TransformerConfig:
     """Our config from the file's metadata ("llama.block_count", ...)."""
     arch = _field(reader, "general.architecture")
     if arch not in ARCHITECTURES:
-        raise ValueError(f"only Llama-family GGUF files are supported (general.architecture 'llama'); "
-                         f"this one is {arch!r}")
+        raise ValueError(f"only Llama-family GGUF files are supported (general.architecture 'llama'), and Gemma 3's "
+                         f"('gemma3'); this one is {arch!r}")
     scaling = _field(reader, f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         raise ValueError(f"RoPE scaling {scaling!r} is not supported in GGUF files (a Hugging Face folder's "
@@ -69,6 +80,8 @@ def gguf_config(reader) -> TransformerConfig:
         raise ValueError(f"partial rotary embeddings (rope.dimension_count {g('rope.dimension_count')} of "
                          f"head dim {d_head}) are not supported")
     names = {t.name for t in reader.tensors}
+    if arch == "gemma3":
+        return _gemma3_config(reader, g, names)
     return TransformerConfig(
         vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in reader.fields
         else g("vocab_size"),
@@ -78,6 +91,27 @@ def gguf_config(reader) -> TransformerConfig:
         attention="gqa", n_kv_heads=g("attention.head_count_kv", n_heads), d_head=d_head,
         rope_theta=float(g("rope.freq_base", 10000.0)), qkv_bias=False, bias=False, lm_head=True,
         tie_embeddings="output.weight" not in names)
+
+
+def _gemma3_config(reader, g, names) -> TransformerConfig:
+    """Gemma 3 from the file's metadata, the rest transformers' Gemma3TextConfig defaults (GEMMA3_DEFAULTS).
+    Positions are capped at MAX_TOKENS: the served limit (RoPE tables for 32768 positions would be 128 MB)."""
+    from .spec import MAX_TOKENS
+
+    L, d, n_heads = g("block_count"), g("embedding_length"), g("attention.head_count")
+    pattern = GEMMA3_DEFAULTS["sliding_window_pattern"]
+    window = int(g("attention.sliding_window", 0) or 0)
+    return TransformerConfig(
+        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data), max_positions=min(g("context_length"), MAX_TOKENS),
+        d_model=d, n_heads=n_heads, n_layers=L, d_ff=g("feed_forward_length"), norm_first=True, causal=True,
+        final_norm=True, layer_norm_eps=float(g("attention.layer_norm_rms_epsilon")), norm="rms", position="rope",
+        mlp="geglu", attention="gqa", n_kv_heads=g("attention.head_count_kv", n_heads),
+        d_head=g("attention.key_length", d // n_heads), rope_theta=float(g("rope.freq_base", 1_000_000.0)),
+        qkv_bias=False, bias=False, lm_head=True, tie_embeddings="output.weight" not in names,
+        embed_scale=float(np.float32(d ** 0.5)), query_pre_attn_scalar=GEMMA3_DEFAULTS["query_pre_attn_scalar"],
+        output_norms=True, sliding_window=window, layer_types=tuple(
+            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(L)) if window else (),
+        rope_local_theta=GEMMA3_DEFAULTS["rope_local_theta"], qk_norm="head")
 
 
 def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -94,17 +128,19 @@ def read_weights(reader, cfg: TransformerConfig, progress=None) -> dict[str, np.
     import gguf
 
     sd = {}
+    gemma = cfg.mlp == "geglu"                  # Gemma 3: its own names, no q/k permutation
+    block_names = GEMMA3_BLOCK_NAMES if gemma else BLOCK_NAMES
     for t in reader.tensors:
         w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)   # [out, in]
         if t.name.startswith("blk."):
             _, layer, rest = t.name.split(".", 2)
-            if rest not in BLOCK_NAMES:
-                raise ValueError(f"unexpected tensor {t.name} in a Llama GGUF file")
-            if rest == "attn_q.weight":
+            if rest not in block_names:
+                raise ValueError(f"unexpected tensor {t.name} in a {'Gemma 3' if gemma else 'Llama'} GGUF file")
+            if rest == "attn_q.weight" and not gemma:
                 w = unpermute(w, cfg.n_heads)
-            elif rest == "attn_k.weight":
+            elif rest == "attn_k.weight" and not gemma:
                 w = unpermute(w, cfg.n_kv_heads)
-            sd[f"blocks.{layer}.{BLOCK_NAMES[rest]}"] = w
+            sd[f"blocks.{layer}.{block_names[rest]}"] = w
         elif t.name in TOP_NAMES:
             sd[TOP_NAMES[t.name]] = w
         else:   # e.g. rope_freqs (Llama 3's scaled RoPE): not supported in GGUF files, and never silently dropped
@@ -230,6 +266,35 @@ def build_tokenizer(tokens: list[str], merges: list[str], token_types: list[int]
     return tok
 
 
+def gemma_tokenizer(tokens: list[str], token_types: list[int]):
+    """Gemma's sentencepiece-style BPE from a GGUF vocabulary, as transformers' GGUF loader rebuilds it
+    (integrations/gguf/gguf_tokenizer_mapping.py gemma_tokenizer, then GemmaTokenizer's pipeline):
+      - spaces become "▁" before anything else (normalizer), bytes missing from the vocabulary fall back to
+        <0xNN> tokens, unknown pieces fuse into one <unk>;
+      - the file has no merges: they are every split of a token into two tokens of the vocabulary, ranked by the
+        token's place in the file (its scores do not follow Gemma's merge order), as generate_merges ranks them;
+      - tokens of two or more spaces are stored as spaces and respelled "▁▁..." first, so merges can reach them;
+      - control tokens (type 3) are special, user-defined ones (type 4) added whole, as for byte-level files."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for token, score in {t: -i for i, t in enumerate(tokens)}.items():    # score: minus its place in the file
+        pairs = [(token[:k], token[k:]) for k in range(1, len(token)) if token[:k] in vocab and token[k:] in vocab]
+        merges += [(a, b, score) for a, b in sorted(pairs, key=lambda p: (vocab[p[0]], vocab[p[1]]))]
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    tok = Tokenizer(models.BPE(vocab, [(a, b) for a, b, _ in merges], fuse_unk=True, unk_token="<unk>",
+                               byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                            for t, kind in zip(tokens, token_types) if kind == 3])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t, kind in zip(tokens, token_types) if kind == 4])
+    return tok
+
+
 def gguf_tokenizer(path, cache: str | Path | None = None):
     """The file's tokenizer (tokenizer.ggml.model "gpt2": byte-level BPE); cached as tokenizer.json."""
     from tokenizers import Tokenizer
@@ -242,14 +307,23 @@ def gguf_tokenizer(path, cache: str | Path | None = None):
         except Exception:  # noqa: BLE001 - the tokenizers library raises plain Exception
             cached.unlink(missing_ok=True)
     reader = _reader(path)
-    kind = _field(reader, "tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ValueError(f"only byte-level BPE GGUF tokenizers (tokenizer.ggml.model 'gpt2') are supported; "
-                         f"this file's is {kind!r}")
-    tok = build_tokenizer(_field(reader, "tokenizer.ggml.tokens"), _field(reader, "tokenizer.ggml.merges"),
-                          _field(reader, "tokenizer.ggml.token_type"), _field(reader, "tokenizer.ggml.pre"))
+    kind, arch = _field(reader, "tokenizer.ggml.model"), _field(reader, "general.architecture")
+    tokens, types = _field(reader, "tokenizer.ggml.tokens"), _field(reader, "tokenizer.ggml.token_type")
+    if kind == "llama" and arch == "gemma3":
+        tok = gemma_tokenizer(tokens, types)
+    elif kind != "gpt2":
+        raise ValueError(f"only byte-level BPE GGUF tokenizers (tokenizer.ggml.model 'gpt2') and Gemma 3's "
+                         f"are supported; this file's is {kind!r}")
+    else:
+        tok = build_tokenizer(tokens, _field(reader, "tokenizer.ggml.merges"), types,
+                              _field(reader, "tokenizer.ggml.pre"))
     if _field(reader, "tokenizer.ggml.add_bos_token"):
-        raise ValueError("this GGUF file asks for a BOS token before every text; that is not supported yet")
+        if arch != "gemma3":
+            raise ValueError("this GGUF file asks for a BOS token before every text; that is not supported yet")
+        from tokenizers.processors import TemplateProcessing
+        bos = tokens[_field(reader, "tokenizer.ggml.bos_token_id")]   # Gemma's <bos> opens every text
+        tok.post_processor = TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+                                                special_tokens=[(bos, _field(reader, "tokenizer.ggml.bos_token_id"))])
     if cached is not None:
         _write_atomically(cached, lambda tmp: tok.save(str(tmp)), stale=f"{path.stem}-*.tokenizer.json")
     return tok

@@ -71,7 +71,7 @@ def _gguf_spec(name: str, path: Path, cache: Path | None = None) -> ModelSpec:
         cfg = file_config(path, cache)
     except Exception as e:  # noqa: BLE001 - gguf's own errors, and ours for an unsupported file
         raise ModelUnavailable(f"cannot use {path.name}: {one_line(e)}; supported: Llama-family GGUF files "
-                               f"(general.architecture 'llama', byte-level BPE vocabulary)") from None
+                               f"(general.architecture 'llama', byte-level BPE vocabulary) and Gemma 3's") from None
 
     def build(folder: Path, cache: Path | None) -> Transformer:
         try:
@@ -86,9 +86,13 @@ def _gguf_spec(name: str, path: Path, cache: Path | None = None) -> ModelSpec:
             raise ModelUnavailable(f"cannot use the tokenizer of {folder.name}: {one_line(e)}") from None
 
     kv = f" ({cfg.n_kv_heads} key/value heads)" if cfg.n_kv_heads != cfg.n_heads else ""
-    return ModelSpec(name, f"{path.name} (Llama, GGUF)",
-                     f"Llama-family decoder from the GGUF file {path.name}: {cfg.n_layers} layers x {cfg.n_heads} "
-                     f"heads{kv}, d_model {cfg.d_model}, head_dim {cfg.d_head}, RoPE theta {cfg.rope_theta:g}; "
-                     f"de-quantised to float32 once (cached); predicts the next token.", "decoder", build, tokenizer,
-                     max_tokens=min(cfg.max_positions, MAX_TOKENS), folder=path, source="gguf", architecture="llama",
+    gemma = cfg.mlp == "geglu"                            # sources/gguf.py reads Llama-family and Gemma 3 files
+    local = (f"; {len(cfg.local_layers)} of its {cfg.n_layers} layers are local: each query sees only the last "
+             f"{cfg.sliding_window} keys (sliding window)") if cfg.local_layers else ""
+    return ModelSpec(name, f"{path.name} ({'Gemma 3' if gemma else 'Llama'}, GGUF)",
+                     f"{'Gemma 3' if gemma else 'Llama-family'} decoder from the GGUF file {path.name}: "
+                     f"{cfg.n_layers} layers x {cfg.n_heads} heads{kv}, d_model {cfg.d_model}, head_dim {cfg.d_head}, "
+                     f"RoPE theta {cfg.rope_theta:g}{local}; de-quantised to float32 once (cached); predicts the next "
+                     f"token.", "decoder", build, tokenizer, max_tokens=min(cfg.max_positions, MAX_TOKENS),
+                     folder=path, source="gguf", architecture="gemma3" if gemma else "llama",
                      generation=gguf_generation)

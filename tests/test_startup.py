@@ -89,7 +89,7 @@ def test_corrupt_model_files(tmp_path, name, message):
 
 def test_unknown_model_and_provider_are_named():
     line = _fails(UVICORN, _uvicorn_args(), _env(ATTNSCOPE_MODELS="tiny-gpt,gpt-9"))
-    assert "unknown model 'gpt-9'; available: minilm, smollm2, tiny-gpt, induction; or give NAME=PATH" in line
+    assert "unknown model 'gpt-9'; available: minilm, smollm2, gemma3, tiny-gpt, induction; or give NAME=PATH" in line
     line = _fails(UVICORN, _uvicorn_args(), _env(ATTNSCOPE_MODELS="tiny-gpt", ATTNSCOPE_PROVIDERS="NopeProvider"))
     assert "['NopeProvider'] are not available" in line and "ATTNSCOPE_PROVIDERS" in line
 

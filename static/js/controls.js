@@ -12,10 +12,14 @@ import * as state from "./state.js";
 /** Statistics that need a sentence pair: disabled in the menu for a single text. */
 const PAIR_STATS = new Set(BOOT.stats.filter((x) => x.pair_only).map((x) => x.id));
 
-function options(select, n, label) {
-  if (select.options.length === n) return;
-  replace(select, [...Array(n).keys()].map((i) => h("option", { value: i, text: `${label} ${i}` })));
+function options(select, n, label, suffix = () => "") {
+  const text = (i) => `${label} ${i}${suffix(i)}`;
+  if (select.options.length === n && [...select.options].every((o, i) => o.text === text(i))) return;
+  replace(select, [...Array(n).keys()].map((i) => h("option", { value: i, text: text(i) })));
 }
+
+/** " (local)" after a sliding-window layer's number (Gemma 2 and 3), "" after a global one. */
+const localSuffix = (info) => (l) => ((info.local_layers || []).includes(l) ? " (local)" : "");
 
 function textHint(info) {
   return `Press Run (or Ctrl+Enter in either box). Texts are cut at ${info.max_tokens} tokens` +
@@ -41,7 +45,7 @@ export function syncControls(st, info) {
   $("decoder-field").hidden = $("attention-field").hidden = $("attention-note").hidden = !encdec;
   $("attention").value = st.attention;
   $("causal-field").hidden = $("click-mode").hidden = $("generate").hidden = encdec;
-  options($("layer"), info.layers, "layer");
+  options($("layer"), info.layers, "layer", localSuffix(info));
   options($("head"), info.heads, "head");
   $("layer").value = st.layer;
   $("head").value = st.head;

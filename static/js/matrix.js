@@ -52,10 +52,17 @@ export function keysOf(meta) {
   return meta.keys ?? meta;
 }
 
-/** Is key j hidden from query i? The runtime's rule: causal (j > i) or a masked key (not on the diagonal). */
-export function maskRule(meta) {
-  const masked = new Set(meta.mask_tokens);
-  return (i, j) => (meta.causal && j > i) || (i !== j && masked.has(j));
+/** The sliding window of `layer` when it is a local layer of model `info` (Gemma 2 and 3), else 0: there a query
+ *  sees only its last `window` keys, its own included, a band that is part of the model's own mask. */
+export function localWindow(info, layer) {
+  return info && (info.local_layers || []).includes(layer) ? info.sliding_window : 0;
+}
+
+/** Is key j hidden from query i? The runtime's rule: causal (j > i), a masked key (not on the diagonal), or, on a
+ *  local layer (localWindow), a key `window` or more tokens back. */
+export function maskRule(meta, info = null, layer = null) {
+  const masked = new Set(meta.mask_tokens), w = localWindow(info, layer);
+  return (i, j) => (meta.causal && j > i) || (w > 0 && i - j >= w) || (i !== j && masked.has(j));
 }
 
 /** Is this run's mask the model's own? False for a what-if: causal switched, or tokens masked. */

@@ -5,7 +5,7 @@
 // cell of the pinned row (or its "Why?" button in the list) asks why the head attends there (state.why): the panel
 // below splits the cell's score into the parts of the residual stream that made it (why.js, POST /api/qk).
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
-import { dividerAt, keysOf, longText, maskRule, matrixCells, ownMask, pairView, sentences, ticksIn, visibleTokens } from "../matrix.js";
+import { dividerAt, keysOf, localWindow, longText, maskRule, matrixCells, ownMask, pairView, sentences, ticksIn, visibleTokens } from "../matrix.js";
 import { renderWhy, WHY_TOP } from "../why.js";
 import { AXIS_LINE, colourRange, exactString, FILTERED_COLOR, FILTERED_RGB, fmt, fmtExact, HIGHLIGHT, LUT, lutIndex, MASKED_COLOR, MASKED_RGB, PAIR_DIVIDER, plotlyScale, TRANSPARENT } from "../scale.js";
 
@@ -120,10 +120,19 @@ function noteText(meta, st, ctx, renorm, view) {
   if (view.filter === "ab") parts.push("Queries of sentence A (rows) → keys of sentence B (columns): each row shows the part of its weight that goes to B.");
   if (view.filter === "ba") parts.push("Queries of sentence B (rows) → keys of sentence A (columns): each row shows the part of its weight that goes to A.");
   if (view.filter === "within") parts.push("Only weights within each sentence are coloured; the other sentence's cells are grey.");
+  const w = localWindow(ctx.info, st.layer);
+  if (w) parts.push(`Layer ${st.layer} is a local layer (sliding window): each token sees only itself and the ` +
+    `${w - 1} tokens before it. Keys further back are part of this layer's own mask, like the causal mask: white, ` +
+    "weight exactly 0." + (globalLayers(ctx.info) ? ` Global layers (every earlier token): ${globalLayers(ctx.info)}.` : ""));
   return parts.join(" ");
 }
 
-function legend(el, meta, view, anyMasked, range, renorm) {
+/** The global layers of a model with local ones, as "5, 11, 17". */
+function globalLayers(info) {
+  return [...Array(info.layers).keys()].filter((l) => !info.local_layers.includes(l)).join(", ");
+}
+
+function legend(el, meta, view, anyMasked, range, renorm, window = 0) {
   const s = sentences(meta), b = meta.segments.indexOf(1);
   const items = [h("span", { class: "legend-item", "data-scale": range.perHead ? "head" : "fixed" },
     h("span", { class: "swatch scale-swatch", "aria-hidden": "true" }),
@@ -136,7 +145,8 @@ function legend(el, meta, view, anyMasked, range, renorm) {
       items.push(h("span", { class: "legend-item" }, h("span", { class: "swatch divider", style: `border-color:${PAIR_DIVIDER}`, "aria-hidden": "true" }), "dashed line: where B starts"));
     }
   }
-  if (anyMasked) items.push(h("span", { class: "legend-item" }, h("span", { class: "swatch", style: `background:${MASKED_COLOR}`, "aria-hidden": "true" }), "white: masked (the query cannot see the key; weight exactly 0)"));
+  if (anyMasked) items.push(h("span", { class: "legend-item" }, h("span", { class: "swatch", style: `background:${MASKED_COLOR}`, "aria-hidden": "true" }), "white: masked (the query cannot see the key; weight exactly 0)" +
+    (window ? `, the sliding window of ${window} keys included` : "")));
   if (view.filter === "within") items.push(h("span", { class: "legend-item" }, h("span", { class: "swatch", style: `background:${FILTERED_COLOR}`, "aria-hidden": "true" }), "grey: the other sentence (filtered out)"));
   replace(el, items);
 }
@@ -184,7 +194,7 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
   const { rows, cols } = view;
   const m = ans.attention.sub(0, 0);
   const cells = matrixCells(m, rows, cols, renorm ? keyIdx : null);
-  const hidden = maskRule(meta);
+  const hidden = maskRule(meta, ctx.info, st.layer);       // a local layer's window too
   const nr = rows.length, nc = cols.length;
   // what each cell shows, worked out once (a long text has millions): its weight, or MASKED (the key is hidden
   // from the query), or FILTERED (the other sentence)
@@ -207,7 +217,8 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
   const note = part(container, "note", "p", { class: "note" });
   note.textContent = noteText(meta, st, ctx, renorm, view) + (m.dtype === "float16"
     ? " Long text: the weights travel as float16 (about 3 significant digits)." : "");
-  legend(part(container, "legend", "p", { class: "legend" }), meta, view, anyMasked, range, renorm);
+  legend(part(container, "legend", "p", { class: "legend" }), meta, view, anyMasked, range, renorm,
+    localWindow(ctx.info, st.layer));
   const layout = part(container, "layout", "div", { class: "head-layout" });
   const wrap = part(layout, "wrap", "div", { class: "plot-wrap" });
   const plot = part(wrap, "plot", "div", { class: "plot head-plot", role: "figure" });
@@ -362,6 +373,7 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
     shownPair(st, ctx.info) ? undefined : whyAns, st, ctx, meta);
   container.dataset.layer = st.layer;
   container.dataset.head = st.head;
+  container.dataset.window = localWindow(ctx.info, st.layer);   // 0: a global layer (or a model without local ones)
   container.dataset.zmax = exactString(range.zmax);
 
   const tok = (i) => meta.tokens[i], keyTok = (i) => keys.tokens[i];

@@ -2,7 +2,7 @@
 // (block-averaged to 64 x 64, float16). Hover a thumbnail for the head, the tokens of the block under the
 // mouse and its value; each thumbnail is a link that opens that head.
 import { h, part, replace, tokenLabel } from "../dom.js";
-import { maskRule, ownMask, subMatrix, visibleTokens } from "../matrix.js";
+import { localWindow, maskRule, ownMask, subMatrix, visibleTokens } from "../matrix.js";
 import { colourRange, exactString, fmt, fmtExact, FRAME_LINE, LABEL_INK, LUT, lutIndex, MASKED_RGB, PAPER } from "../scale.js";
 import { toggledHead } from "../state.js";
 
@@ -46,17 +46,27 @@ function paint(canvas, rows, range) {
  * attention that lands on its key block (block mean x key-block width: rows sum to 1, so 0–1 like a weight);
  * a block every cell of which is masked is null. Returns {cells(m) -> rows, spans, label}.
  */
-function cellsOf(ans, meta, st) {
-  const hidden = maskRule(meta);
+function cellsOf(ans, meta, st, info) {
+  // the mask of layer l (a local layer's window included), one per window width: hidden(l)(i, j)
+  const rules = new Map();
+  const hiddenIn = (l) => {
+    const w = localWindow(info, l);
+    if (!rules.has(w)) rules.set(w, maskRule(meta, info, l));
+    return rules.get(w);
+  };
   if (ans.blocks) {
-    const spans = ans.blocks;
-    const dead = spans.map(([q0, q1]) => spans.map(([k0, k1]) => {
-      for (let i = q0; i < q1; i++) for (let j = k0; j < k1; j++) if (!hidden(i, j)) return false;
-      return true;
-    }));
+    const spans = ans.blocks, deadBy = new Map();
+    const deadIn = (l) => {
+      const w = localWindow(info, l), hidden = hiddenIn(l);
+      if (!deadBy.has(w)) deadBy.set(w, spans.map(([q0, q1]) => spans.map(([k0, k1]) => {
+        for (let i = q0; i < q1; i++) for (let j = k0; j < k1; j++) if (!hidden(i, j)) return false;
+        return true;
+      })));
+      return deadBy.get(w);
+    };
     return {
       spans, rows: spans, cols: spans, value: "share of the block's attention",
-      cells: (m) => spans.map((_, a) => spans.map(([k0, k1], b) => (dead[a][b] ? null : m.at(a, b) * (k1 - k0)))),
+      cells: (m, l) => { const dead = deadIn(l); return spans.map((_, a) => spans.map(([k0, k1], b) => (dead[a][b] ? null : m.at(a, b) * (k1 - k0)))); },
       mean: (m, a, b) => m.at(a, b),
     };
   }
@@ -65,7 +75,7 @@ function cellsOf(ans, meta, st) {
   const spans = idx.map((i) => [i, i + 1]);
   return {
     spans, rows: spans, cols: spans, value: renorm ? "weight (renormalised)" : "weight", renorm, idx,
-    cells: (m) => subMatrix(m, idx, idx, renorm ? idx : null).z.map((r, a) => r.map((v, b) => (hidden(idx[a], idx[b]) ? null : v))),
+    cells: (m, l) => { const hidden = hiddenIn(l); return subMatrix(m, idx, idx, renorm ? idx : null).z.map((r, a) => r.map((v, b) => (hidden(idx[a], idx[b]) ? null : v))); },
     mean: null,
   };
 }
@@ -91,7 +101,7 @@ export function onResize(container) {
 export function render(container, { meta, results: [ans] }, st, ctx) {
   const L = ans.layers.length, H = ans.heads.length, T = meta.tokens.length;
   const blocked = Boolean(ans.blocks);
-  const shape = cellsOf(ans, meta, st);
+  const shape = cellsOf(ans, meta, st, ctx.info);
 
   const note = part(container, "note", "p", { class: "note" });
   const width = blocked ? T / ans.blocks.length : 1;
@@ -104,7 +114,9 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
       : `${T} tokens: every weight shown (one pixel per query/key pair)${ownMask(meta, ctx.info) ? "" : " of the what-if run"}.`) +
     (st.scale === "head" ? " Colours are stretched to each thumbnail's own maximum (hover for it)."
       : " Colours are on the fixed 0–1 scale in every thumbnail.") +
-    (meta.causal || meta.mask_tokens.length ? " White: masked (weight exactly 0)." : "");
+    (meta.causal || meta.mask_tokens.length ? " White: masked (weight exactly 0)." : "") +
+    ((ctx.info.local_layers || []).length ? ` Rows marked "local" are sliding-window layers: each token sees only ` +
+      `its last ${ctx.info.sliding_window} tokens, and the keys further back are masked like future ones.` : "");
 
   const scroller = part(container, "scroller", "div", { class: "thumb-scroll" });
   const cue = part(container, "cue", "p", { class: "scroll-cue hint", "aria-hidden": "true", text: "Scroll sideways for more heads →" });
@@ -123,10 +135,13 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   const knocked = new Set(st.ablate);
   const canvases = [];
   ans.layers.forEach((l, li) => {
-    items.push(h("span", { class: "row-head", "aria-hidden": "true", text: `L${l}` }));
+    const w = localWindow(ctx.info, l);                     // a local layer: its rows end in its window's band
+    items.push(h("span", { class: "row-head" + (w ? " local" : ""), "aria-hidden": "true", "data-window": w,
+      title: w ? `layer ${l} is local: each token sees only its last ${w} tokens (sliding window)` : null,
+      text: w ? `L${l} · local` : `L${l}` }));
     ans.heads.forEach((hd, hi) => {
       const m = ans.attention.sub(li, hi);
-      const rows = shape.cells(m);
+      const rows = shape.cells(m, l);
       let max = 0;
       for (const r of rows) for (const v of r) if (v !== null && v > max) max = v;
       const range = colourRange(st, max);

@@ -91,7 +91,7 @@ function texts(step, ans, info, f, n) {
       (partial ? " Σ is the part of the row shown here." : "")];
     case "ctx": return ["Output: weights · V", `Each token's output is the weighted sum of the value vectors: out_i = Σ_j p_ij v_j. One column per token, ${dh} numbers.` +
       (partial ? " The sums run over every token of the text, also those not shown." : "")];
-    case "contribution": return [`Through W_O: the head's contribution (d_model = ${D})`, `The output times this head's ${dh} columns of the output projection W_O: what this head adds to each token's vector. Every head's contribution, plus W_O's bias, is added to the residual stream${f.preNorm ? "" : f.outputNorms ? " after their sum is normalised (the block's post-attention norm)" : " (then normalised)"}.`];
+    case "contribution": return [`Through W_O: the head's contribution (d_model = ${D})`, `The output times this head's ${dh} columns of the output projection W_O: what this head adds to each token's vector. Every head's contribution, plus W_O's bias, is added to the residual stream${f.outputNorms ? " after their sum is normalised (the block's post-attention norm)" : f.preNorm ? "" : " (then normalised)"}.`];
   }
   return [step.key, ""];
 }
