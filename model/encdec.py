@@ -76,6 +76,7 @@ class EncoderDecoderConfig:
     qkv_bias = property(lambda self: self.bias)   # the page's facts about the family (app/pages.py)
     qk_norm, output_norms, parallel_residual = None, False, False   # none of the decoder families' variations
     rotary_dim = 0
+    local_layers, sliding_window = (), 0                             # no layer with a window of its own (Gemma's)
     has_unembedding = False          # no logit lens or OV copying scores here (their analyses read one stack)
 
 

@@ -167,7 +167,8 @@ def test_models_onnx_and_health(client):
                                                  "d_head": 32, "max_tokens": 256, "trained_tokens": 256,
                                                  "max_positions": 512, "pair": True,
                                                  "provider": "CPUExecutionProvider", "kv_heads": 12,
-                                                 "predictions": False, "unembedding": False, "chat": False, "head_roles": [], "explanation": ""}
+                                                 "predictions": False, "unembedding": False, "chat": False, "head_roles": [], "explanation": "",
+                                                 "local_layers": [], "sliding_window": 0}
     assert [r["role"] for r in models[1]["head_roles"]][:2] == ["previous-token", "first-token"]
     r = client.get("/api/models/tiny-gpt/onnx")
     assert r.status_code == 200 and r.content[:2] == b"\x08\x08"  # ir_version 8, the first protobuf field
