@@ -64,6 +64,20 @@ def minilm(runtimes):
     return runtimes["minilm"]
 
 
+@contextlib.contextmanager
+def serving(folders: dict[str, Path], **settings):
+    """The app in this process (a TestClient) serving each checkpoint folder by path, under its key: how the family
+    tests (test_checkpoints, test_decoder_families, test_rope_scaling, test_gemma, test_encdec) serve theirs."""
+    from fastapi.testclient import TestClient
+
+    from attnscope.app.main import create_app
+    from attnscope.app.settings import Settings
+
+    entries = [f"{name}={path}" for name, path in folders.items()]
+    with TestClient(create_app(Settings(models=entries, cache=CACHE, threads=2, **settings))) as c:
+        yield c
+
+
 # ---- live server ---------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def live_server():

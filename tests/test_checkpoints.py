@@ -27,13 +27,12 @@ import torch  # noqa: E402  (the test set-up installs torch and transformers: ne
 import transformers  # noqa: E402
 
 from attnscope.app.errors import StartupError  # noqa: E402
-from attnscope.app.main import create_app  # noqa: E402
 from attnscope.app.service import AttentionService  # noqa: E402
 from attnscope.app.settings import Settings  # noqa: E402
 from attnscope import sources
 from attnscope.sources import safetensors, zoo  # noqa: E402
 from attnscope.runtime import Runtime  # noqa: E402
-from tests.conftest import CACHE, ROOT  # noqa: E402
+from tests.conftest import CACHE, ROOT, serving  # noqa: E402
 from tests.test_startup import SERVE, UVICORN, _env, _fails, _port, _uvicorn_args  # noqa: E402
 
 torch.set_num_threads(2)
@@ -180,10 +179,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def client(folders):
-    from fastapi.testclient import TestClient
-
-    settings = Settings(models=[f"{f}={path}" for f, path in folders.items()], cache=CACHE, threads=2)
-    with TestClient(create_app(settings)) as c:
+    with serving(folders) as c:
         yield c
 
 

@@ -18,16 +18,13 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from fastapi.testclient import TestClient
 
-from attnscope.app.main import create_app
-from attnscope.app.settings import Settings
 from attnscope.model.decoding import KVCache
 from attnscope.model.interventions import Edit
 from attnscope.runtime.generation import decode
 from attnscope.runtime.interventions import Interventions
 from attnscope.runtime.layerwise import Want
-from tests.conftest import CACHE
+from tests.conftest import serving
 from tests.test_checkpoints import TEXT, copy_of, edit_config, peaked, refusal, trained_bpe, widen
 
 torch.set_num_threads(2)
@@ -82,8 +79,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def client(folders):
-    settings = Settings(models=[f"{f}={path}" for f, path in folders.items()], cache=CACHE, threads=2)
-    with TestClient(create_app(settings)) as c:
+    with serving(folders) as c:
         yield c
 
 

@@ -18,7 +18,7 @@ from attnscope.app.settings import Settings
 from attnscope.app.wire import from_binary
 from attnscope.model.encdec import relative_position_bucket
 from attnscope.sources import ModelUnavailable, folders as hf_folders
-from tests.conftest import CACHE
+from tests.conftest import CACHE, serving
 from tests.test_checkpoints import peaked, trained_bpe, widen
 
 torch.set_num_threads(2)
@@ -88,10 +88,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def client(folders):
-    from fastapi.testclient import TestClient
-
-    settings = Settings(models=[f"{f}={path}" for f, path in folders.items()], cache=CACHE, threads=2)
-    with TestClient(create_app(settings)) as c:
+    with serving(folders) as c:
         yield c
 
 

@@ -31,7 +31,7 @@ from attnscope.runtime.generation import Generator, Sampling
 from attnscope.runtime.interventions import Interventions
 from attnscope.runtime.layerwise import Want
 
-from .conftest import CACHE, ablation_hooks
+from .conftest import CACHE, ablation_hooks, serving
 from .test_checkpoints import TEXT, TEXTS, peaked, trained_bpe, widen
 
 torch.set_num_threads(2)
@@ -83,8 +83,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def client(folders):
-    settings = Settings(models=[f"{f}={path}" for f, path in folders.items()], cache=CACHE, threads=2)
-    with TestClient(create_app(settings)) as c:
+    with serving(folders) as c:
         yield c
 
 

@@ -22,7 +22,7 @@ from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
 from attnscope.model import functional as F
 from attnscope.model.rope import RopeScaling
-from tests.conftest import CACHE
+from tests.conftest import CACHE, serving
 from tests.test_checkpoints import CORPUS, edit_config, peaked, refusal, save_tokenizer, widen
 
 torch.set_num_threads(2)
@@ -160,8 +160,7 @@ def folders(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(folders):
-    settings = Settings(models=[f"{n}={p}" for n, p in folders.items()], cache=CACHE, threads=2)
-    with TestClient(create_app(settings)) as c:
+    with serving(folders) as c:
         yield c
 
 
