@@ -248,7 +248,9 @@ def test_step_sentences_follow_the_servers_architecture_facts(page: Page, consol
     block's architectures, which the server takes from each served model's own configuration."""
     open_at(page, teach, "stages", model="tiny-gpt", text=TEXT, layer=1, head=0, step=3)
     boot = page.evaluate("JSON.parse(document.getElementById('boot').textContent).architectures")
-    assert boot["gpt2"] == {"norm_first": True, "norm": "layer", "position": "learned", "qkv_bias": True}
+    assert boot["gpt2"] == {"norm_first": True, "norm": "layer", "position": "learned", "qkv_bias": True,
+                            "qk_norm": None, "output_norms": False, "parallel_residual": False, "rotary_dim": 32,
+                            "d_head": 32}
     assert boot["bert"]["norm_first"] is False
     assert "the residual stream after the block's LayerNorm" in step_sentence(page, "x")     # GPT-2: pre-norm
     assert "plus a bias" in step_sentence(page, "q") and "RoPE" not in step_sentence(page, "k")
