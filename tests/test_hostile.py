@@ -304,7 +304,8 @@ def test_cancelled_requests_leak_nothing_and_do_not_fail_others():
         gate.event.set()
     _idle(svc)
     assert gate.started == 1
-    assert svc.runner.cache.get(shared.key) is not None and svc.runner.cache.get(other.key) is None
+    assert svc.runner.cache.get(shared.run.key) is not None and svc.runner.cache.get(other.run.key) is None   # the runs
+    # the plans named (an attention-only request runs a graph that stops at its last layer: a key of its own)
     assert not svc.runner._waiters and not svc.runner._started
 
 
