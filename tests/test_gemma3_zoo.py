@@ -25,7 +25,7 @@ HELD_OUT = ["Les chiens aboient, la caravane passe. 🐕 Über 3.14159 km—naï
 LONG = " ".join(f"Item {i}: the {w} crossed the river at dawn, and nobody saw it again." for i, w in
                 enumerate(["fox", "heron", "ferry", "storm", "merchant", "lantern"] * 6))
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.own_process]   # ~10 GB at its peak: `make test` runs it apart
 
 
 @pytest.fixture(scope="module")
