@@ -83,6 +83,17 @@ def test_attention_and_next_token_probabilities_equal_transformers(which, gemma3
         assert (res.attentions[0][:, far] == 0).all() and res.attentions[5][:, far].sum() > 0
 
 
+def test_numpy_and_onnx_agree(gemma3):
+    """The served graph against the NumPy reference it was exported from (tests/test_runtime.py does this for the
+    zoo models that live in the suite's process)."""
+    text = HELD_OUT[0]
+    onnx_run, numpy_run = gemma3(text), gemma3(text, engine="numpy")
+    np.testing.assert_allclose(onnx_run.attentions, numpy_run.attentions, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(onnx_run.next_token_logits, numpy_run.next_token_logits, atol=1e-3, rtol=1e-5)
+    with pytest.raises(ValueError, match="empty"):
+        gemma3.run("   ")
+
+
 def test_it_completes_the_fox(gemma3):
     res = gemma3("The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy")
     assert res.next_tokens[0].token == "▁dog" and res.next_tokens[0].prob > 0.9
