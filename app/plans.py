@@ -889,6 +889,8 @@ class Planner:
         self._lm(rt, "generation")
         self._chars(rt, "text is", req.text)
         st, L, H = self.settings, rt.cfg.n_layers, rt.cfg.n_heads
+        if "max_new_tokens" not in req.model_fields_set:      # the default (32) within ATTNSCOPE_MAX_NEW_TOKENS
+            req = req.model_copy(update={"max_new_tokens": min(req.max_new_tokens, st.max_new_tokens)})
         if req.max_new_tokens > st.max_new_tokens:
             raise Refused(f"max_new_tokens {req.max_new_tokens} is over the limit of {st.max_new_tokens} "
                           f"(ATTNSCOPE_MAX_NEW_TOKENS)")

@@ -842,7 +842,8 @@ def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int, max_new_tokens: 
                                   "description": props["interventions"].get("description", "")}
     _bound_pairs(props, m)
     if "max_new_tokens" in props:
-        props["max_new_tokens"]["maximum"] = max(1, min(max_new_tokens, m.max_tokens - 1))
+        props["max_new_tokens"]["maximum"] = top = max(1, min(max_new_tokens, m.max_tokens - 1))
+        props["max_new_tokens"]["default"] = min(props["max_new_tokens"].get("default", top), top)
     if "chat" in props and not m.chat:
         props["chat"] = {"type": "boolean", "const": False, "default": False,
                          "description": f"{m.id}'s files have no chat template: leave it out"}

@@ -15,11 +15,13 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from fastapi.testclient import TestClient
 
 from attnscope.model.interventions import forward as reference_forward
 from attnscope.model.masks import causal_mask
 from attnscope.runtime import Runtime
 from attnscope.app.errors import Refused
+from attnscope.app.main import create_app
 from attnscope.app.plans import Planner, chat_prompt
 from attnscope.app.schemas import GenerateRequest
 from attnscope.app.settings import Settings
@@ -288,6 +290,23 @@ def test_a_key_value_cache_over_its_limit_is_refused(smollm2):
     planner.generate(GenerateRequest(text="The quick brown fox", max_new_tokens=18))
     with pytest.raises(Refused, match=r"key/value cache would hold 1 MB \(4 \+ 19 tokens\).*ATTNSCOPE_LAYERWISE_MB"):
         planner.generate(GenerateRequest(text="The quick brown fox", max_new_tokens=19))
+
+
+def test_the_default_length_stays_within_a_lower_limit(smollm2):
+    """ATTNSCOPE_MAX_NEW_TOKENS below the default (32): a request that leaves max_new_tokens out asks for the limit,
+    and the request schema's default says so (the fuzzer found the default refused as over the limit); one that asks
+    for more is refused by name."""
+    planner = Planner({"smollm2": smollm2}, Settings(max_new_tokens=16))
+    assert planner.generate(GenerateRequest(text="The quick brown fox")).request.max_new_tokens == 16
+    with pytest.raises(Refused, match=r"max_new_tokens 17 is over the limit of 16 \(ATTNSCOPE_MAX_NEW_TOKENS\)"):
+        planner.generate(GenerateRequest(text="The quick brown fox", max_new_tokens=17))
+    with TestClient(create_app(Settings(models=["induction"], cache=CACHE, max_new_tokens=16))) as c:
+        props = c.get("/openapi.json").json()["components"]["schemas"]["GenerateRequest.induction"]["properties"]
+        assert props["max_new_tokens"]["maximum"] == 16 and props["max_new_tokens"]["default"] == 16
+        r = c.post("/api/generate", json={"model": "induction", "text": "a b c a b", "greedy": True})
+        assert r.status_code == 200, r.text
+        done = json.loads(r.text.splitlines()[-1])["done"]
+        assert len(done["ids"]) == 16 and done["stop_reason"] == "max_new_tokens"
 
 
 def test_an_encoder_is_refused(minilm):
