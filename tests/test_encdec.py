@@ -5,6 +5,7 @@ attention is peaked (asserted). T5 twice: gated-gelu with its own LM head (no re
 read at d_model**-0.5. What does not apply to an encoder-decoder is refused, by name."""
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -245,7 +246,15 @@ def test_cross_attention_steps(family, folders, client):
     assert list(st["query_tokens"]) == ans["decoder_tokens"] and list(st["key_tokens"]) == ans["tokens"]
     probs = np.asarray(st["probs"], np.float64)
     assert probs.shape == (len(tgt), len(src)) and peaked(probs) >= 0.5
-    np.testing.assert_allclose(probs, ans["cross_attention"][0][0], atol=1e-5, rtol=0)
+    # NumPy and ONNX agree to 1e-5 (DESIGN) where float32 itself is that exact. These wide-weight checkpoints (scores
+    # up to ~18) are not: transformers' own float32 run is 1.4e-5 from its float64 run of the same head, and on an
+    # AMD EPYC machine our two float32 paths came 1.04e-5 apart. So the bound is float32's own error here, measured.
+    with torch.inference_mode():
+        exact = copy.deepcopy(model).double()(input_ids=torch.tensor([src]), decoder_input_ids=torch.tensor([tgt]),
+                                              output_attentions=True).cross_attentions[l][0, h].numpy()
+    fp32_error = np.abs(out.cross_attentions[l][0, h].numpy() - exact).max()
+    np.testing.assert_allclose(probs, ans["cross_attention"][0][0], atol=max(1e-5, 2 * fp32_error), rtol=0)
+    np.testing.assert_allclose(probs, exact, atol=max(1e-5, 2 * fp32_error), rtol=0)
     np.testing.assert_allclose(probs, out.cross_attentions[l][0, h].numpy(), atol=ATOL, rtol=0)
     with torch.inference_mode():
         memory = out.encoder_last_hidden_state                                    # [1, S, D]
