@@ -5,7 +5,9 @@ thread that runs next to it (the server's event loop and serialisation).
 
 Each configuration runs in a fresh process (RSS is per process):
   arena      - enable_cpu_mem_arena on (onnxruntime's default) / off / on with shrinkage after every run
-  spin       - session.intra_op.allow_spinning 1 (default) / 0
+  spin       - session.intra_op.allow_spinning 1 (default) / 0 / run: 1 with session.force_spinning_stop 1 (what the
+               app uses: the threads spin while a run is under way and stop when it ends)
+Threads: one per core, as a number (runtime/sessions.open_session; onnxruntime's 0 would pin them to cores).
 It prints the median forward time at 128 and 512 tokens, the time of a fixed Python task (orjson of
 a 512 x 512 matrix, ~2-5 ms) started right after a 128-token run vs when nothing ran before it (threads
 that keep spinning after a run steal the core it needs), and RSS: after start, after ten 512-token runs,
@@ -24,7 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CONFIGS = [("on", "1"), ("on", "0"), ("off", "1"), ("off", "0"), ("shrink", "1"), ("shrink", "0")]
+CONFIGS = [("on", "1"), ("on", "0"), ("on", "run"), ("off", "1"), ("off", "0"), ("shrink", "1"), ("shrink", "0"),
+           ("shrink", "run")]
 
 
 def rss_mb() -> float:
@@ -39,15 +42,17 @@ def child(arena: str, spin: str, repeats: int) -> dict:
     import orjson
 
     from attnscope.app.main import _return_big_frees_to_the_os
+    from attnscope.runtime.sessions import cores
     from bench.common import runtime, text_of_tokens
 
     _return_big_frees_to_the_os()   # as the server does
     rt = runtime("minilm")
     so = ort.SessionOptions()
     so.enable_cpu_mem_arena = arena != "off"
-    so.intra_op_num_threads = 0
+    so.intra_op_num_threads = cores()
     so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin == "run" else spin)
+    so.add_session_config_entry("session.force_spinning_stop", "1" if spin == "run" else "0")
     sess = ort.InferenceSession(str(rt.onnx_path(False)), so, providers=["CPUExecutionProvider"])
     ro = ort.RunOptions()
     if arena == "shrink":
@@ -55,8 +60,8 @@ def child(arena: str, spin: str, repeats: int) -> dict:
     feeds = {}
     for n in (128, 512):
         e = rt.encode(text_of_tokens(rt, n))
-        ids = np.array([e.ids])
-        feeds[n] = {"input_ids": ids, "token_type_ids": np.zeros_like(ids), "attention_mask": rt.build_mask([n], False)}
+        feeds[n] = rt.feeds(np.array([e.ids]), np.array([e.type_ids]), rt.build_mask([n], False), [n])
+        feeds[n] = {k: v for k, v in feeds[n].items() if k in {i.name for i in sess.get_inputs()}}
 
     def run(n):
         return sess.run(["hidden", "attentions"], feeds[n], ro)

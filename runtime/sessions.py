@@ -6,6 +6,8 @@ variant) and the small graphs of a layer-by-layer run. What differs between them
 from __future__ import annotations
 
 import functools
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
@@ -46,16 +48,21 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
 
     arena: keep a memory arena (an arena keeps its peak for good; a run without one gets fresh pages every time:
     1.8-3x slower at 512 tokens). mem_pattern: plan one block per run (the layer-by-layer graphs turn it off: its
-    block is ~1.6x the run's own peak). Idle intra-op threads would spin for a while after each run, taking the
-    cores the server's event loop and serialisation need next, and those of the next session: off
-    (bench/session_memory.py: Python work right after a run is 1.1-1.5x faster, the run itself no slower)."""
+    block is ~1.6x the run's own peak).
+    Threads: `threads` intra-op threads, 0 = one per core this process may use, given as a number: left at 0,
+    onnxruntime pins its pool's threads to cores, and a run whose calling thread the scheduler had put on a pinned
+    thread's core shared one core for the whole run (MiniLM in a server: 21-33 ms where unpinned runs take 15).
+    The threads spin while a run is under way (a parallel section starts without waking a sleeping thread) and stop
+    the moment it ends (session.force_spinning_stop), so they never take the cores that the server's event loop and
+    serialisation need next, nor those of the next session (bench/session_memory.py, the "run" rows)."""
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.enable_cpu_mem_arena = arena
     so.enable_mem_pattern = mem_pattern
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    so.add_session_config_entry("session.force_spinning_stop", "1")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = threads
+    so.intra_op_num_threads = threads or cores()
     so.log_severity_level = 3
     return ort.InferenceSession(str(graph) if isinstance(graph, Path) else graph, so, providers=list(providers))
 
