@@ -26,7 +26,7 @@ from ..sources import ModelSpec, get
 from .errors import InputError
 from .layerwise import Layerwise
 from .results import AttentionResult, Encoding, Engine, NextToken
-from .sessions import check_providers, default_providers, open_session, run_owned
+from .sessions import SCRATCH, check_providers, default_providers, open_session, run_owned
 from .tokenizing import Vocabulary
 
 DEFAULT_CACHE = Path.home() / ".cache" / "attnscope"
@@ -137,7 +137,8 @@ class Runtime:
     def forward(self, encs: Sequence[Encoding], *, causal: bool | None = None,
                 mask_tokens: Sequence[Sequence[int]] | None = None, engine: Engine = "onnx", stages: bool = False,
                 head_mask: np.ndarray | None = None, head_mean: np.ndarray | None = None, top_k: int = 10,
-                depth: int | None = None, started: float | None = None) -> list[AttentionResult]:
+                depth: int | None = None, layers: Sequence[int] | None = None,
+                started: float | None = None) -> list[AttentionResult]:
         """Run encoded inputs (padded together).
 
         causal: apply the look-ahead mask (default: the model's own); mask_tokens: per text, token indices hidden as
@@ -146,7 +147,9 @@ class Runtime:
         keeps them all. Decoders with an LM head also give the top_k next tokens and every token's log-prob.
         depth: run the served graph's first blocks only (depth_for), for the attentions of layers < depth:
         the result then has no hidden states or LM outputs, and its attentions are [depth, H, T, T] (ignored by
-        the NumPy engine and with stages, which run every layer)."""
+        the NumPy engine and with stages, which run every layer); layers: with depth, the blocks whose attentions
+        the result holds (default: all): the others' are computed into scratch memory and their slices left
+        undefined, so only the asked layers of such a result may be read."""
         t0 = time.perf_counter() if started is None else started
         if engine not in ("onnx", "numpy"):
             raise InputError(f"engine must be 'onnx' or 'numpy'; got {engine!r}")
@@ -171,9 +174,12 @@ class Runtime:
             axes = {"batch": B, "tokens": T, "layers": self.cfg.n_layers, "heads": self.cfg.n_heads}
             if depth is not None:    # one output per block, each written into its slice of the stacked attentions
                 feeds = {name: feeds[name] for name in (i.name for i in sess.get_inputs())}
-                attn = np.empty((depth, B, self.cfg.n_heads, T, T), np.float32)
+                attn = np.empty((depth, B, self.cfg.n_heads, T, T), np.float32)   # pages of unasked blocks: untouched
                 per_block = [o.name for o in sess.get_outputs()]
-                run_owned(sess, per_block, feeds, axes, into=dict(zip(per_block, attn)))
+                kept = set(range(depth) if layers is None else layers)
+                with SCRATCH.lend(attn.shape[1:]) as unread:
+                    run_owned(sess, per_block, feeds, axes,
+                              into={name: attn[i] if i in kept else unread for i, name in enumerate(per_block)})
                 hidden, lm_out, st = None, {}, None
             else:
                 names = ["hidden", "attentions"] + lm + (list(T_.STAGES) if stages else [])

@@ -103,6 +103,35 @@ def run_owned(sess, names: list[str], feeds: dict[str, np.ndarray], axes: dict[s
     return [own[n] if n in own else np.array(values[n].numpy()) for n in names]
 
 
+class Scratch:
+    """Memory for outputs a run must write but nobody reads: a graph cut after a request's last layer still returns
+    every block's attention, and the blocks a request did not ask for go here. The buffers are reused run after run
+    (their pages are faulted in once: a fresh [L, H, T, T] array, faulted in page by page by the run's threads, was
+    ~5 ms of a 14 ms MiniLM run in the server, bench/answer.py), and one is lent per run, so runs at once never share
+    one; as many are kept as ran at once, each as big as its biggest use."""
+
+    def __init__(self):
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def lend(self, shape: Sequence[int], dtype=np.float32):
+        """A [shape] array of undefined contents, the caller's until the block ends."""
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        with self._lock:
+            buffer = self._free.pop() if self._free else np.empty(0, np.uint8)
+        if buffer.nbytes < nbytes:
+            buffer = np.empty(nbytes, np.uint8)
+        try:
+            yield buffer[:nbytes].view(dtype).reshape(shape)
+        finally:
+            with self._lock:
+                self._free.append(buffer)
+
+
+SCRATCH = Scratch()
+
+
 @functools.cache
 def release_arena():
     """Run options that give a session's memory arena back to the OS at the end of the run."""
