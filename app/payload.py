@@ -19,6 +19,15 @@ from ..model.transformer import SQUARE_STAGES
 from ..runtime import AttentionResult
 
 
+def select(a: np.ndarray, layers: list[int], heads: list[int]) -> np.ndarray:
+    """a's [layers][heads] ([l, h, ...]): a view where each list is a run of consecutive indices (one layer and
+    every head, say: the answer's tensor is then a slice of the run's own, no copy), a copy otherwise."""
+    def run(idx: list[int]):
+        return slice(idx[0], idx[-1] + 1) if idx == list(range(idx[0], idx[-1] + 1)) else None
+    rows, cols = run(layers), run(heads)
+    return a[rows, cols] if rows is not None and cols is not None else a[np.ix_(layers, heads)]
+
+
 def warnings(spec, r: AttentionResult) -> list[str]:
     """What to know before trusting the numbers: positions past the length the model was trained on."""
     T, trained = len(r.tokens), spec.trained_tokens
@@ -43,9 +52,8 @@ def attention(plan, computed) -> dict:
     """
     r = computed.result
     req, layers, heads = plan.request, plan.layers, plan.heads
-    L, H, T = r.attentions.shape[:3]
-    everything = layers == list(range(L)) and heads == list(range(H))
-    probs = r.attentions if everything else r.attentions[np.ix_(layers, heads)]   # [l, h, T, T]; no copy for all
+    T = r.attentions.shape[2]
+    probs = select(r.attentions, layers, heads)                                       # [l, h, T, T]
     out = tokens(plan, r) | {"layers": layers, "heads": heads}
     if "attention" in req.include:
         if req.top_k:
@@ -68,7 +76,7 @@ def encoder_decoder(plan, computed) -> dict:
     `decoder_attention` [l][h][T][T] and `cross_attention` [l][h][T][S], for the asked layers x heads; both token lists;
     next_tokens and token_logprobs (of the decoder's tokens) with `predictions`."""
     r, req, layers, heads = computed.result, plan.request, plan.layers, plan.heads
-    pick = lambda a: a[np.ix_(layers, heads)]   # noqa: E731  [l, h, ., .]
+    pick = lambda a: select(a, layers, heads)   # noqa: E731  [l, h, ., .]
     out = tokens(plan, r) | {"layers": layers, "heads": heads, "decoder_tokens": r.decoder_encoding.tokens,
                              "decoder_token_ids": r.decoder_encoding.ids, "decoder_special": r.decoder_encoding.special}
     if "attention" in req.include:
@@ -262,7 +270,7 @@ def scores(plan, text_scores: dict, probe: AttentionResult) -> dict:
     """Head-finding scores on the asked selection: the text's own (analysis.scores), and the induction probe's."""
     n = (len(probe.token_ids) - probe.encoding.special.count(True)) // 2
     offset = probe.encoding.special.index(False)
-    return text_scores | {"induction": head_scores.induction_score(probe.attentions[np.ix_(plan.layers, plan.heads)], n,
+    return text_scores | {"induction": head_scores.induction_score(select(probe.attentions, plan.layers, plan.heads), n,
                                                             offset)}
 
 
