@@ -3,16 +3,19 @@
     .venv/bin/python bench/answer.py [--model minilm] [--tokens 128] [--repeats 15]
 
 1. Interleaved, with a fresh text for every call (the server's result cache never answers): a raw forward (this
-   process's own onnxruntime session on the server's graph file, every output, `sess.run` alone), then the binary
+   process's own onnxruntime session on the server's graph file, every output, `sess.run` alone) twice, once with
+   onnxruntime's default session options and once with the app's (runtime/sessions.open_session), then the binary
    answer from a real server (`attnscope serve`) for the first layer, then for the last. Printed: the medians and
-   each answer's ratio to the raw forward. A request for the first layers runs a graph cut after them
+   each answer's ratio to each raw forward. A request for the first layers runs a graph cut after them
    (Runtime.depth_for): the first layer's answer is under the whole model's forward; the last layer needs every
    block, so its ratio is what the answer adds to the forward.
 2. The same answers split by stage, in this process, with the server's own functions (app/plans.py, app/sending.py):
    plan (validate, tokenise), run (the forward), payload (statistics), encode (the binary form); HTTP is the
    end-to-end time less their sum (the request and answer on loopback, the event loop, the client's parsing).
-The client's session does not spin (session.intra_op.allow_spinning 0) and the server's sessions neither, so the
-two take turns on the cores.
+Both raw sessions and the server's take turns on the cores: the server's threads spin only while a run is under way
+(open_session), and the default session's spinning ends long before the next call (each call waits 50 ms first).
+On a shared 2-core VM the raw forward's median moves between runs of this script (10-18 ms seen for MiniLM at 128
+tokens, either session), far more than the answer's does: compare ratios within one run, and run it a few times.
 """
 from __future__ import annotations
 
@@ -54,10 +57,12 @@ def main(argv=None) -> None:
 
     rt = runtime(args.model)
     L = rt.cfg.n_layers
-    raw = open_session(rt.onnx_path(), ["CPUExecutionProvider"], rt.threads)       # the whole model, every output
+    import onnxruntime as ort
+    raws = {"app": open_session(rt.onnx_path(), ["CPUExecutionProvider"], rt.threads),   # the whole model, every
+            "default": ort.InferenceSession(str(rt.onnx_path()), providers=["CPUExecutionProvider"])}   # output
     seeds = iter(range(10**6))
 
-    def raw_forward():
+    def raw_forward(raw):
         enc = rt.encode(fresh_text(rt, args.tokens, next(seeds)))
         T = len(enc.ids)
         feeds = rt.feeds(np.array([enc.ids]), np.array([enc.type_ids]), rt.build_mask([T], rt.cfg.causal), [T])
@@ -76,19 +81,25 @@ def main(argv=None) -> None:
             from_binary(r.content)
             return time.perf_counter() - t0
 
+        calls = {"default": lambda: raw_forward(raws["default"]), "app": lambda: raw_forward(raws["app"]),
+                 "first": lambda: answer(0), "last": lambda: answer(L - 1)}
         for _ in range(3):                      # warm-up: sessions opened (the cut graphs too), arenas sized
-            raw_forward(), answer(0), answer(L - 1)
-        times = {"raw": [], "first": [], "last": []}
+            for call in calls.values():
+                call()
+        times = {name: [] for name in calls}
         for _ in range(args.repeats):
-            for name, call in (("raw", raw_forward), ("first", lambda: answer(0)), ("last", lambda: answer(L - 1))):
+            for name, call in calls.items():
                 time.sleep(0.05)
                 wait_until_idle(args.wait_quiet)
                 times[name].append(call())
         ms = {name: statistics.median(t) * 1000 for name, t in times.items()}
-        print(f"{rt.spec.title}, ~{args.tokens} tokens, {args.repeats} interleaved rounds, fresh texts, medians:")
-        print(f"  raw onnxruntime forward, whole model   {ms['raw']:7.1f} ms")
-        print(f"  API answer, layer 0 (binary)           {ms['first']:7.1f} ms   {ms['first'] / ms['raw']:.2f}x")
-        print(f"  API answer, layer {L - 1} (binary)           {ms['last']:7.1f} ms   {ms['last'] / ms['raw']:.2f}x")
+        print(f"{rt.spec.title}, ~{args.tokens} tokens, {args.repeats} interleaved rounds, fresh texts, medians "
+              f"(ratios: to the raw forward with onnxruntime's default options / with the app's):")
+        print(f"  raw onnxruntime forward, whole model, default options   {ms['default']:7.1f} ms")
+        print(f"  raw onnxruntime forward, whole model, the app's options {ms['app']:7.1f} ms")
+        for name, layer in (("first", 0), ("last", L - 1)):
+            print(f"  API answer, layer {layer} (binary){'':<29}{ms[name]:7.1f} ms   {ms[name] / ms['default']:.2f}x / "
+                  f"{ms[name] / ms['app']:.2f}x")
         e2e = {layer: ms[name] for layer, name in ((0, "first"), (L - 1, "last"))}
     stages(args, rt, e2e, seeds)
 
