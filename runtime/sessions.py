@@ -50,8 +50,10 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
     1.8-3x slower at 512 tokens). mem_pattern: plan one block per run (the layer-by-layer graphs turn it off: its
     block is ~1.6x the run's own peak).
     Threads: `threads` intra-op threads, 0 = one per core this process may use, given as a number: left at 0,
-    onnxruntime pins its pool's threads to cores, and a run whose calling thread the scheduler had put on a pinned
-    thread's core shared one core for the whole run (MiniLM in a server: 21-33 ms where unpinned runs take 15).
+    onnxruntime pins its pool's threads to cores, and processes that each pin theirs (a server, its job workers, a
+    client on the same machine) share those cores. bench/answer.py on a 2-core VM: MiniLM's layer-5 answer took
+    19-23 ms from a server with pinned threads, 15.5 ms unpinned; a raw forward with onnxruntime's default options
+    next to the pinned server took 17 ms, next to the unpinned one 11.
     The threads spin while a run is under way (a parallel section starts without waking a sleeping thread) and stop
     the moment it ends (session.force_spinning_stop), so they never take the cores that the server's event loop and
     serialisation need next, nor those of the next session (bench/session_memory.py, the "run" rows)."""
