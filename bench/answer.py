@@ -31,7 +31,7 @@ import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from attnscope.app.wire import BINARY, from_binary  # noqa: E402
-from bench.common import WORDS, runtime, server, wait_until_idle  # noqa: E402
+from bench.common import WORDS, runtime, server, session_feeds, wait_until_idle  # noqa: E402
 
 
 def fresh_text(rt, n: int, seed: int) -> str:
@@ -63,11 +63,7 @@ def main(argv=None) -> None:
     seeds = iter(range(10**6))
 
     def raw_forward(raw):
-        enc = rt.encode(fresh_text(rt, args.tokens, next(seeds)))
-        T = len(enc.ids)
-        feeds = rt.feeds(np.array([enc.ids]), np.array([enc.type_ids]), rt.build_mask([T], rt.cfg.causal), [T])
-        names = {i.name for i in raw.get_inputs()}
-        feeds = {k: v for k, v in feeds.items() if k in names}
+        feeds = session_feeds(rt, rt.encode(fresh_text(rt, args.tokens, next(seeds))), raw)
         t0 = time.perf_counter()
         raw.run(None, feeds)
         return time.perf_counter() - t0

@@ -1,4 +1,5 @@
-"""Shared by the bench scripts: texts of an exact token length and a uvicorn server on loopback."""
+"""Shared by the bench scripts: texts of an exact token length, a uvicorn server on loopback, and the inputs of a
+raw onnxruntime session on a served graph."""
 from __future__ import annotations
 
 import contextlib
@@ -15,6 +16,19 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches "
          "in the old market square near the river").split()
+
+
+def session_feeds(rt, enc, sess=None, causal: bool | None = None) -> dict:
+    """One encoded text's inputs to the served graph (Runtime.feeds: ids, token types, mask, lengths, no head
+    mask); with `sess`, only those that session takes (the no-stages graph of an encoder takes no lengths)."""
+    import numpy as np
+    T = len(enc.ids)
+    feeds = rt.feeds(np.array([enc.ids]), np.array([enc.type_ids]),
+                     rt.build_mask([T], rt.cfg.causal if causal is None else causal), [T])
+    if sess is None:
+        return feeds
+    names = {i.name for i in sess.get_inputs()}
+    return {k: v for k, v in feeds.items() if k in names}
 
 
 def median_ms(fn, repeats: int, warmup: int = 2) -> float:

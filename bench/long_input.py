@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import CACHE, runtime, server, text_of_tokens  # noqa: E402
+from bench.common import CACHE, runtime, server, session_feeds, text_of_tokens  # noqa: E402
 
 GiB = 2**30
 
@@ -53,7 +53,6 @@ def plain_session(rt):
 
 
 def forward(args) -> None:
-    import numpy as np
 
     from attnscope.runtime.layerwise import Want
 
@@ -68,7 +67,7 @@ def forward(args) -> None:
     t0 = time.perf_counter()
     plain = plain_session(rt)
     plain_built = time.perf_counter() - t0
-    feeds = rt.feeds(np.array([enc.ids]), np.array([enc.type_ids]), rt.build_mask([T], True), [T])
+    feeds = session_feeds(rt, enc, plain)
     runs = {"plain": lambda: plain.run(None, feeds),
             "layerwise": lambda: lw.forward(enc, want=Want(resolution=64)),
             "rows only": lambda: lw.forward(enc)}

@@ -43,7 +43,7 @@ def child(arena: str, spin: str, repeats: int) -> dict:
 
     from attnscope.app.main import _return_big_frees_to_the_os
     from attnscope.runtime.sessions import cores
-    from bench.common import runtime, text_of_tokens
+    from bench.common import runtime, session_feeds, text_of_tokens
 
     _return_big_frees_to_the_os()   # as the server does
     rt = runtime("minilm")
@@ -59,9 +59,7 @@ def child(arena: str, spin: str, repeats: int) -> dict:
         ro.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
     feeds = {}
     for n in (128, 512):
-        e = rt.encode(text_of_tokens(rt, n))
-        feeds[n] = rt.feeds(np.array([e.ids]), np.array([e.type_ids]), rt.build_mask([n], False), [n])
-        feeds[n] = {k: v for k, v in feeds[n].items() if k in {i.name for i in sess.get_inputs()}}
+        feeds[n] = session_feeds(rt, rt.encode(text_of_tokens(rt, n)), sess)
 
     def run(n):
         return sess.run(["hidden", "attentions"], feeds[n], ro)
