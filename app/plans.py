@@ -538,7 +538,7 @@ class Planner:
             depth = rt.depth_for(max(layers)) if set(req.include) <= UP_TO_LAYER and req.engine == "onnx" else None
             # a run that stops early keeps the asked blocks' attentions only (Runtime.forward): its key says which
             run = Run(key if depth is None else _hash([key, depth, layers]),
-                      self._forward(req, rt, enc, depth=depth, layers=None if depth is None else layers))
+                      self._forward(req, rt, enc, depth=depth, layers=layers))
             return AttentionPlan(run=run, extras=self._extras(req, rt, enc), **common)
         return self._layerwise(req, rt, enc, cells, common)
 

@@ -10,6 +10,7 @@ the caller chooses). Texts too long for the stacked graph run layer by layer (ru
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -177,7 +178,7 @@ class Runtime:
                 attn = np.empty((depth, B, self.cfg.n_heads, T, T), np.float32)   # pages of unasked blocks: untouched
                 per_block = [o.name for o in sess.get_outputs()]
                 kept = set(range(depth) if layers is None else layers)
-                with SCRATCH.lend(attn.shape[1:]) as unread:
+                with SCRATCH.lend(attn.shape[1:]) if len(kept) < depth else contextlib.nullcontext() as unread:
                     run_owned(sess, per_block, feeds, axes,
                               into={name: attn[i] if i in kept else unread for i, name in enumerate(per_block)})
                 hidden, lm_out, st = None, {}, None
