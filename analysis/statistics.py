@@ -15,6 +15,7 @@ the page's list of statistics all read the tables below; tests hold the two form
 """
 from __future__ import annotations
 
+import functools
 import unicodedata
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ def _float(p) -> np.ndarray:
 
 
 # ---- what a text marks: the key sets some rows need ---------------------------------------------------------
+@functools.lru_cache(maxsize=1 << 16)    # a vocabulary's pieces: every request asks about its tokens again
 def is_punctuation(piece: str) -> bool:
     """A token whose characters (spaces aside) are all Unicode punctuation (categories P*)."""
     piece = piece.strip()

@@ -6,7 +6,10 @@
    process's own onnxruntime session on the server's graph file, every output, `sess.run` alone) twice, once with
    onnxruntime's default session options and once with the app's (runtime/sessions.open_session), then the binary
    answer from a real server (`attnscope serve`) for the first layer, then for the last. Printed: the medians and
-   each answer's ratio to each raw forward. A request for the first layers runs a graph cut after them
+   each answer's ratio to each raw forward; the median of each round's own ratio (answer over the default raw forward
+   of the same round: a slow spell of a shared VM moves both); and, from the answer's timing_ms, the run and the
+   server's time from parsing to encoding, so what the answer adds is split into the server's part and the rest
+   (loopback, the event loop before and after, the client). A request for the first layers runs a graph cut after them
    (Runtime.depth_for): the first layer's answer is under the whole model's forward; the last layer needs every
    block, so its ratio is what the answer adds to the forward.
 2. The same answers split by stage, in this process, with the server's own functions (app/plans.py, app/sending.py):
@@ -68,14 +71,17 @@ def main(argv=None) -> None:
         raw.run(None, feeds)
         return time.perf_counter() - t0
 
+    inside = {0: [], L - 1: []}      # the answer's own timing_ms: (the run, the server's time from parsing to encoding)
     with server({"ATTNSCOPE_MODELS": args.model}) as (url, _), httpx.Client(base_url=url, timeout=120) as http:
         def answer(layer: int):
             body = {"model": args.model, "text": fresh_text(rt, args.tokens, next(seeds)), "layers": [layer]}
             t0 = time.perf_counter()
             r = http.post("/api/attention", json=body, headers={"Accept": BINARY})
             r.raise_for_status()
-            from_binary(r.content)
-            return time.perf_counter() - t0
+            timing = from_binary(r.content)["timing_ms"]
+            elapsed = time.perf_counter() - t0
+            inside[layer].append((timing["model"], timing["total"]))
+            return elapsed
 
         calls = {"default": lambda: raw_forward(raws["default"]), "app": lambda: raw_forward(raws["app"]),
                  "first": lambda: answer(0), "last": lambda: answer(L - 1)}
@@ -83,6 +89,8 @@ def main(argv=None) -> None:
             for call in calls.values():
                 call()
         times = {name: [] for name in calls}
+        for layer in inside:
+            inside[layer].clear()
         for _ in range(args.repeats):
             for name, call in calls.items():
                 time.sleep(0.05)
@@ -96,6 +104,12 @@ def main(argv=None) -> None:
         for name, layer in (("first", 0), ("last", L - 1)):
             print(f"  API answer, layer {layer} (binary){'':<29}{ms[name]:7.1f} ms   {ms[name] / ms['default']:.2f}x / "
                   f"{ms[name] / ms['app']:.2f}x")
+        paired = {name: [a / b for a, b in zip(times[name], times["default"])] for name in ("first", "last")}
+        print(f"  the same, each round's answer over that round's default raw forward (median): layer 0 "
+              f"{statistics.median(paired['first']):.2f}x, layer {L - 1} {statistics.median(paired['last']):.2f}x")
+        for layer, rows in inside.items():
+            run, total = (statistics.median(v) for v in zip(*rows))
+            print(f"  layer {layer}: in the server, the run {run:.1f} ms of {total:.1f} ms from parsing to encoding")
         e2e = {layer: ms[name] for layer, name in ((0, "first"), (L - 1, "last"))}
     stages(args, rt, e2e, seeds)
 
