@@ -15,7 +15,7 @@ from typing import Annotated
 from pydantic import AliasChoices, BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from ..runtime.sessions import cores
+from ..runtime.sessions import GROUP_MB, cores
 from ..sources import split_entry
 
 CHARS_PER_TOKEN = 10     # the derived character limit allows this many characters for each token a model reads:
@@ -105,9 +105,12 @@ class Settings(BaseSettings):
     checkpoint_every: int = Field(default=1, ge=1, description="a layer-by-layer run keeps the input of every k-th layer "
                                   "(tokens x d_model floats each) to recompute heads asked later from; a head "
                                   "then takes up to k layers to recompute")
-    layerwise_group_mb: float = Field(default=256, gt=0, description="a layer-by-layer run computes a layer's attention for a "
-                                      "group of heads at a time, each group's heads x tokens^2 float32 within this "
-                                      "many MB; the layer's peak is about three such buffers")
+    layerwise_group_mb: float = Field(default=GROUP_MB, gt=0, description="a layer-by-layer run computes a layer's "
+                                      "attention for a group of heads at a time, each group's heads x tokens^2 float32 "
+                                      "within this many MB (one head at least), and a generation runs its prompt in "
+                                      "chunks whose attention stays within it; the layer's peak is about three such "
+                                      "buffers. Small groups stay near the CPU's cache: faster (runtime/sessions.py "
+                                      "GROUP_MB)")
     stop_early_mb: float = Field(default=1024, ge=0, description="a request for the first layers runs a graph cut "
                                  "after them (1, 2, 4, ... blocks), each opened on first use and kept; they may hold "
                                  "this many MB per model (about twice their weights); 0: every run goes to the end")

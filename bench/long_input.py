@@ -3,6 +3,7 @@
     .venv/bin/python bench/long_input.py                              # 2048 tokens: forward ratio, then the server
     .venv/bin/python bench/long_input.py --tokens 4096 --no-forward   # the server at 4096 tokens
     .venv/bin/python bench/long_input.py --no-server --repeats 5
+    .venv/bin/python bench/long_input.py --no-server --repeats 5 --group-mb 256       # the heads in bigger groups
 
 forward, at --tokens tokens, batch 1, the same onnxruntime threads, runs interleaved (min and median):
   plain      graphs.stacked.build_graph(attentions=False): the same model returning hidden states and LM outputs only,
@@ -10,7 +11,10 @@ forward, at --tokens tokens, batch 1, the same onnxruntime threads, runs interle
   layerwise  Runtime.layerwise().forward asking what the model view asks: every layer's rows (entropy, max
              weight, the numbers behind the head summaries) and 64 x 64 thumbnails of all heads (runtime/layerwise.py)
   rows only  the same without thumbnails (what an entropy or summary view needs)
-  ratio      layerwise / plain: the price of looking (the issue asks <= 1.5 at 2048 tokens)
+  ratio      layerwise / plain: the price of looking (issue 24 asks <= 1.3 at 2048 tokens)
+The layer-by-layer runs compute each layer's heads in groups of at most --group-mb MB of attention (the app's
+ATTNSCOPE_LAYERWISE_GROUP_MB, default runtime.sessions.GROUP_MB): compare the default with 256 to see what the
+groups' size does.
 It also prints how long the layer-by-layer graphs take to build and open (they are built in memory, per process).
 
 server: a real uvicorn (bench.common.server) serving smollm2 alone, 2 threads; POST /api/attention, binary float16:
@@ -30,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from attnscope.runtime.sessions import GROUP_MB  # noqa: E402
 from bench.common import CACHE, runtime, server, session_feeds, text_of_tokens  # noqa: E402
 
 GiB = 2**30
@@ -60,7 +65,7 @@ def forward(args) -> None:
     text = text_of_tokens(rt, args.tokens)
     enc = rt.encode(text)
     T = len(enc.ids)
-    lw = rt.layerwise()
+    lw = rt.layerwise(group_mb=args.group_mb)
     t0 = time.perf_counter()
     lw.open()
     built = time.perf_counter() - t0
@@ -139,6 +144,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=2048, help="text length in SmolLM2 tokens; default 2048")
     ap.add_argument("--repeats", type=int, default=3, help="timed forward runs of each kind; default 3")
+    ap.add_argument("--group-mb", type=float, default=GROUP_MB, help=f"heads are computed in groups of at most this many MB of attention (ATTNSCOPE_LAYERWISE_GROUP_MB; default {GROUP_MB})")
     ap.add_argument("--threads", type=int, default=min(2, len(os.sched_getaffinity(0))),
                     help="onnxruntime intra-op threads; default 2")
     ap.add_argument("--no-forward", dest="forward", action="store_false", help="skip the forward-time comparison")

@@ -25,7 +25,7 @@ from ..model import decoding
 from ..model.decoding import KVCache, Step
 from ..model.masks import causal_mask
 from .errors import InputError
-from .sessions import run_owned
+from .sessions import GROUP_MB, run_owned
 
 CANDIDATES = 10   # alternatives reported per step
 
@@ -130,7 +130,7 @@ class Generator:
     layers: tuple[int, ...] = ()
     heads: tuple[int, ...] = ()
     deadline: float | None = None
-    chunk_bytes: int = 256 * 2**20
+    chunk_bytes: int = GROUP_MB * 2**20
     engine: str = "onnx"
     new_ids: list[int] = field(default_factory=list)
     stop_reason: str | None = None

@@ -45,7 +45,7 @@ from ..graphs import layers
 from ..graphs.reductions import key_input
 from ..model.transformer import LM_OUTPUTS
 from .results import Encoded, Encoding, NextToken
-from .sessions import open_session, release_arena
+from .sessions import GROUP_MB, open_session, release_arena
 
 # The rows every run keeps for every head: what the API's row outputs and summaries read (statistics.STATISTICS
 # computed from the probabilities), for one text; a pair keeps its PAIR_ROWS too.
@@ -141,7 +141,7 @@ class LayerwiseResult(Encoded):
 class Layerwise:
     """A Runtime's model as the chain of graphs above, for texts too long for the stacked graph."""
 
-    def __init__(self, rt, checkpoint_every: int = 1, group_mb: float = 256, graphs: Layerwise | None = None):
+    def __init__(self, rt, checkpoint_every: int = 1, group_mb: float = GROUP_MB, graphs: Layerwise | None = None):
         """graphs: another Layerwise of the same model whose sessions (and run lock) this one shares: the graphs
         do not depend on checkpoint_every or group_mb, only the runs do."""
         if checkpoint_every < 1:

@@ -27,7 +27,7 @@ from ..sources import ModelSpec, get
 from .errors import InputError
 from .layerwise import Layerwise
 from .results import AttentionResult, Encoding, Engine, NextToken
-from .sessions import SCRATCH, check_providers, default_providers, open_session, run_owned
+from .sessions import GROUP_MB, SCRATCH, check_providers, default_providers, open_session, run_owned
 from .tokenizing import Vocabulary
 
 DEFAULT_CACHE = Path.home() / ".cache" / "attnscope"
@@ -268,7 +268,7 @@ class Runtime:
         embedding, blocks = self._weight_mb
         return 2 * (embedding + sum(blocks[:depth]))
 
-    def layerwise(self, checkpoint_every: int = 1, group_mb: float = 256):
+    def layerwise(self, checkpoint_every: int = 1, group_mb: float = GROUP_MB):
         """This model run layer by layer, for texts whose stacked attention is too big (runtime/layerwise.py)."""
         with self._lock:
             lw = self._layerwise

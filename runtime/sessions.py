@@ -16,6 +16,15 @@ import numpy as np
 from ..graphs.builder import IR_VERSION, OPSET
 
 
+# Attention is computed a group of heads (a long text, runtime/layerwise.py) or a chunk of the prompt (generation,
+# runtime/generation.py) at a time, its [h, T, T] (or [H, chunk, T]) float32 within this many MB: buffers near the CPU's
+# cache size. SmolLM2 on a 2-core AMD EPYC VM (32 MB L3), a layer-by-layer run against a plain one
+# (bench/long_input.py --group-mb): 256 MB groups 1.37x at 1024 tokens, 1.44x at 2048, 1.70x at 4096; 8 MB groups
+# 1.14x, 1.16-1.26x and 1.43x (512 tokens, where 9 heads take 9.4 MB: 1.29x both); a 2000-token prompt's prefill
+# 3.0-6.8 s in 256 MB chunks, 1.8-1.9 s in 8 MB ones.
+GROUP_MB = 8
+
+
 def cores() -> int:
     """CPU cores this process may use (its affinity mask, not the machine's count)."""
     import os
