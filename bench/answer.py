@@ -5,7 +5,9 @@
 1. Interleaved, with a fresh text for every call (the server's result cache never answers): a raw forward (this
    process's own onnxruntime session on the server's graph file, every output, `sess.run` alone) twice, once with
    onnxruntime's default session options and once with the app's (runtime/sessions.open_session), then the binary
-   answer from a real server (`attnscope serve`) for the first layer, then for the last. Printed: the medians and
+   answer from a real server (`attnscope serve`) for the first layer and for the last, each through the project's own
+   client (attnscope.Client: the standard library's http.client, the answer read into one buffer) and through httpx
+   (a general-purpose client: ~0.5-1.5 ms more per answer here). Printed: the medians and
    each answer's ratio to each raw forward; the median of each round's own ratio (answer over the default raw forward
    of the same round: a slow spell of a shared VM moves both); and, from the answer's timing_ms, the run and the
    server's time from parsing to encoding, so what the answer adds is split into the server's part and the rest
@@ -33,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from attnscope.app.client import Client  # noqa: E402
 from attnscope.app.wire import BINARY, from_binary  # noqa: E402
 from bench.common import WORDS, runtime, server, session_feeds, wait_until_idle  # noqa: E402
 
@@ -73,18 +76,24 @@ def main(argv=None) -> None:
 
     inside = {0: [], L - 1: []}      # the answer's own timing_ms: (the run, the server's time from parsing to encoding)
     with server({"ATTNSCOPE_MODELS": args.model}) as (url, _), httpx.Client(base_url=url, timeout=120) as http:
-        def answer(layer: int):
+        api = Client(url)
+
+        def answer(layer: int, via: str):
             body = {"model": args.model, "text": fresh_text(rt, args.tokens, next(seeds)), "layers": [layer]}
             t0 = time.perf_counter()
-            r = http.post("/api/attention", json=body, headers={"Accept": BINARY})
-            r.raise_for_status()
-            timing = from_binary(r.content)["timing_ms"]
+            if via == "client":
+                got = api.attention(body.pop("text"), **body)
+            else:
+                r = http.post("/api/attention", json=body, headers={"Accept": BINARY})
+                r.raise_for_status()
+                got = from_binary(r.content)
             elapsed = time.perf_counter() - t0
-            inside[layer].append((timing["model"], timing["total"]))
+            inside[layer].append((got["timing_ms"]["model"], got["timing_ms"]["total"]))
             return elapsed
 
-        calls = {"default": lambda: raw_forward(raws["default"]), "app": lambda: raw_forward(raws["app"]),
-                 "first": lambda: answer(0), "last": lambda: answer(L - 1)}
+        answers = {(layer, via): (lambda layer=layer, via=via: answer(layer, via))
+                   for via in ("client", "httpx") for layer in (0, L - 1)}
+        calls = {"default": lambda: raw_forward(raws["default"]), "app": lambda: raw_forward(raws["app"])} | answers
         for _ in range(3):                      # warm-up: sessions opened (the cut graphs too), arenas sized
             for call in calls.values():
                 call()
@@ -96,21 +105,23 @@ def main(argv=None) -> None:
                 time.sleep(0.05)
                 wait_until_idle(args.wait_quiet)
                 times[name].append(call())
+        api.close()
         ms = {name: statistics.median(t) * 1000 for name, t in times.items()}
-        print(f"{rt.spec.title}, ~{args.tokens} tokens, {args.repeats} interleaved rounds, fresh texts, medians "
-              f"(ratios: to the raw forward with onnxruntime's default options / with the app's):")
+        print(f"{rt.spec.title}, ~{args.tokens} tokens, {args.repeats} interleaved rounds, fresh texts, medians; "
+              f"ratios: to the raw forward with onnxruntime's default options / with the app's, and the median of "
+              f"each round's own ratio to the default one:")
         print(f"  raw onnxruntime forward, whole model, default options   {ms['default']:7.1f} ms")
         print(f"  raw onnxruntime forward, whole model, the app's options {ms['app']:7.1f} ms")
-        for name, layer in (("first", 0), ("last", L - 1)):
-            print(f"  API answer, layer {layer} (binary){'':<29}{ms[name]:7.1f} ms   {ms[name] / ms['default']:.2f}x / "
-                  f"{ms[name] / ms['app']:.2f}x")
-        paired = {name: [a / b for a, b in zip(times[name], times["default"])] for name in ("first", "last")}
-        print(f"  the same, each round's answer over that round's default raw forward (median): layer 0 "
-              f"{statistics.median(paired['first']):.2f}x, layer {L - 1} {statistics.median(paired['last']):.2f}x")
+        for (layer, via) in answers:
+            name = (layer, via)
+            paired = statistics.median(a / b for a, b in zip(times[name], times["default"]))
+            label = f"API answer, layer {layer} (binary), {'attnscope.Client' if via == 'client' else 'httpx'}"
+            print(f"  {label:<55}{ms[name]:7.1f} ms   {ms[name] / ms['default']:.2f}x / {ms[name] / ms['app']:.2f}x"
+                  f"   (each round: {paired:.2f}x)")
         for layer, rows in inside.items():
             run, total = (statistics.median(v) for v in zip(*rows))
             print(f"  layer {layer}: in the server, the run {run:.1f} ms of {total:.1f} ms from parsing to encoding")
-        e2e = {layer: ms[name] for layer, name in ((0, "first"), (L - 1, "last"))}
+        e2e = {layer: ms[(layer, "client")] for layer in (0, L - 1)}
     stages(args, rt, e2e, seeds)
 
 
