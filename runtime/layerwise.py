@@ -227,11 +227,12 @@ class Layerwise:
         qkv = self.run_graph("block_in", {"x": x, **params}, list("qkv"), release)
         groups = head_groups(H, self.groups(T))
         parts, order = {name: [] for name in ("ctx",) + outputs}, []
+        mask = self.layer_mask(layer, inputs["attention_mask"])           # a local layer's band: once, every group's
         for n, (a, b) in enumerate(groups):
             mine = heads[(heads >= a) & (heads < b)]
             order += mine.tolist()
             feeds = {name: qkv[name] if len(groups) == 1 else np.ascontiguousarray(qkv[name][:, a:b]) for name in "qkv"}
-            feeds |= {"attention_mask": self.layer_mask(layer, inputs["attention_mask"]), "heads": mine - a,
+            feeds |= {"attention_mask": mask, "heads": mine - a,
                       "top_k": np.array([min(max(top_k, 1), T)], np.int64), **extra}
             out = self.run_graph(("attend", outputs, causal), feeds, list(parts), release and n == len(groups) - 1)
             for name, value in out.items():
