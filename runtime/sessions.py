@@ -65,7 +65,12 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
     next to the pinned server took 17 ms, next to the unpinned one 11.
     The threads spin while a run is under way (a parallel section starts without waking a sleeping thread) and stop
     the moment it ends (session.force_spinning_stop), so they never take the cores that the server's event loop and
-    serialisation need next, nor those of the next session (bench/session_memory.py, the "run" rows)."""
+    serialisation need next, nor those of the next session (bench/session_memory.py, the "run" rows). Measured
+    against onnxruntime's `session.intra_op.spin_duration_us` (threads spin that long after a run, no stop), MiniLM
+    at 128 tokens, layer 5's cut graph, 2-core VM: in a process of its own the stop makes runs bimodal (~9 or ~16
+    ms, median 14-15) where 10-20 ms of spinning gives 7.6-8.0 ms (2 ms: 13-14.5); but in the server the run took
+    8.1-8.8 ms either way (bench/answer.py), and spinning made the layer-by-layer path 1.65x a plain run instead of
+    1.20x (bench/long_input.py): its sessions run one after another, each pool spinning against the next."""
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.enable_cpu_mem_arena = arena
