@@ -456,6 +456,14 @@ class Planner:
                           f"gives their encoder, decoder and cross-attention")
         return rt
 
+    def _capable(self, rt: Runtime, feature: str, what: str) -> None:
+        """Refuse `what` where the model's size does not allow `feature` on this machine (runtime/capabilities.py),
+        before any work, with the sentence that names the limit."""
+        caps = getattr(rt, "capabilities", None)
+        reason = caps.refusal(feature) if caps is not None else None
+        if reason is not None:
+            raise Refused(f"{what} is not available for model {rt.spec.id!r}: {reason}")
+
     def _text(self, req, what: str | None = None) -> tuple[Runtime, Encoding]:
         """The model and the text's tokens (the text's one tokenisation), within the character limit."""
         rt = self.runtime(req.model, what)
@@ -526,6 +534,8 @@ class Planner:
         layers = _select("layers", req.layers, rt.cfg.n_layers)
         heads = _select("heads", req.heads, rt.cfg.n_heads)
         self._run_options(req, rt, enc)
+        if req.engine == "numpy":
+            self._capable(rt, "numpy", "the NumPy reference (engine: numpy)")
         T = len(enc.ids)
         if req.position is not None and req.position >= T:
             raise Refused(f"position {req.position} is out of range: this text has {T} tokens (0..{T - 1})")
@@ -533,7 +543,7 @@ class Planner:
         key = self._run_key(req, rt, False)
         common = dict(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary), binary=binary,
                       size=size, layers=layers, heads=heads)
-        if self.fits_stacked(rt, T):
+        if rt.capabilities.stacked and self.fits_stacked(rt, T):
             self._check_cells(req, cells, binary)
             depth = rt.depth_for(max(layers)) if set(req.include) <= UP_TO_LAYER and req.engine == "onnx" else None
             # a run that stops early keeps the asked blocks' attentions only (Runtime.forward): its key says which
@@ -590,6 +600,7 @@ class Planner:
         if req.ablate:
             raise Refused("attribution is of the intact model: leave `ablate` out (or `attribution` out of include)")
         self._decomposable(rt, "direct logit attribution", direct=True, logits=True)
+        self._capable(rt, "stacked", "direct logit attribution")
         T = len(enc.ids)
         self._patching_tokens(T, "attribution")
         position = T - 1 if req.position is None else req.position
@@ -674,7 +685,9 @@ class Planner:
         cannot give is refused here, before any work."""
         T = len(enc.ids)
         why = (f"this text is {T} tokens: every layer's attention together is "
-               f"{self._stacked_bytes(rt, T) / 2**30:.1f} GiB, so it runs layer by layer (ATTNSCOPE_LAYERWISE_MB)")
+               f"{self._stacked_bytes(rt, T) / 2**30:.1f} GiB, so it runs layer by layer (ATTNSCOPE_LAYERWISE_MB)"
+               if rt.capabilities.stacked else f"model {rt.spec.id!r} runs layer by layer: "
+               f"{rt.capabilities.refusal('stacked')}")
         if req.engine == "numpy":
             raise Refused(f"{why} on the onnx engine only; leave `engine` out")
         if "attribution" in req.include:
@@ -715,6 +728,8 @@ class Planner:
         _select("layers", [req.layer], rt.cfg.n_layers)
         _select("heads", [req.head], rt.cfg.n_heads)
         self._run_options(req, rt, enc)
+        self._capable(rt, "stacked", "the stages of a head (/api/stages, which runs every layer's teaching outputs "
+                                     "in one graph)")
         T = len(enc.ids)
         if not self.fits_stacked(rt, T):
             raise Refused(f"this text is {T} tokens: every layer's attention together is "
@@ -752,6 +767,7 @@ class Planner:
     # ---- /api/importance ------------------------------------------------------------------------------------------
     def importance(self, req: ImportanceRequest, binary: bool) -> ImportancePlan:
         rt, enc = self._text(req, "head importance (/api/importance)")
+        self._capable(rt, "importance", "head importance over every head (/api/importance)")
         T = len(enc.ids)
         self._patching_tokens(T, "importance")       # its run keeps every layer's values (runtime/interventions.py)
         layer = rt.cfg.n_heads * T * T * 4             # one copy's attention in one layer: what a batch holds at once
@@ -774,6 +790,7 @@ class Planner:
     def patching(self, req: PatchingRequest, binary: bool) -> PatchingPlan:
         rt = self.runtime(req.model, "activation patching (/api/patching)")
         self._lm(rt, "patching")
+        self._capable(rt, "stacked", "activation patching (/api/patching)")
         self._chars(rt, "clean and corrupt are", req.clean, req.corrupt)
         clean, corrupt = rt.vocabulary.encode(req.clean), rt.vocabulary.encode(req.corrupt)
         if len(clean.ids) != len(corrupt.ids):
@@ -801,6 +818,7 @@ class Planner:
     def knockout(self, req: KnockoutRequest, binary: bool) -> KnockoutPlan:
         rt, enc = self._text(req, "attention knockout (/api/knockout)")
         self._lm(rt, "knockout")
+        self._capable(rt, "stacked", "attention knockout (/api/knockout)")
         T, L = len(enc.ids), rt.cfg.n_layers
         self._patching_tokens(T, "knockout")
         for name in ("queries", "keys"):
@@ -828,6 +846,7 @@ class Planner:
     def _traced(self, rt: Runtime, enc: Encoding, what: str) -> Run:
         """The text's run with the stream entering every block, each head's output, queries and keys kept
         (runtime/interventions.py Trace): one per text, shared by QK attribution and the lens."""
+        self._capable(rt, "stacked", what)
         self._patching_tokens(len(enc.ids), what)
         key = _hash(["trace", rt.spec.id, rt.graphs.key, enc.ids, enc.type_ids])
         return Run(key, lambda: Interventions(rt).trace(enc, keep=("residual", "query", "key", "head_output"),
@@ -876,6 +895,7 @@ class Planner:
     def circuits(self, req: CircuitsRequest, binary: bool) -> CircuitsPlan:
         rt = self.runtime(req.model, "circuits (/api/circuits)")
         self._decomposable(rt, "weight-space circuits (QK = W_Q W_K^T, OV = W_V W_O)", qk=True, direct=True)
+        self._capable(rt, "circuits", "weight-space circuits (/api/circuits)")
         key = _hash(["circuits", rt.spec.id, rt.graphs.key])
 
         def call() -> Circuits:
@@ -891,6 +911,7 @@ class Planner:
     def generate(self, req: GenerateRequest) -> GeneratePlan:
         rt = self.runtime(req.model, "generation (/api/generate)")
         self._lm(rt, "generation")
+        self._capable(rt, "stacked", "generation (/api/generate, whose every step runs the whole model)")
         self._chars(rt, "text is", req.text)
         st, L, H = self.settings, rt.cfg.n_layers, rt.cfg.n_heads
         if "max_new_tokens" not in req.model_fields_set:      # the default (32) within ATTNSCOPE_MAX_NEW_TOKENS

@@ -61,6 +61,22 @@ class HeadRole(BaseModel):
     role: Literal[tuple(ROLE_TARGETS)] = Field(description="; ".join(f"{k}: {v}" for k, v in ROLE_TARGETS.items()))
 
 
+class ModelCapabilities(BaseModel):
+    parameters: int = Field(description="the weights' count")
+    weights_bytes: int = Field(description="the weights' size as stored (memory-mapped from their files)")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(description="the type the weights are stored in (the "
+                                                               "checkpoint's own); arithmetic widens them to float32")
+    compute_dtype: Literal["float32"] = Field(description="the type arithmetic runs in: float32 (a bfloat16 or "
+                                              "float16 weight widens to float32 exactly)")
+    memory_budget_bytes: int = Field(description="the memory budget the features were decided against "
+                                     "(ATTNSCOPE_MEMORY_MB)")
+    features: dict[str, bool] = Field(description="stacked (one run holds the whole model; else every request runs "
+                                      "layer by layer), numpy (the NumPy engine), circuits (weight-space circuits), "
+                                      "importance (/api/importance over every head)",
+                                      examples=[{"stacked": True, "numpy": True, "circuits": True, "importance": True}])
+    reasons: dict[str, str] = Field(description="each feature the model lacks, and why (the limit, named)")
+
+
 class ModelInfo(BaseModel):
     id: str = Field(description="model id to pass as `model`", examples=["minilm"])
     title: str = Field(description="human-readable name")
@@ -95,6 +111,9 @@ class ModelInfo(BaseModel):
     head_roles: list[HeadRole] = Field(default_factory=list, description="teaching models: what each hand-wired "
                                        "head does, exactly (>= 0.99 of its weight on its role's target)")
     explanation: str = Field("", description="teaching models: how the model works, in plain language")
+    capabilities: ModelCapabilities = Field(description="what the model's size allows on this machine, decided when "
+                                            "it loaded (runtime/capabilities.py): a feature it lacks answers 422 with "
+                                            "the reason given here")
 
 
 class RunOptions(Strict):

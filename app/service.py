@@ -51,12 +51,14 @@ class AttentionService:
                     spec = replace(spec, max_tokens=st.max_tokens[model_id])
                 kind = EncoderDecoderRuntime if spec.kind == "encoder-decoder" else Runtime
                 rt = kind(spec, providers=st.providers or None, threads=st.threads, cache_dir=st.cache,
-                             stop_early_mb=st.stop_early_mb)
+                          stop_early_mb=st.stop_early_mb, memory_mb=st.memory_mb, work_tflop=st.work_tflop)
                 if not 2 <= spec.max_tokens <= rt.cfg.max_positions:
                     raise StartupError(f"ATTNSCOPE_MAX_TOKENS: {model_id}={spec.max_tokens}, but it takes 2 to "
                                        f"{rt.cfg.max_positions} tokens (its positions); fix: set a limit in that range")
-                rt.session(stages=False)
-                if not self.plans.fits_stacked(rt, rt.spec.max_tokens):
+                caps = rt.capabilities
+                if caps.stacked:
+                    rt.session(stages=False)
+                if not (caps.stacked and self.plans.fits_stacked(rt, rt.spec.max_tokens)):
                     rt.layerwise(st.checkpoint_every, st.layerwise_group_mb).open()   # long texts: their graphs too
             except ModelUnavailable as e:
                 raise StartupError(f"model {model_id!r}: {e}") from None
@@ -91,5 +93,6 @@ class AttentionService:
                           unembedding=rt.cfg.has_unembedding,
                           chat=bool(rt.generation and rt.generation.chat_template),
                           local_layers=list(rt.cfg.local_layers), sliding_window=rt.cfg.sliding_window,
-                          head_roles=list(rt.spec.head_roles), explanation=rt.spec.explanation)
+                          head_roles=list(rt.spec.head_roles), explanation=rt.spec.explanation,
+                          capabilities=rt.capabilities.record())
                 for i, rt in self.runtimes.items()]

@@ -15,6 +15,7 @@ from typing import Annotated
 from pydantic import AliasChoices, BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from ..runtime.capabilities import WORK_TFLOP, memory_total
 from ..runtime.sessions import GROUP_MB, cores
 from ..sources import split_entry
 
@@ -112,8 +113,17 @@ class Settings(BaseSettings):
                                       "buffers. Small groups stay near the CPU's cache: faster (runtime/sessions.py "
                                       "GROUP_MB)")
     stop_early_mb: float = Field(default=1024, ge=0, description="a request for the first layers runs a graph cut "
-                                 "after them (1, 2, 4, ... blocks), each opened on first use and kept; they may hold "
-                                 "this many MB per model (about twice their weights); 0: every run goes to the end")
+                                 "after them (1, 2, 4, ... blocks), each opened on first use and kept (graphs hold no "
+                                 "weights: a cut graph costs only its runs' memory); 0: every run goes to the end")
+    # big models (runtime/capabilities.py): what each model's size allows, decided when it loads
+    memory_mb: float = Field(default_factory=lambda: memory_total() * 0.85 / 2**20, gt=0, description="the server's "
+                             "memory budget: a model whose weights pass 45 % of it runs layer by layer (each layer's "
+                             "weights read when it runs) and refuses, with a 422 naming this limit, what needs the "
+                             "whole model in one run (stages, generation, patching, the NumPy engine); default 85 % "
+                             "of this machine's memory")
+    work_tflop: float = Field(default=WORK_TFLOP, gt=0, description="what one request's analysis may cost, in "
+                              "TFLOP: weight-space circuits and importance over every head are refused (422) for "
+                              "models where they would cost more")
     cors_origins: CSV = Field(default=[], description="CORS allow-list; empty = CORS off")
     ray_address: str | None = Field(default=None, validation_alias=AliasChoices("RAY_ADDRESS", "ATTNSCOPE_RAY_ADDRESS"),
                                     description="the Ray cluster a corpus job joins (--engine ray); Ray's own "

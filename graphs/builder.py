@@ -3,27 +3,44 @@
 Every graph attnscope exports is written with it: the stacked graph (graphs/stacked.py) and the layer-by-layer ones
 (graphs/layers.py), from the same step functions (graphs/steps.py). Opset 17 and its IR version, which every
 onnxruntime from 1.14 on reads.
+
+No graph holds a weight. Every model array a graph reads (weights, position tables) is a graph INPUT named as the
+model names it (runtime/binding.py binds the model's arrays to those names at every run: views of the weight store,
+sources/store.py), in the type it is stored in; a narrower one is widened to the compute type by a Cast where it is
+used (model/precision.py). So a graph is a few hundred kB whatever the model's size (protobuf stops at 2 GB), every
+variant of a model's graph reads the same weights, and onnxruntime never folds them into copies of its own.
 """
 from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
+from ..model.precision import COMPUTE, INDEX, scalar
 from ..model.transformer import RMSNorm
 
 OPSET = 17
 IR_VERSION = 8  # the IR version of opset 17; onnx 1.23 would write 14, which onnxruntime 1.31 refuses
+FLOAT = helper.np_dtype_to_tensor_dtype(COMPUTE)   # the compute type's ONNX type (activations, masks, outputs)
+INT = helper.np_dtype_to_tensor_dtype(INDEX)       # token ids, positions, lengths
+
+
+def onnx_type(dtype) -> int:
+    """The ONNX element type of a NumPy dtype (bfloat16 included: ml_dtypes')."""
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
 class Graph:
-    """Accumulates nodes and initializers; every method returns the name of its output."""
+    """Accumulates nodes, constants and the model arrays it reads; every method returns the name of its output.
+    names: each model array's name by its identity (id(array) -> name: runtime/binding.py's names), so that a graph
+    input is named as the model names the array it reads, whatever graph reads it."""
 
-    def __init__(self, params_as_inputs: bool = False):
+    def __init__(self, names: dict[int, str] | None = None):
         self.nodes, self.inits, self._n = [], [], 0
-        self.params_as_inputs = params_as_inputs
-        self.inputs: list[onnx.ValueInfoProto] = []   # params_as_inputs: the weights' graph inputs...
+        self.names = names or {}
+        self.inputs: list[onnx.ValueInfoProto] = []   # the model arrays' graph inputs...
         self.feeds: dict[str, np.ndarray] = {}         # ...and the arrays that feed them
+        self._widened: dict[str, str] = {}             # a narrow input -> its Cast to the compute type
 
     def name(self, hint: str) -> str:
         self._n += 1
@@ -34,17 +51,32 @@ class Graph:
         self.inits.append(numpy_helper.from_array(np.asarray(value), name))
         return name
 
-    def param(self, value: np.ndarray, name: str) -> str:
-        """A model weight: an initializer (the served graph), or a graph input called `name` that the caller
-        feeds (the block graph, one graph for every layer: layer i feeds its own arrays under the same names)."""
-        if not self.params_as_inputs:
-            return self.const(value, name)
+    def param(self, value: np.ndarray, hint: str) -> str:
+        """A model array (a weight, a position table): a graph input named as `names` names it (else `hint`), in its
+        stored type, fed at every run (runtime/binding.py). Returns its name as stored: `widen` it for arithmetic,
+        after a Gather or Slice where only part of it is read."""
         value = np.asarray(value)
+        name = self.names.get(id(value), hint)
         if name not in self.feeds:
-            self.inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype),
-                                                             list(value.shape)))
-        self.feeds[name] = value
+            self.inputs.append(helper.make_tensor_value_info(name, onnx_type(value.dtype), list(value.shape)))
+            self.feeds[name] = value
+        elif self.feeds[name] is not value:
+            raise ValueError(f"two arrays named {name!r} in one graph")
         return name
+
+    def widen(self, x: str, of: str | None = None) -> str:
+        """x in the compute type (model/precision.widen's node): x itself, or a Cast where x is a model array stored
+        narrower, or a part of one (`of`: the array a Gather or Slice read x from, whose type x has)."""
+        source = of or x
+        if source not in self.feeds or self.feeds[source].dtype == COMPUTE:
+            return x
+        if x not in self._widened:
+            self._widened[x] = self.op("Cast", x, to=FLOAT, hint=f"{x}.widened")
+        return self._widened[x]
+
+    def weight(self, value: np.ndarray, hint: str) -> str:
+        """A model array read whole, in the compute type: param, then widen."""
+        return self.widen(self.param(value, hint))
 
     def input(self, name: str, elem_type: int, shape: list) -> str:
         """A graph input (declared once, however often asked for)."""
@@ -63,39 +95,36 @@ class Graph:
         return self.op("Slice", x, as_input(start), as_input(end), self.const(np.array([axis])), hint=hint)
 
     def linear(self, x: str, weight: np.ndarray, bias: np.ndarray | None, hint: str) -> str:
-        """x @ W^T + b, as functional.linear. Fed weights arrive [out, in] as stored: onnxruntime folds the
-        Transpose into the MatMul (FusedMatMul transB), so nothing is copied per run."""
-        if self.params_as_inputs:
-            w = self.op("Transpose", self.param(weight, hint + ".weight"), perm=[1, 0])
-        else:
-            w = self.const(np.ascontiguousarray(weight.T), hint + ".weightT")
+        """x @ W^T + b, as functional.linear. Weights arrive [out, in] as stored (widened first where narrower):
+        onnxruntime folds the Transpose into the MatMul (FusedMatMul transB), so nothing is copied per run."""
+        w = self.op("Transpose", self.weight(weight, hint + ".weight"), perm=[1, 0])
         y = self.op("MatMul", x, w, hint=hint)
-        return y if bias is None else self.op("Add", y, self.param(bias, hint + ".bias"), hint=hint)
+        return y if bias is None else self.op("Add", y, self.weight(bias, hint + ".bias"), hint=hint)
 
     def norm(self, x: str, module, hint: str) -> str:
         return self.rms_norm(x, module, hint) if isinstance(module, RMSNorm) else self.layer_norm(x, module, hint)
 
     def layer_norm(self, x: str, ln, hint: str) -> str:
-        return self.op("LayerNormalization", x, self.param(ln.weight, hint + ".weight"),
-                       self.param(ln.bias, hint + ".bias"), axis=-1, epsilon=float(ln.eps), hint=hint)
+        return self.op("LayerNormalization", x, self.weight(ln.weight, hint + ".weight"),
+                       self.weight(ln.bias, hint + ".bias"), axis=-1, epsilon=float(ln.eps), hint=hint)
 
     def rms_norm(self, x: str, rms, hint: str) -> str:
         """weight * (x * 1 / sqrt(mean(x^2) + eps)), as functional.rms_norm."""
         mean_sq = self.op("ReduceMean", self.op("Mul", x, x), axes=[-1], keepdims=1)
-        inv_rms = self.op("Reciprocal", self.op("Sqrt", self.op("Add", mean_sq, self.const(np.float32(rms.eps)))))
-        return self.op("Mul", self.param(rms.weight, hint + ".weight"), self.op("Mul", x, inv_rms), hint=hint)
+        inv_rms = self.op("Reciprocal", self.op("Sqrt", self.op("Add", mean_sq, self.const(scalar(rms.eps)))))
+        return self.op("Mul", self.weight(rms.weight, hint + ".weight"), self.op("Mul", x, inv_rms), hint=hint)
 
     def gelu(self, x: str) -> str:
         """0.5 * x * (1 + erf(x / sqrt 2)), the exact form."""
-        e = self.op("Erf", self.op("Mul", x, self.const(np.float32(1 / np.sqrt(2)))))
-        return self.op("Mul", self.op("Mul", x, self.op("Add", e, self.const(np.float32(1.0)))),
-                       self.const(np.float32(0.5)))
+        e = self.op("Erf", self.op("Mul", x, self.const(scalar(1 / np.sqrt(2)))))
+        return self.op("Mul", self.op("Mul", x, self.op("Add", e, self.const(scalar(1.0)))),
+                       self.const(scalar(0.5)))
 
     def gelu_tanh(self, x: str) -> str:
         """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), as functional.gelu_tanh."""
-        cube = self.op("Mul", self.op("Mul", self.op("Mul", x, x), x), self.const(np.float32(0.044715)))
-        t = self.op("Tanh", self.op("Mul", self.const(np.float32(np.sqrt(2.0 / np.pi))), self.op("Add", x, cube)))
-        return self.op("Mul", self.op("Mul", self.const(np.float32(0.5)), x), self.op("Add", self.const(np.float32(1.0)), t))
+        cube = self.op("Mul", self.op("Mul", self.op("Mul", x, x), x), self.const(scalar(0.044715)))
+        t = self.op("Tanh", self.op("Mul", self.const(scalar(np.sqrt(2.0 / np.pi))), self.op("Add", x, cube)))
+        return self.op("Mul", self.op("Mul", self.const(scalar(0.5)), x), self.op("Add", self.const(scalar(1.0)), t))
 
     def silu(self, x: str) -> str:
         return self.op("Mul", x, self.op("Sigmoid", x))
@@ -112,7 +141,7 @@ class Graph:
         return self.op("Add", self.op("Mul", x, cos), self.op("Mul", rotated, sin))
 
     def cast_float(self, x: str) -> str:
-        return self.op("Cast", x, to=TensorProto.FLOAT)
+        return self.op("Cast", x, to=FLOAT)
 
     def logsumexp(self, x: str, keepdims: int) -> str:
         """log(sum(exp(x - max))) + max over the last axis, as transformer._logsumexp. (onnxruntime's

@@ -1,5 +1,8 @@
 """Exported graphs on disk: built from the NumPy model on first use (with a progress bar) into a cache folder the
-caller chooses, under a key made of the weights and of the exporter's source, so a change to either rebuilds it.
+caller chooses, under a key made of the model's shape (its config, and each array's name, shape and type) and of the
+exporter's source, so a change to either rebuilds it. A graph holds no weights (graphs/builder.py): a model with
+other weights of the same shapes reads the same graph, and the key hashes no weight bytes (an 8B model's key is
+as quick as a toy's).
 
 A graph is used only when its checksum matches: each has a sidecar NAME.sha256 with the SHA-256 of its bytes, written
 after the graph, so a graph cut short, bit-flipped or left without its sidecar (a kill between the two) is rebuilt.
@@ -17,27 +20,27 @@ import tempfile
 import weakref
 from pathlib import Path
 
-import numpy as np
 
 from ..model import encdec as encdec_model
 from ..model import rope, transformer
-from ..model.weights import state_dict
-from . import builder, decoding, encdec, stacked, steps
+from ..model import precision, weights
+from ..model.weights import arrays
+from . import builder, decoding, encdec, layers, reductions, stacked, steps
 
 log = logging.getLogger("attnscope")
-EXPORTER = (builder, steps, stacked, decoding, transformer, rope, encdec, encdec_model)   # the source that shapes
-#                                                                                          an exported graph
+EXPORTER = (builder, steps, stacked, decoding, layers, reductions, transformer, rope, encdec, encdec_model, precision,
+            weights)   # the source that shapes an exported graph
 
 
 def content_key(model) -> str:
-    """Hash of the weights, the config and the exporter's source: either changing rebuilds the graph."""
+    """Hash of the config, of every array's name, shape and stored type, and of the exporter's source: what a graph
+    is made of (its weights are bound at run time, runtime/sessions.Weights)."""
     h = hashlib.sha256()
     for mod in EXPORTER:
         h.update(Path(mod.__file__).read_bytes())
     h.update(repr(model.cfg).encode())
-    for name, value in sorted(state_dict(model).items()):
-        h.update(name.encode())
-        h.update(np.ascontiguousarray(value).tobytes())
+    for name, value in sorted(arrays(model).items()):
+        h.update(f"{name}:{value.shape}:{value.dtype}".encode())
     return h.hexdigest()[:16]
 
 

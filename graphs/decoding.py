@@ -6,20 +6,22 @@ Inputs:  input_ids [B, t] int64 (the new tokens, at positions P..P+t-1), past.{l
          head_mask [B, L, H] (1 keeps a head, 0 makes its output zero)
 Outputs: next_token_logits [B, V] after the last new token, attentions [L, B, H, P+t] (its attention rows),
          present.{l}.key and present.{l}.value [B, Hkv, P+t, d_head]
-The weights are the graph's own (initializers), as in the stacked graph, so that onnxruntime packs each matrix once
-when the session opens: with the weights as inputs (graphs/layers.py), every step packed them again, 31-32 ms a
-SmolLM2 token against 27 (bench/generate.py). Built on first use into the graph cache (graphs/cache.py).
+The weights are graph inputs, as in every graph (graphs/builder.py), bound at each step from the weight store (with
+them as initializers onnxruntime packed each matrix once, 27 ms a SmolLM2 token against 31-32 with them as inputs,
+bench/generate.py; weights outside the graph are what lets an 8B model load at all). Built on first use into the
+graph cache (graphs/cache.py).
 """
 from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
 from ..model.transformer import Transformer
-from .builder import Graph, model_proto, pruned, save_checked
-from .steps import (attend, attention_input, block_output, embed, project, repeat_kv, rope_tables,
-                    sliding_window_mask, soft_cap)
+from ..model.weights import arrays, identities
+from .builder import FLOAT, INT, Graph, model_proto, pruned, save_checked
+from .steps import (attend, attention_input, block_output, embed, logits, project, repeat_kv, rope_tables,
+                    sliding_window_mask)
 
 
 def cache_names(layer: int) -> tuple[str, str, str, str]:
@@ -29,12 +31,12 @@ def cache_names(layer: int) -> tuple[str, str, str, str]:
 
 def build_decode(model: Transformer) -> onnx.ModelProto:
     """decoding.decode (model/decoding.py) as a graph, step for step."""
-    cfg, f = model.cfg, TensorProto.FLOAT
+    cfg, f = model.cfg, FLOAT
     if not (cfg.causal and cfg.lm_head):
         raise ValueError("decoding needs a decoder with an LM head (a causal model that predicts the next token)")
-    g = Graph()
+    g = Graph(identities(arrays(model)))
     cache = ["batch", cfg.n_kv_heads, "past", cfg.d_head]
-    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"])]
+    inputs = [helper.make_tensor_value_info("input_ids", INT, ["batch", "tokens"])]
     for layer in range(cfg.n_layers):
         inputs += [helper.make_tensor_value_info(name, f, cache) for name in cache_names(layer)[:2]]
     inputs += [helper.make_tensor_value_info("attention_mask", f, ["batch", 1, "tokens", "keys"]),
@@ -64,7 +66,7 @@ def build_decode(model: Transformer) -> onnx.ModelProto:
     if model.ln_f is not None:
         last = g.norm(last, model.ln_f, "ln_f")
     W = wte if model.lm_head is None else g.param(model.lm_head.weight, "lm_head")
-    g.op("Identity", soft_cap(g, g.op("Gemm", last, W, transB=1), cfg.final_softcap), out="next_token_logits")  # [B, V]
+    g.op("Identity", logits(g, model, last, W), out="next_token_logits")             # [B, V]
     axis0 = g.const(np.array([0]))
     g.op("Concat", *[g.op("Unsqueeze", r, axis0) for r in rows], axis=0, out="attentions")
     present = ["batch", cfg.n_kv_heads, "keys", cfg.d_head]
@@ -72,7 +74,7 @@ def build_decode(model: Transformer) -> onnx.ModelProto:
                helper.make_tensor_value_info("attentions", f, [cfg.n_layers, "batch", cfg.n_heads, "keys"])]
     for layer in range(cfg.n_layers):
         outputs += [helper.make_tensor_value_info(name, f, present) for name in cache_names(layer)[2:]]
-    return pruned(model_proto(g, inputs, outputs, "attnscope-decode"))
+    return pruned(model_proto(g, inputs + g.inputs, outputs, "attnscope-decode"))
 
 
 def export(model: Transformer, path, desc: str = "export") -> None:

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
 from ..model.encdec import EncoderDecoder, EncoderDecoderBlock
-from .builder import Graph, model_proto, save_checked
+from ..model.precision import scalar
+from ..model.weights import arrays, identities
+from .builder import FLOAT, INT, Graph, model_proto, save_checked
 
-INPUTS = (("input_ids", TensorProto.INT64, ["batch", "source"]),
-          ("decoder_input_ids", TensorProto.INT64, ["batch", "target"]),
-          ("encoder_mask", TensorProto.FLOAT, ["batch", 1, "source", "source"]),
-          ("decoder_mask", TensorProto.FLOAT, ["batch", 1, "target", "target"]),
-          ("cross_mask", TensorProto.FLOAT, ["batch", 1, "target", "source"]),
-          ("decoder_lengths", TensorProto.INT64, ["batch"]))
+INPUTS = (("input_ids", INT, ["batch", "source"]),
+          ("decoder_input_ids", INT, ["batch", "target"]),
+          ("encoder_mask", FLOAT, ["batch", 1, "source", "source"]),
+          ("decoder_mask", FLOAT, ["batch", 1, "target", "target"]),
+          ("cross_mask", FLOAT, ["batch", 1, "target", "source"]),
+          ("decoder_lengths", INT, ["batch"]))
 OUTPUTS = ("encoder_hidden", "hidden", "encoder_attentions", "decoder_attentions", "cross_attentions",
            "next_token_logits", "token_logprobs")
 
@@ -36,13 +38,15 @@ def embed(g: Graph, model: EncoderDecoder, ids: str, decoder: bool) -> str:
     layernorm_embedding) -> [B, T, D]."""
     cfg, side = model.cfg, "dec" if decoder else "enc"
     T = length(g, ids)
-    x = g.op("Gather", g.param(model.shared, "shared"), ids)
+    shared = g.param(model.shared, "shared")
+    x = g.widen(g.op("Gather", shared, ids), of=shared)
     if cfg.embed_scale != 1.0:
-        x = g.op("Mul", x, g.const(np.float32(cfg.embed_scale), "embed_scale"))
+        x = g.op("Mul", x, g.const(scalar(cfg.embed_scale), "embed_scale"))
     wpe = model.dec_wpe if decoder else model.enc_wpe
     if wpe is not None:
         start = g.const(np.array([cfg.position_offset], np.int64), "position_offset")
-        x = g.op("Add", x, g.slice(g.param(wpe, f"{side}_wpe"), start, g.op("Add", start, T), 0))
+        table = g.param(wpe, f"{side}_wpe")
+        x = g.op("Add", x, g.widen(g.slice(table, start, g.op("Add", start, T), 0), of=table))
     if model.sinusoids is not None:
         x = g.op("Add", x, g.slice(g.param(model.sinusoids, "sinusoids"), 0, T, 0))
     ln = model.dec_ln_embed if decoder else model.enc_ln_embed
@@ -50,13 +54,15 @@ def embed(g: Graph, model: EncoderDecoder, ids: str, decoder: bool) -> str:
 
 
 def position_bias(g: Graph, bias, name: str, Tq: str, S: str) -> str:
-    """RelativePositionBias.__call__: by_distance[j - i + P - 1] for query i, key j -> [1, H, Tq, S]."""
+    """RelativePositionBias.__call__: by_distance[j - i + P - 1] for query i, key j -> [1, H, Tq, S], by_distance
+    being weight[buckets] (the buckets a constant of the graph, the weight its input)."""
     P = bias.cfg.max_positions
     rng = lambda n: g.op("Range", g.const(np.int64(0)), g.op("Squeeze", n, g.const(np.array([0]))),   # noqa: E731
                          g.const(np.int64(1)))
     distance = g.op("Add", g.op("Sub", g.op("Unsqueeze", rng(S), g.const(np.array([0]))),
                                 g.op("Unsqueeze", rng(Tq), g.const(np.array([1])))), g.const(np.int64(P - 1)))
-    table = g.op("Gather", g.param(bias.by_distance, name), distance)                     # [Tq, S, H]
+    weight = g.param(bias.weight, name)                                                  # [buckets, H]
+    table = g.widen(g.op("Gather", weight, g.op("Gather", g.const(bias.buckets, "buckets"), distance)), of=weight)
     return g.op("Unsqueeze", g.op("Transpose", table, perm=[2, 0, 1]), g.const(np.array([0])), hint=name)
 
 
@@ -109,11 +115,11 @@ def lm_outputs(g: Graph, model: EncoderDecoder, hidden: str) -> None:
     """EncoderDecoder.logits and the log-probs of EncoderDecoder.__call__: next_token_logits [B, V] after each
     text's last token, token_logprobs [B, T] (the decoder's texts are short: every position's logits are made)."""
     cfg = model.cfg
-    h = hidden if cfg.lm_scale == 1.0 else g.op("Mul", hidden, g.const(np.float32(cfg.lm_scale), "lm_scale"))
-    W = g.param(np.ascontiguousarray(model.unembedding.T), "unembeddingT")                 # [D, V]
+    h = hidden if cfg.lm_scale == 1.0 else g.op("Mul", hidden, g.const(scalar(cfg.lm_scale), "lm_scale"))
+    W = g.op("Transpose", g.weight(model.unembedding, "unembedding"))                      # [D, V]
     logits = g.op("MatMul", h, W, hint="logits")                                          # [B, T, V]
     if model.logits_bias is not None:
-        logits = g.op("Add", logits, g.param(model.logits_bias, "logits_bias"))
+        logits = g.op("Add", logits, g.weight(model.logits_bias, "logits_bias"))
     last = g.op("Unsqueeze", g.op("Sub", "decoder_lengths", g.const(np.int64(1))), g.const(np.array([1])))
     g.op("GatherND", logits, last, batch_dims=1, out="next_token_logits")                  # [B, V]
     ids = "decoder_input_ids"
@@ -123,13 +129,13 @@ def lm_outputs(g: Graph, model: EncoderDecoder, hidden: str) -> None:
     target = g.op("Squeeze", g.op("GatherElements", logits, g.op("Unsqueeze", following, g.const(np.array([2]))),
                                   axis=2), g.const(np.array([2])))                        # [B, T]
     logp_next = g.op("Sub", target, g.logsumexp(logits, 0))
-    zero = g.op("Cast", g.op("Mul", first, g.const(np.int64(0))), to=TensorProto.FLOAT)  # [B, 1]
+    zero = g.op("Cast", g.op("Mul", first, g.const(np.int64(0))), to=FLOAT)  # [B, 1]
     g.op("Concat", zero, g.slice(logp_next, 0, -1, 1), axis=1, out="token_logprobs")
 
 
 def build_graph(model: EncoderDecoder) -> onnx.ModelProto:
     """EncoderDecoder.__call__ as one graph."""
-    cfg, g = model.cfg, Graph()
+    cfg, g = model.cfg, Graph(identities(arrays(model)))
     S, T = length(g, "input_ids"), length(g, "decoder_input_ids")
     enc_mask, dec_mask = "encoder_mask", "decoder_mask"
     if model.enc_bias is not None:                       # T5: the position bias joins the masks
@@ -153,7 +159,7 @@ def build_graph(model: EncoderDecoder) -> onnx.ModelProto:
         g.op("Concat", *[g.op("Unsqueeze", p, g.const(np.array([0]))) for p in probs], axis=0,
              out=f"{name}_attentions")
     lm_outputs(g, model, "hidden")
-    f = TensorProto.FLOAT
+    f = FLOAT
     inputs = [helper.make_tensor_value_info(*i) for i in INPUTS]
     dims = {"encoder_hidden": ["batch", "source", cfg.d_model], "hidden": ["batch", "target", cfg.d_model],
             "encoder_attentions": [cfg.n_layers, "batch", cfg.n_heads, "source", "source"],
@@ -161,7 +167,7 @@ def build_graph(model: EncoderDecoder) -> onnx.ModelProto:
             "cross_attentions": [cfg.n_decoder_layers, "batch", cfg.n_heads, "target", "source"],
             "next_token_logits": ["batch", cfg.vocab_size], "token_logprobs": ["batch", "target"]}
     outputs = [helper.make_tensor_value_info(n, f, dims[n]) for n in OUTPUTS]
-    return model_proto(g, inputs, outputs, "attnscope-encoder-decoder")
+    return model_proto(g, inputs + g.inputs, outputs, "attnscope-encoder-decoder")
 
 
 def export(model: EncoderDecoder, path, desc: str = "export") -> None:

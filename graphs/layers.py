@@ -1,59 +1,60 @@
 """The same model as small graphs, for the layer-by-layer run of long texts (runtime/layerwise.py).
 
 A block runs as three graphs: its attention's inputs (q, k, v), the attention of a group of heads, and its output
-(head mask, output projection, MLP); plus the embedding and the final norm and LM head. The weights are graph inputs,
-so one small graph serves every layer: layer i feeds its own arrays (block_params). The attention graph returns ctx
+(head mask, output projection, MLP); plus the embedding and the final norm and LM head. The weights are graph inputs
+(as in every graph), and the block graphs name them "block.*", so one small graph serves every layer: layer i binds
+its own arrays (model/weights.block_arrays). The attention graph returns ctx
 and, instead of its probabilities p [B, h, T, T], reductions of them (graphs/reductions.py): the registry's rows
 (analysis/statistics.py), thumbnails, and the asked heads' probabilities or top-k keys; so a layer-by-layer run keeps these
 and drops p, and holds one group of heads' p at a time.
 """
 from __future__ import annotations
 
-import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
 from ..model.transformer import Transformer
-from .builder import Graph, model_proto, pruned
+from ..model.weights import arrays, block_arrays, identities
+from .builder import FLOAT, INT, Graph, model_proto, pruned
 from .reductions import OUTPUTS, Reductions, needed_columns, reduce
 from .steps import (attend, attention_inputs, block_output, embed, final, final_outputs, position_weights, rope_tables,
                     token_inputs)
 
 
-def build_embed(model: Transformer) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """Transformer.embed as a graph: input_ids (token_type_ids) -> x [B, T, D]; and its weight feeds."""
-    g = Graph(params_as_inputs=True)
+def build_embed(model: Transformer) -> onnx.ModelProto:
+    """Transformer.embed as a graph: input_ids (token_type_ids) -> x [B, T, D]."""
+    g = Graph(identities(arrays(model)))
     x, _, _ = embed(g, model)
     g.op("Identity", x, out="x")
-    out = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "tokens", model.cfg.d_model])]
-    return model_proto(g, token_inputs(model) + g.inputs, out, "attnscope-embed"), g.feeds
+    out = [helper.make_tensor_value_info("x", FLOAT, ["batch", "tokens", model.cfg.d_model])]
+    return model_proto(g, token_inputs(model) + g.inputs, out, "attnscope-embed")
 
 
-def build_final(model: Transformer) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """The final norm and LM head as a graph: x, input_ids, lengths -> hidden (and LM outputs); its feeds."""
-    g = Graph(params_as_inputs=True)
+def build_final(model: Transformer) -> onnx.ModelProto:
+    """The final norm and LM head as a graph: x, input_ids, lengths -> hidden (and LM outputs)."""
+    g = Graph(identities(arrays(model)))
     final(g, model, "x", g.param(model.wte, "wte") if model.cfg.lm_head and model.lm_head is None else "")
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "tokens", model.cfg.d_model]),
-              *token_inputs(model)[:1], helper.make_tensor_value_info("lengths", TensorProto.INT64, ["batch"])]
-    proto = model_proto(g, inputs + g.inputs, final_outputs(model.cfg), "attnscope-final")
-    return pruned(proto), g.feeds
+    inputs = [helper.make_tensor_value_info("x", FLOAT, ["batch", "tokens", model.cfg.d_model]),
+              *token_inputs(model)[:1], helper.make_tensor_value_info("lengths", INT, ["batch"])]
+    return pruned(model_proto(g, inputs + g.inputs, final_outputs(model.cfg), "attnscope-final"))
 
 
 def _halves(model: Transformer, i: int) -> tuple[Graph, Graph]:
-    """Block i's attention inputs and its output, each as a graph with its weights as inputs."""
-    cfg, f = model.cfg, TensorProto.FLOAT
+    """Block i's attention inputs and its output, each as a graph reading the block's arrays as "block.*" inputs."""
+    cfg, f = model.cfg, FLOAT
     heads = ["batch", cfg.n_heads, "tokens", cfg.d_head]
-    first = Graph(params_as_inputs=True)
+    names = identities(block_arrays(model, i))
+    first = Graph(names)
     first.input("x", f, ["batch", "tokens", cfg.d_model])
     T = first.slice(first.op("Shape", "x"), 1, 2, 0, hint="T")
     _, qkv = attention_inputs(first, model.blocks[i], cfg, "block", "x", rope_tables(first, model, T, layer=i))
     for name, value in zip("qkv", qkv):
         first.op("Identity", value, out=name)
-    second = Graph(params_as_inputs=True)
+    second = Graph(names)
     for name, shape in (("x", ["batch", "tokens", cfg.d_model]), ("ctx", heads), ("head_mask", ["batch", cfg.n_heads]),
                         ("head_mean", ["batch", cfg.n_heads])):
         second.input(name, f, shape)
-    second.input("lengths", TensorProto.INT64, ["batch"])
+    second.input("lengths", INT, ["batch"])
     T = second.slice(second.op("Shape", "x"), 1, 2, 0, hint="T")
     x = block_output(second, model.blocks[i], cfg, "block", "x", "ctx", "head_mask", "head_mean",
                       position_weights(second, T))
@@ -63,19 +64,13 @@ def _halves(model: Transformer, i: int) -> tuple[Graph, Graph]:
 
 def build_block_halves(model: Transformer) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """The block before its attention (x -> q, k, v [B, H, T, dh]) and after it (x, ctx, head_mask, head_mean
-    [B, H], lengths -> x_next), for every layer: feed block_params(model, i) for layer i."""
+    [B, H], lengths -> x_next), for every layer: bind model/weights.block_arrays(model, i) for layer i."""
     first, second = _halves(model, 0)
-    f, heads = TensorProto.FLOAT, ["batch", model.cfg.n_heads, "tokens", model.cfg.d_head]
+    f, heads = FLOAT, ["batch", model.cfg.n_heads, "tokens", model.cfg.d_head]
     return (pruned(model_proto(first, first.inputs, [helper.make_tensor_value_info(n, f, heads) for n in "qkv"],
                            "attnscope-block-in")),
             pruned(model_proto(second, second.inputs, [helper.make_tensor_value_info(
                 "x_next", f, ["batch", "tokens", model.cfg.d_model])], "attnscope-block-out")))
-
-
-def block_params(model: Transformer, i: int) -> dict[str, np.ndarray]:
-    """Layer i's weights under the block halves' input names (views of the model's arrays, no copies)."""
-    first, second = _halves(model, i)
-    return first.feeds | second.feeds
 
 
 def build_attend(model: Transformer, outputs, causal: bool) -> onnx.ModelProto:
@@ -86,7 +81,7 @@ def build_attend(model: Transformer, outputs, causal: bool) -> onnx.ModelProto:
     unknown = set(outputs) - set(OUTPUTS)
     if unknown:
         raise ValueError(f"unknown attention outputs {sorted(unknown)}; known: {', '.join(OUTPUTS)}")
-    cfg, g, f = model.cfg, Graph(), TensorProto.FLOAT
+    cfg, g, f = model.cfg, Graph(), FLOAT
     for name in "qkv":
         g.input(name, f, ["batch", "heads", "tokens", cfg.d_head])
     g.input("attention_mask", f, ["batch", "mask_heads", "tokens", "tokens"])
@@ -97,5 +92,5 @@ def build_attend(model: Transformer, outputs, causal: bool) -> onnx.ModelProto:
     names = ("ctx",) + tuple(outputs)
     for name in names:
         g.op("Identity", made[name], out=name)
-    outs = [helper.make_tensor_value_info(n, TensorProto.INT64 if n == "top_keys" else f, None) for n in names]
+    outs = [helper.make_tensor_value_info(n, INT if n == "top_keys" else f, None) for n in names]
     return pruned(model_proto(g, g.inputs, outs, "attnscope-attend"))

@@ -17,10 +17,10 @@ punctuation keys) rides on one matrix product.
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import helper
 
 from ..analysis.statistics import GRAPH_ROWS
-from .builder import Graph
+from .builder import FLOAT, INT, Graph
 
 EXTRAS = {
     "thumbnail": "block means of every head [B, h, R, R]: pool^T p pool (input pool [T, R])",
@@ -106,19 +106,19 @@ class Reductions:
         per-query key set [T, T] (the other sentence, earlier copies of the token) is a graph input multiplied in."""
         if keyset in self.columns:
             return self._part(keyset)
-        marks = self.g.input(key_input(keyset), TensorProto.FLOAT, ["tokens", "tokens"])
+        marks = self.g.input(key_input(keyset), FLOAT, ["tokens", "tokens"])
         return self.g.op("ReduceSum", self.g.op("Mul", self.probs, marks), self.last_axis, keepdims=0)
 
     # ---- thumbnails ----------------------------------------------------------------------------------------------
     def thumbnail(self) -> str:
         """analysis.thumbnails.downsample: block means, pool^T p pool (pool[t, r] = 1/|block r| on block r's tokens)."""
-        pool = self.g.input("pool", TensorProto.FLOAT, ["tokens", "cells"])
+        pool = self.g.input("pool", FLOAT, ["tokens", "cells"])
         return self.g.op("MatMul", self.g.op("Transpose", pool, perm=[1, 0]), self._part("pool"))
 
     def thumbnail_even(self) -> str:
         """The same when R divides T: each key block is b tokens, and p pool a sum over a reshape (no product)."""
         g = self.g
-        pool = g.input("pool", TensorProto.FLOAT, ["tokens", "cells"])
+        pool = g.input("pool", FLOAT, ["tokens", "cells"])
         R = g.op("Shape", pool, start=1, end=2)
         b = g.op("Div", self.T, R)
         blocks = g.op("Reshape", self.probs, g.op("Concat", g.const(np.array([0, 0])), self.T, R, b, axis=0))
@@ -130,7 +130,7 @@ class Reductions:
         """The same reductions of the heads asked for (input heads [n]: indices within this group)."""
         def make():
             g = self.g
-            heads = g.input("heads", TensorProto.INT64, ["asked"])
+            heads = g.input("heads", INT, ["asked"])
             return Reductions(g, g.op("Gather", self.probs, heads, axis=1), g.op("Gather", self.masked, heads, axis=1),
                               self.T, self.causal)
         return self._once("asked", make)
@@ -139,7 +139,7 @@ class Reductions:
         """analysis.thumbnails.top_keys: the k heaviest keys of each row, ties to the lower key (TopK's order)."""
         g = self.g
         weights, keys = g.name("top_weights"), g.name("top_keys")
-        g.nodes.append(helper.make_node("TopK", [self.probs, g.input("top_k", TensorProto.INT64, [1])],
+        g.nodes.append(helper.make_node("TopK", [self.probs, g.input("top_k", INT, [1])],
                                         [weights, keys], axis=-1, largest=1, sorted=1))
         return weights, keys
 
@@ -158,9 +158,9 @@ class Reductions:
         g, n = self.g, len(self.columns)
         if self._product is None:
             one = g.const(np.array([1]))
-            make = {"pool": lambda: g.input("pool", TensorProto.FLOAT, ["tokens", "cells"]),
+            make = {"pool": lambda: g.input("pool", FLOAT, ["tokens", "cells"]),
                     "positions": lambda: g.op("Unsqueeze", self._positions(), one),
-                    "punctuation": lambda: g.op("Unsqueeze", g.input(key_input("punctuation"), TensorProto.FLOAT, ["tokens"]), one)}
+                    "punctuation": lambda: g.op("Unsqueeze", g.input(key_input("punctuation"), FLOAT, ["tokens"]), one)}
             parts = [make[c]() for c in self.columns]
             self._product = g.op("MatMul", self.probs, parts[0] if n == 1 else g.op("Concat", *parts, axis=1))
         if column == "pool":

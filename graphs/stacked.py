@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
 from ..model.transformer import SQUARE_STAGES, STAGES, Transformer
-from .builder import Graph, model_proto, pruned, save_checked
+from ..model.weights import arrays, identities
+from .builder import FLOAT, INT, Graph, model_proto, pruned, save_checked
 from .steps import (embed, final, final_outputs, position_weights, rope_tables, sliding_window_mask, token_inputs,
                     transformer_block)
 
@@ -29,13 +30,13 @@ def build_graph(model: Transformer, stages: bool = False, progress=None, attenti
     for the first layers needs nothing above them, nor the last block's values, MLP or LM head; onnxruntime runs
     every node of a graph, so stopping is a graph of its own). Its
     nodes are the first blocks' nodes of the whole graph, so their probabilities are the same, bit for bit."""
-    cfg, g = model.cfg, Graph()
+    cfg, g = model.cfg, Graph(identities(arrays(model)))
     H, dh, L = cfg.n_heads, cfg.d_head, cfg.n_layers
     inputs = token_inputs(model) + [
-        helper.make_tensor_value_info("attention_mask", TensorProto.FLOAT, ["batch", "mask_heads", "tokens", "tokens"]),
-        helper.make_tensor_value_info("head_mask", TensorProto.FLOAT, ["batch", L, H]),
-        helper.make_tensor_value_info("head_mean", TensorProto.FLOAT, ["batch", L, H]),
-        helper.make_tensor_value_info("lengths", TensorProto.INT64, ["batch"])]
+        helper.make_tensor_value_info("attention_mask", FLOAT, ["batch", "mask_heads", "tokens", "tokens"]),
+        helper.make_tensor_value_info("head_mask", FLOAT, ["batch", L, H]),
+        helper.make_tensor_value_info("head_mean", FLOAT, ["batch", L, H]),
+        helper.make_tensor_value_info("lengths", INT, ["batch"])]
     x, wte, T = embed(g, model)
     weights = position_weights(g, T)
     ropes, masks = {}, {}   # RoPE tables by their array (local layers may have their own), masks by window
@@ -60,17 +61,17 @@ def build_graph(model: Transformer, stages: bool = False, progress=None, attenti
 
     Ls = ["layers", "batch", "heads", "tokens"]
     if depth:   # each block's probabilities are an output of their own, in layer order: the runtime binds them to the
-        outputs = [helper.make_tensor_value_info(t, TensorProto.FLOAT, Ls[1:] + ["tokens"])   # slices of one
-                   for t in collected["attentions"]]                        # [depth, B, H, T, T] buffer, no copy
-        return pruned(model_proto(g, inputs, outputs, "attnscope"))
+        outputs = [helper.make_tensor_value_info(t, FLOAT, Ls[1:] + ["tokens"])   # slices of one [depth, B, H, T,
+                   for t in collected["attentions"]]                        # T] buffer, no copy
+        return pruned(model_proto(g, inputs + g.inputs, outputs, "attnscope"))
     axis0 = g.const(np.array([0]), "axis0")
     names = (("attentions",) if attentions else ()) + (STAGES if stages else ())
     for name in names:
         g.op("Concat", *[g.op("Unsqueeze", t, axis0) for t in collected[name]], axis=0, out=name)
     dims = {n: Ls + (["tokens"] if n in ("attentions",) + SQUARE_STAGES else [dh]) for n in names}
     dims["x"] = ["layers", "batch", "tokens", cfg.d_model]
-    outputs = final_outputs(cfg) + [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims[n]) for n in names]
-    proto = model_proto(g, inputs, outputs, "attnscope")
+    outputs = final_outputs(cfg) + [helper.make_tensor_value_info(n, FLOAT, dims[n]) for n in names]
+    proto = model_proto(g, inputs + g.inputs, outputs, "attnscope")
     return proto if attentions else pruned(proto)
 
 

@@ -11,25 +11,26 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import helper
 
 from ..model.attention import GroupedQueryAttention
 from ..model.masks import MASKED
+from ..model.precision import COMPUTE, scalar
 from ..model.transformer import LM_OUTPUTS, VOCAB_CHUNK, GeGLU, Transformer
-from .builder import Graph
+from .builder import FLOAT, INT, Graph
 
 
 def token_inputs(model: Transformer) -> list:
-    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"])]
+    inputs = [helper.make_tensor_value_info("input_ids", INT, ["batch", "tokens"])]
     if model.wtt is not None:
-        inputs.append(helper.make_tensor_value_info("token_type_ids", TensorProto.INT64, ["batch", "tokens"]))
+        inputs.append(helper.make_tensor_value_info("token_type_ids", INT, ["batch", "tokens"]))
     return inputs
 
 
 def final_outputs(cfg) -> list:
-    outputs = [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "tokens", cfg.d_model])]
+    outputs = [helper.make_tensor_value_info("hidden", FLOAT, ["batch", "tokens", cfg.d_model])]
     if cfg.lm_head:
-        outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", dim])
+        outputs += [helper.make_tensor_value_info(n, FLOAT, ["batch", dim])
                     for n, dim in zip(LM_OUTPUTS, (cfg.vocab_size, "tokens"))]
     return outputs
 
@@ -40,13 +41,15 @@ def embed(g: Graph, model: Transformer, start: str | None = None) -> tuple[str, 
     position, a 1-element int64 tensor (None: 0)."""
     T = g.slice(g.op("Shape", "input_ids"), 1, 2, 0, hint="T")
     wte = g.param(model.wte, "wte")
-    x = g.op("Gather", wte, "input_ids")
+    x = g.widen(g.op("Gather", wte, "input_ids"), of=wte)                 # only the rows read are widened
     if model.cfg.embed_scale != 1.0:                                       # Gemma: times sqrt(d_model)
-        x = g.op("Mul", x, g.const(np.float32(model.cfg.embed_scale), "embed_scale"))
+        x = g.op("Mul", x, g.const(scalar(model.cfg.embed_scale), "embed_scale"))
     if model.wpe is not None:
-        x = g.op("Add", x, _positions(g, g.param(model.wpe, "wpe"), T, start))
+        wpe = g.param(model.wpe, "wpe")
+        x = g.op("Add", x, g.widen(_positions(g, wpe, T, start), of=wpe))
     if model.wtt is not None:
-        x = g.op("Add", x, g.op("Gather", g.param(model.wtt, "wtt"), "token_type_ids"))
+        wtt = g.param(model.wtt, "wtt")
+        x = g.op("Add", x, g.widen(g.op("Gather", wtt, "token_type_ids"), of=wtt))
     if model.ln_embed is not None:
         x = g.norm(x, model.ln_embed, "ln_embed")
     return x, wte, T
@@ -58,7 +61,7 @@ def rope_tables(g: Graph, model: Transformer, T: str, start: str | None = None, 
     (Transformer.rope_for: a local layer's own where the model has them; every graph with a layer-0 default)."""
     tables = model.rope_for(layer)
     return None if tables is None else tuple(_positions(g, g.param(t, name), T, start, hint=name)
-                                             for t, name in zip(tables, ("rope_cos", "rope_sin")))
+                                             for t, name in zip(tables, ("rope.cos", "rope.sin")))
 
 
 def sliding_window_mask(g: Graph, mask: str, Tq: str, Tk: str, window: int, start: str | None = None) -> str:
@@ -71,7 +74,7 @@ def sliding_window_mask(g: Graph, mask: str, Tq: str, Tk: str, window: int, star
     distance = g.op("Sub", g.op("Unsqueeze", positions(Tq, start), g.const(np.array([1]))),
                     g.op("Unsqueeze", positions(Tk, None), g.const(np.array([0]))))                # [Tq, Tk]
     band = g.op("Where", g.op("GreaterOrEqual", distance, g.const(np.int64(window))), g.const(MASKED),
-                g.const(np.float32(0.0)), hint=f"sliding_window_{window}")                         # [Tq, Tk]
+                g.const(scalar(0.0)), hint=f"sliding_window_{window}")                         # [Tq, Tk]
     return g.op("Max", g.op("Add", mask, band), g.const(MASKED), hint="local_mask")
 
 
@@ -87,8 +90,8 @@ def position_weights(g: Graph, T: str) -> str:
     real = g.op("Less", g.op("Unsqueeze", positions, g.const(np.array([0]))),
                 g.op("Unsqueeze", "lengths", g.const(np.array([1]))))                          # [B, T]
     n_real = g.op("Cast", g.op("Max", g.op("Unsqueeze", "lengths", g.const(np.array([1]))), g.const(np.array([1]))),
-                  to=TensorProto.FLOAT)                                                    # [B, 1]
-    return g.op("Unsqueeze", g.op("Div", g.op("Cast", real, to=TensorProto.FLOAT), n_real), g.const(np.array([1, 2])),
+                  to=FLOAT)                                                    # [B, 1]
+    return g.op("Unsqueeze", g.op("Div", g.op("Cast", real, to=FLOAT), n_real), g.const(np.array([1, 2])),
                 hint="position_weights")                                                    # [B, 1, 1, T]
 
 
@@ -136,7 +139,11 @@ def project(g: Graph, block, cfg, p: str, h: str, rope) -> tuple[str, str, str]:
         if rope is not None:
             q, k = g.rope(q, *rope, dh, cfg.rotary_dim), g.rope(k, *rope, dh, cfg.rotary_dim)
         return q, k, v
-    return tuple(g.op("Transpose", g.op("Reshape", g.linear(h, *attn._projection(j), f"{p}.attn.{'qkv'[j]}"),
+    # MultiHeadAttention._projection: q, k, v are the three row blocks of PyTorch's fused in_proj (one MatMul here,
+    # cut after it: the graph reads the fused weight as the model stores it)
+    fused = g.linear(h, attn.params["in_proj_weight"], attn.params.get("in_proj_bias"), f"{p}.attn.in_proj")
+    E = H * dh
+    return tuple(g.op("Transpose", g.op("Reshape", g.slice(fused, j * E, (j + 1) * E, -1),
                                         g.const(np.array([0, 0, H, dh]))), perm=[0, 2, 1, 3], hint=f"{p}.{'qkv'[j]}")
                  for j in range(3))
 
@@ -155,7 +162,7 @@ def attend(g: Graph, cfg, p: str, q: str, k: str, v: str, mask: str) -> dict[str
     """functional.attention_stages and the weighted values, for however many heads q, k, v hold:
     scores, scaled (soft-capped where the model caps), masked, attentions (the probabilities) [B, h, T, T] and ctx
     [B, h, T, dh]."""
-    scale = g.const(np.float32(1.0 / (np.sqrt(cfg.query_pre_attn_scalar or cfg.d_head) * cfg.temperature)), "scale")
+    scale = g.const(scalar(1.0 / (np.sqrt(cfg.query_pre_attn_scalar or cfg.d_head) * cfg.temperature)), "scale")
     scores = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2]), hint=p + ".scores")
     scaled = soft_cap(g, g.op("Mul", scores, scale, hint=p + ".scaled"), cfg.attn_softcap, hint=p + ".capped")
     masked = g.op("Add", scaled, mask, hint=p + ".masked")
@@ -168,7 +175,7 @@ def soft_cap(g: Graph, x: str, cap: float, hint: str | None = None) -> str:
     """functional.soft_cap: cap * tanh(x / cap); cap 0: x itself."""
     if not cap:
         return x
-    c = g.const(np.float32(cap), "softcap")
+    c = g.const(scalar(cap), "softcap")
     return g.op("Mul", c, g.op("Tanh", g.op("Div", x, c)), hint=hint)
 
 
@@ -183,7 +190,7 @@ def block_output(g: Graph, block, cfg, p: str, x: str, ctx: str, keep: str, mean
         ctx = g.op("Mul", keep, ctx, hint=p + ".ctx_masked")
     else:   # functional.ablate_heads: keep * ctx + (1 - keep) * mean * sum_t weights_t ctx_t
         mean = g.op("Unsqueeze", mean, g.const(np.array([2, 3])))                      # [B, H, 1, 1]
-        replace = g.op("Mul", g.op("Sub", g.const(np.float32(1.0)), keep), mean)
+        replace = g.op("Mul", g.op("Sub", g.const(scalar(1.0)), keep), mean)
         avg = g.op("MatMul", weights, ctx)                                              # [B, H, 1, dh]
         ctx = g.op("Add", g.op("Mul", keep, ctx), g.op("Mul", replace, avg), hint=p + ".ctx_masked")
     merged = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const(np.array([0, 0, H * dh])))
@@ -236,20 +243,33 @@ def lm_outputs(g: Graph, model: Transformer, W: str) -> None:
     V, cap = model.cfg.vocab_size, model.cfg.final_softcap                                # cap: Gemma 2's, or 0
     last = g.op("GatherND", "hidden", g.op("Unsqueeze", g.op("Sub", "lengths", g.const(np.int64(1))),
                                            g.const(np.array([1]))), batch_dims=1)          # [B, D]
-    if cap:
-        g.op("Identity", soft_cap(g, g.op("Gemm", last, W, transB=1), cap), out="next_token_logits")   # [B, V]
-    else:
-        g.op("Gemm", last, W, transB=1, out="next_token_logits")                          # [B, V]
+    g.op("Identity", logits(g, model, last, W), out="next_token_logits")                  # [B, V]
     first = g.slice("input_ids", 0, 1, 1)
     following = g.op("Concat", g.slice("input_ids", 1, np.iinfo(np.int64).max, 1),
                      g.op("Mul", first, g.const(np.int64(0))), axis=1)                     # x_{t+1}, [B, T]
-    target = g.op("ReduceSum", g.op("Mul", "hidden", g.op("Gather", W, following)), g.const(np.array([-1])),
-                  keepdims=0, hint="target_logit")                                        # [B, T]
+    target = g.op("ReduceSum", g.op("Mul", "hidden", g.widen(g.op("Gather", W, following), of=W)),
+                  g.const(np.array([-1])), keepdims=0, hint="target_logit")               # [B, T]
     target = soft_cap(g, target, cap)
-    chunks = [g.logsumexp(soft_cap(g, g.op("MatMul", "hidden", g.op("Transpose", g.slice(W, v, min(v + VOCAB_CHUNK, V),
-                                                                                         0))), cap), 1)
+    chunks = [g.logsumexp(soft_cap(g, g.op("MatMul", "hidden", g.op("Transpose", _rows(g, W, v, V))), cap), 1)
               for v in range(0, V, VOCAB_CHUNK)]                                          # each [B, T, 1]
     lse = g.logsumexp(g.op("Concat", *chunks, axis=-1), 0)                                 # [B, T]
-    logp_next = g.op("Min", g.op("Sub", target, lse), g.const(np.float32(0.0)))
-    zero = g.op("Cast", g.op("Mul", first, g.const(np.int64(0))), to=TensorProto.FLOAT)     # [B, 1]
+    logp_next = g.op("Min", g.op("Sub", target, lse), g.const(scalar(0.0)))
+    zero = g.op("Cast", g.op("Mul", first, g.const(np.int64(0))), to=FLOAT)               # [B, 1]
     g.op("Concat", zero, g.slice(logp_next, 0, -1, 1), axis=1, out="token_logprobs")       # [B, T]
+
+
+def _rows(g: Graph, W: str, v: int, V: int) -> str:
+    """Rows v..v+VOCAB_CHUNK of the unembedding W, in the compute type."""
+    return g.widen(g.slice(W, v, min(v + VOCAB_CHUNK, V), 0), of=W)
+
+
+def logits(g: Graph, model: Transformer, x: str, W: str) -> str:
+    """transformer.logits: x @ W^T [..., V], soft-capped where the model caps. A W stored narrower is widened
+    VOCAB_CHUNK rows at a time (never whole in the compute type); a float32 one is read in one MatMul."""
+    V = model.cfg.vocab_size
+    if g.feeds[W].dtype == COMPUTE:
+        y = g.op("MatMul", x, g.op("Transpose", W))
+    else:
+        y = g.op("Concat", *[g.op("MatMul", x, g.op("Transpose", _rows(g, W, v, V))) for v in range(0, V, VOCAB_CHUNK)],
+                 axis=-1)
+    return soft_cap(g, y, model.cfg.final_softcap)

@@ -9,11 +9,14 @@ MultiHeadAttention.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from . import masks as M
 from .functional import (AttentionStages, ablate_heads, apply_rope, attention_stages, linear, repeat_kv,
-                         rms_norm, softmax)
+                         rms_norm, score_scale, soft_cap, softmax)
+from .precision import scalar, widen
 
 
 class MultiHeadAttention:
@@ -48,6 +51,10 @@ class MultiHeadAttention:
         self.dropout, self.bias, self.temperature, self.causal = dropout, bias, temperature, causal
         self.add_bias_kv, self.add_zero_attn = add_bias_kv, add_zero_attn
         self.params = self._init_params(np.random.default_rng(seed))
+
+    @property
+    def d_head(self) -> int:          # functional.score_scale reads it
+        return self.head_dim
 
     # ---- parameters -------------------------------------------------------------------------
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -156,7 +163,7 @@ class MultiHeadAttention:
             k, v = np.concatenate([k, zeros], axis=2), np.concatenate([v, zeros], axis=2)
             mask = _pad_keys(mask)
 
-        stages = attention_stages(q, k, mask, self.temperature)           # each [B, H, Tq, S']
+        stages = attention_stages(q, k, mask, score_scale(self))          # each [B, H, Tq, S']
         ctx = stages.probs @ v                                            # [B, H, Tq, dh] each head's output
         if head_mask is not None:
             ctx = ablate_heads(ctx, *head_mask)
@@ -223,15 +230,15 @@ class GroupedQueryAttention:
     d_head need not be d_model / n_heads. Parameters are named as transformers names them (q_proj,
     k_proj, v_proj, o_proj; weights [out, in]); biases are off (Llama) or on q/k/v only (Qwen2).
     Gemma's options: qk_norm "head" (QK-norm, Gemma 3: each head's query and key RMS-normalised over its d_head
-    features before RoPE, one weight [d_head] shared by the heads: q_norm, k_norm), scale_dim (scores divided by
-    sqrt(query_pre_attn_scalar) instead of sqrt(d_head)) and softcap (attention logit soft-capping, Gemma 2).
+    features before RoPE, one weight [d_head] shared by the heads: q_norm, k_norm), query_pre_attn_scalar (scores
+    divided by its square root instead of sqrt(d_head): functional.score_scale) and softcap (attention logit soft-capping, Gemma 2).
     graphs/steps.project mirrors project step by step, and graphs/steps.attention_inputs the rest of __call__.
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, rope=None,
                  qkv_bias: bool = False, out_bias: bool = False, temperature: float = 1.0, seed: int | None = 0,
-                 std: float = 0.02, qk_norm: str | None = None, norm_eps: float = 1e-6, scale_dim: float = 0.0,
-                 softcap: float = 0.0):
+                 std: float = 0.02, qk_norm: str | None = None, norm_eps: float = 1e-6,
+                 query_pre_attn_scalar: float = 0.0, softcap: float = 0.0):
         """Weights from N(0, std^2) by seed (seed=None: zeros, to be loaded); biases zero, QK-norm weights one.
         qk_norm: None, "head" (RMSNorm over each head's d_head query/key features, Qwen3, Gemma 3) or "full" (over the
         whole q and k projections before they are split into heads, OLMo 2), before RoPE; norm_eps is its epsilon."""
@@ -244,12 +251,17 @@ class GroupedQueryAttention:
         self.group = n_heads // n_kv_heads       # query heads per key/value head
         self.rope = rope                         # (cos, sin), each [max_positions, d_head], or None
         self.qkv_bias, self.out_bias, self.temperature = qkv_bias, out_bias, temperature
-        self.qk_norm, self.norm_eps, self.scale_dim, self.softcap = qk_norm, norm_eps, scale_dim, softcap
+        self.qk_norm, self.norm_eps, self.softcap = qk_norm, norm_eps, softcap
+        self.query_pre_attn_scalar = query_pre_attn_scalar
         rng = None if seed is None else np.random.default_rng(seed)
         self.params = {name: (np.ones(shape, np.float32) if "_norm." in name else
                               np.zeros(shape, np.float32) if name.endswith("bias") or rng is None else
                               (rng.standard_normal(shape) * std).astype(np.float32))
                        for name, shape in self.param_shapes().items()}
+
+    @property
+    def d_head(self) -> int:          # functional.score_scale reads it
+        return self.head_dim
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         D, q, kv = self.d_model, self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
@@ -303,20 +315,52 @@ class GroupedQueryAttention:
         return_stages, the stages and the (q, k, v) each query head used, [B, H, T, d_head] (q and k
         after QK-norm and RoPE; k and v repeated per group).
         """
-        B, T, _ = x.shape
-        H, dh = self.n_heads, self.head_dim
-        q, k, v = self.project(x)                                                                  # RoPE'd
-        k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)                                  # [B, H, T, dh]
-
-        stages = attention_stages(q, k, attn_mask, self.temperature, self.scale_dim, self.softcap)  # [B, H, T, T]
-        ctx = stages.probs @ v                                                                     # [B, H, T, dh]
-        if head_mask is not None:
-            ctx = ablate_heads(ctx, *head_mask)
-        out = linear(ctx.transpose(0, 2, 1, 3).reshape(B, T, H * dh), *self.out_projection())  # [B, T, D]
-        weights = stages.probs.mean(axis=1) if average_attn_weights else stages.probs
+        seen: dict[str, np.ndarray] = {}
+        out, probs, _ = self_attention(self, x, attn_mask, hook=seen.setdefault if return_stages else None,
+                                       head_mask=head_mask)
+        weights = probs.mean(axis=1) if average_attn_weights else probs
         if return_stages:
-            return out, weights, stages, (q, k, v)
+            stages = AttentionStages(seen["raw_scores"], seen["scaled"], seen["scores"], probs)
+            return out, weights, stages, (seen["query"], seen["key"], seen["value"])
         return out, weights
+
+
+class Attended(NamedTuple):
+    out: np.ndarray          # [B, T, D] the attention's output, W_O z + b_O
+    probs: np.ndarray        # [B, H, T, P+T] each query head's probabilities over every key
+    present: tuple           # (keys, values) [B, Hkv, P+T, dh]: past's with this call's appended (the cache)
+
+
+def self_attention(attn, x, mask=None, hook=None, past=None, start: int = 0, head_mask=None) -> Attended:
+    """Self-attention of x [B, T, D] at positions start..start+T-1 (GroupedQueryAttention, or a MultiHeadAttention
+    without its extra keys), the one forward every NumPy path runs: the blocks (model/transformer.py), the
+    interventions reference (hook edits sites), decoding (past: the key/value cache of the P earlier positions).
+
+        q, k, v = project(x)                  QK-norm and RoPE in project; k, v after past's, then per query head
+        scores  = soft_cap(q k^T * scale) + mask          scale = score_scale(attn)
+        pattern = softmax(scores)
+        z       = pattern v                   (head_mask: functional.ablate_heads)
+        out     = W_O z + b_O
+
+    hook(site, value) -> value, where given, sees each named site and may replace it: query, key, value [B, H, T|S,
+    dh], raw_scores (q k^T), scaled, scores (masked: model/interventions.py's "scores"), pattern [B, H, T, S],
+    head_output (z, before any ablation) [B, H, T, dh]. mask: additive [B|1, 1|H, T, S], S = P + T (None: none)."""
+    hook = hook or (lambda site, value: value)
+    B, T, _ = x.shape
+    q, k, v = attn.project(x, start)                                   # q [B, H, T, dh]; k, v [B, Hkv, T, dh]
+    if past is not None:
+        k, v = np.concatenate([past[0], k], axis=2), np.concatenate([past[1], v], axis=2)    # [B, Hkv, S, dh]
+    group = getattr(attn, "group", 1)
+    q, k_h, v_h = hook("query", q), hook("key", repeat_kv(k, group)), hook("value", repeat_kv(v, group))
+    raw = hook("raw_scores", q @ np.swapaxes(k_h, -1, -2))            # [B, H, T, S]
+    scaled = hook("scaled", soft_cap(raw * score_scale(attn), getattr(attn, "softcap", 0.0)))
+    scores = hook("scores", scaled if mask is None else scaled + mask)
+    probs = hook("pattern", softmax(scores, axis=-1))
+    z = hook("head_output", probs @ v_h)                               # [B, H, T, dh]
+    if head_mask is not None:
+        z = ablate_heads(z, *head_mask)
+    out = linear(z.transpose(0, 2, 1, 3).reshape(B, T, -1), *attn.out_projection())         # [B, T, D]
+    return Attended(out, probs, (k, v))
 
 
 class CrossAttention(GroupedQueryAttention):
@@ -333,9 +377,9 @@ class CrossAttention(GroupedQueryAttention):
         self.scaled = scaled
 
     @property
-    def scale(self) -> np.float32:
-        """What the scores are multiplied by: 1/sqrt(d_head), or 1 (T5)."""
-        return np.float32(self.head_dim ** -0.5 if self.scaled else 1.0)
+    def scale(self) -> np.floating:
+        """What the scores are multiplied by: score_scale (1/sqrt(d_head)), or 1 (T5)."""
+        return score_scale(self) if self.scaled else scalar(1.0)
 
     def __call__(self, x, memory=None, attn_mask=None, head_mask=None):
         """x [B, Tq, D] (queries); memory [B, S, D] (keys and values; None: x); attn_mask additive [B|1, H|1, Tq, S]

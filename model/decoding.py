@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .functional import linear, repeat_kv, soft_cap, softmax
 from .masks import causal_mask
+from .precision import COMPUTE, compute_array
+from .transformer import logits
 
 
 @dataclass
@@ -31,8 +32,8 @@ class KVCache:
     @classmethod
     def empty(cls, cfg, batch: int = 1) -> KVCache:
         shape = (batch, cfg.n_kv_heads, 0, cfg.d_head)
-        return cls([np.zeros(shape, np.float32) for _ in range(cfg.n_layers)],
-                   [np.zeros(shape, np.float32) for _ in range(cfg.n_layers)])
+        return cls([np.zeros(shape, COMPUTE) for _ in range(cfg.n_layers)],
+                   [np.zeros(shape, COMPUTE) for _ in range(cfg.n_layers)])
 
     @property
     def length(self) -> int:
@@ -54,28 +55,23 @@ def decode(model, input_ids, cache: KVCache, keep: np.ndarray | None = None) -> 
         raise ValueError("decoding needs a decoder with an LM head (a causal model that predicts the next token)")
     ids = np.asarray(input_ids, np.int64)
     B, t = ids.shape
-    P, group = cache.length, cfg.n_heads // cfg.n_kv_heads
+    P = cache.length
     mask = causal_mask(t, P + t, start=P)                                         # [t, P+t]
     x = model.embed(ids, start=P)                                                 # [B, t, D]
     keys, values, rows = [], [], []
     for layer, block in enumerate(model.blocks):
-        h = block.attention_input(x)
-        q, k, v = block.attn.project(h, start=P)                                  # q [B, H, t, dh]; k, v [B, Hkv, t, dh]
-        k = np.concatenate([cache.keys[layer], k], axis=2)                        # [B, Hkv, P+t, dh]
-        v = np.concatenate([cache.values[layer], v], axis=2)
-        keys.append(k)
+        ablate = None if keep is None else knockout(keep[:, layer], B, t)        # knocked-out heads write zero
+        x, probs, (k, v) = block(x, mask, ablate, past=(cache.keys[layer], cache.values[layer]), start=P)
+        keys.append(k)                                                            # [B, Hkv, P+t, dh]
         values.append(v)
-        scores = q @ np.swapaxes(repeat_kv(k, group), -1, -2) / np.float32(
-            np.sqrt(cfg.query_pre_attn_scalar or cfg.d_head) * cfg.temperature)
-        scores = soft_cap(scores, cfg.attn_softcap)                               # Gemma 2 (0: as it was)
-        probs = softmax(scores + block.local_mask(mask, t, P + t, start=P), axis=-1)   # [B, H, t, P+t]
-        z = probs @ repeat_kv(v, group)                                           # [B, H, t, dh]
-        if keep is not None:
-            z = z * np.asarray(keep, np.float32)[:, layer, :, None, None]         # knocked-out heads write zero
-        a = linear(z.transpose(0, 2, 1, 3).reshape(B, t, -1), *block.attn.out_projection())   # [B, t, D]
-        x = block.after_attention(x, a)
         rows.append(probs[:, :, -1])                                              # [B, H, P+t]
     last = x[:, -1]                                                               # [B, D]
     if model.ln_f is not None:
         last = model.ln_f(last)
-    return Step(soft_cap(last @ model.unembedding.T, cfg.final_softcap), np.stack(rows), KVCache(keys, values))
+    return Step(logits(model, last), np.stack(rows), KVCache(keys, values))
+
+
+def knockout(keep: np.ndarray, B: int, t: int) -> tuple:
+    """A layer's head mask (functional.ablate_heads) from keep [B, H]: 0 makes a head's output zero."""
+    keep = compute_array(keep)
+    return keep, np.zeros_like(keep), np.zeros((B, t), COMPUTE)

@@ -28,6 +28,7 @@ from scipy.special import log_softmax
 from .attention import CrossAttention
 from .functional import gelu, gelu_tanh, silu
 from .transformer import LayerNorm, Linear, RMSNorm, _normal
+from .weights import stored
 
 ACTIVATIONS = {"relu": lambda x: np.maximum(x, np.float32(0.0)), "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
 STAGES = ("x", "q", "k", "v", "scores", "scaled", "masked", "ctx")   # per attention: x [L, B, Tq, D] (the queries'
@@ -270,7 +271,7 @@ class EncoderDecoder:
             raise KeyError(f"state dict does not fit this model: missing {missing[:8]}, unexpected {unexpected[:8]}")
         mods = self._modules()
         for name, ref in expected.items():
-            value = np.asarray(sd[name], np.float32)
+            value = stored(sd[name])
             if value.shape != ref.shape:
                 raise ValueError(f"{name} has shape {value.shape}; the model needs {ref.shape}")
             owner, _, attr = name.rpartition(".")

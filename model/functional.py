@@ -5,10 +5,13 @@ code serves one head or a batch of heads. Arrays stay in the dtype they come in 
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
 from scipy.special import erf, expit
+
+from .precision import scalar, widen
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -113,33 +116,42 @@ def repeat_kv(x: np.ndarray, n_rep: int) -> np.ndarray:
 
 
 def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-    """x @ W^T + b with W stored [out, in], as PyTorch and Hugging Face store it."""
-    y = x @ weight.T
-    return y if bias is None else y + bias
+    """x @ W^T + b with W stored [out, in], as PyTorch and Hugging Face store it; a weight stored in a narrower type
+    than the compute type is widened here, where it is used (model/precision.py)."""
+    y = x @ widen(weight).T
+    return y if bias is None else y + widen(bias)
 
 
 class AttentionStages(NamedTuple):
     """Every intermediate of scaled dot-product attention, for teaching: all [..., Tq, Tk]."""
 
     scores: np.ndarray  # q . k^T
-    scaled: np.ndarray  # scores / (sqrt(d_head) * temperature)
+    scaled: np.ndarray  # scores * score_scale: scores / (sqrt(d_head) * temperature)
     masked: np.ndarray  # scaled + additive mask
     probs: np.ndarray   # softmax(masked) over keys
 
 
-def attention_stages(q: np.ndarray, k: np.ndarray, mask: np.ndarray | None = None,
-                     temperature: float = 1.0, scale_dim: float = 0.0, softcap: float = 0.0) -> AttentionStages:
+def score_scale(cfg) -> np.floating:
+    """What a head's raw scores q . k are multiplied by: 1 / (sqrt(d) * temperature), d = d_head, or Gemma's
+    query_pre_attn_scalar where set. Dot products of d-dimensional vectors with unit-variance entries have variance
+    d; dividing by sqrt(d) keeps the logits at unit scale so the softmax does not saturate into a one-hot that passes
+    no gradient. The temperature (ours, for teaching) divides further: > 1 flattens, < 1 sharpens.
+    cfg: a TransformerConfig, or an attention module (the same three fields). Every path that scales scores reads
+    it here: the NumPy blocks, the graphs (graphs/steps.attend), the API's stages and QK attribution."""
+    d = getattr(cfg, "query_pre_attn_scalar", 0.0) or cfg.d_head
+    return scalar(1.0 / (np.sqrt(d) * getattr(cfg, "temperature", 1.0)))
+
+
+def attention_stages(q: np.ndarray, k: np.ndarray, mask: np.ndarray | None = None, scale: float | None = None,
+                     softcap: float = 0.0) -> AttentionStages:
     """The steps from queries and keys to attention probabilities.
 
-    q: [..., Tq, d], k: [..., Tk, d], mask: additive, broadcastable to [..., Tq, Tk].
-    Dot products of d-dimensional vectors with unit-variance entries have variance d; dividing by
-    sqrt(d) keeps the logits at unit scale so the softmax does not saturate into a one-hot that
-    passes no gradient. The temperature divides further: > 1 flattens, < 1 sharpens.
-    scale_dim: divide by sqrt(scale_dim) instead of sqrt(d) (Gemma's query_pre_attn_scalar; 0: d). softcap: the
-    scaled scores are soft-capped (soft_cap, Gemma 2) before the mask, as part of `scaled`.
+    q: [..., Tq, d], k: [..., Tk, d], mask: additive, broadcastable to [..., Tq, Tk]. scale: what the scores are
+    multiplied by (score_scale; None: 1 / sqrt(d)). softcap: the scaled scores are soft-capped (soft_cap, Gemma 2)
+    before the mask, as part of `scaled`.
     """
     scores = q @ np.swapaxes(k, -1, -2)                                   # [..., Tq, Tk]
-    scaled = scores * np.asarray(1.0 / (np.sqrt(scale_dim or q.shape[-1]) * temperature), dtype=q.dtype)
+    scaled = scores * (scalar(1.0 / np.sqrt(q.shape[-1])) if scale is None else scale)
     scaled = soft_cap(scaled, softcap)                                    # cap * tanh(scaled / cap), or as it was
     masked = scaled if mask is None else scaled + mask
     return AttentionStages(scores, scaled, masked, softmax(masked, axis=-1))
@@ -176,5 +188,5 @@ def scaled_dot_product_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
         raise ValueError(f"k and v must have the same number of keys; got {k.shape[-2]} and {v.shape[-2]}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0; got {temperature}")
-    probs = attention_stages(q, k, mask, temperature).probs
+    probs = attention_stages(q, k, mask, score_scale(SimpleNamespace(d_head=q.shape[-1], temperature=temperature))).probs
     return probs @ v, probs

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .attention import GroupedQueryAttention
-from .functional import linear, repeat_kv, soft_cap, softmax
 from .masks import MASKED
+from .precision import COMPUTE
+from .transformer import logits
 
 HOOKS = {
     "residual": "blocks.{layer}.hook_resid_pre",
@@ -68,7 +68,7 @@ class Edit:
     def apply(self, x: np.ndarray) -> np.ndarray:
         """The site's value x (one text: no batch axis) with this edit made."""
         where = self.where if self.site == "scores" else self.where[..., None]
-        return np.where(where, np.asarray(self.value, np.float32), x).astype(np.float32)
+        return np.where(where, np.asarray(self.value, COMPUTE), x).astype(COMPUTE)
 
 
 def knockout(layers, queries, keys, heads: int, T: int) -> list[Edit]:
@@ -90,44 +90,29 @@ class Edited:
 
 def forward(model, input_ids, mask, edits: list[list[Edit]] | None = None) -> Edited:
     """The model's forward pass on input_ids [B, T] (no padding) under the additive mask [B|1, 1, T, T], with
-    edits[b] made to text b. Written out site by site as TransformerBlock and its attention compute them."""
+    edits[b] made to text b: the blocks' own forward (TransformerBlock.__call__), with a hook at every site that
+    makes the edits there and keeps the value."""
     ids = np.asarray(input_ids, np.int64)
     B, T = ids.shape
     edits = edits or [[] for _ in range(B)]
-    cfg, cache = model.cfg, {}
+    cache = {}
 
-    def site(name: str, layer: int, value: np.ndarray) -> np.ndarray:   # value [B, ...] -> edited, kept
-        value = np.array(value, np.float32)
-        for b in range(B):
-            for e in edits[b]:
-                if e.site == name and e.layer == layer:
-                    value[b] = e.apply(value[b])
-        cache[(name, layer)] = value
-        return value
+    def editing(layer: int):
+        def hook(name: str, value: np.ndarray) -> np.ndarray:   # value [B, ...] -> edited, kept
+            if name not in HOOKS:                               # a teaching stage: not a site
+                return value
+            value = np.array(value, COMPUTE)
+            for b in range(B):
+                for e in edits[b]:
+                    if e.site == name and e.layer == layer:
+                        value[b] = e.apply(value[b])
+            cache[(name, layer)] = value
+            return value
+        return hook
 
     x = model.embed(ids)                                                             # [B, T, D]
     for layer, block in enumerate(model.blocks):
-        x = site("residual", layer, x)
-        h = block.attention_input(x)
-        q, k, v = _qkv(block.attn, h, cfg)                                           # [B, H, T, dh]
-        q, k, v = site("query", layer, q), site("key", layer, k), site("value", layer, v)
-        scores = soft_cap(q @ np.swapaxes(k, -1, -2) / np.float32(np.sqrt(cfg.query_pre_attn_scalar or cfg.d_head)
-                                                                  * cfg.temperature), cfg.attn_softcap)
-        scores = scores + block.local_mask(mask, T, T)                              # a local layer's band too
-        scores = site("scores", layer, scores)                                      # [B, H, T, T]
-        pattern = site("pattern", layer, softmax(scores, axis=-1))
-        z = site("head_output", layer, pattern @ v)                                  # [B, H, T, dh]
-        a = linear(z.transpose(0, 2, 1, 3).reshape(B, T, -1), *block.attn.out_projection())   # [B, T, D]
-        x = block.after_attention(x, a)
+        x = block(x, mask, hook=editing(layer)).x
     if model.ln_f is not None:
         x = model.ln_f(x)
-    logits = soft_cap(x[:, -1] @ model.unembedding.T, cfg.final_softcap) if cfg.lm_head else None
-    return Edited(x, logits, cache)
-
-
-def _qkv(attn, h: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A block's queries, keys and values per query head [B, H, T, dh] from its input h [B, T, D]."""
-    q, k, v = attn.project(h)
-    if isinstance(attn, GroupedQueryAttention):
-        k, v = repeat_kv(k, attn.group), repeat_kv(v, attn.group)
-    return q, k, v
+    return Edited(x, logits(model, x[:, -1]) if model.cfg.lm_head else None, cache)

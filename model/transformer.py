@@ -9,19 +9,24 @@ graphs/steps.py writes every step below as ONNX nodes, in the same order, naming
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
 from . import masks as M
-from .attention import GroupedQueryAttention, MultiHeadAttention
+from .attention import GroupedQueryAttention, MultiHeadAttention, self_attention
 from .functional import gelu, gelu_tanh, layer_norm, linear, position_weights, rms_norm, rope_tables, silu, soft_cap
+from .precision import widen
 from .rope import RopeScaling
 
 # Teaching outputs, besides the probabilities. Per layer and batch: x [T, D], what the block's q/k/v projections
 # read (after ln1 in a pre-norm block); q, k, v and ctx = probs @ v, the head's output before the output
 # projection [H, T, d_head] (k and v as each query head reads them); scores, scaled, masked [H, T, T].
 STAGES = ("x", "q", "k", "v", "scores", "scaled", "masked", "ctx")
+# each stage's site in the block's forward (TransformerBlock.__call__'s hook): ctx is the head's output before any
+# ablation, "masked" the scores site model/interventions.py edits
+STAGE_SITES = dict(zip(STAGES, ("attention_input", "query", "key", "value", "raw_scores", "scaled", "scores",
+                                "head_output")))
 SQUARE_STAGES = ("scores", "scaled", "masked")  # [.., T, T]; the others end in [.., T, features]
 LM_OUTPUTS = ("next_token_logits", "token_logprobs")  # decoders with an LM head
 VOCAB_CHUNK = 4096  # the LM head's log-sum-exp runs over this many vocabulary rows at a time
@@ -135,7 +140,7 @@ class LayerNorm:
         self.weight, self.bias, self.eps = np.ones(dim, np.float32), np.zeros(dim, np.float32), eps
 
     def __call__(self, x):
-        return layer_norm(x, self.weight, self.bias, self.eps)
+        return layer_norm(x, widen(self.weight), widen(self.bias), self.eps)
 
 
 class RMSNorm:
@@ -143,7 +148,7 @@ class RMSNorm:
         self.weight, self.eps = np.ones(dim, np.float32), eps
 
     def __call__(self, x):
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, widen(self.weight), self.eps)
 
 
 class Linear:
@@ -188,6 +193,12 @@ class GeGLU(SwiGLU):
         return self.down(gelu_tanh(self.gate(x)) * self.up(x))
 
 
+class BlockOutput(NamedTuple):
+    x: np.ndarray            # [B, T, D] the block's output
+    probs: np.ndarray        # [B, H, T, S] its attention probabilities
+    present: tuple           # (keys, values) [B, Hkv, S, dh]: the key/value cache, this call's positions included
+
+
 class TransformerBlock:
     """Attention then MLP, each wrapped in a residual connection and a norm (N: LayerNorm or RMSNorm).
 
@@ -213,7 +224,8 @@ class TransformerBlock:
             self.attn = GroupedQueryAttention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_head, rope=rope,
                                               qkv_bias=cfg.qkv_bias, out_bias=cfg.bias, temperature=cfg.temperature,
                                               seed=seed, qk_norm=cfg.qk_norm, norm_eps=cfg.layer_norm_eps,
-                                              scale_dim=cfg.query_pre_attn_scalar, softcap=cfg.attn_softcap)
+                                              query_pre_attn_scalar=cfg.query_pre_attn_scalar,
+                                              softcap=cfg.attn_softcap)
         else:
             self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, bias=cfg.bias, temperature=cfg.temperature,
                                            seed=seed or 0)
@@ -231,18 +243,22 @@ class TransformerBlock:
             return mask
         return M.combine(mask, M.sliding_window_mask(t_query, t_key, self.window, start)[None, None])
 
-    def __call__(self, x, mask=None, head_mask=None, stages: bool = False):
-        """x [B, T, D], mask additive [B, 1|H, T, T], head_mask (keep, mean, weights) for this layer or None.
-        Returns x, probs [B, H, T, T], stages or None."""
-        h = self.attention_input(x)
-        mask = self.local_mask(mask, x.shape[1], x.shape[1])
-        a, probs, st, (q, k, v) = self.attn(h, attn_mask=mask, head_mask=head_mask, average_attn_weights=False,
-                                            return_stages=True)
-        x = self.after_attention(x, a)
-        if not stages:
-            return x, probs, None
-        return x, probs, dict(x=h, q=q, k=k, v=v, scores=st.scores, scaled=st.scaled, masked=st.masked,
-                              ctx=st.probs @ v)   # ctx: before any ablation, as the head computed it
+    def __call__(self, x, mask=None, head_mask=None, hook=None, past=None, start: int = 0) -> BlockOutput:
+        """The block on x [B, T, D] at positions start..start+T-1, as the class docstring's equations, with the
+        attention of model/attention.self_attention: the one block forward of every NumPy path (Transformer,
+        model/interventions.py's edits, model/decoding.py's key/value cache).
+
+        mask: additive [B, 1|H, T, S] (S = P + T; this layer's window band is added here); head_mask (keep, mean,
+        weights) for this layer or None; hook(site, value) -> value sees and may replace each site (SITES: residual,
+        attention_input, and self_attention's); past: (keys, values) [B, Hkv, P, dh] of the P earlier positions.
+        Returns BlockOutput(x, the block's output; probs [B, H, T, S]; present, the key/value cache with T more)."""
+        hook = hook or (lambda site, value: value)
+        x = hook("residual", x)
+        h = hook("attention_input", self.attention_input(x))
+        T = x.shape[1]
+        S = T + (0 if past is None else past[0].shape[2])
+        a = self_attention(self.attn, h, self.local_mask(mask, T, S, start), hook, past, start, head_mask)
+        return BlockOutput(self.after_attention(x, a.out), a.probs, a.present)
 
     def attention_input(self, x):
         """What the attention reads of the block's input x [B, T, D]: N1(x) in a pre-norm block, x itself otherwise."""
@@ -266,7 +282,7 @@ class TransformerBlock:
         """One head's share of Attn(x): its output ctx [..., T, d_head] through its d_head columns of the output
         projection W_o [D, H * d_head] -> [..., T, D]. The heads' shares plus W_o's bias sum to Attn(x)."""
         W, dh = self.attn.out_projection()[0], ctx.shape[-1]
-        return ctx @ W[:, head * dh:(head + 1) * dh].T
+        return ctx @ widen(W[:, head * dh:(head + 1) * dh]).T
 
 
 @dataclass
@@ -316,13 +332,13 @@ class Transformer:
         if start + T > self.cfg.max_positions:
             raise ValueError(f"{start + T} tokens is more than this model's {self.cfg.max_positions} positions; "
                              "truncate the input")
-        x = self.wte[input_ids]                                           # [B, T, D]
+        x = widen(self.wte[input_ids])                                    # [B, T, D]
         if self.cfg.embed_scale != 1.0:                                   # Gemma: times sqrt(d_model)
             x = x * np.float32(self.cfg.embed_scale)
         if self.wpe is not None:
-            x = x + self.wpe[start:start + T]
+            x = x + widen(self.wpe[start:start + T])
         if self.wtt is not None:
-            x = x + self.wtt[np.zeros_like(input_ids) if token_type_ids is None else token_type_ids]
+            x = x + widen(self.wtt[np.zeros_like(input_ids) if token_type_ids is None else token_type_ids])
         return x if self.ln_embed is None else self.ln_embed(x)
 
     def head_masks(self, head_mask, head_mean, lengths, B: int, T: int) -> list | None:
@@ -352,12 +368,13 @@ class Transformer:
         lengths = np.full(B, T) if lengths is None else np.asarray(lengths, np.int64)
         per_layer = self.head_masks(head_mask, head_mean, lengths, B, T)
         x = self.embed(input_ids, token_type_ids)
-        probs, st = [], {name: [] for name in STAGES}
+        probs, seen = [], []
         for i, block in enumerate(self.blocks):
-            x, p, s = block(x, attention_mask, None if per_layer is None else per_layer[i], stages)
+            seen.append({})
+            x, p, _ = block(x, attention_mask, None if per_layer is None else per_layer[i],
+                            hook=seen[-1].setdefault if stages else None)
             probs.append(p)
-            for name in st if stages else ():
-                st[name].append(s[name])
+        st = {name: [s[site] for s in seen] for name, site in STAGE_SITES.items()} if stages else {}
         if self.ln_f is not None:
             x = self.ln_f(x)
         out = TransformerOutput(x, np.stack(probs), {k: np.stack(v) for k, v in st.items()} if stages else None)
@@ -378,14 +395,25 @@ class Transformer:
         B, T, _ = hidden.shape
         last = hidden[np.arange(B), lengths - 1]                         # [B, D]
         cap = self.cfg.final_softcap                                      # Gemma 2: logits soft-capped (0: off)
-        next_token_logits = soft_cap(last @ W.T, cap)                     # [B, V]
+        next_token_logits = logits(self, last)                            # [B, V]
         following = np.concatenate([input_ids[:, 1:], np.zeros((B, 1), np.int64)], axis=1)   # x_{t+1}, [B, T]
-        target = soft_cap(np.einsum("btd,btd->bt", hidden, W[following]), cap)   # logit_t[x_{t+1}], [B, T]
-        lse = np.stack([_logsumexp(soft_cap(hidden @ W[v:v + VOCAB_CHUNK].T, cap))
+        target = soft_cap(np.einsum("btd,btd->bt", hidden, widen(W[following])), cap)   # logit_t[x_{t+1}], [B, T]
+        lse = np.stack([_logsumexp(soft_cap(hidden @ widen(W[v:v + VOCAB_CHUNK]).T, cap))
                         for v in range(0, len(W), VOCAB_CHUNK)], axis=-1)   # [B, T, chunks]
         logp_next = np.minimum(target - _logsumexp(lse), 0.0)             # log p(x_{t+1} | x_<=t), [B, T]
         token_logprobs = np.concatenate([np.zeros((B, 1), np.float32), logp_next[:, :-1]], axis=1)
         return next_token_logits, token_logprobs.astype(np.float32)
+
+
+def logits(model: Transformer, x: np.ndarray) -> np.ndarray:
+    """Next-token logits of final hidden states x [..., D] (after the final norm): x @ W_U^T [..., V], soft-capped
+    where the model caps them (Gemma 2). W_U is read VOCAB_CHUNK rows at a time (each widened once it is read), so a
+    bfloat16 unembedding is never held whole in float32. Every path that reads logits in NumPy calls this."""
+    W = model.unembedding                                                 # [V, D]
+    out = np.empty(x.shape[:-1] + (len(W),), x.dtype)
+    for v in range(0, len(W), VOCAB_CHUNK):
+        out[..., v:v + VOCAB_CHUNK] = x @ widen(W[v:v + VOCAB_CHUNK]).T
+    return soft_cap(out, model.cfg.final_softcap)
 
 
 def _normal(rng: np.random.Generator | None, shape, std: float = 0.02) -> np.ndarray:

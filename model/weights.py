@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .precision import compute_array, storage_name
 from .transformer import Linear, Transformer
 
 
@@ -45,14 +46,58 @@ def state_dict(model: Transformer) -> dict[str, np.ndarray]:
     return sd
 
 
+ROPE = ("rope.cos", "rope.sin")                 # the RoPE tables a layer rotates by, in the layer graphs
+ROPE_LOCAL = ("rope_local.cos", "rope_local.sin")   # a model's second pair (Gemma 3's local layers), in its stacked graph
+
+
+def arrays(model) -> dict[str, np.ndarray]:
+    """Every array a graph of this model reads, by the name of the graph input that reads it (graphs/builder.py): the
+    weights, as state_dict names them, and the position tables computed from the config (RoPE's cos and sin; the
+    local layers' own; Marian's sinusoids). runtime/sessions.Weights binds them by these names at every run."""
+    out = dict(state_dict(model))
+    if getattr(model, "sinusoids", None) is not None:          # model/encdec.py: Marian
+        out["sinusoids"] = model.sinusoids
+    for names, tables in ((ROPE, getattr(model, "rope", None)), (ROPE_LOCAL, getattr(model, "rope_local", None))):
+        if tables is not None:
+            out |= dict(zip(names, tables))
+    return out
+
+
+def block_arrays(model: Transformer, layer: int) -> dict[str, np.ndarray]:
+    """Block `layer`'s arrays under the names of the layer graphs (graphs/layers.py), one graph for every layer:
+    "block." + each weight's name within its block, and the RoPE tables this layer rotates by (Transformer.rope_for).
+    Views of the model's arrays, no copies."""
+    prefix = f"blocks.{layer}."
+    out = {"block." + name[len(prefix):]: value for name, value in state_dict(model).items() if name.startswith(prefix)}
+    tables = model.rope_for(layer)
+    return out if tables is None else out | dict(zip(ROPE, tables))
+
+
+def identities(named: dict[str, np.ndarray]) -> dict[int, str]:
+    """id(array) -> name: how a graph builder names the input of each array it reads (graphs/builder.Graph)."""
+    return {id(value): name for name, value in named.items()}
+
+
+def stored(value) -> np.ndarray:
+    """A weight as the model keeps it: the array itself (no copy: a view of its file stays one) when its type is a
+    storage type (model/precision.py), else in the compute type."""
+    value = np.asarray(value)
+    try:
+        storage_name(value.dtype)
+        return value
+    except ValueError:
+        return compute_array(value)
+
+
 def load_state_dict(model: Transformer, sd: dict[str, np.ndarray]) -> Transformer:
-    """Copy a flat state dict (as from `state_dict`) into the model, checking every name and shape."""
+    """Put a flat state dict (as from `state_dict`) into the model, checking every name and shape. The arrays are
+    kept as they are, in their stored type (views of a file stay views): the model widens each where it is used."""
     expected = state_dict(model)
     missing, unexpected = sorted(set(expected) - set(sd)), sorted(set(sd) - set(expected))
     if missing or unexpected:
         raise KeyError(f"state dict does not fit this model: missing {missing[:8]}, unexpected {unexpected[:8]}")
     for name, ref in expected.items():
-        value = np.asarray(sd[name], np.float32)
+        value = stored(sd[name])
         if value.shape != ref.shape:
             raise ValueError(f"{name} has shape {value.shape}; the model needs {ref.shape}")
         _assign(model, name, value)

@@ -25,7 +25,8 @@ from ..model.encdec import EncoderDecoderOutput
 from ..sources import ModelSpec
 from .errors import InputError
 from .results import Encoded, Encoding, Engine, NextToken
-from .sessions import check_providers, default_providers, open_session, run_owned
+from .capabilities import WORK_TFLOP, Capabilities, memory_total
+from .sessions import Session, Weights, check_providers, default_providers, device_of
 from .tokenizing import Vocabulary
 
 DEFAULT_CACHE = Path.home() / ".cache" / "attnscope"
@@ -71,7 +72,8 @@ class EncoderDecoderRuntime:
     """One encoder-decoder, its tokenizer and its onnxruntime session (opened on first use)."""
 
     def __init__(self, spec: ModelSpec, providers: Sequence[str] | None = None, threads: int = 0,
-                 cache_dir: str | Path = DEFAULT_CACHE, stop_early_mb: float = 0):
+                 cache_dir: str | Path = DEFAULT_CACHE, stop_early_mb: float = 0, memory_mb: float | None = None,
+                 work_tflop: float = WORK_TFLOP):
         self.spec, self.cache_dir = spec, Path(cache_dir)
         self.model = spec.load_model(self.cache_dir)
         self.cfg = self.model.cfg
@@ -81,6 +83,9 @@ class EncoderDecoderRuntime:
         self.graphs = GraphCache(self.cache_dir, spec.id, self.model)
         self.providers = list(providers) if providers else default_providers()
         self.threads = threads
+        self.weights = Weights(self.model, device_of(self.providers))
+        memory = memory_total() * 0.85 if memory_mb is None else memory_mb * 2**20
+        self.capabilities = Capabilities.of(self.model, memory, work_tflop * 1e12)
         self._session = None
         self._lock = threading.Lock()
 
@@ -97,7 +102,8 @@ class EncoderDecoderRuntime:
             with self._lock:
                 if self._session is None:
                     check_providers(self.providers)
-                    self._session = open_session(self.graphs.path(), self.providers, self.threads)
+                    self._session = Session(self.graphs.path(), self.providers, self.threads, self.weights,
+                                            arena=self.capabilities.arena)
         return self._session
 
     def cache_key(self) -> str:
@@ -175,7 +181,7 @@ class EncoderDecoderRuntime:
             feeds = {"input_ids": ids, "decoder_input_ids": dec, **masks, "decoder_lengths": np.asarray(dl, np.int64)}
             names = ["encoder_attentions", "decoder_attentions", "cross_attentions", "next_token_logits",
                      "token_logprobs"]
-            outs = dict(zip(names, run_owned(sess, names, feeds, {"batch": B, "source": max(sl), "target": max(dl)})))
+            outs = dict(zip(names, sess.run(names, feeds, axes={"batch": B, "source": max(sl), "target": max(dl)})))
             provider = sess.get_providers()[0]
         seconds = time.perf_counter() - t0
         return [EncoderDecoderResult(

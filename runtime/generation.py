@@ -25,7 +25,7 @@ from ..model import decoding
 from ..model.decoding import KVCache, Step
 from ..model.masks import causal_mask
 from .errors import InputError
-from .sessions import GROUP_MB, run_owned
+from .sessions import GROUP_MB
 
 CANDIDATES = 10   # alternatives reported per step
 
@@ -110,7 +110,7 @@ def decode(rt, ids: np.ndarray, cache: KVCache, keep: np.ndarray, engine: str = 
         past_k, past_v, present_k, present_v = cache_names(layer)
         feeds[past_k], feeds[past_v] = cache.keys[layer], cache.values[layer]
         names += [present_k, present_v]
-    out = run_owned(rt.session(decode=True), names, feeds, {"batch": B, "keys": P + t})
+    out = rt.session(decode=True).run(names, feeds, axes={"batch": B, "keys": P + t})
     return Step(out[0], out[1], KVCache(out[2::2], out[3::2]))
 
 

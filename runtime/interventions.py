@@ -19,9 +19,9 @@ from typing import Literal, Sequence
 import numpy as np
 
 from ..model.interventions import Edit
-from ..model.functional import soft_cap
 from ..model.masks import MASKED
-from ..model.transformer import LM_OUTPUTS
+from ..model.precision import COMPUTE
+from ..model.transformer import LM_OUTPUTS, logits
 from .errors import InputError
 from .results import Encoding
 
@@ -38,7 +38,7 @@ def head_masks(ablate: Sequence[Sequence[int]], ablation: Ablation, layers: int,
     every head. The stacked graph's form of a head_output edit (see ablation_edits)."""
     if not ablate:
         return None, None
-    keep = np.ones((1, layers, heads), np.float32)
+    keep = np.ones((1, layers, heads), COMPUTE)
     for layer, head in ablate:
         keep[0, layer, head] = 0.0
     return keep, (1.0 - keep) if ablation == "mean" else np.zeros_like(keep)
@@ -103,7 +103,7 @@ class Interventions:
         names = tuple(keep) + (("pattern",) if pattern else ())
         sites = {name: [] for name in names}
         with lw.busy:
-            x = lw.run_graph("embed", inputs | lw.graph_feeds("embed"), ["x"])["x"]
+            x = lw.run_graph("embed", inputs, ["x"])["x"]
             for layer in range(L):
                 q, k, v = self._qkv(layer, x)
                 out = self._attend(layer, q, k, v, mask, range(H) if pattern else ())
@@ -174,7 +174,7 @@ class Interventions:
                 out = self._attend(layer, q, k, v, mask, patterned)
                 z = out["ctx"]
                 if patterned:                                                 # z = pattern @ v, for edited heads
-                    p = np.zeros((B, cfg.n_heads, T, T), np.float32)
+                    p = np.zeros((B, cfg.n_heads, T, T), COMPUTE)
                     p[:, patterned] = out["attention"]
                     p = _edit(p, here, "pattern")
                     z[:, patterned] = p[:, patterned] @ v[:, patterned]
@@ -185,12 +185,12 @@ class Interventions:
             last = x[:, -1]
             if model.ln_f is not None:
                 last = model.ln_f(last)
-            return {"logits": soft_cap(last @ model.unembedding.T, model.cfg.final_softcap)}
+            return {"logits": logits(model, last)}
         return self._final(x, np.repeat(np.array([base.encoding.ids]), B, axis=0))
 
     # ---- the graphs ------------------------------------------------------------------------------------------------
     def _qkv(self, layer: int, x: np.ndarray):
-        out = self.lw.run_graph("block_in", {"x": x, **self.lw.params(layer)}, list("qkv"))
+        out = self.lw.run_graph("block_in", {"x": x}, list("qkv"), layer=layer)
         return out["q"], out["k"], out["v"]
 
     def _attend(self, layer: int, q, k, v, mask, heads) -> dict[str, np.ndarray]:
@@ -203,21 +203,21 @@ class Interventions:
 
     def _block_out(self, layer: int, x: np.ndarray, z: np.ndarray) -> np.ndarray:
         B, H = len(x), self.rt.cfg.n_heads
-        feeds = {"x": x, "ctx": np.ascontiguousarray(z, np.float32), "lengths": np.full(B, x.shape[1], np.int64),
-                 "head_mask": np.ones((B, H), np.float32), "head_mean": np.zeros((B, H), np.float32)}
-        return self.lw.run_graph("block_out", feeds | self.lw.params(layer), ["x_next"])["x_next"]
+        feeds = {"x": x, "ctx": np.ascontiguousarray(z, COMPUTE), "lengths": np.full(B, x.shape[1], np.int64),
+                 "head_mask": np.ones((B, H), COMPUTE), "head_mean": np.zeros((B, H), COMPUTE)}
+        return self.lw.run_graph("block_out", feeds, ["x_next"], layer=layer)["x_next"]
 
     def _final(self, x: np.ndarray, ids: np.ndarray) -> dict[str, np.ndarray]:
         feeds = {"x": x, "input_ids": ids, "lengths": np.full(len(x), x.shape[1], np.int64)}
         outputs = ["hidden"] + (list(LM_OUTPUTS) if self.rt.cfg.lm_head else [])
-        return self.lw.run_graph("final", feeds | self.lw.graph_feeds("final"), outputs)
+        return self.lw.run_graph("final", feeds, outputs)
 
 
 def _edit(value: np.ndarray, here: list[list[Edit]], site: str) -> np.ndarray:
     """value [B, ...] with each row's edits of `site` made (a copy when any)."""
     if not any(e.site == site for row in here for e in row):
         return value
-    value = np.array(value, np.float32)
+    value = np.array(value, COMPUTE)
     for b, row in enumerate(here):
         for e in row:
             if e.site == site:
@@ -228,7 +228,7 @@ def _edit(value: np.ndarray, here: list[list[Edit]], site: str) -> np.ndarray:
 def _knocked(mask: np.ndarray, here: list[list[Edit]], heads: int) -> np.ndarray:
     """The additive mask [B, H, T, T] with each row's scores edits: knockouts (MASKED on the blocked cells); the
     served graphs take an edit of the scores as a mask, so no other value can be written there."""
-    out = np.repeat(np.broadcast_to(mask, (1, heads) + mask.shape[2:]), len(here), axis=0).astype(np.float32)
+    out = np.repeat(np.broadcast_to(mask, (1, heads) + mask.shape[2:]), len(here), axis=0).astype(COMPUTE)
     for b, row in enumerate(here):
         for e in row:
             if e.site == "scores":

@@ -10,9 +10,9 @@ a text. Here the same model runs as a chain of graphs, the steps of the stacked 
                block out    x, ctx -> the next x                                          layers.build_block_halves
     final                   x -> hidden, next-token logits, token log-probs               layers.build_final
 
-The weights are graph inputs, so one small graph serves every layer: layer i feeds its own arrays (views of the
-NumPy model's; nothing is exported or copied per layer, and the graphs build in memory in a fraction of a
-second). The attention graph returns, instead of its probabilities p [h, T, T], reductions of them computed where
+The weights are graph inputs, so one small graph serves every layer: layer i binds its own arrays (views of the
+weight store, runtime/sessions.Weights; nothing is exported or copied per layer, and the graphs build in memory in a
+fraction of a second). The attention graph returns, instead of its probabilities p [h, T, T], reductions of them computed where
 they are (graphs/reductions.py): the statistics registry's rows (analysis/statistics.py ROWS: entropy, max weight,
 the weight on the first/last/own/previous/next key, the distance; the other sentence's weight for a pair), block-averaged thumbnails (analysis/thumbnails.py's blocks); p itself leaves the graph only for the heads a
 request asks for, or as their top-k keys per query. A layer's heads run in groups whose [h, T, T] float32 stays within group_mb, one group after the
@@ -45,7 +45,8 @@ from ..graphs import layers
 from ..graphs.reductions import key_input
 from ..model.transformer import LM_OUTPUTS
 from .results import Encoded, Encoding, NextToken
-from .sessions import GROUP_MB, open_session, release_arena
+from ..sources.store import release
+from .sessions import GROUP_MB, Session
 
 # The rows every run keeps for every head: what the API's row outputs and summaries read (statistics.STATISTICS
 # computed from the probabilities), for one text; a pair keeps its PAIR_ROWS too.
@@ -148,12 +149,9 @@ class Layerwise:
             raise ValueError(f"checkpoint_every must be >= 1; got {checkpoint_every}")
         self.rt, self.every, self.group_mb = rt, int(checkpoint_every), float(group_mb)
         if graphs is not None:
-            self._sessions, self._feeds, self._params = graphs._sessions, graphs._feeds, graphs._params
-            self._lock, self.busy = graphs._lock, graphs.busy
+            self._sessions, self._lock, self.busy = graphs._sessions, graphs._lock, graphs.busy
             return
-        self._sessions: dict[tuple[str, ...] | str, tuple[object, set[str]]] = {}
-        self._feeds: dict[str, dict[str, np.ndarray]] = {}
-        self._params: dict[int, dict[str, np.ndarray]] = {}
+        self._sessions: dict[tuple[str, ...] | str, Session] = {}
         self._lock = threading.Lock()
         self.busy = threading.Lock()   # one layer-by-layer run of this model at a time: its memory is the bound
 
@@ -164,27 +162,28 @@ class Layerwise:
         H = self.rt.cfg.n_heads
         return min(H, max(1, math.ceil(H * T * T * 4 / (self.group_mb * 2**20))))
 
-    def session(self, which: str | tuple):
+    def session(self, which: str | tuple) -> Session:
         """"embed", "block_in", "block_out", "final", or ("attend", outputs, causal); built in memory on first use
         (the graphs are small: their weights are inputs). Sessions take turns: none keeps a planned memory block."""
-        entry = self._sessions.get(which)
-        if entry is not None:
-            return entry
+        sess = self._sessions.get(which)
+        if sess is not None:
+            return sess
         with self._lock:
             if which not in self._sessions:
                 model = self.rt.model
                 if which == "embed":
-                    proto, self._feeds["embed"] = layers.build_embed(model)
+                    proto = layers.build_embed(model)
                 elif which == "final":
-                    proto, self._feeds["final"] = layers.build_final(model)
+                    proto = layers.build_final(model)
                 elif which == "block_in":
                     proto = layers.build_block_halves(model)[0]
                 elif which == "block_out":
                     proto = layers.build_block_halves(model)[1]
                 else:                     # ("attend", outputs, causal)
                     proto = layers.build_attend(model, which[1], which[2])
-                sess = open_session(proto.SerializeToString(), self.rt.providers, self.rt.threads, mem_pattern=False)
-                self._sessions[which] = (sess, {i.name for i in sess.get_inputs()})
+                self._sessions[which] = Session(proto.SerializeToString(), self.rt.providers, self.rt.threads,
+                                                self.rt.weights, mem_pattern=False, arena=self.rt.capabilities.arena,
+                                                tf32=self.rt.tf32)
             return self._sessions[which]
 
     def open(self) -> None:
@@ -206,16 +205,11 @@ class Layerwise:
         T = mask.shape[-1]
         return np.ascontiguousarray(block.local_mask(mask, mask.shape[-2], T), np.float32)
 
-    def params(self, layer: int) -> dict[str, np.ndarray]:
-        if layer not in self._params:
-            self._params[layer] = layers.block_params(self.rt.model, layer)
-        return self._params[layer]
-
-    def run_graph(self, which, feeds: dict[str, np.ndarray], outputs: list[str], release: bool = False):
-        """One session run -> {output: array}. release: give the session's memory arena back afterwards."""
-        sess, names = self.session(which)
-        return dict(zip(outputs, sess.run(outputs, {k: v for k, v in feeds.items() if k in names},
-                                          release_arena() if release else None)))
+    def run_graph(self, which, feeds: dict[str, np.ndarray], outputs: list[str], release: bool = False,
+                  layer: int | None = None):
+        """One session run -> {output: array}; layer: whose weights a block graph binds. release: give the session's
+        memory arena back afterwards."""
+        return dict(zip(outputs, self.session(which).run(outputs, feeds, layer=layer, release=release)))
 
     def _block(self, layer: int, x: np.ndarray, inputs: dict, outputs: tuple[str, ...], causal: bool, extra: dict,
                heads=(), top_k: int = 0, next_x: bool = True, release: bool = False) -> dict[str, np.ndarray]:
@@ -223,8 +217,8 @@ class Layerwise:
         probabilities exist at a time), and with next_x the residual stream after the block, "x_next". The per-head
         outputs are those of `heads` (none: empty), in their order."""
         T, H = x.shape[1], self.rt.cfg.n_heads
-        params, heads = self.params(layer), np.asarray(heads, np.int64)
-        qkv = self.run_graph("block_in", {"x": x, **params}, list("qkv"), release)
+        heads = np.asarray(heads, np.int64)
+        qkv = self.run_graph("block_in", {"x": x}, list("qkv"), release, layer)
         groups = head_groups(H, self.groups(T))
         parts, order = {name: [] for name in ("ctx",) + outputs}, []
         mask = self.layer_mask(layer, inputs["attention_mask"])           # a local layer's band: once, every group's
@@ -246,10 +240,21 @@ class Layerwise:
         if next_x:
             out["x_next"] = self.run_graph("block_out", {"x": x, "ctx": out["ctx"], "lengths": inputs["lengths"],
                                                     "head_mask": np.ascontiguousarray(inputs["head_mask"][:, layer]),
-                                                    "head_mean": np.ascontiguousarray(inputs["head_mean"][:, layer]),
-                                                    **params}, ["x_next"], release)["x_next"]
+                                                    "head_mean": np.ascontiguousarray(inputs["head_mean"][:, layer])},
+                                        ["x_next"], release, layer)["x_next"]
         del out["ctx"]
         return out
+
+    def done_with(self, layer: int | None) -> None:
+        """A model too big to run whole (Capabilities.release) gives a layer's weight pages back once the walk is
+        done with it (layer None: the embedding and the final norm and LM head), so that a run holds about one
+        layer's weights at a time (sources/store.release: the pages stay on disk and, memory allowing, in the page
+        cache; the next run reads them again)."""
+        if not self.rt.capabilities.release:
+            return
+        w = self.rt.weights
+        release(w.layer(layer).values() if layer is not None else
+                [a for name, a in w.named.items() if not name.startswith("blocks.")])
 
     # ---- running ----------------------------------------------------------------------------
     # A walk over the layers (forward, recompute) runs the same attention graph for every layer and group of heads
@@ -277,13 +282,14 @@ class Layerwise:
         rows = {name: np.empty((L, H, T - 1 if name in ("previous", "next") else T), np.float32) for name in kept}
         checkpoints, thumbnails, asked = {}, {}, Asked(tuple(want.heads))
         with self.busy:
-            x = self.run_graph("embed", inputs | self.graph_feeds("embed"), ["x"], release=True)["x"]
+            x = self.run_graph("embed", inputs, ["x"], release=True)["x"]
             for layer in range(L):
                 if layer % self.every == 0:
                     checkpoints[layer] = x[0]
                 heads = want.heads if layer in want.layers else ()
                 out = self._block(layer, x, inputs, outputs, causal, extra, heads, want.top_k, release=layer == L - 1)
                 x = out.pop("x_next")
+                self.done_with(layer)
                 for name in kept:
                     rows[name][layer] = out.pop(name)[0]
                 if thumbs:
@@ -292,10 +298,11 @@ class Layerwise:
                     _keep(asked, layer, out)
                 if progress:
                     progress(layer + 1, L)
-            final = self.run_graph("final", inputs | self.graph_feeds("final") | {"x": x},
-                              ["hidden"] + (list(LM_OUTPUTS) if cfg.lm_head else []), release=True)
+            final = self.run_graph("final", inputs | {"x": x}, ["hidden"] + (list(LM_OUTPUTS) if cfg.lm_head else []),
+                                   release=True)
+            self.done_with(None)
         res = LayerwiseResult(
-            rt.spec.id, "onnx", self.session("final")[0].get_providers()[0], causal, enc, final["hidden"][0], rows,
+            rt.spec.id, "onnx", self.session("final").get_providers()[0], causal, enc, final["hidden"][0], rows,
             visible_keys(mask[0, 0]), checkpoints, {thumbs: thumbnails} if thumbs else {},
             {k: inputs[k] for k in ("head_mask", "head_mean")},
             sorted(set(mask_tokens)) if mask_tokens else [], time.perf_counter() - t0,
@@ -335,6 +342,7 @@ class Layerwise:
                 out = self._block(layer, x, inputs, outputs, base.causal, extra, heads, want.top_k, next_x=goes_on,
                                   release=n == len(steps) - 1)
                 x = out.pop("x_next", None)
+                self.done_with(layer)
                 if thumb:                  # every layer the walk visits: cheap, and kept for later requests
                     thumbnails[layer] = out.pop(thumb)[0]
                 if heads:
@@ -343,12 +351,6 @@ class Layerwise:
                     progress(n + 1, len(steps))
         return replace(base, thumbnails=base.thumbnails | ({R: thumbnails} if R else {}),
                        asked=asked if want.block_outputs() else None, seconds=time.perf_counter() - t0)
-
-    def graph_feeds(self, which: str) -> dict[str, np.ndarray]:
-        """The weights of the embed or final graph."""
-        self.session(which)
-        return self._feeds[which]
-
 
 def head_groups(H: int, groups: int) -> list[tuple[int, int]]:
     """[first, end) heads of each of `groups` consecutive groups, as even as can be."""

@@ -22,12 +22,12 @@ import numpy as np
 from ..graphs.cache import GraphCache
 from ..model import masks as M
 from ..model import transformer as T_
-from ..model.weights import state_dict
 from ..sources import ModelSpec, get
 from .errors import InputError
+from .capabilities import WORK_TFLOP, Capabilities, memory_total
 from .layerwise import Layerwise
 from .results import AttentionResult, Encoding, Engine, NextToken
-from .sessions import GROUP_MB, SCRATCH, check_providers, default_providers, open_session, run_owned
+from .sessions import GROUP_MB, SCRATCH, Session, Weights, check_providers, default_providers, device_of
 from .tokenizing import Vocabulary
 
 DEFAULT_CACHE = Path.home() / ".cache" / "attnscope"
@@ -38,8 +38,12 @@ class Runtime:
     """One model, its tokenizer, and its onnxruntime sessions (built lazily, shared across threads)."""
 
     def __init__(self, spec: ModelSpec, providers: Sequence[str] | None = None, threads: int = 0,
-                 cache_dir: str | Path = DEFAULT_CACHE, stop_early_mb: float = 0):
-        """stop_early_mb: what the graphs that stop early (depth_for) may hold; 0: runs always go to the end."""
+                 cache_dir: str | Path = DEFAULT_CACHE, stop_early_mb: float = 0, memory_mb: float | None = None,
+                 work_tflop: float = WORK_TFLOP, tf32: bool = False):
+        """stop_early_mb: what the graphs that stop early (depth_for) may hold; 0: runs always go to the end.
+        memory_mb: the memory budget its capabilities are decided against (None: 85 % of this machine's);
+        work_tflop: what one request's analysis may cost (runtime/capabilities.py); tf32: on a GPU, float32 matrix
+        products in TF32 (a fast mode, labelled: its error is measured by bench/gpu.py); off, they are exact."""
         self.spec = spec
         self.cache_dir = Path(cache_dir)
         self.model = spec.load_model(self.cache_dir)
@@ -49,9 +53,12 @@ class Runtime:
         self.generation = spec.load_generation(self.cache_dir) if self.cfg.lm_head else None   # end-of-text ids, chat template
         self.graphs = GraphCache(self.cache_dir, spec.id, self.model)
         self.providers = list(providers) if providers else default_providers()
+        self.tf32 = tf32
+        self.weights = Weights(self.model, device_of(self.providers))   # bound by every session's runs
+        memory = memory_total() * 0.85 if memory_mb is None else memory_mb * 2**20
+        self.capabilities = Capabilities.of(self.model, memory, work_tflop * 1e12)
         self.threads = threads
         self.stop_early_mb = stop_early_mb
-        self._weight_mb: tuple[float, list[float]] | None = None      # the embedding's and each block's (depth_for)
         self._sessions: dict[bool | str, object] = {}
         self._lock = threading.Lock()
         self._layerwise = None
@@ -179,12 +186,12 @@ class Runtime:
                 per_block = [o.name for o in sess.get_outputs()]
                 kept = set(range(depth) if layers is None else layers)
                 with SCRATCH.lend(attn.shape[1:]) if len(kept) < depth else contextlib.nullcontext() as unread:
-                    run_owned(sess, per_block, feeds, axes,
-                              into={name: attn[i] if i in kept else unread for i, name in enumerate(per_block)})
+                    sess.run(per_block, feeds, axes=axes,
+                             into={name: attn[i] if i in kept else unread for i, name in enumerate(per_block)})
                 hidden, lm_out, st = None, {}, None
             else:
                 names = ["hidden", "attentions"] + lm + (list(T_.STAGES) if stages else [])
-                outs = dict(zip(names, run_owned(sess, names, feeds, axes)))
+                outs = dict(zip(names, sess.run(names, feeds, axes=axes)))
                 hidden, attn = outs.pop("hidden"), outs.pop("attentions")
                 lm_out = {name: outs.pop(name) for name in lm}
                 st = outs if stages else None
@@ -230,43 +237,35 @@ class Runtime:
             return sess
         with self._lock:
             if depth and which not in self._sessions:
-                self._sessions[which] = open_session(self.graphs.stopping(depth), self.providers, self.threads)
+                self._sessions[which] = Session(self.graphs.stopping(depth), self.providers, self.threads,
+                                                self.weights, arena=self.capabilities.arena, tf32=self.tf32)
             if which not in self._sessions:
                 check_providers(self.providers)  # a bad option, not a corrupt file: never delete a good graph for it
                 path = self.graphs.path(stages, decode)
                 try:
-                    self._sessions[which] = open_session(path, self.providers, self.threads, arena=not stages)
+                    self._sessions[which] = Session(path, self.providers, self.threads, self.weights,
+                                                    arena=self.capabilities.arena and not stages, tf32=self.tf32)
                 except Exception as e:  # noqa: BLE001 - onnxruntime raises its own error types
                     log.warning("cached graph %s is unreadable (%s); rebuilding", path.name, type(e).__name__)
                     self.graphs.forget(path)
-                    self._sessions[which] = open_session(self.graphs.path(stages, decode), self.providers,
-                                                         self.threads, arena=not stages)
+                    self._sessions[which] = Session(self.graphs.path(stages, decode), self.providers,
+                                                    self.threads, self.weights,
+                                                    arena=self.capabilities.arena and not stages, tf32=self.tf32)
             return self._sessions[which]
 
     def depth_for(self, last_layer: int) -> int | None:
         """How many blocks a run needs for the attentions of layers <= last_layer: a power of two (a few graphs,
         each opened once and kept: ~log2 L of them), or all L (the last block's attention still needs no values, MLP,
-        final norm, LM head or stacking copy), within stop_early_mb; None: the whole model's graph."""
-        depth = min(1 << last_layer.bit_length(), self.cfg.n_layers)
-        opened = self.open_depths()
-        if depth in opened:
-            return depth
-        return depth if sum(map(self._depth_mb, opened + [depth])) <= self.stop_early_mb else None
+        final norm, LM head or stacking copy); None: the whole model's graph (stop_early_mb 0 turns cut graphs off,
+        and a model too big to run whole has none). A cut graph holds no weights (they are bound at each run), so the
+        graphs cost no more than their runs' own memory."""
+        if self.stop_early_mb <= 0 or not self.capabilities.stacked:
+            return None
+        return min(1 << last_layer.bit_length(), self.cfg.n_layers)
 
     def open_depths(self) -> list[int]:
         """The depths whose cut graphs are open."""
         return [which[1] for which in self._sessions if isinstance(which, tuple)]     # ("depth", d)
-
-    def _depth_mb(self, depth: int) -> float:
-        """What a graph cut after `depth` blocks holds, about: its weights twice (onnxruntime keeps each matrix
-        and its pre-packed copy), measured on SmolLM2. The weights' sizes are read once."""
-        if self._weight_mb is None:
-            sd = state_dict(self.model)
-            self._weight_mb = (sd["wte"].nbytes / 2**20, [sum(a.nbytes for name, a in sd.items()
-                                                             if name.startswith(f"blocks.{i}.")) / 2**20
-                                                         for i in range(self.cfg.n_layers)])
-        embedding, blocks = self._weight_mb
-        return 2 * (embedding + sum(blocks[:depth]))
 
     def layerwise(self, checkpoint_every: int = 1, group_mb: float = GROUP_MB):
         """This model run layer by layer, for texts whose stacked attention is too big (runtime/layerwise.py)."""

@@ -1,7 +1,15 @@
-"""onnxruntime sessions with one set of options, a run whose outputs own their memory, and a fast float16 cast.
+"""onnxruntime sessions: one set of options, the weights every run binds, outputs that own their memory.
 
-Every session the app opens comes from `open_session`: the served graphs (the stacked one, its teaching-stages
-variant) and the small graphs of a layer-by-layer run. What differs between them is stated where they are opened.
+Every session the app opens is a `Session` (opened by `open_session`'s options): the served graphs (the stacked one,
+its cut and teaching-stages variants), the decoding step, an encoder-decoder's graph and the small graphs of a
+layer-by-layer run. No graph holds a weight (graphs/builder.py): each reads the model's arrays as inputs, and
+`Weights` binds them at every run, as OrtValues over the arrays' own memory (views of the weight store, made once:
+nothing is copied). What differs between sessions is stated where they are opened.
+
+    weights = Weights(model)
+    sess = Session(graph, providers, threads, weights)
+    hidden, attentions = sess.run(["hidden", "attentions"], feeds)        # feeds: the run's own inputs only
+    q, k, v = sess.run(list("qkv"), {"x": x}, layer=3)                    # a layer graph: layer 3's weights
 """
 from __future__ import annotations
 
@@ -14,6 +22,8 @@ from typing import Sequence
 import numpy as np
 
 from ..graphs.builder import IR_VERSION, OPSET
+from ..model.precision import COMPUTE, INDEX
+from ..model.weights import ROPE, arrays, block_arrays
 
 
 # Attention is computed a group of heads (a long text, runtime/layerwise.py) or a chunk of the prompt (generation,
@@ -51,8 +61,24 @@ def check_providers(providers: Sequence[str]) -> None:
                          f"available: {available}")
 
 
+def provider_options(providers: Sequence[str], tf32: bool = False, device_id: int = 0) -> list:
+    """What each execution provider is asked for. CUDA: use_tf32=0 unless a fast mode is asked -- its default
+    multiplies float32 matrices in TF32 (10 mantissa bits): attention probabilities 0.064-0.091 off torch float32 on
+    an H200 (128-2048 tokens, SmolLM2's shape), 9.6e-5 off onnxruntime-CPU with it off -- on `device_id`."""
+    return [(p, {"use_tf32": "1" if tf32 else "0", "device_id": str(device_id)}) if p == "CUDAExecutionProvider"
+            else p for p in providers]
+
+
+def device_of(providers: Sequence[str]) -> str:
+    """Where a session with these providers keeps its tensors: "cuda" when the CUDA provider is first and available,
+    else "cpu"."""
+    import onnxruntime as ort
+    first = next(iter(providers), "CPUExecutionProvider")
+    return "cuda" if first == "CUDAExecutionProvider" and first in ort.get_available_providers() else "cpu"
+
+
 def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *, arena: bool = True,
-                 mem_pattern: bool = True):
+                 mem_pattern: bool = True, tf32: bool = False):
     """An onnxruntime session on a graph file or a serialised graph.
 
     arena: keep a memory arena (an arena keeps its peak for good; a run without one gets fresh pages every time:
@@ -80,43 +106,140 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = threads or cores()
     so.log_severity_level = 3
-    return ort.InferenceSession(str(graph) if isinstance(graph, Path) else graph, so, providers=list(providers))
+    return ort.InferenceSession(str(graph) if isinstance(graph, Path) else graph, so,
+                                providers=provider_options(providers, tf32))
 
 
-_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
+_DTYPES = {"tensor(float)": COMPUTE, "tensor(float16)": np.dtype(np.float16), "tensor(int64)": INDEX}
 
 
-def run_owned(sess, names: list[str], feeds: dict[str, np.ndarray], axes: dict[str, int],
-              into: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
-    """sess.run, with outputs that own their memory. onnxruntime's own outputs are views into its arena, and each
-    one kept alive (cached, queued, being sent) grew the arena for good: 32 held 512-token results left a server
-    at 2.9 GB idle. Each output is bound to a NumPy buffer of the shape the graph declares (its named axes sized by
-    `axes`), or to the buffer `into` gives it (a slice of a bigger array: the graph writes it in place); one that
-    cannot be sized is copied out."""
-    binding, own = sess.io_binding(), dict(into or {})
-    for key, value in feeds.items():
-        binding.bind_cpu_input(key, value)
-    declared = {o.name: o for o in sess.get_outputs()}
-    for name in names:
-        shape = [d if isinstance(d, int) else axes.get(d) for d in declared[name].shape]
-        dtype = _DTYPES.get(declared[name].type)
-        if name in own:
-            binding.bind_output(name, "cpu", 0, own[name].dtype, own[name].shape, own[name].ctypes.data)
-            continue
-        if None in shape or dtype is None:
-            binding.bind_output(name, "cpu")
-            continue
-        own[name] = np.empty(shape, dtype)
-        binding.bind_output(name, "cpu", 0, dtype, shape, own[name].ctypes.data)
-    try:
-        sess.run_with_iobinding(binding)
-    except Exception:  # noqa: BLE001 - a declared shape that was not the real one: run plainly, copy out
-        plain = dict(zip(names, sess.run(names, feeds)))
-        for name, buffer in (into or {}).items():
-            buffer[...] = plain[name]
-        return [into[n] if into and n in into else np.array(plain[n]) for n in names]
-    values = dict(zip(names, binding.get_outputs()))
-    return [own[n] if n in own else np.array(values[n].numpy()) for n in names]
+class Weights:
+    """A model's arrays as sessions bind them, by graph-input name (model/weights.arrays; the layer graphs' "block.*"
+    and RoPE names through block_arrays, for the layer a run names): each an OrtValue over the array's own memory,
+    made on first use and kept (a view of the weight store stays one: nothing is copied, and a bfloat16 weight is
+    bound as bfloat16, widened inside the graph)."""
+
+    def __init__(self, model, device: str = "cpu"):
+        """device: where the OrtValues live: "cpu" (views of the arrays), or "cuda" (each copied to the GPU once, when
+        first bound, and kept there: runs then move only their own inputs and outputs)."""
+        self.model, self.device = model, device
+        self.named = arrays(model)
+        self._layers: dict[int, dict[str, np.ndarray]] = {}
+        self._values: dict[tuple[str, int | None], object] = {}
+        self._lock = threading.Lock()
+
+    def layer(self, layer: int) -> dict[str, np.ndarray]:
+        """Layer `layer`'s arrays under the layer graphs' names."""
+        if layer not in self._layers:
+            self._layers[layer] = block_arrays(self.model, layer)
+        return self._layers[layer]
+
+    def binds(self, name: str) -> bool:
+        """Whether a graph input of this name is one of the model's arrays (not a run's own input)."""
+        return name in self.named or name.startswith("block.") or name in ROPE
+
+    def array(self, name: str, layer: int | None = None) -> np.ndarray:
+        if layer is not None and (name.startswith("block.") or name in ROPE):
+            return self.layer(layer)[name]
+        if name.startswith("block."):
+            raise ValueError(f"{name} is a layer graph's weight: name the layer whose weights to bind")
+        return self.named[name]
+
+    def value(self, name: str, layer: int | None = None):
+        """The OrtValue bound to input `name` (of layer `layer` in a layer graph)."""
+        key = (name, layer if name.startswith("block.") or name in ROPE else None)
+        v = self._values.get(key)
+        if v is None:
+            with self._lock:
+                v = self._values.get(key)
+                if v is None:
+                    v = self._values[key] = ort_value(self.array(*key), self.device)
+        return v
+
+
+def ort_value(a: np.ndarray, device: str = "cpu"):
+    """An OrtValue of a: on the CPU over a's memory (no copy: a must stay alive, as the model keeps its arrays), on a
+    GPU a copy there; in a's type, types NumPy lacks (bfloat16, from ml_dtypes) by their ONNX type over the same
+    bits."""
+    import onnxruntime as ort
+    from ..graphs.builder import onnx_type
+
+    a = np.ascontiguousarray(a)
+    native = a.dtype in (COMPUTE, INDEX, np.dtype(np.float16))
+    if device == "cpu":
+        return ort.OrtValue.ortvalue_from_numpy(a) if native else \
+            ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a.view(np.dtype(f"u{a.dtype.itemsize}")), onnx_type(a.dtype))
+    if native:
+        return ort.OrtValue.ortvalue_from_numpy(a, device, 0)
+    v = ort.OrtValue.ortvalue_from_shape_and_type(list(a.shape), onnx_type(a.dtype), device, 0)
+    v.update_inplace(a.view(np.dtype(f"u{a.dtype.itemsize}")))
+    return v
+
+
+class Session:
+    """One onnxruntime session (open_session's options) and the model arrays its graph reads, bound at every run.
+
+    run(names, feeds) -> the named outputs as NumPy arrays that own their memory (onnxruntime's own outputs are views
+    into its arena, and each one kept alive -- cached, queued, being sent -- grew the arena for good: 32 held
+    512-token results left a server at 2.9 GB idle). Each output is bound to a NumPy buffer of the shape the graph
+    declares (its named axes sized by `axes`), or to the buffer `into` gives it (a slice of a bigger array: the graph
+    writes it in place); one that cannot be sized is copied out. feeds may hold more than the graph reads; layer:
+    which layer's weights a layer graph binds; release: give the memory arena back at the end of the run."""
+
+    def __init__(self, graph: Path | bytes, providers: Sequence[str], threads: int, weights: Weights | None = None,
+                 **options):
+        """options: open_session's (arena, mem_pattern, tf32)."""
+        self.ort = open_session(graph, providers, threads, **options)
+        self.weights = weights
+        self.inputs = {i.name for i in self.ort.get_inputs()}
+        self.bound = sorted(n for n in self.inputs if weights is not None and weights.binds(n))
+        self.declared = {o.name: o for o in self.ort.get_outputs()}
+
+    def get_providers(self) -> list[str]:
+        return self.ort.get_providers()
+
+    def get_inputs(self):
+        """The run's own inputs (the model's arrays are bound, not fed)."""
+        return [i for i in self.ort.get_inputs() if i.name not in self.bound]
+
+    def get_outputs(self):
+        return self.ort.get_outputs()
+
+    def run(self, names: list[str] | None, feeds: dict[str, np.ndarray], *, layer: int | None = None,
+            axes: dict[str, int] | None = None, into: dict[str, np.ndarray] | None = None,
+            release: bool = False) -> list[np.ndarray]:
+        names = list(self.declared) if names is None else list(names)
+        binding, own, axes = self.ort.io_binding(), dict(into or {}), axes or {}
+        for key, value in feeds.items():
+            if key in self.inputs and key not in self.bound:
+                binding.bind_cpu_input(key, np.ascontiguousarray(value))
+        for name in self.bound:
+            binding.bind_ortvalue_input(name, self.weights.value(name, layer))
+        for name in names:
+            out = self.declared[name]
+            shape = [d if isinstance(d, int) else axes.get(d) for d in (out.shape or [None])]
+            dtype = _DTYPES.get(out.type)
+            if name in own:
+                binding.bind_output(name, "cpu", 0, own[name].dtype, own[name].shape, own[name].ctypes.data)
+            elif None in shape or dtype is None:
+                binding.bind_output(name, "cpu")
+            else:
+                own[name] = np.empty(shape, dtype)
+                binding.bind_output(name, "cpu", 0, dtype, shape, own[name].ctypes.data)
+        options = release_arena() if release else None
+        try:
+            self.ort.run_with_iobinding(binding, options)
+        except Exception:  # noqa: BLE001 - a declared shape that was not the real one: let onnxruntime size them
+            binding.clear_binding_outputs()
+            for name in names:
+                binding.bind_output(name, "cpu")
+            self.ort.run_with_iobinding(binding, options)
+            values = dict(zip(names, binding.get_outputs()))
+            for name, buffer in (into or {}).items():
+                buffer[...] = values[name].numpy()
+            return [into[n] if into and n in into else np.array(values[n].numpy()) for n in names]
+        values = dict(zip(names, binding.get_outputs()))
+        return [own[n] if n in own else np.array(values[n].numpy()) for n in names]
 
 
 class Scratch:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model.encdec import EncoderDecoder, EncoderDecoderConfig
+from ..model.precision import scalar, widen
 from ..model.transformer import Transformer, TransformerConfig
 from ..model.weights import load_state_dict, state_dict
 from .families import ARCHITECTURES, Source, architecture
@@ -181,7 +182,9 @@ def _check(mf: ModelFolder, prefix: str) -> None:
 
 
 def convert(mf: ModelFolder) -> dict[str, np.ndarray]:
-    """Our flat state dict (weights.state_dict's names) from the model folder's tensors, float32."""
+    """Our flat state dict (weights.state_dict's names) from the model folder's tensors: each a read-only view of its
+    mapped file in its stored type (sources/store.py), or, where the file's layout is not ours (a transposed or fused
+    tensor, stacked parts), an array of its own in the same type; Gemma's norms (1 + weight) in the compute type."""
     sd, last = {}, (None, None)     # the last tensor read: a fused one's parts come one after the other
     for ours in _shapes(mf.cfg):
         src = mf.sources[ours]
@@ -193,8 +196,8 @@ def convert(mf: ModelFolder) -> dict[str, np.ndarray]:
             parts = [read_tensor(mf.tensors[name])[src.skip_rows:] for name in src.names]
         w = parts[0] if len(parts) == 1 else np.concatenate(parts)
         if src.offset:                     # Gemma's norms: the multiplier 1 + weight, in float32 as transformers
-            w = w + np.float32(src.offset)
-        sd[ours] = np.ascontiguousarray(w.T) if src.transpose else w
+            w = widen(w) + scalar(src.offset)
+        sd[ours] = np.ascontiguousarray(w.T if src.transpose else w)   # a view stays one where it is contiguous
     return sd
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .safetensors import read_header, read_tensor
 from .spec import MAX_POSITIONS, Generation
 from .tokens import bytes_to_unicode
 from ..model.transformer import Transformer, TransformerConfig
@@ -152,8 +153,13 @@ def read_weights(reader, cfg: TransformerConfig, progress=None) -> dict[str, np.
     return sd
 
 
+KEY_BYTES = 1 << 24   # the cache key reads this many bytes at each end of a GGUF file, and its size
+
+
 def cache_key(path) -> str:
-    """Hash of the GGUF file's bytes and of this loader's source: either changing rebuilds the cache."""
+    """Hash of the GGUF file (its size, its first and last KEY_BYTES: the metadata, the tensor table and the last
+    tensors' data) and of this loader's source: either changing rebuilds the cache. Not every byte: an 8B model's
+    file is 5-16 GB, and a start would read all of it."""
     st = Path(path).stat()
     return _cache_key(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
 
@@ -161,9 +167,11 @@ def cache_key(path) -> str:
 @functools.cache
 def _cache_key(path: str, size: int, mtime_ns: int) -> str:
     h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(str(size).encode())
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
+        h.update(f.read(KEY_BYTES))
+        f.seek(max(size - KEY_BYTES, 0))
+        h.update(f.read(KEY_BYTES))
     return h.hexdigest()[:16]
 
 
@@ -199,9 +207,10 @@ def file_config(path, cache: str | Path | None = None) -> TransformerConfig:
 
 def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) -> Transformer:
     """A Transformer from a Llama-family GGUF file. With a cache folder, the de-quantised weights are
-    written to <cache>/<file name>-<key>.safetensors on the first call and read from there afterwards."""
+    written to <cache>/<file name>-<key>.safetensors on the first call, and afterwards the model reads them from
+    there as views of the mapped file (sources/store.py: nothing copied, pages read when used)."""
     from safetensors import safe_open
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import save_file
     from tqdm import tqdm
 
     path = Path(path)
@@ -210,7 +219,7 @@ def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) ->
         try:
             with safe_open(cached, "np") as f:
                 cfg = TransformerConfig(**json.loads(f.metadata()["config"]))
-            sd = load_file(cached)
+            sd = {name: read_tensor(t) for name, t in read_header(cached).items()}
         except Exception:  # noqa: BLE001 - a truncated or foreign file: build it again below
             cached.unlink(missing_ok=True)
             sd = None
@@ -223,6 +232,7 @@ def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) ->
         if cached is not None:
             _write_atomically(cached, lambda tmp: save_file(sd, tmp, metadata={"config": json.dumps(asdict(cfg))}),
                               stale=f"{path.stem}-*.safetensors")   # 0.5 GB each: keep only the current one
+            sd = {name: read_tensor(t) for name, t in read_header(cached).items()}   # the views, not the copies
     return load_state_dict(Transformer(cfg, seed=None), sd)
 
 

@@ -2,7 +2,7 @@
 most Llama-family checkpoints use, and the header alone tells a truncated file.
 
     tensors = read_header(path)      # name -> Tensor(path, dtype, shape, byte range), checked against the file size
-    w = read_tensor(tensors[name])   # float32
+    w = read_tensor(tensors[name])   # a read-only view of the mapped file, in the type the file stores (store.py)
 """
 from __future__ import annotations
 
@@ -14,9 +14,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..model.precision import STORAGE, compute_array
 from .spec import ModelUnavailable, one_line
+from .store import mapped
 
-DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}   # bfloat16: the top half of a float32
+# the types a weight may be stored in (model/precision.py's storage types), by their safetensors names; float64 is
+# read too, and narrowed to the compute type (no checkpoint we know stores weights so)
+DTYPES = {"F32": STORAGE["float32"], "F16": STORAGE["float16"], "BF16": STORAGE["bfloat16"], "F64": np.dtype("<f8")}
 
 
 class Tensor(NamedTuple):
@@ -59,13 +63,10 @@ def read_header(path: Path) -> dict[str, Tensor]:
 
 
 def read_tensor(t: Tensor) -> np.ndarray:
-    """One tensor as float32."""
-    with open(t.path, "rb") as f:
-        f.seek(t.start)
-        raw = np.frombuffer(f.read(t.end - t.start), DTYPES[t.dtype]).reshape(t.shape)
-    if t.dtype == "BF16":
-        return (raw.astype(np.uint32) << 16).view(np.float32)
-    return raw.astype(np.float32)
+    """One tensor as a read-only view of its mapped file, in its stored type (float64: narrowed to the compute type,
+    a copy)."""
+    w = mapped(t.path).view(t.start, t.end, DTYPES[t.dtype], t.shape)
+    return compute_array(w) if t.dtype == "F64" else w
 
 
 def weight_files(folder: Path) -> list[Path]:

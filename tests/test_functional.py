@@ -1,6 +1,8 @@
 """Value tests of model.functional and model.masks against independent references (PyTorch)."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -162,7 +164,7 @@ def test_sdpa_temperature_matches_torch_scale(temperature):
 def test_attention_stages_are_the_steps():
     q, k, _ = qkv()
     mask = randn(4, 6, seed=22)
-    st = F.attention_stages(q, k, mask, temperature=2.0)
+    st = F.attention_stages(q, k, mask, F.score_scale(SimpleNamespace(d_head=8, temperature=2.0)))
     close(st.scores, (torch.from_numpy(q) @ torch.from_numpy(k).transpose(-1, -2)).numpy(), atol=1e-5)
     close(st.scaled, st.scores / (np.sqrt(8) * 2.0))
     close(st.masked, st.scaled + mask)

@@ -288,28 +288,29 @@ def test_export_killed_half_way_leaves_no_temporary_file(tmp_path):
     onnx.checker.check_model(str(path), full_check=True)
 
 
-def _flip_weight_bits(path: Path, n: int = 100, seed: int = 0) -> None:
-    """Flip one exponent bit in n of the first layer's query weights: the file still parses, the numbers are wrong."""
+def _flip_scale_bits(path: Path) -> None:
+    """Flip the lowest exponent bit of every layer's score scale (graphs hold no weights: their constants are what
+    a flipped bit can corrupt): the file still parses, each scale doubles or halves, the numbers are wrong."""
     proto = onnx.load(str(path))
-    weight = next(t for t in proto.graph.initializer if "attn.q.weight" in t.name)
-    data = bytearray(path.read_bytes())
-    start = data.find(weight.raw_data)
-    assert start > 0 and len(weight.raw_data) > n
-    for k in np.random.default_rng(seed).choice(len(weight.raw_data) // 4, n, replace=False):
-        data[start + 4 * k + 3] ^= 1 << 6                       # float32 exponent's top bit: a big change
-    path.write_bytes(bytes(data))
+    scales = [t for t in proto.graph.initializer if t.name.startswith("scale") and len(t.raw_data) == 4]
+    assert scales
+    for t in scales:
+        raw = bytearray(t.raw_data)
+        raw[2] ^= 1 << 7                                        # float32 exponent's lowest bit: x2 or x0.5
+        t.raw_data = bytes(raw)
+    onnx.save(proto, str(path))
 
 
 def test_bit_flipped_graph_is_detected_and_rebuilt(tmp_path, caplog):
-    import onnxruntime as ort
+    from attnscope.runtime.sessions import Session
 
     rt = Runtime(zoo.get("tiny-gpt"), cache_dir=tmp_path)
     path = rt.onnx_path()
-    _flip_weight_bits(path)
+    _flip_scale_bits(path)
     onnx.load(str(path))                                        # still a well-formed graph ...
     ids = np.array([rt.encode(TEXT).ids])
     feeds = rt.feeds(ids, np.zeros_like(ids), rt.build_mask([ids.shape[1]], True), [ids.shape[1]])
-    lie = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["attentions"], feeds)[0]
+    lie = Session(path, ["CPUExecutionProvider"], 0, rt.weights).run(["attentions"], feeds)[0]
     truth = rt.run(TEXT, engine="numpy")[0].attentions
     assert np.abs(lie[:, 0] - truth).max() > 1e-3                # ... that lies
     fresh = Runtime(zoo.get("tiny-gpt"), cache_dir=tmp_path)     # a restart

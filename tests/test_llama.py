@@ -9,7 +9,6 @@ parity on near-uniform rows would prove little.
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 import torch
 import torch.nn.functional as TF
@@ -20,6 +19,7 @@ from attnscope.model.attention import GroupedQueryAttention
 from attnscope.graphs.stacked import build_graph
 from attnscope.model.transformer import LM_OUTPUTS, STAGES, SwiGLU, Transformer, TransformerConfig
 from attnscope.model.weights import load_npz, save_npz, state_dict
+from attnscope.runtime.sessions import Session, Weights
 
 torch.set_num_threads(2)
 
@@ -295,9 +295,8 @@ def test_tiny_model_matches_transformers(family, tie):
 
 
 def onnx_session(model: Transformer, stages: bool = False):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.log_severity_level = 2, 3
-    return ort.InferenceSession(build_graph(model, stages).SerializeToString(), so, providers=["CPUExecutionProvider"])
+    """The graph in a session of the runtime's, which binds the model's weights at every run (graphs hold none)."""
+    return Session(build_graph(model, stages).SerializeToString(), ["CPUExecutionProvider"], 2, Weights(model))
 
 
 def padded_batch(model, lengths, seed=4):

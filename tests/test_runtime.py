@@ -10,7 +10,7 @@ from attnscope.model.masks import MASKED
 from attnscope.graphs.cache import GraphCache
 from attnscope.runtime import Runtime
 from attnscope.model.transformer import LM_OUTPUTS, SQUARE_STAGES, STAGES, Transformer
-from attnscope.model.weights import load_npz, save_npz
+from attnscope.model.weights import arrays, load_npz, save_npz, state_dict
 from tests.conftest import OWN_PROCESS
 
 MODEL_IDS = [m for m in zoo.ZOO if m != "smollm2" and m not in OWN_PROCESS]   # SmolLM2 (0.5 GB of weights):
@@ -199,7 +199,16 @@ def test_onnx_file_is_valid_with_dynamic_axes(runtimes, model_id, stages):
     inputs = {v.name: dims(v) for v in proto.graph.input}
     expected_inputs = (["input_ids"] + (["token_type_ids"] if rt.model.wtt is not None else []) +
                        ["attention_mask", "head_mask", "head_mean", "lengths"])
-    assert list(inputs) == expected_inputs
+    assert list(inputs)[:len(expected_inputs)] == expected_inputs
+    # the rest are the model's arrays, named as model/weights.arrays names them, in their shapes and stored types: the
+    # graph holds no weight (no initializer bigger than a constant) and reads every one it needs
+    weights = {v.name: v for v in proto.graph.input[len(expected_inputs):]}
+    named = arrays(rt.model)
+    assert set(weights) <= set(named) and set(state_dict(rt.model)) <= set(weights)
+    for name, v in weights.items():
+        assert dims(v) == list(named[name].shape)
+        assert v.type.tensor_type.elem_type == onnx.helper.np_dtype_to_tensor_dtype(named[name].dtype)
+    assert all(np.prod(t.dims) < 2**16 for t in proto.graph.initializer)
     assert inputs["input_ids"] == ["batch", "tokens"]
     if "token_type_ids" in inputs:
         assert inputs["token_type_ids"] == ["batch", "tokens"]
@@ -234,12 +243,22 @@ def test_changed_cache_key_rebuilds(fresh_tiny, tmp_path, monkeypatch):
     assert second != first and second.is_file() and "0123456789abcdef" in second.name
 
 
-def test_cache_key_follows_the_weights():
-    a, b = Runtime(zoo.get("tiny-gpt")), Runtime(zoo.get("tiny-gpt"))
+def test_graphs_hold_no_weights_and_the_cache_key_follows_the_shapes(tmp_path):
+    """A graph reads the weights it is bound at run time (runtime/sessions.Weights): other weights of the same shapes
+    read the same graph (same key), and give their own answer; another shape or stored type is another graph."""
+    a, b = Runtime(zoo.get("tiny-gpt"), cache_dir=tmp_path), Runtime(zoo.get("tiny-gpt"), cache_dir=tmp_path)
     assert a.cache_key() == b.cache_key()
-    attn = b.model.blocks[0].attn
-    attn.params["out_proj.bias"] = attn.params["out_proj.bias"] + 1
+    attn = b.model.blocks[2].attn                                      # a seeded random layer (0-1 are wired)
+    attn.params["in_proj_weight"] = attn.params["in_proj_weight"] * 3  # sharper patterns, same shapes
     b.graphs._key = None  # the key is memoised per Runtime; a changed model is a new Runtime in practice
+    b.weights = type(b.weights)(b.model)
+    assert a.cache_key() == b.cache_key() and a.onnx_path() == b.onnx_path()
+    [ra], [rb] = a.run(["The cat sat on the mat"]), b.run(["The cat sat on the mat"])
+    [ref] = b.run(["The cat sat on the mat"], engine="numpy")
+    np.testing.assert_allclose(rb.attentions, ref.attentions, atol=1e-5)
+    assert np.abs(ra.attentions[2] - rb.attentions[2]).max() > 0.05
+    attn.params["in_proj_weight"] = attn.params["in_proj_weight"].astype(np.float16)
+    b.graphs._key = None
     assert a.cache_key() != b.cache_key()
 
 

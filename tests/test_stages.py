@@ -3,7 +3,6 @@ view added (x, v, ctx), each is what it says, and /api/stages serves them with t
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from fastapi.testclient import TestClient
 
@@ -13,6 +12,7 @@ from attnscope.app.settings import Settings
 from attnscope.model import masks as M
 from attnscope.graphs.stacked import build_graph
 from attnscope.model.transformer import LM_OUTPUTS, STAGES, Transformer, TransformerConfig
+from attnscope.runtime.sessions import Session, Weights
 
 # SmolLM2's layout (GQA, RoPE): the small Llama below. MiniLM's first stages run takes ~10 s (graph and weights)
 MODEL_IDS = ["tiny-gpt", "induction", pytest.param("minilm", marks=pytest.mark.slow)]
@@ -84,10 +84,7 @@ def test_gqa_stages_agree_between_engines():
     ref = model(ids, None, mask, stages=True, lengths=lengths)
     peaked = ref.attentions[:, 0, :, :20].max(-1).mean()
     assert peaked >= 0.5, peaked
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.log_severity_level = 2, 3
-    sess = ort.InferenceSession(build_graph(model, stages=True).SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
+    sess = Session(build_graph(model, stages=True).SerializeToString(), ["CPUExecutionProvider"], 2, Weights(model))
     names = ["hidden", "attentions", *LM_OUTPUTS, *STAGES]
     feeds = {"input_ids": ids, "attention_mask": mask, "head_mask": np.ones((B, L, H), np.float32),
              "head_mean": np.zeros((B, L, H), np.float32), "lengths": lengths}

@@ -1,0 +1,211 @@
+"""Random checkpoints of the exact shapes researchers study, as Hugging Face folders, for the big-model tests and
+bench/big_models.py (nothing downloaded: the weights are drawn here, the config is transformers' own LlamaConfig).
+
+    folder = llama(tmp / "l1b", "l1b", "bfloat16")            # Llama 3.2 1B's shapes, bf16, ~2.5 GB
+    folder = llama(tmp / "l8b", "l8b", "bfloat16")            # Llama 3.1 8B's, ~16 GB, written tensor by tensor
+    folder = llama(tmp / "l8b-2", "l8b", "bfloat16", layers=2)   # the same first two layers and ends, nothing else
+
+Every tensor is read from its own offset of shared normal draws (a hash of its name), so a checkpoint cut to fewer
+layers holds the very same weights as the full one. Queries and keys are drawn wide enough that attention is peaked
+(a random-weight parity test is only evidence when rows are: mean row max >= 0.5, checked by the tests): std
+2.6 / sqrt(hidden) puts a head's scaled scores at a standard deviation of ~6.8 whatever the width. And the network
+is stable, as a trained one is: the token embedding at unit scale and the output projections (o_proj, down_proj)
+at std 0.005, so each layer adds a little to the stream. With transformers' 0.02 everywhere a random deep model is
+chaotic: float32's rounding grows layer by layer, and at SmolLM2's 30 layers transformers' own float32 run was
+2.5e-3 off its float64 run (here: 5e-6), which no parity bound can be set against. Other weights: std 0.02; norms
+1 + N(0, 0.1^2). The tokenizer is byte-level (256 byte tokens + the model's special tokens at their published ids):
+a text of n ASCII characters is n tokens after <|begin_of_text|>.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+SHAPES = {
+    # SmolLM2-135M (HuggingFaceTB/SmolLM2-135M): the zoo's model, as a random checkpoint (bench/gpu.py)
+    "smol": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                 intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0,
+                 max_position_embeddings=8192, rms_norm_eps=1e-5, head_dim=64, rope_scaling=None),
+    # Llama 3.2 1B (meta-llama/Llama-3.2-1B): tied embeddings, RoPE scaling llama3 (factor 32 from 8192)
+    "l1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True, rope_theta=500000.0,
+                max_position_embeddings=131072, rms_norm_eps=1e-5, head_dim=64,
+                rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                  original_max_position_embeddings=8192)),
+    # Llama 3.1 8B (meta-llama/Llama-3.1-8B): untied LM head, RoPE scaling llama3 (factor 8 from 8192)
+    "l8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False, rope_theta=500000.0,
+                max_position_embeddings=131072, rms_norm_eps=1e-5, head_dim=128,
+                rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                  original_max_position_embeddings=8192)),
+}
+BOS, EOS = 128000, 128001
+SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+def tensors(shape: dict, layers: int | None = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a LlamaForCausalLM of these shapes, by transformers' names, in file order."""
+    d, f, V = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
+    dh = shape["head_dim"]
+    q, kv = shape["num_attention_heads"] * dh, shape["num_key_value_heads"] * dh
+    out = {"model.embed_tokens.weight": (V, d)}
+    for i in range(shape["num_hidden_layers"] if layers is None else layers):
+        p = f"model.layers.{i}."
+        out |= {p + "input_layernorm.weight": (d,), p + "self_attn.q_proj.weight": (q, d),
+                p + "self_attn.k_proj.weight": (kv, d), p + "self_attn.v_proj.weight": (kv, d),
+                p + "self_attn.o_proj.weight": (d, q), p + "post_attention_layernorm.weight": (d,),
+                p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d), p + "mlp.down_proj.weight": (d, f)}
+    out["model.norm.weight"] = (d,)
+    if not shape["tie_word_embeddings"]:
+        out["lm_head.weight"] = (V, d)
+    return out
+
+
+OUT_STD = 0.005       # the output projections' (see std_of)
+EMBED_STD = 1.0       # the token embedding's
+BASE = 1 << 26        # normal draws shared by every tensor of a checkpoint: each reads them from an offset of its own
+
+
+@functools.lru_cache(maxsize=2)
+def _base(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(BASE, dtype=np.float32)
+
+
+def draw(name: str, size: tuple[int, ...], hidden: int, seed: int = 0) -> np.ndarray:
+    """One tensor's float32 values, the same in every cut of a model: N(0, 1) draws read from an offset of the
+    tensor's own (its name's hash) in a shared buffer of BASE draws (a tensor larger than it reads it again, each pass
+    times a factor of its own, so no two rows are equal), then scaled. Memory speed: an 8B checkpoint in minutes."""
+    h = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+    base, n = _base(seed), int(np.prod(size))
+    out = np.empty(n, np.float32)
+    at, done, k = h % BASE, 0, 0
+    while done < n:
+        part = min(n - done, BASE - at)
+        np.multiply(base[at:at + part], np.float32(1.0 + 0.01 * k), out=out[done:done + part])
+        done, at, k = done + part, 0, k + 1
+    out = out.reshape(size)
+    if name.endswith("norm.weight"):
+        return 1.0 + 0.1 * out
+    out *= np.float32(std_of(name, hidden))
+    return out
+
+
+def std_of(name: str, hidden: int) -> float:
+    """A tensor's standard deviation: queries and keys wide (peaked attention); the embedding at unit scale and the
+    sublayers' output projections small, so each layer adds a tenth of the stream or so (a stable network: float32's
+    rounding is not amplified layer by layer, and float32 runs agree with float64 to ~1e-6, as a trained model's)."""
+    if name.endswith(("q_proj.weight", "k_proj.weight")):
+        return 2.6 / np.sqrt(hidden)
+    if name.endswith(("embed_tokens.weight", "lm_head.weight")):
+        return EMBED_STD if "embed" in name else 0.02
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        return OUT_STD
+    return 0.02
+
+
+def write_safetensors(path: Path, names: dict[str, tuple[int, ...]], make, dtype: str) -> None:
+    """A safetensors file written tensor by tensor: the header first (every offset known from the shapes), then each
+    tensor as `make(name, shape)` draws it, so no more than one tensor is ever in memory."""
+    from attnscope.model.precision import STORAGE
+
+    np_dtype = STORAGE[dtype]
+    header, offset = {}, 0
+    for name, size in names.items():
+        n = int(np.prod(size)) * np_dtype.itemsize
+        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(size), "data_offsets": [offset, offset + n]}
+        offset += n
+    header["__metadata__"] = {"format": "pt"}
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)                               # data starts 8-byte aligned
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        for name, size in names.items():
+            f.write(np.ascontiguousarray(make(name, size).astype(np_dtype)).tobytes())
+    tmp.replace(path)
+
+
+def byte_tokenizer(vocab_size: int = 128256) -> str:
+    """A byte-level tokenizer as tokenizer.json: each of the 256 bytes one token (ids 0-255, written in GPT-2's byte
+    alphabet), and Llama 3's <|begin_of_text|> / <|end_of_text|> at their own ids (a smaller vocabulary: its last
+    two), BOS added before every text."""
+    bos, eos = (BOS, EOS) if vocab_size > EOS else (vocab_size - 2, vocab_size - 1)
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    from attnscope.sources.tokens import bytes_to_unicode
+
+    alphabet = bytes_to_unicode()
+    vocab = {alphabet[b]: b for b in range(256)} | {f"<unused_{i}>": i for i in range(256, bos)}   # never produced:
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))   # no merges make them; they put the specials at their ids
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B", special_tokens=[("<|begin_of_text|>", bos)])
+    data = json.loads(tok.to_str())
+    data["added_tokens"] = [dict(id=i, content=t, single_word=False, lstrip=False, rstrip=False, normalized=False,
+                                 special=True) for i, t in ((bos, "<|begin_of_text|>"), (eos, "<|end_of_text|>"))]
+    return json.dumps(data)
+
+
+def llama(folder: str | Path, name: str, dtype: str = "bfloat16", layers: int | None = None, seed: int = 0) -> Path:
+    """A random checkpoint of SHAPES[name] in `folder` (config.json, model.safetensors, tokenizer.json), in `dtype`;
+    layers: only the first this many (the same weights). Written once: an existing complete folder is kept."""
+    from transformers import LlamaConfig
+
+    folder = Path(folder)
+    shape = dict(SHAPES[name])
+    if layers is not None:
+        shape["num_hidden_layers"] = layers
+    done = folder / ".complete"
+    if done.is_file() and done.read_text() == json.dumps([name, dtype, layers, seed]):
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    specials = (BOS, EOS) if shape["vocab_size"] > EOS else (shape["vocab_size"] - 2, shape["vocab_size"] - 1)
+    cfg = LlamaConfig(**shape, bos_token_id=specials[0], eos_token_id=specials[1])
+    cfg.architectures = ["LlamaForCausalLM"]
+    cfg.save_pretrained(folder)
+    (folder / "tokenizer.json").write_text(byte_tokenizer(shape["vocab_size"]))
+    write_safetensors(folder / "model.safetensors", tensors(shape),
+                      lambda n, size: draw(n, size, shape["hidden_size"], seed), dtype)
+    done.write_text(json.dumps([name, dtype, layers, seed]))
+    return folder
+
+
+def text(n: int) -> str:
+    """A text of exactly n byte tokens (the byte tokenizer adds <|begin_of_text|> before it)."""
+    words = ("the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches in the "
+             "old market square near the river ").split(" ")
+    out = ""
+    i = 0
+    while len(out) < n:
+        out += words[i % len(words)] + " "
+        i += 1
+    return out[:n]
+
+
+def widened(source: str | Path, folder: str | Path) -> Path:
+    """A copy of checkpoint folder `source` with every weight widened to float32 (exactly: bf16 and f16 values are
+    float32 values): the same model, twice the bytes. Written once."""
+    from attnscope.model.precision import widen
+    from attnscope.sources.safetensors import read_header, read_tensor
+
+    source, folder = Path(source), Path(folder)
+    done = folder / ".complete"
+    if done.is_file() and done.read_text() == str(source.resolve()):
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "tokenizer.json"):
+        (folder / name).write_bytes((source / name).read_bytes())
+    header = read_header(source / "model.safetensors")
+    write_safetensors(folder / "model.safetensors", {n: t.shape for n, t in header.items()},
+                      lambda n, size: widen(read_tensor(header[n])), "float32")
+    config = json.loads((folder / "config.json").read_text())
+    config["dtype"] = "float32"
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    done.write_text(str(source.resolve()))
+    return folder
