@@ -39,6 +39,7 @@ class _Entry:
     def __init__(self, record: dict, plan: JobPlan | None = None):
         self.record, self.plan = record, plan
         self.cancel = threading.Event()
+        self.export = threading.Lock()               # held while its Parquet export is written
         self.started, self.done_at_start = None, 0
 
 
@@ -124,8 +125,10 @@ class Jobs:
                            f"({entry.record['texts_done']} of {entry.record['texts_total']} texts)")
         folder = self.folder / job_id
         path = folder / FORMATS[fmt]
-        if not path.exists():                         # the Parquet export is written on first request
-            write_parquet(json.loads((folder / FORMATS["json"]).read_text()), path)
+        if not path.exists():                         # the Parquet export is written on first request, once:
+            with entry.export:                        # requests at once wait for the first one's file
+                if not path.exists():
+                    write_parquet(json.loads((folder / FORMATS["json"]).read_text()), path)
         return path
 
     def close(self) -> None:

@@ -10,13 +10,12 @@ one row per head (write_parquet; the schema is in docs/atlas.md).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Callable
 
 from .errors import CorpusError
 from .examples import ExampleOptions
-from .job import write_json, run_corpus
+from .job import replace_atomically, run_corpus, write_json
 from .readers import Problem, read_corpus
 
 ATLAS_VERSION = 1
@@ -86,9 +85,7 @@ def write_parquet(atlas: dict, path) -> None:
             cols["deciles"].append([{k: e[k] for k in names} for d in ex["deciles"] for e in d])
     meta = {k: v for k, v in atlas.items() if k not in ("stats", "examples")}
     table = pa.Table.from_pydict(cols, schema=pa.schema(fields, metadata={"attnscope": json.dumps(meta)}))
-    tmp = Path(str(path) + f".tmp{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    replace_atomically(path, lambda tmp: pq.write_table(table, tmp))
 
 
 __all__ = ["ATLAS_VERSION", "Cancelled", "CorpusError", "ExampleOptions", "count_texts", "run_atlas",

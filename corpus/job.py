@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -40,10 +41,36 @@ def partial_path(out) -> Path:
     return Path(str(out) + ".partial.json")
 
 
+TEMPORARY = ".tmp"        # the suffix of replace_atomically's temporary files: a folder's leftovers end in it
+
+
+def replace_atomically(path, write: Callable[[Path], None]) -> None:
+    """write(tmp) into a new temporary file of a unique name beside `path`, then rename it over `path`: a reader
+    sees the old file or the new one, never part of one, and writers at once (threads of one process included)
+    never share a temporary file; the last rename wins, each wrote a whole file. A failed write leaves nothing."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        os.chmod(tmp, 0o644 & ~_umask())
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_json(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
+    """obj as JSON at `path`, atomically (replace_atomically)."""
+    data = json.dumps(obj)
+    replace_atomically(path, lambda tmp: tmp.write_text(data))
 
 
 def _ranges(done: set[int]) -> list[list[int]]:
@@ -90,9 +117,7 @@ def _write_parquet(path: Path, job: dict) -> None:
             put(name, job[name], pairs=True)
     meta = {k: v for k, v in job.items() if k not in ("stats", "special_token_mass", "js_divergence", "js_distance")}
     table = pa.table(rows).replace_schema_metadata({"attnscope": json.dumps(meta)})
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    replace_atomically(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def run_corpus(path, model_id: str, *, engine: Engine = "local", out=None, sample: int | None = None,
