@@ -657,6 +657,11 @@ class StagesResponse(Tokens):
                                          "encoder's for encoder and cross-attention)")
 
 
+class SkippedJob(BaseModel):
+    folder: str = Field(description="the job's folder under ATTNSCOPE_JOBS_DIR")
+    reason: str = Field(description="why its job.json could not be read")
+
+
 class Health(BaseModel):
     status: Literal["ok"] = Field(description="ok once every model is loaded and its session is open")
     models: dict[str, str] = Field(description="loaded model id -> execution provider")
@@ -665,6 +670,8 @@ class Health(BaseModel):
     waiting: int = Field(description="requests waiting for a run slot")
     max_inflight: int = Field(description="model runs at once (ATTNSCOPE_MAX_INFLIGHT)")
     max_queue: int = Field(description="waiting requests beyond which the answer is 503 (ATTNSCOPE_MAX_QUEUE)")
+    jobs_skipped: list[SkippedJob] = Field(default_factory=list, description="job records found at start-up that "
+                                           "this server could not read, and why (they are not listed in /api/jobs)")
 
 
 # ---- corpus jobs (POST/GET/DELETE /api/jobs; app/jobs.py) -----------------------------------------------------
@@ -739,6 +746,17 @@ REQUESTS = ("AttentionRequest", "StagesRequest", "ImportanceRequest", "PatchingR
 # the requests only some models take: the ModelInfo flag that says which, and its words
 NEEDS = {"PatchingRequest": ("predictions", "an LM head"), "KnockoutRequest": ("predictions", "an LM head"),
          "GenerateRequest": ("predictions", "an LM head"), "LensRequest": ("unembedding", "an unembedding")}
+
+
+def with_job_request(openapi: dict) -> dict:
+    """The OpenAPI with JobRequest's schema (and those it refers to) among its components: POST /api/jobs reads its
+    body itself (app/routes.py), and its requestBody refers to JobRequest by name."""
+    schema = JobRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    components = openapi.setdefault("components", {}).setdefault("schemas", {})
+    for name, sub in schema.pop("$defs", {}).items():
+        components.setdefault(name, sub)
+    components["JobRequest"] = schema
+    return openapi
 
 
 def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int, max_new_tokens: int = 256) -> dict:

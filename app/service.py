@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from pathlib import Path
 
 from ..runtime import Runtime
 from ..runtime.encdec import EncoderDecoderRuntime
 from ..sources import ModelUnavailable, resolve, split_entry
-from .errors import StartupError
+from .errors import BadBody, Refused, StartupError
 from .jobs import Jobs
 from .plans import Planner
 from .runs import Runner
-from .schemas import ModelInfo
+from .schemas import Job, JobRequest, ModelInfo
 from .sending import Sending
 from .settings import Settings
 
@@ -72,6 +73,32 @@ class AttentionService:
             self.runtimes[model_id] = rt
             log.info("%s ready on %s", model_id, rt.provider)
         self.jobs.open()
+
+    def post_job(self, body: Path) -> tuple[Job, bool]:
+        """POST /api/jobs, in a worker thread: the body (a file) read as JSON and checked as a JobRequest, planned
+        and submitted; (the job, True when queued now)."""
+        import json
+
+        from fastapi.exceptions import RequestValidationError
+        from pydantic import ValidationError
+
+        from .errors import _too_many_digits
+        try:
+            obj = json.loads(body.read_bytes())
+        except ValueError as e:
+            if _too_many_digits(e):
+                raise Refused("a number in the body has more digits than JSON numbers may have here (4,300); send "
+                              "a plain integer") from None
+            if isinstance(e, UnicodeDecodeError):
+                raise BadBody("the request body could not be read: send UTF-8 JSON with Content-Type: "
+                              "application/json") from None
+            raise RequestValidationError([{"type": "json_invalid", "loc": ("body", 0), "msg": "JSON decode error",
+                                           "input": {}}]) from None
+        try:
+            req = JobRequest.model_validate(obj)
+        except ValidationError as e:
+            raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
+        return self.jobs.submit(self.plans.job(req, self.jobs.stage_upload))
 
     def close(self) -> None:
         """At shutdown: running jobs stop between chunks (interrupted; POST them again to resume)."""
