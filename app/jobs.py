@@ -181,9 +181,12 @@ class Jobs:
 
     # ---- uploads and the disk budget -------------------------------------------------------------------------
     def disk_used(self) -> int:
-        """Bytes of every file under the jobs folder."""
+        """Bytes of every file under the jobs folder but the request bodies being received (incoming/: each is
+        counted, while it comes, as the job it brings)."""
         total = 0
-        for root, _, files in os.walk(self.folder):
+        for root, dirs, files in os.walk(self.folder):
+            if root == str(self.folder) and "incoming" in dirs:
+                dirs.remove("incoming")
             for name in files:
                 try:
                     total += os.stat(os.path.join(root, name)).st_size

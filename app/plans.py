@@ -42,7 +42,7 @@ from ..analysis.effects import Metric
 from ..analysis.scores import probe_ids
 from ..runtime import Encoding, Runtime
 from ..runtime.encdec import EncoderDecoderRuntime
-from ..runtime.interventions import Interventions, Trace, head_importance, head_masks
+from ..runtime.interventions import Interventions, Trace, head_importance, head_masks, reference_trace
 from ..runtime.generation import Generator, Sampling
 from ..runtime.patching import knock_out, patch
 from ..runtime.layerwise import LayerwiseResult, Want
@@ -600,8 +600,11 @@ class Planner:
         metric = self._metric(rt, req.target, req.distractor)
 
         def call() -> Attributed:
-            trace = Interventions(rt).trace(enc, causal=req.causal, mask_tokens=req.mask_tokens or None,
-                                            keep=("residual", "head_output"))
+            if req.engine == "numpy":       # the NumPy reference, as the request's own run
+                trace = reference_trace(rt, enc, causal=req.causal, mask_tokens=req.mask_tokens or None)
+            else:
+                trace = Interventions(rt).trace(enc, causal=req.causal, mask_tokens=req.mask_tokens or None,
+                                                keep=("residual", "head_output"))
             W = rt.model.unembedding                                       # [V, D]: two rows of it are read
             u = W[metric.target].astype(np.float64) - (0 if metric.distractor is None else W[metric.distractor])
             parts = attribution(rt.model, trace.sites["head_output"][:, :, position],

@@ -253,7 +253,7 @@ async def create_job(request: Request, svc: Service, response: Response):
                     await anyio.to_thread.run_sync(f.write, b"".join(pieces))
                     pieces, held = [], 0
             await anyio.to_thread.run_sync(f.write, b"".join(pieces))
-        job, queued = await anyio.to_thread.run_sync(svc.post_job, body)
+        job, queued = await anyio.to_thread.run_sync(svc.post_job, body, limiter=svc.job_posts())
     finally:
         body.unlink(missing_ok=True)
     response.status_code = 202 if queued else 200

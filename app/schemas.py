@@ -37,6 +37,11 @@ def _unicode(v: str) -> str:
     return v
 
 
+def _unicode_first(v):
+    """_unicode before a string's own checks (a length limit's message then counts characters, not "items")."""
+    return _unicode(v) if isinstance(v, str) else v
+
+
 def _bounded(ge: int, le: int):
     """A JSON integer in [ge, le]. The bounds come before the validator so OpenAPI shows them as minimum/maximum."""
     return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_json_int)]
@@ -423,16 +428,16 @@ class GenerateRequest(Strict):
                                               "`max_tokens`)")
     greedy: JsonBool = Field(False, description="always the most probable token (temperature, top_k and top_p then "
                              "only shape the reported distribution); otherwise sampled")
-    temperature: Annotated[float, Field(gt=0, le=100)] = Field(1.0, description="divides the logits before the "
+    temperature: Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)] = Field(1.0, description="divides the logits before the "
                                                                 "softmax: below 1 sharper, above 1 flatter; above 0 "
                                                                 "(for the most probable token, set greedy)")
     top_k: _bounded(0, 1_000_000) = Field(0, description="sample among the k most probable tokens only; 0: off")
-    top_p: Annotated[float, Field(gt=0, le=1)] = Field(1.0, description="then among the fewest most probable tokens "
+    top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = Field(1.0, description="then among the fewest most probable tokens "
                                                        "whose probability reaches top_p (nucleus sampling); 1: off")
     seed: _bounded(0, 2**32 - 1) | None = Field(None, description="the sampling's random seed: the same seed and "
                                                 "options give the same continuation; a random one when omitted (the "
                                                 "last line says which)")
-    stop: list[Annotated[Text, Field(min_length=1, max_length=64)]] = Field(
+    stop: list[Annotated[str, Field(min_length=1, max_length=64), BeforeValidator(_unicode_first)]] = Field(
         default_factory=list, max_length=8, description="stop once the continuation contains one of these texts "
                                                         "(its token included); the model's end-of-text token always stops")
     chat: JsonBool = Field(False, description="wrap the prompt in the model's chat template as a user message, "
