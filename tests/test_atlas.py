@@ -175,6 +175,8 @@ def test_bad_input_gets_a_clear_refusal(tiny):
     c, job, _, _ = tiny
     cases = [
         ({"model": "tiny-gpt", "corpus": {"format": "csv", "data": "text,b\n1,2,3\n"}}, 422, "not well-formed CSV"),
+        ({"model": "tiny-gpt", "corpus": {"format": "csv", "data": 'text\nok\n"open\nmore\n'}}, 422,
+         "the quoted field that opens on line 3 (row 2) is never closed"),
         ({"model": "tiny-gpt", "corpus": {"format": "jsonl", "data": '{"x": 1}\n'}}, 422, "corpus.column"),
         ({"model": "tiny-gpt", "corpus": {"format": "text", "data": "\n \n"}}, 422, "no text"),
         ({"model": "tiny-gpt", "corpus": {"format": "text", "data": "x" * 5000}}, 413, "ATTNSCOPE_MAX_UPLOAD_BYTES"),
