@@ -8,8 +8,9 @@ QK, the lens, circuits, generation; corpus jobs (the bundled corpus and uploads,
 cancelled; results downloaded as JSON and Parquet, several at once), hostile and refused bodies, and clients that go
 away mid-answer (a generation's stream closed after its first token, an attention request given up after 50 ms).
 
-It prints the server's RSS at start (models loaded), after the warm-up, its peak and at the end (idle, after the
-traffic: queued and running jobs cancelled), the job workers' peak RSS, the count of 5xx answers (the target: 0),
+It prints the server's RSS at start (models loaded), after the warm-up (every path taken once per model, then
+--warmup minutes of the traffic; read with the traffic paused and the server idle), its peak, and at the end (idle,
+after the traffic; queued and running jobs cancelled), the job workers' peak RSS, the count of 5xx answers (the target: 0),
 every status by operation, and the disk the jobs folder holds. The target for memory: end RSS within 1.2x of the
 post-warm-up RSS (issue 37). --json FILE writes the same numbers.
 """
@@ -78,7 +79,10 @@ class Traffic:
         return f"{n} " + " ".join(r.choice(WORDS) for _ in range(words))
 
     def _model(self, choices: list[str], smollm2_share: float = 0.15) -> str:
-        """A model among `choices`; SmolLM2 (slow) only for a share of the requests."""
+        """A model among `choices`; SmolLM2 (slow) only for a share of the requests. The warm-up names one."""
+        forced = getattr(self.local, "model", None)
+        if forced in choices:
+            return forced
         fast = [m for m in choices if m != "smollm2"]
         if "smollm2" in choices and (not fast or self.rng.random() < smollm2_share):
             return "smollm2"
@@ -262,6 +266,16 @@ class Traffic:
         except httpx.TransportError as e:
             self._count("healthz", f"transport {type(e).__name__}")
 
+    def every_path(self, http) -> None:
+        """Each operation once per model (twice for the ones that differ between calls): every graph, session and
+        arena a path opens on first use is open before the post-warm-up RSS is read."""
+        for model in self.models:
+            self.local.model = model
+            for op, _ in self.mix:
+                for _ in range(2):
+                    op(http)
+        self.local.model = None
+
     def next(self, http) -> None:
         ops, weights = zip(*self.mix)
         self.rng.choices(ops, weights)[0](http)
@@ -308,8 +322,9 @@ def disk(folder: Path) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=30, help="traffic after the warm-up (default 30)")
-    ap.add_argument("--warmup", type=float, default=None, help="minutes of the same traffic before the post-warm-up "
-                    "RSS is read (default: a tenth of --minutes, at least 0.5)")
+    ap.add_argument("--warmup", type=float, default=None, help="minutes of the same traffic, after every path has "
+                    "been taken once per model, before the post-warm-up RSS is read (default: a tenth of --minutes, "
+                    "at least 0.5)")
     ap.add_argument("--clients", type=int, default=4, help="clients sending at once (default 4)")
     ap.add_argument("--models", default=DEFAULT_MODELS, help=f"the server's models (default {DEFAULT_MODELS})")
     ap.add_argument("--cache-mb", type=int, default=None, help="the server's result cache (ATTNSCOPE_CACHE_MB; "
@@ -355,8 +370,12 @@ def main() -> int:
                 time.sleep(0.2)
             return min(readings)
 
-        threads = [threading.Thread(target=client, daemon=True) for _ in range(args.clients)]
         t0 = time.monotonic()
+        with httpx.Client(base_url=url, timeout=600) as http:
+            traffic.every_path(http)
+        print(f"soak: every path once per model at {time.monotonic() - t0:.0f} s, RSS {mem.rss() / MB:.0f} MB",
+              flush=True)
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(args.clients)]
         for t in threads:
             t.start()
         time.sleep(warmup * 60)
