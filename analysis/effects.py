@@ -28,8 +28,8 @@ class Metric:
     def __call__(self, logits: np.ndarray) -> np.ndarray:
         """logits [..., V] -> the metric [...], float64."""
         logits = np.asarray(logits, np.float64)
-        if self.distractor is None:
-            return log_softmax(logits)[..., self.target]
+        if self.distractor is None:        # a copy: the column alone, not a view that keeps [..., V] alive
+            return log_softmax(logits)[..., self.target].copy()
         return logits[..., self.target] - logits[..., self.distractor]
 
 

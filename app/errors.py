@@ -58,8 +58,16 @@ class QueueFull(ServiceError):
     """Too many jobs are waiting to run."""
 
 
+class BadBody(ServiceError):
+    """A request body that cannot be read at all (not UTF-8)."""
+
+
+class DiskFull(ServiceError):
+    """The jobs folder would pass its disk budget (ATTNSCOPE_MAX_JOBS_DISK_MB)."""
+
+
 STATUS = {UnknownModel: 404, UnknownJob: 404, TooLarge: 413, Refused: 422, InputError: 422, Conflict: 409,
-          QueueFull: 429, Busy: 503}
+          QueueFull: 429, Busy: 503, DiskFull: 507, BadBody: 400}
 
 
 def refusal(exc: Exception) -> tuple[int, str, dict[str, str] | None] | None:

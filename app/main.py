@@ -61,8 +61,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     def openapi() -> dict:  # built on first use, after the models loaded: one request schema per served model
         if app.openapi_schema is None:
-            app.openapi_schema = schemas.per_model(generic_openapi(), app.state.service.models(),
-                                                   settings.max_mask_tokens, settings.max_new_tokens)
+            app.openapi_schema = schemas.per_model(schemas.with_job_request(generic_openapi()),
+                                                   app.state.service.models(), settings.max_mask_tokens,
+                                                   settings.max_new_tokens)
         return app.openapi_schema
 
     app.openapi = openapi

@@ -5,7 +5,7 @@ import sys
 
 import orjson
 
-from .errors import StartupError
+from .errors import StartupError, TooLarge
 
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
        "font-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
@@ -35,7 +35,9 @@ class SecurityHeaders:
 
 class BodyLimit:
     """Refuse bodies over max_bytes with 413, whether announced by Content-Length or streamed; `limits`: a path's
-    own limit instead (POST /api/jobs carries an uploaded corpus: ATTNSCOPE_MAX_UPLOAD_BYTES)."""
+    own limit instead (POST /api/jobs carries an uploaded corpus: ATTNSCOPE_MAX_UPLOAD_BYTES). A body is read whole
+    before the app sees it, except at the paths in `limits`: their route streams the body to a file itself (app/
+    routes.py create_job), and the body's pieces are counted as they come, a 413 (TooLarge) once past the limit."""
 
     def __init__(self, app, max_bytes: int, limits: dict[str, int] | None = None):
         self.app, self.max_bytes, self.limits = app, max_bytes, limits or {}
@@ -48,16 +50,29 @@ class BodyLimit:
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
             return await self._refuse(send, limit, setting)
-        body, more = b"", True
+        if scope["path"] in self.limits:
+            received = 0
+
+            async def counted():
+                nonlocal received
+                message = await receive()
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise TooLarge(f"request body over the {limit:,}-byte limit ({setting})")
+                return message
+
+            return await self.app(scope, counted, send)
+        pieces, size, more = [], 0, True
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
-            body += message.get("body", b"")
+            pieces.append(message.get("body", b""))
+            size += len(pieces[-1])
             more = message.get("more_body", False)
-            if len(body) > limit:
+            if size > limit:
                 return await self._refuse(send, limit, setting)
-        sent = False
+        body, sent = b"".join(pieces), False
 
         async def replay():
             nonlocal sent

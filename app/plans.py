@@ -42,7 +42,7 @@ from ..analysis.effects import Metric
 from ..analysis.scores import probe_ids
 from ..runtime import Encoding, Runtime
 from ..runtime.encdec import EncoderDecoderRuntime
-from ..runtime.interventions import Interventions, Trace, head_importance, head_masks
+from ..runtime.interventions import Interventions, Trace, head_importance, head_masks, reference_trace
 from ..runtime.generation import Generator, Sampling
 from ..runtime.patching import knock_out, patch
 from ..runtime.layerwise import LayerwiseResult, Want
@@ -65,7 +65,8 @@ PROBE_TOKENS = 50   # the induction probe: this many random tokens, repeated onc
 class JobPlan:
     """A corpus job, checked: its id (a hash of what it computes), the corpus file it reads (the bundled corpus, or
     the upload stored under its content's hash) with its format and column, its name in the API, how many texts it
-    reads, and the store's options."""
+    reads, and the store's options. staged: an upload's temporary file, which becomes `path` when the job is queued
+    (app/jobs.py Jobs.submit) and is removed otherwise."""
     id: str
     request: JobRequest
     runtime: Runtime
@@ -75,6 +76,7 @@ class JobPlan:
     corpus: str
     texts: int
     examples: ExampleOptions
+    staged: object = None
 
 
 @dataclass(frozen=True)
@@ -609,8 +611,11 @@ class Planner:
         metric = self._metric(rt, req.target, req.distractor)
 
         def call() -> Attributed:
-            trace = Interventions(rt).trace(enc, causal=req.causal, mask_tokens=req.mask_tokens or None,
-                                            keep=("residual", "head_output"))
+            if req.engine == "numpy":       # the NumPy reference, as the request's own run
+                trace = reference_trace(rt, enc, causal=req.causal, mask_tokens=req.mask_tokens or None)
+            else:
+                trace = Interventions(rt).trace(enc, causal=req.causal, mask_tokens=req.mask_tokens or None,
+                                                keep=("residual", "head_output"))
             W = rt.model.unembedding                                       # [V, D]: two rows of it are read
             u = W[metric.target].astype(np.float64) - (0 if metric.distractor is None else W[metric.distractor])
             parts = attribution(rt.model, trace.sites["head_output"][:, :, position],
@@ -950,10 +955,11 @@ class Planner:
         return GeneratePlan(req, rt, enc, sampling, sorted(set(ablate)), layers, heads, st.max_generate_seconds,
                             int(st.layerwise_group_mb * 2**20))
 
-    def job(self, req: JobRequest) -> JobPlan:
+    def job(self, req: JobRequest, stage: Callable[[str, str], tuple]) -> JobPlan:
         """The job's model (served and in the zoo: the workers build it by its id), its corpus on disk, counted
         (a malformed upload, an upload with no text and a corpus over ATTNSCOPE_MAX_JOB_TEXTS are refused here),
-        and its id."""
+        and its id. stage(data, format) writes an upload to a temporary file: (that file, its name once queued);
+        a refused upload's file is removed here."""
         st = self.settings
         rt = self.runtime(req.model, "corpus jobs (/api/jobs)")
         try:
@@ -961,26 +967,30 @@ class Planner:
         except KeyError:
             raise Refused(f"model {req.model!r} is not a zoo model; corpus jobs run zoo models (their workers build "
                           f"the model by its id)") from None
-        folder = st.jobs_folder()
+        folder, staged = st.jobs_folder(), None
         if req.corpus == "bundled":
             path, fmt, column = bundled.bundled_path(folder / "corpora"), "text", None
             corpus = bundled.NAME
         else:
             up = req.corpus
-            data = up.data.encode("utf-8")
-            digest = hashlib.sha256(data).hexdigest()
             fmt, column = up.format, None if up.format == "text" else up.column   # a text file has no columns
-            path = folder / "uploads" / f"{digest}.{fmt}"
-            if not path.exists():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(path.name + ".tmp")
-                tmp.write_bytes(data)
-                tmp.replace(path)
-            corpus = f"upload:{digest[:16]}"
+            staged, path = stage(up.data, fmt)
+            corpus = f"upload:{path.name[:16]}"
         try:
-            texts, problems = count_texts(path, fmt, column)
+            return self._counted(req, rt, path, staged, fmt, column, corpus)
+        except BaseException:
+            if staged is not None:
+                staged.unlink(missing_ok=True)
+            raise
+
+    def _counted(self, req: JobRequest, rt: Runtime, path, staged, fmt: str, column: str | None,
+                 corpus: str) -> JobPlan:
+        st = self.settings
+        read = staged or path
+        try:
+            texts, problems = count_texts(read, fmt, column)
         except CorpusError as e:
-            raise Refused("the corpus cannot be read: " + str(e).replace(str(path), "the upload").replace(
+            raise Refused("the corpus cannot be read: " + str(e).replace(str(read), "the upload").replace(
                 "--column", "corpus.column")) from None
         if texts == 0:
             raise Refused("the corpus has no text to read" + (f": {'; '.join(problems)}" if problems else ""))
@@ -995,4 +1005,4 @@ class Planner:
                "column": column, "python": path.name if corpus == bundled.NAME else None,
                "options": o.model_dump()}
         job_id = _hash(key)[:16]
-        return JobPlan(job_id, req, rt, path, fmt, column, corpus, texts, examples)
+        return JobPlan(job_id, req, rt, path, fmt, column, corpus, texts, examples, staged)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Literal
 
+import anyio
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 
@@ -11,7 +12,7 @@ from .. import __version__
 from . import wire
 from .deps import get_service
 from .schemas import (AttentionRequest, AttentionResponse, CircuitsRequest, CircuitsResponse, Error, GenerateRequest,
-                      Health, ImportanceRequest, ImportanceResponse, Job, JobRequest, KnockoutRequest,
+                      Health, ImportanceRequest, ImportanceResponse, Job, KnockoutRequest,
                       KnockoutResponse, LensRequest,
                       LensResponse, ModelInfo, PatchingRequest, PatchingResponse, QKRequest, QKResponse,
                       StagesRequest, StagesResponse)
@@ -216,7 +217,15 @@ JobId = Annotated[str, Path(pattern="^[0-9a-f]{16}$", description="a job id from
                             examples=["3f2a9c1d0b7e4a65"])]
 
 
-@router.post("/api/jobs", response_model=Job, status_code=202, tags=["jobs"],
+# POST /api/jobs reads its body itself (a corpus of up to ATTNSCOPE_MAX_UPLOAD_BYTES): streamed to a file, then
+# parsed, checked and counted in a worker thread, so that uploads never hold up the event loop (/healthz). Its body
+# is JobRequest all the same: the OpenAPI says so (app/main.py adds the schema).
+JOB_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"$ref": "#/components/schemas/JobRequest"}}}}}
+FLUSH_BYTES = 1 << 20          # an upload's body is written to its file in pieces of about this size
+
+
+@router.post("/api/jobs", response_model=Job, status_code=202, tags=["jobs"], openapi_extra=JOB_BODY,
              summary="Start a corpus job: a head atlas (per-head statistics and top examples) over a corpus",
              responses={**ERRORS, 200: {"model": Job, "description": "The same job already queued, running or done"},
                         202: {"model": Job, "description": "Queued (a new job, or a stopped one resumed)"},
@@ -224,12 +233,29 @@ JobId = Annotated[str, Path(pattern="^[0-9a-f]{16}$", description="a job id from
                               "over ATTNSCOPE_MAX_JOB_TEXTS texts"},
                         422: {"model": Error, "description": "Invalid option, a malformed upload, an upload with no "
                               "text, a model outside the zoo"},
-                        429: {"model": Error, "description": "ATTNSCOPE_MAX_JOBS_QUEUED jobs are waiting"}})
-def create_job(req: JobRequest, svc: Service, response: Response):
+                        429: {"model": Error, "description": "ATTNSCOPE_MAX_JOBS_QUEUED jobs are waiting"},
+                        507: {"model": Error, "description": "The jobs folder would pass its disk budget "
+                              "(ATTNSCOPE_MAX_JOBS_DISK_MB)"}})
+async def create_job(request: Request, svc: Service, response: Response):
     """The corpus is checked and counted now, and the job queued; GET /api/jobs/{id} follows it. Its id is a hash
     of what it computes: posting the same request again answers the job as it stands, or resumes a cancelled,
-    failed or interrupted one from its finished chunks."""
-    job, queued = svc.jobs.submit(svc.plans.job(req))
+    failed or interrupted one from its finished chunks. An upload is kept only when its job is queued."""
+    length = request.headers.get("content-length", "")
+    await anyio.to_thread.run_sync(svc.jobs.check_disk, int(length) if length.isdigit() else 0)
+    body = await anyio.to_thread.run_sync(svc.jobs.incoming)
+    try:
+        with body.open("wb") as f:
+            pieces, held = [], 0
+            async for piece in request.stream():
+                pieces.append(piece)
+                held += len(piece)
+                if held >= FLUSH_BYTES:
+                    await anyio.to_thread.run_sync(f.write, b"".join(pieces))
+                    pieces, held = [], 0
+            await anyio.to_thread.run_sync(f.write, b"".join(pieces))
+        job, queued = await anyio.to_thread.run_sync(svc.post_job, body, limiter=svc.job_posts())
+    finally:
+        body.unlink(missing_ok=True)
     response.status_code = 202 if queued else 200
     return job
 
@@ -275,4 +301,4 @@ async def healthz(svc: Service):
     """Answers only once every configured model is loaded (the server does not listen before), and on the event
     loop itself, so it stays prompt while long runs are in flight."""
     return Health(status="ok", models={m.id: m.provider for m in svc.models()}, version=__version__,
-                  **svc.runner.counts())
+                  jobs_skipped=svc.jobs.skipped, **svc.runner.counts())

@@ -17,14 +17,13 @@ from typing import Callable
 
 import anyio
 
+from ..runtime.results import footprint
 from .errors import Busy
-
-TOKEN_BYTES = 400  # Python objects per token of an Encoding (str, ids, offset tuples, flags), measured ~330
 
 
 @dataclass(frozen=True)
 class Run:
-    """A unit of model work: `call` (in a worker thread) returns a result with .tokens and .nbytes()."""
+    """A unit of model work: `call` (in a worker thread) returns a result with .tokens."""
     key: str
     call: Callable[[], object]
 
@@ -40,37 +39,46 @@ class RunProgress:
 
 
 def nbytes(result) -> int:
-    """Memory a result keeps alive: its arrays (result.nbytes()) and its token lists."""
-    return result.nbytes() + TOKEN_BYTES * len(result.tokens)
+    """Memory a result keeps alive, as the cache charges it: runtime.results.footprint, which counts each array at
+    the whole buffer it holds (a view of a [rows, vocabulary] matrix is charged the matrix) and the Python objects
+    around them. Never what a result says of itself: a result's own count missed what a view held (issue 37: a
+    patching answer charged ~4 KB held ~101 MiB)."""
+    return footprint(result)
 
 
 class ResultCache:
-    """Least-recently-used, bounded by bytes; thread-safe."""
+    """Least-recently-used, bounded by bytes (each entry charged nbytes(), once, when it is put); thread-safe.
+    `bytes` never passes `max_bytes`: an entry bigger than the whole budget is not kept."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes, self.bytes = max_bytes, 0
-        self._items: OrderedDict[str, object] = OrderedDict()
+        self._items: OrderedDict[str, tuple[object, int]] = OrderedDict()   # key -> (result, its charge)
         self._lock = threading.Lock()
 
     def get(self, key: str):
         with self._lock:
-            item = self._items.get(key)
-            if item is not None:
-                self._items.move_to_end(key)
-            return item
+            entry = self._items.get(key)
+            if entry is None:
+                return None
+            self._items.move_to_end(key)
+            return entry[0]
 
-    def put(self, key: str, item) -> None:
-        size = nbytes(item)
+    def put(self, key: str, item, size: int | None = None) -> None:
+        """Keep `item`, charged `size` bytes (nbytes(item) when not given)."""
+        size = nbytes(item) if size is None else size
         if size > self.max_bytes:
             return
         with self._lock:
             if key in self._items:
                 return
-            self._items[key] = item
+            self._items[key] = (item, size)
             self.bytes += size
             while self.bytes > self.max_bytes:
-                _, old = self._items.popitem(last=False)
-                self.bytes -= nbytes(old)
+                _, (_, old) = self._items.popitem(last=False)
+                self.bytes -= old
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 class RunSlots:
@@ -160,8 +168,8 @@ class Runner:
                     task.cancel()
 
     async def _queued(self, run: Run):
-        result = await self._in_slot(lambda: self._execute(run), started=True)
-        self.cache.put(run.key, result)
+        result, size = await self._in_slot(lambda: self._execute(run), started=True)
+        self.cache.put(run.key, result, size)
         return result
 
     async def _in_slot(self, call: Callable[[], object], started: bool = False):
@@ -196,9 +204,11 @@ class Runner:
         return await self._in_slot(call)
 
     @staticmethod
-    def _execute(run: Run):
-        """The run itself, in a worker thread."""
-        return run.call()
+    def _execute(run: Run) -> tuple[object, int]:
+        """The run itself and what its result holds (nbytes, measured here in the worker thread, off the event
+        loop)."""
+        result = run.call()
+        return result, nbytes(result)
 
     def _done(self, key: str, task: asyncio.Future) -> None:
         if self._pending.get(key) is task:

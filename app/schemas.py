@@ -37,6 +37,11 @@ def _unicode(v: str) -> str:
     return v
 
 
+def _unicode_first(v):
+    """_unicode before a string's own checks (a length limit's message then counts characters, not "items")."""
+    return _unicode(v) if isinstance(v, str) else v
+
+
 def _bounded(ge: int, le: int):
     """A JSON integer in [ge, le]. The bounds come before the validator so OpenAPI shows them as minimum/maximum."""
     return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_json_int)]
@@ -442,16 +447,16 @@ class GenerateRequest(Strict):
                                               "`max_tokens`)")
     greedy: JsonBool = Field(False, description="always the most probable token (temperature, top_k and top_p then "
                              "only shape the reported distribution); otherwise sampled")
-    temperature: Annotated[float, Field(gt=0, le=100)] = Field(1.0, description="divides the logits before the "
+    temperature: Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)] = Field(1.0, description="divides the logits before the "
                                                                 "softmax: below 1 sharper, above 1 flatter; above 0 "
                                                                 "(for the most probable token, set greedy)")
     top_k: _bounded(0, 1_000_000) = Field(0, description="sample among the k most probable tokens only; 0: off")
-    top_p: Annotated[float, Field(gt=0, le=1)] = Field(1.0, description="then among the fewest most probable tokens "
+    top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = Field(1.0, description="then among the fewest most probable tokens "
                                                        "whose probability reaches top_p (nucleus sampling); 1: off")
     seed: _bounded(0, 2**32 - 1) | None = Field(None, description="the sampling's random seed: the same seed and "
                                                 "options give the same continuation; a random one when omitted (the "
                                                 "last line says which)")
-    stop: list[Annotated[Text, Field(min_length=1, max_length=64)]] = Field(
+    stop: list[Annotated[str, Field(min_length=1, max_length=64), BeforeValidator(_unicode_first)]] = Field(
         default_factory=list, max_length=8, description="stop once the continuation contains one of these texts "
                                                         "(its token included); the model's end-of-text token always stops")
     chat: JsonBool = Field(False, description="wrap the prompt in the model's chat template as a user message, "
@@ -676,6 +681,11 @@ class StagesResponse(Tokens):
                                          "encoder's for encoder and cross-attention)")
 
 
+class SkippedJob(BaseModel):
+    folder: str = Field(description="the job's folder under ATTNSCOPE_JOBS_DIR")
+    reason: str = Field(description="why its job.json could not be read")
+
+
 class Health(BaseModel):
     status: Literal["ok"] = Field(description="ok once every model is loaded and its session is open")
     models: dict[str, str] = Field(description="loaded model id -> execution provider")
@@ -684,6 +694,8 @@ class Health(BaseModel):
     waiting: int = Field(description="requests waiting for a run slot")
     max_inflight: int = Field(description="model runs at once (ATTNSCOPE_MAX_INFLIGHT)")
     max_queue: int = Field(description="waiting requests beyond which the answer is 503 (ATTNSCOPE_MAX_QUEUE)")
+    jobs_skipped: list[SkippedJob] = Field(default_factory=list, description="job records found at start-up that "
+                                           "this server could not read, and why (they are not listed in /api/jobs)")
 
 
 # ---- corpus jobs (POST/GET/DELETE /api/jobs; app/jobs.py) -----------------------------------------------------
@@ -758,6 +770,17 @@ REQUESTS = ("AttentionRequest", "StagesRequest", "ImportanceRequest", "PatchingR
 # the requests only some models take: the ModelInfo flag that says which, and its words
 NEEDS = {"PatchingRequest": ("predictions", "an LM head"), "KnockoutRequest": ("predictions", "an LM head"),
          "GenerateRequest": ("predictions", "an LM head"), "LensRequest": ("unembedding", "an unembedding")}
+
+
+def with_job_request(openapi: dict) -> dict:
+    """The OpenAPI with JobRequest's schema (and those it refers to) among its components: POST /api/jobs reads its
+    body itself (app/routes.py), and its requestBody refers to JobRequest by name."""
+    schema = JobRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    components = openapi.setdefault("components", {}).setdefault("schemas", {})
+    for name, sub in schema.pop("$defs", {}).items():
+        components.setdefault(name, sub)
+    components["JobRequest"] = schema
+    return openapi
 
 
 def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int, max_new_tokens: int = 256) -> dict:

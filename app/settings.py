@@ -137,6 +137,9 @@ class Settings(BaseSettings):
                                   "carries an uploaded corpus; 413 beyond (other requests keep max_body_bytes)")
     max_job_texts: int = Field(default=100_000, ge=1, description="texts one job reads: a bigger corpus needs "
                                "options.texts (a sample) at most this large; 413 beyond")
+    max_jobs_disk_mb: int = Field(default=4096, ge=1, description="what the jobs folder (uploads, partial sums, "
+                                  "results) may hold; a job that would pass it is refused with 507 (checked when "
+                                  "it is posted, its upload counted)")
     job_workers: int = Field(default=1, ge=1, description="processes of a job's local pool (Ray: actors)")
     job_nice: int = Field(default=10, ge=0, le=19, description="niceness of a job's worker processes: interactive "
                           "requests get the cores first")

@@ -3,27 +3,23 @@ head-to-head JS matrix, as the server's job queue runs it (no HTTP here: app/job
 
     atlas = run_atlas(path, "smollm2", out, ExampleOptions(), on_progress=lambda done: ...)
 
-Progress comes through on_progress(texts done); it may raise Cancelled to stop the job between chunks, which keeps
-the finished chunks in OUT.partial.json: running the same job again resumes from there. The export as Parquet is
+Progress comes through on_progress(texts done); `stop()` True stops the job between chunks (Cancelled), which keeps
+the finished chunks in OUT.partial.json: running the same job again resumes from there. A job whose last chunk is
+done finishes whatever `stop` says. The export as Parquet is
 one row per head (write_parquet; the schema is in docs/atlas.md).
 """
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Callable
 
-from .errors import CorpusError
+from .errors import Cancelled, CorpusError
 from .examples import ExampleOptions
-from .job import write_json, run_corpus
+from .job import replace_atomically, run_corpus, write_json
 from .readers import Problem, read_corpus
 
 ATLAS_VERSION = 1
-
-
-class Cancelled(Exception):
-    """Raised by a progress callback to stop a job between chunks (its partial sums are kept)."""
 
 
 def count_texts(path, fmt: str | None = None, column: str | None = None, max_chars: int | None = None,
@@ -44,13 +40,14 @@ def count_texts(path, fmt: str | None = None, column: str | None = None, max_cha
 def run_atlas(path, model_id: str, out, examples: ExampleOptions, *, fmt: str | None = None,
               column: str | None = None, sample: int | None = None, seed: int = 0, engine="local",
               workers: int | None = None, nice: int = 0, cache_dir=None, ray_address: str | None = None, runtime=None,
-              on_progress: Callable[[int], None] | None = None, log: Callable[[str], None] | None = None) -> dict:
+              on_progress: Callable[[int], None] | None = None, log: Callable[[str], None] | None = None,
+              stop: Callable[[], bool] | None = None, pid_folder=None) -> dict:
     """Run the atlas of `model_id` over the corpus at `path` and write it to `out` (JSON). Returns it. runtime: an open
     Runtime of this model (the server's), to read its graph's path from rather than building the model again."""
     job = run_corpus(path, model_id, engine=engine, out=out, sample=sample, seed=seed, column=column, fmt=fmt,
                      workers=workers, js_rows=0, progress=False, log=log or (lambda msg: None),
                      cache_dir=cache_dir, ray_address=ray_address, examples=examples, on_progress=on_progress,
-                     nice=nice, runtime=runtime)
+                     nice=nice, runtime=runtime, stop=stop, pid_folder=pid_folder)
     for name in ("js_divergence", "js_distance", "js_map", "js_rows"):
         job.pop(name, None)
     job["atlas_version"] = ATLAS_VERSION
@@ -86,9 +83,7 @@ def write_parquet(atlas: dict, path) -> None:
             cols["deciles"].append([{k: e[k] for k in names} for d in ex["deciles"] for e in d])
     meta = {k: v for k, v in atlas.items() if k not in ("stats", "examples")}
     table = pa.Table.from_pydict(cols, schema=pa.schema(fields, metadata={"attnscope": json.dumps(meta)}))
-    tmp = Path(str(path) + f".tmp{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    replace_atomically(path, lambda tmp: pq.write_table(table, tmp))
 
 
 __all__ = ["ATLAS_VERSION", "Cancelled", "CorpusError", "ExampleOptions", "count_texts", "run_atlas",

@@ -62,7 +62,7 @@ def bundled_path(folder) -> Path:
     path = Path(folder) / f"{NAME}-py{sys.version_info.major}.{sys.version_info.minor}.txt"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(s + "\n" for s in sentences()), encoding="utf-8")
-        tmp.replace(path)
+        from .job import replace_atomically
+        text = "".join(s + "\n" for s in sentences())
+        replace_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return path

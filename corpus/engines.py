@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import sys
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Literal
 
@@ -103,16 +104,86 @@ class ChunkWorker:
         return total, problems
 
 
+# ---- a pool worker's lifetime: it dies with the process that started it ----------------------------------------
+PID_SUFFIX = ".worker.json"     # a live pool worker's pid file: {"pid", "started", "parent", "parent_started"}
+
+
+def started_at(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22); None when there is no such
+    process (or no /proc). With the pid it names one process: a pid reused later has another start time."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(b")") + 2:].split()[19])    # fields after "(comm)": state is field 3
+
+
+def is_pool_worker(pid: int, started: int | None) -> bool:
+    """Whether `pid` is still the pool worker a pid file recorded: the same start time, and a spawned
+    multiprocessing child (its command line runs multiprocessing.spawn's spawn_main)."""
+    if started is None or started_at(pid) != started:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return False
+    return b"multiprocessing" in cmdline and b"spawn_main" in cmdline
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: SIGKILL this process when the thread that started it ends (prctl PR_SET_PDEATHSIG), and, on any system,
+    a watcher thread that ends it once its parent is gone (reparented: getppid() changes). A worker blocked on its
+    task pipe never notices a parent killed with SIGKILL: the pipe's other end is its own, too."""
+    import os
+    import signal
+    import threading
+    import time
+    if sys.platform == "linux":
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)   # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+    if os.getppid() != parent:         # the parent died before the signal was set
+        os._exit(1)
+    threading.Thread(target=watch, name="attnscope-parent-watch", daemon=True).start()
+
+
+def _pid_file(folder, parent: int) -> None:
+    """Record this worker in `folder` (removed when it exits; a server that starts later stops any left)."""
+    import atexit
+    import json
+    import os
+    from pathlib import Path
+    path = Path(folder) / f"{os.getpid()}{PID_SUFFIX}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"pid": os.getpid(), "started": started_at(os.getpid()), "parent": parent,
+                                "parent_started": started_at(parent)}))
+    atexit.register(path.unlink, missing_ok=True)
+
+
 # ---- engines ----------------------------------------------------------------------------------------
 _POOL_WORKER: ChunkWorker | Exception | None = None
 
 
 def _pool_init(model_id: str, threads: int, batch_size: int, js_rows: int, cache_dir,
-               examples: ExampleOptions | None = None, nice: int = 0) -> None:
+               examples: ExampleOptions | None = None, nice: int = 0, parent: int | None = None,
+               pid_folder=None) -> None:
     global _POOL_WORKER
     import os
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is the driver's: it saves the partial sums and stops
+    if parent is not None:
+        _die_with_parent(parent)
+        if pid_folder is not None:
+            _pid_file(pid_folder, parent)
     if nice:
         os.nice(nice)                                 # a server's job: interactive requests come first
     try:
@@ -135,13 +206,16 @@ def run_inprocess(work: Iterable[Chunk], worker: ChunkWorker) -> Iterator[tuple[
 
 def run_local(work: Iterable[Chunk], model_id: str, workers: int, threads: int, batch_size: int,
               js_rows: int, cache_dir=None, examples: ExampleOptions | None = None,
-              nice: int = 0) -> Iterator[tuple[Chunk, Sums, list[Problem]]]:
-    """A process pool (spawned, so no onnxruntime state is forked), one Runtime per process, each at `nice`."""
+              nice: int = 0, pid_folder=None) -> Iterator[tuple[Chunk, Sums, list[Problem]]]:
+    """A process pool (spawned, so no onnxruntime state is forked), one Runtime per process, each at `nice`. Its
+    workers die with this process (_die_with_parent), and keep a pid file in `pid_folder` while they live."""
     import multiprocessing as mp
+    import os
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_pool_init,
-                               initargs=(model_id, threads, batch_size, js_rows, cache_dir, examples, nice))
+                               initargs=(model_id, threads, batch_size, js_rows, cache_dir, examples, nice,
+                                         os.getpid(), None if pid_folder is None else str(pid_folder)))
     try:
         pending, work = set(), iter(work)
         while True:
@@ -153,7 +227,12 @@ def run_local(work: Iterable[Chunk], model_id: str, workers: int, threads: int, 
             for fut in done:
                 yield fut.result()
     finally:
+        pids = list(getattr(pool, "_processes", None) or {})
         pool.shutdown(wait=True, cancel_futures=True)
+        if pid_folder is not None:                       # a worker that died without its atexit
+            from pathlib import Path
+            for pid in pids:
+                (Path(pid_folder) / f"{pid}{PID_SUFFIX}").unlink(missing_ok=True)
 
 
 class RayChunks:
@@ -244,7 +323,7 @@ def run_ray(work: Iterable[Chunk], model_id: str, workers: int, threads: int, ba
 
 def start(engine: Engine, work: Iterable[Chunk], model_id: str, workers: int | None, batch_size: int,
           js_rows: int, chunk_size: int, rt, say, examples: ExampleOptions | None = None,
-          nice: int = 0) -> tuple[Iterator, int, int]:
+          nice: int = 0, pid_folder=None) -> tuple[Iterator, int, int]:
     """The chosen engine's stream of finished chunks, its workers and each worker's onnxruntime threads. `nice`:
     the local pool's processes run at that niceness (a server's jobs yield the cores to interactive requests)."""
     n_cores = cores()
@@ -261,5 +340,5 @@ def start(engine: Engine, work: Iterable[Chunk], model_id: str, workers: int | N
     if workers > n_cores:
         say(f"{workers} workers on {n_cores} cores: they will compete for the cores")
     threads = max(1, n_cores // workers)
-    return run_local(work, model_id, workers, threads, batch_size, js_rows, rt.cache_dir, examples, nice), workers, \
-        threads
+    return run_local(work, model_id, workers, threads, batch_size, js_rows, rt.cache_dir, examples, nice,
+                     pid_folder), workers, threads

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -23,7 +24,7 @@ from ..runtime import DEFAULT_CACHE, Runtime
 from ..runtime.sessions import cores
 from ..sources import get
 from .engines import BATCH_SIZE, CHUNK_SIZE, Chunk, Engine, chunks, ray_start, start
-from .errors import CorpusError
+from .errors import Cancelled, CorpusError
 from .examples import ExampleOptions
 from .readers import MAX_CHARS, Problem, count_records, detect_format, read_corpus
 from .sums import JS_ROWS, Sums, head_map
@@ -40,10 +41,36 @@ def partial_path(out) -> Path:
     return Path(str(out) + ".partial.json")
 
 
+TEMPORARY = ".tmp"        # the suffix of replace_atomically's temporary files: a folder's leftovers end in it
+
+
+def replace_atomically(path, write: Callable[[Path], None]) -> None:
+    """write(tmp) into a new temporary file of a unique name beside `path`, then rename it over `path`: a reader
+    sees the old file or the new one, never part of one, and writers at once (threads of one process included)
+    never share a temporary file; the last rename wins, each wrote a whole file. A failed write leaves nothing."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        os.chmod(tmp, 0o644 & ~_umask())
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_json(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
+    """obj as JSON at `path`, atomically (replace_atomically)."""
+    data = json.dumps(obj)
+    replace_atomically(path, lambda tmp: tmp.write_text(data))
 
 
 def _ranges(done: set[int]) -> list[list[int]]:
@@ -90,9 +117,7 @@ def _write_parquet(path: Path, job: dict) -> None:
             put(name, job[name], pairs=True)
     meta = {k: v for k, v in job.items() if k not in ("stats", "special_token_mass", "js_divergence", "js_distance")}
     table = pa.table(rows).replace_schema_metadata({"attnscope": json.dumps(meta)})
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    replace_atomically(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def run_corpus(path, model_id: str, *, engine: Engine = "local", out=None, sample: int | None = None,
@@ -102,7 +127,8 @@ def run_corpus(path, model_id: str, *, engine: Engine = "local", out=None, sampl
                on_chunk: Callable[[Chunk, Sums], None] | None = None,
                log: Callable[[str], None] | None = None, runtime=None, cache_dir=None,
                ray_address: str | None = None, examples: ExampleOptions | None = None,
-               on_progress: Callable[[int], None] | None = None, nice: int = 0) -> dict:
+               on_progress: Callable[[int], None] | None = None, nice: int = 0,
+               stop: Callable[[], bool] | None = None, pid_folder=None) -> dict:
     """Run the corpus job and write its result to `out` (JSON, or Parquet when out ends in .parquet; default
     INPUT_STEM.MODEL.corpus.json in the current folder). Returns the result (lists, as written).
 
@@ -111,7 +137,10 @@ def run_corpus(path, model_id: str, *, engine: Engine = "local", out=None, sampl
     one CPU each). on_chunk(chunk, sums) is called after each finished chunk, on_progress(texts done) once the
     partial file is read and after each chunk; either may raise to stop the job (its partial sums are kept).
     examples: keep each head's top examples too (corpus/examples.py; the atlas). nice: the local pool's workers'
-    niceness. runtime: an open Runtime of
+    niceness. stop: asked before the first chunk and after each one but the last; True stops the job there
+    (Cancelled; its partial sums are kept). A job whose last chunk is done always finishes: a stop asked then came
+    too late. pid_folder: the local pool's workers keep a pid file there while they live (engines.run_local), so
+    that a server started after this one was killed can find any it left. runtime: an open Runtime of
     this model to use in this process (workers=0), e.g. the server's. ray_address: the Ray cluster to join (the
     CLI passes RAY_ADDRESS); None starts a local one."""
     from tqdm import tqdm
@@ -185,15 +214,29 @@ def run_corpus(path, model_id: str, *, engine: Engine = "local", out=None, sampl
                initial=total.texts, unit="text", desc=model_id, disable=not progress, file=sys.stderr,
                dynamic_ncols=True, smoothing=0.1)
 
+    seen = {"chunks": 0, "read": False}   # the input's chunks so far; read: all of them (the input is read)
+
     def work() -> Iterator[Chunk]:
-        """The chunks still to do; once the input is read, the bar's total becomes the exact count of texts."""
-        texts = 0
+        """The chunks still to do, each handed out once the next is known (so that `read` is set when the last
+        one is handed out); once the input is read, the bar's total becomes the exact count of texts."""
+        texts, ahead = 0, None
         for c in chunks(records, unit, chunk_size, sample, seed, on_problem):
             texts += len(c.texts)
+            seen["chunks"] += 1
             if c.index not in done:
-                yield c
+                if ahead is not None:
+                    yield ahead
+                ahead = c
         bar.total = texts
         bar.refresh()
+        seen["read"] = True
+        if ahead is not None:
+            yield ahead
+
+    def stopped() -> None:
+        """Raise Cancelled when the caller asks to stop and a chunk is still to do."""
+        if stop is not None and not (seen["read"] and len(done) >= seen["chunks"]) and stop():
+            raise Cancelled()
 
     def checkpoint() -> None:
         write_json(part, {"job": job_key, "done": _ranges(done), "sums": total.to_json(),
@@ -205,8 +248,9 @@ def run_corpus(path, model_id: str, *, engine: Engine = "local", out=None, sampl
             ray_started = ray_start(n_cores, ray_address)
         if on_progress is not None:
             on_progress(total.texts)
+        stopped()
         stream, workers, threads = start(engine, work(), model_id, workers, batch_size, js_rows, chunk_size, rt,
-                                         say, examples, nice)
+                                         say, examples, nice, pid_folder)
         for chunk, sums, worker_problems in stream:
             total.add(sums)
             done.add(chunk.index)
@@ -222,6 +266,7 @@ def run_corpus(path, model_id: str, *, engine: Engine = "local", out=None, sampl
                 on_chunk(chunk, sums)
             if on_progress is not None:
                 on_progress(total.texts)
+            stopped()
     except BaseException as e:
         bar.close()
         if done:

@@ -197,12 +197,15 @@ def _read_csv(path: Path, column: str, given: bool, max_chars: int,
         raise CorpusError(f"cannot read {path} as CSV: {str(e).splitlines()[0]}") from None
 
     def rows():
-        n = 1
+        n, held, last = 1, [], None      # held: the last batch's rows, given once the file's end is checked
         try:
             for batch in reader:
                 if malformed:
                     break
-                yield from _binary_rows(batch.column(0), n, max_chars)
+                yield from held
+                held = list(_binary_rows(batch.column(0), n, max_chars))
+                if batch.num_rows:
+                    last = batch.column(0)[batch.num_rows - 1].as_py()
                 n += batch.num_rows
         except Exception as e:  # noqa: BLE001 - a malformed block past the first
             raise CorpusError(f"cannot read {path} as CSV after row {n - 1}: {str(e).splitlines()[0]}") from None
@@ -210,7 +213,36 @@ def _read_csv(path: Path, column: str, given: bool, max_chars: int,
             raise CorpusError(f"{path} is not well-formed CSV at {malformed[0]}"
                               + (f" (and {len(malformed) - 1} more rows)" if len(malformed) > 1 else "")
                               + "; quote fields that hold the delimiter or a newline")
+        line = _unclosed_quote(path, last, delimiter)
+        if line is not None:
+            raise CorpusError(f"{path} is not well-formed CSV: the quoted field that opens on line {line} (row "
+                              f"{n - 1}) is never closed, so the rest of the file would be one text; close its "
+                              f"quote (\"), and write a quote inside a quoted field as two (\"\")")
+        yield from held
     return rows()
+
+
+def _unclosed_quote(path: Path, last: bytes | None, delimiter: str) -> int | None:
+    """The line on which the file's last field opens a quote it never closes (pyarrow then reads the rest of the
+    file as that field: `last`, the last row's value, is all the file holds after a quote that opens a field);
+    None when it closes."""
+    if last is None:
+        return None
+    size = path.stat().st_size
+    if len(last) + 1 > size:
+        return None
+    with open(path, "rb") as f:
+        start = size - len(last) - 1
+        f.seek(max(start - 1, 0))
+        before = f.read(1) if start else b"\n"
+        if f.read() != b'"' + last or before not in (b"\n", b"\r", delimiter.encode()):
+            return None
+        f.seek(0)
+        lines, left = 1, size - len(last) - 1
+        while left > 0:
+            block = f.read(min(left, 1 << 24))
+            lines, left = lines + block.count(b"\n"), left - len(block)
+    return lines
 
 
 def read_corpus(path, column: str | None = None, fmt: str | None = None,

@@ -83,6 +83,27 @@ def ablation_edits(ablate: Sequence[Sequence[int]], ablation: Ablation, trace: T
     return edits
 
 
+def reference_trace(rt, enc: Encoding, *, causal: bool | None = None, mask_tokens=None) -> Trace:
+    """Interventions.trace's residual stream and head outputs, computed by the NumPy reference (engine "numpy")
+    instead of the served graphs: the stream entering each block and leaving the last (residual, [L + 1, T, D]), each
+    head's output before the output projection (head_output, probs @ v, [L, H, T, dh]) and the hidden states after
+    the final norm. No logits."""
+    t0 = time.perf_counter()
+    model, T = rt.model, len(enc.ids)
+    causal = rt.cfg.causal if causal is None else bool(causal)
+    mask = rt.build_mask([T], causal, [mask_tokens] if mask_tokens else None)
+    x = model.embed(np.array([enc.ids], np.int64), np.array([enc.type_ids], np.int64) if model.wtt is not None else None)
+    residual, heads = [], []
+    for block in model.blocks:
+        residual.append(x[0])
+        x, _, stages = block(x, mask, None, stages=True)
+        heads.append(stages["ctx"][0])
+    residual.append(x[0])
+    hidden = (model.ln_f(x) if model.ln_f is not None else x)[0]
+    return Trace(enc, mask, {"residual": np.stack(residual), "head_output": np.stack(heads)}, hidden, None, None,
+                 time.perf_counter() - t0)
+
+
 class Interventions:
     """A Runtime's model run with edits, through its layer-by-layer graphs."""
 

@@ -2,6 +2,8 @@
 text's layer-by-layer run keeps less, runtime/layerwise.py's LayerwiseResult)."""
 from __future__ import annotations
 
+import dataclasses
+import sys
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -83,3 +85,50 @@ class AttentionResult(Encoded):
                 seen.add(id(a))
                 total += a.nbytes
         return total
+
+
+ARRAY_HEADER = 112   # an ndarray object without its data (sys.getsizeof of an empty view)
+
+
+def root(a: np.ndarray) -> np.ndarray:
+    """The array that owns a view's memory (the array itself when it owns its own)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def footprint(obj) -> int:
+    """Bytes an object keeps alive, counted honestly: every NumPy array at the whole buffer it holds (a view keeps
+    the array it was cut from alive: that array's bytes, counted once however many views share it), and the Python
+    objects around the arrays (sys.getsizeof of each string, number, list, tuple, dict, set, dataclass). Walks
+    dataclasses (NamedTuples are tuples), dicts, lists, tuples and sets; an object of any other class is counted
+    by its own size and not walked: a result does not own the runtime or model it might point at."""
+    seen: set[int] = set()
+    counted: set[int] = set()      # arrays whose buffer is counted
+    total, stack = 0, [obj]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, np.ndarray):
+            owner = root(x)
+            total += ARRAY_HEADER
+            if owner is not x and id(owner) not in seen:
+                seen.add(id(owner))
+                total += ARRAY_HEADER
+            if id(owner) not in counted:
+                counted.add(id(owner))
+                total += owner.nbytes
+            continue
+        total += sys.getsizeof(x)
+        if isinstance(x, (str, bytes, int, float, bool, type(None))):
+            continue
+        if isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            stack.extend(x)
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+            stack.extend(getattr(x, f.name) for f in dataclasses.fields(x))
+    return total

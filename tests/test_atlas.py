@@ -127,10 +127,56 @@ def test_parquet_export_holds_the_same_atlas(tiny):
         assert [e["number"] for e in row["top"]] == [e["number"] for e in atlas["examples"][l][h]["top"]]
 
 
+def test_concurrent_first_parquet_downloads_all_succeed(tiny):
+    """Eight downloads at once of a result's first Parquet export (issue 37: 25 of 48 were 500s, every thread
+    writing the same temporary file): all 200 with the same bytes, and no temporary file left behind."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    c, job, _, folder = tiny
+    for _ in range(3):
+        (folder / job["id"] / "atlas.parquet").unlink(missing_ok=True)
+        start = threading.Barrier(8)
+
+        def get(_):
+            start.wait()
+            return c.get(job["result"]["parquet"])
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(get, range(8)))
+        assert [r.status_code for r in answers] == [200] * 8
+        assert len({r.content for r in answers}) == 1
+    assert sorted(p.name for p in (folder / job["id"]).iterdir()) == ["atlas.json", "atlas.parquet", "job.json"]
+
+
+def test_job_files_written_at_once_never_share_a_temporary_file(tiny, tmp_path):
+    """write_json and write_parquet from eight threads at once on one path: each a whole file, no error, nothing
+    left over (the writers once shared NAME.tmpPID and the losers failed on rename)."""
+    import json
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from attnscope.corpus.atlas import write_parquet
+    from attnscope.corpus.job import write_json
+
+    _, job, atlas, _ = tiny
+    start = threading.Barrier(8)
+
+    def write(i):
+        start.wait()
+        write_parquet(atlas, tmp_path / "atlas.parquet")
+        write_json(tmp_path / "job.json", {"i": i, "pad": "x" * 100_000})
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(write, range(8)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["atlas.parquet", "job.json"]
+    assert json.loads((tmp_path / "job.json").read_text())["i"] in range(8)
+
+
 def test_bad_input_gets_a_clear_refusal(tiny):
     c, job, _, _ = tiny
     cases = [
         ({"model": "tiny-gpt", "corpus": {"format": "csv", "data": "text,b\n1,2,3\n"}}, 422, "not well-formed CSV"),
+        ({"model": "tiny-gpt", "corpus": {"format": "csv", "data": 'text\nok\n"open\nmore\n'}}, 422,
+         "the quoted field that opens on line 3 (row 2) is never closed"),
         ({"model": "tiny-gpt", "corpus": {"format": "jsonl", "data": '{"x": 1}\n'}}, 422, "corpus.column"),
         ({"model": "tiny-gpt", "corpus": {"format": "text", "data": "\n \n"}}, 422, "no text"),
         ({"model": "tiny-gpt", "corpus": {"format": "text", "data": "x" * 5000}}, 413, "ATTNSCOPE_MAX_UPLOAD_BYTES"),

@@ -302,6 +302,19 @@ def test_bad_rows_of_csv_and_parquet(tmp_path):
         list(read_corpus(tmp_path / "m.csv"))
 
 
+def test_an_unclosed_quote_is_refused_naming_its_line(tmp_path):
+    """A quote opened and never closed made the rest of the file one text, silently (issue 37); now refused, naming
+    the line it opens on. Quoted fields that close (newlines, doubled quotes, a field of one quote) still read."""
+    (tmp_path / "open.csv").write_text('id,text\n1,first\n2,"hello\n3,world\n4,and the rest\n')
+    with pytest.raises(CorpusError, match=r"the quoted field that opens on line 3 \(row 2\) is never closed"):
+        list(read_corpus(tmp_path / "open.csv"))
+    (tmp_path / "open.tsv").write_text('text\n"never closed\n')
+    with pytest.raises(CorpusError, match="opens on line 2"):
+        list(read_corpus(tmp_path / "open.tsv"))
+    (tmp_path / "ok.csv").write_text('text\nfirst\n"multi\nline"\n"x""y"\n""""')
+    assert list(read_corpus(tmp_path / "ok.csv")) == [(1, "first"), (2, "multi\nline"), (3, 'x"y'), (4, '"')]
+
+
 def cli(*args, cwd=ROOT):
     return subprocess.run([sys.executable, "-m", "attnscope", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=120)

@@ -273,7 +273,7 @@ def test_export_killed_half_way_leaves_no_temporary_file(tmp_path):
     cache = tmp_path / "cache"
     child = subprocess.Popen([sys.executable, "-c", HANG_IN_EXPORT, str(cache)], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while not list(cache.glob("*.tmp*")):
+    while not any(p.stat().st_size > 0 for p in cache.glob("*.tmp*")):   # created, then written: wait for both
         assert child.poll() is None and time.monotonic() < deadline, "the export never wrote its temporary file"
         time.sleep(0.05)
     os.kill(child.pid, signal.SIGKILL)

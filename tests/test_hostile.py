@@ -143,7 +143,7 @@ def test_hostile_strings_on_the_live_server(live_server):
             check_answer(r, f"live {name} {path}")
         assert http.get("/healthz").json() | {"models": None, "version": None} == {
             "status": "ok", "models": None, "version": None, "running": 0, "waiting": 0,
-            "max_inflight": default_inflight(), "max_queue": 32}
+            "max_inflight": default_inflight(), "max_queue": 32, "jobs_skipped": []}
 
 
 # ---- limits ------------------------------------------------------------------------------------------------
