@@ -9,6 +9,8 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
+from ..sources.store import is_mapped
+
 from ..analysis import statistics
 
 Engine = Literal["onnx", "numpy"]    # what computes the forward pass: the served ONNX graph, or the NumPy reference
@@ -102,7 +104,8 @@ def footprint(obj) -> int:
     the array it was cut from alive: that array's bytes, counted once however many views share it), and the Python
     objects around the arrays (sys.getsizeof of each string, number, list, tuple, dict, set, dataclass). Walks
     dataclasses (NamedTuples are tuples), dicts, lists, tuples and sets; an object of any other class is counted
-    by its own size and not walked: a result does not own the runtime or model it might point at."""
+    by its own size and not walked: a result does not own the runtime or model it might point at (nor a view of the
+    weight store's mapped files, sources/store.py)."""
     seen: set[int] = set()
     counted: set[int] = set()      # arrays whose buffer is counted
     total, stack = 0, [obj]
@@ -117,8 +120,8 @@ def footprint(obj) -> int:
             if owner is not x and id(owner) not in seen:
                 seen.add(id(owner))
                 total += ARRAY_HEADER
-            if id(owner) not in counted:
-                counted.add(id(owner))
+            if id(owner) not in counted and not is_mapped(owner):   # a weight's file mapping: the model's, not
+                counted.add(id(owner))                             # the result's (and paged from disk, not memory)
                 total += owner.nbytes
             continue
         total += sys.getsizeof(x)

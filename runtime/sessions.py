@@ -190,6 +190,7 @@ class Session:
                  **options):
         """options: open_session's (arena, mem_pattern, tf32)."""
         self.ort = open_session(graph, providers, threads, **options)
+        self.arena = options.get("arena", True)      # a run's `release` shrinks the arena: none to shrink without
         self.weights = weights
         self.inputs = {i.name for i in self.ort.get_inputs()}
         self.bound = sorted(n for n in self.inputs if weights is not None and weights.binds(n))
@@ -226,7 +227,7 @@ class Session:
             else:
                 own[name] = np.empty(shape, dtype)
                 binding.bind_output(name, "cpu", 0, dtype, shape, own[name].ctypes.data)
-        options = release_arena() if release else None
+        options = release_arena() if release and self.arena else None
         try:
             self.ort.run_with_iobinding(binding, options)
         except Exception:  # noqa: BLE001 - a declared shape that was not the real one: let onnxruntime size them

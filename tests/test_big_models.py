@@ -35,7 +35,9 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def client(folders):
-    yield from serving(folders)
+    """The app serving both folders; a 512-token text's attention (537 MB for 16 x 32 heads) in one stacked run."""
+    with serving(folders, layerwise_mb=1024) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +45,33 @@ def hf(folders):
     from transformers import LlamaForCausalLM
 
     return LlamaForCausalLM.from_pretrained(folders["l1b-f32"], dtype=torch.float32, attn_implementation="eager")
+
+
+def answer(client, model: str, text: str) -> dict:
+    """Every head's attention (binary form, 4 layers an answer within its cell limit: one run, cached) and the
+    next tokens."""
+    body = {"model": model, "text": text, "include": ["attention", "predictions"]}
+    parts = []
+    for first in range(0, 16, 4):
+        r = client.post("/api/attention", json=body | {"layers": list(range(first, first + 4))},
+                        headers={"Accept": BINARY})
+        assert r.status_code == 200, r.text[:300]
+        parts.append(from_binary(r.content))
+    return {"token_ids": parts[0]["token_ids"], "next_tokens": parts[0]["next_tokens"],
+            "attention": np.concatenate([p["attention"] for p in parts])}              # [16, 32, T, T]
+
+
+@pytest.fixture(scope="module")
+def reference(client, hf) -> dict:
+    """transformers eager, float32, on the widened weights: a 512-token text's attention and next-token
+    distribution (its published RoPE scaling: llama3, factor 32 from 8192)."""
+    ids = client.post("/api/attention", json={"model": "l1b-bf16", "text": text(TOKENS - 1), "include": []}
+                      ).json()["token_ids"]
+    assert len(ids) == TOKENS
+    with torch.inference_mode():
+        out = hf(torch.tensor([ids]), output_attentions=True)
+    return {"ids": ids, "attention": torch.stack(out.attentions)[:, 0].numpy(),
+            "p": torch.softmax(out.logits[0, -1].double(), -1).numpy()}
 
 
 def test_l1b_is_served_in_its_own_precision(client, folders):
@@ -56,63 +85,62 @@ def test_l1b_is_served_in_its_own_precision(client, folders):
     assert not bf16["features"]["importance"] and "ATTNSCOPE_WORK_TFLOP" in bf16["reasons"]["importance"]
 
 
-@pytest.mark.parametrize("model", ["l1b-bf16", "l1b-f32"])
-def test_l1b_attention_and_next_token_equal_transformers(client, hf, model):
+def test_l1b_attention_and_next_token_equal_transformers(client, reference):
     """Every head's attention probabilities at 512 tokens and the next-token distribution, within 1e-4 of
-    transformers eager (float32, its published RoPE scaling: llama3, factor 32), on peaked rows."""
-    body = {"model": model, "text": text(TOKENS - 1), "include": ["attention", "predictions"]}
-    parts = []
-    for first in range(0, 16, 4):                 # 4 layers per answer (the binary form's cell limit); one run
-        r = client.post("/api/attention", json=body | {"layers": list(range(first, first + 4))},
-                        headers={"Accept": BINARY})
-        assert r.status_code == 200, r.text[:300]
-        parts.append(from_binary(r.content))
-    ids = parts[0]["token_ids"]
-    assert len(ids) == TOKENS
-    ours = np.concatenate([p["attention"] for p in parts])                    # [16, 32, T, T]
-    with torch.inference_mode():
-        out = hf(torch.tensor([ids]), output_attentions=True)
-    ref = torch.stack(out.attentions)[:, 0].numpy()
+    transformers eager (float32), on peaked rows; and the float32 folder gives the bf16 folder's numbers exactly
+    (a bf16 weight widened to float32 is the float32 weight: the same arithmetic on the same numbers)."""
+    ref = reference["attention"]
     assert ref.max(-1).mean() >= 0.5                                           # peaked: the comparison means something
-    np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
-    p = torch.softmax(out.logits[0, -1].double(), -1).numpy()
-    for t in parts[0]["next_tokens"]:
-        assert abs(t["prob"] - p[t["id"]]) < 1e-4, t
-    assert parts[0]["next_tokens"][0]["id"] == int(p.argmax())
+    ours = {model: answer(client, model, text(TOKENS - 1)) for model in ("l1b-bf16", "l1b-f32")}
+    for a in ours.values():
+        assert a["token_ids"] == reference["ids"]
+        np.testing.assert_allclose(a["attention"], ref, atol=1e-4, rtol=0)
+        for t in a["next_tokens"]:
+            assert abs(t["prob"] - reference["p"][t["id"]]) < 1e-4, t
+        assert a["next_tokens"][0]["id"] == int(reference["p"].argmax())
+    np.testing.assert_array_equal(ours["l1b-bf16"]["attention"], ours["l1b-f32"]["attention"])
 
 
 def test_l1b_generates_what_transformers_generates(client, hf):
-    """16 greedy tokens, the key/value cache on the decoding graph (weights bound at every step), equal to
-    transformers' generate."""
+    """16 greedy tokens on the decoding graph (the key/value cache; weights bound at every step) equal
+    transformers' greedy choice at every step: its logits over the prompt and our tokens, one forward (transformers'
+    generate makes the same choices when each step's argmax is ours)."""
     prompt = text(24)
-    r = client.post("/api/generate", json={"model": "l1b-bf16", "text": prompt, "greedy": True,
-                                           "max_new_tokens": 16})
+    r = client.post("/api/generate", json={"model": "l1b-f32", "text": prompt, "greedy": True, "max_new_tokens": 16})
     assert r.status_code == 200, r.text[:300]
     done = json.loads(r.text.splitlines()[-1])["done"]
-    ids = client.post("/api/attention", json={"model": "l1b-bf16", "text": prompt, "include": []}).json()["token_ids"]
+    ids = client.post("/api/attention", json={"model": "l1b-f32", "text": prompt, "include": []}).json()["token_ids"]
+    assert len(done["ids"]) == 16
     with torch.inference_mode():
-        theirs = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=16, pad_token_id=0)
-    assert done["ids"] == theirs[0, len(ids):].tolist()
+        logits = hf(torch.tensor([ids + done["ids"]])).logits[0]
+    steps = logits[len(ids) - 1:-1].double()                                   # [16, V]: each step's logits
+    assert steps.argmax(-1).tolist() == done["ids"]
+    top2 = steps.topk(2, -1).values
+    assert float((top2[:, 0] - top2[:, 1]).min()) > 1e-4                      # no step decided by a near tie
 
 
 def test_l1b_patching_qk_and_lens_work(client):
     """The analyses that read every layer's sites, through the layer graphs: patching the one position where two
-    texts differ, at layer 0, recovers the clean metric exactly (the runs are then the same); QK attribution's table
-    sums to the score the run computed; the lens' last row is the model's own next-token distribution."""
-    clean, corrupt = "the cat sat on the mat", "the dog sat on the mat"
-    r = client.post("/api/patching", json={"model": "l1b-bf16", "clean": clean, "corrupt": corrupt, "site": "residual",
+    texts differ, at layer 0, recovers the clean metric (the runs are then the same), and patching any other position
+    there changes nothing (the same token's embedding); QK attribution's table
+    sums to the score the run computed; the lens' last row is the model's own next-token distribution. On the float32
+    folder: the layer graphs widen a bf16 layer's weights at every call (bench/big_models.py), and these analyses
+    call each layer many times (the layer graphs' bf16 path is the layer-by-layer test's)."""
+    clean, corrupt = "a cat sat", "a bat sat"                     # one byte apart: one token
+    r = client.post("/api/patching", json={"model": "l1b-f32", "clean": clean, "corrupt": corrupt, "site": "residual",
                                            "target": "m", "distractor": "h"})
     assert r.status_code == 200, r.text[:300]
     p = r.json()
     assert abs(p["clean"] - p["corrupt"]) > 1e-3
-    differ = [i for i, (a, b) in enumerate(zip(clean, corrupt)) if a != b]
-    for position in differ:                                   # byte tokens: position i + 1 after the BOS
-        np.testing.assert_allclose(p["patched"][0][position + 1], p["clean"], atol=1e-4)
-    q = client.post("/api/qk", json={"model": "l1b-bf16", "text": clean, "layer": 5, "head": 7, "query": 20,
+    [position] = [i + 1 for i, (a, b) in enumerate(zip(clean, corrupt)) if a != b]   # byte tokens, after the BOS
+    np.testing.assert_allclose(p["patched"][0][position], p["clean"], atol=1e-4)
+    same = [v for t, v in enumerate(p["patched"][0]) if t != position]    # the stream there is the same token's:
+    np.testing.assert_allclose(same, p["corrupt"], atol=1e-4)                # patching it changes nothing
+    q = client.post("/api/qk", json={"model": "l1b-f32", "text": clean, "layer": 5, "head": 7, "query": 8,
                                      "key": 3}).json()
     assert abs(q["score"] - q["scaled"]) < 1e-3 * max(1.0, abs(q["scaled"])), q
-    lens = client.post("/api/lens", json={"model": "l1b-bf16", "text": clean, "top": 3}).json()
-    a = client.post("/api/attention", json={"model": "l1b-bf16", "text": clean, "include": ["predictions"]}).json()
+    lens = client.post("/api/lens", json={"model": "l1b-f32", "text": clean, "top": 3}).json()
+    a = client.post("/api/attention", json={"model": "l1b-f32", "text": clean, "include": ["predictions"]}).json()
     assert lens["rows"][0] == "embed" and len(lens["rows"]) == 17
     assert lens["top_ids"][-1][-1][0] == a["next_tokens"][0]["id"]
 
@@ -130,12 +158,13 @@ def test_every_graph_kind_runs_a_model_over_2_gb(client):
 
 
 def test_l1b_layer_by_layer_equals_the_whole_graph(folders):
-    """A run too big for the stacked graph (here: forced by a tiny ATTNSCOPE_LAYERWISE_MB) walks the layer graphs."""
-    for c in serving({"l1b-f32": folders["l1b-f32"]}, layerwise_mb=1):
-        body = {"model": "l1b-f32", "text": text(40), "layers": [2, 11], "include": ["attention"]}
-        lw = c.post("/api/attention", json=body).json()
-    for c in serving({"l1b-f32": folders["l1b-f32"]}):
-        whole = c.post("/api/attention", json=body).json()
+    """A run too big for the stacked graph (here: forced by a tiny ATTNSCOPE_LAYERWISE_MB) walks the layer graphs,
+    which bind one layer's bf16 weights at a time and widen them in the graph: the float32 folder's whole run."""
+    body = {"text": text(40), "layers": [2, 11], "include": ["attention"]}
+    with serving({"l1b-bf16": folders["l1b-bf16"]}, layerwise_mb=1) as c:
+        lw = c.post("/api/attention", json=body | {"model": "l1b-bf16"}).json()
+    with serving({"l1b-f32": folders["l1b-f32"]}) as c:
+        whole = c.post("/api/attention", json=body | {"model": "l1b-f32"}).json()
     np.testing.assert_allclose(lw["attention"], whole["attention"], atol=2e-6)
 
 
@@ -149,7 +178,7 @@ def l8b_cut(tmp_path_factory) -> Path:
 def test_l8b_first_layers_equal_transformers(l8b_cut):
     from transformers import LlamaForCausalLM
 
-    for c in serving({"l8b-2": l8b_cut}):
+    with serving({"l8b-2": l8b_cut}) as c:
         a = c.post("/api/attention", json={"model": "l8b-2", "text": text(127), "include": ["attention"]},
                    headers={"Accept": BINARY})
         assert a.status_code == 200, a.text[:300]
