@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..model.precision import COMPUTE
 from ..model.transformer import LayerNorm
 
 
@@ -73,12 +74,12 @@ def ov_copying(model, w: HeadWeights | None = None) -> np.ndarray:
     """[L, H] each head's OV copying score (module doc); NaN where its full OV circuit is zero."""
     w = head_weights(model) if w is None else w
     cfg = model.cfg
-    W_U = np.asarray(model.unembedding, np.float32)                          # [V, D]
+    W_U = np.asarray(model.unembedding, COMPUTE)                          # [V, D]
     if model.ln_f is not None:                                               # the final norm, folded into W_U
-        W_U = W_U * np.asarray(model.ln_f.weight, np.float32)[None, :]
+        W_U = W_U * np.asarray(model.ln_f.weight, COMPUTE)[None, :]
         if isinstance(model.ln_f, LayerNorm):
             W_U = W_U - W_U.mean(axis=1, keepdims=True)
-    G = (W_U.T @ np.asarray(model.wte, np.float32)).astype(np.float64)       # [D, D]: W_U^T W_E, token to token
+    G = (W_U.T @ np.asarray(model.wte, COMPUTE)).astype(np.float64)       # [D, D]: W_U^T W_E, token to token
     M = w.W_O @ G @ w.W_V                                                    # [n, dh, dh]
     eig = np.linalg.eigvals(M)
     total = np.abs(eig).sum(axis=-1)
@@ -107,7 +108,7 @@ def composition(model, w: HeadWeights | None = None) -> Composition:
         return np.sqrt(np.maximum(lam, 0.0))[:, :, None] * U.transpose(0, 2, 1)
 
     R_Q, R_K, R_V, R_O = r(w.W_Q), r(w.W_K), r(w.W_V), r(w.W_O.transpose(0, 2, 1))
-    left = (R_V @ w.W_O).astype(np.float32)                                  # [n, dh, D]: ||OV_a|| = ||left_a||
+    left = (R_V @ w.W_O).astype(COMPUTE)                                  # [n, dh, D]: ||OV_a|| = ||left_a||
     rights = {"q": w.W_Q @ R_K.transpose(0, 2, 1),                           # [n, D, dh]: QK_b's factor
               "k": w.W_K @ R_Q.transpose(0, 2, 1),                           # QK_b^T's
               "v": w.W_V @ R_O.transpose(0, 2, 1)}                           # OV_b's
@@ -115,7 +116,7 @@ def composition(model, w: HeadWeights | None = None) -> Composition:
     scores = {}
     for mode, right in rights.items():
         right_norm = np.sqrt((right ** 2).sum(axis=(1, 2)))                  # [n]
-        right = np.ascontiguousarray(right.transpose(1, 0, 2).reshape(cfg.d_model, n * dh), np.float32)   # [D, n dh]
+        right = np.ascontiguousarray(right.transpose(1, 0, 2).reshape(cfg.d_model, n * dh), COMPUTE)   # [D, n dh]
         S = np.zeros((n, n))
         for la in range(L - 1):
             writers, readers = slice(la * H, (la + 1) * H), slice((la + 1) * H, n)

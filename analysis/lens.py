@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..model.precision import COMPUTE
 from ..model.functional import soft_cap
 from .norms import FrozenNorm
 from .qk import head_outputs
@@ -51,8 +52,8 @@ def logit_lens(model, residual: np.ndarray, ids, k: int) -> Lens:
     W = model.unembedding                                                      # [V, D]
     ids = np.asarray(ids, np.int64)
     R, T, _ = residual.shape
-    top_ids, top_probs, next_probs = np.zeros((R, T, k), np.int64), np.zeros((R, T, k), np.float32), \
-        np.zeros((R, T), np.float32)
+    top_ids, top_probs, next_probs = np.zeros((R, T, k), np.int64), np.zeros((R, T, k), COMPUTE), \
+        np.zeros((R, T), COMPUTE)
     for r in range(R):
         x = residual[r] if model.ln_f is None else model.ln_f(residual[r])
         logits = soft_cap(x @ W.T, model.cfg.final_softcap)                    # [T, V] (Gemma 2: capped)
@@ -81,7 +82,7 @@ def head_lens(model, z: np.ndarray, final: np.ndarray, layer: int, head: int, k:
     """z [T, d_head] the head's output before W_O at each position; final [T, D] the stream leaving the last block
     (where the final norm's scale is frozen)."""
     part = head_outputs(model, layer, np.asarray(z)[None], [head])[0]         # [T, D]
-    logits = FrozenNorm.of(model.ln_f, final)(part).astype(np.float32) @ model.unembedding.T     # [T, V]
+    logits = FrozenNorm.of(model.ln_f, final)(part).astype(COMPUTE) @ model.unembedding.T     # [T, V]
     up, up_vals = top_k(logits, k)
     down, down_vals = top_k(np.negative(logits, out=logits), k)
     return HeadLens(layer, head, up, up_vals, down, -down_vals)

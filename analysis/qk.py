@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model.functional import apply_rope
+from ..model.precision import COMPUTE
+from ..model.functional import apply_rope, score_scale
 from .norms import FrozenNorm
 
 
@@ -104,7 +105,7 @@ def stream_parts(model, ids, type_ids, residual: np.ndarray, z: np.ndarray, laye
         else:                                       # x' = N2(y + mlp(y)), y = N1(x + attn)
             parts = _frozen(block.ln1, x + attn, np.concatenate([parts[:-1], heads, constant[None]]))
             y = parts.sum(axis=0)
-            mlp = np.asarray(block.mlp(y.astype(np.float32)), np.float64)
+            mlp = np.asarray(block.mlp(y.astype(COMPUTE)), np.float64)
             parts = np.concatenate([parts[:-1], mlp[None], parts[-1:]])
             parts = _frozen(block.ln2, y + mlp, parts)
     return parts
@@ -142,5 +143,5 @@ def qk_attribution(model, ids, type_ids, residual: np.ndarray, z: np.ndarray, la
             out = apply_rope(out, *(np.asarray(t[position], np.float64) for t in rope))
         return out
     q, k = side("q_proj", head, 0), side("k_proj", kv, 1)
-    table = q @ k.T / (np.sqrt(dh) * attn.temperature)
+    table = q @ k.T * float(score_scale(attn))                # the run's own factor (in float64 from here)
     return QKAttribution(components(model, layer), table, kv)

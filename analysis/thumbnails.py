@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..model.precision import COMPUTE
 
 def block_edges(T: int, size: int) -> np.ndarray:
     """The thumbnail block rule, the same on every path: min(size, T) blocks splitting T as evenly as possible;
@@ -16,7 +17,7 @@ def pooling_matrix(T: int, size: int) -> np.ndarray:
     """[T, R] with 1/|block r| on block r's tokens: pool^T p pool is downsample(p, size) as two matrix products
     (how a layer-by-layer run pools inside the graph). The identity when T <= size, as downsample leaves p alone."""
     edges = block_edges(T, size)
-    pool = np.zeros((T, len(edges) - 1), np.float32)
+    pool = np.zeros((T, len(edges) - 1), COMPUTE)
     for r, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
         pool[a:b, r] = 1.0 / (b - a)
     return pool

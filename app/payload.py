@@ -13,7 +13,7 @@ import numpy as np
 from ..analysis import rollout, scores as head_scores, statistics as stats, thumbnails
 from ..analysis.effects import effect
 from ..analysis.qk import qk_attribution
-from ..model.functional import softmax
+from ..model.functional import score_scale, softmax
 from ..model.interventions import HOOKS
 from ..model.transformer import SQUARE_STAGES
 from ..runtime import AttentionResult
@@ -186,7 +186,7 @@ def qk(plan, computed) -> dict:
     enc, s = plan.encoding, trace.sites
     a = qk_attribution(rt.model, enc.ids, enc.type_ids, s["residual"], s["head_output"], l, h, i, j)
     t = a.table
-    scale = 1.0 / (np.sqrt(rt.cfg.d_head) * rt.model.blocks[l].attn.temperature)
+    scale = float(score_scale(rt.model.blocks[l].attn))
     scaled = (s["query"][l, h, i] @ s["key"][l, h].T).astype(np.float64) * scale             # [T]: the run's own
     p = softmax(scaled + trace.mask[0, 0, i])                                                     # [T] its row
     order = np.argsort(-np.abs(t), axis=None, kind="stable")[:req.top]
@@ -297,7 +297,7 @@ def stages(plan, computed) -> dict:
     rows = r.stages["masked"][l, h, :n].astype(np.float64)    # [n, T]: whole rows; in float64 (also on the wire)
     row_max = rows.max(axis=1)                                 # so that exp(masked - row_max) is 1 at the max
     return tokens(plan, r) | {"layer": l, "head": h, "d_head": cfg.d_head,
-                        "scale": float(1.0 / (np.sqrt(cfg.query_pre_attn_scalar or cfg.d_head) * cfg.temperature)),
+                        "scale": float(score_scale(cfg)),
                         **st, "mask": r.mask[:n, :n], "probs": r.attentions[l, h, :n, :n],
                         "contribution": plan.runtime.model.blocks[l].head_output(h, st["ctx"]),
                         "row_max": row_max, "row_sum": np.exp(rows - row_max[:, None]).sum(axis=1)}

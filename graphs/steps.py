@@ -14,6 +14,7 @@ import numpy as np
 from onnx import helper
 
 from ..model.attention import GroupedQueryAttention
+from ..model.functional import score_scale
 from ..model.masks import MASKED
 from ..model.precision import COMPUTE, scalar
 from ..model.transformer import LM_OUTPUTS, VOCAB_CHUNK, GeGLU, Transformer
@@ -162,7 +163,7 @@ def attend(g: Graph, cfg, p: str, q: str, k: str, v: str, mask: str) -> dict[str
     """functional.attention_stages and the weighted values, for however many heads q, k, v hold:
     scores, scaled (soft-capped where the model caps), masked, attentions (the probabilities) [B, h, T, T] and ctx
     [B, h, T, dh]."""
-    scale = g.const(scalar(1.0 / (np.sqrt(cfg.query_pre_attn_scalar or cfg.d_head) * cfg.temperature)), "scale")
+    scale = g.const(score_scale(cfg), "scale")
     scores = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2]), hint=p + ".scores")
     scaled = soft_cap(g, g.op("Mul", scores, scale, hint=p + ".scaled"), cfg.attn_softcap, hint=p + ".capped")
     masked = g.op("Add", scaled, mask, hint=p + ".masked")

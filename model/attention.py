@@ -16,7 +16,7 @@ import numpy as np
 from . import masks as M
 from .functional import (AttentionStages, ablate_heads, apply_rope, attention_stages, linear, repeat_kv,
                          rms_norm, score_scale, soft_cap, softmax)
-from .precision import scalar, widen
+from .precision import COMPUTE, scalar, widen
 
 
 class MultiHeadAttention:
@@ -75,11 +75,11 @@ class MultiHeadAttention:
         params = {}
         for name, shape in self.param_shapes().items():
             if name.endswith("bias") and name != "bias_k" and name != "bias_v":
-                params[name] = np.zeros(shape, np.float32)
+                params[name] = np.zeros(shape, COMPUTE)
             else:
                 fan_out, fan_in = shape[-2], shape[-1]
                 limit = np.sqrt(6.0 / (fan_in + fan_out))
-                params[name] = rng.uniform(-limit, limit, shape).astype(np.float32)
+                params[name] = rng.uniform(-limit, limit, shape).astype(COMPUTE)
         return params
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -96,7 +96,7 @@ class MultiHeadAttention:
         loaded = {}
         for name, shape in expected.items():
             value = np.asarray(state[name].detach().cpu().numpy() if hasattr(state[name], "detach") else state[name],
-                               dtype=np.float32)
+                               dtype=COMPUTE)
             if value.shape != shape:
                 raise ValueError(f"{name} has shape {value.shape}; this module needs {shape}")
             loaded[name] = value.copy()
@@ -137,9 +137,9 @@ class MultiHeadAttention:
         Returns (output [B, Tq, E], weights [B, Tq, S'] averaged over heads, [B, H, Tq, S'] per head,
         or None), S' counting any bias_kv / zero_attn keys; with return_stages, also the stages.
         """
-        query = np.asarray(query, np.float32)
-        key = query if key is None else np.asarray(key, np.float32)
-        value = key if value is None else np.asarray(value, np.float32)
+        query = np.asarray(query, COMPUTE)
+        key = query if key is None else np.asarray(key, COMPUTE)
+        value = key if value is None else np.asarray(value, COMPUTE)
         unbatched = query.ndim == 2
         if unbatched:
             query, key, value = query[None], key[None], value[None]
@@ -159,7 +159,7 @@ class MultiHeadAttention:
             mask = _pad_keys(mask)
         q, k, v = (x.reshape(B, -1, H, dh).transpose(0, 2, 1, 3) for x in (q, k, v))  # [B, H, T, dh]
         if self.add_zero_attn:                                            # one all-zero extra key/value
-            zeros = np.zeros((B, H, 1, dh), np.float32)
+            zeros = np.zeros((B, H, 1, dh), COMPUTE)
             k, v = np.concatenate([k, zeros], axis=2), np.concatenate([v, zeros], axis=2)
             mask = _pad_keys(mask)
 
@@ -254,9 +254,9 @@ class GroupedQueryAttention:
         self.qk_norm, self.norm_eps, self.softcap = qk_norm, norm_eps, softcap
         self.query_pre_attn_scalar = query_pre_attn_scalar
         rng = None if seed is None else np.random.default_rng(seed)
-        self.params = {name: (np.ones(shape, np.float32) if "_norm." in name else
-                              np.zeros(shape, np.float32) if name.endswith("bias") or rng is None else
-                              (rng.standard_normal(shape) * std).astype(np.float32))
+        self.params = {name: (np.ones(shape, COMPUTE) if "_norm." in name else
+                              np.zeros(shape, COMPUTE) if name.endswith("bias") or rng is None else
+                              (rng.standard_normal(shape) * std).astype(COMPUTE))
                        for name, shape in self.param_shapes().items()}
 
     @property
@@ -406,4 +406,4 @@ def _pad_keys(mask: np.ndarray | None) -> np.ndarray | None:
     """Let every query see one more key (appended last): a zero column on an additive mask."""
     if mask is None:
         return None
-    return np.concatenate([mask, np.zeros(mask.shape[:-1] + (1,), np.float32)], axis=-1)
+    return np.concatenate([mask, np.zeros(mask.shape[:-1] + (1,), COMPUTE)], axis=-1)

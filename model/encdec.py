@@ -25,12 +25,13 @@ from typing import Literal
 import numpy as np
 from scipy.special import log_softmax
 
+from .precision import COMPUTE, scalar
 from .attention import CrossAttention
 from .functional import gelu, gelu_tanh, silu
 from .transformer import LayerNorm, Linear, RMSNorm, _normal
 from .weights import stored
 
-ACTIVATIONS = {"relu": lambda x: np.maximum(x, np.float32(0.0)), "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
+ACTIVATIONS = {"relu": lambda x: np.maximum(x, scalar(0.0)), "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
 STAGES = ("x", "q", "k", "v", "scores", "scaled", "masked", "ctx")   # per attention: x [L, B, Tq, D] (the queries'
 #                                                                     input), q [L, B, H, Tq, dh], k, v [.., S, dh]
 
@@ -88,7 +89,7 @@ def sinusoidal_positions(n_positions: int, d: int) -> np.ndarray:
     j = np.arange(d)
     angles = np.arange(n_positions, dtype=np.float64)[:, None] / np.power(10000, 2 * (j // 2) / d)[None, :]
     half = (d + 1) // 2
-    out = np.empty((n_positions, d), np.float32)
+    out = np.empty((n_positions, d), COMPUTE)
     out[:, :half] = np.sin(angles[:, 0::2])
     out[:, half:] = np.cos(angles[:, 1::2])
     return out
@@ -109,9 +110,9 @@ def relative_position_bucket(relative: np.ndarray, bidirectional: bool, num_buck
     else:
         relative = -np.minimum(relative, 0)
     max_exact = num_buckets // 2
-    far = np.maximum(relative, max_exact).astype(np.float32)      # the near ones take the exact branch below
-    large = max_exact + (np.log(far / np.float32(max_exact)) / np.float32(math.log(max_distance / max_exact))
-                         * np.float32(num_buckets - max_exact)).astype(np.int64)
+    far = np.maximum(relative, max_exact).astype(COMPUTE)      # the near ones take the exact branch below
+    large = max_exact + (np.log(far / scalar(max_exact)) / scalar(math.log(max_distance / max_exact))
+                         * scalar(num_buckets - max_exact)).astype(np.int64)
     large = np.minimum(large, num_buckets - 1)
     return buckets + np.where(relative < max_exact, relative, large)
 
@@ -234,7 +235,7 @@ class EncoderDecoder:
         self.enc_ln_f = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.final_norm else None
         self.dec_ln_f = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.final_norm else None
         self.lm_head = None if cfg.tie_embeddings else _normal(rng, (cfg.vocab_size, cfg.d_model))  # [V, D]
-        self.logits_bias = np.zeros((1, cfg.vocab_size), np.float32) if cfg.logits_bias else None  # [1, V]
+        self.logits_bias = np.zeros((1, cfg.vocab_size), COMPUTE) if cfg.logits_bias else None  # [1, V]
 
     @property
     def unembedding(self) -> np.ndarray:
@@ -291,7 +292,7 @@ class EncoderDecoder:
         T = ids.shape[1]
         if T > self.cfg.max_positions:
             raise ValueError(f"{T} tokens is more than this model's {self.cfg.max_positions} positions")
-        x = self.shared[ids] * np.float32(self.cfg.embed_scale)
+        x = self.shared[ids] * scalar(self.cfg.embed_scale)
         wpe = self.dec_wpe if decoder else self.enc_wpe
         if wpe is not None:
             x = x + wpe[self.cfg.position_offset:self.cfg.position_offset + T]
@@ -329,7 +330,7 @@ class EncoderDecoder:
         logp = log_softmax(logits.astype(np.float64), axis=-1)
         following = np.concatenate([dec[:, 1:], np.zeros((B, 1), np.int64)], axis=1)             # x_{t+1}, [B, T]
         logp_next = np.take_along_axis(logp, following[..., None], -1)[..., 0]
-        token_logprobs = np.concatenate([np.zeros((B, 1)), logp_next[:, :-1]], axis=1).astype(np.float32)
+        token_logprobs = np.concatenate([np.zeros((B, 1)), logp_next[:, :-1]], axis=1).astype(COMPUTE)
         probs = {k: np.stack([p for p, _, _, _ in v]) for k, v in kept.items()}
         st = masks = None
         if stages:
@@ -342,6 +343,6 @@ class EncoderDecoder:
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """The LM head: (hidden * lm_scale) @ W^T (+ final_logits_bias) -> [..., V]."""
-        h = hidden * np.float32(self.cfg.lm_scale) if self.cfg.lm_scale != 1.0 else hidden
+        h = hidden * scalar(self.cfg.lm_scale) if self.cfg.lm_scale != 1.0 else hidden
         out = h @ self.unembedding.T
         return out if self.logits_bias is None else out + self.logits_bias

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import erf, expit
 
-from .precision import scalar, widen
+from .precision import COMPUTE, scalar, widen
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -36,7 +36,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float = 1e-6) -> np.ndarray
     """RMSNorm (Zhang & Sennrich 2019): divide each position's features by their root mean square, then
     scale. LayerNorm without the centring and the bias; Llama's choice. x * (1 / sqrt(mean(x^2) + eps)) * w,
     in that order, as transformers' LlamaRMSNorm computes it."""
-    inv_rms = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + np.float32(eps))
+    inv_rms = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + scalar(eps))
     return weight * (x * inv_rms)
 
 
@@ -47,8 +47,8 @@ def gelu(x: np.ndarray) -> np.ndarray:
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """GELU through its tanh fit, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GPT-2's "gelu_new"."""
-    c = np.float32(np.sqrt(2.0 / np.pi))
-    return 0.5 * x * (1.0 + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+    c = scalar(np.sqrt(2.0 / np.pi))
+    return 0.5 * x * (1.0 + np.tanh(c * (x + scalar(0.044715) * x * x * x)))
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -77,16 +77,16 @@ def rope_tables(n_positions: int, d_head: int, theta: float, scaling=None) -> tu
     """
     if d_head % 2:
         raise ValueError(f"rotary embeddings need an even head dimension; got {d_head}")
-    exponents = np.arange(0, d_head, 2, dtype=np.float32) / np.float32(d_head)                 # 2i / d, float32
-    base = (theta ** exponents.astype(np.float64)).astype(np.float32)                          # theta^(2i/d)
-    inv_freq, attention_factor = np.float32(1.0) / base, 1.0                                   # theta^(-2i/d)
+    exponents = np.arange(0, d_head, 2, dtype=COMPUTE) / scalar(d_head)                 # 2i / d, float32
+    base = (theta ** exponents.astype(np.float64)).astype(COMPUTE)                          # theta^(2i/d)
+    inv_freq, attention_factor = scalar(1.0) / base, 1.0                                   # theta^(-2i/d)
     if scaling is not None:   # a RoPE scaling (model/rope.py: Llama 3.x, YaRN, LongRoPE, ...) changes inv_freq
         inv_freq, attention_factor = scaling.inverse_frequencies(base, theta, n_positions)
-    angles = np.arange(n_positions, dtype=np.float32)[:, None] * inv_freq[None, :]   # [P, d/2], float32
+    angles = np.arange(n_positions, dtype=COMPUTE)[:, None] * inv_freq[None, :]   # [P, d/2], float32
     angles = np.concatenate([angles, angles], axis=-1).astype(np.float64)             # [P, d]
-    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    cos, sin = np.cos(angles).astype(COMPUTE), np.sin(angles).astype(COMPUTE)
     if attention_factor != 1.0:   # YaRN, LongRoPE: cos and sin times the attention factor, every score times its square
-        cos, sin = cos * np.float32(attention_factor), sin * np.float32(attention_factor)
+        cos, sin = cos * scalar(attention_factor), sin * scalar(attention_factor)
     return cos, sin
 
 
@@ -161,7 +161,7 @@ def position_weights(lengths: np.ndarray, T: int) -> np.ndarray:
     """[B, T] weights of a plain average over each text's own tokens: 1/n on its n tokens, 0 on padding."""
     lengths = np.asarray(lengths)
     real = np.arange(T)[None, :] < lengths[:, None]
-    return (real / np.maximum(lengths, 1)[:, None]).astype(np.float32)
+    return (real / np.maximum(lengths, 1)[:, None]).astype(COMPUTE)
 
 
 def ablate_heads(ctx: np.ndarray, keep: np.ndarray, mean: np.ndarray, weights: np.ndarray) -> np.ndarray:

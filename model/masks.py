@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-MASKED = np.float32(np.finfo(np.float32).min)
+from .precision import COMPUTE, MASKED, scalar   # MASKED: the compute type's lowest finite value
 
 
 def causal_mask(t_query: int, t_key: int | None = None, start: int = 0) -> np.ndarray:
@@ -41,10 +41,10 @@ def to_additive(mask: np.ndarray) -> np.ndarray:
     """Boolean (True = masked out) to additive float32; float masks pass through as float32."""
     mask = np.asarray(mask)
     if mask.dtype == bool:
-        return np.where(mask, MASKED, np.float32(0.0)).astype(np.float32)
+        return np.where(mask, MASKED, scalar(0.0)).astype(COMPUTE)
     if not np.issubdtype(mask.dtype, np.floating):
         raise TypeError(f"a mask must be boolean (True = masked out) or additive float; got dtype {mask.dtype}")
-    return mask.astype(np.float32, copy=False)
+    return mask.astype(COMPUTE, copy=False)
 
 
 def combine(*masks: np.ndarray | None) -> np.ndarray | None:

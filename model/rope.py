@@ -31,7 +31,8 @@ from typing import Literal
 
 import numpy as np
 
-f32 = np.float32
+from .precision import COMPUTE
+f32 = COMPUTE.type
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import numpy as np
 from . import masks as M
 from .attention import GroupedQueryAttention, MultiHeadAttention, self_attention
 from .functional import gelu, gelu_tanh, layer_norm, linear, position_weights, rms_norm, rope_tables, silu, soft_cap
-from .precision import widen
+from .precision import COMPUTE, scalar, widen
 from .rope import RopeScaling
 
 # Teaching outputs, besides the probabilities. Per layer and batch: x [T, D], what the block's q/k/v projections
@@ -137,7 +137,7 @@ class TransformerConfig:
 
 class LayerNorm:
     def __init__(self, dim: int, eps: float):
-        self.weight, self.bias, self.eps = np.ones(dim, np.float32), np.zeros(dim, np.float32), eps
+        self.weight, self.bias, self.eps = np.ones(dim, COMPUTE), np.zeros(dim, COMPUTE), eps
 
     def __call__(self, x):
         return layer_norm(x, widen(self.weight), widen(self.bias), self.eps)
@@ -145,7 +145,7 @@ class LayerNorm:
 
 class RMSNorm:
     def __init__(self, dim: int, eps: float):
-        self.weight, self.eps = np.ones(dim, np.float32), eps
+        self.weight, self.eps = np.ones(dim, COMPUTE), eps
 
     def __call__(self, x):
         return rms_norm(x, widen(self.weight), self.eps)
@@ -154,7 +154,7 @@ class RMSNorm:
 class Linear:
     def __init__(self, d_in: int, d_out: int, rng: np.random.Generator | None, std: float = 0.02, bias: bool = True):
         self.weight = _normal(rng, (d_out, d_in), std)                  # [out, in]
-        self.bias = np.zeros(d_out, np.float32) if bias else None
+        self.bias = np.zeros(d_out, COMPUTE) if bias else None
 
     def __call__(self, x):
         return linear(x, self.weight, self.bias)
@@ -334,7 +334,7 @@ class Transformer:
                              "truncate the input")
         x = widen(self.wte[input_ids])                                    # [B, T, D]
         if self.cfg.embed_scale != 1.0:                                   # Gemma: times sqrt(d_model)
-            x = x * np.float32(self.cfg.embed_scale)
+            x = x * scalar(self.cfg.embed_scale)
         if self.wpe is not None:
             x = x + widen(self.wpe[start:start + T])
         if self.wtt is not None:
@@ -348,7 +348,7 @@ class Transformer:
         L, H = self.cfg.n_layers, self.cfg.n_heads
         arrays = []
         for name, value, default in (("head_mask", head_mask, 1.0), ("head_mean", head_mean, 0.0)):
-            value = np.full((B, L, H), default, np.float32) if value is None else np.asarray(value, np.float32)
+            value = np.full((B, L, H), default, COMPUTE) if value is None else np.asarray(value, COMPUTE)
             if value.ndim != 3 or value.shape[1:] != (L, H) or value.shape[0] not in (1, B):
                 raise ValueError(f"{name} must be [batch, layers, heads] = [{B}, {L}, {H}]; got shape {value.shape}")
             arrays.append(np.broadcast_to(value, (B, L, H)))
@@ -401,8 +401,8 @@ class Transformer:
         lse = np.stack([_logsumexp(soft_cap(hidden @ widen(W[v:v + VOCAB_CHUNK]).T, cap))
                         for v in range(0, len(W), VOCAB_CHUNK)], axis=-1)   # [B, T, chunks]
         logp_next = np.minimum(target - _logsumexp(lse), 0.0)             # log p(x_{t+1} | x_<=t), [B, T]
-        token_logprobs = np.concatenate([np.zeros((B, 1), np.float32), logp_next[:, :-1]], axis=1)
-        return next_token_logits, token_logprobs.astype(np.float32)
+        token_logprobs = np.concatenate([np.zeros((B, 1), COMPUTE), logp_next[:, :-1]], axis=1)
+        return next_token_logits, token_logprobs.astype(COMPUTE)
 
 
 def logits(model: Transformer, x: np.ndarray) -> np.ndarray:
@@ -419,8 +419,8 @@ def logits(model: Transformer, x: np.ndarray) -> np.ndarray:
 def _normal(rng: np.random.Generator | None, shape, std: float = 0.02) -> np.ndarray:
     """N(0, std^2) float32 weights, or zeros (not yet loaded) without a generator."""
     if rng is None:
-        return np.zeros(shape, np.float32)
-    return (rng.standard_normal(shape) * std).astype(np.float32)
+        return np.zeros(shape, COMPUTE)
+    return (rng.standard_normal(shape) * std).astype(COMPUTE)
 
 
 def _logsumexp(x: np.ndarray) -> np.ndarray:

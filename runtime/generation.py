@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..model.precision import COMPUTE
 from ..graphs.decoding import cache_names
 from ..model import decoding
 from ..model.decoding import KVCache, Step
@@ -103,7 +104,7 @@ def decode(rt, ids: np.ndarray, cache: KVCache, keep: np.ndarray, engine: str = 
     if engine == "numpy":
         return decoding.decode(rt.model, ids, cache, keep)
     cfg, B, t, P = rt.cfg, *ids.shape, cache.length
-    feeds = {"input_ids": np.ascontiguousarray(ids, np.int64), "head_mask": np.ascontiguousarray(keep, np.float32),
+    feeds = {"input_ids": np.ascontiguousarray(ids, np.int64), "head_mask": np.ascontiguousarray(keep, COMPUTE),
              "attention_mask": np.ascontiguousarray(np.broadcast_to(causal_mask(t, P + t, start=P), (B, 1, t, P + t)))}
     names = ["next_token_logits", "attentions"]
     for layer in range(cfg.n_layers):
@@ -141,7 +142,7 @@ class Generator:
             raise InputError(f"{self.rt.spec.id} does not generate text: it is not a decoder with an LM head")
         if not self.ids:
             raise InputError("the prompt has no tokens")
-        self.keep = np.ones((1, cfg.n_layers, cfg.n_heads), np.float32) if self.keep is None else self.keep
+        self.keep = np.ones((1, cfg.n_layers, cfg.n_heads), COMPUTE) if self.keep is None else self.keep
         self._rng = np.random.default_rng(self.sampling.seed)
         self._cache: KVCache | None = None
         self._logits: np.ndarray | None = None

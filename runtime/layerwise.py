@@ -39,6 +39,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..model.precision import COMPUTE
 from ..analysis import thumbnails as thumbnails_
 from ..analysis.statistics import STATISTICS, TextKeys, visible_keys
 from ..graphs import layers
@@ -70,10 +71,10 @@ def key_feeds(keys: TextKeys, T: int, rows) -> dict[str, np.ndarray]:
     """The attend graph's key-set inputs for these rows (graphs/reductions.py Reductions.marked)."""
     feeds = {}
     if "punctuation" in rows:
-        feeds[key_input("punctuation")] = np.asarray(keys.punctuation, np.float32)
+        feeds[key_input("punctuation")] = np.asarray(keys.punctuation, COMPUTE)
     for name, keyset in (("cross_sentence", "other_sentence"), ("duplicate", "same_token_before")):
         if name in rows:
-            feeds[key_input(keyset)] = keys.mask(keyset, T).astype(np.float32)
+            feeds[key_input(keyset)] = keys.mask(keyset, T).astype(COMPUTE)
     return feeds
 
 
@@ -203,7 +204,7 @@ class Layerwise:
         if not block.window:
             return mask
         T = mask.shape[-1]
-        return np.ascontiguousarray(block.local_mask(mask, mask.shape[-2], T), np.float32)
+        return np.ascontiguousarray(block.local_mask(mask, mask.shape[-2], T), COMPUTE)
 
     def run_graph(self, which, feeds: dict[str, np.ndarray], outputs: list[str], release: bool = False,
                   layer: int | None = None):
@@ -279,7 +280,7 @@ class Layerwise:
         extra = ({"pool": thumbnails_.pooling_matrix(T, thumbs)} if thumbs else {}) | key_feeds(keys, T, kept + (
             ("duplicate",) if want.duplicate else ()))
         outputs = kept + ((thumbnail_output(T, thumbs),) if thumbs else ()) + want.block_outputs()
-        rows = {name: np.empty((L, H, T - 1 if name in ("previous", "next") else T), np.float32) for name in kept}
+        rows = {name: np.empty((L, H, T - 1 if name in ("previous", "next") else T), COMPUTE) for name in kept}
         checkpoints, thumbnails, asked = {}, {}, Asked(tuple(want.heads))
         with self.busy:
             x = self.run_graph("embed", inputs, ["x"], release=True)["x"]

@@ -19,6 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..model.precision import COMPUTE
 from ..graphs.cache import GraphCache
 from ..model import masks as M
 from ..model import transformer as T_
@@ -123,7 +124,7 @@ class Runtime:
         if self.model.wtt is not None:
             feeds["token_type_ids"] = types
         for name, value, default in (("head_mask", head_mask, 1.0), ("head_mean", head_mean, 0.0)):
-            value = np.full((B, L, H), default, np.float32) if value is None else np.asarray(value, np.float32)
+            value = np.full((B, L, H), default, COMPUTE) if value is None else np.asarray(value, COMPUTE)
             if value.ndim != 3 or value.shape[1:] != (L, H) or value.shape[0] not in (1, B):
                 raise InputError(f"{name} must be [texts, layers, heads] = [{B}, {L}, {H}]; got shape {value.shape}")
             feeds[name] = np.ascontiguousarray(np.broadcast_to(value, (B, L, H)))
@@ -182,7 +183,7 @@ class Runtime:
             axes = {"batch": B, "tokens": T, "layers": self.cfg.n_layers, "heads": self.cfg.n_heads}
             if depth is not None:    # one output per block, each written into its slice of the stacked attentions
                 feeds = {name: feeds[name] for name in (i.name for i in sess.get_inputs())}
-                attn = np.empty((depth, B, self.cfg.n_heads, T, T), np.float32)   # pages of unasked blocks: untouched
+                attn = np.empty((depth, B, self.cfg.n_heads, T, T), COMPUTE)   # pages of unasked blocks: untouched
                 per_block = [o.name for o in sess.get_outputs()]
                 kept = set(range(depth) if layers is None else layers)
                 with SCRATCH.lend(attn.shape[1:]) if len(kept) < depth else contextlib.nullcontext() as unread:

@@ -255,7 +255,7 @@ class Scratch:
         self._lock = threading.Lock()
 
     @contextmanager
-    def lend(self, shape: Sequence[int], dtype=np.float32):
+    def lend(self, shape: Sequence[int], dtype=COMPUTE):
         """A [shape] array of undefined contents, the caller's until the block ends."""
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         with self._lock:
@@ -299,4 +299,4 @@ def to_float16(a: np.ndarray) -> np.ndarray:
     """float32 -> float16, bit for bit what numpy gives, but through onnxruntime's Cast: numpy takes a slow path
     for results below float16's normal range, and a quarter of attention weights land there (358 ms vs 2-13 ms
     for 512 tokens x 72 heads)."""
-    return _cast_session().run(None, {"x": np.ascontiguousarray(a, np.float32)})[0]
+    return _cast_session().run(None, {"x": np.ascontiguousarray(a, COMPUTE)})[0]

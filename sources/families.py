@@ -49,6 +49,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from ..model.precision import scalar
 from ..model.rope import RopeScaling
 from ..model.transformer import TransformerConfig
 from .spec import MAX_POSITIONS, MAX_TOKENS, ModelUnavailable
@@ -379,7 +380,7 @@ def _gemma_config(c: dict, tensors: set) -> tuple[TransformerConfig, int, list[s
         layer_norm_eps=float(c.get("rms_norm_eps", 1e-6)), norm="rms", position="rope", mlp="geglu",
         attention="gqa", n_kv_heads=c.get("num_key_value_heads") or heads, d_head=c.get("head_dim") or d // heads,
         rope_theta=theta, rope_scaling=rope.scaling, qkv_bias=False, bias=False,
-        lm_head=tie or "lm_head.weight" in tensors, tie_embeddings=tie, embed_scale=float(np.float32(d ** 0.5)), query_pre_attn_scalar=float(c.get("query_pre_attn_scalar") or 0.0),
+        lm_head=tie or "lm_head.weight" in tensors, tie_embeddings=tie, embed_scale=float(scalar(d ** 0.5)), query_pre_attn_scalar=float(c.get("query_pre_attn_scalar") or 0.0),
         attn_softcap=float(c.get("attn_logit_softcapping") or 0.0),
         final_softcap=float(c.get("final_logit_softcapping") or 0.0), output_norms=True, sliding_window=window,
         layer_types=layer_types if window else (), rope_local_theta=local_theta if local_theta != theta or rope.scaling else 0.0,

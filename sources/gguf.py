@@ -33,6 +33,7 @@ import numpy as np
 from .safetensors import read_header, read_tensor
 from .spec import MAX_POSITIONS, Generation
 from .tokens import bytes_to_unicode
+from ..model.precision import scalar
 from ..model.transformer import Transformer, TransformerConfig
 from ..model.weights import load_state_dict
 
@@ -109,7 +110,7 @@ def _gemma3_config(reader, g, names) -> TransformerConfig:
         mlp="geglu", attention="gqa", n_kv_heads=g("attention.head_count_kv", n_heads),
         d_head=g("attention.key_length", d // n_heads), rope_theta=float(g("rope.freq_base", 1_000_000.0)),
         qkv_bias=False, bias=False, lm_head=True, tie_embeddings="output.weight" not in names,
-        embed_scale=float(np.float32(d ** 0.5)), query_pre_attn_scalar=GEMMA3_DEFAULTS["query_pre_attn_scalar"],
+        embed_scale=float(scalar(d ** 0.5)), query_pre_attn_scalar=GEMMA3_DEFAULTS["query_pre_attn_scalar"],
         output_norms=True, sliding_window=window, layer_types=tuple(
             "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(L)) if window else (),
         rope_local_theta=GEMMA3_DEFAULTS["rope_local_theta"], qk_norm="head")
