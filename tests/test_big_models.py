@@ -126,7 +126,7 @@ def test_l1b_patching_qk_and_lens_work(client):
     sums to the score the run computed; the lens' last row is the model's own next-token distribution. On the float32
     folder: the layer graphs widen a bf16 layer's weights at every call (bench/big_models.py), and these analyses
     call each layer many times (the layer graphs' bf16 path is the layer-by-layer test's)."""
-    clean, corrupt = "a cat sat", "a bat sat"                     # one byte apart: one token
+    clean, corrupt = "a cat", "a bat"                             # one byte apart: one token
     r = client.post("/api/patching", json={"model": "l1b-f32", "clean": clean, "corrupt": corrupt, "site": "residual",
                                            "target": "m", "distractor": "h"})
     assert r.status_code == 200, r.text[:300]
@@ -136,8 +136,8 @@ def test_l1b_patching_qk_and_lens_work(client):
     np.testing.assert_allclose(p["patched"][0][position], p["clean"], atol=1e-4)
     same = [v for t, v in enumerate(p["patched"][0]) if t != position]    # the stream there is the same token's:
     np.testing.assert_allclose(same, p["corrupt"], atol=1e-4)                # patching it changes nothing
-    q = client.post("/api/qk", json={"model": "l1b-f32", "text": clean, "layer": 5, "head": 7, "query": 8,
-                                     "key": 3}).json()
+    q = client.post("/api/qk", json={"model": "l1b-f32", "text": clean, "layer": 5, "head": 7, "query": 5,
+                                     "key": 2}).json()
     assert abs(q["score"] - q["scaled"]) < 1e-3 * max(1.0, abs(q["scaled"])), q
     lens = client.post("/api/lens", json={"model": "l1b-f32", "text": clean, "top": 3}).json()
     a = client.post("/api/attention", json={"model": "l1b-f32", "text": clean, "include": ["predictions"]}).json()
@@ -188,3 +188,50 @@ def test_l8b_first_layers_equal_transformers(l8b_cut):
         ref = torch.stack(hf(torch.tensor([ours["token_ids"]]), output_attentions=True).attentions)[:, 0].numpy()
     assert ref.max(-1).mean() >= 0.5
     np.testing.assert_allclose(ours["attention"], ref, atol=1e-4, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def t5_big(tmp_path_factory) -> Path:
+    """A T5 (gated-gelu, relative position buckets, tied embeddings) over 2 GB in float32: tests/test_encdec.py's
+    tiny T5 (d_model 64, weights drawn wide: peaked attention) with an 8.8M-token vocabulary (its shared embedding
+    alone is 2.25 GB; the tokenizer uses the first ids), saved in bf16 (1.1 GB)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from .test_checkpoints import widen
+    from .test_encdec import save_tokenizer
+
+    folder = tmp_path_factory.mktemp("t5big") / "t5"
+    folder.mkdir()
+    save_tokenizer("t5", folder)
+    cfg = T5Config(vocab_size=8_800_000, d_model=64, d_kv=16, d_ff=96, num_layers=2, num_heads=4,
+                   feed_forward_proj="gated-gelu", tie_word_embeddings=True, decoder_start_token_id=0, pad_token_id=0,
+                   eos_token_id=1, relative_attention_num_buckets=8, relative_attention_max_distance=20)
+    model = T5ForConditionalGeneration(cfg)
+    widen(model, seed=0)
+    model.to(torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
+def test_an_encoder_decoder_over_2_gb_equals_transformers(t5_big):
+    """The encoder-decoder graph, the last graph kind, on a model over 2 GB in float32: its three attentions and the
+    next token equal transformers eager in float32 on the widened weights."""
+    from .test_encdec import DECODER_TEXT, TEXT, reference
+
+    with serving({"t5": t5_big}) as c:
+        caps = c.get("/api/models").json()[0]["capabilities"]
+        r = c.post("/api/attention", json={"model": "t5", "text": TEXT, "decoder_text": DECODER_TEXT,
+                                           "include": ["attention", "predictions"]})
+    assert r.status_code == 200, r.text[:300]
+    assert caps["dtype"] == "bfloat16" and caps["parameters"] * 4 > 2 * 10**9
+    r = r.json()
+    src, tgt, out = reference(t5_big, TEXT, DECODER_TEXT)
+    assert r["token_ids"] == src and r["decoder_token_ids"] == tgt
+    for ours, theirs in ((r["attention"], out.encoder_attentions), (r["decoder_attention"], out.decoder_attentions),
+                         (r["cross_attention"], out.cross_attentions)):
+        theirs = torch.stack(theirs)[:, 0].numpy()
+        assert theirs.max(-1).mean() >= 0.5
+        np.testing.assert_allclose(np.asarray(ours, np.float32), theirs, atol=1e-4, rtol=0)
+    p = torch.softmax(out.logits[0, -1].double(), -1).numpy()
+    assert r["next_tokens"][0]["id"] == int(p.argmax())
+    for t in r["next_tokens"]:
+        assert abs(t["prob"] - p[t["id"]]) < 1e-4
