@@ -159,9 +159,13 @@ class Layerwise:
     # ---- graphs -----------------------------------------------------------------------------
     def groups(self, T: int) -> int:
         """Into how many groups a layer's heads are split at T tokens: one group's scores or probabilities
-        [h, T, T] float32 stay within group_mb (a layer holds about three such buffers at its peak)."""
+        [h, T, T] float32 stay within group_mb (a layer holds about three such buffers at its peak). On a GPU, one
+        group: the small groups are for a CPU's cache, and each run costs a GPU a launch and a copy (bench/gpu.py: at
+        2048 tokens nine one-head runs a layer made SmolLM2's answer 24x torch's forward)."""
         H = self.rt.cfg.n_heads
-        return min(H, max(1, math.ceil(H * T * T * 4 / (self.group_mb * 2**20))))
+        if self.rt.weights.device != "cpu":
+            return 1
+        return min(H, max(1, math.ceil(H * T * T * COMPUTE.itemsize / (self.group_mb * 2**20))))
 
     def session(self, which: str | tuple) -> Session:
         """"embed", "block_in", "block_out", "final", or ("attend", outputs, causal); built in memory on first use
