@@ -30,7 +30,8 @@ binary32 kernel (x86 or ARM, with or without FMA), from the float64 model alone:
    estimates sigma(o). s^2 SAMPLES / sigma(o)^2 is chi-square with SAMPLES degrees of freedom: sigma(o) <= CHI s but
    with probability 1e-6, CHI = sqrt(SAMPLES / chi2.ppf(1e-6, SAMPLES)) = 1.642 at 64 copies. Each element's bound
    is LAMBDA CHI s. (A seeded generator: the same bound on every run. A result the copies share, such as T5's
-   position bias [1, H, T, T], is perturbed per copy as it broadcasts.)
+   position bias [1, H, T, T], is perturbed per copy as it broadcasts; the batch axis may be merged with the next,
+   as GPT-2's Conv1D views [B, T, D] as [B T, D]; a rounded result without one is refused.)
 5. Inputs are exact: the weights are float32 numbers (widened exactly), token ids are integers.
 
 A float32 path that performs these primitives (our graphs mirror the NumPy model step by step; transformers' eager
@@ -77,13 +78,13 @@ class _Rounding(TorchFunctionMode):
 
     def term(self, z, c):
         c = torch.nan_to_num(torch.as_tensor(c, dtype=z.dtype), nan=0.0, posinf=0.0, neginf=0.0)   # masked: -inf
-        if z.ndim == 0 or z.shape[0] not in (1, self.copies):
+        if z.ndim == 0 or z.shape[0] % self.copies and z.shape[0] != 1:
             if not c.any():
                 return z
             raise ValueError(f"float32 bound: a rounded result of shape {tuple(z.shape)} has no batch axis; pass "
                              "the model inputs it is made from (position_ids...) with one")
-        return torch.addcmul(z, torch.randn((self.copies, *z.shape[1:]), generator=self.generator,
-                                            dtype=z.dtype), c)
+        shape = (self.copies, *z.shape[1:]) if z.shape[0] == 1 else z.shape    # [1, ...]: shared, broadcast per copy
+        return torch.addcmul(z, torch.randn(shape, generator=self.generator, dtype=z.dtype), c)
 
     def rounded(self, z, ulps=1):
         return self.term(z, ulps * U * z.abs())
