@@ -13,9 +13,12 @@ from ..corpus.examples import RANKABLE
 
 
 def _json_int(v):
-    """JSON integers only: no true/false, no "3" strings, no 0.0 (pydantic's lax mode would take all three)."""
+    """What JSON Schema calls an integer: a number without a fractional part, 4 or 4.0 (read as 4), as pydantic's lax
+    mode takes it; never 4.5, true/false or a "4" string (which the lax mode would also take)."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
     if isinstance(v, (bool, str, float)):
-        raise ValueError("must be a JSON integer")
+        raise ValueError("must be a JSON integer (a whole number such as 4 or 4.0)")
     return v
 
 
