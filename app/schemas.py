@@ -157,9 +157,9 @@ class AttentionRequest(RunOptions):
 
     decoder_text: Text | None = Field(None, description="encoder-decoders only: the decoder's text, read as "
                                       "transformers reads labels (tokenised with the tokenizer's specials, shifted "
-                                      "right behind the decoder start token); the start token alone when omitted. "
-                                      "The answer then has decoder_attention and cross_attention",
-                                      json_schema_extra={"pattern": r"\S"})
+                                      "right behind the decoder start token); the start token alone when omitted or "
+                                      "blank (white space only). The answer has decoder_attention and "
+                                      "cross_attention")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"model": "minilm", "text": EXAMPLE_TEXT, "layers": [4], "heads": [3]},
@@ -498,7 +498,7 @@ class StagesRequest(RunOptions):
         None, description="return the matrices for the first `limit` tokens only (queries and keys), e.g. to show "
         "the numbers of a long text's opening; `probs` rows are then partial. All tokens when omitted")
     decoder_text: Text | None = Field(None, description="encoder-decoders only: the decoder's text, as /api/attention "
-                                      "reads it", json_schema_extra={"pattern": r"\S"})
+                                      "reads it (omitted or blank: the decoder start token alone)")
     attention: Literal["encoder", "decoder", "cross"] | None = Field(
         None, description="encoder-decoders only: whose head, the encoder's self-attention, the decoder's, or "
         "cross-attention (the default: queries from the decoder's tokens, keys and values from the encoder's output). "

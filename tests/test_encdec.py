@@ -142,6 +142,26 @@ def test_decoder_start_token_alone_and_numpy_engine(folders, client):
     assert answers[1]["provider"] == "numpy"
 
 
+@pytest.mark.parametrize("family", ["t5", "bart", "marian"])
+def test_a_blank_decoder_text_is_the_start_token_alone(family, client):
+    """One rule in every family (issue 37: T5 took a blank decoder_text, BART and Marian refused it): a decoder text
+    of white space only is the decoder start token alone, the same answer as none at all, on both endpoints."""
+    body = {"model": family, "text": TEXT, "layers": [1], "heads": [0, 3]}
+    alone = client.post("/api/attention", json=body).json()
+    steps = client.post("/api/stages", json={"model": family, "text": TEXT, "layer": 1, "head": 3}).json()
+    assert len(alone["decoder_token_ids"]) == 1 and len(steps["query_tokens"]) == 1
+    for blank in ("", " ", "\t\n "):
+        r = client.post("/api/attention", json=body | {"decoder_text": blank})
+        assert r.status_code == 200, r.text
+        r = r.json()
+        assert (r["decoder_token_ids"], r["decoder_tokens"]) == (alone["decoder_token_ids"], alone["decoder_tokens"])
+        for name in ("attention", "decoder_attention", "cross_attention"):
+            assert r[name] == alone[name], name
+        st = client.post("/api/stages", json={"model": family, "text": TEXT, "layer": 1, "head": 3,
+                                              "decoder_text": blank})
+        assert st.status_code == 200 and st.json()["probs"] == steps["probs"], st.text
+
+
 def test_layers_heads_and_binary_form(client):
     body = {"model": "t5", "text": TEXT, "decoder_text": DECODER_TEXT}
     whole = client.post("/api/attention", json=body).json()
