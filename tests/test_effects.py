@@ -285,7 +285,7 @@ def test_attribution_parts_sum_to_the_logit_and_match_transformers(which, reques
 
 # ---- the API's refusals --------------------------------------------------------------------------------------------
 def test_bad_effects_requests_get_clear_4xx():
-    settings = Settings(models=["induction", "tiny-gpt"], cache=CACHE, max_patching_runs=50)
+    settings = Settings(models=["induction", "tiny-gpt"], cache=CACHE, max_patching_runs=50, max_patching_gflop=0.05)
     with TestClient(create_app(settings)) as c:
         ok = {"model": "induction", "clean": "a b c a b", "corrupt": "a b c d b", "target": "c"}
         r = c.post("/api/patching", json=ok)
@@ -298,6 +298,8 @@ def test_bad_effects_requests_get_clear_4xx():
             (ok | {"model": "tiny-gpt"}, "has no LM head"),
             (ok | {"per_position": True, "clean": "a b c a b c a b c a b c a b c a b c a b c a b c a b c a b c",
                    "corrupt": "a b c a b c a b c a b c a b c a b c a b c a b c a b c a b d"}, "ATTNSCOPE_MAX_PATCHING_RUNS"),
+            (ok | {"per_position": True}, "GFLOP (12 rows, each running the blocks from its own layer up over 6 "
+                                          "tokens); the limit is 0.05 (ATTNSCOPE_MAX_PATCHING_GFLOP"),
             (ok | {"target": "c", "distractor": "c"}, "the same token"),
             (ok | {"site": "mlp"}, "site"),
         ]
