@@ -783,8 +783,8 @@ def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int, max_
 
 
 def _integer_bounds(node) -> None:
-    """An integer's bounds written as integers: FastAPI's OpenAPI model writes every bound as a float (64.0), and a
-    generator then offers 45.0 for an integer, which the API refuses (integers are written as integers)."""
+    """An integer's bounds written as integers: FastAPI's OpenAPI model writes every bound as a float (64.0). The API
+    takes 45.0 for the integer 45, as JSON Schema does, but a schema's integer bounds read best as integers."""
     if isinstance(node, dict):
         if node.get("type") == "integer":
             for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
@@ -852,6 +852,15 @@ def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int, max_new_tokens: 
                          "description": f"{m.id}'s files have no chat template: leave it out"}
     if "text_pair" in props and not m.pair:
         props["text_pair"] = {"type": "null", "description": f"{m.id} takes a single text: leave it out"}
+    if "include" in props and not m.predictions:     # attribution reads next-token logits: an LM head's
+        items = props["include"].get("items", {})
+        if "enum" in items:
+            items["enum"] = [part for part in items["enum"] if part != "attribution"]
+    if m.kind != "encoder-decoder":          # the decoder's text and which attention: encoder-decoders only
+        for field in ("decoder_text", "attention"):
+            if field in props:
+                props[field] = {"type": "null", "description": f"encoder-decoders only; {m.id} is "
+                                f"{'an' if m.kind == 'encoder' else 'a'} {m.kind}: leave it out"}
     return variant
 
 
