@@ -849,7 +849,7 @@ class Planner:
         if gflop > self.settings.max_patching_gflop:
             raise Refused(f"this patching is {gflop:,.0f} GFLOP ({rows} rows, each running the blocks from its own "
                           f"layer up over {T} tokens); the limit is {self.settings.max_patching_gflop:,g} "
-                          f"(ATTNSCOPE_MAX_PATCHING_GFLOP, about 10 s on 2 cores): patch per (layer, head) "
+                          f"(ATTNSCOPE_MAX_PATCHING_GFLOP, seconds on 2 cores): patch per (layer, head) "
                           f"(per_position false), or shorten the texts")
         metric = self._metric(rt, req.target, req.distractor)
         key = _hash(["patching", req.model, rt.graphs.key, req.clean, req.corrupt, metric.target, metric.distractor,

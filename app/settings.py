@@ -74,8 +74,9 @@ class Settings(BaseSettings):
                                    "heads, x positions per position): each is a run of the layers above its own")
     max_patching_gflop: float = Field(default=500, gt=0, description="float operations of one /api/patching "
                                       "request, in GFLOP: each row runs the blocks from its own layer up over every "
-                                      "token (SmolLM2 per (layer, head) on 14 tokens: 415, per position: 5,800); "
-                                      "500 is about 10 s on 2 cores")
+                                      "token (SmolLM2 per (layer, head) on 14 tokens: 415, per position: 5,834); "
+                                      "500: about 3.6 s on 2 idle cores that multiply float32 matrices at 280 "
+                                      "GFLOP/s, 10 s or more under load")
     max_new_tokens: int = Field(default=256, ge=1, description="tokens one /api/generate request may ask for")
     precompute_mb: int = Field(default=256, ge=0, description="a model's circuits (/api/circuits: weight products) "
                                "are computed in the background at start-up when their largest product holds at "
