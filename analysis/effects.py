@@ -25,12 +25,19 @@ class Metric:
     def name(self) -> str:
         return "logprob" if self.distractor is None else "logit_difference"
 
-    def __call__(self, logits: np.ndarray) -> np.ndarray:
-        """logits [..., V] -> the metric [...], float64."""
+    @property
+    def reads(self) -> list[int] | None:
+        """The logits it reads: target and distractor; None for log p(target), whose normaliser reads them all."""
+        return None if self.distractor is None else [self.target, self.distractor]
+
+    def __call__(self, logits: np.ndarray, only_read: bool = False) -> np.ndarray:
+        """logits [..., V] -> the metric [...], float64 (arrays of their own). only_read: logits holds just the
+        columns `reads` names, in that order [..., 2] (a run that computed only those)."""
         logits = np.asarray(logits, np.float64)
         if self.distractor is None:        # a copy: the column alone, not a view that keeps [..., V] alive
             return log_softmax(logits)[..., self.target].copy()
-        return logits[..., self.target] - logits[..., self.distractor]
+        t, d = (0, 1) if only_read else (self.target, self.distractor)
+        return logits[..., t] - logits[..., d]
 
 
 def recovery(patched: np.ndarray, clean: float, corrupt: float) -> np.ndarray | None:

@@ -25,10 +25,15 @@ sending budget reserves), so whatever a run cannot give is refused before any wo
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
+import os
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -36,10 +41,12 @@ import orjson
 
 from .. import __version__
 from ..analysis.attribution import attribution
+from ..analysis import circuits as circuits_module
 from ..analysis.circuits import Composition, composition, head_weights, ov_copying
 from ..analysis.lens import HeadLens, Lens, head_lens, logit_lens
 from ..analysis.effects import Metric
 from ..analysis.scores import probe_ids
+from ..model.weights import state_dict
 from ..runtime import Encoding, Runtime
 from ..runtime.encdec import EncoderDecoderRuntime
 from ..runtime.interventions import Interventions, Trace, head_importance, head_masks, reference_trace
@@ -341,11 +348,57 @@ class LensPlan(Plan):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CircuitsPlan(OneRunPlan):
-    """The model's OV copying and composition scores, from its weights."""
+class CircuitsPlan(Plan):
+    """The model's OV copying and composition scores, from its weights: computed once per model, in the background
+    (Planner.circuits), never in a run slot; the request waits for it when it is still under way."""
+    circuits: Future
+
+    async def compute(self, runner: Runner) -> Computed:
+        ready = self.circuits.done()
+        # shielded: a client that goes away must not cancel the shared result while it waits in the thread's queue
+        return Computed(await asyncio.shield(asyncio.wrap_future(self.circuits)), ready, {})
 
     def payload(self, computed: Computed) -> dict:
         return payload.circuits(self, computed)
+
+
+def _block_flops(rt: Runtime, T: int) -> float:
+    """Float operations of one token through one block: a multiply and an add per weight, and the scores and the
+    weighted values against T keys."""
+    cfg = rt.cfg
+    weights = sum(w.size for name, w in state_dict(rt.model).items() if name.startswith("blocks.")) / cfg.n_layers
+    return 2 * weights + 4 * T * cfg.n_heads * cfg.d_head
+
+
+def _circuits_file(rt: Runtime) -> Path:
+    """Where a model's circuits are kept beside its graphs: keyed by its weights and graphs (GraphCache.key) and by
+    the code that computes them."""
+    code = Path(circuits_module.__file__).read_bytes()
+    return rt.cache_dir / f"circuits-{_hash([rt.graphs.key, hashlib.sha256(code).hexdigest()])}.npz"
+
+
+def _circuits(rt: Runtime) -> Circuits:
+    """A model's weight-space circuits (analysis/circuits.py): read from the cache folder, or computed (seconds for
+    SmolLM2: 500 GFLOP of weight products) and kept there (written under a name of its own, then renamed; a
+    read-only cache folder only means computing again next time)."""
+    t0 = time.perf_counter()
+    path = _circuits_file(rt)
+    try:
+        with np.load(path) as f:
+            ov = f["ov_copying"] if "ov_copying" in f else None
+            return Circuits(ov, Composition(f["q"], f["k"], f["v"]), time.perf_counter() - t0)
+    except (OSError, KeyError, ValueError):
+        pass
+    w = head_weights(rt.model)
+    ov = ov_copying(rt.model, w) if rt.cfg.has_unembedding else None
+    comp = composition(rt.model, w)
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
+    try:
+        np.savez(tmp, q=comp.q, k=comp.k, v=comp.v, **({} if ov is None else {"ov_copying": ov}))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+    return Circuits(ov, comp, time.perf_counter() - t0)
 
 
 # ---- planning -------------------------------------------------------------------------------------------------
@@ -439,6 +492,9 @@ class Planner:
 
     def __init__(self, runtimes: dict[str, Runtime], settings: Settings):
         self.runtimes, self.settings = runtimes, settings
+        self._circuits: dict[str, Future] = {}             # model id -> its circuits, computed once (one thread)
+        self._circuits_lock = threading.Lock()
+        self._background = ThreadPoolExecutor(1, thread_name_prefix="attnscope-circuits")
 
     @property
     def max_chars(self) -> int:
@@ -808,6 +864,15 @@ class Planner:
             raise Refused(f"this patching is {rows} runs ({L} layers x {H} heads x {T} positions); the limit is "
                           f"{self.settings.max_patching_runs} (ATTNSCOPE_MAX_PATCHING_RUNS): patch per (layer, head) "
                           f"(per_position false), or shorten the texts")
+        # every row runs the blocks from its own layer up, over every token: L (L + 1) / 2 block runs per row of
+        # each layer's rows. What that takes, in float operations, bounds how long the answer takes
+        per_layer = rows // L
+        gflop = per_layer * L * (L + 1) // 2 * T * _block_flops(rt, T) / 1e9
+        if gflop > self.settings.max_patching_gflop:
+            raise Refused(f"this patching is {gflop:,.0f} GFLOP ({rows} rows, each running the blocks from its own "
+                          f"layer up over {T} tokens); the limit is {self.settings.max_patching_gflop:,g} "
+                          f"(ATTNSCOPE_MAX_PATCHING_GFLOP, seconds on 2 cores): patch per (layer, head) "
+                          f"(per_position false), or shorten the texts")
         metric = self._metric(rt, req.target, req.distractor)
         key = _hash(["patching", req.model, rt.graphs.key, req.clean, req.corrupt, metric.target, metric.distractor,
                      req.site, req.per_position, req.direction])
@@ -902,15 +967,35 @@ class Planner:
         self._decomposable(rt, "weight-space circuits (QK = W_Q W_K^T, OV = W_V W_O)", qk=True, direct=True)
         self._capable(rt, "circuits", "weight-space circuits (/api/circuits)")
         key = _hash(["circuits", rt.spec.id, rt.graphs.key])
-
-        def call() -> Circuits:
-            t0 = time.perf_counter()
-            w = head_weights(rt.model)
-            ov = ov_copying(rt.model, w) if rt.cfg.has_unembedding else None
-            return Circuits(ov, composition(rt.model, w), time.perf_counter() - t0)
         n = rt.cfg.n_layers * rt.cfg.n_heads
         return CircuitsPlan(request=req, runtime=rt, encoding=None, key=key, etag=_etag(key, req, binary),
-                            binary=binary, size=3 * n * n * (4 if binary else 12) + 12 * n, run=Run(key, call))
+                            binary=binary, size=3 * n * n * (4 if binary else 12) + 12 * n,
+                            circuits=self.circuits_of(rt))
+
+    def circuits_of(self, rt: Runtime) -> Future:
+        """The model's circuits: computed once, by one background thread, first asked for at start-up
+        (precompute) or by the first request; every later request reads the same result."""
+        with self._circuits_lock:
+            fut = self._circuits.get(rt.spec.id)
+            if fut is None:
+                fut = self._circuits[rt.spec.id] = self._background.submit(_circuits, rt)
+            return fut
+
+    def precompute(self) -> None:
+        """At start-up, in the background: what each model's first request would otherwise wait for, its circuits
+        (seconds of weight products for SmolLM2), where they fit ATTNSCOPE_PRECOMPUTE_MB; larger models' come with
+        their first /api/circuits. The server answers meanwhile; a request for them waits for the result."""
+        for rt in self.runtimes.values():
+            cfg = rt.cfg
+            # the largest of composition's products: one writer layer against every later reader, float32
+            mb = 4 * cfg.d_model * cfg.n_layers * cfg.n_heads * cfg.d_head / 2 ** 20
+            if isinstance(rt, EncoderDecoderRuntime) or mb > self.settings.precompute_mb:
+                continue
+            try:
+                self._decomposable(rt, "circuits", qk=True, direct=True)
+            except Refused:
+                continue
+            self.circuits_of(rt)
 
     # ---- /api/generate --------------------------------------------------------------------------------------------
     def generate(self, req: GenerateRequest) -> GeneratePlan:

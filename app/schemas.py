@@ -13,9 +13,12 @@ from ..corpus.examples import RANKABLE
 
 
 def _json_int(v):
-    """JSON integers only: no true/false, no "3" strings, no 0.0 (pydantic's lax mode would take all three)."""
+    """What JSON Schema calls an integer: a number without a fractional part, 4 or 4.0 (read as 4), as pydantic's lax
+    mode takes it; never 4.5, true/false or a "4" string (which the lax mode would also take)."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
     if isinstance(v, (bool, str, float)):
-        raise ValueError("must be a JSON integer")
+        raise ValueError("must be a JSON integer (a whole number such as 4 or 4.0)")
     return v
 
 
@@ -178,9 +181,9 @@ class AttentionRequest(RunOptions):
 
     decoder_text: Text | None = Field(None, description="encoder-decoders only: the decoder's text, read as "
                                       "transformers reads labels (tokenised with the tokenizer's specials, shifted "
-                                      "right behind the decoder start token); the start token alone when omitted. "
-                                      "The answer then has decoder_attention and cross_attention",
-                                      json_schema_extra={"pattern": r"\S"})
+                                      "right behind the decoder start token); the start token alone when omitted or "
+                                      "blank (white space only). The answer has decoder_attention and "
+                                      "cross_attention")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"model": "minilm", "text": EXAMPLE_TEXT, "layers": [4], "heads": [3]},
@@ -519,7 +522,7 @@ class StagesRequest(RunOptions):
         None, description="return the matrices for the first `limit` tokens only (queries and keys), e.g. to show "
         "the numbers of a long text's opening; `probs` rows are then partial. All tokens when omitted")
     decoder_text: Text | None = Field(None, description="encoder-decoders only: the decoder's text, as /api/attention "
-                                      "reads it", json_schema_extra={"pattern": r"\S"})
+                                      "reads it (omitted or blank: the decoder start token alone)")
     attention: Literal["encoder", "decoder", "cross"] | None = Field(
         None, description="encoder-decoders only: whose head, the encoder's self-attention, the decoder's, or "
         "cross-attention (the default: queries from the decoder's tokens, keys and values from the encoder's output). "
@@ -822,8 +825,8 @@ def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int, max_
 
 
 def _integer_bounds(node) -> None:
-    """An integer's bounds written as integers: FastAPI's OpenAPI model writes every bound as a float (64.0), and a
-    generator then offers 45.0 for an integer, which the API refuses (integers are written as integers)."""
+    """An integer's bounds written as integers: FastAPI's OpenAPI model writes every bound as a float (64.0). The API
+    takes 45.0 for the integer 45, as JSON Schema does, but a schema's integer bounds read best as integers."""
     if isinstance(node, dict):
         if node.get("type") == "integer":
             for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
@@ -891,6 +894,15 @@ def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int, max_new_tokens: 
                          "description": f"{m.id}'s files have no chat template: leave it out"}
     if "text_pair" in props and not m.pair:
         props["text_pair"] = {"type": "null", "description": f"{m.id} takes a single text: leave it out"}
+    if "include" in props and not m.predictions:     # attribution reads next-token logits: an LM head's
+        items = props["include"].get("items", {})
+        if "enum" in items:
+            items["enum"] = [part for part in items["enum"] if part != "attribution"]
+    if m.kind != "encoder-decoder":          # the decoder's text and which attention: encoder-decoders only
+        for field in ("decoder_text", "attention"):
+            if field in props:
+                props[field] = {"type": "null", "description": f"encoder-decoders only; {m.id} is "
+                                f"{'an' if m.kind == 'encoder' else 'a'} {m.kind}: leave it out"}
     return variant
 
 

@@ -77,6 +77,7 @@ class AttentionService:
                                    f"ATTNSCOPE_CACHE at a writable folder") from None
             self.runtimes[model_id] = rt
             log.info("%s ready on %s", model_id, rt.provider)
+        self.plans.precompute()
         self.jobs.open()
 
     def job_posts(self):

@@ -73,7 +73,15 @@ class Settings(BaseSettings):
                                      "outputs")
     max_patching_runs: int = Field(default=4096, ge=1, description="rows of one /api/patching request (layers x "
                                    "heads, x positions per position): each is a run of the layers above its own")
+    max_patching_gflop: float = Field(default=500, gt=0, description="float operations of one /api/patching "
+                                      "request, in GFLOP: each row runs the blocks from its own layer up over every "
+                                      "token (SmolLM2 per (layer, head) on 14 tokens: 415, per position: 5,834); "
+                                      "500: about 3.6 s on 2 idle cores that multiply float32 matrices at 280 "
+                                      "GFLOP/s, 10 s or more under load")
     max_new_tokens: int = Field(default=256, ge=1, description="tokens one /api/generate request may ask for")
+    precompute_mb: int = Field(default=256, ge=0, description="a model's circuits (/api/circuits: weight products) "
+                               "are computed in the background at start-up when their largest product holds at "
+                               "most this many MB (SmolLM2: 40), else on their first request; 0: never at start-up")
     max_generate_seconds: float = Field(default=120, gt=0, description="a generation stops (stop_reason \"time\") "
                                         "once it has run this long, waits for run slots included")
     max_tokens: Limits = Field(default={}, description="per-model token limit, e.g. minilm=512, up to the model's "

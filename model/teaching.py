@@ -39,8 +39,8 @@ GAP = 20.0  # every wired head's target out-scores each other key by >= this (so
 
 
 # ---- shared pieces -------------------------------------------------------------------------
-VOCAB = 30522       # MiniLM's WordPiece vocabulary (zoo.bert_tokenizer)
-CLS_ID = 101        # [CLS], which the tokenizer puts first: the beginning of every sequence
+VOCAB = 1280        # the teaching models' own WordPiece vocabulary (sources/teaching.py builds it, this size)
+CLS_ID = 2          # [CLS], which the tokenizer puts first: the beginning of every sequence
 CODE = 32           # numbers per token code
 MU = 0.5            # the dot of two different tokens' codes is at most this
 

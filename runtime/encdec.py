@@ -6,7 +6,7 @@
 
 The decoder reads what transformers' decoder reads when trained on `decoder_text` as labels: the text tokenised with
 the tokenizer's own specials, shifted right behind the decoder start token (so the final </s> is what the last
-position predicts, not a token read). No decoder text: the start token alone. One graph runs both stacks
+position predicts, not a token read). No decoder text, or a blank one: the start token alone. One graph runs both stacks
 (graphs/encdec.py); the NumPy reference (model/encdec.py) runs when asked.
 """
 from __future__ import annotations
@@ -118,14 +118,13 @@ class EncoderDecoderRuntime:
 
     def encode_decoder(self, decoder_text: str | None) -> Encoding:
         """[decoder start] + the decoder text's tokens (with the tokenizer's specials) but its last: the labels
-        shifted right, as transformers' shift_tokens_right makes them."""
+        shifted right, as transformers' shift_tokens_right makes them. No decoder text, or a blank one (nothing but
+        white space), is the start token alone, in every family: a blank text has nothing for the decoder to read,
+        and the tokenizers' specials alone (BART's <s> </s>, T5's and Marian's </s>) would differ by family."""
         start = self.cfg.decoder_start_token_id
         head = Encoding([start], [0], [self.vocabulary.token_string(start)], [(0, 0)], [True], [-1], False, [False])
-        if decoder_text is None:
+        if decoder_text is None or not decoder_text.strip():
             return head
-        if not isinstance(decoder_text, str) or not decoder_text.strip():
-            raise InputError("decoder_text is blank: leave it out (the decoder start token alone) or give at least "
-                             "one non-blank character")
         e = self.vocabulary.encode(decoder_text)
         n = min(len(e.ids) - 1, self.spec.max_tokens - 1)
         return Encoding(head.ids + e.ids[:n], [0] * (n + 1), head.tokens + e.tokens[:n], head.offsets + e.offsets[:n],

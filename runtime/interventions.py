@@ -18,15 +18,18 @@ from typing import Literal, Sequence
 
 import numpy as np
 
+from ..analysis.effects import Metric
 from ..model.interventions import Edit
 from ..model.masks import MASKED
-from ..model.precision import COMPUTE
+from ..model.functional import soft_cap
+from ..model.precision import COMPUTE, widen
 from ..model.transformer import LM_OUTPUTS, logits
 from .errors import InputError
 from .results import Encoding
 
 Ablation = Literal["zero", "mean"]
-Readout = Literal["logits", "outputs"]   # the last position's logits [B, V], or the final graph's outputs
+Readout = Literal["logits", "outputs"]   # the last position's logits [B, V] (or a metric of them), or the final
+#                                          graph's outputs
 TRACED = ("residual", "query", "key", "value", "head_output")   # the sites a trace keeps by default
 BATCH = 16                                # rows per batch (on a CPU)
 GPU_BATCH = 512                           # at least, on a GPU
@@ -147,11 +150,12 @@ class Interventions:
 
     # ---- edited runs -----------------------------------------------------------------------------------------------
     def run(self, base: Trace, rows: Sequence[Sequence[Edit]], readout: Readout = "logits",
-            reuse: bool = True) -> dict[str, np.ndarray]:
+            reuse: bool = True, metric: Metric | None = None) -> dict[str, np.ndarray]:
         """Every row's edits made to `base`'s run: {"logits": [B, V]} (the last position's next-token logits), or
-        the final graph's outputs {"hidden" [B, T, D], "next_token_logits", "token_logprobs"}. reuse=False runs
-        every row from the embeddings' output, every block recomputed, one row at a time (the plain way, for
-        comparison: the same numbers)."""
+        with `metric` {"metric": [B]}, each batch's logits reduced as it comes (only the two a logit difference reads
+        are computed: never [rows, V] at once); or the final graph's outputs {"hidden" [B, T, D],
+        "next_token_logits", "token_logprobs"}. reuse=False runs every row from the embeddings' output, every block
+        recomputed, one row at a time (the plain way, for comparison: the same numbers)."""
         first = [min((e.layer for e in row), default=self.rt.cfg.n_layers) if reuse else 0 for row in rows]
         order = sorted(range(len(rows)), key=lambda b: first[b])
         size = self.batch if reuse else 1
@@ -162,7 +166,7 @@ class Interventions:
                 chunk = [b for b in order[n:n + size] if first[b] == first[order[n]]]
                 n += len(chunk)
                 for name, value in self._rows(base, [rows[b] for b in chunk], first[chunk[0]], readout,
-                                              reuse).items():
+                                              reuse, metric).items():
                     out.setdefault(name, []).append((chunk, value))
         result = {}
         for name, parts in out.items():
@@ -173,7 +177,7 @@ class Interventions:
         return result
 
     def _rows(self, base: Trace, rows: list[Sequence[Edit]], start: int, readout: Readout,
-              reuse: bool = True) -> dict[str, np.ndarray]:
+              reuse: bool = True, metric: Metric | None = None) -> dict[str, np.ndarray]:
         """One batch of rows, all of whose edits are at layers >= start, from base's residual stream at start (and,
         with reuse, base's attention at start where no edit changes it)."""
         cfg, s = self.rt.cfg, base.sites
@@ -210,7 +214,12 @@ class Interventions:
             last = x[:, -1]
             if model.ln_f is not None:
                 last = model.ln_f(last)
-            return {"logits": logits(model, last)}
+            reads = None if metric is None else metric.reads
+            if reads is None:
+                out = logits(model, last)                                    # [B, V]
+            else:                                                            # the metric's columns alone [B, 2]
+                out = soft_cap(last @ widen(model.unembedding[reads]).T, model.cfg.final_softcap)
+            return {"logits": out} if metric is None else {"metric": metric(out, only_read=reads is not None)}
         return self._final(x, np.repeat(np.array([base.encoding.ids]), B, axis=0))
 
     # ---- the graphs ------------------------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ def patch(rt, clean: Encoding, corrupt: Encoding, metric: Metric, *, site: str =
     base, source = (traces["corrupt"], traces["clean"]) if direction == "denoise" else \
         (traces["clean"], traces["corrupt"])
     rows, shape = rows_of(site, per_position, source, rt.cfg.n_layers, rt.cfg.n_heads)
-    patched = metric(iv.run(base, rows, "logits", reuse=reuse)["logits"]).reshape(shape)
+    patched = iv.run(base, rows, "logits", reuse=reuse, metric=metric)["metric"].reshape(shape)
     c, k = (float(metric(traces[name].logits)) for name in ("clean", "corrupt"))
     return Patching(clean.tokens, site, direction, metric, c, k, patched, recovery(patched, c, k), time.perf_counter() - t0)
 

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 from ..model.teaching import INDUCTION_EXPLANATION, INDUCTION_ROLES, TINY_GPT_ROLES, induction_circuit, tiny_gpt
 from ..model.transformer import Transformer
 from .spec import ModelSpec, ModelUnavailable, one_line
+from .teaching import teaching_tokenizer
 
 
 MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json")
@@ -70,16 +71,6 @@ def bert_tokenizer(folder: Path | None = None, cache: Path | None = None) -> Tok
         raise _unreadable("tokenizer.json", e, folder) from None
     tok.no_padding()
     tok.no_truncation()  # the runtime truncates to the model's max_tokens and reports it
-    return tok
-
-
-def bos_tokenizer(folder: Path | None = None, cache: Path | None = None) -> Tokenizer:
-    """MiniLM's vocabulary for the teaching decoders: [CLS] opens the text as its beginning-of-sequence token, and
-    nothing closes it (a trailing [SEP] would make the next-token prediction one for after [SEP])."""
-    from tokenizers.processors import TemplateProcessing
-
-    tok = bert_tokenizer(folder, cache)
-    tok.post_processor = TemplateProcessing(single="[CLS] $A", special_tokens=[("[CLS]", tok.token_to_id("[CLS]"))])
     return tok
 
 
@@ -264,15 +255,15 @@ ZOO: dict[str, ModelSpec] = {s.id: s for s in [
               "next token.", "decoder", _gemma3, gemma3_tokenizer, max_tokens=4096, architecture="gemma3",
               generation=_gemma3_generation),
     ModelSpec("tiny-gpt", "Tiny GPT (teaching)",
-              "A 4-layer, 4-head GPT-2 style decoder (pre-norm, causal, d_model 128) for teaching, with MiniLM's "
-              "tokenizer. Six heads are wired by hand and do exactly what their role says (>= 0.99 of the weight "
+              "A 4-layer, 4-head GPT-2 style decoder (pre-norm, causal, d_model 128) for teaching, with a small "
+              "tokenizer of its own (common English words, spelled in pieces otherwise). Six heads are wired by hand and do exactly what their role says (>= 0.99 of the weight "
               "on the target, on any text): layer 0 previous-token, first-token, self and uniform heads; layer 1 "
               "same-token and two-back heads. The rest are seeded random: what untrained attention looks like.",
-              "decoder", _tiny_gpt, bos_tokenizer, head_roles=TINY_GPT_ROLES, architecture="gpt2"),
+              "decoder", _tiny_gpt, teaching_tokenizer, head_roles=TINY_GPT_ROLES, architecture="gpt2"),
     ModelSpec("induction", "Induction circuit (teaching)",
-              "A 2-layer, 1-head attention-only decoder (d_model 324) built by hand, with MiniLM's tokenizer: a "
+              "A 2-layer, 1-head attention-only decoder (d_model 324) built by hand, with tiny-gpt's tokenizer: a "
               "previous-token head feeding an induction head, so after \"A B ... A\" it predicts B.",
-              "decoder", _induction, bos_tokenizer, max_tokens=256, head_roles=INDUCTION_ROLES,
+              "decoder", _induction, teaching_tokenizer, max_tokens=256, head_roles=INDUCTION_ROLES,
               explanation=INDUCTION_EXPLANATION, architecture="attention-only"),
 ]}
 

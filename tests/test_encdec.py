@@ -5,7 +5,6 @@ attention is peaked (asserted). T5 twice: gated-gelu with its own LM head (no re
 read at d_model**-0.5. What does not apply to an encoder-decoder is refused, by name."""
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from attnscope.app.wire import from_binary
 from attnscope.model.encdec import relative_position_bucket
 from attnscope.sources import ModelUnavailable, folders as hf_folders
 from tests.conftest import CACHE, serving
+from tests.float32 import assert_within, float32_bound
 from tests.test_checkpoints import peaked, trained_bpe, widen
 
 torch.set_num_threads(2)
@@ -142,6 +142,26 @@ def test_decoder_start_token_alone_and_numpy_engine(folders, client):
     assert answers[1]["provider"] == "numpy"
 
 
+@pytest.mark.parametrize("family", ["t5", "bart", "marian"])
+def test_a_blank_decoder_text_is_the_start_token_alone(family, client):
+    """One rule in every family (issue 37: T5 took a blank decoder_text, BART and Marian refused it): a decoder text
+    of white space only is the decoder start token alone, the same answer as none at all, on both endpoints."""
+    body = {"model": family, "text": TEXT, "layers": [1], "heads": [0, 3]}
+    alone = client.post("/api/attention", json=body).json()
+    steps = client.post("/api/stages", json={"model": family, "text": TEXT, "layer": 1, "head": 3}).json()
+    assert len(alone["decoder_token_ids"]) == 1 and len(steps["query_tokens"]) == 1
+    for blank in ("", " ", "\t\n "):
+        r = client.post("/api/attention", json=body | {"decoder_text": blank})
+        assert r.status_code == 200, r.text
+        r = r.json()
+        assert (r["decoder_token_ids"], r["decoder_tokens"]) == (alone["decoder_token_ids"], alone["decoder_tokens"])
+        for name in ("attention", "decoder_attention", "cross_attention"):
+            assert r[name] == alone[name], name
+        st = client.post("/api/stages", json={"model": family, "text": TEXT, "layer": 1, "head": 3,
+                                              "decoder_text": blank})
+        assert st.status_code == 200 and st.json()["probs"] == steps["probs"], st.text
+
+
 def test_layers_heads_and_binary_form(client):
     body = {"model": "t5", "text": TEXT, "decoder_text": DECODER_TEXT}
     whole = client.post("/api/attention", json=body).json()
@@ -218,8 +238,9 @@ def _cross_modules(model, family: str, layer: int):
 def test_cross_attention_steps(family, folders, client):
     """/api/stages explains a cross-attention head (the default `attention`): Q from the decoder's tokens (the input
     transformers' cross-attention reads, caught with a hook), K and V from the encoder's output (transformers'
-    encoder_last_hidden_state) through the head's projections; probabilities equal to /api/attention's
-    cross_attention (the ONNX graph) and to transformers'; every step follows from the one before."""
+    encoder_last_hidden_state) through the head's projections; the probabilities, and /api/attention's
+    cross_attention (the ONNX graph), within float32's derived bound of transformers' float64 value; every step
+    follows from the one before."""
     l, h, H = 1, 2, 4
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(folders[family], attn_implementation="eager",
                                                                dtype=torch.float32).eval()
@@ -246,16 +267,14 @@ def test_cross_attention_steps(family, folders, client):
     assert list(st["query_tokens"]) == ans["decoder_tokens"] and list(st["key_tokens"]) == ans["tokens"]
     probs = np.asarray(st["probs"], np.float64)
     assert probs.shape == (len(tgt), len(src)) and peaked(probs) >= 0.5
-    # NumPy and ONNX agree to 1e-5 (DESIGN) where float32 itself is that exact. These wide-weight checkpoints (scores
-    # up to ~18) are not: transformers' own float32 run is 1.4e-5 from its float64 run of the same head, and on an
-    # AMD EPYC machine our two float32 paths came 1.04e-5 apart. So the bound is float32's own error here, measured.
-    with torch.inference_mode():
-        exact = copy.deepcopy(model).double()(input_ids=torch.tensor([src]), decoder_input_ids=torch.tensor([tgt]),
-                                              output_attentions=True).cross_attentions[l][0, h].numpy()
-    fp32_error = np.abs(out.cross_attentions[l][0, h].numpy() - exact).max()
-    np.testing.assert_allclose(probs, ans["cross_attention"][0][0], atol=max(1e-5, 2 * fp32_error), rtol=0)
-    np.testing.assert_allclose(probs, exact, atol=max(1e-5, 2 * fp32_error), rtol=0)
-    np.testing.assert_allclose(probs, out.cross_attentions[l][0, h].numpy(), atol=ATOL, rtol=0)
+    # The steps (NumPy) and the served graph (ONNX) are two float32 computations of transformers' float64 value: each
+    # is within its derived float32 bound (tests/float32.py: these wide-weight checkpoints score up to ~20, so a
+    # weight can be ~1e-5 off on one CPU and further on another: a bound measured on one machine is no bound)
+    exact, bound = float32_bound(model, lambda o: o.cross_attentions[l][:, h], input_ids=torch.tensor([src]),
+                                 decoder_input_ids=torch.tensor([tgt]), output_attentions=True)
+    assert bound.max() < 1e-2                                            # the check means something
+    assert_within(probs, exact, bound, "the steps' probabilities")
+    assert_within(ans["cross_attention"][0][0], exact, bound, "the served graph's cross-attention")
     with torch.inference_mode():
         memory = out.encoder_last_hidden_state                                    # [1, S, D]
         want = {"x": seen["x"][0].numpy(), "q": split(wq(seen["x"])), "k": split(wk(memory)), "v": split(wv(memory))}

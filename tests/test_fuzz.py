@@ -2,13 +2,12 @@
 
 Deterministic (fixed seed, derandomized Hypothesis, no example database) and bounded: about 1,100 generated
 cases in all. Every built-in check runs (the `--checks all` set, including max_response_time); the one
-adjustment is that a schema-valid request may get 413/422 when it breaks a limit JSON Schema cannot express
-(a layer the chosen model lacks, a blank text, a token index past the text's end, an index written as 1.0) — and then
-`refusal_is_semantic` insists the message is one of those documented refusals, so nothing else hides there.
+adjustment is that a schema-valid request may get 413/422 when it breaks a rule JSON Schema cannot state (a token
+index past the text's end, two texts of different token counts) — and then `refusal_is_semantic` insists the message
+is one of those rules, listed once in tests/unstatable.py, so nothing else hides there.
 """
 from __future__ import annotations
 
-import re
 import tempfile
 from collections import Counter
 
@@ -20,6 +19,7 @@ from schemathesis.config import SchemathesisConfig
 
 from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
+from tests.unstatable import unstatable
 
 SEED = 20_261_121
 POSITIVE_OK = ["2xx", "3xx", "401", "403", "404", "409", "413", "422", "429", "5xx"]  # 5xx: caught by ST101
@@ -29,45 +29,6 @@ CONFIG = {
     "checks": {"positive_data_acceptance": {"expected-statuses": POSITIVE_OK}, "max_response_time": 20},
     "output": {"sanitization": {"enabled": False}},   # `mask_tokens` looks like a secret to the sanitiser
 }
-SEMANTIC = re.compile("|".join([
-    r"^(layers|heads) \[[\d, ]+\] out of range: this model has \d+ \1 \(0\.\.\d+\)$",
-    r"^ablate \[\[[\d, \[\]]+\]\] out of range: this model has layers 0\.\.\d+ and heads 0\.\.\d+$",
-    r"^text is empty: give at least one non-blank character$",
-    r"^text_pair is blank: leave it out or give at least one non-blank character$",
-    r"^model '[^']+' takes a single text, not a sentence pair$",
-    r"^(decoder_text is|attention is|decoder_text and attention are) for encoder-decoders \(T5, BART, Marian\); "
-    r"'[^']+' is an? (encoder|decoder): leave (it|them) out$",
-    r"^mask_tokens index \d+ is out of range: this text has \d+ tokens \(0\.\.\d+\)$",
-    r"^(layers|heads) is empty: leave it out for all \d+, or list indices 0\.\.\d+$",
-    r"^text is \d+ characters; the limit is \d+ \(ATTNSCOPE_MAX_CHARS\)",
-    r"^this answer would hold [\d,]+ attention values; the (JSON|binary) limit is [\d,]+",
-    # the effects (issue 22): rules on how the texts tokenise, or across two fields
-    r"^(queries|keys) \[[\d, ]+\] out of range: this text has \d+ tokens \(0\.\.\d+\)$",
-    r"^position \d+ is out of range: this text has \d+ tokens \(0\.\.\d+\)$",
-    r"^clean and corrupt must have the same token count: clean has \d+ tokens, corrupt has \d+",
-    r"^(target|distractor) .* is not one token: it splits into \d+",
-    r"^target and distractor are the same token",
-    r"^queries \[[\d, ]+\] would read no key at all",
-    r"^layers \[\d+, \d+\] must be \[first, last\] with first <= last",
-    r"^(clean and corrupt are|this text is) \d+ (characters|tokens).*ATTNSCOPE_MAX_(CHARS|PATCHING_TOKENS)",
-    r"^this patching is \d+ runs .*ATTNSCOPE_MAX_PATCHING_RUNS",
-    r"^attribution needs `target`",
-    r"^attribution is of the intact model",
-    r".* has no LM head; models with one",
-    # generation (issue 26): the prompt's tokens and the new ones within the model's length; its rows' size
-    r"^the prompt is (over )?\d+ tokens and \d+ new ones would pass .*'s \d+ \(its max_tokens\)",
-    r"^this generation's key/value cache would hold \d+ MB .*ATTNSCOPE_LAYERWISE_MB",
-    r"^the attention rows of this generation are \d+ numbers, over the limit of \d+ \(ATTNSCOPE_MAX_JSON_CELLS\)",
-    # QK attribution and the lens (issue 25): positions within the text; an unembedding
-    r"^(query|key) \d+ is out of range: this text has \d+ tokens \(0\.\.\d+\)$",
-    r".* has no unembedding \(no LM head\); models with one",
-    # corpus jobs (issue 27): what an upload holds is read when it comes
-    r"^the corpus cannot be read: ",
-    r"^the corpus has no text to read",
-    r"^the corpus has [\d,]+ texts; a job reads at most [\d,]+ \(ATTNSCOPE_MAX_JOB_TEXTS\)",
-    # JSON Schema calls 1.0 an integer; the API takes integers written as integers only (issue 17)
-    r"^(?:[\w.]+: Value error, must be a JSON integer(?:; |$))+$",
-]))
 CASES: Counter[str] = Counter()
 STATUSES: Counter[tuple[str, str, int]] = Counter()
 
@@ -80,11 +41,12 @@ def _all_checks() -> list:
 
 
 def refusal_is_semantic(ctx, response, case):
-    """A schema-valid request refused with 413/422 must be one of the documented semantic refusals."""
+    """A schema-valid request refused with 413/422 must be one of the rules JSON Schema cannot state
+    (tests/unstatable.py)."""
     if case.meta is None or not case.meta.generation.mode.is_positive or response.status_code not in (413, 422):
         return None
     detail = response.json()["detail"]
-    assert SEMANTIC.search(detail), f"schema-valid request refused for an undocumented reason: {detail!r}"
+    assert unstatable(detail), f"schema-valid request refused for a reason not in tests/unstatable.py: {detail!r}"
     return None
 
 

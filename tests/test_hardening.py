@@ -231,11 +231,28 @@ def test_huge_and_fractional_numbers_are_422_with_a_message(client):
     assert r.status_code == 422 and "more digits" in r.json()["detail"] and "8191" in r.json()["detail"]
     r = client.post("/api/attention", json={"model": "tiny-gpt", "text": "hi", "layers": [10 ** 40]})
     assert r.status_code == 422 and "less than or equal to 8191" in r.json()["detail"]
-    for body in ({"layers": [0.0]}, {"heads": [1.5]}, {"mask_tokens": [1.0]}, {"precision": 3.0}):
+    for body in ({"heads": [1.5]}, {"layers": [0.5]}, {"mask_tokens": [1e-9]}, {"precision": 3.25}, {"layers": [True]},
+                 {"heads": ["1"]}, {"precision": "3"}):
         r = client.post("/api/attention", json={"model": "tiny-gpt", "text": "hi", **body})
         assert r.status_code == 422 and "must be a JSON integer" in r.json()["detail"], (body, r.text)
-    r = client.post("/api/stages", json={"model": "tiny-gpt", "text": "hi", "layer": 0, "head": 1.0})
+    r = client.post("/api/stages", json={"model": "tiny-gpt", "text": "hi", "layer": 0, "head": 1.5})
     assert r.status_code == 422 and "head: Value error, must be a JSON integer" in r.json()["detail"]
+
+
+def test_integers_written_as_floats_are_integers(client):
+    """JSON Schema's "integer" takes 4.0 (a number without a fractional part), so the API does: the same answer as 4
+    (issue 37: schemathesis' ST202 on ten operations)."""
+    body = {"model": "tiny-gpt", "text": "The cat sat on the mat and the cat slept.", "layers": [1, 3], "heads": [0, 2],
+            "mask_tokens": [2], "precision": 3}
+    want = client.post("/api/attention", json=body).json()
+    floats = body | {"layers": [1.0, 3.0], "heads": [0.0, 2.0], "mask_tokens": [2.0], "precision": 3.0}
+    got = client.post("/api/attention", json=floats)
+    assert got.status_code == 200, got.text
+    got = got.json()
+    assert (got["layers"], got["heads"]) == ([1, 3], [0, 2]) and got["attention"] == want["attention"]
+    assert all(round(v, 3) == v for row in got["attention"][0][0] for v in row)
+    st = client.post("/api/stages", json={"model": "tiny-gpt", "text": "hi there", "layer": 1.0, "head": 2.0})
+    assert st.status_code == 200 and (st.json()["layer"], st.json()["head"]) == (1, 2), st.text
 
 
 def test_timing_covers_serialisation(client, monkeypatch):

@@ -173,8 +173,8 @@ def test_qk_equals_the_numpy_reference_scores(kind):
 
 # ---- the induction model: K-composition, in numbers ----------------------------------------------------------------
 def test_induction_head_reads_the_previous_token_head_on_the_key_side(client):
-    j = _qk(client, model="induction", text=INDUCTION_TEXT, layer=1, head=0, query=13, key=3)
-    assert (j["tokens"][13], j["tokens"][3]) == ("potter", "met") and j["probability"] > 0.99
+    j = _qk(client, model="induction", text=INDUCTION_TEXT, layer=1, head=0, query=11, key=3)
+    assert (j["tokens"][11], j["tokens"][3]) == ("potter", "met") and j["probability"] > 0.99
     names = [c["name"] for c in j["components"]]
     assert names[int(np.argmax(j["key_sums"]))] == "L0H0"
     assert (names[j["top"][0]["query"]], names[j["top"][0]["key"]]) == ("embed", "L0H0")   # my token x what L0H0 wrote
@@ -195,8 +195,8 @@ def test_head_lens_matches_the_teaching_models_construction(client):
     assert client.post("/api/circuits", json={"model": "tiny-gpt"}).json()["ov_copying"][0] == [None] * 4
     j = client.post("/api/lens", json={"model": "induction", "text": INDUCTION_TEXT, "head_lens": [1, 0]}).json()
     hl = j["head_lens"]
-    assert hl["promoted_tokens"][13][0] == "met" and hl["promoted_logits"][13][0] > 10
-    assert j["top_tokens"][-1][13][0] == "met" and j["top_tokens"][1][13][0] == "potter"   # before the head: itself
+    assert hl["promoted_tokens"][11][0] == "met" and hl["promoted_logits"][11][0] > 10
+    assert j["top_tokens"][-1][11][0] == "met" and j["top_tokens"][1][11][0] == "potter"   # before the head: itself
     ov = client.post("/api/circuits", json={"model": "induction"}).json()["ov_copying"]
     assert ov[1][0] == pytest.approx(1.0, abs=1e-6)         # the induction head copies exactly
 

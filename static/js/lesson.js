@@ -41,8 +41,8 @@ export const LESSON = [
     text: "The second head looks, from each token, at the token that followed the same token earlier: from the second " +
       "“potter” it looks at “met”, and the model predicts “met” next. It finds that position only because the first " +
       "head wrote “the token before me” into every position: the two heads compose (an induction circuit)." },
-  // positions from the tokenizer: [CLS] harry potter met ron we ##as ##ley at school . then harry potter (0..13)
-  { title: "Induction, part 3: why the head looks at “met”", state: { ...INDUCTION, layer: 1, head: 0, pin: 13, why: [13, 3] },
+  // positions from the tokenizer: [CLS] harry potter met ron weasley at school . then harry potter (0..11)
+  { title: "Induction, part 3: why the head looks at “met”", state: { ...INDUCTION, layer: 1, head: 0, pin: 11, why: [11, 3] },
     text: "Why does the second “potter” look at “met”? The chart below splits the head's score for that cell (2427.1, " +
       "before the softmax) into pairs: a part of the stream at “potter” times a part at “met”. The largest part on the " +
       "key side is the output of layer 0's previous-token head (L0H0) at “met”, 3168.0: the copy of “potter” that layer " +

@@ -201,9 +201,9 @@ def test_the_lesson_asks_why_the_induction_head_attends_to_met(page: Page, api, 
     lesson = page.locator("#lesson")
     expect(lesson).to_contain_text("Lesson · 9 of 9")
     expect(lesson.locator("h2")).to_have_text("Induction, part 3: why the head looks at “met”")
-    assert "why=13%2C3" in page.url and "pin=13" in page.url
-    ref = api("/api/qk", model="induction", text=LESSON_TEXT, layer=1, head=0, query=13, key=3)
-    assert (ref["tokens"][13], ref["tokens"][3]) == ("potter", "met")
+    assert "why=11%2C3" in page.url and "pin=11" in page.url
+    ref = api("/api/qk", model="induction", text=LESSON_TEXT, layer=1, head=0, query=11, key=3)
+    assert (ref["tokens"][11], ref["tokens"][3]) == ("potter", "met")
     expect(page.locator(WHY)).to_have_attribute("data-drawn", "1")
     assert_bars(page, ref)
     # the sentence's numbers are the answer's: the key side's largest part is L0H0's output at "met"
