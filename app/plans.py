@@ -374,7 +374,7 @@ def _circuits_file(rt: Runtime) -> Path:
     """Where a model's circuits are kept beside its graphs: keyed by its weights and graphs (GraphCache.key) and by
     the code that computes them."""
     code = Path(circuits_module.__file__).read_bytes()
-    return rt.cache_dir / f"circuits-{_hash([rt.graphs.key, hashlib.sha256(code).hexdigest()])}.npz"
+    return rt.cache_dir / f"circuits-{_hash([rt.key, hashlib.sha256(code).hexdigest()])}.npz"
 
 
 def _circuits(rt: Runtime) -> Circuits:
@@ -552,7 +552,7 @@ class Planner:
 
     def _run_key(self, req, rt: Runtime, stages: bool, ids=None) -> str:
         """Content hash of everything that determines a model run (and of the model's weights and graph)."""
-        return _hash([req.model, rt.graphs.key, req.engine, req.text, req.text_pair, req.causal,
+        return _hash([req.model, rt.key, req.engine, req.text, req.text_pair, req.causal,
                       sorted(set(req.mask_tokens)), stages, sorted(map(tuple, req.ablate)),
                       req.ablation if req.ablate else None, ids])
 
@@ -630,7 +630,7 @@ class Planner:
         S, T = len(enc.ids), len(dec.ids)
         cells = len(layers) * len(heads) * (S * S + T * T + T * S) if "attention" in req.include else 0
         self._check_cells(req, cells, binary)
-        key = _hash([req.model, rt.graphs.key, req.engine, req.text, dec.ids])
+        key = _hash([req.model, rt.key, req.engine, req.text, dec.ids])
         run = Run(key, lambda: rt.forward([enc], [dec], engine=req.engine)[0])
         per = 4 if binary else (req.precision or 9) + 3
         return EncoderDecoderPlan(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary),
@@ -819,7 +819,7 @@ class Planner:
         _select("heads", [req.head], rt.cfg.n_heads)
         nq, nk = (min(req.limit or n, n) for n in ((len(dec.ids) if which != "encoder" else len(enc.ids)),
                                                    (len(dec.ids) if which == "decoder" else len(enc.ids))))
-        key = _hash(["stages", req.model, rt.graphs.key, req.text, dec.ids])
+        key = _hash(["stages", req.model, rt.key, req.text, dec.ids])
         run = Run(key, lambda: rt.forward([enc], [dec], stages=True)[0])
         return EncoderDecoderStagesPlan(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary),
                                         binary=binary, size=8 * nq * (nk + rt.cfg.d_model) * (4 if binary else 12),
@@ -838,7 +838,7 @@ class Planner:
             raise Refused(f"importance runs {req.batch} copies of this {T}-token text a layer at a time: their "
                           f"attention in one layer is {layer * req.batch / 2**20:.1f} MB, over ATTNSCOPE_LAYERWISE_MB "
                           f"({self.settings.layerwise_mb} MB); {fix}")
-        key = _hash(["importance", req.model, rt.graphs.key, req.text, req.text_pair, req.ablation])
+        key = _hash(["importance", req.model, rt.key, req.text, req.text_pair, req.ablation])
 
         def call() -> Importance:
             t0 = time.perf_counter()
@@ -874,7 +874,7 @@ class Planner:
                           f"(ATTNSCOPE_MAX_PATCHING_GFLOP, seconds on 2 cores): patch per (layer, head) "
                           f"(per_position false), or shorten the texts")
         metric = self._metric(rt, req.target, req.distractor)
-        key = _hash(["patching", req.model, rt.graphs.key, req.clean, req.corrupt, metric.target, metric.distractor,
+        key = _hash(["patching", req.model, rt.key, req.clean, req.corrupt, metric.target, metric.distractor,
                      req.site, req.per_position, req.direction])
 
         def call():
@@ -904,7 +904,7 @@ class Planner:
         if left:
             raise Refused(f"queries {left[:5]} would read no key at all: every key they see is knocked out; keep "
                           f"at least one (a causal query {left[0]} sees keys 0..{left[0]})")
-        key = _hash(["knockout", req.model, rt.graphs.key, req.text, queries, keys, first, last])
+        key = _hash(["knockout", req.model, rt.key, req.text, queries, keys, first, last])
 
         def call():
             return knock_out(rt, enc, queries, keys, (first, last))
@@ -918,7 +918,7 @@ class Planner:
         (runtime/interventions.py Trace): one per text, shared by QK attribution and the lens."""
         self._capable(rt, "stacked", what)
         self._patching_tokens(len(enc.ids), what)
-        key = _hash(["trace", rt.spec.id, rt.graphs.key, enc.ids, enc.type_ids])
+        key = _hash(["trace", rt.spec.id, rt.key, enc.ids, enc.type_ids])
         return Run(key, lambda: Interventions(rt).trace(enc, keep=("residual", "query", "key", "head_output"),
                                                         final=False))
 
@@ -966,7 +966,7 @@ class Planner:
         rt = self.runtime(req.model, "circuits (/api/circuits)")
         self._decomposable(rt, "weight-space circuits (QK = W_Q W_K^T, OV = W_V W_O)", qk=True, direct=True)
         self._capable(rt, "circuits", "weight-space circuits (/api/circuits)")
-        key = _hash(["circuits", rt.spec.id, rt.graphs.key])
+        key = _hash(["circuits", rt.spec.id, rt.key])
         n = rt.cfg.n_layers * rt.cfg.n_heads
         return CircuitsPlan(request=req, runtime=rt, encoding=None, key=key, etag=_etag(key, req, binary),
                             binary=binary, size=3 * n * n * (4 if binary else 12) + 12 * n,
@@ -1086,7 +1086,7 @@ class Planner:
             raise TooLarge(f"the corpus has {texts:,} texts; a job reads at most {st.max_job_texts:,} "
                            f"(ATTNSCOPE_MAX_JOB_TEXTS): set options.texts to sample fewer")
         examples = ExampleOptions(o.top, o.per_decile, o.rank_by, o.window)
-        key = {"kind": req.kind, "model": rt.spec.id, "graph": rt.graphs.key, "corpus": corpus, "fmt": fmt,
+        key = {"kind": req.kind, "model": rt.spec.id, "graph": rt.key, "corpus": corpus, "fmt": fmt,
                "column": column, "python": path.name if corpus == bundled.NAME else None,
                "options": o.model_dump()}
         job_id = _hash(key)[:16]

@@ -11,6 +11,8 @@ position predicts, not a token read). No decoder text, or a blank one: the start
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import threading
 import time
 from dataclasses import dataclass
@@ -23,9 +25,10 @@ from ..graphs.cache import GraphCache
 from ..model import masks as M
 from ..model.encdec import EncoderDecoderOutput
 from ..sources import ModelSpec
+from ..sources.store import fingerprint
+from .capabilities import WORK_TFLOP, Capabilities, memory_total
 from .errors import InputError
 from .results import Encoded, Encoding, Engine, NextToken
-from .capabilities import WORK_TFLOP, Capabilities, memory_total
 from .sessions import Session, Weights, check_providers, default_providers, device_of
 from .tokenizing import Vocabulary
 
@@ -108,6 +111,11 @@ class EncoderDecoderRuntime:
 
     def cache_key(self) -> str:
         return self.graphs.key
+
+    @functools.cached_property
+    def key(self) -> str:
+        """Runtime.key: the graphs' key and the weights' fingerprint."""
+        return hashlib.sha256(f"{self.graphs.key}:{fingerprint(self.weights.named)}".encode()).hexdigest()[:16]
 
     def onnx_path(self, stages: bool = False) -> Path:
         return self.graphs.path()

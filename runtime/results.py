@@ -9,9 +9,8 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from ..sources.store import is_mapped
-
 from ..analysis import statistics
+from ..sources.store import is_mapped
 
 Engine = Literal["onnx", "numpy"]    # what computes the forward pass: the served ONNX graph, or the NumPy reference
 

@@ -11,6 +11,8 @@ the caller chooses). Texts too long for the stacked graph run layer by layer (ru
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import logging
 import threading
 import time
@@ -24,6 +26,7 @@ from ..graphs.cache import GraphCache
 from ..model import masks as M
 from ..model import transformer as T_
 from ..sources import ModelSpec, get
+from ..sources.store import fingerprint
 from .errors import InputError
 from .capabilities import WORK_TFLOP, Capabilities, memory_total
 from .layerwise import Layerwise
@@ -217,8 +220,15 @@ class Runtime:
 
     # ---- graphs and sessions ------------------------------------------------------------------------------
     def cache_key(self) -> str:
-        """Hash of the weights and of the exporter's source (graphs/cache.py): either changing rebuilds the graph."""
+        """Hash of the model's shapes and of the exporter's source (graphs/cache.py): either changing rebuilds the
+        graph (which holds no weights)."""
         return self.graphs.key
+
+    @functools.cached_property
+    def key(self) -> str:
+        """What determines this model's numbers: its graphs' key and its weights' fingerprint (sources/store.py).
+        Results kept beyond a run (the result cache, ETags, circuits and corpus jobs on disk) are keyed by it."""
+        return hashlib.sha256(f"{self.graphs.key}:{fingerprint(self.weights.named)}".encode()).hexdigest()[:16]
 
     def cached_path(self, stages: bool = False) -> Path:
         return self.graphs.cached_path(stages)

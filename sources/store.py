@@ -14,6 +14,7 @@ Gemma's norms stored as weight - 1) does a source derive an array of its own, in
 from __future__ import annotations
 
 import functools
+import hashlib
 import mmap
 import os
 from pathlib import Path
@@ -30,9 +31,12 @@ class MappedFile:
     def __init__(self, path: Path):
         self.path = Path(path)
         with open(self.path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+            st = os.fstat(f.fileno())
+            size = st.st_size
             self.mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-        self.size = size
+        self.size, self.identity = size, (str(self.path), size, st.st_mtime_ns)
+        if self.mmap is not None:
+            _FILES[id(self.mmap)] = self
         self._bytes = np.frombuffer(self.mmap, np.uint8) if size else np.empty(0, np.uint8)   # the whole file
 
     @property
@@ -47,6 +51,9 @@ class MappedFile:
         if (self.address + start) % dtype.itemsize:
             raw = raw.copy()
         return raw.view(dtype).reshape(shape)
+
+
+_FILES: dict[int, MappedFile] = {}   # every mapping made, by its mmap's id (kept: an array may outlive the lru entry)
 
 
 @functools.lru_cache(maxsize=256)
@@ -64,8 +71,8 @@ def mapped(path: str | Path) -> MappedFile:
 def _mapping_of(a: np.ndarray) -> mmap.mmap | None:
     """The mapped file an array views, found through its chain of bases, or None (an array of its own)."""
     base = a
-    while isinstance(base, np.ndarray):
-        base = base.base
+    while isinstance(base, (np.ndarray, memoryview)):
+        base = base.base if isinstance(base, np.ndarray) else base.obj   # np.frombuffer(mmap) holds a memoryview
     return base if isinstance(base, mmap.mmap) else None
 
 
@@ -84,3 +91,26 @@ def release(arrays: Iterable[np.ndarray]) -> None:
         start = a.ctypes.data - np.frombuffer(m, np.uint8).ctypes.data
         first = start // PAGE * PAGE
         m.madvise(mmap.MADV_DONTNEED, first, min(start + a.nbytes, len(m)) - first)
+
+
+SAMPLE = 1 << 20          # an array of its own larger than FULL is fingerprinted by this many bytes of it, strided
+FULL = 16 << 20
+
+
+def fingerprint(named: dict[str, np.ndarray]) -> str:
+    """The identity of a model's weights, without reading them all: every name, shape and type; a view of a mapped
+    file by the file (path, size, modification time) and its place in it; an array of its own by its bytes (a
+    strided sample of SAMPLE bytes where it is larger than FULL). What results cached beyond a process are keyed by
+    (a graph holds no weights, so its key does not tell two models of the same shapes apart)."""
+    h = hashlib.sha256()
+    for name in sorted(named):
+        a = named[name]
+        h.update(f"{name}:{a.shape}:{a.dtype}".encode())
+        m = _mapping_of(a)
+        if m is not None and id(m) in _FILES:
+            f = _FILES[id(m)]
+            h.update(repr((f.identity, a.ctypes.data - f.address)).encode())
+            continue
+        raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        h.update(raw.tobytes() if raw.nbytes <= FULL else raw[::max(1, raw.nbytes // SAMPLE)].tobytes())
+    return h.hexdigest()[:16]

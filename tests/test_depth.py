@@ -49,7 +49,7 @@ def test_a_run_stops_at_the_last_layer_asked_and_answers_the_same_bits(model):
         for include in (["attention", "rollout"],) + ((["predictions"],) if rt.cfg.lm_head else ()):
             runs = app.state.service.runner.cache
             j = answer({"layers": [0], "include": include, "text": text + " Again."})
-            whole = [r for r in runs._items.values() if getattr(r, "tokens", None) == j["tokens"]]
+            whole = [r for r, _ in runs._items.values() if getattr(r, "tokens", None) == j["tokens"]]
             assert j["layers"] == [0] and whole and all(r.attentions.shape[0] == L and r.hidden is not None
                                                         for r in whole)
 
