@@ -989,7 +989,8 @@ class Planner:
             cfg = rt.cfg
             # the largest of composition's products: one writer layer against every later reader, float32
             mb = 4 * cfg.d_model * cfg.n_layers * cfg.n_heads * cfg.d_head / 2 ** 20
-            if isinstance(rt, EncoderDecoderRuntime) or mb > self.settings.precompute_mb:
+            if isinstance(rt, EncoderDecoderRuntime) or mb > self.settings.precompute_mb or \
+                    not rt.capabilities.allows("circuits"):      # a request for them is refused (its TFLOP)
                 continue
             try:
                 self._decomposable(rt, "circuits", qk=True, direct=True)
