@@ -31,7 +31,7 @@ import hashlib
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -350,7 +350,7 @@ class LensPlan(Plan):
 @dataclass(frozen=True, kw_only=True)
 class CircuitsPlan(Plan):
     """The model's OV copying and composition scores, from its weights: computed once per model, in the background
-    (Planner.circuits), never in a run slot; the request waits for it when it is still under way."""
+    (Planner.circuits_of), never in a run slot; the request waits for it when it is still under way."""
     circuits: Future
 
     async def compute(self, runner: Runner) -> Computed:
@@ -492,9 +492,9 @@ class Planner:
 
     def __init__(self, runtimes: dict[str, Runtime], settings: Settings):
         self.runtimes, self.settings = runtimes, settings
-        self._circuits: dict[str, Future] = {}             # model id -> its circuits, computed once (one thread)
+        self._circuits: dict[str, Future] = {}             # model id -> its circuits, computed once
         self._circuits_lock = threading.Lock()
-        self._background = ThreadPoolExecutor(1, thread_name_prefix="attnscope-circuits")
+        self._one_at_a_time = threading.Lock()             # one model's weight products at a time
 
     @property
     def max_chars(self) -> int:
@@ -871,7 +871,7 @@ class Planner:
         if gflop > self.settings.max_patching_gflop:
             raise Refused(f"this patching is {gflop:,.0f} GFLOP ({rows} rows, each running the blocks from its own "
                           f"layer up over {T} tokens); the limit is {self.settings.max_patching_gflop:,g} "
-                          f"(ATTNSCOPE_MAX_PATCHING_GFLOP, seconds on 2 cores): patch per (layer, head) "
+                          f"(ATTNSCOPE_MAX_PATCHING_GFLOP): patch per (layer, head) "
                           f"(per_position false), or shorten the texts")
         metric = self._metric(rt, req.target, req.distractor)
         key = _hash(["patching", req.model, rt.key, req.clean, req.corrupt, metric.target, metric.distractor,
@@ -973,13 +973,23 @@ class Planner:
                             circuits=self.circuits_of(rt))
 
     def circuits_of(self, rt: Runtime) -> Future:
-        """The model's circuits: computed once, by one background thread, first asked for at start-up
-        (precompute) or by the first request; every later request reads the same result."""
+        """The model's circuits: computed once, in a background thread (a daemon: it never holds up the server's
+        exit), first asked for at start-up (precompute) or by the first request; every later request reads the same
+        result."""
         with self._circuits_lock:
             fut = self._circuits.get(rt.spec.id)
             if fut is None:
-                fut = self._circuits[rt.spec.id] = self._background.submit(_circuits, rt)
+                fut = self._circuits[rt.spec.id] = Future()
+                threading.Thread(target=self._compute_circuits, args=(fut, rt), daemon=True,
+                                 name=f"attnscope-circuits-{rt.spec.id}").start()
             return fut
+
+    def _compute_circuits(self, fut: Future, rt: Runtime) -> None:
+        with self._one_at_a_time:
+            try:
+                fut.set_result(_circuits(rt))
+            except BaseException as e:  # noqa: BLE001 - every waiting request gets it (a 500: a bug)
+                fut.set_exception(e)
 
     def precompute(self) -> None:
         """At start-up, in the background: what each model's first request would otherwise wait for, its circuits

@@ -73,11 +73,11 @@ class Settings(BaseSettings):
                                      "outputs")
     max_patching_runs: int = Field(default=4096, ge=1, description="rows of one /api/patching request (layers x "
                                    "heads, x positions per position): each is a run of the layers above its own")
-    max_patching_gflop: float = Field(default=500, gt=0, description="float operations of one /api/patching "
+    max_patching_gflop: float = Field(default=1000, gt=0, description="float operations of one /api/patching "
                                       "request, in GFLOP: each row runs the blocks from its own layer up over every "
-                                      "token (SmolLM2 per (layer, head) on 14 tokens: 415, per position: 5,834); "
-                                      "500: about 3.6 s on 2 idle cores that multiply float32 matrices at 280 "
-                                      "GFLOP/s, 10 s or more under load")
+                                      "token (SmolLM2 on 14 tokens: per (layer, head) 417, residual 648, per "
+                                      "position 5,834); 1000: about 7 s on 2 idle cores that multiply float32 "
+                                      "matrices at 280 GFLOP/s")
     max_new_tokens: int = Field(default=256, ge=1, description="tokens one /api/generate request may ask for")
     precompute_mb: int = Field(default=256, ge=0, description="a model's circuits (/api/circuits: weight products) "
                                "are computed in the background at start-up when their largest product holds at "

@@ -275,3 +275,23 @@ def test_bad_qk_lens_and_circuits_requests_get_clear_4xx(client):
         r = client.post(path, json=body)
         assert r.status_code == status and says in r.text, (path, body, r.status_code, r.text)
     assert client.get("/healthz").status_code == 200
+
+
+def test_circuits_start_with_the_server_and_are_kept_in_the_cache(client):
+    """Issue 37: a first /api/circuits on SmolLM2 computed its weight products in a run slot (seconds, and longer
+    behind other runs). Each served model's are started in the background when the server starts, and kept beside the
+    graphs, keyed by the weights and the code: a later server reads the same numbers."""
+    from attnscope.app.plans import _circuits_file
+
+    plans = client.app.state.service.plans
+    assert set(plans._circuits) == {"smollm2", "minilm", "tiny-gpt", "induction", "gpt2"}   # before any request
+    first = client.post("/api/circuits", json={"model": "induction"}).json()
+    rt = plans.runtimes["induction"]
+    path = _circuits_file(rt)
+    assert plans._circuits["induction"].done() and path.is_file()
+    stamp = path.stat().st_mtime_ns
+    with TestClient(create_app(Settings(models=["induction"], cache=CACHE))) as again:
+        second = again.post("/api/circuits", json={"model": "induction"}).json()
+    assert {k: second[k] for k in ("ov_copying", "composition_q", "composition_k", "composition_v")} == \
+        {k: first[k] for k in ("ov_copying", "composition_q", "composition_k", "composition_v")}
+    assert path.stat().st_mtime_ns == stamp                      # read, not written again

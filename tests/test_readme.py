@@ -16,7 +16,7 @@ import math
 import re
 import shlex
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -101,7 +101,6 @@ def live_server_t5(tmp_path_factory):
 class Api:
     """The server the example ran on, for the cross-checks' own requests."""
     url: str
-    models: dict = field(default_factory=dict)
 
     def post(self, path: str, body: dict) -> dict:
         r = httpx.post(self.url + path, json=body, timeout=120)

