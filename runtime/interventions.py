@@ -100,8 +100,9 @@ def reference_trace(rt, enc: Encoding, *, causal: bool | None = None, mask_token
     residual, heads = [], []
     for block in model.blocks:
         residual.append(x[0])
-        x, _, stages = block(x, mask, None, stages=True)
-        heads.append(stages["ctx"][0])
+        seen: dict[str, np.ndarray] = {}
+        x = block(x, mask, hook=seen.setdefault).x              # the block's forward, its sites seen (not edited)
+        heads.append(seen["head_output"][0])
     residual.append(x[0])
     hidden = (model.ln_f(x) if model.ln_f is not None else x)[0]
     return Trace(enc, mask, {"residual": np.stack(residual), "head_output": np.stack(heads)}, hidden, None, None,

@@ -29,8 +29,9 @@ def storm_requests(i: int) -> dict[str, tuple[str, dict]]:
     per-token answer held alive as a view before the fix."""
     text = " ".join(_words(i, 24))
     long = _words(10_000 + i, 60)
-    corrupt = long.copy()
-    corrupt[3] = "river" if long[3] != "river" else "market"
+    corrupt = long.copy()                                      # two words swapped: the same tokens, another order
+    j = next(k for k in range(4, 60) if long[k] != long[3])
+    corrupt[3], corrupt[j] = long[j], long[3]
     return {
         "attention": ("/api/attention", {"model": "tiny-gpt", "text": text, "include": ["attention", "summary"]}),
         "attribution": ("/api/attention", {"model": "induction", "text": text, "include": ["attribution"],
