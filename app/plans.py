@@ -107,9 +107,6 @@ class Importance:
     seconds: float
     lm: bool               # measured on log-probs (an LM head) or on the embedding
 
-    def nbytes(self) -> int:
-        return self.values.nbytes
-
 
 @dataclass(frozen=True)
 class Attributed:
@@ -120,9 +117,6 @@ class Attributed:
     parts: object          # attribution.Attribution
     logit: float
 
-    def nbytes(self) -> int:
-        return self.parts.heads.nbytes
-
 
 @dataclass(frozen=True)
 class Lensed:
@@ -132,10 +126,6 @@ class Lensed:
     head: HeadLens | None
     seconds: float
 
-    def nbytes(self) -> int:
-        return self.lens.top_ids.nbytes * 2 + self.lens.next_probs.nbytes + (
-            0 if self.head is None else self.head.promoted_ids.nbytes * 4)
-
 
 @dataclass(frozen=True)
 class Circuits:
@@ -144,9 +134,6 @@ class Circuits:
     composition: Composition
     seconds: float
     tokens: tuple = ()
-
-    def nbytes(self) -> int:
-        return 3 * self.composition.q.nbytes
 
 
 # ---- the plans --------------------------------------------------------------------------------------------

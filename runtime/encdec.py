@@ -64,12 +64,6 @@ class EncoderDecoderResult(Encoded):
     def decoder_tokens(self) -> list[str]:
         return self.decoder_encoding.tokens
 
-    def nbytes(self) -> int:
-        kept = [] if self.steps is None else [a for st in (*self.steps.stages.values(), self.steps.masks)
-                                              for a in st.values()]
-        return sum(a.nbytes for a in (self.encoder_attentions, self.decoder_attentions, self.cross_attentions,
-                                      self.next_token_logits, *kept))
-
 
 class EncoderDecoderRuntime:
     """One encoder-decoder, its tokenizer and its onnxruntime session (opened on first use)."""

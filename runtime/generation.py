@@ -160,7 +160,7 @@ class Generator:
         """Run the prompt (in chunks), filling the cache; the first token is chosen from its last logits."""
         cfg = self.rt.cfg
         self._cache = KVCache.empty(cfg)
-        chunk = max(1, int(self.chunk_bytes // (cfg.n_heads * len(self.ids) * 4)))
+        chunk = max(1, int(self.chunk_bytes // (cfg.n_heads * len(self.ids) * COMPUTE.itemsize)))
         for start in range(0, len(self.ids), chunk):
             self._step(self.ids[start:start + chunk])
 

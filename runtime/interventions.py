@@ -68,9 +68,6 @@ class Trace:
     def tokens(self) -> list[str]:
         return self.encoding.tokens
 
-    def nbytes(self) -> int:
-        return sum(v.nbytes for v in self.sites.values())
-
     def mean(self, site: str, layer: int) -> np.ndarray:
         """The site's mean over the text's positions at a layer: [H, 1, dh] (head sites) or [1, D] (residual)."""
         return self.sites[site][layer].mean(axis=-2, keepdims=True)

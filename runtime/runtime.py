@@ -10,7 +10,6 @@ the caller chooses). Texts too long for the stacked graph run layer by layer (ru
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import logging
@@ -31,7 +30,7 @@ from .errors import InputError
 from .capabilities import WORK_TFLOP, Capabilities, memory_total
 from .layerwise import Layerwise
 from .results import AttentionResult, Encoding, Engine, NextToken
-from .sessions import GROUP_MB, SCRATCH, Session, Weights, check_providers, default_providers, device_of
+from .sessions import GROUP_MB, Session, Weights, check_providers, default_providers, device_of
 from .tokenizing import Vocabulary
 
 DEFAULT_CACHE = Path.home() / ".cache" / "attnscope"
@@ -189,9 +188,8 @@ class Runtime:
                 attn = np.empty((depth, B, self.cfg.n_heads, T, T), COMPUTE)   # pages of unasked blocks: untouched
                 per_block = [o.name for o in sess.get_outputs()]
                 kept = set(range(depth) if layers is None else layers)
-                with SCRATCH.lend(attn.shape[1:]) if len(kept) < depth else contextlib.nullcontext() as unread:
-                    sess.run(per_block, feeds, axes=axes,
-                             into={name: attn[i] if i in kept else unread for i, name in enumerate(per_block)})
+                sess.run(per_block, feeds, axes=axes, into={n: attn[i] for i, n in enumerate(per_block) if i in kept},
+                         drop=[n for i, n in enumerate(per_block) if i not in kept])
                 hidden, lm_out, st = None, {}, None
             else:
                 names = ["hidden", "attentions"] + lm + (list(T_.STAGES) if stages else [])

@@ -184,7 +184,11 @@ class Session:
     512-token results left a server at 2.9 GB idle). Each output is bound to a NumPy buffer of the shape the graph
     declares (its named axes sized by `axes`), or to the buffer `into` gives it (a slice of a bigger array: the graph
     writes it in place); one that cannot be sized is copied out. feeds may hold more than the graph reads; layer:
-    which layer's weights a layer graph binds; release: give the memory arena back at the end of the run."""
+    which layer's weights a layer graph binds; release: give the memory arena back at the end of the run; drop:
+    outputs the graph must write but the caller never reads (the blocks a request did not ask for), left where the
+    session computes (on a GPU: device memory, never copied to the host; on the CPU: scratch memory), returned as
+    None. `fetched` counts the bytes of the outputs a run hands back, session by session (issue 38: what leaves the
+    device is what the answer holds)."""
 
     def __init__(self, graph: Path | bytes, providers: Sequence[str], threads: int, weights: Weights | None = None,
                  **options):
@@ -195,6 +199,9 @@ class Session:
         self.inputs = {i.name for i in self.ort.get_inputs()}
         self.bound = sorted(n for n in self.inputs if weights is not None and weights.binds(n))
         self.declared = {o.name: o for o in self.ort.get_outputs()}
+        self.device = device_of(providers)
+        self.fetched = 0                              # bytes of outputs handed back by this session's runs
+        self._count = threading.Lock()
 
     def get_providers(self) -> list[str]:
         return self.ort.get_providers()
@@ -208,8 +215,25 @@ class Session:
 
     def run(self, names: list[str] | None, feeds: dict[str, np.ndarray], *, layer: int | None = None,
             axes: dict[str, int] | None = None, into: dict[str, np.ndarray] | None = None,
-            release: bool = False) -> list[np.ndarray]:
+            release: bool = False, drop: Sequence[str] = ()) -> list[np.ndarray | None]:
         names = list(self.declared) if names is None else list(names)
+        if drop:
+            with self._unread(drop, axes or {}) as unread:
+                return self._run(names, feeds, layer, axes, into, release, unread)
+        return self._run(names, feeds, layer, axes, into, release, {})
+
+    @contextmanager
+    def _unread(self, drop: Sequence[str], axes: dict[str, int]):
+        """name -> where a dropped output goes: "cuda" (device memory onnxruntime allocates), or a view of one
+        scratch buffer lent for the run (dropped outputs are never read, so they may share it)."""
+        if self.device != "cpu":
+            yield dict.fromkeys(drop, self.device)
+            return
+        shapes = {n: [d if isinstance(d, int) else axes[d] for d in self.declared[n].shape] for n in drop}
+        with SCRATCH.lend([max(int(np.prod(s)) for s in shapes.values())]) as buffer:
+            yield {n: buffer[:int(np.prod(s))].reshape(s) for n, s in shapes.items()}
+
+    def _run(self, names, feeds, layer, axes, into, release, unread: dict) -> list[np.ndarray | None]:
         binding, own, axes = self.ort.io_binding(), dict(into or {}), axes or {}
         for key, value in feeds.items():
             if key in self.inputs and key not in self.bound:
@@ -220,7 +244,13 @@ class Session:
             out = self.declared[name]
             shape = [d if isinstance(d, int) else axes.get(d) for d in (out.shape or [None])]
             dtype = _DTYPES.get(out.type)
-            if name in own:
+            if name in unread:
+                where = unread[name]
+                if isinstance(where, str):
+                    binding.bind_output(name, where, 0)
+                else:
+                    binding.bind_output(name, "cpu", 0, where.dtype, where.shape, where.ctypes.data)
+            elif name in own:
                 binding.bind_output(name, "cpu", 0, own[name].dtype, own[name].shape, own[name].ctypes.data)
             elif None in shape or dtype is None:
                 binding.bind_output(name, "cpu")
@@ -238,9 +268,14 @@ class Session:
             values = dict(zip(names, binding.get_outputs()))
             for name, buffer in (into or {}).items():
                 buffer[...] = values[name].numpy()
-            return [into[n] if into and n in into else np.array(values[n].numpy()) for n in names]
-        values = dict(zip(names, binding.get_outputs()))
-        return [own[n] if n in own else np.array(values[n].numpy()) for n in names]
+            outs = [None if n in unread else into[n] if into and n in into else np.array(values[n].numpy())
+                    for n in names]
+        else:
+            values = dict(zip(names, binding.get_outputs()))
+            outs = [None if n in unread else own[n] if n in own else np.array(values[n].numpy()) for n in names]
+        with self._count:
+            self.fetched += sum(o.nbytes for o in outs if o is not None)
+        return outs
 
 
 class Scratch:

@@ -76,3 +76,28 @@ def test_graphs_that_stop_early_hold_no_weights_and_can_be_turned_off(runtimes):
     np.testing.assert_array_equal(res.attentions[0], whole.attentions[0])
     off = Runtime(rt.spec, cache_dir=rt.cache_dir, stop_early_mb=0)
     assert [off.depth_for(layer) for layer in range(4)] == [None] * 4
+
+
+def test_a_request_for_one_layer_fetches_that_layer_alone():
+    """What a run hands back is what the answer holds (issue 38): a request for layer 3 of MiniLM runs the graph cut
+    after block 3, whose four blocks each write their attention; the three not asked are left where the session
+    computes (scratch memory here, device memory on a GPU), so the bytes the session wrapper counts as fetched are
+    one layer's [H, T, T] float32 matrices, exactly."""
+    app = create_app(Settings(models=["minilm"], default_model="minilm"))
+    with TestClient(app) as c:
+        rt = app.state.service.runtimes["minilm"]
+        text = TEXTS["minilm"] + " One layer."
+
+        def fetched() -> int:
+            return sum(s.fetched for s in rt._sessions.values())
+
+        before = fetched()
+        r = c.post("/api/attention", json={"model": "minilm", "text": text, "layers": [3], "include": ["attention"]},
+                   headers={"Accept": BINARY})
+        assert r.status_code == 200, r.text[:300]
+        j = from_binary(r.content)
+        T, H = len(j["tokens"]), rt.cfg.n_heads
+        assert rt.open_depths() == [4] and j["layers"] == [3]
+        assert fetched() - before == H * T * T * 4
+        full = rt.forward([rt.encode(text)])[0].attentions                  # the whole graph, every layer fetched
+        np.testing.assert_array_equal(j["attention"][0], full[3])
