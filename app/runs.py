@@ -228,6 +228,6 @@ class Runner:
             self._progress.pop(key, None)
 
     def counts(self) -> dict[str, int]:
-        """Model runs in flight and requests waiting for a slot (/healthz shows them)."""
+        """Model runs in flight, requests waiting for a slot, and what the result cache holds (/healthz shows them)."""
         return {"running": self._running, "waiting": self._waiting, "max_inflight": self.max_inflight,
-                "max_queue": self.max_queue}
+                "max_queue": self.max_queue, "cache_bytes": self.cache.bytes, "cache_max_bytes": self.cache.max_bytes}

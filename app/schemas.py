@@ -697,6 +697,8 @@ class Health(BaseModel):
     waiting: int = Field(description="requests waiting for a run slot")
     max_inflight: int = Field(description="model runs at once (ATTNSCOPE_MAX_INFLIGHT)")
     max_queue: int = Field(description="waiting requests beyond which the answer is 503 (ATTNSCOPE_MAX_QUEUE)")
+    cache_bytes: int = Field(description="what the result cache holds now, each result charged its true size")
+    cache_max_bytes: int = Field(description="the result cache's budget (ATTNSCOPE_CACHE_MB)")
     jobs_skipped: list[SkippedJob] = Field(default_factory=list, description="job records found at start-up that "
                                            "this server could not read, and why (they are not listed in /api/jobs)")
 

@@ -9,7 +9,8 @@ cancelled; results downloaded as JSON and Parquet, several at once), hostile and
 away mid-answer (a generation's stream closed after its first token, an attention request given up after 50 ms).
 
 It prints the server's RSS at start (models loaded), after the warm-up (every path taken once per model, then
---warmup minutes of the traffic; read with the traffic paused and the server idle), its peak, and at the end (idle,
+--warmup minutes of the traffic, and on until the result cache is 90 % full, its steady state, at most --warmup-max
+minutes; read with the traffic paused and the server idle), its peak, and at the end (idle,
 after the traffic; queued and running jobs cancelled), the job workers' peak RSS, the count of 5xx answers (the target: 0),
 every status by operation, and the disk the jobs folder holds. The target for memory: end RSS within 1.2x of the
 post-warm-up RSS (issue 37). --json FILE writes the same numbers.
@@ -35,6 +36,15 @@ from bench.common import WORDS, server  # noqa: E402
 
 MB = 2**20
 DEFAULT_MODELS = "tiny-gpt,induction,minilm,smollm2"
+
+
+FULL = 0.9     # the result cache's share of its budget at which the warm-up ends
+
+
+def cache_fill(url: str) -> float:
+    """How full the server's result cache is (/healthz: cache_bytes of cache_max_bytes)."""
+    h = httpx.get(f"{url}/healthz", timeout=30).json()
+    return h["cache_bytes"] / h["cache_max_bytes"]
 
 
 class Traffic:
@@ -325,6 +335,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=None, help="minutes of the same traffic, after every path has "
                     "been taken once per model, before the post-warm-up RSS is read (default: a tenth of --minutes, "
                     "at least 0.5)")
+    ap.add_argument("--warmup-max", type=float, default=20, help="minutes the warm-up may last at most while the "
+                    "result cache fills (default 20)")
     ap.add_argument("--clients", type=int, default=4, help="clients sending at once (default 4)")
     ap.add_argument("--models", default=DEFAULT_MODELS, help=f"the server's models (default {DEFAULT_MODELS})")
     ap.add_argument("--cache-mb", type=int, default=None, help="the server's result cache (ATTNSCOPE_CACHE_MB; "
@@ -379,9 +391,13 @@ def main() -> int:
         for t in threads:
             t.start()
         time.sleep(warmup * 60)
-        warm_rss = quiet_rss()
-        print(f"soak: warm-up done at {time.monotonic() - t0:.0f} s: idle RSS {warm_rss / MB:.0f} MB "
-              f"({requests()[0]} requests)", flush=True)
+        # the warm-up goes on until the result cache is full (its steady state): RSS that grows while it fills is the
+        # cache doing its job, bounded by ATTNSCOPE_CACHE_MB, not a leak
+        while cache_fill(url) < FULL and time.monotonic() - t0 < args.warmup_max * 60:
+            time.sleep(5)
+        warm_rss, warm_cache = quiet_rss(), cache_fill(url)
+        print(f"soak: warm-up done at {time.monotonic() - t0:.0f} s: idle RSS {warm_rss / MB:.0f} MB, result cache "
+              f"{warm_cache:.0%} full ({requests()[0]} requests)", flush=True)
         go.set()
         end_at = last_report = time.monotonic()
         end_at += args.minutes * 60
@@ -391,7 +407,7 @@ def main() -> int:
                 last_report = time.monotonic()
                 n, fives = requests()
                 print(f"soak: {time.monotonic() - t0:.0f} s: RSS {mem.rss() / MB:.0f} MB (peak {mem.peak / MB:.0f}), "
-                      f"{n} requests, {fives} 5xx", flush=True)
+                      f"result cache {cache_fill(url):.0%} full, {n} requests, {fives} 5xx", flush=True)
         stop.set()
         go.set()
         for t in threads:
@@ -417,7 +433,8 @@ def main() -> int:
               "requests": sum(sum(c.values()) for c in traffic.statuses.values()), "5xx": fives,
               "rss_mb": {"start": round(start_rss / MB), "after_warmup": round(warm_rss / MB),
                          "peak": round(mem.peak / MB), "end": round(end_rss / MB)},
-              "end_over_warmup": round(end_rss / warm_rss, 3), "job_workers_peak_mb": round(mem.workers_peak / MB),
+              "end_over_warmup": round(end_rss / warm_rss, 3),
+              "cache_full_after_warmup": round(warm_cache, 3), "job_workers_peak_mb": round(mem.workers_peak / MB),
               "jobs": dict(states), "jobs_disk_mb": round(used / MB, 1), "jobs_skipped": health.get("jobs_skipped"),
               "processes_left_at_end": workers_left, "statuses": statuses}
     print(f"\nsoak: {result['requests']} requests in {args.minutes:g} min (+{warmup:g} min warm-up), "

@@ -141,9 +141,12 @@ def test_hostile_strings_on_the_live_server(live_server):
         answers = list(pool.map(lambda job: (job[0], job[1], _send(http, *job[1:])), jobs))
         for name, path, r in answers:
             check_answer(r, f"live {name} {path}")
-        assert http.get("/healthz").json() | {"models": None, "version": None} == {
+        health = http.get("/healthz").json()
+        assert 0 <= health["cache_bytes"] <= health["cache_max_bytes"] == 768 * 2**20
+        assert health | {"models": None, "version": None, "cache_bytes": None} == {
             "status": "ok", "models": None, "version": None, "running": 0, "waiting": 0,
-            "max_inflight": default_inflight(), "max_queue": 32, "jobs_skipped": []}
+            "max_inflight": default_inflight(), "max_queue": 32, "jobs_skipped": [], "cache_bytes": None,
+            "cache_max_bytes": 768 * 2**20}
 
 
 # ---- limits ------------------------------------------------------------------------------------------------
