@@ -49,6 +49,7 @@ from ..analysis.scores import probe_ids
 from ..model.weights import state_dict
 from ..runtime import Encoding, Runtime
 from ..runtime.encdec import EncoderDecoderRuntime
+from ..runtime.capabilities import inexact
 from ..runtime.interventions import Interventions, Trace, head_importance, head_masks, reference_trace
 from ..runtime.generation import Generator, Sampling
 from ..runtime.patching import knock_out, patch
@@ -689,16 +690,16 @@ class Planner:
         the heads' sum before it joins); logits: it sums direct effects on a logit (final soft-capping bends it)."""
         cfg, m = rt.cfg, rt.spec.id
         over = "each head's" if cfg.qk_norm == "head" else "the whole projection's"
-        checks = [   # (asked, present, what `what` does that it breaks, the feature)
-            (qk, cfg.qk_norm, "splits the score bilinearly into stream components",
-             f"QK-norm (an RMSNorm over {over} queries and keys before the dot product)"),
-            (scores, cfg.attn_softcap, "splits the score bilinearly into stream components",
-             "attention logit soft-capping (scores -> cap * tanh(scores / cap))"),
-            (direct, cfg.output_norms, "reads each head's output as its direct share of the residual stream",
-             "post-norms (each attention and MLP output normed before it joins the residual stream)"),
-            (logits, cfg.final_softcap, "sums each part's direct effect on the logit",
-             "final logit soft-capping (logits -> cap * tanh(logits / cap))")]
-        found = [(does, feature) for asked, present, does, feature in checks if asked and present]
+        long = {   # what `what` does that the field breaks, the field at length (capabilities.BENDS in few words)
+            "qk_norm": ("splits the score bilinearly into stream components",
+                        f"QK-norm (an RMSNorm over {over} queries and keys before the dot product)"),
+            "attn_softcap": ("splits the score bilinearly into stream components",
+                             "attention logit soft-capping (scores -> cap * tanh(scores / cap))"),
+            "output_norms": ("reads each head's output as its direct share of the residual stream",
+                             "post-norms (each attention and MLP output normed before it joins the residual stream)"),
+            "final_softcap": ("sums each part's direct effect on the logit",
+                              "final logit soft-capping (logits -> cap * tanh(logits / cap))")}
+        found = [long[f] for f in inexact(cfg, qk=qk, scores=scores, direct=direct, logits=logits)]
         if not found:
             return
         does = " and ".join(dict.fromkeys(d for d, _ in found))
