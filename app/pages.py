@@ -21,9 +21,8 @@ VIEWS = [("head", "Head"), ("lines", "Lines"), ("model", "Model"), ("summary", "
          ("entropy", "Entropy"), ("stages", "Causal mask & steps"), ("compare", "Compare"),
          ("corpus", "Corpus"), ("effects", "Effects"), ("lens", "Logit lens"), ("circuits", "Circuits"),
          ("atlas", "Atlas")]
-# The views that draw an encoder-decoder's attentions (the others read one stack's run: their tabs are hidden), and
-# the attentions an encoder-decoder's answer holds (the page's "Attention" control: static/js/encdec.js).
-ENCODER_DECODER_VIEWS = {"head", "lines", "stages"}
+# Which of these a model can do is its capability record's (runtime/capabilities.py: one feature per view id).
+# The attentions an encoder-decoder's answer holds (the page's "Attention" control: static/js/encdec.js).
 ATTENTIONS = [("encoder", "Encoder self-attention"), ("decoder", "Decoder self-attention"),
               ("cross", "Cross-attention (decoder → encoder)")]
 # What replaces a knocked-out head's output (RunOptions.ablation), in the page's words.
@@ -47,7 +46,7 @@ def index(request: Request):
     boot = {"models": [m.model_dump() for m in models], "default_model": svc.settings.default_model,
             "example_text": EXAMPLE_TEXT, "max_chars": svc.max_chars,
             "max_new_tokens": svc.settings.max_new_tokens,   # the Generate control's limit (ATTNSCOPE_MAX_NEW_TOKENS)
-            "views": [{"id": v, "label": label, "encoder_decoder": v in ENCODER_DECODER_VIEWS} for v, label in VIEWS],
+            "views": [{"id": v, "label": label} for v, label in VIEWS],
             "attentions": [{"id": a, "label": label} for a, label in ATTENTIONS],
             "stats": catalogue(),
             # what the page says about a family (steps view): from the served models' own configurations

@@ -1,7 +1,6 @@
 // All state lives in the URL query string: every view is a link, back/forward works, and the
 // "copy permalink" button just copies location.href.
 import { BOOT } from "./boot.js";
-import { VIEWS as ENCODER_DECODER_VIEWS } from "./encdec.js";
 import { PAIR_FILTERS } from "./matrix.js";
 import { SCALE_MODES } from "./scale.js";
 
@@ -187,7 +186,6 @@ export function normalize(st, models, defaultModel, steps) {
   if (!info.pair) fixed.text_pair = "";
   if (info.kind === "encoder-decoder") {    // what reads one stack's run does not apply (encdec.js): left out
     Object.assign(fixed, { causal: null, mask_tokens: [], ablate: [], why: null, click: "pin" });
-    if (!ENCODER_DECODER_VIEWS.includes(fixed.view)) fixed.view = "head";
   } else fixed.decoder_text = "";
   if (!STEP_TOKENS.includes(fixed.n)) fixed.n = 12;
   if (fixed.step > steps) fixed.step = 0;

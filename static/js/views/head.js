@@ -4,6 +4,7 @@
 // into a canvas, one pixel per cell, and drawn as one Plotly image under the same axes, hover and zoom. A click on a
 // cell of the pinned row (or its "Why?" button in the list) asks why the head attends there (state.why): the panel
 // below splits the cell's score into the parts of the residual stream that made it (why.js, POST /api/qk).
+import { can, whyNot } from "../boot.js";
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { dividerAt, keysOf, localWindow, longText, maskRule, matrixCells, ownMask, pairView, sentences, ticksIn, visibleTokens } from "../matrix.js";
 import { renderWhy, WHY_TOP } from "../why.js";
@@ -31,7 +32,7 @@ const shownPair = (st, info) => info.pair && Boolean(st.text_pair);
 export function requests(st, info) {
   const out = [{ endpoint: "attention", layers: [st.layer], heads: [st.head], include: ["attention"],
     ...(longText(st, info) ? { dtype: "float16" } : {}) }];
-  if (st.why && !shownPair(st, info)) {
+  if (st.why && !shownPair(st, info) && can(info, "why")) {
     out.push({ endpoint: "qk", layer: st.layer, head: st.head, query: st.why[0], key: st.why[1], top: WHY_TOP, soft: true });
   }
   return out;
@@ -56,7 +57,8 @@ function axisTicks(labels, lo, hi, px, font) {
 
 function pinnedPanel(panel, d, st, ctx) {
   const { meta, rows, cols, cells, renorm, hidden } = d;
-  const keys = keysOf(meta), asks = !meta.stack;      // an encoder-decoder's cell has no QK attribution (POST /api/qk)
+  // the model's capability record says whether a cell can be asked why (POST /api/qk; not an encoder-decoder's)
+  const keys = keysOf(meta), asks = can(ctx.info, "why");
   const pos = st.pin === null ? -1 : rows.indexOf(st.pin);
   if (pos < 0) {
     const why = st.pin === null || st.pin >= meta.tokens.length ? ""
@@ -97,7 +99,8 @@ function pinnedPanel(panel, d, st, ctx) {
       items.length > LIST_LIMIT ? `Its ${LIST_LIMIT} largest of ${items.length} weights, largest first. ` : "Its weight on every key shown. ",
       renorm ? `The visible keys held ${fmt(cells.rowMass[pos], 4)} of the row's weight before renormalising. ` : "",
       `The keys listed hold ${fmt(sum, 6)} of the row${renorm ? " as shown" : ""}. ` +
-      (asks ? "Click a cell of this row, or a “Why?”, to see why the head attends there." : "")),
+      (asks ? "Click a cell of this row, or a “Why?”, to see why the head attends there."
+        : `“Why?” is not available for ${ctx.info.title}: ${whyNot(ctx.info, "why")}.`)),
     table,
     h("button", { type: "button", class: "small", onclick: () => ctx.go({ pin: null, why: null }), text: "Unpin" }));
   panel.dataset.pin = String(q);
@@ -366,11 +369,11 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
     });
   }
   ctx.memory.shown = { rows, cols, cells, renorm, hidden, keep: view.keep, tokens: meta.tokens, keyTokens: keys.tokens,
-    asks: !meta.stack, pin: st.pin, go: ctx.go,
+    asks: can(ctx.info, "why"), pin: st.pin, go: ctx.go,
     rev, rowLabels, colLabels, tickFont };
   pinnedPanel(panel, { meta, rows, cols, cells, renorm, hidden }, st, ctx);
   renderWhy(part(container, "why", "section", { class: "why", "aria-label": "Why the head attends to a key" }),
-    shownPair(st, ctx.info) ? undefined : whyAns, st, ctx, meta);
+    !can(ctx.info, "why") ? { refused: whyNot(ctx.info, "why") } : shownPair(st, ctx.info) ? undefined : whyAns, st, ctx, meta);
   container.dataset.layer = st.layer;
   container.dataset.head = st.head;
   container.dataset.window = localWindow(ctx.info, st.layer);   // 0: a global layer (or a model without local ones)
