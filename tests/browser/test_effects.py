@@ -159,8 +159,10 @@ def test_effects_maps_head_patterns_and_knockout(page: Page, live_server_smollm2
 
 def test_effects_without_an_lm_head_says_so(page: Page, live_server_smollm2, console_errors):
     goto(page, live_server_smollm2, model="tiny-gpt", text="the cat sat on the mat", target="␣the")
-    note = page.locator(f"{VIEW} [data-part=note]")
-    expect(note).to_contain_text("without an LM head")
+    # the tab is disabled with the capability record's reason, and opened it says so where the maps would be
+    expect(page.locator('#tabs a[data-view="effects"]')).to_have_attribute("aria-disabled", "true")
+    note = page.locator(f"{VIEW} .note.refused")
+    expect(note).to_contain_text("no LM head: it predicts no next token")
     expect(note.locator("a")).to_have_text("SmolLM2-135M-Instruct")
     expect(page.locator("#effects-corrupt")).to_be_hidden()
     assert page.locator(f"{VIEW} .js-plotly-plot").count() == 0
