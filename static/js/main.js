@@ -27,7 +27,7 @@
 import { showAblation, wireAblation } from "./ablation.js";
 import * as api from "./api.js";
 import { ableModels, BOOT, can, MODELS, whyNot } from "./boot.js";
-import { clearChips, renderChips } from "./chips.js";
+import { clearChips, renderChips, renderChipsLegend } from "./chips.js";
 import { syncControls, wireControls } from "./controls.js";
 import { $, h, replace } from "./dom.js";
 import { createDraft } from "./draft.js";
@@ -112,7 +112,9 @@ const ownRun = (reqs) => reqs.length > 0 && reqs.every((r) => !["text", "text_pa
 
 /** What the page shows round the view, from the run's first answer. */
 function showRun(meta, st, info, view) {
-  renderChips($("chips"), meta, st, go, surprisal(meta), generatedFrom(meta, st));
+  const shade = surprisal(meta), generated = generatedFrom(meta, st);
+  renderChips($("chips"), meta, st, go, shade, generated);
+  renderChipsLegend($("chips-legend"), meta, st, shade, generated);
   renderPredictions($("predictions"), meta, st, view.nextTokenPick?.(st, go));
   showAblation(st, go);
   notices.showTokenInfo(meta, st, info);

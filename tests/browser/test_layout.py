@@ -8,6 +8,7 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 import httpx
+import numpy as np
 import pytest
 from playwright.sync_api import Page, expect
 
@@ -115,4 +116,41 @@ def test_every_tab_on_smollm2(page: Page, live_server_smollm2, console_errors):
     failed = failed_requests(page)
     seen = open_every_tab(page, live_server_smollm2, "smollm2", failed)
     assert {v for v, s in seen.items() if s != "figure"} == set()
+    assert console_errors == []
+
+
+def test_compare_difference_fitted_to_its_largest_value(page: Page, live_server, api, console_errors):
+    """The Compare view's A − B map is drawn on ± its largest |A − B| (the API's own matrices), not on ±1, unless
+    "fixed" is chosen; its numbers are shown to 4 significant digits."""
+    state = {"view": "compare", "text": TEXT, "text_b": TEXT_B, "layer": 2, "head": 3}
+    page.goto("/?" + urlencode(state))
+    wait_drawn(page, "compare")
+    a, b = (np.array(api(text=t, layers=[2], heads=[3], include=["attention"])["attention"][0][0]) for t in (TEXT, TEXT_B))
+    n = min(len(a), len(b))
+    largest = float(np.abs(a[:n, :n] - b[:n, :n]).max())
+    assert 0.05 < largest < 0.9                          # a map ±1 would draw washed out
+    plot = page.locator("#view-compare [data-part=d]")
+    rng = plot.evaluate("(gd) => [gd.data[0].zmin, gd.data[0].zmax, gd.data[0].zmid]")
+    assert rng[1] == pytest.approx(largest, abs=1e-6) and rng[0] == -rng[1] and rng[2] == 0
+    note = page.locator("#view-compare [data-part=note]").inner_text()
+    assert f"Largest |A − B| = {float(f'{largest:.4g}'):g}" in note and "fitted symmetric scale" in note
+    expect(page.locator("#signed-field")).to_be_visible()
+    page.select_option("#signed", "fixed")
+    wait_drawn(page, "compare")
+    assert "signed=fixed" in page.url
+    assert plot.evaluate("(gd) => [gd.data[0].zmin, gd.data[0].zmax]") == [-1, 1]
+    assert console_errors == []
+
+
+def test_marks_have_a_legend(page: Page, live_server_smollm2, console_errors):
+    """Every mark on the token strip has a legend: the one space mark (␣, the same in every model), the surprisal
+    underline of a decoder's tokens, the pinned token."""
+    page.goto(live_server_smollm2 + "/?" + urlencode({"model": "smollm2", "text": TEXT, "pin": 3}))
+    wait_drawn(page)
+    legend = page.locator("#chips-legend")
+    expect(legend.locator('[data-mark="space"]')).to_contain_text("␣ a space")
+    expect(legend.locator('[data-mark="surprisal"]')).to_contain_text("surprisal, −log p(token | the tokens before)")
+    expect(legend.locator('[data-mark="pinned"]')).to_contain_text("pinned query")
+    chips = page.locator("#chips .chip .tok").all_inner_texts()
+    assert chips[1] == "␣Mary" and not any("▁" in t or "Ġ" in t for t in chips)
     assert console_errors == []

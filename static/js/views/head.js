@@ -8,7 +8,7 @@ import { can, whyNot } from "../boot.js";
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { dividerAt, keysOf, localWindow, longText, maskRule, matrixCells, ownMask, pairView, sentences, ticksIn, visibleTokens } from "../matrix.js";
 import { renderWhy, WHY_TOP } from "../why.js";
-import { AXIS_LINE, colourRange, exactString, FILTERED_COLOR, FILTERED_RGB, fmt, fmtExact, HIGHLIGHT, LUT, lutIndex, MASKED_COLOR, MASKED_RGB, PAIR_DIVIDER, plotlyScale, TRANSPARENT } from "../scale.js";
+import { AXIS_LINE, colourRange, exactString, FILTERED_COLOR, FILTERED_RGB, fmt, fmtExact, fmtSig, HIGHLIGHT, LUT, lutIndex, MASKED_COLOR, MASKED_RGB, PAIR_DIVIDER, plotlyScale, TRANSPARENT } from "../scale.js";
 
 export const title = "Head view";
 export const help = "Rows are queries (the token doing the looking), columns are keys (the tokens it looks at). " +
@@ -86,8 +86,8 @@ function pinnedPanel(panel, d, st, ctx) {
     },
     h("td", { class: "num", text: k }),
     h("td", { class: "tok", text: tokenLabel(keys.tokens[k]) }),
-    h("td", { class: "num", text: masked ? "0 (masked)" : fmtExact(w) }),
-    renorm && h("td", { class: "num", text: fmtExact(rw) }),
+    h("td", { class: "num", text: masked ? "0 (masked)" : fmtSig(w), title: masked ? null : `exactly ${fmtExact(w)}` }),
+    renorm && h("td", { class: "num", text: fmtSig(rw), title: `exactly ${fmtExact(rw)}` }),
     h("td", { class: "bar-col", "aria-hidden": "true" }, h("span", { class: "bar", style: `width:${(w * 100).toFixed(1)}%` })),
     asks && h("td", { class: "why-col" }, h("button", { type: "button", class: "small why-button", "data-why-key": k, text: "Why?",
       "aria-pressed": String(k === whyKey), title: "Why does the head attend here? Its score split into the parts that made it",
@@ -329,7 +329,7 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
       const masked = cur.hidden(qi, ki), out = !cur.keep(qi, ki);
       const pairText = `query ${qi} “${tokenLabel(cur.tokens[qi])}” → key ${ki} “${tokenLabel(cur.keyTokens[ki])}”`;
       const value = masked ? "masked: this query cannot see this key (weight exactly 0)"
-        : `weight ${fmtExact(w)}` + (cur.renorm ? ` (model's own ${fmtExact(cur.cells.raw(a, b))})` : "") +
+        : `weight ${fmtSig(w)}` + (cur.renorm ? ` (model's own ${fmtSig(cur.cells.raw(a, b))})` : "") +
           (out ? " · the other sentence" : "");
       readout.dataset.query = qi;
       readout.dataset.key = ki;
