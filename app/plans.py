@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -46,6 +46,8 @@ from ..analysis.circuits import Composition, composition, head_weights, ov_copyi
 from ..analysis.lens import HeadLens, Lens, head_lens, logit_lens
 from ..analysis.effects import Metric
 from ..analysis.scores import probe_ids
+from ..model.functional import softmax
+from ..model.transformer import logits
 from ..model.weights import state_dict
 from ..runtime import Encoding, Runtime
 from ..runtime.encdec import EncoderDecoderRuntime
@@ -120,6 +122,10 @@ class Attributed:
     position: int
     parts: object          # attribution.Attribution
     logit: float
+    typed: str = ""        # the target as the request gave it
+    ranks: dict = field(default_factory=dict)   # id -> (rank, probability) at the position: the target's, and the
+    #                                             other spelling's (Vocabulary.respelled) when there is one
+    other: int | None = None
 
     def nbytes(self) -> int:
         return self.parts.heads.nbytes
@@ -666,6 +672,7 @@ class Planner:
         if position >= T:
             raise Refused(f"position {position} is out of range: this text has {T} tokens (0..{T - 1})")
         metric = self._metric(rt, req.target, req.distractor)
+        other = rt.vocabulary.respelled(req.target, metric.target)    # "Mary" typed where " Mary" is a token too
 
         def call() -> Attributed:
             if req.engine == "numpy":       # the NumPy reference, as the request's own run
@@ -677,8 +684,12 @@ class Planner:
             u = W[metric.target].astype(np.float64) - (0 if metric.distractor is None else W[metric.distractor])
             parts = attribution(rt.model, trace.sites["head_output"][:, :, position],
                                 trace.sites["residual"][:, position], u)
-            return Attributed(enc.tokens, metric, position, parts, float(trace.hidden[position] @ u))
-        key = _hash(["attribution", self._run_key(req, rt, False), metric.target, metric.distractor, position])
+            p = softmax(logits(rt.model, trace.hidden[position]).astype(np.float64))   # the next-token distribution
+            ranks = {i: (int((p > p[i]).sum()) + 1, float(p[i])) for i in (metric.target, other) if i is not None}
+            return Attributed(enc.tokens, metric, position, parts, float(trace.hidden[position] @ u), req.target,
+                              ranks, other)
+        key = _hash(["attribution", self._run_key(req, rt, False), metric.target, metric.distractor, position,
+                     req.target])
         return Run(key, call)
 
     def _decomposable(self, rt: Runtime, what: str, qk: bool = False, scores: bool = False, direct: bool = False,

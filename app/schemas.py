@@ -205,11 +205,24 @@ class Token(BaseModel):
     id: int = Field(description="its exact vocabulary id")
 
 
+class RankedToken(Token):
+    rank: int = Field(description="its rank among the next tokens at the position (1: the most probable)")
+    probability: float = Field(description="its probability there (full softmax over the vocabulary)")
+
+
+class AttributedTarget(RankedToken):
+    """The token a typed target became: a text that is one token, or a token as next_tokens shows it."""
+    typed: str = Field(description="the target as the request gave it")
+    other: RankedToken | None = Field(None, description="the other spelling it may have meant: where a word is one "
+                                      "token both with and without its leading space (\"Mary\" and \" Mary\"), the "
+                                      "one not used")
+
+
 class Attribution(BaseModel):
     """Direct logit attribution: each part of the residual stream's direct share of one logit (or a difference of
     two) at one position, through the final norm with its scale frozen at the run's value. The parts sum to `sum`,
     which is the logit (difference) itself (`logit`, read from the model's own output, agrees within float error)."""
-    target: Token
+    target: AttributedTarget
     distractor: Token | None = Field(None, description="when given: the parts are of logit(target) - "
                                      "logit(distractor)")
     position: int = Field(description="the position whose next-token logit is attributed")

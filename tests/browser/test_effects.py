@@ -167,3 +167,29 @@ def test_effects_without_an_lm_head_says_so(page: Page, live_server_smollm2, con
     expect(page.locator("#effects-corrupt")).to_be_hidden()
     assert page.locator(f"{VIEW} .js-plotly-plot").count() == 0
     assert console_errors == []
+
+
+def test_typed_target_says_which_token_it_became(page: Page, live_server_smollm2, console_errors):
+    """"Mary" and " Mary" are both SmolLM2 tokens, and they answer differently: a typed "Mary" is shown as the token it
+    became (its rank among the next tokens, the API's), with " Mary" offered; one click uses it. A text that is no
+    single token is refused with its pieces named."""
+    goto(page, live_server_smollm2, text=CLEAN, target="Mary")
+    typed = page.locator(f"{VIEW} [data-part=maps] [data-part=dla] .typed-target")
+    r = httpx.post(live_server_smollm2 + "/api/attention", json={"model": "smollm2", "text": CLEAN, "target": "Mary",
+                                                                  "include": ["attribution"]}, timeout=120)
+    target = r.json()["attribution"]["target"]
+    assert (target["token"], target["typed"], target["other"]["token"]) == ("Mary", "Mary", "␣Mary")
+    assert target["other"]["rank"] == 1 < target["rank"]          # " Mary" is the answer; "Mary" far down
+    expect(typed).to_have_attribute("data-token", "Mary")
+    expect(typed).to_contain_text(f"Target “Mary” (id {target['id']}): rank {target['rank']} among the next tokens")
+    expect(typed).to_contain_text("“␣Mary” is a token too: rank 1 among the next tokens")
+    typed.locator("button.use-other").click()
+    wait_drawn(page, "effects", timeout=120_000)
+    assert "target=%E2%90%A3Mary" in page.url
+    expect(typed).to_have_attribute("data-token", "␣Mary")
+    expect(typed).to_contain_text("“Mary” is a token too")
+    assert console_errors == []
+    goto(page, live_server_smollm2, text=CLEAN, target="Maryland Johnson")
+    expect(page.locator(f"{VIEW} [data-part=maps] [data-part=dla] [data-part=note]")).to_contain_text(
+        "is not one token: it splits into 3, ['Mary', 'land', '␣Johnson']")
+    assert console_errors and all("status of 422" in e for e in console_errors)   # the refusal itself, only

@@ -6,6 +6,7 @@
 import { can, whyNot } from "../boot.js";
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { exportGroup } from "../exporting.js";
+import { typedTarget } from "../target.js";
 import { bars } from "../predictions.js";
 import { colourRange, divergingRange, exactString, fmt, HIGHLIGHT, plotlyDiverging, plotlyScale, TRANSPARENT } from "../scale.js";
 
@@ -202,6 +203,7 @@ function dlaMap(ctx, c, ans, st, info) {
     ` (through the final norm, its scale frozen). Heads together ${fmt(heads, 3)}, MLPs ${fmt(mlps, 3)}, embeddings ` +
     `${fmt(a.embeddings, 3)}: all parts sum to ${fmt(a.sum, 3)}; the model's own ${diff ? "logit difference" : "logit"} is ` +
     `${fmt(a.logit, 3)}. Colours: ${range.label}.`;
+  c.note.append(" ", typedTarget(a.target, ctx.go));   // the token a typed target became, and the other spelling
   c.el.dataset.logit = String(a.logit);
   const ex = { plot: c.plot, name: `attnscope-${st.model}-dla-${shown(a.target.token)}`,
     csv: () => headCSV(z), json: () => ({ model: st.model, text: st.text, ...a, unit, colour_scale: { zmin: range.zmin, zmax: range.zmax } }) };
