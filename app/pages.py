@@ -33,6 +33,22 @@ SITE_LABELS = {"head_output": "head output (hook_z)", "query": "queries (hook_q)
                "residual": "residual stream, per position (hook_resid_pre)"}
 DIRECTION_LABELS = {"denoise": "denoise: clean values into the corrupt run",
                     "noise": "noise: corrupt values into the clean run"}
+# Example texts the page offers (its Examples menu), by the kinds of model they suit: (id, label, text, second
+# sentence or None, kinds). Chosen because their heads show something: names copied from context, a repeat that an
+# induction head completes, a sentence that misleads on first reading, a pronoun to resolve.
+EXAMPLES = [
+    ("ioi", "Indirect object: who gets the drink?", "When Mary and John went to the store, John gave a drink to", None,
+     ("decoder",)),
+    ("induction", "Induction: a text that repeats",
+     "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.", None,
+     ("decoder", "encoder")),
+    ("garden", "Garden path: the old man the boat", "The old man the boat, and the young sail.", None,
+     ("decoder", "encoder")),
+    ("coreference", "Coreference: what was too tired?", EXAMPLE_TEXT, None, ("decoder", "encoder")),
+    ("pair", "Sentence pair: a question and its answer", "Where did the cat sleep?", "The cat slept on the warm mat.",
+     ("encoder",)),
+    ("translation", "Translation: a short sentence", "The house is wonderful.", None, ("encoder-decoder",)),
+]
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 SWAGGER_DIR = Path(fastapi_offline.__file__).parent / "static"   # swagger-ui-bundle.js, swagger-ui.css
 templates = Jinja2Templates(directory=ROOT / "templates")
@@ -49,6 +65,8 @@ def index(request: Request):
             "views": [{"id": v, "label": label} for v, label in VIEWS],
             "attentions": [{"id": a, "label": label} for a, label in ATTENTIONS],
             "stats": catalogue(),
+            "examples": [{"id": i, "label": label, "text": text, "text_pair": pair, "kinds": list(kinds)}
+                         for i, label, text, pair, kinds in EXAMPLES],
             # what the page says about a family (steps view): from the served models' own configurations
             "architectures": {rt.spec.architecture: {"norm_first": rt.cfg.norm_first, "norm": rt.cfg.norm,
                                                      "position": rt.cfg.position, "qkv_bias": rt.cfg.qkv_bias,

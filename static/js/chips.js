@@ -62,10 +62,10 @@ export function renderChipsLegend(container, meta, st, shade = null, generated =
   const item = (cls, sample, text, style = null) => h("span", { class: "legend-item", "data-mark": cls },
     h("span", { class: `chip legend-chip ${cls}`, style, "aria-hidden": "true", text: sample }), " ", text);
   const items = [h("span", { class: "legend-item", "data-mark": "space" },
-    h("span", { class: "tok", text: SPACE_MARK }), " a space (every model's tokens mark it so)")];
+    h("span", { class: "tok", text: SPACE_MARK }), " a space (in every model's tokens)")];
   if (shade?.some((v) => v !== null)) {
-    items.push(item("surprisal", "tok", "red underline: surprisal, −log p(token | the tokens before), darker = more " +
-      "surprising (full red at 12 nats; hover a token for its value)", "--surprisal:0.8"));
+    items.push(item("surprisal", "tok", "red underline: surprisal, −log p(token | the tokens before); darker = more " +
+      "surprising", "--surprisal:0.8"));
   }
   if (meta.special.some(Boolean)) items.push(item("special", "[ ]", "special token"));
   if (meta.segments.some((s) => s === 1)) items.push(item("seg1", "B", "second sentence"));

@@ -31,6 +31,7 @@ import { clearChips, renderChips, renderChipsLegend } from "./chips.js";
 import { syncControls, wireControls } from "./controls.js";
 import { $, h, replace } from "./dom.js";
 import { createDraft } from "./draft.js";
+import { clearestHead, syncExamples, wireExamples } from "./first.js";
 import { isEncDec, stackAnswer, stackMeta } from "./encdec.js";
 import { showExports, wireExports } from "./exporting.js";
 import { syncFrame, wireFrame } from "./frame.js";
@@ -70,6 +71,8 @@ const progress = createProgress();
 const memory = Object.fromEntries(Object.keys(VIEWS).map((id) => [id, {}]));   // each view's page memory
 let generation = 0;                        // the update now running: an older one's answers are dropped
 let drawn = null;                          // the last render: {id, view, container, st, ctx, exports}
+// a fresh visit (no layer or head in the address): the first answer chooses the head (first.js clearestHead)
+let measureHead = !["layer", "head"].some((k) => new URLSearchParams(location.search).has(k));
 const generator = createGeneration({ go, redraw, target: streamTarget });
 
 // ---- the update loop --------------------------------------------------------------------------------
@@ -159,6 +162,7 @@ async function update() {
   const info = MODELS[st.model];
   draft.sync(st);
   syncControls(st, info);
+  syncExamples(info);
   syncFrame(st, VIEWS, go);
   const live = generator.live(st);         // a generation streaming from this text: its tokens so far grow the answer
   const steps = live?.steps.slice();
@@ -187,6 +191,11 @@ async function update() {
     const answer = await metaP;
     if (gen !== generation) return;
     // an encoder-decoder's answer as the one stack the views draw (encdec.js): st.attention's queries and keys
+    if (measureHead) {                     // the first screen: the head with the clearest pattern on this text
+      measureHead = false;
+      const best = clearestHead(answer.summary, answer.tokens.length);
+      if (best && state.go({ layer: best.layer, head: best.head }, { replace: true })) return;
+    }
     const meta = isEncDec(info) ? stackMeta(answer, st.attention) : answer;
     const shown = live ? grownMeta(meta, steps, st.text) : meta;
     showRun(shown, st, info, view);
@@ -258,6 +267,7 @@ function onResize() {
 function wire() {
   draft.wire(update);
   wireControls(go, draft);
+  wireExamples(go, MODELS, state.get);
   wireFrame(go);
   wireAblation(go);
   wireExports(() => drawn?.exports);

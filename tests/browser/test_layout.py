@@ -148,9 +148,46 @@ def test_marks_have_a_legend(page: Page, live_server_smollm2, console_errors):
     page.goto(live_server_smollm2 + "/?" + urlencode({"model": "smollm2", "text": TEXT, "pin": 3}))
     wait_drawn(page)
     legend = page.locator("#chips-legend")
-    expect(legend.locator('[data-mark="space"]')).to_contain_text("␣ a space")
+    expect(legend.locator('[data-mark="space"]')).to_contain_text("␣ a space (in every model's tokens)")
     expect(legend.locator('[data-mark="surprisal"]')).to_contain_text("surprisal, −log p(token | the tokens before)")
     expect(legend.locator('[data-mark="pinned"]')).to_contain_text("pinned query")
     chips = page.locator("#chips .chip .tok").all_inner_texts()
     assert chips[1] == "␣Mary" and not any("▁" in t or "Ġ" in t for t in chips)
+    assert console_errors == []
+
+
+def test_first_screen_measured_head_examples_and_coloured_text(page: Page, live_server, api, console_errors):
+    """A fresh visit shows the head with the clearest pattern on the text, measured from the answer's own per-head
+    statistics (sharp rows, little weight on the sinks or the query itself); the text coloured by the last query's
+    weights, as the API gives them; the Examples menu holds the model's example texts, a choice runs it."""
+    page.set_viewport_size(SMALL_SCREEN)
+    page.goto("/?" + urlencode({"text": TEXT}))
+    page.wait_for_function("() => location.search.includes('layer=')")
+    wait_drawn(page, "head")
+    ans = api(text=TEXT, include=["summary"])          # every head's statistics, as the page's first request
+    s, T = ans["summary"], len(ans["tokens"])
+    sink = np.maximum.reduce([np.array(s[k]) for k in ("first_token_mass", "last_token_mass", "diagonal_mass")])
+    score = (1 - np.array(s["mean_entropy"]) / np.log(T)) * (1 - sink)
+    layer, head = np.unravel_index(np.argmax(score), score.shape)
+    assert f"layer={layer}&head={head}" in page.url
+    assert_plot_on_screen(page)
+    # the text view: every token coloured by the last query's weight on it
+    row = api(text=TEXT, layers=[int(layer)], heads=[int(head)], include=["attention"])["attention"][0][0][-1]
+    text = page.locator("#view-head [data-part=text]")
+    expect(text).to_have_attribute("data-query", str(T - 1))
+    weights = text.locator(".ct").evaluate_all("(s) => s.map((e) => Number(e.dataset.weight))")
+    np.testing.assert_allclose(weights, row, atol=1e-6)
+    text.locator('.ct[data-index="2"]').click()                 # a click pins that query: its row colours the text
+    wait_drawn(page, "head")
+    assert "pin=2" in page.url
+    expect(text).to_have_attribute("data-query", "2")
+    # the examples of an encoder with sentence pairs
+    labels = page.locator("#examples option").all_inner_texts()[1:]
+    assert labels == ["Induction: a text that repeats", "Garden path: the old man the boat",
+                      "Coreference: what was too tired?", "Sentence pair: a question and its answer"]
+    page.select_option("#examples", "pair")
+    wait_drawn(page, "head")
+    expect(page.locator("#text")).to_have_value("Where did the cat sleep?")
+    expect(page.locator("#text-pair")).to_have_value("The cat slept on the warm mat.")
+    assert "text_pair=The+cat+slept" in page.url and "pin=" not in page.url
     assert console_errors == []

@@ -8,7 +8,7 @@ import { can, whyNot } from "../boot.js";
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { dividerAt, keysOf, localWindow, longText, maskRule, matrixCells, ownMask, pairView, sentences, ticksIn, visibleTokens } from "../matrix.js";
 import { renderWhy, WHY_TOP } from "../why.js";
-import { AXIS_LINE, colourRange, exactString, FILTERED_COLOR, FILTERED_RGB, fmt, fmtExact, fmtSig, HIGHLIGHT, LUT, lutIndex, MASKED_COLOR, MASKED_RGB, PAIR_DIVIDER, plotlyScale, TRANSPARENT } from "../scale.js";
+import { AXIS_LINE, color, colourRange, exactString, FILTERED_COLOR, FILTERED_RGB, fmt, fmtExact, fmtSig, HIGHLIGHT, LUT, lutIndex, MASKED_COLOR, MASKED_RGB, PAIR_DIVIDER, plotlyScale, textOn, TRANSPARENT } from "../scale.js";
 
 export const title = "Head view";
 export const help = "Rows are queries (the token doing the looking), columns are keys (the tokens it looks at). " +
@@ -21,7 +21,8 @@ const LIST_LIMIT = 40;          // pinned rows longer than this list their top w
 const LABEL_CHARS = 14;         // tick labels longer than this are shortened (the hover has the whole token)
 const MAX_CELL = 56;            // short texts: cells no larger than this (px), the plot narrower than the panel
 const IMAGE_CELLS = 320 * 320;  // larger matrices are painted as one image, not sent to Plotly as numbers
-const MIN_TICK_FONT = 8;        // zoomed in: tick labels shrink down to this (px) before some are left out
+const MIN_TICK_FONT = 8;
+const TEXT_TOKENS = 600;        // the coloured text shows at most this many keys        // zoomed in: tick labels shrink down to this (px) before some are left out
 
 /** Does the state show a sentence pair? POST /api/qk explains one text. */
 const shownPair = (st, info) => info.pair && Boolean(st.text_pair);
@@ -53,6 +54,25 @@ function axisTicks(labels, lo, hi, px, font) {
   const size = tight ? Math.min(fit, font) : font;
   const vals = ticksIn(lo, Math.min(hi, labels.length - 1), px, tight ? size + 2 : font + 6);
   return { tickvals: vals, ticktext: vals.map((p) => labels[p]), tickfont: { size } };
+}
+
+/** The text itself, each key token coloured by the weight one query puts on it (BertViz's and CircuitsVis'
+ *  colored_tokens): the pinned query's row, else the last one's. A click on a token pins it (not across
+ *  cross-attention, whose keys are the encoder's). shown(a, b): the drawn value of row a, column b. */
+function coloredText(el, meta, keys, rows, cols, shown, range, st, ctx) {
+  const a = rows.includes(st.pin) ? rows.indexOf(st.pin) : rows.length - 1;
+  const q = rows[a], own = keys === meta;
+  el.dataset.query = q;
+  const items = cols.slice(0, TEXT_TOKENS).map((j, b) => {
+    const v = shown(a, b), masked = !(v >= 0);
+    const t = masked ? 0 : Math.min(1, v / range.zmax);
+    return h("span", { class: `ct${masked ? " masked" : ""}${own && j === q ? " query" : ""}`, "data-index": j,
+      "data-weight": masked ? "" : exactString(v), style: masked ? null : `background:${color(t)};color:${textOn(t)}`,
+      title: masked ? `${tokenLabel(keys.tokens[j])}: masked or left out` : `${tokenLabel(keys.tokens[j])}: weight ${fmtSig(v)}`,
+      onclick: own ? () => ctx.go({ pin: j, why: null }) : null, text: tokenLabel(keys.tokens[j]) });
+  });
+  replace(el, h("span", { class: "ct-label", text: `${st.pin === q ? "Pinned" : "Last"} query “${tokenLabel(meta.tokens[q])}” reads: ` }),
+    items, cols.length > TEXT_TOKENS ? h("span", { class: "hint", text: ` … (${cols.length - TEXT_TOKENS} more keys)` }) : "");
 }
 
 function pinnedPanel(panel, d, st, ctx) {
@@ -222,6 +242,7 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
     ? " Long text: the weights travel as float16 (about 3 significant digits)." : "");
   legend(part(container, "legend", "p", { class: "legend" }), meta, view, anyMasked, range, renorm,
     localWindow(ctx.info, st.layer));
+  coloredText(part(container, "text", "p", { class: "colored-tokens" }), meta, keys, rows, cols, shown, range, st, ctx);
   const layout = part(container, "layout", "div", { class: "head-layout" });
   const wrap = part(layout, "wrap", "div", { class: "plot-wrap" });
   const plot = part(wrap, "plot", "div", { class: "plot head-plot", role: "figure" });
