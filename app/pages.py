@@ -1,7 +1,8 @@
 """The page routes: the app page, the API reference, and plotly.js / Swagger UI from installed packages."""
 from __future__ import annotations
 
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 from typing import get_args
 
 import fastapi_offline
@@ -52,6 +53,38 @@ EXAMPLES = [
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 SWAGGER_DIR = Path(fastapi_offline.__file__).parent / "static"   # swagger-ui-bundle.js, swagger-ui.css
 templates = Jinja2Templates(directory=ROOT / "templates")
+IMPORT = re.compile(r'^import .*? from "(\.{1,2}/[^"]+)";', re.M)
+_modules: dict = {}
+
+
+def page_modules(entry: str = "main.js") -> list[str]:
+    """Every ES module the page's script imports, at any depth (static/js), as URLs: the page lists them as
+    modulepreload links, so the browser fetches them all at once instead of one import level after another (~40
+    modules, six levels deep). Read from the files when they change (their mtimes)."""
+    root = ROOT / "static" / "js"
+    stamp = tuple(sorted((str(p), p.stat().st_mtime_ns) for p in root.rglob("*.js")))
+    if _modules.get("stamp") != stamp:
+        seen, todo = [], [PurePosixPath(entry)]
+        while todo:
+            path = todo.pop()
+            if path in seen or not root.joinpath(*path.parts).is_file():
+                continue
+            seen.append(path)
+            text = root.joinpath(*path.parts).read_text(encoding="utf-8")
+            todo += [PurePosixPath(*_normal(path.parent / spec)) for spec in IMPORT.findall(text)]
+        _modules.update(stamp=stamp, urls=[f"/static/js/{p}" for p in seen[1:]])
+    return _modules["urls"]
+
+
+def _normal(path: PurePosixPath) -> list[str]:
+    """A module path's parts with "." and ".." resolved."""
+    parts: list[str] = []
+    for p in path.parts:
+        if p == "..":
+            parts.pop()
+        elif p != ".":
+            parts.append(p)
+    return parts
 router = APIRouter(include_in_schema=False)
 
 
@@ -82,7 +115,8 @@ def index(request: Request):
                       for k in get_args(PatchingRequest.model_fields["site"].annotation)],
             "directions": [{"id": k, "label": DIRECTION_LABELS.get(k, k)}
                            for k in get_args(PatchingRequest.model_fields["direction"].annotation)]}
-    return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS})
+    return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS,
+                                                              "modules": page_modules()})
 
 
 @router.get("/docs")
