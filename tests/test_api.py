@@ -158,6 +158,13 @@ def test_stages_are_what_the_model_computed(client, runtimes):
     assert np.all(np.array(j["probs"])[np.triu_indices(len(j["tokens"]), 1)] == 0.0)
 
 
+def test_every_page_view_is_a_capability_feature():
+    """The page's tabs are features of the capability record, by their view ids (the page disables by it)."""
+    from attnscope.app.pages import VIEWS
+    from attnscope.runtime.capabilities import FEATURES
+    assert {v for v, _ in VIEWS} <= set(FEATURES) and len(FEATURES) == len(set(FEATURES))
+
+
 def test_models_onnx_and_health(client):
     models = client.get("/api/models").json()
     assert [m["id"] for m in models] == ["minilm", "tiny-gpt", "induction"]   # the suite's ATTNSCOPE_MODELS
