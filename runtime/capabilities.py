@@ -28,7 +28,7 @@ SIZE = ("stacked", "numpy", "circuits", "importance")   # what the weights' size
 # reason (`short`), and asks each tab only for what the model can answer.
 PAGE = ("head", "lines", "model", "summary", "entropy", "stages", "compare", "corpus", "effects", "lens", "atlas",
         "why", "head_lens", "attribution", "patching", "knockout", "predictions", "generate", "jobs")
-FEATURES = SIZE + PAGE[:8] + ("circuits",) + PAGE[8:]   # "circuits" is a size feature and a tab
+FEATURES = SIZE + PAGE   # "circuits" is a size feature and a tab (its view id): one entry
 # The features of a family that make a decomposition inexact (Planner._decomposable names them at length; the record
 # in a few words): (the config field, its short name).
 BENDS = {"qk_norm": "QK-norm", "attn_softcap": "attention soft-capping", "output_norms": "post-norms",
