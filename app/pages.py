@@ -1,7 +1,8 @@
 """The page routes: the app page, the API reference, and plotly.js / Swagger UI from installed packages."""
 from __future__ import annotations
 
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 from typing import get_args
 
 import fastapi_offline
@@ -21,9 +22,8 @@ VIEWS = [("head", "Head"), ("lines", "Lines"), ("model", "Model"), ("summary", "
          ("entropy", "Entropy"), ("stages", "Causal mask & steps"), ("compare", "Compare"),
          ("corpus", "Corpus"), ("effects", "Effects"), ("lens", "Logit lens"), ("circuits", "Circuits"),
          ("atlas", "Atlas")]
-# The views that draw an encoder-decoder's attentions (the others read one stack's run: their tabs are hidden), and
-# the attentions an encoder-decoder's answer holds (the page's "Attention" control: static/js/encdec.js).
-ENCODER_DECODER_VIEWS = {"head", "lines", "stages"}
+# Which of these a model can do is its capability record's (runtime/capabilities.py: one feature per view id).
+# The attentions an encoder-decoder's answer holds (the page's "Attention" control: static/js/encdec.js).
 ATTENTIONS = [("encoder", "Encoder self-attention"), ("decoder", "Decoder self-attention"),
               ("cross", "Cross-attention (decoder → encoder)")]
 # What replaces a knocked-out head's output (RunOptions.ablation), in the page's words.
@@ -34,9 +34,57 @@ SITE_LABELS = {"head_output": "head output (hook_z)", "query": "queries (hook_q)
                "residual": "residual stream, per position (hook_resid_pre)"}
 DIRECTION_LABELS = {"denoise": "denoise: clean values into the corrupt run",
                     "noise": "noise: corrupt values into the clean run"}
+# Example texts the page offers (its Examples menu), by the kinds of model they suit: (id, label, text, second
+# sentence or None, kinds). Chosen because their heads show something: names copied from context, a repeat that an
+# induction head completes, a sentence that misleads on first reading, a pronoun to resolve.
+EXAMPLES = [
+    ("ioi", "Indirect object: who gets the drink?", "When Mary and John went to the store, John gave a drink to", None,
+     ("decoder",)),
+    ("induction", "Induction: a text that repeats",
+     "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.", None,
+     ("decoder", "encoder")),
+    ("garden", "Garden path: the old man the boat", "The old man the boat, and the young sail.", None,
+     ("decoder", "encoder")),
+    ("coreference", "Coreference: what was too tired?", EXAMPLE_TEXT, None, ("decoder", "encoder")),
+    ("pair", "Sentence pair: a question and its answer", "Where did the cat sleep?", "The cat slept on the warm mat.",
+     ("encoder",)),
+    ("translation", "Translation: a short sentence", "The house is wonderful.", None, ("encoder-decoder",)),
+]
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 SWAGGER_DIR = Path(fastapi_offline.__file__).parent / "static"   # swagger-ui-bundle.js, swagger-ui.css
 templates = Jinja2Templates(directory=ROOT / "templates")
+IMPORT = re.compile(r'^import .*? from "(\.{1,2}/[^"]+)";', re.M)
+_modules: dict = {}
+
+
+def page_modules(entry: str = "main.js") -> list[str]:
+    """Every ES module the page's script imports, at any depth (static/js), as URLs: the page lists them as
+    modulepreload links, so the browser fetches them all at once instead of one import level after another (~40
+    modules, six levels deep). Read from the files when they change (their mtimes)."""
+    root = ROOT / "static" / "js"
+    stamp = tuple(sorted((str(p), p.stat().st_mtime_ns) for p in root.rglob("*.js")))
+    if _modules.get("stamp") != stamp:
+        seen, todo = [], [PurePosixPath(entry)]
+        while todo:
+            path = todo.pop()
+            if path in seen or not root.joinpath(*path.parts).is_file():
+                continue
+            seen.append(path)
+            text = root.joinpath(*path.parts).read_text(encoding="utf-8")
+            todo += [PurePosixPath(*_normal(path.parent / spec)) for spec in IMPORT.findall(text)]
+        _modules.update(stamp=stamp, urls=[f"/static/js/{p}" for p in seen[1:]])
+    return _modules["urls"]
+
+
+def _normal(path: PurePosixPath) -> list[str]:
+    """A module path's parts with "." and ".." resolved."""
+    parts: list[str] = []
+    for p in path.parts:
+        if p == "..":
+            parts.pop()
+        elif p != ".":
+            parts.append(p)
+    return parts
 router = APIRouter(include_in_schema=False)
 
 
@@ -47,9 +95,11 @@ def index(request: Request):
     boot = {"models": [m.model_dump() for m in models], "default_model": svc.settings.default_model,
             "example_text": EXAMPLE_TEXT, "max_chars": svc.max_chars,
             "max_new_tokens": svc.settings.max_new_tokens,   # the Generate control's limit (ATTNSCOPE_MAX_NEW_TOKENS)
-            "views": [{"id": v, "label": label, "encoder_decoder": v in ENCODER_DECODER_VIEWS} for v, label in VIEWS],
+            "views": [{"id": v, "label": label} for v, label in VIEWS],
             "attentions": [{"id": a, "label": label} for a, label in ATTENTIONS],
             "stats": catalogue(),
+            "examples": [{"id": i, "label": label, "text": text, "text_pair": pair, "kinds": list(kinds)}
+                         for i, label, text, pair, kinds in EXAMPLES],
             # what the page says about a family (steps view): from the served models' own configurations
             "architectures": {rt.spec.architecture: {"norm_first": rt.cfg.norm_first, "norm": rt.cfg.norm,
                                                      "position": rt.cfg.position, "qkv_bias": rt.cfg.qkv_bias,
@@ -65,7 +115,8 @@ def index(request: Request):
                       for k in get_args(PatchingRequest.model_fields["site"].annotation)],
             "directions": [{"id": k, "label": DIRECTION_LABELS.get(k, k)}
                            for k in get_args(PatchingRequest.model_fields["direction"].annotation)]}
-    return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS})
+    return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS,
+                                                              "modules": page_modules()})
 
 
 @router.get("/docs")

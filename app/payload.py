@@ -160,10 +160,18 @@ def _token(rt, token_id: int | None) -> dict | None:
     return None if token_id is None else {"token": rt.token_string(token_id), "id": int(token_id)}
 
 
+def _ranked(rt, a, token_id: int) -> dict:
+    rank, prob = a.ranks[token_id]
+    return {**_token(rt, token_id), "rank": rank, "probability": prob}
+
+
 def attribution(rt, a) -> dict:
-    """Direct logit attribution (plans.Attributed): every part's share, their sum and the model's own logit."""
+    """Direct logit attribution (plans.Attributed): every part's share, their sum and the model's own logit; the
+    target as typed, the token it became (its rank among the next tokens), and the other spelling it may have meant."""
     p = a.parts
-    return {"target": _token(rt, a.metric.target), "distractor": _token(rt, a.metric.distractor),
+    target = {**_ranked(rt, a, a.metric.target), "typed": a.typed,
+              "other": None if a.other is None else _ranked(rt, a, a.other)}
+    return {"target": target, "distractor": _token(rt, a.metric.distractor),
             "position": a.position, "metric": "logit" if a.metric.distractor is None else "logit_difference",
             "logit": a.logit, "sum": p.total, "embeddings": p.embeddings, "heads": p.heads, "mlps": p.mlps,
             "attention_bias": p.attention_bias, "norm_bias": p.norm_bias}

@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -46,9 +46,12 @@ from ..analysis.circuits import Composition, composition, head_weights, ov_copyi
 from ..analysis.lens import HeadLens, Lens, head_lens, logit_lens
 from ..analysis.effects import Metric
 from ..analysis.scores import probe_ids
+from ..model.functional import softmax
+from ..model.transformer import logits
 from ..model.weights import state_dict
 from ..runtime import Encoding, Runtime
 from ..runtime.encdec import EncoderDecoderRuntime
+from ..runtime.capabilities import inexact
 from ..runtime.interventions import Interventions, Trace, head_importance, head_masks, reference_trace
 from ..runtime.generation import Generator, Sampling
 from ..runtime.patching import knock_out, patch
@@ -116,6 +119,10 @@ class Attributed:
     position: int
     parts: object          # attribution.Attribution
     logit: float
+    typed: str = ""        # the target as the request gave it
+    ranks: dict = field(default_factory=dict)   # id -> (rank, probability) at the position: the target's, and the
+    #                                             other spelling's (Vocabulary.respelled) when there is one
+    other: int | None = None
 
 
 @dataclass(frozen=True)
@@ -652,6 +659,7 @@ class Planner:
         if position >= T:
             raise Refused(f"position {position} is out of range: this text has {T} tokens (0..{T - 1})")
         metric = self._metric(rt, req.target, req.distractor)
+        other = rt.vocabulary.respelled(req.target, metric.target)    # "Mary" typed where " Mary" is a token too
 
         def call() -> Attributed:
             if req.engine == "numpy":       # the NumPy reference, as the request's own run
@@ -663,8 +671,12 @@ class Planner:
             u = W[metric.target].astype(np.float64) - (0 if metric.distractor is None else W[metric.distractor])
             parts = attribution(rt.model, trace.sites["head_output"][:, :, position],
                                 trace.sites["residual"][:, position], u)
-            return Attributed(enc.tokens, metric, position, parts, float(trace.hidden[position] @ u))
-        key = _hash(["attribution", self._run_key(req, rt, False), metric.target, metric.distractor, position])
+            p = softmax(logits(rt.model, trace.hidden[position]).astype(np.float64))   # the next-token distribution
+            ranks = {i: (int((p > p[i]).sum()) + 1, float(p[i])) for i in (metric.target, other) if i is not None}
+            return Attributed(enc.tokens, metric, position, parts, float(trace.hidden[position] @ u), req.target,
+                              ranks, other)
+        key = _hash(["attribution", self._run_key(req, rt, False), metric.target, metric.distractor, position,
+                     req.target])
         return Run(key, call)
 
     def _decomposable(self, rt: Runtime, what: str, qk: bool = False, scores: bool = False, direct: bool = False,
@@ -676,16 +688,16 @@ class Planner:
         the heads' sum before it joins); logits: it sums direct effects on a logit (final soft-capping bends it)."""
         cfg, m = rt.cfg, rt.spec.id
         over = "each head's" if cfg.qk_norm == "head" else "the whole projection's"
-        checks = [   # (asked, present, what `what` does that it breaks, the feature)
-            (qk, cfg.qk_norm, "splits the score bilinearly into stream components",
-             f"QK-norm (an RMSNorm over {over} queries and keys before the dot product)"),
-            (scores, cfg.attn_softcap, "splits the score bilinearly into stream components",
-             "attention logit soft-capping (scores -> cap * tanh(scores / cap))"),
-            (direct, cfg.output_norms, "reads each head's output as its direct share of the residual stream",
-             "post-norms (each attention and MLP output normed before it joins the residual stream)"),
-            (logits, cfg.final_softcap, "sums each part's direct effect on the logit",
-             "final logit soft-capping (logits -> cap * tanh(logits / cap))")]
-        found = [(does, feature) for asked, present, does, feature in checks if asked and present]
+        long = {   # what `what` does that the field breaks, the field at length (capabilities.BENDS in few words)
+            "qk_norm": ("splits the score bilinearly into stream components",
+                        f"QK-norm (an RMSNorm over {over} queries and keys before the dot product)"),
+            "attn_softcap": ("splits the score bilinearly into stream components",
+                             "attention logit soft-capping (scores -> cap * tanh(scores / cap))"),
+            "output_norms": ("reads each head's output as its direct share of the residual stream",
+                             "post-norms (each attention and MLP output normed before it joins the residual stream)"),
+            "final_softcap": ("sums each part's direct effect on the logit",
+                              "final logit soft-capping (logits -> cap * tanh(logits / cap))")}
+        found = [long[f] for f in inexact(cfg, qk=qk, scores=scores, direct=direct, logits=logits)]
         if not found:
             return
         does = " and ".join(dict.fromkeys(d for d, _ in found))

@@ -78,11 +78,20 @@ class ModelCapabilities(BaseModel):
                                               "float16 weight widens to float32 exactly)")
     memory_budget_bytes: int = Field(description="the memory budget the features were decided against "
                                      "(ATTNSCOPE_MEMORY_MB)")
-    features: dict[str, bool] = Field(description="stacked (one run holds the whole model; else every request runs "
-                                      "layer by layer), numpy (the NumPy engine), circuits (weight-space circuits), "
-                                      "importance (/api/importance over every head)",
-                                      examples=[{"stacked": True, "numpy": True, "circuits": True, "importance": True}])
-    reasons: dict[str, str] = Field(description="each feature the model lacks, and why (the limit, named)")
+    features: dict[str, bool] = Field(description="what the model can do here, one entry per feature "
+                                      "(runtime/capabilities.py FEATURES). By size: stacked (one run holds the whole "
+                                      "model; else every request runs layer by layer), numpy (the NumPy engine), "
+                                      "circuits (weight-space circuits), importance (/api/importance over every head). "
+                                      "The page's tabs, by their view ids: head, lines, model, summary, entropy, stages, "
+                                      "compare, corpus, effects, lens, circuits, atlas. The parts inside them: why "
+                                      "(/api/qk), head_lens (/api/lens's head_lens), attribution (include attribution), "
+                                      "patching, knockout, predictions (next tokens), generate, jobs (corpus jobs)",
+                                      examples=[{"stacked": True, "numpy": True, "circuits": True, "importance": True,
+                                                 "lens": False}])
+    reasons: dict[str, str] = Field(description="each size feature the model lacks, and why (the limit, named)")
+    short: dict[str, str] = Field(default_factory=dict, description="each feature the model lacks, in a few words "
+                                  "(what the page shows on a disabled tab or part)",
+                                  examples=[{"lens": "no unembedding: no tokens can be read out of its stream"}])
 
 
 class ModelInfo(BaseModel):
@@ -196,11 +205,24 @@ class Token(BaseModel):
     id: int = Field(description="its exact vocabulary id")
 
 
+class RankedToken(Token):
+    rank: int = Field(description="its rank among the next tokens at the position (1: the most probable)")
+    probability: float = Field(description="its probability there (full softmax over the vocabulary)")
+
+
+class AttributedTarget(RankedToken):
+    """The token a typed target became: a text that is one token, or a token as next_tokens shows it."""
+    typed: str = Field(description="the target as the request gave it")
+    other: RankedToken | None = Field(None, description="the other spelling it may have meant: where a word is one "
+                                      "token both with and without its leading space (\"Mary\" and \" Mary\"), the "
+                                      "one not used")
+
+
 class Attribution(BaseModel):
     """Direct logit attribution: each part of the residual stream's direct share of one logit (or a difference of
     two) at one position, through the final norm with its scale frozen at the run's value. The parts sum to `sum`,
     which is the logit (difference) itself (`logit`, read from the model's own output, agrees within float error)."""
-    target: Token
+    target: AttributedTarget
     distractor: Token | None = Field(None, description="when given: the parts are of logit(target) - "
                                      "logit(distractor)")
     position: int = Field(description="the position whose next-token logit is attributed")

@@ -22,7 +22,17 @@ from ..model.weights import state_dict
 SHARE = 0.45            # of the memory budget one model's weights may take and still run whole (or in NumPy)
 SMALL = 1 << 30         # weights up to this many bytes keep onnxruntime's memory arenas (faster; an arena keeps its
 #                         peak for good, which for a big model is GBs of widened weights)
-FEATURES = ("stacked", "numpy", "circuits", "importance")
+SIZE = ("stacked", "numpy", "circuits", "importance")   # what the weights' size and the work allow on this machine
+# The page's tabs (app/pages.py VIEWS, by their ids) and the parts inside them, by what the model's kind and family
+# allow: one entry each in the record, so the page shows a feature a model cannot do as disabled with its one short
+# reason (`short`), and asks each tab only for what the model can answer.
+PAGE = ("head", "lines", "model", "summary", "entropy", "stages", "compare", "corpus", "effects", "lens", "atlas",
+        "why", "head_lens", "attribution", "patching", "knockout", "predictions", "generate", "jobs")
+FEATURES = SIZE + PAGE   # "circuits" is a size feature and a tab (its view id): one entry
+# The features of a family that make a decomposition inexact (Planner._decomposable names them at length; the record
+# in a few words): (the config field, its short name).
+BENDS = {"qk_norm": "QK-norm", "attn_softcap": "attention soft-capping", "output_norms": "post-norms",
+         "final_softcap": "final logit soft-capping"}
 WORK_TFLOP = 4.0        # what one request's analysis may cost by default (ATTNSCOPE_WORK_TFLOP)
 
 
@@ -34,6 +44,7 @@ class Capabilities:
     precision: Precision
     memory_bytes: int                     # the budget it was decided against
     reasons: dict[str, str] = field(default_factory=dict)   # a feature it lacks -> why, naming the limit
+    short: dict[str, str] = field(default_factory=dict)     # the same in a few words (the page's tab or part)
 
     @property
     def stacked(self) -> bool:
@@ -51,19 +62,22 @@ class Capabilities:
         return self.stored_bytes <= SMALL
 
     def allows(self, feature: str) -> bool:
-        return feature not in self.reasons
+        return feature not in self.reasons and feature not in self.short
 
     def refusal(self, feature: str) -> str | None:
         return self.reasons.get(feature)
 
     def record(self) -> dict:
-        """The API's form (/api/models): sizes, the storage type, and each feature with its reason when refused."""
+        """The API's form (/api/models): sizes, the storage type, and each feature with its reason when refused (at
+        length for the size features, in `reasons`; in a few words for every refused feature, in `short`)."""
         return {"parameters": self.parameters, "weights_bytes": self.stored_bytes, "dtype": self.precision.storage,
                 "compute_dtype": self.precision.compute, "memory_budget_bytes": self.memory_bytes,
-                "features": {f: self.allows(f) for f in FEATURES}, "reasons": dict(self.reasons)}
+                "features": {f: self.allows(f) for f in FEATURES}, "reasons": dict(self.reasons),
+                "short": {f: self.short[f] for f in FEATURES if f in self.short}}
 
     @classmethod
-    def of(cls, model, memory_bytes: int, work_flop: float) -> Capabilities:
+    def of(cls, model, memory_bytes: int, work_flop: float, source: str = "zoo") -> Capabilities:
+        """source: where the model came from (sources/): corpus jobs build zoo models only."""
         weights = list(state_dict(model).values())
         n = sum(int(w.size) for w in weights)
         stored = sum(int(w.nbytes) for w in weights)
@@ -89,7 +103,58 @@ class Capabilities:
                                          f"turn (a forward pass from the head's layer each): ~{flop / 1e12:.0f} TFLOP "
                                          f"for 64 tokens, above the {work_flop / 1e12:g} TFLOP a request may take "
                                          f"(ATTNSCOPE_WORK_TFLOP); patch chosen heads instead (/api/patching)")
+        caps.short.update(_page(model, source, reasons))
         return caps
+
+
+def inexact(cfg, qk: bool = False, scores: bool = False, direct: bool = False, logits: bool = False) -> list[str]:
+    """The config fields (BENDS) of a family that make a decomposition inexact: qk, a score split bilinearly into
+    stream components (QK-norm puts a norm between them); scores, that split of the score itself (attention
+    soft-capping bends it after); direct, a head's output read as its direct share of the stream (post-norms normalise
+    it before it joins); logits, direct effects summed on a logit (final soft-capping bends it)."""
+    asked = {"qk_norm": qk, "attn_softcap": scores, "output_norms": direct, "final_softcap": logits}
+    return [f for f in BENDS if asked[f] and getattr(cfg, f, None)]
+
+
+def _page(model, source: str, reasons: dict[str, str]) -> dict[str, str]:
+    """Each page feature (PAGE, and circuits) the model cannot do, with one short reason; the size reasons in few
+    words too."""
+    short: dict[str, str] = {}
+
+    def refuse(features, why):
+        for f in features:
+            short.setdefault(f, why)
+
+    cfg = getattr(model, "cfg", None)
+    if cfg is None or not hasattr(model, "blocks"):          # an encoder-decoder: two stacks and cross-attention
+        refuse(["model", "summary", "entropy", "compare", "corpus", "effects", "lens", "circuits", "atlas", "why",
+                "head_lens", "attribution", "patching", "knockout", "generate", "jobs", "importance"],
+               "an encoder-decoder: Head, Lines and Steps show its three attentions")
+        if not getattr(cfg, "lm_head", True):
+            refuse(["predictions"], "no LM head: it predicts no token")
+        return short
+    if "stacked" in reasons:
+        refuse(["stages", "why", "lens", "head_lens", "attribution", "patching", "knockout", "effects", "generate"],
+               "too big to run whole on this machine: it runs layer by layer")
+    if "numpy" in reasons:
+        refuse(["numpy"], "too big for the NumPy reference on this machine")
+    if not cfg.lm_head:
+        why = "an encoder: it predicts no next token" if not cfg.causal else "no LM head: it predicts no next token"
+        refuse(["predictions", "generate", "patching", "knockout", "attribution", "effects"], why)
+    if not cfg.has_unembedding:
+        refuse(["lens", "head_lens"], "no unembedding: no tokens can be read out of its stream")
+    bends = lambda **k: f"not exact with {' and '.join(BENDS[f] for f in inexact(cfg, **k))}"   # noqa: E731
+    for feature, asked in (("why", {"qk": True, "scores": True, "direct": True}), ("head_lens", {"direct": True}),
+                           ("attribution", {"direct": True, "logits": True}), ("circuits", {"qk": True, "direct": True})):
+        if inexact(cfg, **asked):
+            refuse([feature], bends(**asked))
+    if "circuits" in reasons:
+        refuse(["circuits"], "over the work a request may take (ATTNSCOPE_WORK_TFLOP)")
+    if "importance" in reasons:
+        refuse(["importance"], "over the work a request may take (ATTNSCOPE_WORK_TFLOP)")
+    if source != "zoo":
+        refuse(["jobs", "atlas"], "not a zoo model: corpus jobs run zoo models")
+    return short
 
 
 def circuits_flop(cfg) -> float:

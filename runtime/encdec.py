@@ -82,7 +82,7 @@ class EncoderDecoderRuntime:
         self.threads = threads
         self.weights = Weights(self.model, device_of(self.providers))
         memory = memory_total() * 0.85 if memory_mb is None else memory_mb * 2**20
-        self.capabilities = Capabilities.of(self.model, memory, work_tflop * 1e12)
+        self.capabilities = Capabilities.of(self.model, memory, work_tflop * 1e12, spec.source)
         self._session = None
         self._lock = threading.Lock()
 

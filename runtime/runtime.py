@@ -59,7 +59,7 @@ class Runtime:
         self.tf32 = tf32
         self.weights = Weights(self.model, device_of(self.providers))   # bound by every session's runs
         memory = memory_total() * 0.85 if memory_mb is None else memory_mb * 2**20
-        self.capabilities = Capabilities.of(self.model, memory, work_tflop * 1e12)
+        self.capabilities = Capabilities.of(self.model, memory, work_tflop * 1e12, spec.source)
         self.threads = threads
         self.stop_early_mb = stop_early_mb
         self._sessions: dict[bool | str, object] = {}

@@ -8,9 +8,11 @@ import numpy as np
 
 from ..analysis.statistics import is_punctuation
 from ..model.functional import softmax
-from ..sources.tokens import is_byte_level, readable
+from ..sources.tokens import VISIBLE, is_byte_level, readable
 from .errors import InputError
 from .results import Encoding, NextToken
+
+SPACE_MARK = VISIBLE[" "]      # how a space shows in a token (the API's and the page's one mark: "␣")
 
 
 class Vocabulary:
@@ -75,12 +77,27 @@ class Vocabulary:
             self._readable = {self.token_string(i): i for i in range(self.tokenizer.get_vocab_size())}
         if token in self._readable:
             return self._readable[token]
+        if token.replace(SPACE_MARK, "\u2581") in self._readable:   # the page's space mark, in a SentencePiece vocabulary
+            return self._readable[token.replace(SPACE_MARK, "\u2581")]
         ids = self.tokenizer.encode(token, add_special_tokens=False).ids
         if len(ids) == 1:
             return ids[0]
         shown = [self.token_string(i) for i in ids]
         raise InputError(f"{what} {token!r} is not one token: it splits into {len(ids)}, {shown[:8]}"
                          f"{' ...' if len(ids) > 8 else ''}; give one of them (as next_tokens shows it)")
+
+    def respelled(self, token: str, used: int) -> int | None:
+        """The other token a typed `token` may have meant, where a word is one token both with and without its leading
+        space ("Mary" and " Mary" in SmolLM2's vocabulary: they answer differently): that spelling's id, or None."""
+        plain = token.replace(SPACE_MARK, " ").replace("\u2581", " ")
+        other = plain[1:] if plain.startswith(" ") else " " + plain
+        if not other.strip():
+            return None
+        try:
+            found = self.token_id(other)
+        except InputError:
+            return None
+        return None if found == used else found
 
     def top_tokens(self, logits: np.ndarray, k: int) -> list[NextToken]:
         """The k most probable next tokens from logits [V], probabilities from the softmax over all V."""

@@ -159,13 +159,31 @@ def test_stages_are_what_the_model_computed(client, runtimes):
     assert np.all(np.array(j["probs"])[np.triu_indices(len(j["tokens"]), 1)] == 0.0)
 
 
+def test_every_page_view_is_a_capability_feature():
+    """The page's tabs are features of the capability record, by their view ids (the page disables by it)."""
+    from attnscope.app.pages import VIEWS
+    from attnscope.runtime.capabilities import FEATURES
+    assert {v for v, _ in VIEWS} <= set(FEATURES) and len(FEATURES) == len(set(FEATURES))
+
+
 def test_models_onnx_and_health(client):
     models = client.get("/api/models").json()
     assert [m["id"] for m in models] == ["minilm", "tiny-gpt", "induction"]   # the suite's ATTNSCOPE_MODELS
     caps = models[0].pop("capabilities")   # MiniLM: 22.6M float32 weights (the bias vectors included), every feature
     assert caps["parameters"] == 22_565_376 and caps["weights_bytes"] == 4 * caps["parameters"]
     assert caps["dtype"] == caps["compute_dtype"] == "float32" and caps["reasons"] == {}
-    assert caps["features"] == {"stacked": True, "numpy": True, "circuits": True, "importance": True}
+    # by size every feature; by kind (an encoder, no LM head, no unembedding) no next token and what reads one, each
+    # refused in a few words for the page
+    no_lm, no_unembedding = "an encoder: it predicts no next token", "no unembedding: no tokens can be read out of its stream"
+    assert caps["short"] == {"effects": no_lm, "lens": no_unembedding, "head_lens": no_unembedding,
+                             "attribution": no_lm, "patching": no_lm, "knockout": no_lm, "predictions": no_lm,
+                             "generate": no_lm}
+    assert caps["features"] == {"stacked": True, "numpy": True, "circuits": True, "importance": True,
+                                "head": True, "lines": True, "model": True, "summary": True, "entropy": True,
+                                "stages": True, "compare": True, "corpus": True, "effects": False, "lens": False,
+                                "atlas": True, "why": True, "head_lens": False, "attribution": False,
+                                "patching": False, "knockout": False, "predictions": False, "generate": False,
+                                "jobs": True}
     assert models[0] | {"description": ""} == {"id": "minilm", "title": "all-MiniLM-L6-v2", "description": "",
                                                  "kind": "encoder", "source": "zoo", "architecture": "bert",
                                                  "layers": 6, "heads": 12, "d_model": 384,

@@ -6,3 +6,14 @@ import { $ } from "./dom.js";
 export const BOOT = JSON.parse($("boot").textContent);
 /** id -> the model's info (as GET /api/models gives it). */
 export const MODELS = Object.fromEntries(BOOT.models.map((m) => [m.id, m]));
+
+/** Can model info do feature (a tab's view id, or a part: why, head_lens, attribution, generate...)? Its capability
+ *  record (GET /api/models, runtime/capabilities.py) says; the page never asks for what it cannot do. */
+export const can = (info, feature) => info.capabilities?.features?.[feature] !== false;
+
+/** Why model info cannot do feature, in a few words ("" when it can). */
+export const whyNot = (info, feature) => (can(info, feature) ? ""
+  : info.capabilities.short?.[feature] ?? info.capabilities.reasons?.[feature] ?? "not available for this model");
+
+/** The served models that can do feature. */
+export const ableModels = (feature) => BOOT.models.filter((m) => can(m, feature));

@@ -1,7 +1,7 @@
 // The token strip: one chip per token. A click pins the token's row or masks it as a key
 // (the "Clicking a token" switch); keyboard: arrows / Home / End move, Enter pins or masks,
 // "m" always toggles the mask, "p" always pins.
-import { h, replace, rove, tokenLabel } from "./dom.js";
+import { h, replace, rove, SPACE_MARK, tokenLabel } from "./dom.js";
 
 function toggled(list, i) {
   return list.includes(i) ? list.filter((x) => x !== i) : [...list, i].sort((a, b) => a - b);
@@ -54,6 +54,25 @@ export function renderChips(container, meta, st, go, shade = null, generated = n
     }
   };
   if (hadFocus !== null && chips[hadFocus]) chips[hadFocus].focus();
+}
+
+/** The legend of every mark the chips carry for this answer: the space mark always, then those present (the
+ *  surprisal underline, special tokens, the pair's second sentence, masked, pinned, generated tokens). */
+export function renderChipsLegend(container, meta, st, shade = null, generated = null) {
+  const item = (cls, sample, text, style = null) => h("span", { class: "legend-item", "data-mark": cls },
+    h("span", { class: `chip legend-chip ${cls}`, style, "aria-hidden": "true", text: sample }), " ", text);
+  const items = [h("span", { class: "legend-item", "data-mark": "space" },
+    h("span", { class: "tok", text: SPACE_MARK }), " a space (in every model's tokens)")];
+  if (shade?.some((v) => v !== null)) {
+    items.push(item("surprisal", "tok", "red underline: surprisal, −log p(token | the tokens before); darker = more " +
+      "surprising", "--surprisal:0.8"));
+  }
+  if (meta.special.some(Boolean)) items.push(item("special", "[ ]", "special token"));
+  if (meta.segments.some((s) => s === 1)) items.push(item("seg1", "B", "second sentence"));
+  if (meta.mask_tokens.length) items.push(item("masked", "tok", "masked as a key"));
+  if (st.pin !== null && st.pin < meta.tokens.length) items.push(item("pinned", "tok", "pinned query"));
+  if (generated !== null) items.push(item("generated", "tok", "generated"));
+  replace(container, items);
 }
 
 /** No text, no chips (and the next answer draws them afresh). */

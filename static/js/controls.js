@@ -6,8 +6,11 @@ import { $, h, replace } from "./dom.js";
 import { isEncDec } from "./encdec.js";
 import { PAIR_FILTERS } from "./matrix.js";
 import { labelHeads, showExplanation } from "./roles.js";
-import { SCALE_MODES, SCALE_NAME } from "./scale.js";
+import { SCALE_MODES, SCALE_NAME, SIGNED_MODES } from "./scale.js";
 import * as state from "./state.js";
+
+/** The views whose difference or score maps take the signed-scale choice (state.signed). */
+const SIGNED_VIEWS = new Set(["compare", "circuits"]);
 
 /** Statistics that need a sentence pair: disabled in the menu for a single text. */
 const PAIR_STATS = new Set(BOOT.stats.filter((x) => x.pair_only).map((x) => x.id));
@@ -61,6 +64,8 @@ export function syncControls(st, info) {
   const pair = info.pair && Boolean(st.text_pair.trim());
   for (const o of $("stat").options) o.disabled = PAIR_STATS.has(o.value) && !pair;
   $("scale").value = st.scale;
+  $("signed").value = st.signed;
+  $("signed-field").hidden = !SIGNED_VIEWS.has(st.view);
   $("pairs").value = st.pairs;
   $("pairs-field").hidden = !pair || !["head", "lines"].includes(st.view);
   $("clear-mask").hidden = st.mask_tokens.length === 0;
@@ -93,9 +98,11 @@ export function wireControls(go, draft) {
   $("clear-mask").addEventListener("click", () => go({ mask_tokens: [] }));
   $("stat").addEventListener("change", (e) => go({ stat: e.target.value }));
   $("scale").addEventListener("change", (e) => go({ scale: e.target.value }));
+  $("signed").addEventListener("change", (e) => go({ signed: e.target.value }));
   $("pairs").addEventListener("change", (e) => go({ pairs: e.target.value }));
   $("large-toggle").addEventListener("click", () => go({ large: !state.get().large }));
   replace($("scale"), SCALE_MODES.map(([v, label]) => h("option", { value: v, text: label })));
+  replace($("signed"), SIGNED_MODES.map(([v, label]) => h("option", { value: v, text: label })));
   replace($("pairs"), PAIR_FILTERS.map(([v, label]) => h("option", { value: v, text: label })));
   $("scale-name").textContent = SCALE_NAME;
 }

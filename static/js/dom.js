@@ -53,10 +53,14 @@ export function plotlyText(s) {
   return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }
 
-/** A token as shown on screen: visible quotes-free text, whitespace made visible. */
+/** The one mark of a space in a token, for every model: whitespace, and SentencePiece's "▁" (Gemma, T5, Llama 2
+ *  vocabularies spell a leading space so), are shown as it. */
+export const SPACE_MARK = "␣";
+
+/** A token as shown on screen: visible quotes-free text, whitespace made visible (SPACE_MARK). */
 export function tokenLabel(tok) {
   const s = String(tok);
-  return s === "" ? "∅" : s.replace(/\s/g, "␣");
+  return s === "" ? "∅" : s.replace(/[\s\u2581]/g, SPACE_MARK);
 }
 
 /** Roving tabindex (one tab stop per list): arrow keys, Home and End move the focus along `items`, from

@@ -3,14 +3,11 @@
 // (encoder, decoder or cross: the page's control, in the URL) picks the one the views draw. Here it becomes the
 // one-stack answer the head, line and steps views already draw: the queries' tokens are `meta.tokens` (the chips,
 // the rows), and cross-attention's keys, the encoder's tokens, are `meta.keys` (the columns; matrix.js keysOf).
-// Which views apply and the attentions' names come from the server's boot block.
+// Which views apply is the model's capability record's (boot.js can); the attentions' names come from the boot block.
 import { BOOT } from "./boot.js";
 
 /** Is this model (GET /api/models' info) an encoder-decoder? */
 export const isEncDec = (info) => info.kind === "encoder-decoder";
-
-/** The views that draw an encoder-decoder (the boot block's views marked encoder_decoder). */
-export const VIEWS = BOOT.views.filter((v) => v.encoder_decoder).map((v) => v.id);
 
 /** What each attention is, in the page's words: the axes, and a sentence for the view's note. */
 const STACKS = {

@@ -1,8 +1,7 @@
 // The frame round the active view: the tabs, the view's heading and help, which view panel shows, the window's
 // title, the classroom bar (present.js) and the lesson panel (lesson.js).
-import { MODELS } from "./boot.js";
+import { can, MODELS, whyNot } from "./boot.js";
 import { $ } from "./dom.js";
-import { isEncDec, VIEWS as ENCODER_DECODER_VIEWS } from "./encdec.js";
 import { syncLesson } from "./lesson.js";
 import { syncPresent, wirePresent } from "./present.js";
 import * as state from "./state.js";
@@ -12,10 +11,19 @@ export function syncFrame(st, views, go) {
   const titles = Object.fromEntries(Object.entries(views).map(([id, v]) => [id, v.title]));
   syncPresent($("present-bar"), st, { views: Object.keys(views), titles, go });
   syncLesson($("lesson"), $("lesson-link"), st, { href: state.href, go, models: MODELS });
-  const encdec = isEncDec(MODELS[st.model]);
+  const info = MODELS[st.model];
   for (const a of document.querySelectorAll("#tabs a")) {
     a.href = state.href({ view: a.dataset.view });
-    a.hidden = encdec && !ENCODER_DECODER_VIEWS.includes(a.dataset.view);   // views of one stack's run
+    // a view the model cannot do (its capability record): shown disabled, its short reason on it; opened, the view
+    // says the reason where the picture would be
+    const why = whyNot(info, a.dataset.view);
+    if (why) {
+      a.setAttribute("aria-disabled", "true");
+      a.title = `Not for ${info.title}: ${why}`;
+    } else {
+      a.removeAttribute("aria-disabled");
+      a.title = a.dataset.help ?? "";
+    }
     if (a.dataset.view === st.view) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
   }

@@ -8,7 +8,7 @@
 // (interventions.ablate); with side_by_side a second stream without them runs beside it, and both texts show.
 // What the streams sent is page memory (rec), never auto-generated again on load.
 import * as api from "./api.js";
-import { BOOT, MODELS } from "./boot.js";
+import { ableModels, can, MODELS, whyNot } from "./boot.js";
 import { $, h, replace, tokenLabel } from "./dom.js";
 import { showError } from "./notices.js";
 import { clearSampling, renderSampling } from "./sampling.js";
@@ -157,7 +157,7 @@ export function createGeneration({ go, redraw, target }) {
 
   // ---- drawing ------------------------------------------------------------------------------------------------
   function reason(st, info) {
-    if (info.predictions) {
+    if (can(info, "generate")) {
       const parts = ["Continues the page's text a token at a time: the tokens, the head view and the line view grow as " +
         "they come; then the text becomes prompt + continuation, and every view shows it."];
       if (st.ablate.length) {
@@ -166,9 +166,9 @@ export function createGeneration({ go, redraw, target }) {
       }
       return parts.join(" ");
     }
-    const able = BOOT.models.filter((m) => m.predictions);
-    return [`${info.title} ${info.kind === "decoder" ? "is a decoder without an LM head" : "is an encoder"}: generation ` +
-      "reads next-token logits, so it needs a decoder with an LM head. ", able.length ? "Served models with one: " : "No served model has one.",
+    const able = ableModels("generate");
+    return [`Generation is not available for ${info.title}: ${whyNot(info, "generate")}. `,
+      able.length ? "Served models that can: " : "No served model can.",
     able.map((m, k) => [k ? ", " : "", h("a", { href: state.href({ model: m.id, prompt: "" }), text: m.title })])];
   }
 
@@ -257,13 +257,19 @@ export function createGeneration({ go, redraw, target }) {
     }
     const r = recordFor(st), running = Boolean(rec?.running);
     const section = $("generate");
+    // a panel that folds: open on a model that generates (and while it does), folded with its reason on one that
+    // cannot; the user's own folding is kept until the model changes
+    const able = can(info, "generate");
+    if (section.dataset.model !== st.model) section.open = able;
+    if (running) section.open = true;
+    section.dataset.model = st.model;
+    $("gen-summary").textContent = able ? "" : `not for this model: ${whyNot(info, "generate")}`;
     section.dataset.state = !r ? "idle" : r.running ? "running" : r.error ? "error" : r.done ? "done" : "stopped";
     section.dataset.tokens = String(r?.steps.length ?? 0);
     for (const [id, key] of BOXES) show($(id), st[key]);
     $("gen-greedy").checked = st.greedy;
     $("gen-side").checked = st.side_by_side;
     $("gen-side-field").hidden = !st.ablate.length;
-    const able = Boolean(info.predictions);
     for (const el of $("generate-form").elements) el.disabled = !able || running;
     $("gen-run").disabled = !able || running || !st.text.trim();
     $("gen-new-seed").disabled ||= st.seed === null;

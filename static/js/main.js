@@ -26,11 +26,12 @@
 //                          (the hooks get the container, state and ctx of the view's last render)
 import { showAblation, wireAblation } from "./ablation.js";
 import * as api from "./api.js";
-import { BOOT, MODELS } from "./boot.js";
-import { clearChips, renderChips } from "./chips.js";
+import { ableModels, BOOT, can, MODELS, whyNot } from "./boot.js";
+import { clearChips, renderChips, renderChipsLegend } from "./chips.js";
 import { syncControls, wireControls } from "./controls.js";
-import { $ } from "./dom.js";
+import { $, h, replace } from "./dom.js";
 import { createDraft } from "./draft.js";
+import { clearestHead, syncExamples, wireExamples } from "./first.js";
 import { isEncDec, stackAnswer, stackMeta } from "./encdec.js";
 import { showExports, wireExports } from "./exporting.js";
 import { syncFrame, wireFrame } from "./frame.js";
@@ -70,6 +71,8 @@ const progress = createProgress();
 const memory = Object.fromEntries(Object.keys(VIEWS).map((id) => [id, {}]));   // each view's page memory
 let generation = 0;                        // the update now running: an older one's answers are dropped
 let drawn = null;                          // the last render: {id, view, container, st, ctx, exports}
+// a fresh visit (no layer or head in the address): the first answer chooses the head (first.js clearestHead)
+let measureHead = !["layer", "head"].some((k) => new URLSearchParams(location.search).has(k));
 const generator = createGeneration({ go, redraw, target: streamTarget });
 
 // ---- the update loop --------------------------------------------------------------------------------
@@ -100,7 +103,7 @@ async function streamTarget(st, info) {
   const run = runOptions(st, info), opts = { progress: longText(st, info) };
   const meta = await api.attention(firstRequest(st, info, run, opts.progress), opts);
   const heads = new Set([st.head]);
-  for (const r of VIEWS[st.view].requests(st, info, meta)) {
+  for (const r of can(info, st.view) ? VIEWS[st.view].requests(st, info, meta) : []) {
     if (r.endpoint === "attention" && r.layers?.length === 1 && r.layers[0] === st.layer) r.heads?.forEach((hd) => heads.add(hd));
   }
   return { layer: st.layer, heads: [...heads].sort((a, b) => a - b) };
@@ -112,7 +115,9 @@ const ownRun = (reqs) => reqs.length > 0 && reqs.every((r) => !["text", "text_pa
 
 /** What the page shows round the view, from the run's first answer. */
 function showRun(meta, st, info, view) {
-  renderChips($("chips"), meta, st, go, surprisal(meta), generatedFrom(meta, st));
+  const shade = surprisal(meta), generated = generatedFrom(meta, st);
+  renderChips($("chips"), meta, st, go, shade, generated);
+  renderChipsLegend($("chips-legend"), meta, st, shade, generated);
   renderPredictions($("predictions"), meta, st, view.nextTokenPick?.(st, go));
   showAblation(st, go);
   notices.showTokenInfo(meta, st, info);
@@ -137,12 +142,27 @@ async function draw(view, container, data, st, info, gen) {
   return true;
 }
 
+/** A view the model cannot do (its capability record, boot.js can): the short reason where its picture would be, and
+ *  links to the served models that can; nothing is asked of the server for it. */
+function drawRefused(container, st, info) {
+  for (const el of container.querySelectorAll(".js-plotly-plot")) window.Plotly.purge(el);
+  const able = ableModels(st.view);
+  replace(container, h("p", { class: "note refused", "data-feature": st.view },
+    `${VIEWS[st.view].title} is not available for ${info.title}: ${whyNot(info, st.view)}. `,
+    able.length ? "Served models that can: " : "No served model can.",
+    able.map((m, k) => [k ? ", " : "", h("a", { href: state.href({ model: m.id }), text: m.title })])));
+  drawn = { id: st.view, view: VIEWS[st.view], container, st, ctx: null, exports: null };
+  container.dataset.renders = String(Number(container.dataset.renders || 0) + 1);
+  container.dataset.state = location.search;
+}
+
 async function update() {
   const [st, changed] = state.normalize(state.get(), MODELS, BOOT.default_model, stages.STEPS.length);
   if (changed) return state.go(st, { replace: true });
   const info = MODELS[st.model];
   draft.sync(st);
   syncControls(st, info);
+  syncExamples(info);
   syncFrame(st, VIEWS, go);
   const live = generator.live(st);         // a generation streaming from this text: its tokens so far grow the answer
   const steps = live?.steps.slice();
@@ -165,14 +185,26 @@ async function update() {
   const opts = { progress: longText(st, info) };          // a long text runs layer by layer: its progress streams first
   try {
     const metaP = api.attention(firstRequest(st, info, run, opts.progress), opts);
-    let dataP = view.needsMeta || opts.progress ? null : fetchAll(view.requests(st, info, null), run, opts);
+    const able = can(info, st.view);
+    let dataP = !able || view.needsMeta || opts.progress ? null : fetchAll(view.requests(st, info, null), run, opts);
     dataP?.catch(() => {});
     const answer = await metaP;
     if (gen !== generation) return;
     // an encoder-decoder's answer as the one stack the views draw (encdec.js): st.attention's queries and keys
+    if (measureHead) {                     // the first screen: the head with the clearest pattern on this text
+      measureHead = false;
+      const best = clearestHead(answer.summary, answer.tokens.length);
+      if (best && state.go({ layer: best.layer, head: best.head }, { replace: true })) return;
+    }
     const meta = isEncDec(info) ? stackMeta(answer, st.attention) : answer;
     const shown = live ? grownMeta(meta, steps, st.text) : meta;
     showRun(shown, st, info, view);
+    if (!able) {
+      drawRefused(container, st, info);
+      notices.showDrawn(info, meta, [], started);
+      showExports(null);
+      return;
+    }
     dataP ??= fetchAll(view.requests(st, info, meta), run, opts);
     const results = (await dataP).map((r) => (isEncDec(info) ? stackAnswer(r, st.attention) : r));
     if (gen !== generation) return;
@@ -223,18 +255,19 @@ function active() {
 
 function onKey(e) {
   const v = active();
-  v?.view.onKey?.(e, v.container, v.st, v.ctx);
+  if (v?.ctx) v.view.onKey?.(e, v.container, v.st, v.ctx);
   presentKey(e, state.get(), { go, views: Object.keys(VIEWS) });
 }
 
 function onResize() {
   const v = active();
-  v?.view.onResize?.(v.container, v.st, v.ctx);
+  if (v?.ctx) v.view.onResize?.(v.container, v.st, v.ctx);
 }
 
 function wire() {
   draft.wire(update);
   wireControls(go, draft);
+  wireExamples(go, MODELS, state.get);
   wireFrame(go);
   wireAblation(go);
   wireExports(() => drawn?.exports);

@@ -98,15 +98,39 @@ export function colourRange(st, max, top = 1) {
     label: perHead ? `scaled to its maximum ${fmt(max, 3)}` : `fixed scale 0–${top === 1 ? 1 : fmt(top, 2)}` };
 }
 
-/** The range of a signed quantity (attributions, effects) on the diverging scale: symmetric round 0, so 0 is the
- *  scale's middle (white) and equal sizes of either sign are equally strong: {zmin, zmid: 0, zmax, absmax, label}.
- *  rows: nested arrays of numbers (nulls skipped). */
-export function divergingRange(rows) {
-  let absmax = 0;
-  for (const v of rows.flat(Infinity)) if (v !== null && Number.isFinite(v)) absmax = Math.max(absmax, Math.abs(v));
-  const top = Math.max(absmax, 1e-9);
-  return { zmin: -top, zmid: 0, zmax: top, absmax,
-    label: `symmetric scale ${MINUS}${fmt(top, 3)} to +${fmt(top, 3)}, 0 white (purple: negative, orange: positive)` };
+// Differences, signed maps and scores that are not probabilities (the Compare difference map, attributions, the
+// circuits' maps) are drawn on a range fitted to the data by default, symmetric round 0 for a signed map: its largest
+// absolute value is the scale's end, so a difference of 0.15 is not drawn as blank on ±1. "fixed" (state.signed)
+// draws a quantity with a known bound on that bound instead (an attention difference, a copying score: ±1).
+export const SIGNED_MODES = [["fitted", "fitted to the data"], ["fixed", "fixed (±1)"]];
+
+/** The largest |v| of nested arrays of numbers (nulls skipped). */
+export function absMax(rows) {
+  let m = 0;
+  for (const v of rows.flat(Infinity)) if (v !== null && Number.isFinite(v)) m = Math.max(m, Math.abs(v));
+  return m;
+}
+
+/** The range of a signed quantity (attributions, effects, differences) on the diverging scale: symmetric round 0,
+ *  so 0 is the scale's middle (white) and equal sizes of either sign are equally strong: {zmin, zmid: 0, zmax,
+ *  absmax, fixed, label}. rows: nested arrays of numbers (nulls skipped); bound: the quantity's own bound, used when
+ *  st.signed is "fixed" (none: always fitted). */
+export function divergingRange(rows, st = null, bound = null) {
+  const absmax = absMax(rows);
+  const fixed = bound !== null && st?.signed === "fixed";
+  const top = fixed ? bound : Math.max(absmax, 1e-9);
+  return { zmin: -top, zmid: 0, zmax: top, absmax, fixed,
+    label: `${fixed ? "fixed" : "fitted"} symmetric scale ${MINUS}${fmtSig(top)} to +${fmtSig(top)}` +
+      `${fixed ? ` (largest |value| ${fmtSig(absmax)})` : " (its largest |value|)"}, 0 white (purple: negative, orange: positive)` };
+}
+
+/** The range of a score from 0 to its bound that is not a probability (a composition score): fitted 0 to its
+ *  largest value, or with st.signed "fixed", 0 to bound: {zmin, zmax, fixed, label}. */
+export function scoreRange(rows, st, bound = 1) {
+  const max = absMax(rows), fixed = st.signed === "fixed";
+  const top = fixed ? bound : Math.max(max, 1e-9);
+  return { zmin: 0, zmax: top, fixed,
+    label: fixed ? `fixed scale 0–${fmtSig(bound)} (largest ${fmtSig(max)})` : `fitted scale 0–${fmtSig(top)} (its largest value)` };
 }
 
 /** 0..255 index into LUT of value v on a colour range. */
@@ -180,6 +204,19 @@ export function fmt(v, digits = 4) {
   const s = v !== 0 && Math.abs(v) < 0.5 * 10 ** -digits ? v.toExponential(1) : v.toFixed(digits);
   return s.replace(/-/g, MINUS);
 }
+
+/** v to `digits` significant digits (3-4 on the page), in plain decimals (no exponent down to 1e-6), a true minus
+ *  sign: 0.1482, 12.35, 0.0004127. Plotly's hover and tick formats use d3's ".4r", the same rule. */
+export function fmtSig(v, digits = 4) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "–";
+  if (isMinusInf(v)) return MINUS + "∞";
+  if (!Number.isFinite(v)) return v > 0 ? "∞" : MINUS + "∞";
+  if (v === 0) return "0";
+  const r = Number(v.toPrecision(digits));
+  const s = Math.abs(r) < 1e-6 ? r.toExponential(digits - 1) : String(r);   // JS writes 1e-6 and up in decimals
+  return s.replace(/-/g, MINUS);
+}
+export const SIG_FORMAT = ".4r";   // d3-format: 4 significant digits, decimal notation (fmtSig's rule)
 
 /** The shortest decimal that reads back as the same float32: the exact value the model produced. */
 export function fmtExact(v) {

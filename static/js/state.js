@@ -1,9 +1,8 @@
 // All state lives in the URL query string: every view is a link, back/forward works, and the
 // "copy permalink" button just copies location.href.
 import { BOOT } from "./boot.js";
-import { VIEWS as ENCODER_DECODER_VIEWS } from "./encdec.js";
 import { PAIR_FILTERS } from "./matrix.js";
-import { SCALE_MODES } from "./scale.js";
+import { SCALE_MODES, SIGNED_MODES } from "./scale.js";
 
 export const STEP_TOKENS = [6, 8, 12, 16, 24, 32];
 /** What POST /api/generate takes: new tokens per request (the server's ATTNSCOPE_MAX_NEW_TOKENS, from the boot
@@ -36,7 +35,7 @@ const FIELDS = [
   ["pin", null, "int?"], ["hide_special", false, "bool"], ["click", "pin", "click"],
   ["stat", "mean_entropy", "stat"], ["heads", null, "ints?"], ["all_heads", false, "bool"],
   ["step", 0, "int"], ["n", 12, "int"], ["large", false, "bool"],
-  ["scale", "fixed", SCALE_MODES.map(([v]) => v)], ["pairs", "all", PAIR_FILTERS.map(([v]) => v)],
+  ["scale", "fixed", SCALE_MODES.map(([v]) => v)], ["signed", "fitted", SIGNED_MODES.map(([v]) => v)], ["pairs", "all", PAIR_FILTERS.map(([v]) => v)],
   ["dist_norm", false, "bool"], ["sort", "-value", ["-value", "value", "layer", "-layer", "head", "-head"]],
   ["ablate", [], "heads"], ["ablation", "zero", "ablation"], ["text_b", "", "str"],
   ["present", false, "bool"], ["lesson", null, "int?"],
@@ -187,7 +186,6 @@ export function normalize(st, models, defaultModel, steps) {
   if (!info.pair) fixed.text_pair = "";
   if (info.kind === "encoder-decoder") {    // what reads one stack's run does not apply (encdec.js): left out
     Object.assign(fixed, { causal: null, mask_tokens: [], ablate: [], why: null, click: "pin" });
-    if (!ENCODER_DECODER_VIEWS.includes(fixed.view)) fixed.view = "head";
   } else fixed.decoder_text = "";
   if (!STEP_TOKENS.includes(fixed.n)) fixed.n = 12;
   if (fixed.step > steps) fixed.step = 0;

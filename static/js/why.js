@@ -61,6 +61,7 @@ export function renderWhy(box, ans, st, ctx, meta) {
     replace(tools);
     return null;
   };
+  if (ans?.refused) return empty(`Not available for ${ctx.info.title}: ${ans.refused}.`);
   if (!ans) return empty("A sentence pair: the attribution (POST /api/qk) is of one text. Clear the second sentence to ask why.");
   if (ans.error) {
     const e = ans.error;

@@ -92,3 +92,23 @@ def plot_point(page, plot_selector: str, x: float, y: float) -> tuple[float, flo
       const gd = document.querySelector(sel), fl = gd._fullLayout, r = gd.getBoundingClientRect();
       return [r.left + fl.xaxis._offset + fl.xaxis.l2p(x), r.top + fl.yaxis._offset + fl.yaxis.l2p(y)];
     }""", [plot_selector, x, y]))
+
+
+# The active view's picture as laid out: the first Plotly chart, line-view SVG or model-view grid the visible view
+# holds, its box in the viewport, the viewport's height and how far the page is scrolled.
+PLOT_BOX_JS = """() => {
+  const v = document.querySelector('.view:not([hidden])');
+  const el = v && [...v.querySelectorAll('.js-plotly-plot, .lines-svg, .thumb-grid')].find((e) => e.getClientRects().length);
+  if (!el) return null;
+  const r = el.getBoundingClientRect();
+  return {view: v.dataset.view, top: r.top, bottom: r.bottom, viewport: innerHeight, scrolled: scrollY};
+}"""
+SMALL_SCREEN = {"width": 1280, "height": 720}
+
+
+def assert_plot_on_screen(page, visible: float = 200) -> dict:
+    """The active view's picture starts inside the viewport, unscrolled, with at least `visible` px of it on screen."""
+    box = page.evaluate(PLOT_BOX_JS)
+    assert box is not None, "the view drew no picture"
+    assert box["scrolled"] == 0 and 0 <= box["top"] <= box["viewport"] - visible, box
+    return box

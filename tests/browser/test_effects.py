@@ -159,9 +159,37 @@ def test_effects_maps_head_patterns_and_knockout(page: Page, live_server_smollm2
 
 def test_effects_without_an_lm_head_says_so(page: Page, live_server_smollm2, console_errors):
     goto(page, live_server_smollm2, model="tiny-gpt", text="the cat sat on the mat", target="␣the")
-    note = page.locator(f"{VIEW} [data-part=note]")
-    expect(note).to_contain_text("without an LM head")
+    # the tab is disabled with the capability record's reason, and opened it says so where the maps would be
+    expect(page.locator('#tabs a[data-view="effects"]')).to_have_attribute("aria-disabled", "true")
+    note = page.locator(f"{VIEW} .note.refused")
+    expect(note).to_contain_text("no LM head: it predicts no next token")
     expect(note.locator("a")).to_have_text("SmolLM2-135M-Instruct")
     expect(page.locator("#effects-corrupt")).to_be_hidden()
     assert page.locator(f"{VIEW} .js-plotly-plot").count() == 0
     assert console_errors == []
+
+
+def test_typed_target_says_which_token_it_became(page: Page, live_server_smollm2, console_errors):
+    """"Mary" and " Mary" are both SmolLM2 tokens, and they answer differently: a typed "Mary" is shown as the token it
+    became (its rank among the next tokens, the API's), with " Mary" offered; one click uses it. A text that is no
+    single token is refused with its pieces named."""
+    goto(page, live_server_smollm2, text=CLEAN, target="Mary")
+    typed = page.locator(f"{VIEW} [data-part=maps] [data-part=dla] .typed-target")
+    r = httpx.post(live_server_smollm2 + "/api/attention", json={"model": "smollm2", "text": CLEAN, "target": "Mary",
+                                                                  "include": ["attribution"]}, timeout=120)
+    target = r.json()["attribution"]["target"]
+    assert (target["token"], target["typed"], target["other"]["token"]) == ("Mary", "Mary", "␣Mary")
+    assert target["other"]["rank"] == 1 < target["rank"]          # " Mary" is the answer; "Mary" far down
+    expect(typed).to_have_attribute("data-token", "Mary")
+    expect(typed).to_contain_text(f"Target “Mary” (id {target['id']}): rank {target['rank']} among the next tokens")
+    expect(typed).to_contain_text("“␣Mary” is a token too: rank 1 among the next tokens")
+    typed.locator("button.use-other").click()
+    wait_drawn(page, "effects", timeout=120_000)
+    assert "target=%E2%90%A3Mary" in page.url
+    expect(typed).to_have_attribute("data-token", "␣Mary")
+    expect(typed).to_contain_text("“Mary” is a token too")
+    assert console_errors == []
+    goto(page, live_server_smollm2, text=CLEAN, target="Maryland Johnson")
+    expect(page.locator(f"{VIEW} [data-part=maps] [data-part=dla] [data-part=note]")).to_contain_text(
+        "is not one token: it splits into 3, ['Mary', 'land', '␣Johnson']")
+    assert console_errors and all("status of 422" in e for e in console_errors)   # the refusal itself, only

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from playwright.sync_api import Page, expect
 
-from .conftest import screenshot, wait_drawn
+from .conftest import SMALL_SCREEN, assert_plot_on_screen, screenshot, wait_drawn
+from .test_layout import failed_requests, open_every_tab
 
 pytestmark = pytest.mark.browser
 TEXT = "The quick brown fox jumps over the lazy dog."
@@ -73,7 +74,12 @@ def test_encoder_decoder_head_view_cross_then_decoder(page: Page, bart_server, a
     expect(page.locator("#attention-note")).to_contain_text("queries come from the decoder's tokens")
     for hidden in ("#causal-field", "#click-mode", "#generate", "#pair-field"):
         expect(page.locator(hidden)).to_be_hidden()
-    assert page.locator("#tabs a:visible").all_inner_texts() == ["Head", "Lines", "Causal mask & steps"]
+    # the tabs that read one stack's run: disabled, the capability record's reason on each
+    assert page.locator('#tabs a:not([aria-disabled="true"])').all_inner_texts() == ["Head", "Lines", "Causal mask & steps"]
+    refused = page.locator('#tabs a[aria-disabled="true"]')
+    assert refused.count() == 9 and all(t.startswith("Not for ") and t.endswith(
+        ": an encoder-decoder: Head, Lines and Steps show its three attentions")
+        for t in refused.evaluate_all("(as) => as.map((a) => a.title)"))
     expect(page.locator("#predictions h2")).to_have_text(f"The decoder's next token after “{shown(dec[-1])}”")
     # cross-attention: decoder tokens down the side (queries), encoder tokens along the bottom (keys)
     m = drawn_matrix(page)
@@ -147,3 +153,17 @@ def test_encoder_decoder_steps_view_cross_attention(page: Page, bart_server, ans
     assert len(cells) == probs.size
     np.testing.assert_allclose(probs, np.asarray(answer["cross_attention"][0][0])[:nq, :nk], atol=1e-5)
     assert console_errors == []
+
+
+def test_encoder_decoder_tabs_and_layout(page: Page, bart_server, console_errors):
+    """A tiny BART at 1280x720: its three views draw, every other tab says why, no request fails; the head view's
+    picture starts on screen."""
+    page.set_viewport_size(SMALL_SCREEN)
+    failed = failed_requests(page)
+    seen = open_every_tab(page, bart_server, "bart", failed)
+    assert {v for v, s in seen.items() if s == "figure"} == {"head", "lines", "stages"}
+    assert seen["model"] == "an encoder-decoder: Head, Lines and Steps show its three attentions"
+    goto(page, bart_server, view="head", attention="cross")
+    assert_plot_on_screen(page)
+    screenshot(page, "layout-bart", full_page=False)
+    assert failed == [] and console_errors == []

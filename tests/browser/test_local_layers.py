@@ -14,7 +14,8 @@ from playwright.sync_api import Page, expect
 from tests.test_checkpoints import TEXT
 from tests.test_gemma import WINDOW, build
 
-from .conftest import screenshot, wait_drawn
+from .conftest import SMALL_SCREEN, assert_plot_on_screen, screenshot, wait_drawn
+from .test_layout import failed_requests, open_every_tab
 
 # the heatmap's cells as drawn: null where the cell is masked (the plot's background shows through)
 CELLS_JS = """() => {
@@ -67,3 +68,31 @@ def test_local_layer_draws_its_window_as_part_of_the_mask(page: Page, gemma_serv
     expect(rows.nth(1)).to_have_text("L1")
     expect(page.locator("#view-model p.note")).to_contain_text("sliding-window layers")
     assert console_errors == []
+
+
+def test_gemma3_family_tabs_and_layout(page: Page, gemma_server, console_errors):
+    """Gemma 3's family at 1280x720: every tab draws or says why in the capability record's words (QK-norm and
+    post-norms make Why?, the head lens, attribution and circuits inexact; a model folder runs no corpus job), no
+    request fails; the lens draws without the head lens; the head view is on screen after load and while generating,
+    and its tokens carry the one space mark."""
+    page.set_viewport_size(SMALL_SCREEN)
+    failed = failed_requests(page)
+    seen = open_every_tab(page, gemma_server, "gemma", failed)
+    assert seen["circuits"] == "not exact with QK-norm and post-norms"
+    assert seen["atlas"] == "not a zoo model: corpus jobs run zoo models"
+    assert {v for v, s in seen.items() if s != "figure"} == {"circuits", "atlas"}
+    page.locator('#tabs a[data-view="lens"]').click()
+    wait_drawn(page, "lens")
+    expect(page.locator('#view-lens .note.refused[data-feature="head_lens"]')).to_contain_text("not exact with post-norms")
+    expect(page.locator("#view-lens [data-part=plot] .main-svg").first).to_be_attached()
+
+    goto(page, gemma_server, view="head", max_new_tokens=6, greedy=1)
+    assert_plot_on_screen(page)
+    chips = page.locator("#chips .chip .tok").all_inner_texts()
+    assert any(t.startswith("␣") for t in chips) and not any("▁" in t for t in chips), chips
+    page.locator("#gen-run").click()
+    page.wait_for_function("() => Number(document.getElementById('generate').dataset.tokens) >= 2", timeout=60_000)
+    assert_plot_on_screen(page)
+    expect(page.locator("#generate")).not_to_have_attribute("data-state", "running", timeout=60_000)
+    screenshot(page, "layout-gemma3", full_page=False)
+    assert failed == [] and console_errors == []

@@ -147,8 +147,10 @@ def test_lens_view_tells_a_model_without_an_unembedding(page: Page, console_erro
     sent = []
     page.on("request", lambda r: sent.append(r.url) if "/api/lens" in r.url else None)
     open_app(page, "lens", model="minilm", text="the cat sat")
-    note = page.locator("#view-lens [data-part=note]")
-    expect(note).to_contain_text("an encoder without an unembedding")
+    # the tab is disabled with the capability record's reason; opened, the view says it and asks nothing
+    expect(page.locator('#tabs a[data-view="lens"]')).to_have_attribute("aria-disabled", "true")
+    note = page.locator("#view-lens .note.refused")
+    expect(note).to_contain_text("no unembedding: no tokens can be read out of its stream")
     expect(note.locator("a").first).to_be_visible()
     assert page.locator("#view-lens .js-plotly-plot").count() == 0 and sent == []
     assert console_errors == []

@@ -5,7 +5,7 @@
 // map: it becomes the page's layer and head (a composition cell: its reader; shift+click: its writer).
 import { h, menuControl, part, replace } from "../dom.js";
 import { exportGroup } from "../exporting.js";
-import { colourRange, divergingRange, exactString, HIGHLIGHT, MASKED_COLOR, plotlyDiverging, plotlyScale, TRANSPARENT } from "../scale.js";
+import { divergingRange, exactString, HIGHLIGHT, MASKED_COLOR, plotlyDiverging, plotlyScale, scoreRange, SIG_FORMAT, TRANSPARENT } from "../scale.js";
 
 export const title = "Circuits";
 export const help = "Read from the weights alone, the same for every text. Left: each head's OV copying score, from " +
@@ -59,13 +59,15 @@ function copyingMap(ctx, c, ans, st) {
     return null;
   }
   const z = ans.ov_copying;
+  const range = divergingRange(z, st, 1);             // fitted to its largest |score| (or fixed: ±1)
   c.plot.hidden = false;
   c.el.dataset.drawn = "1";
+  c.plot.dataset.zmax = String(range.zmax);
   ctx.plot(c.plot, [{
     type: "heatmap", z, x: [...Array(H).keys()], y: [...Array(L).keys()], colorscale: plotlyDiverging,
-    zmin: -1, zmid: 0, zmax: 1, xgap: 1, ygap: 1,
+    zmin: range.zmin, zmid: 0, zmax: range.zmax, xgap: 1, ygap: 1,
     colorbar: { title: { text: "OV copying score", side: "right" }, thickness: 12 },
-    hovertemplate: "L%{y}H%{x}: OV copying score %{z:.3f}<extra>click: make it the page's head</extra>",
+    hovertemplate: `L%{y}H%{x}: OV copying score %{z:${SIG_FORMAT}}<extra>click: make it the page's head</extra>`,
   }], {
     height: Math.max(300, 16 * L + 110), margin: { l: 50, r: 10, t: 20, b: 45 },
     xaxis: { title: { text: "head" }, tickmode: "array", tickvals: [...Array(H).keys()], showgrid: false, zeroline: false, fixedrange: true },
@@ -78,7 +80,7 @@ function copyingMap(ctx, c, ans, st) {
   c.note.textContent = "Σ eigenvalues / Σ |eigenvalues| of each head's OV circuit read from the embedding to the " +
     "unembedding (Elhage et al. 2021): 1 when every token it attends to raises its own logit, −1 when it lowers it " +
     "(blank: a head whose circuit is zero). " +
-    "Colours: fixed scale −1 to 1, 0 white (purple: negative, orange: positive).";
+    `Colours: ${range.label}.`;
   const ex = { plot: c.plot, name: `attnscope-${st.model}-ov-copying`,
     csv: () => [["layer", ...z[0].map((_, hd) => `head ${hd}`)], ...z.map((r, l) => [l, ...r.map((v) => (v === null ? "" : Number(exactString(v))))])],
     json: () => ({ model: st.model, layers: L, heads: H, ov_copying: z }) };
@@ -95,7 +97,9 @@ function compositionMap(ctx, c, ans, st) {
   const z = full.map((row, w) => row.map((v, r) => (Math.floor(r / H) > Math.floor(w / H) ? v : null)));
   const values = z.flat().filter((v) => v !== null);
   const signed = values.some((v) => v < 0);
-  const range = signed ? divergingRange(z) : colourRange(st, Math.max(0, ...values), 1);
+  // fitted to the data (the induction model's K-composition of 0.04 is its map's brightest), or fixed on the bound
+  const range = signed ? divergingRange(z, st, 1) : scoreRange(z, st, 1);
+  c.plot.dataset.zmax = String(range.zmax);
   const every = Math.max(1, Math.ceil(L / 16));                 // a tick at the first head of every k-th layer
   const ticks = H === 1 || N <= 40 ? names : names.filter((_, f) => f % H === 0 && (f / H) % every === 0);
   const tickText = H === 1 || N <= 40 ? ticks : ticks.map((n) => n.replace(/H0$/, ""));
@@ -109,7 +113,7 @@ function compositionMap(ctx, c, ans, st) {
     type: "heatmap", z, x: names, y: names, colorscale: signed ? plotlyDiverging : plotlyScale, zmin: range.zmin,
     zmax: range.zmax, ...(signed ? { zmid: 0 } : {}), xgap: N <= 60 ? 1 : 0, ygap: N <= 60 ? 1 : 0, hoverongaps: false,
     colorbar: { title: { text: label, side: "right" }, thickness: 12 },
-    hovertemplate: `%{y} → %{x}, ${label} %{z:.3f}<extra>click: the reader; shift+click: the writer</extra>`,
+    hovertemplate: `%{y} → %{x}, ${label} %{z:${SIG_FORMAT}}<extra>click: the reader; shift+click: the writer</extra>`,
   }], {
     height: side, margin: { l: 70, r: 10, t: 20, b: 70 }, plot_bgcolor: MASKED_COLOR,
     xaxis: { title: { text: "reader (later head)" }, type: "category", tickmode: "array", tickvals: ticks, ticktext: tickText,

@@ -1,7 +1,7 @@
 // Compare view: one head, two runs side by side and their difference A − B. B is the same text with every
 // head kept (when heads are knocked out: what the ablation changed), or a second text typed here.
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
-import { fmt, plotlyDiverging, plotlyScale } from "../scale.js";
+import { colourRange, divergingRange, fmtSig, plotlyDiverging, plotlyScale, SIG_FORMAT } from "../scale.js";
 
 export const title = "Compare";
 export const help = "One head in two runs, side by side, and the difference A − B (purple: A lower, orange: A " +
@@ -21,12 +21,15 @@ function matrix(ans) {
   return Array.from({ length: T }, (_, i) => Array.from(m.row(i)));
 }
 
-function heat(ctx, el, z, xs, ys, titleText, diverging) {
+/** One map; range: its colour range (scale.js colourRange for A and B, divergingRange for A − B). */
+function heat(ctx, el, z, xs, ys, titleText, diverging, range) {
   const labels = (toks) => toks.map((t, i) => `${i} ${plotlyText(tokenLabel(t))}`);
+  el.dataset.zmin = String(range.zmin);
+  el.dataset.zmax = String(range.zmax);
   ctx.plot(el, [{
     type: "heatmap", z, x: labels(xs), y: labels(ys), colorscale: diverging ? plotlyDiverging : plotlyScale,
-    zmin: diverging ? -1 : 0, zmax: 1, xgap: 0, ygap: 0,
-    hovertemplate: "query %{y}<br>key %{x}<br>%{z:.6f}<extra></extra>",
+    zmin: range.zmin, zmax: range.zmax, ...(diverging ? { zmid: 0 } : {}), xgap: 0, ygap: 0,
+    hovertemplate: `query %{y}<br>key %{x}<br>%{z:${SIG_FORMAT}}<extra></extra>`,
     colorbar: { thickness: 10, len: 0.8 },
   }], {
     title: titleText, margin: { l: 90, r: 10, t: 40, b: 90 },
@@ -56,16 +59,18 @@ export function render(container, { results }, st, ctx) {
   const za = matrix(A), zb = matrix(B);
   const n = Math.min(za.length, zb.length);
   const diff = za.slice(0, n).map((r, i) => r.slice(0, n).map((v, j) => v - zb[i][j]));
-  let worst = 0;
-  for (const r of diff) for (const v of r) worst = Math.max(worst, Math.abs(v));
+  const range = divergingRange(diff, st, 1);          // fitted to its largest |A − B| (or fixed: ±1)
+  const worst = range.absmax;
   const what = st.text_b.trim() ? "text B" : `every head kept (A has ${st.ablate.map((x) => `L${x.replace(".", "H")}`).join(", ")} knocked out)`;
   note.textContent = `Layer ${st.layer}, head ${st.head}. A: this page's run; B: ${what}. ` +
-    `Largest |A − B| = ${fmt(worst, 4)}` + (za.length !== zb.length ? `; compared over the first ${n} tokens.` : ".");
+    `Largest |A − B| = ${fmtSig(worst)}` + (za.length !== zb.length ? `; compared over the first ${n} tokens.` : ".") +
+    ` A − B colours: ${range.label}.`;
   container.dataset.maxDiff = String(worst);
   const [pa, pb, pd] = ["a", "b", "d"].map((k) => part(grid, k, "div", { class: "plot compare-plot", role: "figure" }));
-  heat(ctx, pa, za, A.tokens, A.tokens, "A", false);
-  heat(ctx, pb, zb, B.tokens, B.tokens, "B", false);
-  heat(ctx, pd, diff, A.tokens.slice(0, n), A.tokens.slice(0, n), "A − B", true);
+  const peak = (z) => Math.max(0, ...z.flat());
+  heat(ctx, pa, za, A.tokens, A.tokens, "A", false, colourRange(st, peak(za)));
+  heat(ctx, pb, zb, B.tokens, B.tokens, "B", false, colourRange(st, peak(zb)));
+  heat(ctx, pd, diff, A.tokens.slice(0, n), A.tokens.slice(0, n), "A − B", true, range);
   return {
     plot: pd, name: `attnscope-${st.model}-compare-L${st.layer}H${st.head}`,
     csv: () => [["query", ...A.tokens.slice(0, n)], ...diff.map((r, i) => [A.tokens[i], ...r])],

@@ -3,8 +3,10 @@
 // head's direct logit attribution (POST /api/attention with include "attribution") and how much patching that one
 // head recovers (POST /api/patching). Click a head for its attention pattern on both prompts; knock attention
 // edges out (POST /api/knockout) and see the prediction before and after. Everything chosen here is in the URL.
+import { can, whyNot } from "../boot.js";
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { exportGroup } from "../exporting.js";
+import { typedTarget } from "../target.js";
 import { bars } from "../predictions.js";
 import { colourRange, divergingRange, exactString, fmt, HIGHLIGHT, plotlyDiverging, plotlyScale, TRANSPARENT } from "../scale.js";
 
@@ -28,7 +30,8 @@ function plan(st, info) {
   const out = [];
   const target = st.target.trim() ? st.target : null, corrupt = st.corrupt.trim() ? st.corrupt : null;
   const metric = target ? { target, ...(st.distractor.trim() ? { distractor: st.distractor } : {}) } : null;
-  if (metric) out.push(["dla", { endpoint: "attention", include: ["attribution"], ...metric }]);
+  // direct logit attribution only where the model's family keeps it exact (its capability record)
+  if (metric && can(info, "attribution")) out.push(["dla", { endpoint: "attention", include: ["attribution"], ...metric }]);
   if (metric && corrupt) {
     out.push(["patching", { endpoint: "patching", clean: st.text, corrupt, ...metric, site: st.site,
       direction: st.direction }]);
@@ -186,6 +189,7 @@ function divergingMap(ctx, c, { z, x, y, xTitle, unit, hover, st, heads, memory 
 const headCSV = (z) => [["layer", ...z[0].map((_, hd) => `head ${hd}`)], ...z.map((r, l) => [l, ...r.map((v) => (v === null ? "" : Number(exactString(v))))])];
 
 function dlaMap(ctx, c, ans, st, info) {
+  if (!can(info, "attribution")) return empty(c, `Not available for ${info.title}: ${whyNot(info, "attribution")}.`);
   if (!ans) return empty(c, "Pick a target: click a token in the next-token panel above (shift+click: a distractor), or type one.");
   if (ans.error) return empty(c, refusal(ans.error));
   const a = ans.attribution, z = rowsOf(a.heads);
@@ -199,6 +203,7 @@ function dlaMap(ctx, c, ans, st, info) {
     ` (through the final norm, its scale frozen). Heads together ${fmt(heads, 3)}, MLPs ${fmt(mlps, 3)}, embeddings ` +
     `${fmt(a.embeddings, 3)}: all parts sum to ${fmt(a.sum, 3)}; the model's own ${diff ? "logit difference" : "logit"} is ` +
     `${fmt(a.logit, 3)}. Colours: ${range.label}.`;
+  c.note.append(" ", typedTarget(a.target, ctx.go));   // the token a typed target became, and the other spelling
   c.el.dataset.logit = String(a.logit);
   const ex = { plot: c.plot, name: `attnscope-${st.model}-dla-${shown(a.target.token)}`,
     csv: () => headCSV(z), json: () => ({ model: st.model, text: st.text, ...a, unit, colour_scale: { zmin: range.zmin, zmax: range.zmax } }) };

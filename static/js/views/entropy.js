@@ -2,7 +2,7 @@
 // every head of the layer), raw in nats and normalised to 0..1.
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { thinTicks, visibleTokens } from "../matrix.js";
-import { exactString, fmtExact, headColor, HIGHLIGHT } from "../scale.js";
+import { exactString, fmtExact, headColor, HIGHLIGHT, SIG_FORMAT } from "../scale.js";
 
 export const title = "Entropy view";
 export const help = "Entropy measures how spread out a token's attention is: 0 nats means it looks at a single key, " +
@@ -43,9 +43,9 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
       customdata: labels.map((t, p) => [t, idx[p]]),
     };
     traces.push({ ...common, y: pick(ans.entropy, k), yaxis: "y", showlegend: st.all_heads,
-      hovertemplate: `head ${ans.heads[k]} · query %{customdata[1]} “%{customdata[0]}”<br>entropy %{y:.6f} nats<extra></extra>` });
+      hovertemplate: `head ${ans.heads[k]} · query %{customdata[1]} “%{customdata[0]}”<br>entropy %{y:${SIG_FORMAT}} nats<extra></extra>` });
     traces.push({ ...common, y: pick(ans.normalized_entropy, k), yaxis: "y2", showlegend: false,
-      hovertemplate: `head ${ans.heads[k]} · query %{customdata[1]} “%{customdata[0]}”<br>normalised %{y:.6f}<extra></extra>` });
+      hovertemplate: `head ${ans.heads[k]} · query %{customdata[1]} “%{customdata[0]}”<br>normalised %{y:${SIG_FORMAT}}<extra></extra>` });
   }
   const pinPos = st.pin === null ? -1 : idx.indexOf(st.pin);
   ctx.plot(plot, traces, {

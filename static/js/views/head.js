@@ -4,10 +4,11 @@
 // into a canvas, one pixel per cell, and drawn as one Plotly image under the same axes, hover and zoom. A click on a
 // cell of the pinned row (or its "Why?" button in the list) asks why the head attends there (state.why): the panel
 // below splits the cell's score into the parts of the residual stream that made it (why.js, POST /api/qk).
+import { can, whyNot } from "../boot.js";
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { dividerAt, keysOf, localWindow, longText, maskRule, matrixCells, ownMask, pairView, sentences, ticksIn, visibleTokens } from "../matrix.js";
 import { renderWhy, WHY_TOP } from "../why.js";
-import { AXIS_LINE, colourRange, exactString, FILTERED_COLOR, FILTERED_RGB, fmt, fmtExact, HIGHLIGHT, LUT, lutIndex, MASKED_COLOR, MASKED_RGB, PAIR_DIVIDER, plotlyScale, TRANSPARENT } from "../scale.js";
+import { AXIS_LINE, color, colourRange, exactString, FILTERED_COLOR, FILTERED_RGB, fmt, fmtExact, fmtSig, HIGHLIGHT, LUT, lutIndex, MASKED_COLOR, MASKED_RGB, PAIR_DIVIDER, plotlyScale, textOn, TRANSPARENT } from "../scale.js";
 
 export const title = "Head view";
 export const help = "Rows are queries (the token doing the looking), columns are keys (the tokens it looks at). " +
@@ -20,7 +21,8 @@ const LIST_LIMIT = 40;          // pinned rows longer than this list their top w
 const LABEL_CHARS = 14;         // tick labels longer than this are shortened (the hover has the whole token)
 const MAX_CELL = 56;            // short texts: cells no larger than this (px), the plot narrower than the panel
 const IMAGE_CELLS = 320 * 320;  // larger matrices are painted as one image, not sent to Plotly as numbers
-const MIN_TICK_FONT = 8;        // zoomed in: tick labels shrink down to this (px) before some are left out
+const MIN_TICK_FONT = 8;
+const TEXT_TOKENS = 600;        // the coloured text shows at most this many keys        // zoomed in: tick labels shrink down to this (px) before some are left out
 
 /** Does the state show a sentence pair? POST /api/qk explains one text. */
 const shownPair = (st, info) => info.pair && Boolean(st.text_pair);
@@ -31,7 +33,7 @@ const shownPair = (st, info) => info.pair && Boolean(st.text_pair);
 export function requests(st, info) {
   const out = [{ endpoint: "attention", layers: [st.layer], heads: [st.head], include: ["attention"],
     ...(longText(st, info) ? { dtype: "float16" } : {}) }];
-  if (st.why && !shownPair(st, info)) {
+  if (st.why && !shownPair(st, info) && can(info, "why")) {
     out.push({ endpoint: "qk", layer: st.layer, head: st.head, query: st.why[0], key: st.why[1], top: WHY_TOP, soft: true });
   }
   return out;
@@ -54,9 +56,29 @@ function axisTicks(labels, lo, hi, px, font) {
   return { tickvals: vals, ticktext: vals.map((p) => labels[p]), tickfont: { size } };
 }
 
+/** The text itself, each key token coloured by the weight one query puts on it (BertViz's and CircuitsVis'
+ *  colored_tokens): the pinned query's row, else the last one's. A click on a token pins it (not across
+ *  cross-attention, whose keys are the encoder's). shown(a, b): the drawn value of row a, column b. */
+function coloredText(el, meta, keys, rows, cols, shown, range, st, ctx) {
+  const a = rows.includes(st.pin) ? rows.indexOf(st.pin) : rows.length - 1;
+  const q = rows[a], own = keys === meta;
+  el.dataset.query = q;
+  const items = cols.slice(0, TEXT_TOKENS).map((j, b) => {
+    const v = shown(a, b), masked = !(v >= 0);
+    const t = masked ? 0 : Math.min(1, v / range.zmax);
+    return h("span", { class: `ct${masked ? " masked" : ""}${own && j === q ? " query" : ""}`, "data-index": j,
+      "data-weight": masked ? "" : exactString(v), style: masked ? null : `background:${color(t)};color:${textOn(t)}`,
+      title: masked ? `${tokenLabel(keys.tokens[j])}: masked or left out` : `${tokenLabel(keys.tokens[j])}: weight ${fmtSig(v)}`,
+      onclick: own ? () => ctx.go({ pin: j, why: null }) : null, text: tokenLabel(keys.tokens[j]) });
+  });
+  replace(el, h("span", { class: "ct-label", text: `${st.pin === q ? "Pinned" : "Last"} query “${tokenLabel(meta.tokens[q])}” reads: ` }),
+    items, cols.length > TEXT_TOKENS ? h("span", { class: "hint", text: ` … (${cols.length - TEXT_TOKENS} more keys)` }) : "");
+}
+
 function pinnedPanel(panel, d, st, ctx) {
   const { meta, rows, cols, cells, renorm, hidden } = d;
-  const keys = keysOf(meta), asks = !meta.stack;      // an encoder-decoder's cell has no QK attribution (POST /api/qk)
+  // the model's capability record says whether a cell can be asked why (POST /api/qk; not an encoder-decoder's)
+  const keys = keysOf(meta), asks = can(ctx.info, "why");
   const pos = st.pin === null ? -1 : rows.indexOf(st.pin);
   if (pos < 0) {
     const why = st.pin === null || st.pin >= meta.tokens.length ? ""
@@ -84,8 +106,8 @@ function pinnedPanel(panel, d, st, ctx) {
     },
     h("td", { class: "num", text: k }),
     h("td", { class: "tok", text: tokenLabel(keys.tokens[k]) }),
-    h("td", { class: "num", text: masked ? "0 (masked)" : fmtExact(w) }),
-    renorm && h("td", { class: "num", text: fmtExact(rw) }),
+    h("td", { class: "num", text: masked ? "0 (masked)" : fmtSig(w), title: masked ? null : `exactly ${fmtExact(w)}` }),
+    renorm && h("td", { class: "num", text: fmtSig(rw), title: `exactly ${fmtExact(rw)}` }),
     h("td", { class: "bar-col", "aria-hidden": "true" }, h("span", { class: "bar", style: `width:${(w * 100).toFixed(1)}%` })),
     asks && h("td", { class: "why-col" }, h("button", { type: "button", class: "small why-button", "data-why-key": k, text: "Why?",
       "aria-pressed": String(k === whyKey), title: "Why does the head attend here? Its score split into the parts that made it",
@@ -97,7 +119,8 @@ function pinnedPanel(panel, d, st, ctx) {
       items.length > LIST_LIMIT ? `Its ${LIST_LIMIT} largest of ${items.length} weights, largest first. ` : "Its weight on every key shown. ",
       renorm ? `The visible keys held ${fmt(cells.rowMass[pos], 4)} of the row's weight before renormalising. ` : "",
       `The keys listed hold ${fmt(sum, 6)} of the row${renorm ? " as shown" : ""}. ` +
-      (asks ? "Click a cell of this row, or a “Why?”, to see why the head attends there." : "")),
+      (asks ? "Click a cell of this row, or a “Why?”, to see why the head attends there."
+        : `“Why?” is not available for ${ctx.info.title}: ${whyNot(ctx.info, "why")}.`)),
     table,
     h("button", { type: "button", class: "small", onclick: () => ctx.go({ pin: null, why: null }), text: "Unpin" }));
   panel.dataset.pin = String(q);
@@ -219,6 +242,7 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
     ? " Long text: the weights travel as float16 (about 3 significant digits)." : "");
   legend(part(container, "legend", "p", { class: "legend" }), meta, view, anyMasked, range, renorm,
     localWindow(ctx.info, st.layer));
+  coloredText(part(container, "text", "p", { class: "colored-tokens" }), meta, keys, rows, cols, shown, range, st, ctx);
   const layout = part(container, "layout", "div", { class: "head-layout" });
   const wrap = part(layout, "wrap", "div", { class: "plot-wrap" });
   const plot = part(wrap, "plot", "div", { class: "plot head-plot", role: "figure" });
@@ -326,7 +350,7 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
       const masked = cur.hidden(qi, ki), out = !cur.keep(qi, ki);
       const pairText = `query ${qi} “${tokenLabel(cur.tokens[qi])}” → key ${ki} “${tokenLabel(cur.keyTokens[ki])}”`;
       const value = masked ? "masked: this query cannot see this key (weight exactly 0)"
-        : `weight ${fmtExact(w)}` + (cur.renorm ? ` (model's own ${fmtExact(cur.cells.raw(a, b))})` : "") +
+        : `weight ${fmtSig(w)}` + (cur.renorm ? ` (model's own ${fmtSig(cur.cells.raw(a, b))})` : "") +
           (out ? " · the other sentence" : "");
       readout.dataset.query = qi;
       readout.dataset.key = ki;
@@ -366,11 +390,11 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
     });
   }
   ctx.memory.shown = { rows, cols, cells, renorm, hidden, keep: view.keep, tokens: meta.tokens, keyTokens: keys.tokens,
-    asks: !meta.stack, pin: st.pin, go: ctx.go,
+    asks: can(ctx.info, "why"), pin: st.pin, go: ctx.go,
     rev, rowLabels, colLabels, tickFont };
   pinnedPanel(panel, { meta, rows, cols, cells, renorm, hidden }, st, ctx);
   renderWhy(part(container, "why", "section", { class: "why", "aria-label": "Why the head attends to a key" }),
-    shownPair(st, ctx.info) ? undefined : whyAns, st, ctx, meta);
+    !can(ctx.info, "why") ? { refused: whyNot(ctx.info, "why") } : shownPair(st, ctx.info) ? undefined : whyAns, st, ctx, meta);
   container.dataset.layer = st.layer;
   container.dataset.head = st.head;
   container.dataset.window = localWindow(ctx.info, st.layer);   // 0: a global layer (or a model without local ones)

@@ -4,6 +4,7 @@
 // probability of the token that actually comes next: state.lens); hover for the top k. Below it, the head lens of the
 // page's layer and head: the tokens its output pushes up and down most at each position. Click a row of the grid: its
 // layer becomes the page's layer (the head lens follows).
+import { can, whyNot } from "../boot.js";
 import { h, menuControl, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { exportGroup } from "../exporting.js";
 import { ownRunNote } from "../matrix.js";
@@ -25,11 +26,13 @@ const TABLE_ROWS = 400;         // the head lens lists at most this many positio
 export const COLOURINGS = [["top", "probability of the top token"], ["next", "probability of the actual next token"]];
 
 /** Models the view works for: those with an unembedding (GET /api/models' `unembedding`: an LM head, or a decoder's
- *  tied token embeddings). */
-export const supported = (info) => Boolean(info.unembedding);
+ *  tied token embeddings), that can run whole (the model's capability record: `lens`). */
+export const supported = (info) => Boolean(info.unembedding) && can(info, "lens");
 
+/** The lens, and the head lens of the page's head where the model's family allows it (capability `head_lens`). */
 export function requests(st, info) {
-  return supported(info) ? [{ endpoint: "lens", top: TOP, layer: st.layer, head: st.head, soft: true }] : [];
+  if (!supported(info)) return [];
+  return [{ endpoint: "lens", top: TOP, ...(can(info, "head_lens") ? { layer: st.layer, head: st.head } : {}), soft: true }];
 }
 
 const short = (tok, n = LABEL_CHARS) => {
@@ -65,7 +68,12 @@ function unsupported(container, st, ctx) {
 }
 
 /** The head lens of (layer, head): per position, the tokens its output promotes and suppresses most. */
-function headLens(box, hl, meta, st) {
+function headLens(box, hl, meta, st, info) {
+  if (!can(info, "head_lens")) {
+    replace(box, h("h3", { text: "Head lens" }), h("p", { class: "note refused", "data-feature": "head_lens",
+      text: `Not for ${info.title}: ${whyNot(info, "head_lens")}.` }));
+    return;
+  }
   if (!hl) {
     replace(box);
     return;
@@ -162,7 +170,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
       : "Colours: the probability of each cell's top token. ") +
     `${annotate ? "Each cell names its top token. " : "Too many cells to name each one's top token: hover them. "}` +
     `Colour scale: ${range.label}.` + ownRunNote(st, meta, ctx.info);
-  headLens(heads, ans.head_lens, ans, st);
+  headLens(heads, ans.head_lens, ans, st, ctx.info);
 
   const csv = () => [["row", ...ans.tokens.map((t, p) => `${p}:${t}`)],
     ...ans.rows.flatMap((row, r) => [[`${row} top token`, ...ans.top_tokens[r].map((toks) => toks[0])],
