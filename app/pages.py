@@ -43,6 +43,10 @@ router = APIRouter(include_in_schema=False)
 @router.get("/")
 def index(request: Request):
     svc = get_service(request)
+    loading = svc.loading          # the models still loading (the server answers while they load): their states
+    if svc.settings.default_model in loading:     # nothing to draw yet: which models load, until the default is ready
+        return templates.TemplateResponse(request, "loading.html", {"loading": loading,
+                                                                    "wait": svc.settings.default_model})
     models = svc.models()
     boot = {"models": [m.model_dump() for m in models], "default_model": svc.settings.default_model,
             "example_text": EXAMPLE_TEXT, "max_chars": svc.max_chars,
@@ -65,7 +69,8 @@ def index(request: Request):
                       for k in get_args(PatchingRequest.model_fields["site"].annotation)],
             "directions": [{"id": k, "label": DIRECTION_LABELS.get(k, k)}
                            for k in get_args(PatchingRequest.model_fields["direction"].annotation)]}
-    return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS})
+    return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS,
+                                                              "loading": loading, "wait": None})
 
 
 @router.get("/docs")

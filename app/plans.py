@@ -54,7 +54,7 @@ from ..runtime.generation import Generator, Sampling
 from ..runtime.patching import knock_out, patch
 from ..runtime.layerwise import LayerwiseResult, Want
 from . import payload
-from .errors import Refused, TooLarge, UnknownModel
+from .errors import LOADING_RETRY_S, Loading, Refused, TooLarge, UnknownModel
 from ..corpus import bundled
 from ..corpus.atlas import CorpusError, ExampleOptions, count_texts
 from ..sources import get as zoo_model
@@ -490,8 +490,12 @@ def _select(name: str, asked: list[int] | None, n: int) -> list[int]:
 class Planner:
     """Validates each kind of request into its plan, against the served models and the settings' limits."""
 
-    def __init__(self, runtimes: dict[str, Runtime], settings: Settings):
+    def __init__(self, runtimes: dict[str, Runtime], settings: Settings, states: dict[str, str] | None = None):
+        """runtimes: the loaded models (the service replaces the dict as each loads); states: every configured model's
+        state while it loads (app/service.py), so that a request for one still loading is told to retry."""
         self.runtimes, self.settings = runtimes, settings
+        self.states = {} if states is None else states
+        self.specs: dict = {}                              # every configured model's spec (the service's resolve)
         self._circuits: dict[str, Future] = {}             # model id -> its circuits, computed once
         self._circuits_lock = threading.Lock()
         self._one_at_a_time = threading.Lock()             # one model's weight products at a time
@@ -499,7 +503,8 @@ class Planner:
     @property
     def max_chars(self) -> int:
         """Characters of text (+ text_pair) a request may send: ATTNSCOPE_MAX_CHARS, or derived from the models."""
-        return self.settings.chars_limit([rt.spec.max_tokens for rt in self.runtimes.values()])
+        specs = self.specs or {i: rt.spec for i, rt in self.runtimes.items()}   # loaded or not: one limit from start
+        return self.settings.chars_limit([spec.max_tokens for spec in specs.values()])
 
     # ---- what every kind checks --------------------------------------------------------------------------------
     def runtime(self, model_id: str, what: str | None = None) -> Runtime:
@@ -507,12 +512,27 @@ class Planner:
         serves them)."""
         rt = self.runtimes.get(model_id)
         if rt is None:
+            state = self.states.get(model_id)
+            if state is not None and state != "ready":
+                raise Loading(f"model {model_id!r} is still loading ({state}); retry in a few seconds (GET /healthz "
+                              f"shows each model's state)", headers={"Retry-After": str(LOADING_RETRY_S)})
             shown = model_id if len(model_id) <= 64 else model_id[:64] + "…"
-            raise UnknownModel(f"unknown model {shown!r}; available: {', '.join(self.runtimes)}")
+            raise UnknownModel(f"unknown model {shown!r}; available: {', '.join(self.states or self.runtimes)}")
         if what is not None and isinstance(rt, EncoderDecoderRuntime):
             raise Refused(f"{what} is not available for encoder-decoders ({model_id!r} is one): /api/attention "
                           f"gives their encoder, decoder and cross-attention")
         return rt
+
+    def graph_file(self, model_id: str, stages: bool) -> Path:
+        """The exported graph the model runs (GET /api/models/{id}/onnx), opened when it loaded; a graph its
+        capabilities did not let it build is refused, never built here."""
+        rt = self.runtime(model_id)
+        if not isinstance(rt, EncoderDecoderRuntime):
+            what = f"the {'stages ' if stages else ''}graph (GET /api/models/{{id}}/onnx)"
+            self._capable(rt, "stacked", what)
+            if stages:
+                self._capable(rt, "stages", what)
+        return rt.onnx_path(stages)
 
     def _capable(self, rt: Runtime, feature: str, what: str) -> None:
         """Refuse `what` where the model's size does not allow `feature` on this machine (runtime/capabilities.py),
@@ -791,6 +811,7 @@ class Planner:
         self._run_options(req, rt, enc)
         self._capable(rt, "stacked", "the stages of a head (/api/stages, which runs every layer's teaching outputs "
                                      "in one graph)")
+        self._capable(rt, "stages", "the stages of a head (/api/stages)")
         T = len(enc.ids)
         if not self.fits_stacked(rt, T):
             raise Refused(f"this text is {T} tokens: every layer's attention together is "

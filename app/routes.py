@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 
 from .. import __version__
+from ..graphs.builder import built
 from . import wire
 from .deps import get_service
 from .schemas import (AttentionRequest, AttentionResponse, CircuitsRequest, CircuitsResponse, Error, GenerateRequest,
@@ -26,7 +27,8 @@ ERRORS = {
     404: {"model": Error, "description": "Unknown model"},
     413: {"model": Error, "description": "Request body or text over its limit"},
     422: {"model": Error, "description": "Invalid option: the message says what is allowed"},
-    503: {"model": Error, "description": "Too many model runs waiting; retry after `Retry-After` seconds"},
+    503: {"model": Error, "description": "Too many model runs waiting, or the model still loading (the server "
+          "answers while its models load: GET /healthz); retry after `Retry-After` seconds"},
 }
 BINARY_DOC = {"content": {wire.BINARY: {"schema": {"type": "string", "format": "binary"}}},
               "description": "Sent when `Accept` names application/vnd.attnscope.tensors: "
@@ -204,8 +206,7 @@ async def stages(req: StagesRequest, svc: Service, request: Request,
                        404: ERRORS[404], 422: ERRORS[422]})
 def model_onnx(model_id: Annotated[str, Path(examples=["tiny-gpt"])], svc: Service, stages: bool = False):
     """The graph the app runs (open it in Netron). `stages=true` adds the teaching outputs (q, k, scores, ...)."""
-    rt = svc.plans.runtime(model_id)
-    return FileResponse(rt.onnx_path(stages), media_type="application/octet-stream",
+    return FileResponse(svc.plans.graph_file(model_id, stages), media_type="application/octet-stream",
                         filename=f"{model_id}{'-stages' if stages else ''}.onnx")
 
 
@@ -298,7 +299,8 @@ def job_result(job_id: JobId, svc: Service,
 
 @router.get("/healthz", response_model=Health, tags=["health"], summary="Readiness, loaded models and model runs")
 async def healthz(svc: Service):
-    """Answers only once every configured model is loaded (the server does not listen before), and on the event
-    loop itself, so it stays prompt while long runs are in flight."""
-    return Health(status="ok", models={m.id: m.provider for m in svc.models()}, version=__version__,
-                  jobs_skipped=svc.jobs.skipped, **svc.runner.counts())
+    """Answers from the moment the server listens (the models load in the background: `loading` says what each
+    is doing until `status` is ok), on the event loop itself, so it stays prompt while long runs are in flight."""
+    return Health(status="ok" if svc.loaded.is_set() else "loading", models={m.id: m.provider for m in svc.models()},
+                  loading=svc.loading, graphs_built=built(), version=__version__, jobs_skipped=svc.jobs.skipped,
+                  **svc.runner.counts())

@@ -17,12 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..model.precision import COMPUTE, Precision
+from ..model.transformer import SQUARE_STAGES
 from ..model.weights import state_dict
 
 SHARE = 0.45            # of the memory budget one model's weights may take and still run whole (or in NumPy)
 SMALL = 1 << 30         # weights up to this many bytes keep onnxruntime's memory arenas (faster; an arena keeps its
 #                         peak for good, which for a big model is GBs of widened weights)
-FEATURES = ("stacked", "numpy", "circuits", "importance")
+FEATURES = ("stacked", "numpy", "circuits", "importance", "stages")
 WORK_TFLOP = 4.0        # what one request's analysis may cost by default (ATTNSCOPE_WORK_TFLOP)
 
 
@@ -63,7 +64,9 @@ class Capabilities:
                 "features": {f: self.allows(f) for f in FEATURES}, "reasons": dict(self.reasons)}
 
     @classmethod
-    def of(cls, model, memory_bytes: int, work_flop: float) -> Capabilities:
+    def of(cls, model, memory_bytes: int, work_flop: float, stages_tokens: int | None = None) -> Capabilities:
+        """stages_tokens: the most tokens a run of the stages graph takes (the planner's limit); None: the stages
+        graph is priced at the model's positions."""
         weights = list(state_dict(model).values())
         n = sum(int(w.size) for w in weights)
         stored = sum(int(w.nbytes) for w in weights)
@@ -78,6 +81,17 @@ class Capabilities:
             reasons["numpy"] = f"the NumPy reference holds every weight at once, and {whole}, more than {limit}"
         cfg = getattr(model, "cfg", None)
         if cfg is not None and hasattr(model, "blocks"):
+            T = stages_tokens or cfg.max_positions
+            peak = stages_bytes(cfg, T)
+            if "stacked" in reasons:
+                reasons["stages"] = ("the stages of a head come from the graph that runs every layer at once, and "
+                                     + reasons["stacked"].split(":")[0])
+            elif stored + peak > memory_bytes:
+                reasons["stages"] = (f"a run of the stages graph at {T} tokens holds ~{gb(peak)} (every layer's scores, "
+                                     f"scaled and masked scores and probabilities"
+                                     f"{', and the logits over the vocabulary' if cfg.lm_head else ''}) besides "
+                                     f"{whole}: more than the {gb(memory_bytes)} memory budget (ATTNSCOPE_MEMORY_MB); "
+                                     f"its graph is not built")
             flop = circuits_flop(cfg)
             if flop > work_flop:
                 reasons["circuits"] = (f"weight-space circuits compare every pair of its {cfg.n_layers * cfg.n_heads} "
@@ -97,6 +111,17 @@ def circuits_flop(cfg) -> float:
     the three compositions."""
     n, dh, D, V = cfg.n_layers * cfg.n_heads, cfg.d_head, cfg.d_model, cfg.vocab_size
     return 2.0 * V * D * D + 3 * 2.0 * cfg.n_layers * (cfg.n_heads * dh) * D * (n * dh)
+
+
+def stages_bytes(cfg, tokens: int) -> int:
+    """What one run of the stages graph holds at its peak over `tokens` tokens, float32: every layer's square stages
+    (scores, scaled, masked) and probabilities [L, H, T, T]; its stream, queries, keys, values and contexts; and, with
+    an LM head, two [T, V] arrays of logits (the logits and their log-softmax)."""
+    L, H, T = cfg.n_layers, cfg.n_heads, tokens
+    square = (len(SQUARE_STAGES) + 1) * L * H * T * T
+    rows = L * T * (cfg.d_model + 4 * H * cfg.d_head)
+    logits = 2 * T * cfg.vocab_size if cfg.lm_head else 0
+    return COMPUTE.itemsize * (square + rows + logits)
 
 
 def importance_flop(cfg, parameters: int, tokens: int = 64) -> float:
