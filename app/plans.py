@@ -173,6 +173,10 @@ class Plan:
         """What a progress stream shows while the plan runs (None: nothing to show)."""
         return None
 
+    def progress_line(self, progress: RunProgress) -> dict:
+        """One progress line of the NDJSON stream: the blocks of a layer-by-layer run done."""
+        return {"layer": progress.done, "layers": progress.total}
+
     async def compute(self, runner: Runner) -> Computed:
         raise NotImplementedError
 
@@ -297,7 +301,25 @@ class EncoderDecoderStagesPlan(StagesPlan):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ImportancePlan(OneRunPlan):
+class ManyRunsPlan(OneRunPlan):
+    """A plan whose one run is many runs (Run.steps: every head knocked out, every head patched): its progress is
+    the runs done of all, with the time left; it stops between them once nobody waits for it."""
+
+    def progress(self, runner: Runner) -> RunProgress:
+        return runner.watch(self.run.key)
+
+    def progress_line(self, progress: RunProgress) -> dict:
+        return {"runs": progress.done, "runs_total": progress.total, "eta_s": progress.eta()}
+
+    async def compute(self, runner: Runner) -> Computed:
+        try:
+            return await super().compute(runner)
+        finally:
+            runner.unwatch(self.run.key)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportancePlan(ManyRunsPlan):
     """Every head's single-head ablation, batched along the batch axis."""
 
     def payload(self, computed: Computed) -> dict:
@@ -305,7 +327,7 @@ class ImportancePlan(OneRunPlan):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PatchingPlan(OneRunPlan):
+class PatchingPlan(ManyRunsPlan):
     """Every (layer, head) of a site patched between two texts (runtime/patching.py)."""
     corrupt: Encoding
     metric: Metric
@@ -861,12 +883,14 @@ class Planner:
                           f"({self.settings.layerwise_mb} MB); {fix}")
         key = _hash(["importance", req.model, rt.key, req.text, req.text_pair, req.ablation])
 
-        def call() -> Importance:
+        def call(progress, stopped) -> Importance:
             t0 = time.perf_counter()
-            values, baseline = head_importance(rt, enc, ablation=req.ablation, batch=req.batch)
+            values, baseline = head_importance(rt, enc, ablation=req.ablation, batch=req.batch, progress=progress,
+                                               stop=stopped)
             return Importance(enc.tokens, values, baseline, time.perf_counter() - t0, rt.cfg.lm_head)
         return ImportancePlan(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary),
-                              binary=binary, size=16 * rt.cfg.n_layers * rt.cfg.n_heads + 100 * T, run=Run(key, call))
+                              binary=binary, size=16 * rt.cfg.n_layers * rt.cfg.n_heads + 100 * T,
+                              run=Run(key, call, steps=True))
 
     # ---- /api/patching --------------------------------------------------------------------------------------------
     def patching(self, req: PatchingRequest, binary: bool) -> PatchingPlan:
@@ -898,11 +922,11 @@ class Planner:
         key = _hash(["patching", req.model, rt.key, req.clean, req.corrupt, metric.target, metric.distractor,
                      req.site, req.per_position, req.direction])
 
-        def call():
+        def call(progress, stopped):
             return patch(rt, clean, corrupt, metric, site=req.site, per_position=req.per_position,
-                         direction=req.direction)
+                         direction=req.direction, progress=progress, stop=stopped)
         return PatchingPlan(request=req, runtime=rt, encoding=clean, key=key, etag=_etag(key, req, binary),
-                            binary=binary, size=24 * rows + 200 * T, run=Run(key, call),
+                            binary=binary, size=24 * rows + 200 * T, run=Run(key, call, steps=True),
                             corrupt=corrupt, metric=metric)
 
     # ---- /api/knockout --------------------------------------------------------------------------------------------

@@ -80,28 +80,52 @@ async def attention(req: AttentionRequest, svc: Service, request: Request,
     return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
 
 
+RUNS_PROGRESS_DOC = {
+    "schema": {"type": "string", "description": "newline-delimited JSON objects"},
+    "example": '{"progress": {"runs": 64, "runs_total": 270, "eta_s": 6.2}}\n{"progress": {"runs": 128, '
+               '"runs_total": 270, "eta_s": 4.4}}\n...\n{"result": {"model": "smollm2", "...": "..."}}\n'}
+MANY_RUNS_200 = {
+    "content": {**BINARY_DOC["content"], wire.NDJSON: RUNS_PROGRESS_DOC},
+    "description": "JSON by default; the binary tensor form when `Accept` names application/vnd.attnscope.tensors. "
+                   "`Accept: application/x-ndjson`: its progress while it runs, one JSON object per line, "
+                   "`{\"progress\": {\"runs\": done, \"runs_total\": n, \"eta_s\": seconds left or null}}` as its "
+                   "runs (one per head, or per head and position) go, then `{\"result\": ...}` or `{\"error\": "
+                   "{\"status\", \"detail\"}}`; with `Prefer: return=minimal` the last line is `{\"done\": "
+                   "{\"status\": 200, \"tokens\": n}}` and the answer is fetched next from the cache (what the page "
+                   "does). A client that goes away (or cancels) stops the runs before the next batch, when no other "
+                   "request waits for them."}
+
+
 @router.post("/api/importance", response_model=ImportanceResponse, tags=["interventions"],
              summary="Rank heads by importance: each head's single-head ablation effect on one text",
-             responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
+             responses={**ERRORS, 200: MANY_RUNS_200, 304: {"description": "Not modified (If-None-Match)"}})
 async def importance(req: ImportanceRequest, svc: Service, request: Request, accept: Annotated[str | None, Header()] = None,
+                     prefer: Annotated[str | None, Header()] = None,
                      if_none_match: Annotated[str | None, Header()] = None):
     """Knocks out every head in turn (one run of the text keeps every layer's values; each head's ablated run then
     starts at its own layer, `batch` heads at once along the batch axis) and reports what each head alone changes: the text's mean token log-prob for models with
     an LM head, the sentence embedding otherwise."""
     started = time.perf_counter()
+    if wire.accepts(accept, wire.NDJSON):                  # its progress, then the answer (or `done`)
+        minimal = "return=minimal" in (prefer or "").replace(" ", "").lower()
+        return svc.sending.stream(svc.plans.importance(req, minimal), svc.runner, started, minimal)
     plan = svc.plans.importance(req, wire.accepts_binary(accept))
     return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
 
 
 @router.post("/api/patching", response_model=PatchingResponse, tags=["interventions"],
              summary="Activation patching: each head's value from one text put into the other's run",
-             responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
+             responses={**ERRORS, 200: MANY_RUNS_200, 304: {"description": "Not modified (If-None-Match)"}})
 async def patching(req: PatchingRequest, svc: Service, request: Request, accept: Annotated[str | None, Header()] = None,
+                   prefer: Annotated[str | None, Header()] = None,
                    if_none_match: Annotated[str | None, Header()] = None):
     """Patches `site` of every (layer, head) -- or (layer, head, position) -- from the clean run into the corrupt
     one (denoise) or back (noise), and reports the metric at the last position and its recovery,
     (patched - corrupt) / (clean - corrupt). Each patched run reuses the unpatched layers below its site."""
     started = time.perf_counter()
+    if wire.accepts(accept, wire.NDJSON):                  # its progress, then the answer (or `done`)
+        minimal = "return=minimal" in (prefer or "").replace(" ", "").lower()
+        return svc.sending.stream(svc.plans.patching(req, minimal), svc.runner, started, minimal)
     plan = svc.plans.patching(req, wire.accepts_binary(accept))
     return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
 

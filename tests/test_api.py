@@ -164,7 +164,7 @@ def test_models_onnx_and_health(client):
     caps = models[0].pop("capabilities")   # MiniLM: 22.6M float32 weights (the bias vectors included), every feature
     assert caps["parameters"] == 22_565_376 and caps["weights_bytes"] == 4 * caps["parameters"]
     assert caps["dtype"] == caps["compute_dtype"] == "float32" and caps["reasons"] == {}
-    assert caps["features"] == {"stacked": True, "numpy": True, "circuits": True, "importance": True}
+    assert caps["features"] == {"stacked": True, "numpy": True, "circuits": True, "importance": True, "stages": True}
     assert models[0] | {"description": ""} == {"id": "minilm", "title": "all-MiniLM-L6-v2", "description": "",
                                                  "kind": "encoder", "source": "zoo", "architecture": "bert",
                                                  "layers": 6, "heads": 12, "d_model": 384,
