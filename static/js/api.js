@@ -217,7 +217,7 @@ async function runWithProgress(path, body) {
     const response = await post(path, body, NDJSON, { Prefer: "return=minimal" }, abort.signal);
     await readLines(response, (msg) => { if (msg.progress) progressListener(msg.progress); });
   } catch (err) {
-    if (abort.signal.aborted) throw new ApiError(0, "cancelled: the runs were stopped; press Run to start them again");
+    if (abort.signal.aborted) throw Object.assign(new ApiError(0, "Cancelled: the runs stopped. Press Run to start them again."), { cancelled: true });
     throw err;
   } finally {
     streaming.delete(abort);
