@@ -44,9 +44,9 @@ router = APIRouter(include_in_schema=False)
 def index(request: Request):
     svc = get_service(request)
     loading = svc.loading          # the models still loading (the server answers while they load): their states
-    if svc.settings.default_model in loading:     # nothing to draw yet: which models load, until the default is ready
-        return templates.TemplateResponse(request, "loading.html", {"loading": loading,
-                                                                    "wait": svc.settings.default_model})
+    wanted = request.query_params.get("model") or svc.settings.default_model   # a link's model, else the default
+    if wanted in loading:          # nothing to draw yet: which models load, until the one the page shows is ready
+        return templates.TemplateResponse(request, "loading.html", {"loading": loading, "wait": wanted})
     models = svc.models()
     boot = {"models": [m.model_dump() for m in models], "default_model": svc.settings.default_model,
             "example_text": EXAMPLE_TEXT, "max_chars": svc.max_chars,
