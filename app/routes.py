@@ -40,6 +40,11 @@ def list_models(svc: Service):
     return svc.models()
 
 
+def _minimal(prefer: str | None) -> bool:
+    """`Prefer: return=minimal` (RFC 7240): a progress stream ends with `done` instead of the answer."""
+    return "return=minimal" in (prefer or "").replace(" ", "").lower()
+
+
 PROGRESS_DOC = {
     "schema": {"type": "string", "description": "newline-delimited JSON objects"},
     "example": '{"progress": {"layer": 1, "layers": 30}}\n{"progress": {"layer": 2, "layers": 30}}\n...\n'
@@ -73,7 +78,7 @@ async def attention(req: AttentionRequest, svc: Service, request: Request,
     refused there."""
     started = time.perf_counter()
     if wire.accepts(accept, wire.NDJSON):
-        minimal = "return=minimal" in (prefer or "").replace(" ", "").lower()
+        minimal = _minimal(prefer)
         plan = svc.plans.attention(req, minimal)   # minimal: the answer is fetched next, in binary form; its limit holds
         return svc.sending.stream(plan, svc.runner, started, minimal)
     plan = svc.plans.attention(req, wire.accepts_binary(accept))
@@ -107,7 +112,7 @@ async def importance(req: ImportanceRequest, svc: Service, request: Request, acc
     an LM head, the sentence embedding otherwise."""
     started = time.perf_counter()
     if wire.accepts(accept, wire.NDJSON):                  # its progress, then the answer (or `done`)
-        minimal = "return=minimal" in (prefer or "").replace(" ", "").lower()
+        minimal = _minimal(prefer)
         return svc.sending.stream(svc.plans.importance(req, minimal), svc.runner, started, minimal)
     plan = svc.plans.importance(req, wire.accepts_binary(accept))
     return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
@@ -124,7 +129,7 @@ async def patching(req: PatchingRequest, svc: Service, request: Request, accept:
     (patched - corrupt) / (clean - corrupt). Each patched run reuses the unpatched layers below its site."""
     started = time.perf_counter()
     if wire.accepts(accept, wire.NDJSON):                  # its progress, then the answer (or `done`)
-        minimal = "return=minimal" in (prefer or "").replace(" ", "").lower()
+        minimal = _minimal(prefer)
         return svc.sending.stream(svc.plans.patching(req, minimal), svc.runner, started, minimal)
     plan = svc.plans.patching(req, wire.accepts_binary(accept))
     return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)

@@ -59,6 +59,25 @@ def test_no_request_builds_a_graph(live_server):
     assert sum(s == 200 for s in statuses.values()) > 40          # most of them answered, not refused
 
 
+def test_no_request_builds_a_graph_on_smollm2(live_server_smollm2):
+    """SmolLM2's server: its cut graphs (1, 2, 4, 8, 16, 30 blocks), stages, decoding and layer-by-layer graphs were
+    built at start; a request of each light kind builds none (its patching and importance, 270 heads, are the
+    Effects tests')."""
+    text = "When Mary and John went to the store, John gave a drink to"
+    with httpx.Client(base_url=live_server_smollm2, timeout=120) as c:
+        before = c.get("/healthz").json()["graphs_built"]
+        for body in ({"layers": [0]}, {"layers": [5]}, {"layers": [20], "include": ["attention", "scores"]},
+                     {"include": ["summary", "predictions"]}, {"top_k": 4, "resolution": 8}):
+            assert c.post("/api/attention", json={"model": "smollm2", "text": text, **body}).status_code == 200
+        for path, body in (("/api/stages", {"layer": 29, "head": 8}), ("/api/qk", {"layer": 9, "head": 1, "query": 14,
+                           "key": 3}), ("/api/lens", {"head_lens": [9, 1]}), ("/api/knockout", {"queries": [14],
+                           "keys": [4]}), ("/api/generate", {"max_new_tokens": 2, "seed": 3})):
+            r = c.post(path, json={"model": "smollm2", "text": text, **body})
+            assert r.status_code == 200, (path, r.text)
+        assert c.get("/api/models/smollm2/onnx?stages=true").status_code == 200
+        assert c.get("/healthz").json()["graphs_built"] == before
+
+
 def test_a_superset_attend_graph_gives_the_exact_graphs_numbers(runtimes):
     """After open() (a server's start) a combination of outputs no graph was opened for is served by its superset:
     no graph is built, and every output equals the exact graph's (built on first use when not opened)."""
