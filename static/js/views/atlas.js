@@ -192,18 +192,26 @@ function jobRows(list, st, ctx, act) {
 function jobsPanel(container, list, st, ctx, redraw) {
   const memory = ctx.memory;
   clearTimeout(memory.timer);
+  const mine = memory.renders = (memory.renders || 0) + 1;          // a later render's polling replaces this one's
   const panel = part(container, "jobs", "section", { class: "atlas-jobs", "aria-label": "Atlas jobs" });
   const rows = () => panel.querySelector(".atlas-job-list");
   const poll = async () => {
+    clearTimeout(memory.timer);
     memory.timer = 0;
-    if (container.hidden || !container.isConnected) return;          // the view was left: no more polling
+    if (memory.renders !== mine || container.hidden || !container.isConnected) return;   // left, or drawn again
+    if (memory.asking) { memory.again = true; return; }              // one request at a time: ask again after it
+    memory.asking = true;
     let fresh;
     try {
       fresh = await api.jobs();
     } catch {
       memory.timer = setTimeout(poll, POLL_MS * 3);
       return;
+    } finally {
+      memory.asking = false;
     }
+    if (memory.renders !== mine) return;
+    if (memory.again) { memory.again = false; poll(); return; }
     const finished = fresh.some((j) => j.state === "done" && !memory.list?.some((k) => k.id === j.id && k.state === "done"));
     memory.list = fresh;
     if (finished) { redraw(fresh); return; }
