@@ -47,31 +47,33 @@ def test_no_request_builds_a_graph(live_server):
         assert health["status"] == "ok" and health["loading"] == {}
         before = health["graphs_built"]
         assert before > 0                                    # the models' graphs: built at start
-        statuses = {}
+        answered, refused = 0, []
         for model in c.get("/api/models").json():
             for path, body in _requests(model):
                 r = c.post(path, json=body)
-                statuses[(model["id"], path, str(body)[:60])] = r.status_code
                 assert r.status_code in (200, 422), (model["id"], path, body, r.text)
+                answered += r.status_code == 200
+                refused += [(model["id"], path)] if r.status_code == 422 else []
             for stages in ("false", "true"):
                 assert c.get(f"/api/models/{model['id']}/onnx?stages={stages}").status_code == 200
-        assert c.get("/healthz").json()["graphs_built"] == before, statuses
-    assert sum(s == 200 for s in statuses.values()) > 40          # most of them answered, not refused
+        assert c.get("/healthz").json()["graphs_built"] == before
+    # what a model cannot do is refused before any work: the logit lens and knockout need an LM head
+    assert refused == [("minilm", "/api/lens"), ("minilm", "/api/knockout"), ("tiny-gpt", "/api/knockout")]
+    assert answered == 3 * 12 + 6 - 3                          # 12 requests a model, 6 more with an LM head
 
 
 def test_no_request_builds_a_graph_on_smollm2(live_server_smollm2):
-    """SmolLM2's server: its cut graphs (1, 2, 4, 8, 16, 30 blocks), stages, decoding and layer-by-layer graphs were
-    built at start; a request of each light kind builds none (its patching and importance, 270 heads, are the
-    Effects tests')."""
+    """SmolLM2's server: its cut graphs (1, 2, 4, 8, 16, 30 blocks), stages and decoding graphs were built at start;
+    the requests that run them build none (its layer-by-layer graphs are the other models' test's: the same code,
+    and its traced runs take seconds here)."""
     text = "When Mary and John went to the store, John gave a drink to"
     with httpx.Client(base_url=live_server_smollm2, timeout=120) as c:
         before = c.get("/healthz").json()["graphs_built"]
-        for body in ({"layers": [0]}, {"layers": [5]}, {"layers": [20], "include": ["attention", "scores"]},
+        for body in ({"layers": [0]}, {"layers": [5]}, {"layers": [20], "include": ["attention"]},
                      {"include": ["summary", "predictions"]}, {"top_k": 4, "resolution": 8}):
             assert c.post("/api/attention", json={"model": "smollm2", "text": text, **body}).status_code == 200
-        for path, body in (("/api/stages", {"layer": 29, "head": 8}), ("/api/qk", {"layer": 9, "head": 1, "query": 14,
-                           "key": 3}), ("/api/lens", {"head_lens": [9, 1]}), ("/api/knockout", {"queries": [14],
-                           "keys": [4]}), ("/api/generate", {"max_new_tokens": 2, "seed": 3})):
+        for path, body in (("/api/stages", {"layer": 29, "head": 8}), ("/api/generate", {"max_new_tokens": 2,
+                                                                                         "seed": 3})):
             r = c.post(path, json={"model": "smollm2", "text": text, **body})
             assert r.status_code == 200, (path, r.text)
         assert c.get("/api/models/smollm2/onnx?stages=true").status_code == 200
