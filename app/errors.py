@@ -46,6 +46,13 @@ class Busy(ServiceError):
     """Too many model runs are waiting; retry after a moment."""
 
 
+class Loading(ServiceError):
+    """The model is still loading (the server answers while its models load, app/service.py); retry after a moment."""
+
+
+LOADING_RETRY_S = 2   # the Retry-After of a request for a model still loading
+
+
 class UnknownJob(ServiceError):
     """No job has that id."""
 
@@ -67,7 +74,7 @@ class DiskFull(ServiceError):
 
 
 STATUS = {UnknownModel: 404, UnknownJob: 404, TooLarge: 413, Refused: 422, InputError: 422, Conflict: 409,
-          QueueFull: 429, Busy: 503, DiskFull: 507, BadBody: 400}
+          QueueFull: 429, Busy: 503, Loading: 503, DiskFull: 507, BadBody: 400}
 
 
 def refusal(exc: Exception) -> tuple[int, str, dict[str, str] | None] | None:

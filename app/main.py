@@ -40,7 +40,10 @@ def _return_big_frees_to_the_os() -> None:
         pass
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, background: bool = False) -> FastAPI:
+    """The app. background=False: it loads every model before it answers (a program that embeds it, a test's
+    TestClient); True: it answers at once, /healthz and the page saying which models are still loading, while they
+    load in order (the served app below: `attnscope serve`, uvicorn)."""
     settings = settings or get_settings()
 
     @asynccontextmanager
@@ -50,7 +53,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # it and, by default, waits 5 ms before the holder is told to let go. 1 ms keeps /healthz prompt.
         sys.setswitchinterval(0.001)
         setup_logging()
-        app.state.service.load()
+        if background:
+            app.state.service.start()
+        else:
+            app.state.service.load()
         yield
         app.state.service.close()
 
@@ -59,12 +65,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.service = AttentionService(settings)
     generic_openapi = app.openapi
 
-    def openapi() -> dict:  # built on first use, after the models loaded: one request schema per served model
-        if app.openapi_schema is None:
-            app.openapi_schema = schemas.per_model(schemas.with_job_request(generic_openapi()),
-                                                   app.state.service.models(), settings.max_mask_tokens,
-                                                   settings.max_new_tokens)
-        return app.openapi_schema
+    def openapi() -> dict:  # one request schema per served model: kept once every model is loaded
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = schemas.per_model(schemas.with_job_request(generic_openapi()), app.state.service.models(),
+                                   settings.max_mask_tokens, settings.max_new_tokens)
+        if app.state.service.loaded.is_set():
+            app.openapi_schema = schema
+        return schema
 
     app.openapi = openapi
     errors.install(app, SECURITY_HEADERS)
@@ -85,4 +93,4 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-app = create_app()
+app = create_app(background=True)

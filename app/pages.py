@@ -91,6 +91,10 @@ router = APIRouter(include_in_schema=False)
 @router.get("/")
 def index(request: Request):
     svc = get_service(request)
+    loading = svc.loading          # the models still loading (the server answers while they load): their states
+    wanted = request.query_params.get("model") or svc.settings.default_model   # a link's model, else the default
+    if wanted in loading:          # nothing to draw yet: which models load, until the one the page shows is ready
+        return templates.TemplateResponse(request, "loading.html", {"loading": loading, "wait": wanted})
     models = svc.models()
     boot = {"models": [m.model_dump() for m in models], "default_model": svc.settings.default_model,
             "example_text": EXAMPLE_TEXT, "max_chars": svc.max_chars,
@@ -116,7 +120,8 @@ def index(request: Request):
             "directions": [{"id": k, "label": DIRECTION_LABELS.get(k, k)}
                            for k in get_args(PatchingRequest.model_fields["direction"].annotation)]}
     return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS,
-                                                              "modules": page_modules()})
+                                                              "modules": page_modules(), "loading": loading,
+                                                              "wait": None})
 
 
 @router.get("/docs")

@@ -57,7 +57,7 @@ from ..runtime.generation import Generator, Sampling
 from ..runtime.patching import knock_out, patch
 from ..runtime.layerwise import LayerwiseResult, Want
 from . import payload
-from .errors import Refused, TooLarge, UnknownModel
+from .errors import LOADING_RETRY_S, Loading, Refused, TooLarge, UnknownModel
 from ..corpus import bundled
 from ..corpus.atlas import CorpusError, ExampleOptions, count_texts
 from ..sources import get as zoo_model
@@ -166,6 +166,10 @@ class Plan:
     def progress(self, runner: Runner) -> RunProgress | None:
         """What a progress stream shows while the plan runs (None: nothing to show)."""
         return None
+
+    def progress_line(self, progress: RunProgress) -> dict:
+        """One progress line of the NDJSON stream: the blocks of a layer-by-layer run done."""
+        return {"layer": progress.done, "layers": progress.total}
 
     async def compute(self, runner: Runner) -> Computed:
         raise NotImplementedError
@@ -291,7 +295,25 @@ class EncoderDecoderStagesPlan(StagesPlan):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ImportancePlan(OneRunPlan):
+class ManyRunsPlan(OneRunPlan):
+    """A plan whose one run is many runs (Run.steps: every head knocked out, every head patched): its progress is
+    the runs done of all, with the time left; it stops between them once nobody waits for it."""
+
+    def progress(self, runner: Runner) -> RunProgress:
+        return runner.watch(self.run.key)
+
+    def progress_line(self, progress: RunProgress) -> dict:
+        return {"runs": progress.done, "runs_total": progress.total, "eta_s": progress.eta()}
+
+    async def compute(self, runner: Runner) -> Computed:
+        try:
+            return await super().compute(runner)
+        finally:
+            runner.unwatch(self.run.key)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportancePlan(ManyRunsPlan):
     """Every head's single-head ablation, batched along the batch axis."""
 
     def payload(self, computed: Computed) -> dict:
@@ -299,7 +321,7 @@ class ImportancePlan(OneRunPlan):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PatchingPlan(OneRunPlan):
+class PatchingPlan(ManyRunsPlan):
     """Every (layer, head) of a site patched between two texts (runtime/patching.py)."""
     corrupt: Encoding
     metric: Metric
@@ -484,8 +506,12 @@ def _select(name: str, asked: list[int] | None, n: int) -> list[int]:
 class Planner:
     """Validates each kind of request into its plan, against the served models and the settings' limits."""
 
-    def __init__(self, runtimes: dict[str, Runtime], settings: Settings):
+    def __init__(self, runtimes: dict[str, Runtime], settings: Settings, states: dict[str, str] | None = None):
+        """runtimes: the loaded models (the service replaces the dict as each loads); states: every configured model's
+        state while it loads (app/service.py), so that a request for one still loading is told to retry."""
         self.runtimes, self.settings = runtimes, settings
+        self.states = {} if states is None else states
+        self.specs: dict = {}                              # every configured model's spec (the service's resolve)
         self._circuits: dict[str, Future] = {}             # model id -> its circuits, computed once
         self._circuits_lock = threading.Lock()
         self._one_at_a_time = threading.Lock()             # one model's weight products at a time
@@ -493,7 +519,8 @@ class Planner:
     @property
     def max_chars(self) -> int:
         """Characters of text (+ text_pair) a request may send: ATTNSCOPE_MAX_CHARS, or derived from the models."""
-        return self.settings.chars_limit([rt.spec.max_tokens for rt in self.runtimes.values()])
+        specs = self.specs or {i: rt.spec for i, rt in self.runtimes.items()}   # loaded or not: one limit from start
+        return self.settings.chars_limit([spec.max_tokens for spec in specs.values()])
 
     # ---- what every kind checks --------------------------------------------------------------------------------
     def runtime(self, model_id: str, what: str | None = None) -> Runtime:
@@ -501,12 +528,27 @@ class Planner:
         serves them)."""
         rt = self.runtimes.get(model_id)
         if rt is None:
+            state = self.states.get(model_id)
+            if state is not None and state != "ready":
+                raise Loading(f"model {model_id!r} is still loading ({state}); retry in a few seconds (GET /healthz "
+                              f"shows each model's state)", headers={"Retry-After": str(LOADING_RETRY_S)})
             shown = model_id if len(model_id) <= 64 else model_id[:64] + "…"
-            raise UnknownModel(f"unknown model {shown!r}; available: {', '.join(self.runtimes)}")
+            raise UnknownModel(f"unknown model {shown!r}; available: {', '.join(self.states or self.runtimes)}")
         if what is not None and isinstance(rt, EncoderDecoderRuntime):
             raise Refused(f"{what} is not available for encoder-decoders ({model_id!r} is one): /api/attention "
                           f"gives their encoder, decoder and cross-attention")
         return rt
+
+    def graph_file(self, model_id: str, stages: bool) -> Path:
+        """The exported graph the model runs (GET /api/models/{id}/onnx), opened when it loaded; a graph its
+        capabilities did not let it build is refused, never built here."""
+        rt = self.runtime(model_id)
+        if not isinstance(rt, EncoderDecoderRuntime):
+            what = f"the {'stages ' if stages else ''}graph (GET /api/models/{{id}}/onnx)"
+            self._capable(rt, "stacked", what)
+            if stages:
+                self._capable(rt, "stages", what)
+        return rt.onnx_path(stages)
 
     def _capable(self, rt: Runtime, feature: str, what: str) -> None:
         """Refuse `what` where the model's size does not allow `feature` on this machine (runtime/capabilities.py),
@@ -790,6 +832,7 @@ class Planner:
         self._run_options(req, rt, enc)
         self._capable(rt, "stacked", "the stages of a head (/api/stages, which runs every layer's teaching outputs "
                                      "in one graph)")
+        self._capable(rt, "stages", "the stages of a head (/api/stages)")
         T = len(enc.ids)
         if not self.fits_stacked(rt, T):
             raise Refused(f"this text is {T} tokens: every layer's attention together is "
@@ -839,12 +882,14 @@ class Planner:
                           f"({self.settings.layerwise_mb} MB); {fix}")
         key = _hash(["importance", req.model, rt.key, req.text, req.text_pair, req.ablation])
 
-        def call() -> Importance:
+        def call(progress, stopped) -> Importance:
             t0 = time.perf_counter()
-            values, baseline = head_importance(rt, enc, ablation=req.ablation, batch=req.batch)
+            values, baseline = head_importance(rt, enc, ablation=req.ablation, batch=req.batch, progress=progress,
+                                               stop=stopped)
             return Importance(enc.tokens, values, baseline, time.perf_counter() - t0, rt.cfg.lm_head)
         return ImportancePlan(request=req, runtime=rt, encoding=enc, key=key, etag=_etag(key, req, binary),
-                              binary=binary, size=16 * rt.cfg.n_layers * rt.cfg.n_heads + 100 * T, run=Run(key, call))
+                              binary=binary, size=16 * rt.cfg.n_layers * rt.cfg.n_heads + 100 * T,
+                              run=Run(key, call, steps=True))
 
     # ---- /api/patching --------------------------------------------------------------------------------------------
     def patching(self, req: PatchingRequest, binary: bool) -> PatchingPlan:
@@ -876,11 +921,11 @@ class Planner:
         key = _hash(["patching", req.model, rt.key, req.clean, req.corrupt, metric.target, metric.distractor,
                      req.site, req.per_position, req.direction])
 
-        def call():
+        def call(progress, stopped):
             return patch(rt, clean, corrupt, metric, site=req.site, per_position=req.per_position,
-                         direction=req.direction)
+                         direction=req.direction, progress=progress, stop=stopped)
         return PatchingPlan(request=req, runtime=rt, encoding=clean, key=key, etag=_etag(key, req, binary),
-                            binary=binary, size=24 * rows + 200 * T, run=Run(key, call),
+                            binary=binary, size=24 * rows + 200 * T, run=Run(key, call, steps=True),
                             corrupt=corrupt, metric=metric)
 
     # ---- /api/knockout --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 
 from .. import __version__
+from ..graphs.builder import built
 from . import wire
 from .deps import get_service
 from .schemas import (AttentionRequest, AttentionResponse, CircuitsRequest, CircuitsResponse, Error, GenerateRequest,
@@ -26,7 +27,8 @@ ERRORS = {
     404: {"model": Error, "description": "Unknown model"},
     413: {"model": Error, "description": "Request body or text over its limit"},
     422: {"model": Error, "description": "Invalid option: the message says what is allowed"},
-    503: {"model": Error, "description": "Too many model runs waiting; retry after `Retry-After` seconds"},
+    503: {"model": Error, "description": "Too many model runs waiting, or the model still loading (the server "
+          "answers while its models load: GET /healthz); retry after `Retry-After` seconds"},
 }
 BINARY_DOC = {"content": {wire.BINARY: {"schema": {"type": "string", "format": "binary"}}},
               "description": "Sent when `Accept` names application/vnd.attnscope.tensors: "
@@ -36,6 +38,11 @@ BINARY_DOC = {"content": {wire.BINARY: {"schema": {"type": "string", "format": "
 @router.get("/api/models", response_model=list[ModelInfo], tags=["models"], summary="The model zoo")
 def list_models(svc: Service):
     return svc.models()
+
+
+def _minimal(prefer: str | None) -> bool:
+    """`Prefer: return=minimal` (RFC 7240): a progress stream ends with `done` instead of the answer."""
+    return "return=minimal" in (prefer or "").replace(" ", "").lower()
 
 
 PROGRESS_DOC = {
@@ -71,35 +78,59 @@ async def attention(req: AttentionRequest, svc: Service, request: Request,
     refused there."""
     started = time.perf_counter()
     if wire.accepts(accept, wire.NDJSON):
-        minimal = "return=minimal" in (prefer or "").replace(" ", "").lower()
+        minimal = _minimal(prefer)
         plan = svc.plans.attention(req, minimal)   # minimal: the answer is fetched next, in binary form; its limit holds
         return svc.sending.stream(plan, svc.runner, started, minimal)
     plan = svc.plans.attention(req, wire.accepts_binary(accept))
     return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
 
 
+RUNS_PROGRESS_DOC = {
+    "schema": {"type": "string", "description": "newline-delimited JSON objects"},
+    "example": '{"progress": {"runs": 64, "runs_total": 270, "eta_s": 6.2}}\n{"progress": {"runs": 128, '
+               '"runs_total": 270, "eta_s": 4.4}}\n...\n{"result": {"model": "smollm2", "...": "..."}}\n'}
+MANY_RUNS_200 = {
+    "content": {**BINARY_DOC["content"], wire.NDJSON: RUNS_PROGRESS_DOC},
+    "description": "JSON by default; the binary tensor form when `Accept` names application/vnd.attnscope.tensors. "
+                   "`Accept: application/x-ndjson`: its progress while it runs, one JSON object per line, "
+                   "`{\"progress\": {\"runs\": done, \"runs_total\": n, \"eta_s\": seconds left or null}}` as its "
+                   "runs (one per head, or per head and position) go, then `{\"result\": ...}` or `{\"error\": "
+                   "{\"status\", \"detail\"}}`; with `Prefer: return=minimal` the last line is `{\"done\": "
+                   "{\"status\": 200, \"tokens\": n}}` and the answer is fetched next from the cache (what the page "
+                   "does). A client that goes away (or cancels) stops the runs before the next batch, when no other "
+                   "request waits for them."}
+
+
 @router.post("/api/importance", response_model=ImportanceResponse, tags=["interventions"],
              summary="Rank heads by importance: each head's single-head ablation effect on one text",
-             responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
+             responses={**ERRORS, 200: MANY_RUNS_200, 304: {"description": "Not modified (If-None-Match)"}})
 async def importance(req: ImportanceRequest, svc: Service, request: Request, accept: Annotated[str | None, Header()] = None,
+                     prefer: Annotated[str | None, Header()] = None,
                      if_none_match: Annotated[str | None, Header()] = None):
     """Knocks out every head in turn (one run of the text keeps every layer's values; each head's ablated run then
     starts at its own layer, `batch` heads at once along the batch axis) and reports what each head alone changes: the text's mean token log-prob for models with
     an LM head, the sentence embedding otherwise."""
     started = time.perf_counter()
+    if wire.accepts(accept, wire.NDJSON):                  # its progress, then the answer (or `done`)
+        minimal = _minimal(prefer)
+        return svc.sending.stream(svc.plans.importance(req, minimal), svc.runner, started, minimal)
     plan = svc.plans.importance(req, wire.accepts_binary(accept))
     return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
 
 
 @router.post("/api/patching", response_model=PatchingResponse, tags=["interventions"],
              summary="Activation patching: each head's value from one text put into the other's run",
-             responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
+             responses={**ERRORS, 200: MANY_RUNS_200, 304: {"description": "Not modified (If-None-Match)"}})
 async def patching(req: PatchingRequest, svc: Service, request: Request, accept: Annotated[str | None, Header()] = None,
+                   prefer: Annotated[str | None, Header()] = None,
                    if_none_match: Annotated[str | None, Header()] = None):
     """Patches `site` of every (layer, head) -- or (layer, head, position) -- from the clean run into the corrupt
     one (denoise) or back (noise), and reports the metric at the last position and its recovery,
     (patched - corrupt) / (clean - corrupt). Each patched run reuses the unpatched layers below its site."""
     started = time.perf_counter()
+    if wire.accepts(accept, wire.NDJSON):                  # its progress, then the answer (or `done`)
+        minimal = _minimal(prefer)
+        return svc.sending.stream(svc.plans.patching(req, minimal), svc.runner, started, minimal)
     plan = svc.plans.patching(req, wire.accepts_binary(accept))
     return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
 
@@ -204,8 +235,7 @@ async def stages(req: StagesRequest, svc: Service, request: Request,
                        404: ERRORS[404], 422: ERRORS[422]})
 def model_onnx(model_id: Annotated[str, Path(examples=["tiny-gpt"])], svc: Service, stages: bool = False):
     """The graph the app runs (open it in Netron). `stages=true` adds the teaching outputs (q, k, scores, ...)."""
-    rt = svc.plans.runtime(model_id)
-    return FileResponse(rt.onnx_path(stages), media_type="application/octet-stream",
+    return FileResponse(svc.plans.graph_file(model_id, stages), media_type="application/octet-stream",
                         filename=f"{model_id}{'-stages' if stages else ''}.onnx")
 
 
@@ -298,7 +328,8 @@ def job_result(job_id: JobId, svc: Service,
 
 @router.get("/healthz", response_model=Health, tags=["health"], summary="Readiness, loaded models and model runs")
 async def healthz(svc: Service):
-    """Answers only once every configured model is loaded (the server does not listen before), and on the event
-    loop itself, so it stays prompt while long runs are in flight."""
-    return Health(status="ok", models={m.id: m.provider for m in svc.models()}, version=__version__,
-                  jobs_skipped=svc.jobs.skipped, **svc.runner.counts())
+    """Answers from the moment the server listens (the models load in the background: `loading` says what each
+    is doing until `status` is ok), on the event loop itself, so it stays prompt while long runs are in flight."""
+    return Health(status="ok" if svc.loaded.is_set() else "loading", models={m.id: m.provider for m in svc.models()},
+                  loading=svc.loading, graphs_built=built(), version=__version__, jobs_skipped=svc.jobs.skipped,
+                  **svc.runner.counts())

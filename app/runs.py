@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable
@@ -23,19 +24,35 @@ from .errors import Busy
 
 @dataclass(frozen=True)
 class Run:
-    """A unit of model work: `call` (in a worker thread) returns a result with .tokens."""
+    """A unit of model work: `call` (in a worker thread) returns a result with .tokens. steps: the run is many runs
+    (patching's, importance's): the runner calls call(progress, stopped), and it reports (runs done, runs) through
+    progress as it goes and checks stopped() between them; stopped() is True once nobody waits for its result (its
+    clients went away or cancelled), and the run then raises runtime.errors.Stopped instead of finishing."""
     key: str
-    call: Callable[[], object]
+    call: Callable[..., object]
+    steps: bool = False
 
 
 @dataclass
 class RunProgress:
-    """Blocks done of a layer-by-layer run, and how many it runs (all layers, or those a recompute needs)."""
+    """Pieces done of a run, and how many it runs: blocks of a layer-by-layer run (all layers, or those a recompute
+    needs), or the runs of a run of many (Run.steps); the time left at the rate so far."""
     done: int = 0
     total: int = 0
+    since: float | None = None        # when the first piece was reported (time.monotonic)
+    first: int = 0                    # pieces done then
 
     def update(self, done: int, total: int) -> None:
+        if self.since is None:
+            self.since, self.first = time.monotonic(), done
         self.done, self.total = done, total
+
+    def eta(self) -> float | None:
+        """Seconds left at the rate since the first report (None before a second one)."""
+        if self.since is None or self.done <= self.first:
+            return None
+        rate = (self.done - self.first) / max(time.monotonic() - self.since, 1e-9)
+        return round((self.total - self.done) / rate, 1)
 
 
 def nbytes(result) -> int:
@@ -135,6 +152,7 @@ class Runner:
         self._waiters: dict[asyncio.Future, int] = {}   # requests awaiting each pending run
         self._started: set[asyncio.Future] = set()       # pending runs that hold a slot
         self._progress: dict[str, RunProgress] = {}      # layer-by-layer runs under way (or about to be), by run key
+        self._stops: dict[asyncio.Future, threading.Event] = {}   # runs of many (Run.steps): set when abandoned
 
     async def result(self, run: Run) -> tuple[object, bool]:
         """The run's result and whether it was shared (the cache, or an identical run under way)."""
@@ -151,9 +169,12 @@ class Runner:
             # other requests share nor leaks a slot or a count. A run that nobody waits for any more is dropped
             # while it waits for a slot; one already running finishes and is cached.
             self._waiting += 1
-            task = asyncio.ensure_future(self._queued(run))
+            stop = threading.Event()
+            task = asyncio.ensure_future(self._queued(run, stop))
             self._pending[run.key] = task
             self._waiters[task] = 0
+            if run.steps:
+                self._stops[task] = stop
             task.add_done_callback(lambda done: self._done(run.key, done))
         self._waiters[task] += 1
         try:
@@ -166,9 +187,13 @@ class Runner:
                     if self._pending.get(run.key) is task:  # a later identical request starts afresh
                         del self._pending[run.key]
                     task.cancel()
+                elif left == 1 and not task.done() and task in self._stops:   # a run of many, under way: it stops
+                    self._stops[task].set()                                  # before its next piece
+                    if self._pending.get(run.key) is task:
+                        del self._pending[run.key]
 
-    async def _queued(self, run: Run):
-        result, size = await self._in_slot(lambda: self._execute(run), started=True)
+    async def _queued(self, run: Run, stop: threading.Event):
+        result, size = await self._in_slot(lambda: self._execute(run, stop), started=True)
         self.cache.put(run.key, result, size)
         return result
 
@@ -203,11 +228,10 @@ class Runner:
         self._waiting += 1
         return await self._in_slot(call)
 
-    @staticmethod
-    def _execute(run: Run) -> tuple[object, int]:
+    def _execute(self, run: Run, stop: threading.Event) -> tuple[object, int]:
         """The run itself and what its result holds (nbytes, measured here in the worker thread, off the event
-        loop)."""
-        result = run.call()
+        loop). A run of many reports its progress under its key (watch) and stops when `stop` is set."""
+        result = run.call(self.watch(run.key).update, stop.is_set) if run.steps else run.call()
         return result, nbytes(result)
 
     def _done(self, key: str, task: asyncio.Future) -> None:
@@ -215,6 +239,7 @@ class Runner:
             del self._pending[key]
         self._waiters.pop(task, None)
         self._started.discard(task)
+        self._stops.pop(task, None)
         if not task.cancelled():
             task.exception()  # mark retrieved: the requests awaiting it re-raise it; nobody else needs to
 

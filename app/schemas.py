@@ -81,13 +81,15 @@ class ModelCapabilities(BaseModel):
     features: dict[str, bool] = Field(description="what the model can do here, one entry per feature "
                                       "(runtime/capabilities.py FEATURES). By size: stacked (one run holds the whole "
                                       "model; else every request runs layer by layer), numpy (the NumPy engine), "
-                                      "circuits (weight-space circuits), importance (/api/importance over every head). "
+                                      "circuits (weight-space circuits), importance (/api/importance over every head), "
+                                      "stages (/api/stages: the graph of every step of every layer, priced at the "
+                                      "longest text it takes). "
                                       "The page's tabs, by their view ids: head, lines, model, summary, entropy, stages, "
                                       "compare, corpus, effects, lens, circuits, atlas. The parts inside them: why "
                                       "(/api/qk), head_lens (/api/lens's head_lens), attribution (include attribution), "
                                       "patching, knockout, predictions (next tokens), generate, jobs (corpus jobs)",
                                       examples=[{"stacked": True, "numpy": True, "circuits": True, "importance": True,
-                                                 "lens": False}])
+                                                 "stages": True, "lens": False}])
     reasons: dict[str, str] = Field(description="each size feature the model lacks, and why (the limit, named)")
     short: dict[str, str] = Field(default_factory=dict, description="each feature the model lacks, in a few words "
                                   "(what the page shows on a disabled tab or part)",
@@ -712,8 +714,17 @@ class SkippedJob(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok"] = Field(description="ok once every model is loaded and its session is open")
+    status: Literal["ok", "loading"] = Field(description="ok once every model is loaded and every graph its "
+                                             "features run is open; loading before (the server answers meanwhile)")
     models: dict[str, str] = Field(description="loaded model id -> execution provider")
+    loading: dict[str, str] = Field(default_factory=dict, description="each model not loaded yet -> what it is "
+                                    "doing (waiting, loading its weights and tokenizer, building its graphs (n of "
+                                    "m: ...)); models load in the order ATTNSCOPE_MODELS names them, and a request "
+                                    "for one still loading answers 503 with Retry-After",
+                                    examples=[{"smollm2": "building its graphs (3 of 25: decoding graph)",
+                                               "gemma3": "waiting"}])
+    graphs_built: int = Field(description="ONNX graphs this process has built: a served model's are built while it "
+                              "loads (exported ones only when not in the graph cache), none by a request")
     version: str = Field(description="attnscope version")
     running: int = Field(description="model runs in flight now")
     waiting: int = Field(description="requests waiting for a run slot")

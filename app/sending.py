@@ -189,7 +189,7 @@ class Sending:
                 done, _ = await asyncio.wait({run}, timeout=every)
                 if progress is not None and progress.total and (progress.done, progress.total) != shown:
                     shown = (progress.done, progress.total)
-                    yield wire.to_json({"progress": {"layer": shown[0], "layers": shown[1]}}) + b"\n"
+                    yield wire.to_json({"progress": plan.progress_line(progress)}) + b"\n"
                 if done:
                     break
             try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import resource
+import sys
 import time
 from dataclasses import dataclass
 
@@ -287,12 +288,21 @@ def protocol(limits: Limits) -> type[GuardedHttpTools]:
     return type("AttnscopeHttp", (GuardedHttpTools,), {"limits": limits})
 
 
+def page_url(host: str, port: int) -> str:
+    """The page's address for a server listening on host:port (every address: the loopback one)."""
+    shown = "127.0.0.1" if host in WILDCARD else host
+    return f"http://{'[' + shown + ']' if ':' in shown else shown}:{port}/"
+
+
 def serve(settings: Settings, host: str | None = None, port: int | None = None, log_level: str = "info") -> None:
     """Run the app with uvicorn and the guarded protocol until interrupted."""
     import uvicorn
 
     host = settings.host if host is None else host
+    port = settings.port if port is None else port
     limits = Limits.from_settings(settings, host)
-    uvicorn.run("attnscope.app.main:app", host=host, port=settings.port if port is None else port,
+    print(f"attnscope: serving on {page_url(host, port)} (it answers at once; the models load in the background, "
+          f"in order: /healthz says which are ready)", file=sys.stderr, flush=True)
+    uvicorn.run("attnscope.app.main:app", host=host, port=port,
                 http=protocol(limits), loop="auto", timeout_keep_alive=settings.timeout_idle,
                 log_level=log_level, timeout_graceful_shutdown=10)

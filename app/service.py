@@ -10,6 +10,10 @@ It knows nothing of HTTP: its refusals are app/errors.py's.
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +21,8 @@ import anyio
 
 from ..runtime import Runtime
 from ..runtime.encdec import EncoderDecoderRuntime
-from ..sources import ModelUnavailable, resolve, split_entry
+from ..runtime.sessions import check_providers, open_helpers
+from ..sources import ModelSpec, ModelUnavailable, resolve, split_entry
 from .errors import BadBody, Refused, StartupError
 from .jobs import Jobs
 from .plans import Planner
@@ -32,53 +37,128 @@ log = logging.getLogger("attnscope")
 class AttentionService:
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.runtimes: dict[str, Runtime] = {}
+        self.runtimes: dict[str, Runtime] = {}       # the loaded models (replaced, never changed, as each loads)
+        self.states: dict[str, str] = {}             # every configured model -> its state while it loads, then "ready"
+        self.loaded = threading.Event()              # every model is loaded
         self.runner = Runner(settings.max_inflight, settings.max_queue, settings.cache_mb * 2**20)
         self.sending = Sending(settings.max_sending_mb * 2**20, settings.max_renders)
-        self.plans = Planner(self.runtimes, settings)
+        self.plans = Planner(self.runtimes, settings, self.states)
         self.jobs = Jobs(settings)
         self._job_posts = None
 
     def load(self) -> None:
-        """Build every configured model and open its session (exporting the graph on first start).
-        Whatever stops a model from loading becomes one StartupError line naming the fix."""
+        """Build every configured model and open every graph its features run (exporting on first start), here and
+        now: what a program that embeds the app (a test's TestClient) wants. Whatever stops a model from loading
+        becomes one StartupError line naming the fix."""
+        specs = self.resolve()
+        for spec in specs:
+            self._load_one(spec)
+        self._all_loaded()
+        self.jobs.open()
+
+    def start(self) -> None:
+        """What the server does at start: check the configuration (an unknown model or provider stops the server
+        before it listens), take over the jobs folder, then load the models one after another in a background
+        thread while the server answers: /healthz and the page at once (each model's state: waiting, loading,
+        building its graphs), a request for a model still loading 503 (errors.Loading). A model that fails to load
+        stops the server with its one line, as at start."""
+        specs = self.resolve()
+        open_helpers()
+        self.jobs.open()
+        threading.Thread(target=self._load_in_background, args=(specs,), daemon=True, name="attnscope-load").start()
+
+    def resolve(self) -> list[ModelSpec]:
+        """Each ATTNSCOPE_MODELS entry as a spec (its files found, its config read; nothing loaded yet), its id
+        unique, its token limit applied; the providers checked. Each configured model is then "waiting"."""
         st = self.settings
-        seen: set[str] = set()
+        if st.providers:
+            try:
+                check_providers(st.providers)
+            except ValueError as e:
+                raise StartupError(f"{e}; fix: set ATTNSCOPE_PROVIDERS to available ones, or leave it empty for the "
+                                   f"default") from None
+        specs, seen = [], set()
         for entry in st.models:
             model_id = split_entry(entry)[0]
             try:
                 spec = resolve(entry, st.model_dirs(), cache=st.cache)
-                if spec.id in seen:
-                    raise StartupError(f"ATTNSCOPE_MODELS names {spec.id!r} twice; give each model its own name")
-                seen.add(spec.id)
-                if model_id in st.max_tokens:  # ATTNSCOPE_MAX_TOKENS: up to the model's positions
-                    spec = replace(spec, max_tokens=st.max_tokens[model_id])
-                kind = EncoderDecoderRuntime if spec.kind == "encoder-decoder" else Runtime
-                rt = kind(spec, providers=st.providers or None, threads=st.threads, cache_dir=st.cache,
-                          stop_early_mb=st.stop_early_mb, memory_mb=st.memory_mb, work_tflop=st.work_tflop)
-                if not 2 <= spec.max_tokens <= rt.cfg.max_positions:
-                    raise StartupError(f"ATTNSCOPE_MAX_TOKENS: {model_id}={spec.max_tokens}, but it takes 2 to "
-                                       f"{rt.cfg.max_positions} tokens (its positions); fix: set a limit in that range")
-                caps = rt.capabilities
-                if caps.stacked:
-                    rt.session(stages=False)
-                if not (caps.stacked and self.plans.fits_stacked(rt, rt.spec.max_tokens)):
-                    rt.layerwise(st.checkpoint_every, st.layerwise_group_mb).open()   # long texts: their graphs too
             except ModelUnavailable as e:
                 raise StartupError(f"model {model_id!r}: {e}") from None
             except KeyError as e:
                 raise StartupError(f"ATTNSCOPE_MODELS: {e.args[0]}; or give NAME=PATH (a Hugging Face folder or a "
                                    f".gguf file) or NAME=hf:ORG/REPO") from None
-            except ValueError as e:  # the runtime's word for a bad option (e.g. an unknown execution provider)
-                raise StartupError(f"model {model_id!r}: {e}; fix: set ATTNSCOPE_PROVIDERS to available ones, or "
-                                   f"leave it empty for the default") from None
-            except OSError as e:
-                raise StartupError(f"model {model_id!r}: cannot write its ONNX graph ({e}); fix: point "
-                                   f"ATTNSCOPE_CACHE at a writable folder") from None
-            self.runtimes[model_id] = rt
-            log.info("%s ready on %s", model_id, rt.provider)
+            if spec.id in seen:
+                raise StartupError(f"ATTNSCOPE_MODELS names {spec.id!r} twice; give each model its own name")
+            seen.add(spec.id)
+            if model_id in st.max_tokens:  # ATTNSCOPE_MAX_TOKENS: up to the model's positions
+                spec = replace(spec, max_tokens=st.max_tokens[model_id])
+            specs.append(spec)
+        self.states.update({spec.id: "waiting" for spec in specs})
+        self.plans.specs = {spec.id: spec for spec in specs}
+        return specs
+
+    def _load_one(self, spec: ModelSpec) -> None:
+        """One model: its weights and tokenizer, then every graph its features run (Runtime.prepare), its state
+        updated at each step; then it is served."""
+        st, model_id = self.settings, spec.id
+        self.states[model_id] = "loading its weights and tokenizer"
+        try:
+            kind = EncoderDecoderRuntime if spec.kind == "encoder-decoder" else Runtime
+            options = {} if kind is EncoderDecoderRuntime else {"stacked_mb": st.layerwise_mb}
+            rt = kind(spec, providers=st.providers or None, threads=st.threads, cache_dir=st.cache,
+                      stop_early_mb=st.stop_early_mb, memory_mb=st.memory_mb, work_tflop=st.work_tflop, **options)
+            if not 2 <= spec.max_tokens <= rt.cfg.max_positions:
+                raise StartupError(f"ATTNSCOPE_MAX_TOKENS: {model_id}={spec.max_tokens}, but it takes 2 to "
+                                   f"{rt.cfg.max_positions} tokens (its positions); fix: set a limit in that range")
+
+            def step(done: int, total: int, name: str) -> None:
+                self.states[model_id] = f"building its graphs ({done} of {total}: {name})"
+            if isinstance(rt, EncoderDecoderRuntime):
+                self.states[model_id] = "building its graph"
+                rt.session()
+            else:
+                rt.prepare(st.checkpoint_every, st.layerwise_group_mb, step)
+        except ModelUnavailable as e:
+            raise StartupError(f"model {model_id!r}: {e}") from None
+        except ValueError as e:  # the runtime's word for a bad option (e.g. an unknown execution provider)
+            raise StartupError(f"model {model_id!r}: {e}; fix: set ATTNSCOPE_PROVIDERS to available ones, or "
+                               f"leave it empty for the default") from None
+        except OSError as e:
+            raise StartupError(f"model {model_id!r}: cannot write its ONNX graph ({e}); fix: point "
+                               f"ATTNSCOPE_CACHE at a writable folder") from None
+        self.runtimes = self.plans.runtimes = {**self.runtimes, model_id: rt}
+        self.states[model_id] = "ready"
+        log.info("%s ready on %s", model_id, rt.provider)
+
+    def _all_loaded(self) -> None:
         self.plans.precompute()
-        self.jobs.open()
+        self.loaded.set()
+
+    def _load_in_background(self, specs: list[ModelSpec]) -> None:
+        started = time.perf_counter()
+        try:
+            for spec in specs:
+                self._load_one(spec)
+            self._all_loaded()
+            log.info("every model loaded in %.1f s", time.perf_counter() - started)
+        except StartupError as e:
+            self._stop(str(e))
+        except Exception as e:  # noqa: BLE001 - a bug: say so in the same one line, without a traceback's paths
+            log.exception("loading the models failed")
+            self._stop(f"loading the models failed ({type(e).__name__}); please report it")
+
+    @staticmethod
+    def _stop(line: str) -> None:
+        """A model that cannot load stops the server as a failed start does: its one line, exit status 3 (the port
+        is already open, so the lifespan's failure can no longer say it)."""
+        sys.stderr.write(f"attnscope: cannot start: {line}\n")
+        sys.stderr.flush()
+        os._exit(3)
+
+    @property
+    def loading(self) -> dict[str, str]:
+        """The models not loaded yet -> their state (empty once every model is served)."""
+        return {m: state for m, state in self.states.items() if state != "ready"}
 
     def job_posts(self):
         """The worker threads that read posted jobs: one at a time. Reading an upload is CPU work under the GIL (JSON,
@@ -134,4 +214,4 @@ class AttentionService:
                           local_layers=list(rt.cfg.local_layers), sliding_window=rt.cfg.sliding_window,
                           head_roles=list(rt.spec.head_roles), explanation=rt.spec.explanation,
                           capabilities=rt.capabilities.record())
-                for i, rt in self.runtimes.items()]
+                for i, rt in list(self.runtimes.items())]

@@ -75,12 +75,13 @@ def free_port() -> int:
 
 
 def wait_until_up(url: str, proc: subprocess.Popen, timeout: float = 180, log: Path | None = None) -> None:
-    """Poll /healthz until it answers 200; raise if the process exits or the time runs out (with the end of
-    the server's stderr `log`, when given)."""
+    """Poll /healthz until every model is loaded (it answers at once, `status` "loading" until then); raise if the
+    process exits or the time runs out (with the end of the server's stderr `log`, when given)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+            r = httpx.get(url + "/healthz", timeout=2)
+            if r.status_code == 200 and r.json()["status"] == "ok":
                 return
         except httpx.HTTPError:
             pass

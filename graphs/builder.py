@@ -12,6 +12,9 @@ variant of a model's graph reads the same weights, and onnxruntime never folds t
 """
 from __future__ import annotations
 
+import threading
+from collections import Counter
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -151,7 +154,20 @@ class Graph:
         return self.op("Add", self.op("Log", s), m if keepdims else self.op("Squeeze", m, self.const(np.array([-1]))))
 
 
+BUILT: Counter[str] = Counter()   # graphs this process has made, by name: every graph is made here (model_proto)
+_BUILT_LOCK = threading.Lock()
+
+
+def built() -> int:
+    """How many graphs this process has made (a server makes its models' at start, none in a request: /healthz)."""
+    return sum(BUILT.values())
+
+
 def model_proto(g: Graph, inputs: list, outputs: list, name: str) -> onnx.ModelProto:
+    """The one place a graph is made: every exported, layer-by-layer, cut and helper graph passes here (and is
+    counted in BUILT)."""
+    with _BUILT_LOCK:
+        BUILT[name] += 1
     graph = helper.make_graph(g.nodes, name, inputs, outputs, g.inits)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="attnscope", doc_string="attnscope: attention, exactly")

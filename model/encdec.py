@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from scipy.special import log_softmax
 
 from .precision import COMPUTE, scalar
 from .attention import CrossAttention
@@ -327,6 +326,7 @@ class EncoderDecoder:
         hidden = y if self.dec_ln_f is None else self.dec_ln_f(y)                                 # [B, T, D]
 
         logits = self.logits(hidden)                                                               # [B, T, V]
+        from scipy.special import log_softmax   # on first use (see functional.gelu)
         logp = log_softmax(logits.astype(np.float64), axis=-1)
         following = np.concatenate([dec[:, 1:], np.zeros((B, 1), np.int64)], axis=1)             # x_{t+1}, [B, T]
         logp_next = np.take_along_axis(logp, following[..., None], -1)[..., 0]

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
-from scipy.special import erf, expit
 
 from .precision import COMPUTE, scalar, widen
 
@@ -42,6 +41,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float = 1e-6) -> np.ndarray
 
 def gelu(x: np.ndarray) -> np.ndarray:
     """GELU, the exact form x * Phi(x) with the Gaussian CDF written through erf (not the tanh fit)."""
+    from scipy.special import erf   # scipy on first use: imported at the top it was a fifth of the server's start
     return (0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))).astype(x.dtype, copy=False)
 
 
@@ -53,6 +53,7 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 def silu(x: np.ndarray) -> np.ndarray:
     """SiLU (swish), x * sigmoid(x): the gate's activation in SwiGLU."""
+    from scipy.special import expit
     return x * expit(x)
 
 

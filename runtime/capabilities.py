@@ -17,18 +17,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..model.precision import COMPUTE, Precision
+from ..model.transformer import SQUARE_STAGES
 from ..model.weights import state_dict
 
 SHARE = 0.45            # of the memory budget one model's weights may take and still run whole (or in NumPy)
 SMALL = 1 << 30         # weights up to this many bytes keep onnxruntime's memory arenas (faster; an arena keeps its
 #                         peak for good, which for a big model is GBs of widened weights)
-SIZE = ("stacked", "numpy", "circuits", "importance")   # what the weights' size and the work allow on this machine
+SIZE = ("stacked", "numpy", "circuits", "importance", "stages")   # what the weights' size and the work allow here
 # The page's tabs (app/pages.py VIEWS, by their ids) and the parts inside them, by what the model's kind and family
 # allow: one entry each in the record, so the page shows a feature a model cannot do as disabled with its one short
 # reason (`short`), and asks each tab only for what the model can answer.
-PAGE = ("head", "lines", "model", "summary", "entropy", "stages", "compare", "corpus", "effects", "lens", "atlas",
+PAGE = ("head", "lines", "model", "summary", "entropy", "compare", "corpus", "effects", "lens", "atlas",
         "why", "head_lens", "attribution", "patching", "knockout", "predictions", "generate", "jobs")
-FEATURES = SIZE + PAGE   # "circuits" is a size feature and a tab (its view id): one entry
+FEATURES = SIZE + PAGE   # "circuits" and "stages" are size features and tabs (their view ids): one entry each
 # The features of a family that make a decomposition inexact (Planner._decomposable names them at length; the record
 # in a few words): (the config field, its short name).
 BENDS = {"qk_norm": "QK-norm", "attn_softcap": "attention soft-capping", "output_norms": "post-norms",
@@ -76,8 +77,11 @@ class Capabilities:
                 "short": {f: self.short[f] for f in FEATURES if f in self.short}}
 
     @classmethod
-    def of(cls, model, memory_bytes: int, work_flop: float, source: str = "zoo") -> Capabilities:
-        """source: where the model came from (sources/): corpus jobs build zoo models only."""
+    def of(cls, model, memory_bytes: int, work_flop: float, source: str = "zoo",
+           stages_tokens: int | None = None) -> Capabilities:
+        """source: where the model came from (sources/): corpus jobs build zoo models only. stages_tokens: the most
+        tokens a run of the stages graph takes (the planner's limit); None: the stages graph is priced at the
+        model's positions."""
         weights = list(state_dict(model).values())
         n = sum(int(w.size) for w in weights)
         stored = sum(int(w.nbytes) for w in weights)
@@ -103,6 +107,17 @@ class Capabilities:
                                          f"turn (a forward pass from the head's layer each): ~{flop / 1e12:.0f} TFLOP "
                                          f"for 64 tokens, above the {work_flop / 1e12:g} TFLOP a request may take "
                                          f"(ATTNSCOPE_WORK_TFLOP); patch chosen heads instead (/api/patching)")
+            T = stages_tokens or cfg.max_positions
+            peak = stages_bytes(cfg, T)
+            if "stacked" in reasons:
+                reasons["stages"] = ("the stages of a head come from the graph that runs every layer at once, and "
+                                     + reasons["stacked"].split(":")[0])
+            elif stored + peak > memory_bytes:
+                reasons["stages"] = (f"a run of the stages graph at {T} tokens holds ~{gb(peak)} (every layer's scores, "
+                                     f"scaled and masked scores and probabilities"
+                                     f"{', and the logits over the vocabulary' if cfg.lm_head else ''}) besides "
+                                     f"{whole}: more than the {gb(memory_bytes)} memory budget (ATTNSCOPE_MEMORY_MB); "
+                                     f"its graph is not built")
         caps.short.update(_page(model, source, reasons))
         return caps
 
@@ -152,6 +167,8 @@ def _page(model, source: str, reasons: dict[str, str]) -> dict[str, str]:
         refuse(["circuits"], "over the work a request may take (ATTNSCOPE_WORK_TFLOP)")
     if "importance" in reasons:
         refuse(["importance"], "over the work a request may take (ATTNSCOPE_WORK_TFLOP)")
+    if "stages" in reasons:
+        refuse(["stages"], "its Steps graph does not fit this machine's memory budget (ATTNSCOPE_MEMORY_MB)")
     if source != "zoo":
         refuse(["jobs", "atlas"], "not a zoo model: corpus jobs run zoo models")
     return short
@@ -175,3 +192,13 @@ def memory_total() -> int:
     import os
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
+
+def stages_bytes(cfg, tokens: int) -> int:
+    """What one run of the stages graph holds at its peak over `tokens` tokens, float32: every layer's square stages
+    (scores, scaled, masked) and probabilities [L, H, T, T]; its stream, queries, keys, values and contexts; and, with
+    an LM head, two [T, V] arrays of logits (the logits and their log-softmax)."""
+    L, H, T = cfg.n_layers, cfg.n_heads, tokens
+    square = (len(SQUARE_STAGES) + 1) * L * H * T * T
+    rows = L * T * (cfg.d_model + 4 * H * cfg.d_head)
+    logits = 2 * T * cfg.vocab_size if cfg.lm_head else 0
+    return COMPUTE.itemsize * (square + rows + logits)

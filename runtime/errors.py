@@ -4,3 +4,8 @@ model): a ValueError whose message says what to change. The web layer answers it
 
 class InputError(ValueError):
     """The input cannot be run as given; the message says what to change."""
+
+
+class Stopped(Exception):
+    """A run stopped between its pieces because nobody waits for its result any more (its client went away or
+    cancelled it): it has no result, and nothing is kept of it."""

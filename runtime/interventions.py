@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from ..model.masks import MASKED
 from ..model.functional import soft_cap
 from ..model.precision import COMPUTE, widen
 from ..model.transformer import LM_OUTPUTS, logits
-from .errors import InputError
+from .errors import InputError, Stopped
 from .results import Encoding
 
 Ablation = Literal["zero", "mean"]
@@ -46,6 +46,9 @@ def head_masks(ablate: Sequence[Sequence[int]], ablation: Ablation, layers: int,
     for layer, head in ablate:
         keep[0, layer, head] = 0.0
     return keep, (1.0 - keep) if ablation == "mean" else np.zeros_like(keep)
+
+
+Progress = Callable[[int, int], None]   # (runs done, runs in all): rows of edits run
 
 
 @dataclass
@@ -148,12 +151,14 @@ class Interventions:
 
     # ---- edited runs -----------------------------------------------------------------------------------------------
     def run(self, base: Trace, rows: Sequence[Sequence[Edit]], readout: Readout = "logits",
-            reuse: bool = True, metric: Metric | None = None) -> dict[str, np.ndarray]:
+            reuse: bool = True, metric: Metric | None = None, progress: Progress | None = None,
+            stop: Callable[[], bool] | None = None) -> dict[str, np.ndarray]:
         """Every row's edits made to `base`'s run: {"logits": [B, V]} (the last position's next-token logits), or
         with `metric` {"metric": [B]}, each batch's logits reduced as it comes (only the two a logit difference reads
         are computed: never [rows, V] at once); or the final graph's outputs {"hidden" [B, T, D],
         "next_token_logits", "token_logprobs"}. reuse=False runs every row from the embeddings' output, every block
-        recomputed, one row at a time (the plain way, for comparison: the same numbers)."""
+        recomputed, one row at a time (the plain way, for comparison: the same numbers). progress(rows done, rows)
+        after each batch; stop(): checked before each batch, True raises Stopped (nobody waits for the result)."""
         first = [min((e.layer for e in row), default=self.rt.cfg.n_layers) if reuse else 0 for row in rows]
         order = sorted(range(len(rows)), key=lambda b: first[b])
         size = self.batch if reuse else 1
@@ -161,11 +166,15 @@ class Interventions:
         with self.lw.busy:
             n = 0
             while n < len(order):
+                if stop is not None and stop():
+                    raise Stopped(f"stopped after {n} of {len(order)} runs: nobody waits for the result")
                 chunk = [b for b in order[n:n + size] if first[b] == first[order[n]]]
                 n += len(chunk)
                 for name, value in self._rows(base, [rows[b] for b in chunk], first[chunk[0]], readout,
                                               reuse, metric).items():
                     out.setdefault(name, []).append((chunk, value))
+                if progress is not None:
+                    progress(n, len(order))
         result = {}
         for name, parts in out.items():
             value = np.empty((len(rows),) + parts[0][1].shape[1:], parts[0][1].dtype)
@@ -271,7 +280,8 @@ def _knocked(mask: np.ndarray, here: list[list[Edit]], heads: int) -> np.ndarray
 
 
 def head_importance(rt, text: str | Encoding, *, ablation: Ablation = "zero", batch: int = BATCH,
-                    pair: str | None = None) -> tuple[np.ndarray, float]:
+                    pair: str | None = None, progress: Progress | None = None,
+                    stop: Callable[[], bool] | None = None) -> tuple[np.ndarray, float]:
     """Each head's single-head ablation effect on a text (or its Encoding), for every head: [L, H], and the intact
     run's value.
 
@@ -284,7 +294,7 @@ def head_importance(rt, text: str | Encoding, *, ablation: Ablation = "zero", ba
     iv = Interventions(rt, batch)
     base = iv.trace(enc)
     rows = [ablation_edits([(layer, head)], ablation, base) for layer in range(L) for head in range(H)]
-    out = iv.run(base, rows, "outputs")
+    out = iv.run(base, rows, "outputs", progress=progress, stop=stop)
     if rt.cfg.lm_head:
         intact = float(np.mean(base.token_logprobs[1:])) if base.T > 1 else 0.0
         values = out["token_logprobs"][:, 1:].mean(axis=1) if base.T > 1 else np.zeros(len(rows))

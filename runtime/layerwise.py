@@ -151,7 +151,9 @@ class Layerwise:
         self.rt, self.every, self.group_mb = rt, int(checkpoint_every), float(group_mb)
         if graphs is not None:
             self._sessions, self._lock, self.busy = graphs._sessions, graphs._lock, graphs.busy
+            self.opened = graphs.opened
             return
+        self.opened = False            # every graph a run may use is open (`open`): none is built after
         self._sessions: dict[tuple[str, ...] | str, Session] = {}
         self._lock = threading.Lock()
         self.busy = threading.Lock()   # one layer-by-layer run of this model at a time: its memory is the bound
@@ -169,10 +171,14 @@ class Layerwise:
 
     def session(self, which: str | tuple) -> Session:
         """"embed", "block_in", "block_out", "final", or ("attend", outputs, causal); built in memory on first use
-        (the graphs are small: their weights are inputs). Sessions take turns: none keeps a planned memory block."""
+        (the graphs are small: their weights are inputs), or, once `open` has run (a server's start), the open graph
+        that serves it: an attend graph not opened then is served by the superset opened for it (`superset`), so no
+        run builds a graph. Sessions take turns: none keeps a planned memory block."""
         sess = self._sessions.get(which)
         if sess is not None:
             return sess
+        if self.opened and isinstance(which, tuple) and which[0] == "attend":
+            return self.session(superset(which))
         with self._lock:
             if which not in self._sessions:
                 model = self.rt.model
@@ -191,15 +197,30 @@ class Layerwise:
                                                 tf32=self.rt.tf32)
             return self._sessions[which]
 
-    def open(self) -> None:
-        """Build and open the graphs every run uses (in memory, a fraction of a second each), so the first does not
-        wait: the first run's, and those of the page's head and line views (one head's matrix, its top-k keys)."""
+    def needed(self) -> list[str | tuple]:
+        """The graphs every run of this model uses, opened at a server's start (`open`): the walk's own, the attend
+        graphs of the first run and of the page's head and line views (one head's matrix, its top-k keys), those of
+        runs with edits (runtime/interventions.py: the heads' outputs alone, or with the pattern of some), and for
+        either mask the supersets that serve every other combination of outputs."""
         causal = self.rt.cfg.causal
-        for which in ("embed", "block_in", "block_out", "final", ("attend", ROWS, causal),
-                      ("attend", ROWS + ("thumbnail",), causal), ("attend", ROWS + ("thumbnail_even",), causal),
-                      ("attend", Want(attention=True).block_outputs(), causal),
-                      ("attend", Want(top_k=1).block_outputs(), causal)):   # k is a graph input
+        exact = [("attend", ROWS, causal), ("attend", ROWS + ("thumbnail",), causal),
+                 ("attend", ROWS + ("thumbnail_even",), causal),
+                 ("attend", Want(attention=True).block_outputs(), causal),
+                 ("attend", Want(top_k=1).block_outputs(), causal),          # k is a graph input
+                 ("attend", (), causal)]
+        supersets = [superset(("attend", thumbnail, c)) for c in (causal, not causal)
+                     for thumbnail in ((), ("thumbnail",), ("thumbnail_even",))]
+        return ["embed", "block_in", "block_out", "final", *dict.fromkeys(exact + supersets)]
+
+    def open(self, step: Callable[[int, int], None] | None = None) -> None:
+        """Build and open every graph in `needed` (in memory, a fraction of a second each), so that no run waits
+        for one or builds one; step(done, total) after each."""
+        todo = self.needed()
+        for n, which in enumerate(todo):
             self.session(which)
+            if step:
+                step(n + 1, len(todo))
+        self.opened = True
 
     def layer_mask(self, layer: int, mask: np.ndarray) -> np.ndarray:
         """The additive mask layer `layer` attends with: TransformerBlock.local_mask, the run's mask plus a local
@@ -213,8 +234,12 @@ class Layerwise:
     def run_graph(self, which, feeds: dict[str, np.ndarray], outputs: list[str], release: bool = False,
                   layer: int | None = None):
         """One session run -> {output: array}; layer: whose weights a block graph binds. release: give the session's
-        memory arena back afterwards."""
-        return dict(zip(outputs, self.session(which).run(outputs, feeds, layer=layer, release=release)))
+        memory arena back afterwards. A superset's inputs that this run does not read get neutral values (unread)."""
+        sess = self.session(which)
+        missing = sess.inputs - set(sess.bound) - feeds.keys()
+        if missing:
+            feeds = feeds | unread_inputs(sess, missing, feeds["attention_mask"].shape[-1])
+        return dict(zip(outputs, sess.run(outputs, feeds, layer=layer, release=release)))
 
     def _block(self, layer: int, x: np.ndarray, inputs: dict, outputs: tuple[str, ...], causal: bool, extra: dict,
                heads=(), top_k: int = 0, next_x: bool = True, release: bool = False) -> dict[str, np.ndarray]:
@@ -356,6 +381,37 @@ class Layerwise:
                     progress(n + 1, len(steps))
         return replace(base, thumbnails=base.thumbnails | ({R: thumbnails} if R else {}),
                        asked=asked if want.block_outputs() else None, seconds=time.perf_counter() - t0)
+
+# What any request may ask of an attend graph beyond its rows (graphs/reductions.py OUTPUTS): a superset graph
+# computes them all, for the asked heads (none: empty), and a run reads the outputs it asked for.
+ASKABLE = ("attention", "top_weights", "top_keys", "duplicate")
+
+
+def superset(which: tuple) -> tuple:
+    """The attend graph opened at start that serves ("attend", outputs, causal): every row, every askable output,
+    and the thumbnail output asked (the two kinds read their pool input differently: one superset each)."""
+    _, outputs, causal = which
+    thumbnail = tuple(name for name in ("thumbnail", "thumbnail_even") if name in outputs)
+    if len(thumbnail) > 1:
+        raise ValueError("an attend graph has one kind of thumbnail output")
+    served = ROWS + PAIR_ROWS + thumbnail + ASKABLE
+    unknown = set(outputs) - set(served)
+    if unknown:
+        raise ValueError(f"no attend graph computes {sorted(unknown)}")
+    return ("attend", served, causal)
+
+
+def unread_inputs(sess: Session, names, T: int) -> dict[str, np.ndarray]:
+    """Neutral values for a graph's inputs that feed only outputs the run does not read: no asked heads, k 1, zero
+    key sets (each at its declared shape, its token axes T long)."""
+    out = {}
+    for i in sess.get_inputs():
+        if i.name in names:
+            shape = [0 if d == "asked" else T if d == "tokens" else d if isinstance(d, int) else 1 for d in i.shape]
+            out[i.name] = (np.ones(shape, np.int64) if i.name == "top_k" else
+                           np.zeros(shape, np.int64 if "int64" in i.type else COMPUTE))
+    return out
+
 
 def head_groups(H: int, groups: int) -> list[tuple[int, int]]:
     """[first, end) heads of each of `groups` consecutive groups, as even as can be."""

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
 
 from ..analysis.effects import Metric, recovery
 from ..model.interventions import HEAD_SITES, Edit, knockout
 from .errors import InputError
-from .interventions import Interventions, Trace
+from .interventions import Interventions, Progress, Trace
 from .results import Encoding
 
 Direction = Literal["denoise", "noise"]
@@ -65,9 +65,10 @@ def rows_of(site: str, per_position: bool, source: Trace, L: int, H: int) -> tup
 
 def patch(rt, clean: Encoding, corrupt: Encoding, metric: Metric, *, site: str = "head_output",
           per_position: bool = False, direction: Direction = "denoise", batch: int | None = None,
-          reuse: bool = True) -> Patching:
+          reuse: bool = True, progress: Progress | None = None, stop: Callable[[], bool] | None = None) -> Patching:
     """Patch every (layer, head) -- every (layer, head, position) with per_position -- of `site` between the two
-    texts (the same token count), in `direction`."""
+    texts (the same token count), in `direction`. progress(runs done, runs) as the patched runs go; stop() between
+    them (Interventions.run)."""
     if site not in HEAD_SITES + ("residual",):
         raise InputError(f"unknown site {site!r}; patch one of {', '.join(HEAD_SITES + ('residual',))}")
     if len(clean.ids) != len(corrupt.ids):
@@ -79,7 +80,8 @@ def patch(rt, clean: Encoding, corrupt: Encoding, metric: Metric, *, site: str =
     base, source = (traces["corrupt"], traces["clean"]) if direction == "denoise" else \
         (traces["clean"], traces["corrupt"])
     rows, shape = rows_of(site, per_position, source, rt.cfg.n_layers, rt.cfg.n_heads)
-    patched = iv.run(base, rows, "logits", reuse=reuse, metric=metric)["metric"].reshape(shape)
+    patched = iv.run(base, rows, "logits", reuse=reuse, metric=metric, progress=progress,
+                     stop=stop)["metric"].reshape(shape)
     c, k = (float(metric(traces[name].logits)) for name in ("clean", "corrupt"))
     return Patching(clean.tokens, site, direction, metric, c, k, patched, recovery(patched, c, k), time.perf_counter() - t0)
 

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -42,11 +42,13 @@ class Runtime:
 
     def __init__(self, spec: ModelSpec, providers: Sequence[str] | None = None, threads: int = 0,
                  cache_dir: str | Path = DEFAULT_CACHE, stop_early_mb: float = 0, memory_mb: float | None = None,
-                 work_tflop: float = WORK_TFLOP, tf32: bool = False):
+                 work_tflop: float = WORK_TFLOP, tf32: bool = False, stacked_mb: float | None = None):
         """stop_early_mb: what the graphs that stop early (depth_for) may hold; 0: runs always go to the end.
         memory_mb: the memory budget its capabilities are decided against (None: 85 % of this machine's);
         work_tflop: what one request's analysis may cost (runtime/capabilities.py); tf32: on a GPU, float32 matrix
-        products in TF32 (a fast mode, labelled: its error is measured by bench/gpu.py); off, they are exact."""
+        products in TF32 (a fast mode, labelled: its error is measured by bench/gpu.py); off, they are exact.
+        stacked_mb: the most a stacked run's attention output may hold (the planner's ATTNSCOPE_LAYERWISE_MB): with
+        the token limit, the longest text the stages graph runs, which its capability is priced at."""
         self.spec = spec
         self.cache_dir = Path(cache_dir)
         self.model = spec.load_model(self.cache_dir)
@@ -59,7 +61,11 @@ class Runtime:
         self.tf32 = tf32
         self.weights = Weights(self.model, device_of(self.providers))   # bound by every session's runs
         memory = memory_total() * 0.85 if memory_mb is None else memory_mb * 2**20
-        self.capabilities = Capabilities.of(self.model, memory, work_tflop * 1e12, spec.source)
+        tokens = spec.max_tokens
+        if stacked_mb:
+            cfg = self.cfg
+            tokens = min(tokens, int((stacked_mb * 2**20 / (cfg.n_layers * cfg.n_heads * COMPUTE.itemsize)) ** 0.5))
+        self.capabilities = Capabilities.of(self.model, memory, work_tflop * 1e12, spec.source, tokens)
         self.threads = threads
         self.stop_early_mb = stop_early_mb
         self._sessions: dict[bool | str, object] = {}
@@ -271,6 +277,37 @@ class Runtime:
         if self.stop_early_mb <= 0 or not self.capabilities.stacked:
             return None
         return min(1 << last_layer.bit_length(), self.cfg.n_layers)
+
+    def depths(self) -> list[int]:
+        """Every depth depth_for may answer: the cut graphs a server opens at start."""
+        return sorted({d for d in (self.depth_for(layer) for layer in range(self.cfg.n_layers)) if d is not None})
+
+    def prepare(self, checkpoint_every: int = 1, group_mb: float = GROUP_MB,
+                step: Callable[[int, int, str], None] | None = None) -> list[str]:
+        """Build and open, now, every graph this model's features run (a server calls it at start, so that no request
+        builds one): the served graph, the teaching stages, the decoding step, the cut graphs, and the layer-by-layer
+        graphs of long texts and of runs with edits. What the model's capabilities refuse (runtime/capabilities.py:
+        decided from its size against the memory budget, before anything is built) is not built: its features are
+        refused by the planner. step(done, total, name) after each graph; returns the graphs' names."""
+        caps, todo = self.capabilities, []
+        if caps.stacked:
+            todo.append(("served graph", lambda: self.session()))
+            if caps.allows("stages"):
+                todo.append(("stages graph", lambda: self.session(stages=True)))
+            if self.cfg.lm_head:
+                todo.append(("decoding graph", lambda: self.session(decode=True)))
+            todo += [(f"graph of the first {d} blocks", lambda d=d: self.session(depth=d)) for d in self.depths()]
+        lw = self.layerwise(checkpoint_every, group_mb)
+        for which in lw.needed():
+            name = which if isinstance(which, str) else f"{which[0]} ({len(which[1])} outputs, " \
+                                                            f"{'causal' if which[2] else 'bidirectional'})"
+            todo.append((f"layer-by-layer {name}", lambda which=which: lw.session(which)))
+        for n, (name, open_) in enumerate(todo):
+            open_()
+            if step:
+                step(n + 1, len(todo), name)
+        lw.opened = True
+        return [name for name, _ in todo]
 
     def open_depths(self) -> list[int]:
         """The depths whose cut graphs are open."""

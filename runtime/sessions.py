@@ -21,7 +21,6 @@ from typing import Sequence
 
 import numpy as np
 
-from ..graphs.builder import IR_VERSION, OPSET
 from ..model.precision import COMPUTE, INDEX
 from ..model.weights import ROPE, arrays, block_arrays
 
@@ -319,15 +318,21 @@ def release_arena():
 @functools.cache
 def _cast_session():
     """A one-node onnxruntime graph, Cast(float32 -> float16), on the exporter's opset and IR version. No arena:
-    it would keep its peak (tens of MB per concurrent cast) for good."""
+    it would keep its peak (tens of MB per concurrent cast) for good. A server opens it at start (open_helpers)."""
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT16)], "to_float16",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    proto.ir_version = IR_VERSION
+    from ..graphs.builder import Graph, model_proto
+
+    g = Graph()
+    g.op("Cast", "x", to=TensorProto.FLOAT16, out="y")
+    proto = model_proto(g, [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)], "to_float16")
     return open_session(proto.SerializeToString(), ["CPUExecutionProvider"], 0, arena=False)
+
+
+def open_helpers() -> None:
+    """Open the process-wide helper graphs (the float16 cast) now, so that no request builds one."""
+    _cast_session()
 
 
 def to_float16(a: np.ndarray) -> np.ndarray:

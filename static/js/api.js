@@ -203,16 +203,36 @@ async function readLines(response, fn) {
   }
 }
 
+/** The streamed runs under way: cancelRuns() aborts them all (the page's Cancel button). */
+const streaming = new Set();
+
 /** Read the request's NDJSON stream (progress lines, then done or error) without its result: the run is then
- *  in the server's cache. */
+ *  in the server's cache. Cancelled (cancelRuns), it rejects with an ApiError of status 0 saying so; the server
+ *  stops a run of many before its next batch once nobody waits for it. */
 async function runWithProgress(path, body) {
   const started = performance.now();
-  const response = await post(path, body, NDJSON, { Prefer: "return=minimal" });
-  await readLines(response, (msg) => { if (msg.progress) progressListener(msg.progress); });
+  const abort = new AbortController();
+  streaming.add(abort);
+  try {
+    const response = await post(path, body, NDJSON, { Prefer: "return=minimal" }, abort.signal);
+    await readLines(response, (msg) => { if (msg.progress) progressListener(msg.progress); });
+  } catch (err) {
+    if (abort.signal.aborted) throw Object.assign(new ApiError(0, "Cancelled: the runs stopped. Press Run to start them again."), { cancelled: true });
+    throw err;
+  } finally {
+    streaming.delete(abort);
+  }
   log.push({ path, body, stream: true, ms: performance.now() - started, end: performance.now() });   // the run is done
 }
 
+/** Stop every streamed run under way (their requests reject; nothing of them is cached here). */
+export function cancelRuns() {
+  for (const abort of streaming) abort.abort();
+  return streaming.size;
+}
+
 const progressThenBinary = (path, body) => runWithProgress(path, body).then(() => fetchBinary(path, body));
+const progressThenJSON = (path, body) => runWithProgress(path, body).then(() => fetchJSON(path, body));
 
 function cached(path, body, load = fetchBinary) {
   const key = cacheKey(path, body);
@@ -240,10 +260,12 @@ export function stages(body) {
 }
 
 /** POST /api/patching (JSON): activation patching of `site` between clean and corrupt texts of the same token
- *  count; the metric reads target (minus distractor). Fields other than the endpoint's own are dropped. */
+ *  count; the metric reads target (minus distractor). Fields other than the endpoint's own are dropped. Its runs
+ *  (one per head) stream their progress first (runs done of all, the time left: the page's bar), and can be
+ *  cancelled (cancelRuns); the answer then comes from the server's cache. */
 export function patching(body) {
   return cached("/api/patching", only(body, ["model", "clean", "corrupt", "target", "distractor", "site",
-    "per_position", "direction", "precision"]), fetchJSON);
+    "per_position", "direction", "precision"]), progressThenJSON);
 }
 
 /** POST /api/knockout (JSON): `queries` stop reading `keys` in layers [first, last]; the prediction before and
@@ -300,4 +322,21 @@ export function jobs() {
 /** GET /api/jobs/{job}/result (JSON): a finished atlas job's result (cached: a finished job never changes). */
 export function atlas({ job }) {
   return cached("/api/jobs/result", { job }, () => getJSON(`/api/jobs/${encodeURIComponent(job)}/result?format=json`));
+}
+
+/** POST /api/jobs (JSON): start a corpus job, {kind, model, corpus: "bundled" | {format, data, column?}, options}.
+ *  The same request is the same job: posting a stopped one again resumes it from its finished chunks. */
+export async function startJob(body) {
+  return (await post("/api/jobs", body, "application/json")).json();
+}
+
+/** DELETE /api/jobs/{id} (JSON): cancel a queued or running job (a running one stops after the chunk under way). */
+export async function cancelJob(id) {
+  let response;
+  try {
+    response = await fetch(`/api/jobs/${encodeURIComponent(id)}`, { method: "DELETE", headers: { Accept: "application/json" } });
+  } catch (err) {
+    throw new ApiError(0, `could not reach the server (${err.message}); is it still running?`);
+  }
+  return (await checked(response)).json();
 }

@@ -1,24 +1,37 @@
-// A layer-by-layer run's progress bar: it appears only once a run has taken over a second (a quick run never flashes it),
-// and shows the layers done as the server streams them (api.js onProgress).
-import { $ } from "./dom.js";
+// The progress bar of a long run: it appears only once a run has taken over a second (a quick run never flashes it),
+// and shows what the server streams (api.js onProgress): the layers done of a layer-by-layer run, or the runs done of
+// a run of many (activation patching: one per head) with the time left; its Cancel button stops the streamed runs
+// (api.js cancelRuns: the server stops them before their next batch).
+import { cancelRuns } from "./api.js";
+import { $, h } from "./dom.js";
 
 const PROGRESS_AFTER_MS = 1000;
 
-/** The bar's controls: start() when a run begins, stop() when it ends, report({layer, layers}) per progress line. */
+/** "about 12 s left" (nothing before the server knows). */
+const left = (s) => (s === null || s === undefined ? "" : ` · about ${s < 60 ? `${Math.ceil(s)} s` : `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`} left`);
+
+/** The bar's controls: start() when a run begins, stop() when it ends, report(line) per progress line: {layer, layers}
+ *  or {runs, runs_total, eta_s}. */
 export function createProgress() {
-  const seen = { timer: 0, done: 0, layers: 0 };
+  const seen = { timer: 0, done: 0, total: 0, unit: "layer", eta: null };
 
   const draw = () => {
     const bar = $("run-progress-bar");
-    if (seen.layers) bar.value = seen.done / seen.layers;
-    else bar.removeAttribute("value");                   // no layer done yet: an indeterminate bar
-    $("run-progress-label").textContent = seen.layers
-      ? `Running the model: layer ${seen.done} of ${seen.layers}` : "Running the model…";
+    if (seen.total) bar.value = seen.done / seen.total;
+    else bar.removeAttribute("value");                   // nothing done yet: an indeterminate bar
+    $("run-progress-label").textContent = !seen.total ? "Running the model…"
+      : seen.unit === "layer" ? `Running the model: layer ${seen.done} of ${seen.total}`
+        : `Running the model: ${seen.done} of ${seen.total} runs${left(seen.eta)}`;
+    const box = $("run-progress");
+    if (!box.querySelector("#run-cancel")) {
+      box.append(h("button", { type: "button", id: "run-cancel", text: "Cancel", title: "stop the runs under way",
+        onclick: () => { if (cancelRuns()) $("run-progress-label").textContent = "Cancelling…"; } }));
+    }
   };
 
   const start = () => {
     clearTimeout(seen.timer);
-    Object.assign(seen, { done: 0, layers: 0 });
+    Object.assign(seen, { done: 0, total: 0, unit: "layer", eta: null });
     $("run-progress").hidden = true;
     seen.timer = setTimeout(() => {
       const box = $("run-progress");
@@ -33,11 +46,11 @@ export function createProgress() {
     $("run-progress").hidden = true;
   };
 
-  /** One progress line of a streamed run: layer = the number of layers done. Several requests of one update
-   *  may stream; the bar shows the furthest. */
-  const report = ({ layer, layers }) => {
-    if (layers > 0 && (layer / layers) >= (seen.layers ? seen.done / seen.layers : 0)) {
-      Object.assign(seen, { done: layer, layers });
+  /** One progress line of a streamed run. Several requests of one update may stream; the bar shows the furthest. */
+  const report = (line) => {
+    const [done, total, unit] = "runs" in line ? [line.runs, line.runs_total, "run"] : [line.layer, line.layers, "layer"];
+    if (total > 0 && (done / total) >= (seen.total ? seen.done / seen.total : 0)) {
+      Object.assign(seen, { done, total, unit, eta: line.eta_s ?? null });
       if (!$("run-progress").hidden) draw();
     }
   };

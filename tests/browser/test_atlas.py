@@ -58,3 +58,59 @@ def test_atlas_tab_draws_the_finder_and_a_heads_dashboard_and_opens_an_example(p
     page.go_back()                                                          # the atlas state is a link: back to it
     wait_drawn(page, "atlas")
     assert console_errors == []
+
+
+def test_atlas_jobs_started_from_the_page_advance_cancel_complete_and_reopen_after_a_reload(page, console_errors,
+                                                                                             atlas_server):
+    """The jobs panel: a job on the bundled corpus started from the page shows its progress advance (texts done of
+    the total, the rate, the time left); one is cancelled, another completes; after a reload the list (the server's
+    /api/jobs) shows both, and the finished one opens."""
+    url, fixture_job, _ = atlas_server
+    page.goto(f"{url}/?view=atlas&model=tiny-gpt&text=the+cat")
+    wait_drawn(page, "atlas")
+    view = page.locator("#view-atlas")
+    expect(view.locator(f".atlas-job[data-job='{fixture_job['id']}']")).to_have_attribute("data-state", "done")
+
+    def start(texts: int) -> str:
+        before = set(view.locator(".atlas-job").evaluate_all("rows => rows.map((r) => r.dataset.job)"))
+        page.fill("#atlas-texts", str(texts))
+        page.click("#atlas-start")
+        expect(view.locator("#atlas-form-note")).to_contain_text("Job ")
+        page.wait_for_function("(n) => document.querySelectorAll('#view-atlas .atlas-job').length > n", arg=len(before))
+        [new] = set(view.locator(".atlas-job").evaluate_all("rows => rows.map((r) => r.dataset.job)")) - before
+        return new
+
+    long_id = start(3000)                                   # ~47 chunks of 64 texts: long enough to watch
+    row = view.locator(f".atlas-job[data-job='{long_id}']")
+    page.wait_for_function("(id) => Number(document.querySelector(`[data-job='${id}']`).dataset.done) > 0",
+                           arg=long_id, timeout=60_000)
+    first = int(row.get_attribute("data-done"))
+    page.wait_for_function("([id, n]) => Number(document.querySelector(`[data-job='${id}']`).dataset.done) > n",
+                           arg=[long_id, first], timeout=60_000)  # it advances, polled with no reload
+    expect(row).to_have_attribute("data-state", "running")
+    expect(row.locator(".atlas-job-progress")).to_contain_text(" of 3,000 texts")
+    expect(row.locator(".atlas-job-progress")).to_contain_text("left")
+    assert 0 < int(row.locator("progress").get_attribute("value")) < 3000
+    row.locator(".atlas-cancel").click()
+    expect(row).to_have_attribute("data-state", "cancelled", timeout=60_000)
+
+    short_id = start(100)
+    expect(view.locator(f".atlas-job[data-job='{short_id}']")).to_have_attribute("data-state", "done", timeout=120_000)
+    expect(page.locator("#atlas-job")).to_contain_text(short_id)  # the menu of finished atlases gained it
+
+    page.reload()
+    wait_drawn(page, "atlas")
+    expect(view.locator(f".atlas-job[data-job='{long_id}']")).to_have_attribute("data-state", "cancelled")
+    expect(view.locator(f".atlas-job[data-job='{long_id}'] .atlas-resume")).to_be_visible()
+    done = view.locator(f".atlas-job[data-job='{short_id}']")
+    expect(done).to_have_attribute("data-state", "done")
+    done.locator(".atlas-open").click()
+    wait_drawn(page, "atlas")
+    assert parse_qs(urlparse(page.url).query)["job"] == [short_id]
+    atlas = httpx.get(f"{url}/api/jobs/{short_id}/result").json()
+    assert atlas["texts"] == 100
+    points = view.locator(".atlas-finder .scatterlayer .point")
+    expect(points).to_have_count(atlas["layers"] * atlas["heads"] + 1)
+    expect(view.locator(".note").first).to_contain_text("100 texts")
+    screenshot(page, "atlas-jobs")
+    assert console_errors == []

@@ -1,17 +1,28 @@
-// Atlas view: a finished atlas job (POST /api/jobs, kind "atlas") read from the server. Left, the Head Finder: every
-// head on two chosen statistics (x_stat, y_stat), those under the filter's floor (y_min on y_stat) greyed, the head
-// list below sorted by `sort`; click a head for its dashboard. Right, the dashboard of head (layer, head): each of its
-// statistics against every head's (percentile among the heads), and its top examples as token strips coloured by
-// the attention from the example's query (its top keys). A click on an example opens that window in the head view,
-// re-run live, with its query pinned. State: job, x_stat, y_stat, y_min, sort, layer, head, example (all in the URL).
+// Atlas view: head atlases over a corpus, computed by jobs on the server (POST /api/jobs, kind "atlas"), started,
+// followed and cancelled here. Top, the jobs panel: a form that starts a job on the bundled corpus or a file read in
+// this browser and sent with the job, and every job the server has (GET /api/jobs: the list survives a reload), each
+// with its progress (texts done of the total, the rate and the time left), Cancel while it is queued or running,
+// Resume once stopped, Open once done. Below, a finished atlas: left, the Head Finder: every head on two chosen
+// statistics (x_stat, y_stat), those under the filter's floor (y_min on y_stat) greyed, the head list below sorted by
+// `sort`; click a head for its dashboard. Right, the dashboard of head (layer, head): each of its statistics against
+// every head's (percentile among the heads), and its top examples as token strips coloured by the attention from
+// the example's query (its top keys). A click on an example opens that window in the head view, re-run live, with its
+// query pinned. State: job, x_stat, y_stat, y_min, sort, layer, head, example (all in the URL); the jobs' progress is
+// the server's, polled while one is under way (ctx.memory.timer).
+import * as api from "../api.js";
 import { h, part, replace } from "../dom.js";
 import { color, fmt, HEAD_COLORS, textOn } from "../scale.js";
 
 export const title = "Atlas";
-export const help = "A head atlas over a corpus, computed by a job on the server (POST /api/jobs; the bundled corpus " +
-  "is sentences of the Python standard library's docstrings). Left: every head on two statistics (the Head Finder) — " +
-  "click one. Right: its statistics against all heads and its top examples, coloured by attention from the example's " +
-  "query; click an example to open it in the head view.";
+export const help = "A head atlas over a corpus, computed by a job on the server: start one below on the bundled " +
+  "corpus (sentences of the Python standard library's docstrings) or on a file of yours, follow it, cancel it; the " +
+  "jobs stay listed after a reload. Open a finished one: left, every head on two statistics (the Head Finder) — " +
+  "click one; right, its statistics against all heads and its top examples, coloured by attention from the " +
+  "example's query; click an example to open it in the head view.";
+
+const POLL_MS = 1000;
+const ACTIVE = ["queued", "running", "cancelling"];
+const FORMATS = { jsonl: "jsonl", csv: "csv", tsv: "tsv" };       // a file's format by its extension; else text
 
 export function requests(st) {
   return [{ endpoint: "jobs", soft: true }, ...(st.job ? [{ endpoint: "atlas", job: st.job, soft: true }] : [])];
@@ -88,9 +99,148 @@ function strip(ex, chosen, open) {
   }));
 }
 
+/** "12 s", "3 min 20 s", "1 h 5 min". */
+function duration(seconds) {
+  const s = Math.round(seconds);
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+  return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
+}
+
+/** A job's progress in words: texts done of the total, and while it runs its rate and the time left. */
+export function progressText(job) {
+  const p = job.progress;
+  const parts = [`${p.texts_done.toLocaleString("en")} of ${p.texts_total.toLocaleString("en")} texts`];
+  if (p.rate) parts.push(`${fmt(p.rate, 1)} texts/s`);
+  if (p.eta_s !== null && p.eta_s !== undefined && job.state === "running") parts.push(`about ${duration(p.eta_s)} left`);
+  return parts.join(" · ");
+}
+
+/** The request that made a job (what POSTing again resumes): known for the bundled corpus only (an upload's text
+ *  stays with the server, which needs it sent again). */
+const again = (job) => (job.corpus === "bundled" ? { kind: job.kind, model: job.model, corpus: "bundled",
+  options: job.options } : null);
+
+/** The form that starts a job: the model (a served model; the server refuses those outside the zoo), the corpus
+ *  (bundled, or a file read here and sent with the job) and how many texts to sample. */
+function jobForm(panel, st, ctx) {
+  const form = part(panel, "form", "form", { class: "view-controls atlas-new", "aria-label": "Start an atlas job" });
+  if (form.dataset.wired) return form;                 // built once: what the user typed stays between renders
+  form.dataset.wired = "1";
+  const models = ctx.boot.models.filter((m) => m.kind !== "encoder-decoder");
+  const file = h("input", { type: "file", id: "atlas-file", accept: ".txt,.jsonl,.csv,.tsv,text/plain", hidden: true });
+  const corpus = h("select", { id: "atlas-corpus", onchange: () => { file.hidden = corpus.value !== "file"; } },
+    h("option", { value: "bundled", text: "the bundled corpus (Python docstrings)" }),
+    h("option", { value: "file", text: "a file of mine…" }));
+  const note = h("span", { class: "hint", id: "atlas-form-note", role: "status" });
+  replace(form,
+    h("label", {}, "New atlas: model ", h("select", { id: "atlas-model" },
+      models.map((m) => h("option", { value: m.id, selected: m.id === st.model, text: m.title })))),
+    h("label", {}, " corpus ", corpus), file,
+    h("label", {}, " texts ", h("input", { id: "atlas-texts", type: "number", min: 1, step: 1, value: 200,
+      title: "a random sample of this many texts (seeded); empty: all" })),
+    h("button", { type: "submit", id: "atlas-start", text: "Start" }), note);
+  form.onsubmit = async (e) => {
+    e.preventDefault();
+    const texts = Number(form.querySelector("#atlas-texts").value);
+    const body = { kind: "atlas", model: form.querySelector("#atlas-model").value, corpus: "bundled",
+      options: texts > 0 ? { texts: Math.round(texts) } : {} };
+    if (corpus.value === "file") {
+      const chosen = file.files[0];
+      if (!chosen) { note.textContent = "Choose a file first."; return; }
+      const ext = chosen.name.split(".").pop().toLowerCase();
+      body.corpus = { format: FORMATS[ext] || "text", data: await chosen.text() };
+    }
+    note.textContent = "Starting…";
+    try {
+      const job = await api.startJob(body);
+      note.textContent = `Job ${job.id}: ${job.state}.`;
+      ctx.memory.refresh?.();                        // the latest render's: the list polled from now on
+    } catch (err) {
+      note.textContent = `The server refused: ${err.detail || err.message}`;
+    }
+  };
+  return form;
+}
+
+/** One row per job: its state, a progress bar, its progress in words, and what can be done with it. */
+function jobRows(list, st, ctx, act) {
+  return list.map((job) => {
+    const p = job.progress;
+    const actions = [];
+    if (["queued", "running"].includes(job.state)) {
+      actions.push(h("button", { type: "button", class: "atlas-cancel", text: "Cancel", onclick: () => act(() => api.cancelJob(job.id)) }));
+    } else if (["cancelled", "interrupted", "failed"].includes(job.state) && again(job)) {
+      actions.push(h("button", { type: "button", class: "atlas-resume", text: "Resume",
+        title: "start it again from its finished chunks", onclick: () => act(() => api.startJob(again(job))) }));
+    } else if (job.state === "done") {
+      actions.push(h("a", { class: "atlas-open", href: ctx.href({ job: job.id, layer: 0, head: 0, example: 0 }),
+        text: job.id === st.job ? "shown below" : "Open" }));
+    }
+    return h("li", { class: `atlas-job ${job.state}`, "data-job": job.id, "data-state": job.state,
+      "data-done": p.texts_done },
+    h("span", { class: "atlas-job-what", text: `${job.model} · ${job.corpus === "bundled" ? "bundled corpus" : job.corpus}` }),
+    h("span", { class: "atlas-job-state", text: job.state }),
+    h("progress", { max: Math.max(p.texts_total, 1), value: p.texts_done }),
+    h("span", { class: "atlas-job-progress", text: progressText(job) + (job.error ? ` · ${job.error}` : "") }),
+    actions);
+  });
+}
+
+/** The jobs panel, kept current while a job is under way: the list is polled once a second and redrawn in place;
+ *  when a job finishes the whole view is drawn again (its job menu gains it). */
+function jobsPanel(container, list, st, ctx, redraw) {
+  const memory = ctx.memory;
+  clearTimeout(memory.timer);
+  const mine = memory.renders = (memory.renders || 0) + 1;          // a later render's polling replaces this one's
+  const panel = part(container, "jobs", "section", { class: "atlas-jobs", "aria-label": "Atlas jobs" });
+  const rows = () => panel.querySelector(".atlas-job-list");
+  const poll = async () => {
+    clearTimeout(memory.timer);
+    memory.timer = 0;
+    if (memory.renders !== mine || container.hidden || !container.isConnected) return;   // left, or drawn again
+    if (memory.asking) { memory.again = true; return; }              // one request at a time: ask again after it
+    memory.asking = true;
+    let fresh;
+    try {
+      fresh = await api.jobs();
+    } catch {
+      memory.timer = setTimeout(poll, POLL_MS * 3);
+      return;
+    } finally {
+      memory.asking = false;
+    }
+    if (memory.renders !== mine) return;
+    if (memory.again) { memory.again = false; poll(); return; }
+    const finished = fresh.some((j) => j.state === "done" && !memory.list?.some((k) => k.id === j.id && k.state === "done"));
+    memory.list = fresh;
+    if (finished) { redraw(fresh); return; }
+    replace(rows(), jobRows(fresh, st, ctx, act));
+    if (fresh.some((j) => ACTIVE.includes(j.state))) memory.timer = setTimeout(poll, POLL_MS);
+  };
+  const act = async (call) => {
+    try {
+      await call();
+    } catch (err) {
+      panel.querySelector("#atlas-form-note").textContent = `The server refused: ${err.detail || err.message}`;
+    }
+    clearTimeout(memory.timer);
+    await poll();
+  };
+  memory.refresh = () => { clearTimeout(memory.timer); poll(); };
+  jobForm(panel, st, ctx);
+  memory.list = list;
+  part(panel, "list", "ol", { class: "atlas-job-list", "aria-label": "Atlas jobs, newest first" });
+  replace(rows(), list.length ? jobRows(list, st, ctx, act)
+    : [h("li", { class: "hint", text: "No atlas job yet: start one above." })]);
+  if (list.some((j) => ACTIVE.includes(j.state))) memory.timer = setTimeout(poll, POLL_MS);
+}
+
 export function render(container, data, st, ctx) {
   const [list, atlas] = data.results;
-  const jobs = Array.isArray(list) ? list.filter((j) => j.kind === "atlas" && j.state === "done") : [];
+  const all = Array.isArray(list) ? list.filter((j) => j.kind === "atlas") : [];
+  jobsPanel(container, all, st, ctx, (fresh) => render(container, { ...data, results: [fresh, atlas] }, st, ctx));
+  const jobs = all.filter((j) => j.state === "done");
   const controls = part(container, "controls", "div", { class: "view-controls" });
   const note = part(container, "note", "p", { class: "note" });
   const grid = part(container, "grid", "div", { class: "compare-grid" });
@@ -108,7 +258,7 @@ export function render(container, data, st, ctx) {
   if (!ready) {
     note.textContent = atlas?.error ? `Could not open atlas ${st.job}: ${atlas.error.message}`
       : jobs.length ? "Choose a finished atlas job above."
-        : "No finished atlas job yet. Start one with POST /api/jobs (see the README), e.g. over the bundled corpus.";
+        : "No finished atlas job yet: start one above (or with POST /api/jobs, see the README).";
     replace(grid);
     return { name: "attnscope-atlas" };
   }

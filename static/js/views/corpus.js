@@ -1,5 +1,6 @@
 // Corpus view: a result file of `attnscope corpus` (opened here, read in the browser, never uploaded): one
-// statistic per head averaged over the whole corpus, and the heads clustered by their Jensen–Shannon distance.
+// statistic per head averaged over the whole corpus, and the heads clustered by their Jensen–Shannon distance. The
+// opened file is kept in this browser's storage (localStorage, KEPT), so a reload opens it again; Close forgets it.
 import { h, part, replace } from "../dom.js";
 import { colourRange, fixedTop, fmt, plotlyScale } from "../scale.js";
 
@@ -10,6 +11,29 @@ export const help = "Per-head statistics over a whole corpus (Clark et al. 2019)
 
 export function requests() {
   return [];
+}
+
+const KEPT = "attnscope.corpus";      // localStorage: the last opened result file's text
+
+/** The result file kept by an earlier visit (null: none, or not a result any more). */
+function kept() {
+  try {
+    const job = JSON.parse(localStorage.getItem(KEPT));
+    return job?.stats && job.layers && job.heads ? job : null;
+  } catch {
+    return null;
+  }
+}
+
+/** Keep an opened file's text for the next visit; false when the browser's storage cannot hold it. */
+function keep(text) {
+  try {
+    localStorage.setItem(KEPT, text);
+    return true;
+  } catch {
+    localStorage.removeItem(KEPT);
+    return false;
+  }
 }
 
 function statMap(ctx, el, job, stat, st) {
@@ -44,12 +68,16 @@ function distanceMap(ctx, el, job) {
  *  (picked: one of the file's own names). */
 export function render(container, _data, st, ctx) {
   const memory = ctx.memory;
+  if (!memory.loaded && !memory.closed) memory.loaded = kept();        // a reload: the file opened before
   const { loaded, picked } = memory;
   const controls = part(container, "controls", "div", { class: "view-controls" });
   const input = h("input", { type: "file", accept: ".json,application/json", id: "corpus-file" });
   const stats = loaded ? Object.keys(loaded.stats) : [];
   const chosen = stats.includes(picked) ? picked : stats.includes(st.stat) ? st.stat : stats[0];
-  replace(controls, h("label", { for: "corpus-file", text: "Result file: " }), input,
+  const close = loaded && h("button", { type: "button", id: "corpus-close", text: "Close",
+    title: "forget this file (it is kept in this browser until closed)",
+    onclick: () => { localStorage.removeItem(KEPT); Object.assign(memory, { loaded: null, closed: true }); render(container, _data, st, ctx); } });
+  replace(controls, h("label", { for: "corpus-file", text: "Result file: " }), input, close,
     loaded && h("label", {}, " statistic ", h("select", { id: "corpus-stat",
       onchange: (e) => { memory.picked = e.target.value; render(container, _data, st, ctx); } },
       stats.map((s) => h("option", { value: s, selected: s === chosen, text: s.replace(/_/g, " ") })))));
@@ -59,9 +87,10 @@ export function render(container, _data, st, ctx) {
     const file = input.files[0];
     if (!file) return;
     try {
-      const job = JSON.parse(await file.text());
+      const text = await file.text();
+      const job = JSON.parse(text);
       if (!job.stats || !job.layers || !job.heads) throw new Error("not an attnscope corpus result (no stats)");
-      memory.loaded = job;
+      Object.assign(memory, { loaded: job, closed: false, unkept: !keep(text) && text.length });
     } catch (err) {
       note.textContent = `Could not read ${file.name}: ${err.message}`;
       return;
@@ -78,7 +107,9 @@ export function render(container, _data, st, ctx) {
   note.textContent = `${job.title || job.model}: ${job.texts} texts, ${job.tokens} tokens` +
     (job.input?.skipped ? `, ${job.input.skipped} skipped (see the file's input.problems)` : "") +
     `. Special-token mass: ${Object.keys(job.special_token_mass || {}).join(", ") || "none"}; mean of each head ` +
-    `over all query rows of all texts. ${job.run?.texts_per_s ? `Computed at ${fmt(job.run.texts_per_s, 1)} texts/s.` : ""}`;
+    `over all query rows of all texts. ${job.run?.texts_per_s ? `Computed at ${fmt(job.run.texts_per_s, 1)} texts/s.` : ""}` +
+    (memory.unkept ? ` This file (${(memory.unkept / 2 ** 20).toFixed(1)} MB) is too big for this browser's storage: ` +
+      "a reload will not reopen it." : " Kept in this browser: a reload opens it again.");
   const [a, b] = ["stat", "js"].map((k) => part(grid, k, "div", { class: "plot compare-plot", role: "figure" }));
   statMap(ctx, a, job, chosen, st);
   if (job.js_distance && job.js_map) distanceMap(ctx, b, job);

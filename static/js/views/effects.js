@@ -138,7 +138,8 @@ function controls(container, st, ctx) {
 /** nested arrays of an answer's field, whichever wire form it came in (a Tensor from the binary form). */
 const rowsOf = (v) => (v && typeof v.toArray === "function" ? v.toArray() : v);
 
-const refusal = (err) => `The server refused: ${err.detail ?? err.message}` + (err.status ? ` (HTTP ${err.status})` : "");
+const refusal = (err) => (err.cancelled ? err.detail   // stopped from the progress bar (api.js cancelRuns)
+  : `The server refused: ${err.detail ?? err.message}` + (err.status ? ` (HTTP ${err.status})` : ""));
 
 /** One map's cell: heading, note, plot and its export buttons; the plot element is kept across renders. */
 function cell(grid, key, heading) {

@@ -1,0 +1,74 @@
+"""A cold start (issue 39): `attnscope serve` prints its URL first and listens at once; /healthz answers within 2 s
+and says which models are loading while they load in the background, in order; a request for a model still loading
+is 503 with Retry-After and says so; the page shows the models loading, then opens by itself once its model is
+ready. A real server on a cold graph cache (its graphs exported while /healthz answers)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from bench.common import free_port
+
+from .conftest import ROOT, screenshot, wait_drawn
+
+pytestmark = pytest.mark.browser
+
+
+def test_cold_start_answers_at_once_and_the_page_shows_the_models_loading(page, console_errors, tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNSCOPE_")} | {
+        "ATTNSCOPE_CACHE": str(tmp_path / "onnx"), "ATTNSCOPE_JOBS_DIR": str(tmp_path / "jobs"),
+        "ATTNSCOPE_MODELS": "minilm,tiny-gpt"}                       # an empty cache: every graph exported now
+    log = tmp_path / "stderr.txt"
+    launched = time.monotonic()
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "attnscope", "serve", "--host", "127.0.0.1", "--port",
+                                 str(port), "--log-level", "warning"], cwd=ROOT, env=env, stderr=err)
+    try:
+        while True:
+            try:
+                health = httpx.get(url + "/healthz", timeout=0.5)
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.monotonic() - launched < 2.0, log.read_text()[-2000:]
+                time.sleep(0.02)
+        answered = time.monotonic() - launched
+        assert answered < 2.0 and health.status_code == 200
+        h = health.json()
+        assert h["status"] == "loading" and h["models"] == {}
+        assert list(h["loading"]) == ["minilm", "tiny-gpt"] and h["loading"]["tiny-gpt"] == "waiting"
+        assert log.read_text().splitlines()[0] == (f"attnscope: serving on {url}/ (it answers at once; the models load "
+                                                   f"in the background, in order: /healthz says which are ready)")
+
+        r = httpx.post(url + "/api/attention", json={"model": "tiny-gpt", "text": "The cat sat."}, timeout=5)
+        assert r.status_code == 503 and r.headers["Retry-After"] == "2"
+        assert r.json()["detail"].startswith("model 'tiny-gpt' is still loading (")
+        assert httpx.get(url + "/api/jobs", timeout=5).json() == []            # the jobs answer meanwhile
+
+        page.goto(url + "/")                                        # the page waits for its model, minilm
+        box = page.locator("#models-loading")
+        expect(box).to_contain_text("the page opens when minilm is ready")
+        expect(box.locator("li[data-model=tiny-gpt]")).to_contain_text("tiny-gpt")
+        screenshot(page, "cold-start-loading")
+        wait_drawn(page, timeout=120_000)                           # it reloaded by itself once minilm was ready
+        assert page.locator("#model option").count() >= 1
+        deadline = time.monotonic() + 120
+        while (h := httpx.get(url + "/healthz").json())["status"] != "ok":
+            assert time.monotonic() < deadline and proc.poll() is None, h
+            time.sleep(0.2)
+        assert set(h["models"]) == {"minilm", "tiny-gpt"} and h["loading"] == {} and h["graphs_built"] > 0
+        r = httpx.post(url + "/api/attention", json={"model": "tiny-gpt", "text": "The cat sat."}, timeout=30)
+        assert r.status_code == 200
+        print(f"/healthz answered {answered:.2f} s after launch; every model ready after "
+              f"{time.monotonic() - launched:.1f} s")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    assert console_errors == []
