@@ -297,6 +297,20 @@ def check_knockout(ex, a, api):
     assert [t["id"] for t in preds] == [t["id"] for t in a["effect"]["next_tokens_before"]]
 
 
+def check_path_patching(ex, a, api):
+    """Each head alone as the sender to L23H3's query: a [layer][head] map; a head at or above the receiver's layer has
+    no path (the clean metric), and some head below it carries the corruption."""
+    req = ex.body
+    m = api.info[req["model"]]
+    patched = np.asarray(a["patched"], np.float64)
+    assert patched.shape == (m["layers"], m["heads"]) and a["senders"] is None and a["receivers"] == [[23, 3]]
+    assert a["hooks"] == {"senders": "blocks.{layer}.attn.hook_z", "receivers": "blocks.{layer}.attn.hook_q"}
+    assert np.allclose(np.asarray(a["recovery"]), (patched - a["corrupt"]) / (a["clean"] - a["corrupt"]), atol=1e-5)
+    assert a["clean"] > 0 > a["corrupt"]
+    assert np.allclose(patched[23:], a["clean"], atol=1e-4)
+    assert np.abs(patched[:23] - a["clean"]).max() > 0.05
+
+
 def check_qk(ex, a, api):
     req = ex.body
     assert [a[k] for k in ("layer", "head", "query", "key")] == [req[k] for k in ("layer", "head", "query", "key")]
@@ -394,6 +408,7 @@ def check_jobs(ex, jobs, api):
 CHECKS = {("GET", "/api/models"): check_models, ("POST", "/api/attention"): check_attention,
           ("POST", "/api/stages"): check_stages, ("POST", "/api/importance"): check_importance,
           ("POST", "/api/patching"): check_patching, ("POST", "/api/knockout"): check_knockout,
+          ("POST", "/api/path_patching"): check_path_patching,
           ("POST", "/api/qk"): check_qk, ("POST", "/api/lens"): check_lens, ("POST", "/api/circuits"): check_circuits,
           ("POST", "/api/generate"): check_generate, ("GET", "/api/models/{id}/onnx"): check_onnx,
           ("GET", "/healthz"): check_health, ("POST", "/api/jobs"): check_job, ("GET", "/api/jobs"): check_jobs}
