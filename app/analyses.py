@@ -120,6 +120,13 @@ class Analyses:
         """A job by its id (GET /api/jobs/{id})."""
         return answers.AtlasJob(self, self._job_get(job_id))
 
+    def jobs(self) -> list[dict]:
+        """Every job, newest first (GET /api/jobs)."""
+        return self._job_list()
+
+    def _job_list(self) -> list[dict]:
+        raise NotImplementedError
+
     def _job_post(self, body: dict) -> dict:
         raise NotImplementedError
 

@@ -113,6 +113,9 @@ class Client(Analyses):
     def _job_post(self, body: dict) -> dict:
         return self._json("POST", "/api/jobs", body)
 
+    def _job_list(self) -> list[dict]:
+        return self._json("GET", "/api/jobs")
+
     def _job_get(self, job_id: str) -> dict:
         return self._json("GET", f"/api/jobs/{job_id}")
 

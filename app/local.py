@@ -149,6 +149,9 @@ class Model(Analyses):
             path.unlink(missing_ok=True)
         return job.model_dump(mode="json")
 
+    def _job_list(self) -> list[dict]:
+        return [job.model_dump(mode="json") for job in self._jobs().list()]
+
     def _job_get(self, job_id: str) -> dict:
         try:
             return self._jobs().get(job_id).model_dump(mode="json")
