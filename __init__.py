@@ -20,12 +20,14 @@ methods and answers.
 """
 from __future__ import annotations
 
-__version__ = "0.2.0"
 __all__ = ["load", "Model", "Runtime", "AttentionResult", "Client", "figures", "__version__"]
 
 
 def __getattr__(name: str):
     """Import on first use: `import attnscope` stays cheap, and the client needs neither onnxruntime nor FastAPI."""
+    if name == "__version__":        # kept in app/ (read there by the web layer, which this package imports lazily)
+        from .app import __version__
+        return __version__
     if name in ("load", "Model"):
         from .app import local
         return getattr(local, name)

@@ -40,7 +40,7 @@ from typing import Callable
 import numpy as np
 import orjson
 
-from .. import __version__
+from . import __version__
 from ..analysis.attribution import attribution
 from ..analysis import circuits as circuits_module
 from ..analysis.circuits import Composition, composition, head_weights, ov_copying

@@ -8,7 +8,7 @@ import anyio
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 
-from .. import __version__
+from . import __version__
 from . import wire
 from .deps import get_service
 from .schemas import (AttentionRequest, AttentionResponse, CircuitsRequest, CircuitsResponse, Error, GenerateRequest,
