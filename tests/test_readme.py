@@ -479,14 +479,17 @@ def test_readme_python_and_jupyter(runtimes, live_server_smollm2):
 
 
 def test_readme_agents_mcp_snippet(live_server):
-    """The MCP block, with `attnscope` the command of this interpreter (python -m attnscope): its tools listed and its
-    QK answer the REST API's."""
+    """The MCP block, with `attnscope` the command of this interpreter (python -m attnscope) in this environment (the
+    SDK passes a server only a few variables: the suite's ATTNSCOPE_CACHE and import path go along): its tools listed
+    and its QK answer the REST API's."""
+    import os
     import sys
 
     from .conftest import in_thread
 
     [block] = python_blocks("For agents (MCP)")
-    code = block.replace('command="attnscope", args=["mcp"', f'command={sys.executable!r}, args=["-m", "attnscope", "mcp"')
+    code = block.replace('command="attnscope", args=["mcp"', f'command={sys.executable!r}, env={dict(os.environ)!r}, '
+                         'args=["-m", "attnscope", "mcp"')
     assert code != block
     ns: dict = {}
     in_thread(exec, compile(code, "README.md", "exec"), ns)
