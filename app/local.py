@@ -182,7 +182,9 @@ def load(model_id: str, *, folder: str | Path | None = None, cache_dir: str | Pa
     """A zoo model, ready to run in this process: `load("minilm")("The cat sat.")` (the Runtime's call, as before)
     and every analysis (`load("smollm2").patching(...)`). `folder` overrides where its files come from; any other
     model (a folder, a GGUF file, hf:ORG/REPO): Model(settings=Settings(models=["NAME=PATH"]))."""
-    from ..runtime.runtime import DEFAULT_CACHE, load as runtime
+    from ..runtime.runtime import load as runtime
+    from .settings import get_settings
 
-    rt = runtime(model_id, folder=folder, cache_dir=cache_dir or DEFAULT_CACHE, providers=providers, threads=threads)
+    settings = get_settings()            # the graph cache: ATTNSCOPE_CACHE, as the server's
+    rt = runtime(model_id, folder=folder, cache_dir=cache_dir or settings.cache, providers=providers, threads=threads)
     return Model(rt)
