@@ -24,14 +24,14 @@ def _body(**fields) -> dict:
 
 class Analyses:
     """The analyses; a subclass supplies `_post`, `_lines`, `_job_post`, `_job_get`, `_job_cancel`, `_job_result`
-    and `model` (the model id a call without `model=` asks for; None: the server's default)."""
-    model: str | None = None
+    and `model_id` (the model a call without `model=` asks for; None: the server's default)."""
+    model_id: str | None = None
 
     def _post(self, path: str, body: dict) -> dict:
         raise NotImplementedError
 
     def _with_model(self, body: dict, model: str | None) -> dict:
-        model = model or self.model
+        model = model or self.model_id
         return body if model is None else {"model": model, **body}
 
     # ---- one text --------------------------------------------------------------------------------------------------
@@ -50,8 +50,7 @@ class Analyses:
                     model: str | None = None) -> answers.Attribution:
         """Direct logit attribution (POST /api/attention with include ["attribution"]): each head's, MLP's and the
         embeddings' direct share of logit(target) (- logit(distractor)) at `position` (default: the last)."""
-        body = _body(text=text, include=["attribution"], target=target, distractor=distractor, position=position,
-                     layers=[0], heads=[0])
+        body = _body(text=text, include=["attribution"], target=target, distractor=distractor, position=position)
         return answers.Attribution(self._post("/api/attention", self._with_model(body, model)))
 
     def knockout(self, text: str, queries: list[int], keys: list[int], *, layers: tuple[int, int] | None = None,

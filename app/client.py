@@ -51,7 +51,7 @@ class Client(Analyses):
     def __init__(self, base_url: str = "http://127.0.0.1:8000", timeout: float = 120, model: str | None = None):
         """model: the model a call without `model=` asks for (None: the server's default)."""
         url = urllib.parse.urlsplit(base_url)
-        self.host, self.port, self.timeout, self.model = url.hostname, url.port or 80, timeout, model
+        self.host, self.port, self.timeout, self.model_id = url.hostname, url.port or 80, timeout, model
         self._conn: http.client.HTTPConnection | None = None
 
     def _request(self, method: str, path: str, body: dict | None = None, accept: str = BINARY):

@@ -46,7 +46,8 @@ def _request(path: str, body: dict) -> BaseModel:
 
 
 class Model(Analyses):
-    """One served model (or several: `models`), in this process. `runtime` is the model's Runtime."""
+    """One served model (or several, as settings name them), in this process. `runtime` is model_id's Runtime; the
+    Runtime's own attributes (run, cfg, model: the NumPy model, ...) are the Model's too, as load() gave it before."""
 
     def __init__(self, runtime=None, *, settings: Settings | None = None):
         """From a Runtime already built (Model(rt)), or from settings naming the models to load (load() does)."""
@@ -60,7 +61,7 @@ class Model(Analyses):
             svc.runtimes[runtime.spec.id] = runtime
         else:
             svc.load()
-        self.model = settings.default_model if settings.default_model in svc.runtimes else next(iter(svc.runtimes))
+        self.model_id = settings.default_model if settings.default_model in svc.runtimes else next(iter(svc.runtimes))
         self._jobs_open = False
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, daemon=True, name="attnscope-model").start()
@@ -68,18 +69,18 @@ class Model(Analyses):
     # ---- the Runtime, as load() gave it before -----------------------------------------------------------------------
     @property
     def runtime(self):
-        return self.service.runtimes[self.model]
+        return self.service.runtimes[self.model_id]
 
     def __call__(self, *args, **kwargs):
         return self.runtime(*args, **kwargs)
 
     def __getattr__(self, name: str):
-        if name.startswith("_") or name in ("service", "settings", "model"):
+        if name.startswith("_") or name in ("service", "settings", "model_id"):
             raise AttributeError(name)
         return getattr(self.runtime, name)
 
     def __repr__(self) -> str:
-        return f"<attnscope.Model {self.model!r} in-process: {', '.join(self.service.runtimes)}>"
+        return f"<attnscope.Model {self.model_id!r} in-process: {', '.join(self.service.runtimes)}>"
 
     def models(self) -> list[dict]:
         """GET /api/models: each served model's description and capabilities."""
