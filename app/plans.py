@@ -872,7 +872,8 @@ class Planner:
         self._patching_tokens(len(clean.ids), "patching")
         return rt, clean, corrupt, self._metric(rt, req.target, req.distractor)
 
-    def _patching_work(self, rt: Runtime, rows: int, T: int, passes: int = 1) -> None:
+    def _patching_work(self, rt: Runtime, rows: int, T: int, passes: int = 1,
+                       fix: str = "patch per (layer, head) (per_position false), or shorten the texts") -> None:
         """Every row runs the blocks from its own layer up, over every token (path patching: twice): L (L + 1) / 2
         block runs per row of each layer's rows. What that takes, in float operations, bounds how long the answer
         takes."""
@@ -881,8 +882,7 @@ class Planner:
         if gflop > self.settings.max_patching_gflop:
             raise Refused(f"this patching is {gflop:,.0f} GFLOP ({rows} rows, each running the blocks from its own "
                           f"layer up over {T} tokens); the limit is {self.settings.max_patching_gflop:,g} "
-                          f"(ATTNSCOPE_MAX_PATCHING_GFLOP): patch per (layer, head) "
-                          f"(per_position false), or shorten the texts")
+                          f"(ATTNSCOPE_MAX_PATCHING_GFLOP): {fix}")
 
     def patching(self, req: PatchingRequest, binary: bool) -> PatchingPlan:
         rt, clean, corrupt, metric = self._two_texts(req, "activation patching (/api/patching)")
@@ -914,7 +914,8 @@ class Planner:
                 raise Refused(f"{name} {bad[:5]} out of range: this model has layers 0..{L - 1} and heads 0..{H - 1}")
             pairs[name] = None if asked is None else tuple(sorted({(l, h) for l, h in asked}))
         rows = L * H if pairs["senders"] is None else 1
-        self._patching_work(rt, max(rows, L), T, passes=2 if pairs["receivers"] else 1)
+        self._patching_work(rt, max(rows, L), T, passes=2 if pairs["receivers"] else 1,
+                            fix="name the senders (one run, not one per head), or shorten the texts")
         key = _hash(["path_patching", req.model, rt.key, req.clean, req.corrupt, metric.target, metric.distractor,
                      pairs["senders"], pairs["receivers"], req.receiver_input if pairs["receivers"] else None])
 

@@ -400,6 +400,17 @@ def test_bad_effects_requests_get_clear_4xx():
         for body, says in cases:
             r = c.post("/api/patching", json=body)
             assert r.status_code == 422 and says in r.text, (body, r.text)
+        r = c.post("/api/path_patching", json=ok | {"receivers": [[1, 0]], "receiver_input": "key"})
+        assert r.status_code == 200 and np.shape(r.json()["patched"]) == (2, 1), r.text
+        assert r.json()["hooks"] == {"senders": "blocks.{layer}.attn.hook_z", "receivers": "blocks.{layer}.attn.hook_k"}
+        for body, says in [(ok | {"senders": [[5, 0]]}, "senders [[5, 0]] out of range"),
+                           (ok | {"receivers": [[0, 3]]}, "receivers [[0, 3]] out of range"),
+                           (ok | {"receivers": []}, "receivers: List should have at least 1 item"),
+                           (ok | {"receiver_input": "pattern"}, "receiver_input"),
+                           (ok | {"corrupt": "a b"}, "same token count"),
+                           (ok | {"model": "tiny-gpt"}, "has no LM head")]:
+            r = c.post("/api/path_patching", json=body)
+            assert r.status_code == 422 and says in r.text, (body, r.text)
         knock = {"model": "induction", "text": "a b c a b", "queries": [3], "keys": [1]}
         r = c.post("/api/knockout", json=knock)
         assert r.status_code == 200 and r.json()["effect"]["next_tokens_after"], r.text
