@@ -310,7 +310,7 @@ def test_smollm2_path_patching_equals_transformers_hooks(smollm2, hf_smollm2):
         ours = path_patch(rt, a, b, metric, senders=senders, receivers=receivers, receiver_input=site or "query")
         theirs = hf_path_patching(hf, a.ids, b.ids, metric, senders, receivers, site)
         assert ours.patched == pytest.approx(theirs, abs=1e-4), site
-        assert abs(ours.patched - ours.clean) > 0.05, (site, ours.patched, ours.clean)
+        assert abs(ours.patched - ours.clean) > 1e-2, (site, ours.patched, ours.clean)   # 100x the agreement
 
 
 # ---- direct logit attribution --------------------------------------------------------------------------------------

@@ -62,17 +62,10 @@ def same(a, b, path="answer"):
 
 
 @pytest.fixture(scope="module")
-def smollm2_sides(runtimes, live_server_smollm2, tmp_path_factory):
+def smollm2_sides(local_smollm2, live_server_smollm2):
     """SmolLM2 in this process (the suite's Runtime: no second load) and on the suite's SmolLM2 server."""
-    from attnscope.app.settings import Settings
-
-    settings = Settings(models=["smollm2", "tiny-gpt"], default_model="smollm2", cache=CACHE,
-                        jobs_dir=tmp_path_factory.mktemp("jobs"))
-    local = attnscope.Model(runtimes["smollm2"], settings=settings)
-    local.service.runtimes["tiny-gpt"] = runtimes["tiny-gpt"]
     remote = attnscope.Client(live_server_smollm2, model="smollm2")
-    yield local, remote
-    local.close()
+    yield local_smollm2, remote
     remote.close()
 
 

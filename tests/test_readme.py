@@ -448,17 +448,17 @@ def python_blocks(section: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text[start:end], re.S)
 
 
-def test_readme_python_and_jupyter(runtimes, live_server_smollm2):
+def test_readme_python_and_jupyter(local_smollm2, live_server_smollm2):
     """The section's two blocks run as written, one after the other: in this process (attnscope.load's SmolLM2 is the
-    suite's Runtime: no second load), then against the suite's SmolLM2 server; what they say they give, they give."""
+    suite's in-process Model: no second load), then against the suite's SmolLM2 server; what they say they give,
+    they give."""
     import attnscope
-    from attnscope.app.local import Model
 
     local, remote = python_blocks("From Python and Jupyter")
     original = attnscope.load
     ns: dict = {}
     try:
-        attnscope.load = lambda model_id, **kw: Model(runtimes[model_id])
+        attnscope.load = lambda model_id, **kw: {"smollm2": local_smollm2}[model_id]
         exec(compile(local, "README.md", "exec"), ns)
         exec(compile(remote.replace(HOST, live_server_smollm2), "README.md", "exec"), ns)
     finally:
@@ -474,7 +474,6 @@ def test_readme_python_and_jupyter(runtimes, live_server_smollm2):
     assert len(ns["words"]) == 5
     assert ns["same"].data["attribution"] == ns["dla"].data["attribution"]   # the server's answer is the in-process one
     assert ns["atlas"].to_xarray()["induction_mass"].dims == ("layer", "head") and ns["atlas"].texts == 20
-    ns["m"].close()
     ns["api"].close()
 
 
