@@ -13,18 +13,25 @@ In a script or notebook (no server needed):
     r.tokens, r.token_ids, r.attentions.shape      # [...], [...], (layers, heads, T, T)
     r.summary()["previous_token_mass"]              # [layers, heads]
     attnscope.figures.head(r, layer=2, head=5).show()
+    m.attention("The cat sat.", layers=[2]).to_xarray()   # every analysis, as the REST API answers it (app/analyses.py)
 
-Against a running server: `attnscope.Client("http://127.0.0.1:8000")` (standard library + NumPy only).
+Against a running server: `attnscope.Client("http://127.0.0.1:8000")` (standard library + NumPy only), with the same
+methods and answers.
 """
 from __future__ import annotations
 
-__version__ = "0.2.0"
-__all__ = ["load", "Runtime", "AttentionResult", "Client", "figures", "__version__"]
+__all__ = ["load", "Model", "Runtime", "AttentionResult", "Client", "figures", "__version__"]
 
 
 def __getattr__(name: str):
     """Import on first use: `import attnscope` stays cheap, and the client needs neither onnxruntime nor FastAPI."""
-    if name in ("load", "Runtime", "AttentionResult"):
+    if name == "__version__":        # kept in app/ (read there by the web layer, which this package imports lazily)
+        from .app import __version__
+        return __version__
+    if name in ("load", "Model"):
+        from .app import local
+        return getattr(local, name)
+    if name in ("Runtime", "AttentionResult"):
         from . import runtime
         return getattr(runtime, name)
     if name == "Client":

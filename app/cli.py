@@ -4,6 +4,7 @@
     attnscope export [MODEL ...]
     attnscope attend "The cat sat on the mat." --model minilm --layer 2 --head 5 [--top 3] [--causal]
     attnscope corpus texts.txt --model minilm [--engine local|ray] [--out FILE] [--sample N] [--column NAME]
+    attnscope mcp [--transport stdio|http] [--host H --port P] [--model MODEL ...] [--url URL]
 
 MODEL is a zoo id (minilm, smollm2, tiny-gpt, induction), NAME=PATH (a Hugging Face folder or a .gguf file) or
 NAME=hf:ORG/REPO (the local Hugging Face cache), as in ATTNSCOPE_MODELS.
@@ -118,9 +119,19 @@ def main(argv=None) -> int:
                    "JS matrix (evenly spaced; %(default)s; 0: no JS matrix)")
     c.add_argument("--restart", action="store_true", help="ignore (and replace) OUT.partial.json")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
+    m = sub.add_parser("mcp", help="the analyses as Model Context Protocol tools, for agents",
+                       description="An MCP server (the official SDK): every analysis a tool with typed inputs and "
+                                   "compact outputs, the served models and finished atlases as resources. stdio for "
+                                   "a client that starts it; http: streamable HTTP at http://HOST:PORT/mcp.")
+    m.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    m.add_argument("--host", default="127.0.0.1")
+    m.add_argument("--port", type=int, default=8765)
+    m.add_argument("--model", action="append", default=None, metavar="MODEL",
+                   help="a model to load in this process (repeatable); replaces ATTNSCOPE_MODELS")
+    m.add_argument("--url", help="answer the tools with a running attnscope server's API instead (no model loaded)")
     args = parser.parse_args(argv)
     from .settings import get_settings, setup_logging
-    if args.cmd == "serve" and args.model:   # the app (imported by uvicorn) reads its settings from the environment
+    if args.cmd in ("serve", "mcp") and args.model:   # the app (imported by uvicorn) reads its settings from the environment
         os.environ["ATTNSCOPE_MODELS"] = ",".join(args.model)
         get_settings.cache_clear()
     setup_logging()
@@ -128,6 +139,10 @@ def main(argv=None) -> int:
     if args.cmd == "serve":  # uvicorn with limits and timeouts on every connection (app/server.py)
         from .server import serve
         serve(get_settings(), args.host, args.port, args.log_level)
+        return 0
+    if args.cmd == "mcp":      # stdout is the protocol's: logs go to stderr (setup_logging)
+        from .agents import main as mcp_main
+        mcp_main("stdio" if args.transport == "stdio" else "http", args.host, args.port, args.url)
         return 0
     from ..sources import ZOO, ModelUnavailable
     if args.cmd == "export":

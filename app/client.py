@@ -1,9 +1,11 @@
-"""A small client for the REST API with no dependencies beyond the standard library and NumPy.
+"""A small client for the REST API with no dependencies beyond the standard library and NumPy: every analysis of
+app/analyses.py (the in-process Model's methods, with the same answers).
 
     from attnscope import Client
     api = Client("http://127.0.0.1:8000")
-    ans = api.attention("The cat sat on the mat.", layers=[2])     # binary form, decoded
+    ans = api.attention("The cat sat on the mat.", layers=[2])     # binary form, decoded, typed (app/answers.py)
     ans["tokens"], ans["attention"].shape                            # [...], (1, 12, 9, 9)
+    api.patching(clean, corrupt, "␣Mary", "␣John", model="smollm2").top_heads()
 
 It asks for the binary tensor form and reads the answer straight into one buffer, which the arrays
 then view without copying: for a 512-token text's 72 matrices (76 MB) that is several times faster
@@ -16,7 +18,8 @@ import json
 import mmap
 import urllib.parse
 
-from .wire import BINARY, from_binary
+from .analyses import Analyses
+from .wire import BINARY, NDJSON, from_binary
 
 
 def _buffer(n: int):
@@ -36,18 +39,29 @@ class ApiError(Exception):
         self.status, self.detail = status, detail
 
 
-class Client:
-    def __init__(self, base_url: str = "http://127.0.0.1:8000", timeout: float = 120):
+def _refused(resp) -> ApiError:
+    try:
+        detail = json.loads(resp.read() or b"{}").get("detail", resp.reason)
+    except ValueError:
+        detail = resp.reason
+    return ApiError(resp.status, detail)
+
+
+class Client(Analyses):
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", timeout: float = 120, model: str | None = None):
+        """model: the model a call without `model=` asks for (None: the server's default)."""
         url = urllib.parse.urlsplit(base_url)
-        self.host, self.port, self.timeout = url.hostname, url.port or 80, timeout
+        self.host, self.port, self.timeout, self.model_id = url.hostname, url.port or 80, timeout, model
         self._conn: http.client.HTTPConnection | None = None
 
-    def _post(self, path: str, body: dict) -> dict:
+    def _request(self, method: str, path: str, body: dict | None = None, accept: str = BINARY):
+        """The response to one request (status 200 or 202), its body not yet read; ApiError otherwise."""
         for attempt in (0, 1):  # one retry on a connection the server closed while idle
             conn = self._conn or http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
             self._conn = conn
             try:
-                conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json", "Accept": BINARY})
+                conn.request(method, path, None if body is None else json.dumps(body),
+                             {"Content-Type": "application/json", "Accept": accept})
                 resp = conn.getresponse()
             except (ConnectionError, http.client.HTTPException):
                 conn.close()
@@ -55,26 +69,61 @@ class Client:
                 if attempt:
                     raise
                 continue
-            if resp.status != 200:
-                detail = json.loads(resp.read() or b"{}").get("detail", resp.reason)
-                raise ApiError(resp.status, detail)
-            buf = _buffer(int(resp.getheader("Content-Length")))
-            view, got = memoryview(buf), 0
-            while got < len(buf):
-                n = resp.readinto(view[got:])
-                if not n:
-                    raise ConnectionError("the answer ended early")
-                got += n
-            return from_binary(buf)
+            if resp.status not in (200, 202):
+                raise _refused(resp)
+            return resp
         raise AssertionError("unreachable")
 
-    def attention(self, text: str, **options) -> dict:
-        """POST /api/attention; options as in the API (model, layers, heads, causal, mask_tokens, ...)."""
-        return self._post("/api/attention", {"text": text, **options})
+    def _json(self, method: str, path: str, body: dict | None = None):
+        return json.loads(self._request(method, path, body, "application/json").read())
 
-    def stages(self, text: str, layer: int, head: int, **options) -> dict:
-        """POST /api/stages: x, q, k, v, scores, scaled, mask, masked, probs, ctx and contribution of one head."""
-        return self._post("/api/stages", {"text": text, "layer": layer, "head": head, **options})
+    def _post(self, path: str, body: dict) -> dict:
+        """POST in the binary form, read straight into one buffer, decoded (the arrays view the buffer)."""
+        resp = self._request("POST", path, body)
+        buf = _buffer(int(resp.getheader("Content-Length")))
+        view, got = memoryview(buf), 0
+        while got < len(buf):
+            n = resp.readinto(view[got:])
+            if not n:
+                raise ConnectionError("the answer ended early")
+            got += n
+        return from_binary(buf)
+
+    def _lines(self, path: str, body: dict):
+        """An NDJSON stream's lines as they come, on a connection of its own (closed when the stream ends or the
+        iterator is dropped: the server then stops at the end of the step under way)."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        try:
+            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json", "Accept": NDJSON})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise _refused(resp)
+            for raw in resp:
+                line = json.loads(raw)
+                if "error" in line:
+                    raise ApiError(line["error"]["status"], line["error"]["detail"])
+                yield line
+        finally:
+            conn.close()
+
+    def models(self) -> list[dict]:
+        """GET /api/models."""
+        return self._json("GET", "/api/models")
+
+    def _job_post(self, body: dict) -> dict:
+        return self._json("POST", "/api/jobs", body)
+
+    def _job_list(self) -> list[dict]:
+        return self._json("GET", "/api/jobs")
+
+    def _job_get(self, job_id: str) -> dict:
+        return self._json("GET", f"/api/jobs/{job_id}")
+
+    def _job_cancel(self, job_id: str) -> dict:
+        return self._json("DELETE", f"/api/jobs/{job_id}")
+
+    def _job_result(self, job_id: str) -> dict:
+        return self._json("GET", f"/api/jobs/{job_id}/result?format=json")
 
     def close(self) -> None:
         if self._conn is not None:

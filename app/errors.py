@@ -116,18 +116,22 @@ def _allowed(request: Request) -> list[str]:
     return sorted(methods)
 
 
+def invalid(errors: list[dict]) -> dict:
+    """A request that fails its schema's checks: the 422's body, a line naming the fields and what each needs
+    (`detail`), and each error (the routes' answer, and the in-process API's ApiError)."""
+    errors = [{"field": _field(e.get("loc", ())), "message": _clip(e.get("msg", "invalid"), 300)} for e in errors]
+    return {"detail": "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5]), "errors": errors[:20]}
+
+
 def install(app: FastAPI, security_headers: list[tuple[bytes, bytes]]) -> None:
     """`security_headers` go on the 500 answer, which Starlette sends from outside every middleware."""
     headers_500 = {k.decode(): v.decode() for k, v in security_headers}
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError):
-        errors = [{"field": _field(e.get("loc", ())), "message": _clip(e.get("msg", "invalid"), 300)}
-                  for e in exc.errors()]
         if any(e.get("type") == "json_invalid" for e in exc.errors()):
             return JSONResponse({"detail": "the request body is not valid JSON"}, 400)
-        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
-        return JSONResponse({"detail": detail, "errors": errors[:20]}, 422)
+        return JSONResponse(invalid(exc.errors()), 422)
 
     async def refused(_: Request, exc: Exception):
         status, detail, headers = refusal(exc)

@@ -11,7 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
 from fastapi.staticfiles import StaticFiles
 
-from .. import __version__
+from . import __version__
 from . import errors, pages, routes, schemas
 from .middleware import SECURITY_HEADERS, BodyLimit, SecurityHeaders, StartupFailure
 from .service import AttentionService

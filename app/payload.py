@@ -187,6 +187,20 @@ def patching(plan, computed) -> dict:
             "recovery": r.recovery}
 
 
+def path_patching(plan, computed) -> dict:
+    """Path patching (runtime/patching.py PathPatching)."""
+    r, rt = computed.result, plan.runtime
+    pairs = {name: None if v is None else [list(p) for p in v] for name, v in
+             (("senders", r.senders), ("receivers", r.receivers))}
+    return {"model": plan.request.model, **pairs, "receiver_input": r.receiver_input,
+            "hooks": {"senders": HOOKS["head_output"],
+                      "receivers": HOOKS[r.receiver_input] if r.receivers else "logits"},
+            "metric": r.metric.name, "target": _token(rt, r.metric.target),
+            "distractor": _token(rt, r.metric.distractor), "clean_tokens": plan.encoding.tokens,
+            "corrupt_tokens": plan.corrupt.tokens, "clean": r.clean, "corrupt": r.corrupt, "patched": r.patched,
+            "recovery": r.recovery}
+
+
 def qk(plan, computed) -> dict:
     """QK attribution of one cell (analysis/qk.py), from the text's traced run (runtime/interventions.py Trace)."""
     trace, req, rt = computed.result, plan.request, plan.runtime

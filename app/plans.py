@@ -13,6 +13,7 @@ One class per kind, told apart by nobody after planning:
     EncoderDecoderStagesPlan  /api/stages for an encoder-decoder: one head of one of its three attentions
     ImportancePlan  /api/importance, every head's single-head ablation
     PatchingPlan    /api/patching, activation patching between two texts
+    PathPatchingPlan  /api/path_patching, path patching from sender heads to receivers' inputs (or the logits)
     KnockoutPlan    /api/knockout, attention knockout's effect on the prediction
     GeneratePlan    /api/generate, token by token: its lines are streamed as each step is done
     QKPlan          /api/qk, one head's score at one cell split into the stream's components (a traced run)
@@ -39,7 +40,7 @@ from typing import Callable
 import numpy as np
 import orjson
 
-from .. import __version__
+from . import __version__
 from ..analysis.attribution import attribution
 from ..analysis import circuits as circuits_module
 from ..analysis.circuits import Composition, composition, head_weights, ov_copying
@@ -54,7 +55,7 @@ from ..runtime.encdec import EncoderDecoderRuntime
 from ..runtime.capabilities import inexact
 from ..runtime.interventions import Interventions, Trace, head_importance, head_masks, reference_trace
 from ..runtime.generation import Generator, Sampling
-from ..runtime.patching import knock_out, patch
+from ..runtime.patching import knock_out, patch, path_patch
 from ..runtime.layerwise import LayerwiseResult, Want
 from . import payload
 from .errors import LOADING_RETRY_S, Loading, Refused, TooLarge, UnknownModel
@@ -63,7 +64,8 @@ from ..corpus.atlas import CorpusError, ExampleOptions, count_texts
 from ..sources import get as zoo_model
 from .runs import Run, RunProgress, Runner
 from .schemas import (AttentionRequest, CircuitsRequest, GenerateRequest, ImportanceRequest, JobRequest,
-                      KnockoutRequest, LensRequest, PatchingRequest, QKRequest, StagesRequest)
+                      KnockoutRequest, LensRequest, PatchingRequest, PathPatchingRequest, QKRequest,
+                      StagesRequest)
 from .settings import Settings
 
 UP_TO_LAYER = {"attention", "entropy", "summary", "scores"}   # answer parts of the asked layers alone: a run for them
@@ -328,6 +330,14 @@ class PatchingPlan(ManyRunsPlan):
 
     def payload(self, computed: Computed) -> dict:
         return payload.patching(self, computed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PathPatchingPlan(PatchingPlan):
+    """Path patching from senders to receivers (runtime/patching.py path_patch)."""
+
+    def payload(self, computed: Computed) -> dict:
+        return payload.path_patching(self, computed)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -891,33 +901,42 @@ class Planner:
                               binary=binary, size=16 * rt.cfg.n_layers * rt.cfg.n_heads + 100 * T,
                               run=Run(key, call, steps=True))
 
-    # ---- /api/patching --------------------------------------------------------------------------------------------
-    def patching(self, req: PatchingRequest, binary: bool) -> PatchingPlan:
-        rt = self.runtime(req.model, "activation patching (/api/patching)")
+    # ---- /api/patching, /api/path_patching ------------------------------------------------------------------------
+    def _two_texts(self, req, what: str) -> tuple[Runtime, Encoding, Encoding, Metric]:
+        """A patching request's model (one with an LM head that runs the stacked graph), its two texts of one token
+        count, tokenised, and its metric."""
+        rt = self.runtime(req.model, what)
         self._lm(rt, "patching")
-        self._capable(rt, "stacked", "activation patching (/api/patching)")
+        self._capable(rt, "stacked", what)
         self._chars(rt, "clean and corrupt are", req.clean, req.corrupt)
         clean, corrupt = rt.vocabulary.encode(req.clean), rt.vocabulary.encode(req.corrupt)
         if len(clean.ids) != len(corrupt.ids):
             raise Refused(f"clean and corrupt must have the same token count: clean has {len(clean.ids)} tokens, "
                           f"corrupt has {len(corrupt.ids)}; patching puts each position's value into the same position")
+        self._patching_tokens(len(clean.ids), "patching")
+        return rt, clean, corrupt, self._metric(rt, req.target, req.distractor)
+
+    def _patching_work(self, rt: Runtime, rows: int, T: int, passes: int = 1,
+                       fix: str = "patch per (layer, head) (per_position false), or shorten the texts") -> None:
+        """Every row runs the blocks from its own layer up, over every token (path patching: twice): L (L + 1) / 2
+        block runs per row of each layer's rows. What that takes, in float operations, bounds how long the answer
+        takes."""
+        L = rt.cfg.n_layers
+        gflop = passes * (rows // L) * L * (L + 1) // 2 * T * _block_flops(rt, T) / 1e9
+        if gflop > self.settings.max_patching_gflop:
+            raise Refused(f"this patching is {gflop:,.0f} GFLOP ({rows} rows, each running the blocks from its own "
+                          f"layer up over {T} tokens); the limit is {self.settings.max_patching_gflop:,g} "
+                          f"(ATTNSCOPE_MAX_PATCHING_GFLOP): {fix}")
+
+    def patching(self, req: PatchingRequest, binary: bool) -> PatchingPlan:
+        rt, clean, corrupt, metric = self._two_texts(req, "activation patching (/api/patching)")
         T, L, H = len(clean.ids), rt.cfg.n_layers, rt.cfg.n_heads
-        self._patching_tokens(T, "patching")
         rows = L * T if req.site == "residual" else L * H * (T if req.per_position else 1)
         if rows > self.settings.max_patching_runs:
             raise Refused(f"this patching is {rows} runs ({L} layers x {H} heads x {T} positions); the limit is "
                           f"{self.settings.max_patching_runs} (ATTNSCOPE_MAX_PATCHING_RUNS): patch per (layer, head) "
                           f"(per_position false), or shorten the texts")
-        # every row runs the blocks from its own layer up, over every token: L (L + 1) / 2 block runs per row of
-        # each layer's rows. What that takes, in float operations, bounds how long the answer takes
-        per_layer = rows // L
-        gflop = per_layer * L * (L + 1) // 2 * T * _block_flops(rt, T) / 1e9
-        if gflop > self.settings.max_patching_gflop:
-            raise Refused(f"this patching is {gflop:,.0f} GFLOP ({rows} rows, each running the blocks from its own "
-                          f"layer up over {T} tokens); the limit is {self.settings.max_patching_gflop:,g} "
-                          f"(ATTNSCOPE_MAX_PATCHING_GFLOP): patch per (layer, head) "
-                          f"(per_position false), or shorten the texts")
-        metric = self._metric(rt, req.target, req.distractor)
+        self._patching_work(rt, rows, T)
         key = _hash(["patching", req.model, rt.key, req.clean, req.corrupt, metric.target, metric.distractor,
                      req.site, req.per_position, req.direction])
 
@@ -927,6 +946,29 @@ class Planner:
         return PatchingPlan(request=req, runtime=rt, encoding=clean, key=key, etag=_etag(key, req, binary),
                             binary=binary, size=24 * rows + 200 * T, run=Run(key, call, steps=True),
                             corrupt=corrupt, metric=metric)
+
+    def path_patching(self, req: PathPatchingRequest, binary: bool) -> PatchingPlan:
+        rt, clean, corrupt, metric = self._two_texts(req, "path patching (/api/path_patching)")
+        T, L, H = len(clean.ids), rt.cfg.n_layers, rt.cfg.n_heads
+        pairs = {}
+        for name in ("senders", "receivers"):
+            asked = getattr(req, name)
+            bad = [pair for pair in asked or () if pair[0] >= L or pair[1] >= H]
+            if bad:
+                raise Refused(f"{name} {bad[:5]} out of range: this model has layers 0..{L - 1} and heads 0..{H - 1}")
+            pairs[name] = None if asked is None else tuple(sorted({(l, h) for l, h in asked}))
+        rows = L * H if pairs["senders"] is None else 1
+        self._patching_work(rt, max(rows, L), T, passes=2 if pairs["receivers"] else 1,
+                            fix="name the senders (one run, not one per head), or shorten the texts")
+        key = _hash(["path_patching", req.model, rt.key, req.clean, req.corrupt, metric.target, metric.distractor,
+                     pairs["senders"], pairs["receivers"], req.receiver_input if pairs["receivers"] else None])
+
+        def call():
+            return path_patch(rt, clean, corrupt, metric, senders=pairs["senders"], receivers=pairs["receivers"],
+                              receiver_input=req.receiver_input)
+        return PathPatchingPlan(request=req, runtime=rt, encoding=clean, key=key, etag=_etag(key, req, binary),
+                                binary=binary, size=24 * rows + 200 * T + 20 * len(req.senders or ()) + 20 * len(
+                                    req.receivers or ()), run=Run(key, call), corrupt=corrupt, metric=metric)
 
     # ---- /api/knockout --------------------------------------------------------------------------------------------
     def knockout(self, req: KnockoutRequest, binary: bool) -> KnockoutPlan:

@@ -8,14 +8,15 @@ import anyio
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 
-from .. import __version__
 from ..graphs.builder import built
+from . import __version__
 from . import wire
 from .deps import get_service
 from .schemas import (AttentionRequest, AttentionResponse, CircuitsRequest, CircuitsResponse, Error, GenerateRequest,
                       Health, ImportanceRequest, ImportanceResponse, Job, KnockoutRequest,
                       KnockoutResponse, LensRequest,
-                      LensResponse, ModelInfo, PatchingRequest, PatchingResponse, QKRequest, QKResponse,
+                      LensResponse, ModelInfo, PatchingRequest, PatchingResponse, PathPatchingRequest,
+                      PathPatchingResponse, QKRequest, QKResponse,
                       StagesRequest, StagesResponse)
 from .service import AttentionService
 
@@ -132,6 +133,21 @@ async def patching(req: PatchingRequest, svc: Service, request: Request, accept:
         minimal = _minimal(prefer)
         return svc.sending.stream(svc.plans.patching(req, minimal), svc.runner, started, minimal)
     plan = svc.plans.patching(req, wire.accepts_binary(accept))
+    return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
+
+
+@router.post("/api/path_patching", response_model=PathPatchingResponse, tags=["interventions"],
+             summary="Path patching: sender heads' corrupt outputs along their direct paths into receivers' inputs",
+             responses={**ERRORS, 200: BINARY_DOC, 304: {"description": "Not modified (If-None-Match)"}})
+async def path_patching(req: PathPatchingRequest, svc: Service, request: Request,
+                        accept: Annotated[str | None, Header()] = None,
+                        if_none_match: Annotated[str | None, Header()] = None):
+    """Wang et al. 2023's path patching: the clean run with the senders' outputs taken from the corrupt run and every
+    other head frozen at its clean output; the receivers' `receiver_input` read there is put into the clean run (or,
+    without receivers, that run's logits read), and the metric at the last position reported with its recovery.
+    Without `senders`, each head alone: a [layer][head] map."""
+    started = time.perf_counter()
+    plan = svc.plans.path_patching(req, wire.accepts_binary(accept))
     return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
 
 

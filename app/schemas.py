@@ -244,19 +244,25 @@ SITE_DOC = ("head_output (blocks.{layer}.attn.hook_z: a head's output before the
             "(blocks.{layer}.hook_resid_pre: the residual stream entering the block, patched per position)")
 
 
-class PatchingRequest(Strict):
-    """Activation patching between a clean and a corrupt text of the same token count."""
+IOI_CLEAN = "When Mary and John went to the store, John gave a drink to"
+IOI_CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
+
+
+class TwoTexts(Strict):
+    """A clean and a corrupt text of the same token count, and the metric an intervention between them reads."""
     model: Text = Field("smollm2", description="a model id from GET /api/models, one with an LM head "
                         "(`predictions`)", examples=["smollm2"])
-    clean: Text = Field(description="the clean text", examples=["When Mary and John went to the store, John gave a "
-                                                                 "drink to"], json_schema_extra={"pattern": r"\S"})
+    clean: Text = Field(description="the clean text", examples=[IOI_CLEAN], json_schema_extra={"pattern": r"\S"})
     corrupt: Text = Field(description="the corrupt text: the same token count as `clean`",
-                          examples=["When Mary and John went to the store, Mary gave a drink to"],
-                          json_schema_extra={"pattern": r"\S"})
+                          examples=[IOI_CORRUPT], json_schema_extra={"pattern": r"\S"})
     target: Text = Field(min_length=1, description="the token whose logit the metric reads, as next_tokens shows it (\"␣Mary\") "
                          "or a text that is exactly one token", examples=["␣Mary"])
     distractor: Text | None = Field(None, min_length=1, description="metric logit(target) - logit(distractor) when given; "
                                     "log p(target) otherwise", examples=["␣John"])
+
+
+class PatchingRequest(TwoTexts):
+    """Activation patching between a clean and a corrupt text of the same token count."""
     site: Literal["head_output", "query", "key", "value", "pattern", "residual"] = Field(
         "head_output", description="what is patched: " + SITE_DOC)
     per_position: JsonBool = Field(False, description="patch each (layer, head, position) alone, not each (layer, "
@@ -290,6 +296,54 @@ class PatchingResponse(BaseModel):
                           "per position; residual [layer][position])")
     recovery: list | None = Field(description="(patched - corrupt) / (clean - corrupt), the same shape; null when "
                                   "clean and corrupt have the same metric")
+    timing_ms: dict[str, float]
+
+
+Pair = Annotated[list[Index], Field(min_length=2, max_length=2)]   # [layer, head]
+
+
+class PathPatchingRequest(TwoTexts):
+    """Path patching (Wang et al. 2023): the senders' outputs from the corrupt run reach the receivers only along
+    their direct paths (every other head frozen at its clean output, the MLPs recomputed), and the receivers' query,
+    key or value so computed is put into the clean run."""
+    senders: list[Pair] | None = Field(None, min_length=1, max_length=4096, examples=[[[10, 4], [12, 1]]], description="the "
+                                       "sender heads, [layer, head] pairs, patched together (the answer: one number); "
+                                       "each head of the model alone when omitted (the answer: a [layer][head] map)")
+    receivers: list[Pair] | None = Field(None, min_length=1, max_length=4096, examples=[[[23, 3]]], description="the receiver "
+                                         "heads, [layer, head] pairs, whose `receiver_input` takes the paths' values; "
+                                         "when omitted the paths end at the logits (the residual stream after the last "
+                                         "block). A sender at or above every receiver's layer has no path: the clean "
+                                         "metric")
+    receiver_input: Literal["query", "key", "value"] = Field(
+        "query", description="which input of the receivers is patched (hook_q, after RoPE; hook_k; hook_v -- per "
+        "query head: in a grouped-query model the key and value that head reads). Without receivers, unused")
+    precision: _bounded(1, 8) | None = Field(None, description="round every number to this many decimals")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "smollm2", "clean": IOI_CLEAN, "corrupt": IOI_CORRUPT, "target": "␣Mary", "distractor": "␣John",
+         "receivers": [[23, 3]], "receiver_input": "query"}]})
+
+
+class PathPatchingResponse(BaseModel):
+    model: str = Field(description="the model id that answered")
+    senders: list[list[int]] | None = Field(description="the senders patched together; null: each head alone")
+    receivers: list[list[int]] | None = Field(description="the receivers; null: the logits")
+    receiver_input: Literal["query", "key", "value"]
+    hooks: dict[str, str] = Field(description="TransformerLens' hook points: where senders are read and heads "
+                                  "frozen (hook_z), where receivers are written", examples=[
+                                      {"senders": "blocks.{layer}.attn.hook_z", "receivers": "blocks.{layer}.attn.hook_q"}])
+    metric: Literal["logit_difference", "logprob"]
+    target: Token
+    distractor: Token | None = None
+    clean_tokens: list[str]
+    corrupt_tokens: list[str]
+    clean: float = Field(description="the metric on the clean run")
+    corrupt: float = Field(description="the metric on the corrupt run")
+    patched: float | Matrix = Field(description="the metric with the paths patched: one number for the senders "
+                                    "together, or [layer][head] each head the one sender")
+    recovery: float | Matrix | None = Field(description="(patched - corrupt) / (clean - corrupt): 1 where the paths "
+                                            "carry nothing of the corruption, 0 where they carry all of it; null when "
+                                            "clean and corrupt have the same metric")
     timing_ms: dict[str, float]
 
 
@@ -803,10 +857,11 @@ class Error(BaseModel):
     errors: list[dict] | None = Field(None, description="per-field validation errors, when there are several")
 
 
-REQUESTS = ("AttentionRequest", "StagesRequest", "ImportanceRequest", "PatchingRequest", "KnockoutRequest",
-            "GenerateRequest", "QKRequest", "LensRequest", "CircuitsRequest")
+REQUESTS = ("AttentionRequest", "StagesRequest", "ImportanceRequest", "PatchingRequest", "PathPatchingRequest",
+            "KnockoutRequest", "GenerateRequest", "QKRequest", "LensRequest", "CircuitsRequest")
 # the requests only some models take: the ModelInfo flag that says which, and its words
-NEEDS = {"PatchingRequest": ("predictions", "an LM head"), "KnockoutRequest": ("predictions", "an LM head"),
+NEEDS = {"PatchingRequest": ("predictions", "an LM head"), "PathPatchingRequest": ("predictions", "an LM head"),
+         "KnockoutRequest": ("predictions", "an LM head"),
          "GenerateRequest": ("predictions", "an LM head"), "LensRequest": ("unembedding", "an unembedding")}
 
 
@@ -896,7 +951,7 @@ def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int, max_new_tokens: 
     props = variant["properties"]
     variant["examples"] = [_example(generic, m)]
     for field in ("layers", "heads", "ablate", "mask_tokens", "queries", "keys", "query", "key", "position", "clean",
-                  "corrupt", "target", "distractor", "head_lens"):   # the generic examples need not fit this model (its tokens, its sizes)
+                  "corrupt", "target", "distractor", "head_lens", "senders", "receivers"):   # the generic examples need not fit this model (its tokens, its sizes)
         props.get(field, {}).pop("examples", None)
     default = props["model"].get("default")
     props["model"] = {"const": m.id, "type": "string", "description": f"{m.title}: {m.layers} layers x {m.heads} "
@@ -942,8 +997,10 @@ def _variant(generic: dict, m: ModelInfo, max_mask_tokens: int, max_new_tokens: 
 
 
 def _bound_pairs(props: dict, m: ModelInfo) -> None:
-    """[layer, head] pairs (`ablate`'s, `head_lens`): each number bounded by its own axis."""
+    """[layer, head] pairs (`ablate`'s, `senders`', `receivers'`, `head_lens`): each number bounded by its own axis."""
     pairs = [props["ablate"]["items"]] if "ablate" in props else []
+    pairs += [node["items"] for field in ("senders", "receivers") for node in props.get(field, {}).get("anyOf", [])
+              if node.get("type") == "array"]
     pairs += [node for node in props.get("head_lens", {}).get("anyOf", []) if node.get("type") == "array"]
     for pair in pairs:
         index = pair.pop("items")

@@ -19,7 +19,7 @@ from typing import Callable, Literal, Sequence
 import numpy as np
 
 from ..analysis.effects import Metric
-from ..model.interventions import Edit
+from ..model.interventions import Edit, hook_name
 from ..model.masks import MASKED
 from ..model.functional import soft_cap
 from ..model.precision import COMPUTE, widen
@@ -28,9 +28,10 @@ from .errors import InputError, Stopped
 from .results import Encoding
 
 Ablation = Literal["zero", "mean"]
-Readout = Literal["logits", "outputs"]   # the last position's logits [B, V] (or a metric of them), or the final
-#                                          graph's outputs
+Readout = Literal["logits", "outputs", "sites"]   # the last position's logits [B, V] (or a metric of them), the
+#                                          final graph's outputs, or the sites `keep` names (the run stops after them)
 TRACED = ("residual", "query", "key", "value", "head_output")   # the sites a trace keeps by default
+KEPT = TRACED                              # the sites an edited run can hand back (Interventions.run's keep)
 BATCH = 16                                # rows per batch (on a CPU)
 GPU_BATCH = 512                           # at least, on a GPU
 
@@ -152,13 +153,21 @@ class Interventions:
     # ---- edited runs -----------------------------------------------------------------------------------------------
     def run(self, base: Trace, rows: Sequence[Sequence[Edit]], readout: Readout = "logits",
             reuse: bool = True, metric: Metric | None = None, progress: Progress | None = None,
-            stop: Callable[[], bool] | None = None) -> dict[str, np.ndarray]:
+            stop: Callable[[], bool] | None = None, keep: Sequence[tuple[str, int]] = ()) -> dict[str, np.ndarray]:
         """Every row's edits made to `base`'s run: {"logits": [B, V]} (the last position's next-token logits), or
         with `metric` {"metric": [B]}, each batch's logits reduced as it comes (only the two a logit difference reads
         are computed: never [rows, V] at once); or the final graph's outputs {"hidden" [B, T, D],
-        "next_token_logits", "token_logprobs"}. reuse=False runs every row from the embeddings' output, every block
-        recomputed, one row at a time (the plain way, for comparison: the same numbers). progress(rows done, rows)
-        after each batch; stop(): checked before each batch, True raises Stopped (nobody waits for the result)."""
+        "next_token_logits", "token_logprobs"}; or ("sites") the (site, layer) values `keep` names, as the edited run
+        computed them (edits there made), under their hook names {"blocks.3.attn.hook_q": [B, H, T, dh], ...}: the
+        run stops after the last of their layers (path patching reads a receiver's input so). reuse=False runs every
+        row from the embeddings' output, every block recomputed, one row at a time (the plain way, for comparison:
+        the same numbers). progress(rows done, rows) after each batch; stop(): checked before each batch, True raises
+        Stopped (nobody waits for the result)."""
+        if readout == "sites" and not keep:
+            raise ValueError("readout 'sites' needs the (site, layer) pairs to keep")
+        bad = [site for site, _ in keep if site not in KEPT]
+        if bad:
+            raise ValueError(f"a run keeps {', '.join(KEPT)}; not {', '.join(bad)}")
         first = [min((e.layer for e in row), default=self.rt.cfg.n_layers) if reuse else 0 for row in rows]
         order = sorted(range(len(rows)), key=lambda b: first[b])
         size = self.batch if reuse else 1
@@ -171,7 +180,7 @@ class Interventions:
                 chunk = [b for b in order[n:n + size] if first[b] == first[order[n]]]
                 n += len(chunk)
                 for name, value in self._rows(base, [rows[b] for b in chunk], first[chunk[0]], readout,
-                                              reuse, metric).items():
+                                              reuse, metric, keep).items():
                     out.setdefault(name, []).append((chunk, value))
                 if progress is not None:
                     progress(n, len(order))
@@ -184,14 +193,18 @@ class Interventions:
         return result
 
     def _rows(self, base: Trace, rows: list[Sequence[Edit]], start: int, readout: Readout,
-              reuse: bool = True, metric: Metric | None = None) -> dict[str, np.ndarray]:
+              reuse: bool = True, metric: Metric | None = None,
+              keep: Sequence[tuple[str, int]] = ()) -> dict[str, np.ndarray]:
         """One batch of rows, all of whose edits are at layers >= start, from base's residual stream at start (and,
         with reuse, base's attention at start where no edit changes it)."""
         cfg, s = self.rt.cfg, base.sites
         B, T = len(rows), base.T
-        x = np.repeat(s["residual"][start][None], B, axis=0)                  # [B, T, D]
+        kept = {hook_name(site, layer): np.repeat(s[site][layer][None], B, axis=0)    # below start: base's own
+                for site, layer in keep if layer < start}
+        end = max(layer for _, layer in keep) + 1 if readout == "sites" else cfg.n_layers
+        x = np.repeat(s["residual"][min(start, end)][None], B, axis=0)        # [B, T, D]
         fresh = reuse                                                         # x is base's in every row
-        for layer in range(start, cfg.n_layers):
+        for layer in range(start, end):
             here = [[e for e in row if e.layer == layer] for row in rows]
             sites = {e.site for row in here for e in row}
             if "residual" in sites:
@@ -201,6 +214,9 @@ class Interventions:
             else:
                 q, k, v = self._qkv(layer, x)
             q, k, v = (_edit(t, here, name) for t, name in ((q, "query"), (k, "key"), (v, "value")))
+            for site, value in (("residual", x), ("query", q), ("key", k), ("value", v)):
+                if (site, layer) in keep:
+                    kept[hook_name(site, layer)] = value
             if fresh and not sites & {"query", "key", "value", "scores", "pattern"}:
                 z = np.repeat(s["head_output"][layer][None], B, axis=0)
             else:
@@ -215,7 +231,11 @@ class Interventions:
                     p = _edit(p, here, "pattern")
                     z[:, patterned] = p[:, patterned] @ v[:, patterned]
             z = _edit(z, here, "head_output")
+            if ("head_output", layer) in keep:
+                kept[hook_name("head_output", layer)] = z
             x, fresh = self._block_out(layer, x, z), False
+        if readout == "sites":
+            return kept
         if readout == "logits":
             model = self.rt.model
             last = x[:, -1]

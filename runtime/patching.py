@@ -17,7 +17,7 @@ from typing import Callable, Literal
 import numpy as np
 
 from ..analysis.effects import Metric, recovery
-from ..model.interventions import HEAD_SITES, Edit, knockout
+from ..model.interventions import HEAD_SITES, Edit, hook_name, knockout
 from .errors import InputError
 from .interventions import Interventions, Progress, Trace
 from .results import Encoding
@@ -122,3 +122,90 @@ def knock_out(rt, enc: Encoding, queries, keys, layers: tuple[int, int], top_k: 
     before = prediction(base.logits, base.token_logprobs, base.hidden)
     after = prediction(out["next_token_logits"][0], out["token_logprobs"][0], out["hidden"][0])
     return Knockout(enc.tokens, before, after, layers, time.perf_counter() - t0)
+
+
+# ---- path patching ---------------------------------------------------------------------------------------------------
+Receiver = Literal["query", "key", "value"]
+
+
+@dataclass(frozen=True)
+class PathPatching:
+    """Path patching's answer: the metric on both runs and with the paths patched. senders None: each head in turn the
+    one sender, patched and recovery [L, H]; senders given: those heads together, one number each. receivers None:
+    the paths end at the logits (the residual stream after the last block)."""
+    tokens: list[str]          # the clean text's
+    senders: tuple[tuple[int, int], ...] | None
+    receivers: tuple[tuple[int, int], ...] | None
+    receiver_input: Receiver
+    metric: Metric
+    clean: float
+    corrupt: float
+    patched: np.ndarray | float
+    recovery: np.ndarray | float | None
+    seconds: float
+
+    def nbytes(self) -> int:
+        return np.asarray(self.patched).nbytes * 2
+
+
+def frozen(base: Trace, source: Trace, senders, until: int) -> list[Edit]:
+    """Step 2's edits: at every layer from the first sender's up to `until` (exclusive), each head's output is
+    base's (frozen), but the senders', which are source's. Below the first sender nothing differs from base."""
+    z, every = base.sites["head_output"], np.ones(base.sites["head_output"].shape[1:3], bool)
+    first = min(layer for layer, _ in senders)
+    edits = []
+    for layer in range(first, until):
+        value = z[layer]                                  # base's own array: no copy where no sender is
+        mine = [h for l, h in senders if l == layer]
+        if mine:
+            value = value.copy()
+            value[mine] = source.sites["head_output"][layer][mine]
+        edits.append(Edit("head_output", layer, every, value))
+    return edits
+
+
+def path_patch(rt, clean: Encoding, corrupt: Encoding, metric: Metric, *, senders=None, receivers=None,
+               receiver_input: Receiver = "query", batch: int | None = None) -> PathPatching:
+    """Path patching (Wang et al. 2023, "Interpretability in the Wild", section 3.1): the senders' outputs from the
+    corrupt run reach the receivers only along their direct paths (through the MLPs, which are recomputed), every other
+    head frozen at its clean output; then the receivers' `receiver_input` (query, key or value) so computed is put into
+    the clean run, the rest of which is computed afresh, and the metric read at the last position. Without receivers
+    the paths end at the logits: the step-2 run's own metric. Both steps are runs with edits at named sites
+    (Interventions.run): head_output edits freeze the heads, and the receivers' inputs are read at their hook points
+    (blocks.{l}.attn.hook_q / hook_k / hook_v) and written there. senders None: each (layer, head) alone, a [L, H] map
+    (a head at or above every receiver's layer has no path: the clean metric)."""
+    if receiver_input not in ("query", "key", "value"):
+        raise InputError(f"receiver_input {receiver_input!r}: a receiver reads its query, key or value")
+    if len(clean.ids) != len(corrupt.ids):
+        raise InputError(f"clean and corrupt must have the same token count: clean has {len(clean.ids)} tokens, "
+                         f"corrupt {len(corrupt.ids)}")
+    t0 = time.perf_counter()
+    L, H = rt.cfg.n_layers, rt.cfg.n_heads
+    iv = Interventions(rt) if batch is None else Interventions(rt, batch)
+    base, source = iv.trace(clean), iv.trace(corrupt)
+    sets = [((l, h),) for l in range(L) for h in range(H)] if senders is None else [tuple(map(tuple, senders))]
+    receivers = None if receivers is None else tuple(sorted({(int(l), int(h)) for l, h in receivers}))
+    if receivers is None:
+        patched = iv.run(base, [frozen(base, source, s, L) for s in sets], "logits", metric=metric)["metric"]
+    else:
+        layers = sorted({l for l, _ in receivers})
+        keep = [(receiver_input, l) for l in layers]
+        inputs = iv.run(base, [frozen(base, source, s, layers[-1]) for s in sets], "sites", keep=keep)
+        rows = []
+        for b in range(len(sets)):
+            row = []
+            for l in layers:
+                where = np.zeros((H, base.T), bool)
+                where[[h for ll, h in receivers if ll == l]] = True
+                row.append(Edit(receiver_input, l, where, inputs[hook_name(receiver_input, l)][b]))
+            rows.append(row)
+        patched = iv.run(base, rows, "logits", metric=metric)["metric"]
+    c, k = (float(metric(t.logits)) for t in (base, source))
+    if senders is None:
+        patched = patched.reshape(L, H)
+        rec = recovery(patched, c, k)
+    else:
+        patched = float(patched[0])
+        rec = None if abs(c - k) < 1e-6 else (patched - k) / (c - k)
+    return PathPatching(clean.tokens, None if senders is None else sets[0], receivers, receiver_input, metric, c, k,
+                        patched, rec, time.perf_counter() - t0)

@@ -77,6 +77,21 @@ def minilm(runtimes):
     return runtimes["minilm"]
 
 
+@pytest.fixture(scope="session")
+def local_smollm2(runtimes, tmp_path_factory):
+    """The in-process Python API (attnscope.Model) on the suite's SmolLM2 and tiny-gpt Runtimes (no second load), its
+    jobs in a temporary folder: shared by the tests that compare it with the server, so their runs are cached once."""
+    import attnscope
+    from attnscope.app.settings import Settings
+
+    settings = Settings(models=["smollm2", "tiny-gpt"], default_model="smollm2", cache=CACHE,
+                        jobs_dir=tmp_path_factory.mktemp("local-jobs"))
+    model = attnscope.Model(runtimes["smollm2"], settings=settings)
+    model.service.runtimes["tiny-gpt"] = runtimes["tiny-gpt"]
+    yield model
+    model.close()
+
+
 @contextlib.contextmanager
 def serving(folders: dict[str, Path], **settings):
     """The app in this process (a TestClient) serving each checkpoint folder by path, under its key: how the family

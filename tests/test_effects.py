@@ -21,7 +21,7 @@ from attnscope.model.interventions import HOOKS, Edit, hook_name, knockout
 from attnscope.model.masks import MASKED
 from attnscope.runtime import Runtime
 from attnscope.runtime.interventions import Interventions
-from attnscope.runtime.patching import patch
+from attnscope.runtime.patching import patch, path_patch
 from attnscope.sources import resolve
 
 from .conftest import CACHE
@@ -219,6 +219,100 @@ def test_smollm2_induction_heads_recover_the_repeated_tokens(smollm2):
     assert sum(score[l, h] >= 0.5 for l, h in top) >= 2, [(t, float(score[t])) for t in top]
 
 
+# ---- path patching against transformers ----------------------------------------------------------------------------
+def _input_columns(hf, layer: int, site: str, head: int):
+    """The module whose output holds a receiver head's `site` input (query, key, value: before RoPE, which rotates
+    both runs' values alike at each position), and the columns that are that head's: Llama's q_proj/k_proj/v_proj
+    (key and value per key/value head: the head's group), GPT-2's c_attn (q | k | v)."""
+    if hasattr(hf, "model"):
+        attn, cfg = hf.model.layers[layer].self_attn, hf.config
+        dh, group = cfg.head_dim, cfg.num_attention_heads // cfg.num_key_value_heads
+        module = {"query": attn.q_proj, "key": attn.k_proj, "value": attn.v_proj}[site]
+        j = head if site == "query" else head // group
+        return module, slice(j * dh, (j + 1) * dh)
+    D, dh = hf.config.n_embd, hf.config.n_embd // hf.config.n_head
+    offset = {"query": 0, "key": D, "value": 2 * D}[site]
+    return hf.transformer.h[layer].attn.c_attn, slice(offset + head * dh, offset + (head + 1) * dh)
+
+
+def hf_path_patching(hf, clean_ids, corrupt_ids, metric: Metric, senders, receivers, site: str) -> float:
+    """Path patching the transformers way (Wang et al. 2023): (2) the clean text with every head's o_proj input slice
+    the clean run's but the senders', which are the corrupt run's (pre-hooks on each output projection), the
+    receivers' input projections' outputs read by forward hooks; (3) the clean text with those columns written back,
+    nothing else touched. Without receivers, (2)'s own metric."""
+    projections, dh, _, _ = _hf_parts(hf)
+    clean, corrupt = _o_inputs(hf, clean_ids), _o_inputs(hf, corrupt_ids)
+
+    def freeze(module, args, layer):
+        x = clean[layer].clone()
+        for l, h in senders:
+            if l == layer:
+                x[:, h * dh:(h + 1) * dh] = corrupt[layer][:, h * dh:(h + 1) * dh]
+        return (x[None],)
+    frozen = [(p, lambda m, a, layer=i: freeze(m, a, layer)) for i, p in enumerate(projections)]
+    if receivers is None:
+        return float(metric(_hf_logits(hf, [clean_ids], frozen))[0])
+    seen, handles = {}, []
+    for l, h in receivers:
+        module, cols = _input_columns(hf, l, site, h)
+        handles.append(module.register_forward_hook(
+            lambda m, a, out, key=(l, h), cols=cols: seen.__setitem__(key, out[..., cols].clone())))
+    _hf_logits(hf, [clean_ids], frozen)
+    for handle in handles:
+        handle.remove()
+    handles = []
+    for l, h in receivers:
+        module, cols = _input_columns(hf, l, site, h)
+
+        def write(m, a, out, key=(l, h), cols=cols):
+            out = out.clone()
+            out[..., cols] = seen[key]
+            return out
+        handles.append(module.register_forward_hook(write))
+    try:
+        return float(metric(_hf_logits(hf, [clean_ids]))[0])
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def test_gpt2_path_patching_equals_transformers_hooks(gpt2):
+    """Senders in layer 0 into receivers' query, key and value in layer 1, and into the logits, each equal to
+    transformers with hooks; each sender alone (the map) is the chosen-senders answer of that one head."""
+    rt, hf, _ = gpt2
+    a, b = rt.encode(GPT2_CLEAN), rt.encode(GPT2_CORRUPT)
+    metric = Metric(int(a.ids[-1]), int(a.ids[1]))
+    senders, receivers = [(0, 1), (0, 3)], [(1, 0), (1, 2)]
+    for site in ("query", "key", "value"):
+        ours = path_patch(rt, a, b, metric, senders=senders, receivers=receivers, receiver_input=site)
+        theirs = hf_path_patching(hf, a.ids, b.ids, metric, senders, receivers, site)
+        assert ours.patched == pytest.approx(theirs, abs=1e-4), site
+        assert abs(ours.patched - ours.clean) > 1e-2, site               # the paths carry something
+    ours = path_patch(rt, a, b, metric, senders=senders)
+    assert ours.patched == pytest.approx(hf_path_patching(hf, a.ids, b.ids, metric, senders, None, ""), abs=1e-4)
+    scan = path_patch(rt, a, b, metric, receivers=receivers, receiver_input="value")
+    assert scan.patched.shape == (2, 4) and np.all(scan.patched[1] == pytest.approx(scan.clean, abs=1e-5))
+    for h in range(4):                                                    # layer 1 has no path to layer 1's inputs
+        one = hf_path_patching(hf, a.ids, b.ids, metric, [(0, h)], receivers, "value")
+        assert scan.patched[0, h] == pytest.approx(one, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_smollm2_path_patching_equals_transformers_hooks(smollm2, hf_smollm2):
+    """IOI on SmolLM2: heads of layers 10-20 patched from the corrupt run (the other name first) into L23H3's query
+    (the head DLA ranks first) and into the values of its key/value group (heads 3-5: transformers' v_proj holds the
+    group's value), and into the logits; equal to transformers with hooks."""
+    rt, hf = smollm2, hf_smollm2
+    a, b = rt.encode(IOI_CLEAN), rt.encode(IOI_CORRUPT)
+    metric = Metric(rt.vocabulary.token_id("␣Mary"), rt.vocabulary.token_id("␣John"))
+    senders = [(l, h) for l in range(10, 21) for h in range(rt.cfg.n_heads)]
+    for site, receivers in (("query", [(23, 3)]), ("value", [(23, 3), (23, 4), (23, 5)]), (None, None)):
+        ours = path_patch(rt, a, b, metric, senders=senders, receivers=receivers, receiver_input=site or "query")
+        theirs = hf_path_patching(hf, a.ids, b.ids, metric, senders, receivers, site)
+        assert ours.patched == pytest.approx(theirs, abs=1e-4), site
+        assert abs(ours.patched - ours.clean) > 1e-2, (site, ours.patched, ours.clean)   # 100x the agreement
+
+
 # ---- direct logit attribution --------------------------------------------------------------------------------------
 def hf_attribution(hf, ids, u: np.ndarray, position: int) -> np.ndarray:
     """Each head's direct share [L, H], independently: transformers' o_proj (c_proj) inputs through that head's
@@ -305,6 +399,17 @@ def test_bad_effects_requests_get_clear_4xx():
         ]
         for body, says in cases:
             r = c.post("/api/patching", json=body)
+            assert r.status_code == 422 and says in r.text, (body, r.text)
+        r = c.post("/api/path_patching", json=ok | {"receivers": [[1, 0]], "receiver_input": "key"})
+        assert r.status_code == 200 and np.shape(r.json()["patched"]) == (2, 1), r.text
+        assert r.json()["hooks"] == {"senders": "blocks.{layer}.attn.hook_z", "receivers": "blocks.{layer}.attn.hook_k"}
+        for body, says in [(ok | {"senders": [[5, 0]]}, "senders [[5, 0]] out of range"),
+                           (ok | {"receivers": [[0, 3]]}, "receivers [[0, 3]] out of range"),
+                           (ok | {"receivers": []}, "receivers: List should have at least 1 item"),
+                           (ok | {"receiver_input": "pattern"}, "receiver_input"),
+                           (ok | {"corrupt": "a b"}, "same token count"),
+                           (ok | {"model": "tiny-gpt"}, "has no LM head")]:
+            r = c.post("/api/path_patching", json=body)
             assert r.status_code == 422 and says in r.text, (body, r.text)
         knock = {"model": "induction", "text": "a b c a b", "queries": [3], "keys": [1]}
         r = c.post("/api/knockout", json=knock)

@@ -297,6 +297,20 @@ def check_knockout(ex, a, api):
     assert [t["id"] for t in preds] == [t["id"] for t in a["effect"]["next_tokens_before"]]
 
 
+def check_path_patching(ex, a, api):
+    """Each head alone as the sender to L23H3's query: a [layer][head] map; a head at or above the receiver's layer has
+    no path (the clean metric), and some head below it carries the corruption."""
+    req = ex.body
+    m = api.info[req["model"]]
+    patched = np.asarray(a["patched"], np.float64)
+    assert patched.shape == (m["layers"], m["heads"]) and a["senders"] is None and a["receivers"] == [[23, 3]]
+    assert a["hooks"] == {"senders": "blocks.{layer}.attn.hook_z", "receivers": "blocks.{layer}.attn.hook_q"}
+    assert np.allclose(np.asarray(a["recovery"]), (patched - a["corrupt"]) / (a["clean"] - a["corrupt"]), atol=1e-5)
+    assert a["clean"] > 0 > a["corrupt"]
+    assert np.allclose(patched[23:], a["clean"], atol=1e-4)
+    assert np.abs(patched[:23] - a["clean"]).max() > 0.05
+
+
 def check_qk(ex, a, api):
     req = ex.body
     assert [a[k] for k in ("layer", "head", "query", "key")] == [req[k] for k in ("layer", "head", "query", "key")]
@@ -394,6 +408,7 @@ def check_jobs(ex, jobs, api):
 CHECKS = {("GET", "/api/models"): check_models, ("POST", "/api/attention"): check_attention,
           ("POST", "/api/stages"): check_stages, ("POST", "/api/importance"): check_importance,
           ("POST", "/api/patching"): check_patching, ("POST", "/api/knockout"): check_knockout,
+          ("POST", "/api/path_patching"): check_path_patching,
           ("POST", "/api/qk"): check_qk, ("POST", "/api/lens"): check_lens, ("POST", "/api/circuits"): check_circuits,
           ("POST", "/api/generate"): check_generate, ("GET", "/api/models/{id}/onnx"): check_onnx,
           ("GET", "/healthz"): check_health, ("POST", "/api/jobs"): check_job, ("GET", "/api/jobs"): check_jobs}
@@ -422,3 +437,66 @@ def test_readme_curl_example(ex, request, tmp_path):
     url = request.getfixturevalue({"smollm2": "live_server_smollm2", "t5": "live_server_t5"}.get(ex.model,
                                                                                                    "live_server"))
     CHECKS[route(ex)](ex, run(ex, url, tmp_path), Api(url))
+
+
+# ---- the Python snippets: "From Python and Jupyter", "For agents (MCP)" ------------------------------------------------
+def python_blocks(section: str) -> list[str]:
+    """The ```python blocks of a README section (up to the next ## heading), as written."""
+    text = README.read_text()
+    start = text.index(f"\n## {section}\n")
+    end = text.find("\n## ", start + 1)
+    return re.findall(r"```python\n(.*?)```", text[start:end], re.S)
+
+
+def test_readme_python_and_jupyter(local_smollm2, live_server_smollm2):
+    """The section's two blocks run as written, one after the other: in this process (attnscope.load's SmolLM2 is the
+    suite's in-process Model: no second load), then against the suite's SmolLM2 server; what they say they give,
+    they give."""
+    import attnscope
+
+    local, remote = python_blocks("From Python and Jupyter")
+    original = attnscope.load
+    ns: dict = {}
+    try:
+        attnscope.load = lambda model_id, **kw: {"smollm2": local_smollm2}[model_id]
+        exec(compile(local, "README.md", "exec"), ns)
+        exec(compile(remote.replace(HOST, live_server_smollm2), "README.md", "exec"), ns)
+    finally:
+        attnscope.load = original
+    assert (23, 3) in [(l, h) for l, h, _ in ns["top"]]                     # "L23H3 among them"
+    assert ns["recovery"].dims == ("layer", "head") and ns["recovery"].shape == (30, 9)
+    senders = np.asarray(ns["senders"].patched)
+    assert senders.shape == (30, 9) and np.allclose(senders[23:], ns["senders"].clean, atol=1e-4)
+    assert ns["a"].to_xarray()["attention"].dims == ("layer", "head", "query", "key")
+    assert list(ns["cells"].columns) == ["layer", "head", "query", "key", "attention"] and len(ns["cells"]) == 14 * 14
+    assert ns["why"].tokens[13] == "␣to" and ns["why"].tokens[1] == "␣Mary" and ns["why"].probability > 0.3
+    assert ns["lens"].top_tokens[-1][-1][0] == "␣Mary"                     # the last row: the model's prediction
+    assert len(ns["words"]) == 5
+    assert ns["same"].data["attribution"] == ns["dla"].data["attribution"]   # the server's answer is the in-process one
+    assert ns["atlas"].to_xarray()["induction_mass"].dims == ("layer", "head") and ns["atlas"].texts == 20
+    ns["api"].close()
+
+
+def test_readme_agents_mcp_snippet(live_server):
+    """The MCP block, with `attnscope` the command of this interpreter (python -m attnscope) in this environment (the
+    SDK passes a server only a few variables: the suite's ATTNSCOPE_CACHE and import path go along): its tools listed
+    and its QK answer the REST API's."""
+    import os
+    import sys
+
+    from .conftest import in_thread
+
+    [block] = python_blocks("For agents (MCP)")
+    code = block.replace('command="attnscope", args=["mcp"', f'command={sys.executable!r}, env={dict(os.environ)!r}, '
+                         'args=["-m", "attnscope", "mcp"')
+    assert code != block
+    ns: dict = {}
+    in_thread(exec, compile(code, "README.md", "exec"), ns)
+    assert "qk" in ns["tools"] and "path_patching" in ns["tools"]
+    answer = ns["answer"]
+    ref = httpx.post(f"{live_server}/api/qk", json={"model": "induction", "text": "Harry Potter met Ron Weasley at "
+                     "school. Then Harry Potter", "layer": 1, "head": 0, "query": 11, "key": 3, "top": 3}).json()
+    assert answer["score"] == pytest.approx(ref["score"], abs=1e-5) and len(answer["top"]) == 3
+    names = [c["name"] for c in ref["components"]]
+    assert [(t["query_component"], t["key_component"]) for t in answer["top"]] == [
+        (names[t["query"]], names[t["key"]]) for t in ref["top"]]

@@ -268,6 +268,13 @@ export function patching(body) {
     "per_position", "direction", "precision"]), progressThenJSON);
 }
 
+/** POST /api/path_patching (JSON): each head in turn the sender of paths to `receivers`' `receiver_input`
+ *  ([layer, head] pairs), every other head frozen at its clean output. */
+export function path_patching(body) {
+  return cached("/api/path_patching", only(body, ["model", "clean", "corrupt", "target", "distractor", "receivers",
+    "receiver_input", "precision"]), fetchJSON);
+}
+
 /** POST /api/knockout (JSON): `queries` stop reading `keys` in layers [first, last]; the prediction before and
  *  after. The page's text is the knocked-out text. */
 export function knockout(body) {

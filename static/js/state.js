@@ -16,7 +16,8 @@ export const GENERATION = { max_new_tokens: BOOT.max_new_tokens ?? 256, max_temp
 //   present: classroom layout (present.js); lesson: the page of the guided lesson shown (lesson.js), or none
 //   effects view (views/effects.js), in the API's words: the clean text is `text`; corrupt, target, distractor,
 //   site and direction as POST /api/patching takes them; open_head: the patterns of head (layer, head) shown;
-//   queries, keys, knockout_layers ([first, last]) as POST /api/knockout takes them; knockout: run it
+//   queries, keys, knockout_layers ([first, last]) as POST /api/knockout takes them; knockout: run it; receivers
+//   ("layer.head") and receiver_input as POST /api/path_patching takes them (each head the sender in turn)
 //   generation (generate.js), in the API's words: max_new_tokens, greedy, temperature, top_k, top_p, seed (null: a
 //   random one; a sampled generation writes the one it used, so the link says how to get its text again);
 //   side_by_side: with heads knocked out, also generate without them; prompt: the text a generation continued (the
@@ -42,6 +43,7 @@ const FIELDS = [
   ["corrupt", "", "str"], ["target", "", "str"], ["distractor", "", "str"], ["site", "head_output", "site"],
   ["direction", "denoise", "direction"], ["open_head", false, "bool"], ["queries", [], "ints"], ["keys", [], "ints"],
   ["knockout_layers", null, "range?"], ["knockout", false, "bool"],
+  ["receivers", [], "heads"], ["receiver_input", "query", ["query", "key", "value"]],
   ["max_new_tokens", 32, "int"], ["greedy", false, "bool"], ["temperature", 1, "num"], ["top_k", 0, "int"],
   ["top_p", 1, "num"], ["seed", null, "int?"], ["side_by_side", false, "bool"], ["prompt", "", "str"],
   ["why", null, "pair?"], ["lens", "top", ["top", "next"]], ["composition", "k", ["q", "k", "v"]],
@@ -182,7 +184,9 @@ export function normalize(st, models, defaultModel, steps) {
   fixed.layer = Math.min(fixed.layer, info.layers - 1);
   fixed.head = Math.min(fixed.head, info.heads - 1);
   if (fixed.heads) fixed.heads = fixed.heads.filter((x) => x < info.heads);
-  fixed.ablate = fixed.ablate.filter((x) => { const [l, hd] = x.split(".").map(Number); return l < info.layers && hd < info.heads; });
+  const fits = (x) => { const [l, hd] = x.split(".").map(Number); return l < info.layers && hd < info.heads; };
+  fixed.ablate = fixed.ablate.filter(fits);
+  fixed.receivers = fixed.receivers.filter(fits);
   if (!info.pair) fixed.text_pair = "";
   if (info.kind === "encoder-decoder") {    // what reads one stack's run does not apply (encdec.js): left out
     Object.assign(fixed, { causal: null, mask_tokens: [], ablate: [], why: null, click: "pin" });

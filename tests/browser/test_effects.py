@@ -157,6 +157,35 @@ def test_effects_maps_head_patterns_and_knockout(page: Page, live_server_smollm2
     assert console_errors == []
 
 
+def test_effects_path_patching_form(page: Page, live_server_smollm2, console_errors):
+    """Receiver heads typed in the form (L23H3's query) draw a third map, each head the sender of paths to it, equal
+    to POST /api/path_patching's; the receivers and their input are in the URL."""
+    base = live_server_smollm2
+    goto(page, base, text=CLEAN, corrupt=CORRUPT, target="␣Mary", distractor="␣John")
+    expect(page.locator(MAP.format("path"))).to_have_count(0)
+    page.fill("#effects-receivers", "L23H3")
+    page.locator("#view-effects form[data-part=controls] button[type=submit]").click()
+    wait_drawn(page, "effects", timeout=120_000)
+    assert "receivers=23.3" in page.url
+    ref = httpx.post(base + "/api/path_patching", json={"model": "smollm2", "clean": CLEAN, "corrupt": CORRUPT,
+                     "target": "␣Mary", "distractor": "␣John", "receivers": [[23, 3]], "receiver_input": "query"},
+                     timeout=120).json()
+    got = heatmap(page, MAP.format("path"))
+    assert (got["rows"], got["cols"]) == (30, 9) and got["zmid"] == 0
+    assert flat(got["z"]) == pytest.approx(flat(ref["recovery"]), abs=1e-6)
+    assert all(v == pytest.approx(1.0, abs=1e-4) for v in flat(got["z"][23:]))     # no path from layer 23 up
+    expect(page.locator(f"{VIEW} [data-part=maps] [data-part=path] h3")).to_have_text("Path patching into L23H3 (query)")
+    page.select_option("#effects-receiver-input", "value")
+    wait_drawn(page, "effects", timeout=120_000)
+    assert "receiver_input=value" in page.url
+    page.goto(page.url)
+    wait_drawn(page, "effects", timeout=120_000)
+    expect(page.locator("#effects-receivers")).to_have_value("23.3")
+    expect(page.locator("#effects-receiver-input")).to_have_value("value")
+    screenshot(page, "effects-path-patching")
+    assert console_errors == []
+
+
 def test_effects_without_an_lm_head_says_so(page: Page, live_server_smollm2, console_errors):
     goto(page, live_server_smollm2, model="tiny-gpt", text="the cat sat on the mat", target="␣the")
     # the tab is disabled with the capability record's reason, and opened it says so where the maps would be

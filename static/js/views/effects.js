@@ -2,7 +2,9 @@
 // same token count and a target token (and, optionally, a distractor), two layer x head maps side by side: each
 // head's direct logit attribution (POST /api/attention with include "attribution") and how much patching that one
 // head recovers (POST /api/patching). Click a head for its attention pattern on both prompts; knock attention
-// edges out (POST /api/knockout) and see the prediction before and after. Everything chosen here is in the URL.
+// edges out (POST /api/knockout) and see the prediction before and after. With receiver heads, a third map: path
+// patching (POST /api/path_patching), each head the sender of paths to the receivers' query, key or value.
+// Everything chosen here is in the URL.
 import { can, whyNot } from "../boot.js";
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { exportGroup } from "../exporting.js";
@@ -35,6 +37,10 @@ function plan(st, info) {
   if (metric && corrupt) {
     out.push(["patching", { endpoint: "patching", clean: st.text, corrupt, ...metric, site: st.site,
       direction: st.direction }]);
+    if (st.receivers.length) {
+      out.push(["path", { endpoint: "path_patching", clean: st.text, corrupt, ...metric,
+        receivers: st.receivers.map((x) => x.split(".").map(Number)), receiver_input: st.receiver_input }]);
+    }
   }
   if (st.open_head) {
     const one = { endpoint: "attention", layers: [st.layer], heads: [st.head], include: ["attention"] };
@@ -75,10 +81,16 @@ function show(el, value) {
   el.dataset.shown = value;
 }
 
+/** Receiver heads typed as "23.3, 23.4" or "L23H3 L23H4" -> the state's "layer.head" strings (others dropped). */
+const receiversOf = (text) => [...new Set(text.split(/[\s,;]+/).map((x) => x.match(/^L?(\d+)[.H](\d+)$/i))
+  .filter(Boolean).map((m) => `${Number(m[1])}.${Number(m[2])}`))];
+
 /** What the boxes hold that differs from the state (edits not yet run): carried along by every change made here. */
 function edits(form, st) {
   const patch = {};
   const box = (id) => form.querySelector(`#${id}`);
+  const receivers = receiversOf(box("effects-receivers").value);
+  if (receivers.join(",") !== st.receivers.join(",")) patch.receivers = receivers;
   if (box("effects-clean").value !== st.text) Object.assign(patch, { text: box("effects-clean").value, queries: [], keys: [], knockout: false });
   for (const [id, key] of [["effects-corrupt", "corrupt"], ["effects-target", "target"], ["effects-distractor", "distractor"]]) {
     if (box(id).value !== st[key]) patch[key] = box(id).value;
@@ -104,7 +116,13 @@ function controls(container, st, ctx) {
           ctx.boot.sites.map((s) => h("option", { value: s.id, text: s.label })))),
         h("label", {}, "Direction ", h("select", { id: "effects-direction" },
           ctx.boot.directions.map((d) => h("option", { value: d.id, text: d.label })))),
-        h("button", { type: "submit", class: "primary small", text: "Run effects" })));
+        h("button", { type: "submit", class: "primary small", text: "Run effects" })),
+      h("div", { class: "effects-line" },
+        line("effects-receivers", "Path patching into", "23.3, 23.4"),
+        h("label", {}, "Input ", h("select", { id: "effects-receiver-input" },
+          ["query", "key", "value"].map((v) => h("option", { value: v, text: v })))),
+        h("span", { class: "hint", text: "receiver heads (layer.head): each head's corrupt output sent to them along " +
+          "direct paths, every other head frozen at its clean output (Wang et al. 2023)" })));
     container.prepend(form);
     for (const box of form.querySelectorAll("textarea")) {
       box.addEventListener("keydown", (e) => {                  // Ctrl/Cmd+Enter runs, as in the page's text box
@@ -125,12 +143,15 @@ function controls(container, st, ctx) {
   };
   form.querySelector("#effects-site").onchange = (e) => form.latest.go({ site: e.target.value });
   form.querySelector("#effects-direction").onchange = (e) => form.latest.go({ direction: e.target.value });
+  form.querySelector("#effects-receiver-input").onchange = (e) => form.latest.go({ receiver_input: e.target.value });
   show(form.querySelector("#effects-clean"), st.text);
   show(form.querySelector("#effects-corrupt"), st.corrupt);
   show(form.querySelector("#effects-target"), st.target);
   show(form.querySelector("#effects-distractor"), st.distractor);
   form.querySelector("#effects-site").value = st.site;
   form.querySelector("#effects-direction").value = st.direction;
+  show(form.querySelector("#effects-receivers"), st.receivers.join(", "));
+  form.querySelector("#effects-receiver-input").value = st.receiver_input;
   return form.latest.go;
 }
 
@@ -243,6 +264,26 @@ function patchingMap(ctx, c, ans, st) {
     csv: () => (per ? [["layer", ...ans.clean_tokens.map((t, i) => `${i} ${t}`)], ...z.map((r, l) => [l, ...r])] : headCSV(z)),
     json: () => ({ model: st.model, clean_text: st.text, corrupt_text: st.corrupt, ...ans, shown: unit }) };
   replace(c.tools, exportGroup(ex, "the patching map"));
+  return ex;
+}
+
+/** Path patching's map: each head the one sender, the share of the clean−corrupt gap its paths leave. */
+function pathMap(ctx, c, ans, st) {
+  if (!ans) return empty(c, "Pick a target and type a corrupt text first.");
+  if (ans.error) return empty(c, refusal(ans.error));
+  const gap = ans.recovery !== null && ans.recovery !== undefined;
+  const z = gap ? rowsOf(ans.recovery) : rowsOf(ans.patched).map((r) => r.map((v) => v - ans.corrupt));
+  const unit = gap ? "recovery: (patched − corrupt)/(clean − corrupt)" : "patched − corrupt";
+  const range = divergingMap(ctx, c, { z, x: z[0].map((_, i) => i), y: z.map((_, i) => i), xTitle: "sender head", unit,
+    hover: "sender head %{x}", st, heads: true, memory: ctx.memory });
+  const into = ans.receivers.map(([l, hd]) => `L${l}H${hd}`).join(", ");
+  c.note.textContent = `Each head alone sends its corrupt output (${ans.hooks.senders}) to ${into}'s ${ans.receiver_input} ` +
+    `(${ans.hooks.receivers}) along direct paths, every other head frozen at its clean output, the MLPs recomputed; ` +
+    `the rest of the clean run is computed afresh. 1 = the paths carry nothing of the corruption, 0 = all of it. ` +
+    `Clean ${fmt(ans.clean, 3)}, corrupt ${fmt(ans.corrupt, 3)}. Colours: ${range.label}.`;
+  const ex = { plot: c.plot, name: `attnscope-${st.model}-path-patching-${ans.receiver_input}`, csv: () => headCSV(z),
+    json: () => ({ model: st.model, clean_text: st.text, corrupt_text: st.corrupt, ...ans, shown: unit }) };
+  replace(c.tools, exportGroup(ex, "the path patching map"));
   return ex;
 }
 
@@ -399,12 +440,20 @@ export function render(container, { meta, results }, st, ctx) {
   const cells = [cell(grid, "dla", "Direct logit attribution"), cell(grid, "patching", `Patching: ${site}, ${st.direction}`)];
   const dla = dlaMap(ctx, cells[0], got.dla, st, info);
   const patch = patchingMap(ctx, cells[1], got.patching, st);
+  const path = st.receivers.length ? pathMap(ctx, cell(grid, "path", `Path patching into ${st.receivers.map((x) =>
+    `L${x.replace(".", "H")}`).join(", ")} (${st.receiver_input})`), got.path, st) : null;
+  const stale = st.receivers.length ? null : grid.querySelector(":scope > [data-part=path]");
+  if (stale) {
+    for (const plot of stale.querySelectorAll(".js-plotly-plot")) window.Plotly.purge(plot);
+    stale.remove();
+  }
   const pats = patterns(container, got, st, ctx, go);
   const ko = knockoutPanel(container, meta, got, st, ctx, go);
   const all = { model: st.model, clean: st.text, corrupt: st.corrupt, target: st.target, distractor: st.distractor || null,
     site: st.site, direction: st.direction, dla: dla ? got.dla.attribution : null, patching: patch ? got.patching : null,
+    path_patching: path ? got.path : null,
     head: st.open_head ? { layer: st.layer, head: st.head } : null, knockout: ko };
-  const maps = [["dla", dla], ["patching", patch]].filter(([, ex]) => ex);
+  const maps = [["dla", dla], ["patching", patch], ["path_patching", path]].filter(([, ex]) => ex);
   return {
     plot: (dla ?? patch ?? pats.find(Boolean))?.plot, name: `attnscope-${st.model}-effects`,
     json: () => all,
