@@ -328,15 +328,16 @@ class PathPatchingResponse(BaseModel):
     model: str = Field(description="the model id that answered")
     senders: list[list[int]] | None = Field(description="the senders patched together; null: each head alone")
     receivers: list[list[int]] | None = Field(description="the receivers; null: the logits")
-    receiver_input: Literal["query", "key", "value"]
+    receiver_input: Literal["query", "key", "value"] = Field(description="the receivers' input patched")
     hooks: dict[str, str] = Field(description="TransformerLens' hook points: where senders are read and heads "
                                   "frozen (hook_z), where receivers are written", examples=[
                                       {"senders": "blocks.{layer}.attn.hook_z", "receivers": "blocks.{layer}.attn.hook_q"}])
-    metric: Literal["logit_difference", "logprob"]
+    metric: Literal["logit_difference", "logprob"] = Field(description="logit(target) - logit(distractor) at the "
+                                                           "last position, or log p(target) without a distractor")
     target: Token
     distractor: Token | None = None
-    clean_tokens: list[str]
-    corrupt_tokens: list[str]
+    clean_tokens: list[str] = Field(description="the clean text's tokens")
+    corrupt_tokens: list[str] = Field(description="the corrupt text's tokens")
     clean: float = Field(description="the metric on the clean run")
     corrupt: float = Field(description="the metric on the corrupt run")
     patched: float | Matrix = Field(description="the metric with the paths patched: one number for the senders "

@@ -1,7 +1,8 @@
 """`attnscope mcp` driven by the official MCP SDK's client over stdio, as an agent's host runs it: the tools are
 listed with typed inputs, and patching and QK attribution on SmolLM2 answer what the REST API answers (the tools'
 numbers are rounded to 6 decimals and travel as float32, the binary wire form the Python API reads; the REST JSON's
-are float64: they agree to 1e-5)."""
+are float64: they agree to 1e-5). Here the tools ask the suite's SmolLM2 server (--url); test_readme drives the
+in-process tools (the README's MCP example)."""
 from __future__ import annotations
 
 import json
@@ -20,13 +21,14 @@ IOI = {"clean": "When Mary and John went to the store, John gave a drink to",
 QK = {"text": "The cat sat on the mat. The cat", "layer": 1, "head": 0, "query": 8, "key": 2}
 
 
-async def _session(calls):
+async def _session(url: str, calls):
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    env = {**os.environ, "ATTNSCOPE_PRECOMPUTE_MB": "0"}     # no circuits in the background: the test asks none
-    params = StdioServerParameters(command=sys.executable, args=["-m", "attnscope", "mcp", "--model", "smollm2"],
-                                   env=env, cwd=str(ROOT))
+    # the tools answered by the suite's SmolLM2 server (--url: no second SmolLM2 in the suite; the in-process tools
+    # run in test_readme's MCP example)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "attnscope", "mcp", "--url", url],
+                                   env=dict(os.environ), cwd=str(ROOT))
     with open(os.devnull, "w") as quiet:
         async with stdio_client(params, errlog=quiet) as (read, write):
             async with ClientSession(read, write) as session:
@@ -41,7 +43,7 @@ async def _session(calls):
 def test_mcp_over_stdio_answers_what_the_rest_api_answers(live_server_smollm2):
     calls = [("patching", {**IOI, "top": 5}), ("qk", {**QK, "top": 4}),
              ("patching", {**IOI, "corrupt": "Mary gave a drink to"})]
-    tools, answers, models = run_in_fresh_loop(_session(calls))
+    tools, answers, models = run_in_fresh_loop(_session(live_server_smollm2, calls))
     by_name = {t.name: t for t in tools}
     assert {"attention", "patching", "path_patching", "attribution", "qk", "lens", "knockout", "circuits", "generate",
             "atlas_start", "atlas_job"} <= set(by_name)
@@ -49,7 +51,7 @@ def test_mcp_over_stdio_answers_what_the_rest_api_answers(live_server_smollm2):
     assert set(schema["required"]) == {"text", "layer", "head", "query", "key"}
     assert schema["properties"]["layer"]["type"] == "integer" and schema["properties"]["layer"]["minimum"] == 0
     assert by_name["patching"].input_schema["properties"]["site"]["enum"][0] == "head_output"
-    assert [m["id"] for m in models] == ["smollm2"] and models[0]["layers"] == 30 and models[0]["heads"] == 9
+    assert [m["id"] for m in models] == ["smollm2", "tiny-gpt"] and models[0]["layers"] == 30 and models[0]["heads"] == 9
 
     patched, qk, refused = answers
     assert not patched.is_error and not qk.is_error

@@ -46,7 +46,7 @@ def test_ioi_notebook_finds_the_name_mover(tmp_path, monkeypatch):
     assert (23, 3) in [(l, h) for l, h, _ in top] and all(abs(top[i][2]) >= abs(top[i + 1][2]) for i in range(4))
     recovery, heads = value(out["patching"])
     assert len(heads) == 5 and heads[0][2] >= heads[-1][2]
-    assert "L23H3 (13, 1)" in out["qk"]["text/plain"]
+    assert "L23H3 (13, 9)" in out["qk"]["text/plain"]
 
 
 def test_induction_notebook_explains_the_induction_head(tmp_path, monkeypatch):

@@ -94,13 +94,13 @@ def test_every_analysis_is_the_same_in_process_and_remote_on_smollm2(smollm2_sid
     x = got["attention"].to_xarray()
     assert x["attention"].dims == ("layer", "head", "query", "key")
     T = len(got["attention"].tokens)
-    assert list(x.layer.values) == [3] and list(x.head.values) == [0, 4] and list(x.query.values) == list(range(T))
+    assert list(x["layer"].values) == [3] and list(x["head"].values) == [0, 4] and list(x["query"].values) == list(range(T))
     assert list(x.key_token.values) == got["attention"].tokens
     np.testing.assert_array_equal(x["attention"].sel(layer=3, head=4).values, got["attention"]["attention"][0, 1])
     assert x["mean_entropy"].dims == ("layer", "head")
     df = got["attention"].to_pandas()
     assert list(df.columns[:4]) == ["layer", "head", "query", "key"] and len(df) == 2 * T * T
-    row = df[(df.head == 4) & (df["query"] == T - 1) & (df.key == 2)]
+    row = df[(df["head"] == 4) & (df["query"] == T - 1) & (df["key"] == 2)]
     assert float(row.attention.iloc[0]) == pytest.approx(float(got["attention"]["attention"][0, 1, T - 1, 2]))
     p = got["patching"].to_xarray()
     assert p["recovery"].dims == ("layer", "head") and p.sizes == {"layer": 30, "head": 9}
