@@ -71,8 +71,9 @@ const progress = createProgress();
 const memory = Object.fromEntries(Object.keys(VIEWS).map((id) => [id, {}]));   // each view's page memory
 let generation = 0;                        // the update now running: an older one's answers are dropped
 let drawn = null;                          // the last render: {id, view, container, st, ctx, exports}
-// a fresh visit (no layer or head in the address): the first answer chooses the head (first.js clearestHead)
-let measureHead = !["layer", "head"].some((k) => new URLSearchParams(location.search).has(k));
+// a fresh visit (no text, layer or head in the address: the example text): the first answer chooses the head
+// (first.js clearestHead); a link that names its text shows what it names
+let measureHead = !["text", "layer", "head"].some((k) => new URLSearchParams(location.search).has(k));
 const generator = createGeneration({ go, redraw, target: streamTarget });
 
 // ---- the update loop --------------------------------------------------------------------------------
