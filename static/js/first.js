@@ -1,4 +1,4 @@
-// The first screen: on a fresh visit (no layer or head in the address) the head shown is chosen by measurement on
+// The first screen: on a fresh visit (no text, layer or head in the address) the head shown is chosen by measurement on
 // the text, the one with the clearest pattern (clearestHead); the bar offers example texts for the model (the boot
 // block's examples: an indirect-object sentence, a repeated text for induction, a garden-path sentence...).
 import { BOOT } from "./boot.js";

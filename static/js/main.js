@@ -39,7 +39,7 @@ import { createGeneration, generatedFrom } from "./generate.js";
 import { grownAnswer, grownMeta, longText, runOptions } from "./matrix.js";
 import * as notices from "./notices.js";
 import { wirePermalink } from "./permalink.js";
-import { plot } from "./plot.js";
+import { plot, plotlyReady } from "./plot.js";
 import { renderPredictions, surprisal } from "./predictions.js";
 import { presentKey } from "./present.js";
 import { createProgress } from "./progress.js";
@@ -71,8 +71,9 @@ const progress = createProgress();
 const memory = Object.fromEntries(Object.keys(VIEWS).map((id) => [id, {}]));   // each view's page memory
 let generation = 0;                        // the update now running: an older one's answers are dropped
 let drawn = null;                          // the last render: {id, view, container, st, ctx, exports}
-// a fresh visit (no layer or head in the address): the first answer chooses the head (first.js clearestHead)
-let measureHead = !["layer", "head"].some((k) => new URLSearchParams(location.search).has(k));
+// a fresh visit (no text, layer or head in the address: the example text): the first answer chooses the head
+// (first.js clearestHead); a link that names its text shows what it names
+let measureHead = !["text", "layer", "head"].some((k) => new URLSearchParams(location.search).has(k));
 const generator = createGeneration({ go, redraw, target: streamTarget });
 
 // ---- the update loop --------------------------------------------------------------------------------
@@ -127,6 +128,8 @@ function showRun(meta, st, info, view) {
 
 /** Render the view and wait for its charts; false when a newer update started meanwhile. */
 async function draw(view, container, data, st, info, gen) {
+  await plotlyReady();                     // the first draw may come before plotly.js has run
+  if (gen !== generation) return false;
   const charts = [];
   const large = st.large || st.present;
   const ctx = { info, boot: BOOT, go, href: state.href, large, font: large ? 18 : 13, memory: memory[st.view],
@@ -200,6 +203,8 @@ async function update() {
     const shown = live ? grownMeta(meta, steps, st.text) : meta;
     showRun(shown, st, info, view);
     if (!able) {
+      await plotlyReady();
+      if (gen !== generation) return;
       drawRefused(container, st, info);
       notices.showDrawn(info, meta, [], started);
       showExports(null);

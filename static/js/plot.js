@@ -19,6 +19,17 @@ export function withBase(layout, font) {
   };
 }
 
+/** Plotly, once its script has run: the page loads it async (templates/index.html), so the first request goes out
+ *  while its 4.8 MB are read; main.js waits for this before a view draws. */
+export function plotlyReady() {
+  if (window.Plotly) return Promise.resolve(window.Plotly);
+  const script = document.getElementById("plotly-js");
+  return new Promise((resolve, reject) => {
+    script.addEventListener("load", () => resolve(window.Plotly), { once: true });
+    script.addEventListener("error", () => reject(new Error("plotly.js did not load")), { once: true });
+  });
+}
+
 /** Draw (or redraw in place) a chart; `filename` names its PNG download. */
 export function plot(el, data, layout, font, filename) {
   return window.Plotly.react(el, data, withBase(layout, font),

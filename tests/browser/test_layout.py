@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from playwright.sync_api import Page, expect
 
-from .conftest import SMALL_SCREEN, assert_plot_on_screen, screenshot, wait_drawn
+from .conftest import EXAMPLE, SMALL_SCREEN, assert_plot_on_screen, screenshot, wait_drawn
 
 pytestmark = pytest.mark.browser
 TEXT = "When Mary and John went to the store, John gave a drink to"
@@ -161,10 +161,10 @@ def test_first_screen_measured_head_examples_and_coloured_text(page: Page, live_
     statistics (sharp rows, little weight on the sinks or the query itself); the text coloured by the last query's
     weights, as the API gives them; the Examples menu holds the model's example texts, a choice runs it."""
     page.set_viewport_size(SMALL_SCREEN)
-    page.goto("/?" + urlencode({"text": TEXT}))
+    page.goto("/")
     page.wait_for_function("() => location.search.includes('layer=')")
     wait_drawn(page, "head")
-    ans = api(text=TEXT, include=["summary"])          # every head's statistics, as the page's first request
+    ans = api(text=EXAMPLE, include=["summary"])       # every head's statistics, as the page's first request
     s, T = ans["summary"], len(ans["tokens"])
     sink = np.maximum.reduce([np.array(s[k]) for k in ("first_token_mass", "last_token_mass", "diagonal_mass")])
     score = (1 - np.array(s["mean_entropy"]) / np.log(T)) * (1 - sink)
@@ -172,7 +172,7 @@ def test_first_screen_measured_head_examples_and_coloured_text(page: Page, live_
     assert f"layer={layer}&head={head}" in page.url
     assert_plot_on_screen(page)
     # the text view: every token coloured by the last query's weight on it
-    row = api(text=TEXT, layers=[int(layer)], heads=[int(head)], include=["attention"])["attention"][0][0][-1]
+    row = api(text=EXAMPLE, layers=[int(layer)], heads=[int(head)], include=["attention"])["attention"][0][0][-1]
     text = page.locator("#view-head [data-part=text]")
     expect(text).to_have_attribute("data-query", str(T - 1))
     weights = text.locator(".ct").evaluate_all("(s) => s.map((e) => Number(e.dataset.weight))")
