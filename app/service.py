@@ -51,6 +51,7 @@ class AttentionService:
         now: what a program that embeds the app (a test's TestClient) wants. Whatever stops a model from loading
         becomes one StartupError line naming the fix."""
         specs = self.resolve()
+        open_helpers()
         for spec in specs:
             self._load_one(spec)
         self._all_loaded()
@@ -63,7 +64,6 @@ class AttentionService:
         building its graphs), a request for a model still loading 503 (errors.Loading). A model that fails to load
         stops the server with its one line, as at start."""
         specs = self.resolve()
-        open_helpers()
         self.jobs.open()
         threading.Thread(target=self._load_in_background, args=(specs,), daemon=True, name="attnscope-load").start()
 
@@ -137,6 +137,7 @@ class AttentionService:
     def _load_in_background(self, specs: list[ModelSpec]) -> None:
         started = time.perf_counter()
         try:
+            open_helpers()           # onnxruntime's import and the float16 cast: here, not before the port opens
             for spec in specs:
                 self._load_one(spec)
             self._all_loaded()

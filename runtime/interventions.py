@@ -174,6 +174,8 @@ class Interventions:
         out: dict[str, list] = {}
         with self.lw.busy:
             n = 0
+            if progress is not None:
+                progress(0, len(order))          # the batches start now: the rate (and the time left) counts from here
             while n < len(order):
                 if stop is not None and stop():
                     raise Stopped(f"stopped after {n} of {len(order)} runs: nobody waits for the result")

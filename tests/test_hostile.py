@@ -138,6 +138,7 @@ def test_hostile_strings_on_the_live_server(live_server):
     """The whole corpus through uvicorn, 4 clients at once; the server stays healthy and idle afterwards."""
     jobs = [(name, *v) for name, s in HOSTILE.items() for v in variants(s)]
     with httpx.Client(base_url=live_server, timeout=120) as http, ThreadPoolExecutor(4) as pool:
+        built = http.get("/healthz").json()["graphs_built"]
         answers = list(pool.map(lambda job: (job[0], job[1], _send(http, *job[1:])), jobs))
         for name, path, r in answers:
             check_answer(r, f"live {name} {path}")
@@ -146,7 +147,7 @@ def test_hostile_strings_on_the_live_server(live_server):
         assert health | {"models": None, "version": None, "cache_bytes": None} == {
             "status": "ok", "models": None, "version": None, "running": 0, "waiting": 0,
             "max_inflight": default_inflight(), "max_queue": 32, "jobs_skipped": [], "cache_bytes": None,
-            "cache_max_bytes": 768 * 2**20}
+            "cache_max_bytes": 768 * 2**20, "loading": {}, "graphs_built": built}   # no request built a graph
 
 
 # ---- limits ------------------------------------------------------------------------------------------------

@@ -82,5 +82,5 @@ def test_stopped_is_raised_by_the_runtime_between_batches(runtimes):
     calls = []
     with pytest.raises(Stopped, match="stopped after 4 of 16 runs"):
         head_importance(runtimes["tiny-gpt"], "the cat sat", batch=4, progress=lambda d, n: calls.append((d, n)),
-                        stop=lambda: len(calls) == 1)
-    assert calls == [(4, 16)]
+                        stop=lambda: len(calls) == 2)
+    assert calls == [(0, 16), (4, 16)]
