@@ -110,3 +110,26 @@ def test_a_superset_attend_graph_gives_the_exact_graphs_numbers(runtimes):
 def test_superset_refuses_what_no_graph_computes(outputs):
     with pytest.raises(ValueError):
         superset(("attend", outputs, True))
+
+
+def test_a_graph_that_does_not_fit_the_memory_budget_is_not_built_and_its_feature_answers_422():
+    """tiny-gpt under a 20 MB budget: its 3 MB of weights run whole, but a run of its stages graph at the 512 tokens
+    it takes would hold ~70 MB: the stages graph is not built, and /api/stages and its download answer 422 naming
+    the limit, before any work."""
+    from fastapi.testclient import TestClient
+
+    from attnscope.app.main import create_app
+    from attnscope.app.settings import Settings
+
+    from .conftest import CACHE
+    app = create_app(Settings(models=["tiny-gpt"], cache=CACHE, memory_mb=20))
+    with TestClient(app) as c:
+        rt = app.state.service.runtimes["tiny-gpt"]
+        caps = c.get("/api/models").json()[0]["capabilities"]
+        assert caps["features"]["stacked"] and not caps["features"]["stages"]
+        assert "a run of the stages graph at 512 tokens holds" in caps["reasons"]["stages"]
+        assert True not in rt._sessions and False in rt._sessions          # the served graph only
+        for r in (c.post("/api/stages", json={"model": "tiny-gpt", "text": "The cat sat.", "layer": 0, "head": 0}),
+                  c.get("/api/models/tiny-gpt/onnx?stages=true")):
+            assert r.status_code == 422 and "ATTNSCOPE_MEMORY_MB" in r.json()["detail"], r.text
+        assert c.post("/api/attention", json={"model": "tiny-gpt", "text": "The cat sat."}).status_code == 200

@@ -1,4 +1,5 @@
-"""The corpus view opens a result file of `attnscope corpus` and draws its per-head map and head distances."""
+"""The corpus view opens a result file of `attnscope corpus` and draws its per-head map and head distances; the file
+is kept in the browser, so a reload opens it again (issue 39), until it is closed."""
 from __future__ import annotations
 
 from playwright.sync_api import Page, expect
@@ -34,4 +35,14 @@ def test_corpus_view_draws_a_result_file(page: Page, tmp_path, console_errors):
     expect(page.locator("#view-corpus")).to_have_attribute("data-texts", "3")
     expect(page.locator("#corpus-stat")).to_have_value("previous_token_mass")
     assert page.evaluate("document.querySelector('#view-corpus [data-part=stat]').data[0].z") == z
+    # kept in this browser: a reload opens the same file again; Close forgets it
+    page.reload()
+    wait_drawn(page, "corpus")
+    expect(page.locator("#view-corpus")).to_have_attribute("data-texts", "3")
+    expect(page.locator("#view-corpus .note")).to_contain_text("Kept in this browser: a reload opens it again.")
+    page.locator("#corpus-close").click()
+    expect(page.locator("#view-corpus .note")).to_contain_text("No corpus opened yet")
+    page.reload()
+    wait_drawn(page, "corpus")
+    expect(page.locator("#view-corpus .note")).to_contain_text("No corpus opened yet")
     assert console_errors == []

@@ -77,6 +77,6 @@ def test_cold_start_answers_at_once_and_the_page_shows_the_models_loading(browse
               f"{time.monotonic() - launched:.1f} s")
         assert console_errors == []
     finally:
-        context.close()
         proc.terminate()
         proc.wait(timeout=15)
+        context.close()
