@@ -36,6 +36,11 @@ def test_cold_start_answers_at_once_and_the_page_shows_the_models_loading(browse
     page.on("pageerror", lambda e: console_errors.append(f"pageerror: {e}"))
     page.on("requestfailed", lambda r: console_errors.append(f"requestfailed: {r.url} {r.failure}"))
     page.goto("about:blank")
+    # the 2 s are on a quiet machine: the time a Python process takes to import the web layer, measured here first,
+    # is what a loaded one adds (almost all of the server's time to its first answer is importing fastapi)
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import attnscope.app.main"], cwd=ROOT, env=env, check=True)
+    limit = max(2.0, 2 * (time.monotonic() - t0))
     log = tmp_path / "stderr.txt"
     launched = time.monotonic()
     with open(log, "w") as err:
@@ -47,10 +52,10 @@ def test_cold_start_answers_at_once_and_the_page_shows_the_models_loading(browse
                 health = httpx.get(url + "/healthz", timeout=0.5)
                 break
             except httpx.HTTPError:
-                assert proc.poll() is None and time.monotonic() - launched < 2.0, log.read_text()[-2000:]
+                assert proc.poll() is None and time.monotonic() - launched < limit, log.read_text()[-2000:]
                 time.sleep(0.02)
         answered = time.monotonic() - launched
-        assert answered < 2.0 and health.status_code == 200
+        assert answered < limit and health.status_code == 200, (answered, limit)
         h = health.json()
         assert h["status"] == "loading" and h["models"] == {}
         assert list(h["loading"]) == ["tiny-gpt", "induction", "minilm"] and h["loading"]["minilm"] == "waiting"
@@ -73,7 +78,7 @@ def test_cold_start_answers_at_once_and_the_page_shows_the_models_loading(browse
         assert set(h["models"]) == {"minilm", "tiny-gpt", "induction"} and h["loading"] == {} and h["graphs_built"] > 0
         r = httpx.post(url + "/api/attention", json={"model": "minilm", "text": "The cat sat."}, timeout=30)
         assert r.status_code == 200
-        print(f"/healthz answered {answered:.2f} s after launch; every model ready after "
+        print(f"/healthz answered {answered:.2f} s after launch (limit {limit:.2f} s); every model ready after "
               f"{time.monotonic() - launched:.1f} s")
         assert console_errors == []
     finally:
