@@ -15,7 +15,7 @@ from typing import Annotated
 from pydantic import AliasChoices, BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from ..runtime.capabilities import WORK_TFLOP, memory_total
+from ..runtime.capabilities import STACKED_MB, WORK_TFLOP, memory_total
 from ..runtime.sessions import GROUP_MB, cores
 from ..sources import split_entry
 
@@ -107,7 +107,7 @@ class Settings(BaseSettings):
     allowed_hosts: CSV = Field(default=[], description="Host names served besides loopback names and "
                                "ATTNSCOPE_HOST (e.g. the name a proxy passes); * = any")
     # long inputs (runtime/layerwise.py): what a run may hold is set here, never by the input
-    layerwise_mb: float = Field(default=256, ge=0, description="a run whose stacked attention (layers x heads x "
+    layerwise_mb: float = Field(default=STACKED_MB, ge=0, description="a run whose stacked attention (layers x heads x "
                                 "tokens^2 float32) would pass this many MB runs layer by layer instead, keeping "
                                 "only what the answer needs; its memory is then about one layer's attention. "
                                 "0: every run goes layer by layer")

@@ -35,6 +35,8 @@ FEATURES = SIZE + PAGE   # "circuits" and "stages" are size features and tabs (t
 BENDS = {"qk_norm": "QK-norm", "attn_softcap": "attention soft-capping", "output_norms": "post-norms",
          "final_softcap": "final logit soft-capping"}
 WORK_TFLOP = 4.0        # what one request's analysis may cost by default (ATTNSCOPE_WORK_TFLOP)
+STACKED_MB = 256        # what a stacked run's attention output may hold by default (ATTNSCOPE_LAYERWISE_MB): with the
+#                         token limit, the longest text the stages graph runs, which its capability is priced at
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from ..model import transformer as T_
 from ..sources import ModelSpec, get
 from ..sources.store import fingerprint
 from .errors import InputError
-from .capabilities import WORK_TFLOP, Capabilities, memory_total
+from .capabilities import STACKED_MB, WORK_TFLOP, Capabilities, memory_total
 from .layerwise import Layerwise
 from .results import AttentionResult, Encoding, Engine, NextToken
 from .sessions import GROUP_MB, Session, Weights, check_providers, default_providers, device_of
@@ -42,13 +42,14 @@ class Runtime:
 
     def __init__(self, spec: ModelSpec, providers: Sequence[str] | None = None, threads: int = 0,
                  cache_dir: str | Path = DEFAULT_CACHE, stop_early_mb: float = 0, memory_mb: float | None = None,
-                 work_tflop: float = WORK_TFLOP, tf32: bool = False, stacked_mb: float | None = None):
+                 work_tflop: float = WORK_TFLOP, tf32: bool = False, stacked_mb: float = STACKED_MB):
         """stop_early_mb: what the graphs that stop early (depth_for) may hold; 0: runs always go to the end.
         memory_mb: the memory budget its capabilities are decided against (None: 85 % of this machine's);
         work_tflop: what one request's analysis may cost (runtime/capabilities.py); tf32: on a GPU, float32 matrix
         products in TF32 (a fast mode, labelled: its error is measured by bench/gpu.py); off, they are exact.
-        stacked_mb: the most a stacked run's attention output may hold (the planner's ATTNSCOPE_LAYERWISE_MB): with
-        the token limit, the longest text the stages graph runs, which its capability is priced at."""
+        stacked_mb: the most a stacked run's attention output may hold (the planner's ATTNSCOPE_LAYERWISE_MB, whose
+        default it shares: a Runtime made outside the app prices its features as the server does): with the token
+        limit, the longest text the stages graph runs, which its capability is priced at; 0: the token limit."""
         self.spec = spec
         self.cache_dir = Path(cache_dir)
         self.model = spec.load_model(self.cache_dir)

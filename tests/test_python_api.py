@@ -134,7 +134,13 @@ def test_generation_and_atlas_jobs_are_the_same_in_process_and_remote(smollm2_si
         atlases.append(job.result(timeout=120))
         assert job.state == "done" and job.id in {j["id"] for j in side.jobs()}
     assert atlases[0].data["stats"].keys() == atlases[1].data["stats"].keys()
-    same(atlases[0].data["stats"], atlases[1].data["stats"], "stats")
+    assert atlases[0].data["texts"] == atlases[1].data["texts"] and atlases[0].data["tokens"] == atlases[1].data["tokens"]
+    # each side's job ran in a worker process of its own (the server's, this process's), whose onnxruntime may sum in
+    # another order: each statistic is a mean over rows of sums of at most T float32 terms of size <= 1 (a probability,
+    # or p log p), each row within T * 2^-24 of its exact value, so the two within 2 T 2^-24 <= 2^-14 for T <= 512
+    # (tiny-gpt's limit); measured: 1e-10 apart (a mean entropy of 2.5e-8)
+    for name, values in atlases[0].data["stats"].items():
+        np.testing.assert_allclose(values, atlases[1].data["stats"][name], rtol=0, atol=2**-14, err_msg=name)
     x = atlases[0].to_xarray()
     assert x["induction_mass"].dims == ("layer", "head") and x.sizes == {"layer": 4, "head": 4}
     assert len(atlases[0].figure().data) == 1
