@@ -19,9 +19,14 @@ from .schemas import EXAMPLE_TEXT, PatchingRequest, RunOptions
 ROOT = Path(__file__).resolve().parents[1]   # the attnscope package: static/ and templates/ are its data
 # The page's views, in tab order (id, tab label): the tabs, the view panels and static/js/main.js follow this list.
 VIEWS = [("head", "Head"), ("lines", "Lines"), ("model", "Model"), ("summary", "Head summary"),
-         ("entropy", "Entropy"), ("stages", "Causal mask & steps"), ("compare", "Compare"),
-         ("corpus", "Corpus"), ("effects", "Effects"), ("lens", "Logit lens"), ("circuits", "Circuits"),
-         ("atlas", "Atlas")]
+         ("entropy", "Entropy"), ("compare", "Compare"), ("stages", "Causal mask & steps"), ("circuits", "Circuits"),
+         ("effects", "Effects"), ("lens", "Logit lens"), ("corpus", "Corpus"), ("atlas", "Atlas")]
+# The tab bar groups the views by the question each answers, in VIEWS' order.
+VIEW_GROUPS = [("Where heads look", ("head", "lines", "model", "summary", "entropy", "compare")),
+               ("Why", ("stages", "circuits")),
+               ("What they do", ("effects", "lens")),
+               ("Over a corpus", ("corpus", "atlas"))]
+assert [v for _, ids in VIEW_GROUPS for v in ids] == [v for v, _ in VIEWS]
 # Which of these a model can do is its capability record's (runtime/capabilities.py: one feature per view id).
 # The attentions an encoder-decoder's answer holds (the page's "Attention" control: static/js/encdec.js).
 ATTENTIONS = [("encoder", "Encoder self-attention"), ("decoder", "Decoder self-attention"),
@@ -120,6 +125,7 @@ def index(request: Request):
             "directions": [{"id": k, "label": DIRECTION_LABELS.get(k, k)}
                            for k in get_args(PatchingRequest.model_fields["direction"].annotation)]}
     return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS,
+                                                              "view_groups": VIEW_GROUPS, "labels": dict(VIEWS),
                                                               "modules": page_modules(), "loading": loading,
                                                               "wait": None})
 

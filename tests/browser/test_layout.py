@@ -35,6 +35,13 @@ def test_view_on_screen_after_load_and_model_switch(page: Page, live_server, con
     wait_drawn(page)
     first = assert_plot_on_screen(page)
     screenshot(page, "layout-minilm", full_page=False)
+    # the tabs grouped by the question each view answers, every view once
+    groups = page.locator("#tabs .tab-group")
+    assert [groups.nth(i).get_attribute("aria-label") for i in range(groups.count())] == [
+        "Where heads look", "Why", "What they do", "Over a corpus"]
+    assert [groups.nth(i).locator("a").evaluate_all("as => as.map(a => a.dataset.view)")
+            for i in range(groups.count())] == [["head", "lines", "model", "summary", "entropy", "compare"],
+                                                 ["stages", "circuits"], ["effects", "lens"], ["corpus", "atlas"]]
     for model in ("induction", "tiny-gpt"):
         page.select_option("#model", model)
         page.wait_for_function("(m) => location.search.includes('model=' + m)", arg=model)
