@@ -34,8 +34,9 @@ Pairs = Annotated[list[tuple[int, int]] | None, Field(description="[layer, head]
 
 
 def _r(x, digits: int = 6):
-    """A number as a model reads it best: rounded (6 significant decimals), None kept."""
-    return None if x is None else round(float(x), digits)
+    """A number as a model reads it best: rounded (6 significant decimals); None, NaN and infinities as None (JSON
+    has no NaN)."""
+    return None if x is None or not np.isfinite(float(x)) else round(float(x), digits)
 
 
 def _heads(z, k: int, name: str, by_abs: bool = True) -> list[dict]:
@@ -104,10 +105,8 @@ def server(api: Analyses, name: str = "attnscope"):
             out["top_heads"] = _heads(summary[statistic], top, statistic, by_abs=False)
         else:
             p = np.asarray(a["attention"])[0, 0]
-            order = np.argsort(-p, axis=None, kind="stable")[:top]
-            out["links"] = [{"query": int(q), "key": int(k), "weight": _r(p[q, k]),
-                             "query_token": a.tokens[q], "key_token": a.tokens[k]}
-                            for q, k in zip(*np.unravel_index(order, p.shape))]
+            out["links"] = [{"query": q, "key": k, "weight": _r(w), "query_token": a.tokens[q],
+                             "key_token": a.tokens[k]} for q, k, w in top_heads(p, top, by_abs=False)]
         return out
 
     @tool("Activation patching: each head's output (or another site) patched alone between a clean "
@@ -189,15 +188,12 @@ def server(api: Analyses, name: str = "attnscope"):
                           "copying), and the strongest K-, Q- or V-composition between heads.")
     def circuits(model: ModelId = None, composition: Literal["q", "k", "v"] = "k", top: Top = TOP) -> Result:
         a = api.circuits(model=model)
-        c = np.asarray(a[f"composition_{composition}"], np.float64)
         names = a.coords()["writer"]
-        order = np.argsort(-np.nan_to_num(c, nan=-np.inf), axis=None, kind="stable")[:top]
         out = {"model": a.model, "layers": a.layers, "heads": a.heads,
-               f"top_{composition}_composition": [{"writer": names[i], "reader": names[j], "score": _r(c[i, j])}
-                                                  for i, j in zip(*np.unravel_index(order, c.shape))]}
+               f"top_{composition}_composition": [{"writer": names[i], "reader": names[j], "score": _r(v)} for i, j, v
+                                                  in top_heads(a[f"composition_{composition}"], top, by_abs=False)]}
         if a.data.get("ov_copying") is not None:
-            ov = np.array(a["ov_copying"], np.float64)
-            out["top_ov_copying"] = _heads(np.nan_to_num(ov, nan=-np.inf), top, "score", by_abs=False)
+            out["top_ov_copying"] = _heads(a["ov_copying"], top, "score", by_abs=False)
         return out
 
     @tool("Generate text from a prompt (greedy by default); each new token with its probability.")

@@ -142,10 +142,12 @@ def _heads_map(fig_title: str, z, unit: str):
 
 
 def top_heads(z, k: int = 5, by_abs: bool = True) -> list[tuple[int, int, float]]:
-    """The k (layer, head) cells of a [layer, head] map with the largest |value| (or value), largest first."""
+    """The k (row, column) cells of a 2-D map ([layer, head], [query, key], [writer, reader]) with the largest
+    |value| (or value), largest first; NaN cells last."""
     z = np.asarray(z, np.float64)
-    order = np.argsort(-(np.abs(z) if by_abs else z), axis=None, kind="stable")[:k]
-    return [(int(l), int(h), float(z[l, h])) for l, h in zip(*np.unravel_index(order, z.shape))]
+    key = np.nan_to_num(np.abs(z) if by_abs else z, nan=-np.inf)
+    order = np.argsort(-key, axis=None, kind="stable")[:k]
+    return [(int(i), int(j), float(z[i, j])) for i, j in zip(*np.unravel_index(order, z.shape))]
 
 
 
