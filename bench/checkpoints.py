@@ -76,23 +76,28 @@ def _base(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(BASE, dtype=np.float32)
 
 
-def draw(name: str, size: tuple[int, ...], hidden: int, seed: int = 0) -> np.ndarray:
-    """One tensor's float32 values, the same in every cut of a model: N(0, 1) draws read from an offset of the
-    tensor's own (its name's hash) in a shared buffer of BASE draws (a tensor larger than it reads it again, each pass
-    times a factor of its own, so no two rows are equal), then scaled. Memory speed: an 8B checkpoint in minutes."""
+def drawn(name: str, size: tuple[int, ...], hidden: int, seed: int = 0, chunk: int = 1 << 22):
+    """One tensor's float32 values, the same in every cut of a model, in order, at most `chunk` at a time (one
+    buffer, reused: copy what you keep): N(0, 1) draws
+    read from an offset of the tensor's own (its name's hash) in a shared buffer of BASE draws (a tensor larger than
+    it reads it again, each pass times a factor of its own, so no two rows are equal), scaled by std_of (norm weights:
+    1 + 0.1 x). One pass over a buffer that stays in cache: an 8B checkpoint at the disk's speed."""
     h = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
     base, n = _base(seed), int(np.prod(size))
-    out = np.empty(n, np.float32)
+    norm = name.endswith("norm.weight")
+    std = 0.1 if norm else std_of(name, hidden)
+    buf = np.empty(min(n, chunk), np.float32)
     at, done, k = h % BASE, 0, 0
     while done < n:
-        part = min(n - done, BASE - at)
-        np.multiply(base[at:at + part], np.float32(1.0 + 0.01 * k), out=out[done:done + part])
-        done, at, k = done + part, 0, k + 1
-    out = out.reshape(size)
-    if name.endswith("norm.weight"):
-        return 1.0 + 0.1 * out
-    out *= np.float32(std_of(name, hidden))
-    return out
+        part = min(n - done, BASE - at, chunk)
+        out = buf[:part]
+        np.multiply(base[at:at + part], np.float32(std * (1.0 + 0.01 * k)), out=out)
+        if norm:
+            out += np.float32(1.0)
+        yield out
+        done, at = done + part, at + part
+        if at == BASE:
+            at, k = 0, k + 1
 
 
 def std_of(name: str, hidden: int) -> float:
@@ -110,7 +115,8 @@ def std_of(name: str, hidden: int) -> float:
 
 def write_safetensors(path: Path, names: dict[str, tuple[int, ...]], make, dtype: str) -> None:
     """A safetensors file written tensor by tensor: the header first (every offset known from the shapes), then each
-    tensor as `make(name, shape)` draws it, so no more than one tensor is ever in memory."""
+    tensor's values as `make(name, shape)` yields them, in parts (float32 or narrower), each cast to `dtype` and
+    written: no more than one part is ever in memory."""
     from attnscope.model.precision import STORAGE
 
     np_dtype = STORAGE[dtype]
@@ -126,8 +132,18 @@ def write_safetensors(path: Path, names: dict[str, tuple[int, ...]], make, dtype
     with open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(blob)) + blob)
         for name, size in names.items():
-            f.write(np.ascontiguousarray(make(name, size).astype(np_dtype)).tobytes())
+            written = 0
+            for part in make(name, size):
+                f.write(np.ascontiguousarray(part.astype(np_dtype, copy=False)).reshape(-1).view(np.uint8))
+                written += part.size
+            assert written == int(np.prod(size)), (name, written, size)
     tmp.replace(path)
+
+
+def parts(a: np.ndarray, chunk: int = 1 << 22):
+    """A C-ordered array's values, `chunk` at a time (views)."""
+    flat = a.reshape(-1)
+    return (flat[i:i + chunk] for i in range(0, flat.size, chunk))
 
 
 def byte_tokenizer(vocab_size: int = 128256) -> str:
@@ -171,7 +187,7 @@ def llama(folder: str | Path, name: str, dtype: str = "bfloat16", layers: int | 
     cfg.save_pretrained(folder)
     (folder / "tokenizer.json").write_text(byte_tokenizer(shape["vocab_size"]))
     write_safetensors(folder / "model.safetensors", tensors(shape),
-                      lambda n, size: draw(n, size, shape["hidden_size"], seed), dtype)
+                      lambda n, size: drawn(n, size, shape["hidden_size"], seed), dtype)
     done.write_text(json.dumps([name, dtype, layers, seed]))
     return folder
 
@@ -203,7 +219,7 @@ def widened(source: str | Path, folder: str | Path) -> Path:
         (folder / name).write_bytes((source / name).read_bytes())
     header = read_header(source / "model.safetensors")
     write_safetensors(folder / "model.safetensors", {n: t.shape for n, t in header.items()},
-                      lambda n, size: widen(read_tensor(header[n])), "float32")
+                      lambda n, size: map(widen, parts(read_tensor(header[n]))), "float32")
     config = json.loads((folder / "config.json").read_text())
     config["dtype"] = "float32"
     (folder / "config.json").write_text(json.dumps(config, indent=2))

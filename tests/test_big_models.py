@@ -196,6 +196,7 @@ def t5_big(tmp_path_factory) -> Path:
     tiny T5 (d_model 64, weights drawn wide: peaked attention) with an 8.8M-token vocabulary (its shared embedding
     alone is 2.25 GB; the tokenizer uses the first ids), saved in bf16 (1.1 GB)."""
     from transformers import T5Config, T5ForConditionalGeneration
+    from transformers.initialization import no_init_weights
 
     from .test_checkpoints import widen
     from .test_encdec import save_tokenizer
@@ -206,7 +207,9 @@ def t5_big(tmp_path_factory) -> Path:
     cfg = T5Config(vocab_size=8_800_000, d_model=64, d_kv=16, d_ff=96, num_layers=2, num_heads=4,
                    feed_forward_proj="gated-gelu", tie_word_embeddings=True, decoder_start_token_id=0, pad_token_id=0,
                    eos_token_id=1, relative_attention_num_buckets=8, relative_attention_max_distance=20)
-    model = T5ForConditionalGeneration(cfg)
+    with no_init_weights():                            # widen() draws every weight: transformers' init (~40 s) skipped
+        model = T5ForConditionalGeneration(cfg)
+    model.tie_weights()                                # which that init also does: one shared embedding, not four
     widen(model, seed=0)
     model.to(torch.bfloat16).save_pretrained(folder)
     return folder

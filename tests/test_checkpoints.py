@@ -391,6 +391,36 @@ def test_gguf_that_is_not_llama(tmp_path):
     assert "cannot use tiny-gpt2.gguf: only Llama-family GGUF files are supported" in line and "'gpt2'" in line
 
 
+def test_gguf_file_reads_what_llama_cpps_reader_reads(tmp_path):
+    """sources/gguf.GGUFFile (our parse of the format) against gguf's own GGUFReader: SmolLM2's Q4_1 file (every
+    metadata value, its type, every tensor's bytes) and a written file with every value type and plain tensors."""
+    import gguf
+
+    from attnscope.sources.gguf import GGUFFile
+
+    path = tmp_path / "every-type.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint8("t.u8", 7), w.add_int8("t.i8", -7), w.add_uint16("t.u16", 65535), w.add_int16("t.i16", -2)
+    w.add_uint32("t.u32", 4_000_000_000), w.add_int32("t.i32", -5), w.add_float32("t.f32", 0.1)
+    w.add_uint64("t.u64", 2**63), w.add_int64("t.i64", -(2**40)), w.add_float64("t.f64", 0.1)
+    w.add_bool("t.bool", True), w.add_string("t.str", "naïve ▁x 🐕"), w.add_array("t.strs", ["a", "", "ü"])
+    w.add_array("t.ints", [1, -2, 3]), w.add_array("t.floats", [0.5, 1e-3])
+    w.add_tensor("f32", np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    w.add_tensor("f16", np.arange(6, dtype=np.float16).reshape(3, 2))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    for file in (path, zoo.smollm2_path()):
+        ours, ref = GGUFFile(file), gguf.GGUFReader(file)
+        want = {k: f.contents() for k, f in ref.fields.items() if not k.startswith("GGUF.")}
+        assert ours.fields == want and [type(v) for v in ours.fields.values()] == [type(v) for v in want.values()]
+        assert [(t.name, t.tensor_type, t.data.dtype, t.data.shape) for t in ours.tensors] == [
+            (t.name, t.tensor_type, t.data.dtype, t.data.shape) for t in ref.tensors]
+        assert all(np.array_equal(a.data, b.data) for a, b in zip(ours.tensors, ref.tensors))
+    assert GGUFFile(path).fields["t.str"] == "naïve ▁x 🐕" and GGUFFile(path).tensors[0].data[1, 2, 3] == 23
+    (tmp_path / "not.gguf").write_bytes(b"GGML" + bytes(40))
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        GGUFFile(tmp_path / "not.gguf")
+
+
 @pytest.mark.slow
 def test_refusal_through_a_real_server(folders, tmp_path):
     folder = copy_of(folders["bert"], tmp_path)
