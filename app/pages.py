@@ -1,6 +1,8 @@
 """The page routes: the app page, the API reference, and plotly.js / Swagger UI from installed packages."""
 from __future__ import annotations
 
+import functools
+import gzip
 import hashlib
 from pathlib import Path
 from typing import get_args
@@ -131,7 +133,16 @@ def main_js(request: Request):
     return Response(text, media_type="text/javascript", headers=headers)
 
 
+@functools.cache
+def plotly_gzip() -> bytes:
+    """plotly.min.js gzipped once (4.8 MB -> 1.5 MB, 0.25 s): not compressed again by GZipMiddleware for every page
+    load (0.12 s of the server's CPU each, while the page's first request is under way)."""
+    return gzip.compress(PLOTLY_JS.read_bytes(), compresslevel=9, mtime=0)
+
+
 @router.get("/vendor/plotly.min.js")
-def plotly_js():
-    return FileResponse(PLOTLY_JS, media_type="application/javascript",
-                        headers={"Cache-Control": "public, max-age=86400"})
+def plotly_js(request: Request):
+    headers = {"Cache-Control": "public, max-age=86400", "Vary": "Accept-Encoding"}
+    if "gzip" in request.headers.get("accept-encoding", ""):
+        return Response(plotly_gzip(), media_type="application/javascript", headers={**headers, "Content-Encoding": "gzip"})
+    return FileResponse(PLOTLY_JS, media_type="application/javascript", headers=headers)

@@ -22,7 +22,7 @@
 //                                         classroom layout's keys; preventDefault() keeps it from them)
 //   nextTokenPick(st, go) optional: {marks: {token: class}, choose(token, event), hint} makes the panel's
 //                          next tokens buttons while the view shows (the effects view picks its target there)
-//   sketch                optional: true when its first picture may be drawn before plotly.js has run: its
+//   sketch(data, st)      optional: true when its first picture may be drawn before plotly.js has run: its
 //                          render then gets ctx.sketching, and ctx.plot paints a canvas (plot.js sketch) that
 //                          Plotly's figure replaces; listeners on the Plotly figure wait for the real render
 //   onResize(container, st, ctx)          optional: the window was resized while the view shows
@@ -168,7 +168,7 @@ async function drawSketch(view, container, data, st, info) {
 /** Render the view and wait for its charts; false when a newer update started meanwhile. */
 async function draw(view, container, data, st, info, gen) {
   const shownState = { ...st, pin: st.pin !== null && st.pin < data.meta.tokens.length ? st.pin : null };
-  if (!window.Plotly && view.sketch && !st.why) await drawSketch(view, container, data, shownState, info);
+  if (!window.Plotly && view.sketch?.(data, shownState)) await drawSketch(view, container, data, shownState, info);
   await plotlyReady();                     // runs plotly.js the first time (its bytes are preloaded)
   if (gen !== generation) return false;
   const charts = [];

@@ -37,7 +37,7 @@ export function plotlyReady() {
 }
 
 // ---- the first picture before plotly.js has run -------------------------------------------------------------
-// A chart of heatmap and image traces on one pair of axes, painted into a canvas of the figure's size: the same
+// A chart of heatmap traces on one pair of axes, painted into a canvas of the figure's size: the same
 // cells in the same colours (the traces' own colorscale, zmin and zmax), the tick labels, title, shapes and colour
 // bar where Plotly puts them (near enough: Plotly's own figure replaces it as soon as plotly.js has run).
 
@@ -63,10 +63,11 @@ function scaleColour(stops, zmin, zmax, v) {
   return `rgb(${[0, 1, 2].map((k) => Math.round(c0[k] + f * (c1[k] - c0[k]))).join(",")})`;
 }
 
-/** Paint `traces` (heatmaps and images on the x/y axes, no other kind) with `layout` as Plotly would, into a canvas
- *  that fills `el`; a promise of true once painted, or of false for a figure it does not sketch (nothing drawn). */
-export async function sketch(el, traces, layout, font) {
-  if (!traces.length || traces.some((t) => t.type !== "heatmap" && t.type !== "image")) return false;
+/** Paint `traces` (heatmaps on the x/y axes, no other kind) with `layout` as Plotly would, into a canvas that fills
+ *  `el`; true once painted, false for a figure it does not sketch (nothing drawn). */
+export function sketch(el, traces, layout, font) {
+  const first = traces.find((t) => t.z?.[0]?.length);
+  if (!first || traces.some((t) => t.type !== "heatmap")) return false;
   const full = withBase(layout, font);
   const W = Math.round(full.width ?? el.clientWidth), H = Math.round(full.height ?? el.clientHeight);
   if (!(W > 0 && H > 0)) return false;
@@ -75,15 +76,7 @@ export async function sketch(el, traces, layout, font) {
   const thick = withBar ? withBar.colorbar.thickness ?? 30 : 0;
   const px = m.l, py = m.t, pw = W - m.l - m.r - (withBar ? thick + SKETCH_BAR : 0), ph = H - m.t - m.b;
   if (!(pw > 0 && ph > 0)) return false;
-  const images = await Promise.all(traces.map(async (t) => {
-    if (t.type !== "image") return null;
-    const img = new Image();
-    img.src = t.source;
-    await img.decode();
-    return img;
-  }));
-  const first = traces.find((t) => t.type === "heatmap" && t.z?.[0]?.length);
-  const nr = first ? first.z.length : images.find(Boolean).height, nc = first ? first.z[0].length : images.find(Boolean).width;
+  const nr = first.z.length, nc = first.z[0].length;
   const cw = pw / nc, ch = ph / nr;
   const canvas = document.createElement("canvas");
   const dpr = window.devicePixelRatio || 1;
@@ -101,12 +94,7 @@ export async function sketch(el, traces, layout, font) {
   g.fillStyle = full.plot_bgcolor;
   g.fillRect(px, py, pw, ph);
   const x = (b) => px + (b + 0.5) * cw, y = (a) => py + (a + 0.5) * ch;      // cell centres (the y axis reversed)
-  traces.forEach((t, k) => {
-    if (t.type === "image") {
-      g.imageSmoothingEnabled = false;
-      g.drawImage(images[k], px, py, pw, ph);
-      return;
-    }
+  traces.forEach((t) => {
     if (t.opacity === 0 || !t.z?.[0]?.length) return;
     const stops = t.colorscale.map(([s, c]) => [s, rgbOf(c)]);
     const gx = t.xgap || 0, gy = t.ygap || 0;
