@@ -1,11 +1,13 @@
 """Browser timings in headless chromium: the first picture of a page load after a warm start (the HTML received ->
-the first view drawn, in a fresh browser context each time: no cached scripts; goal <= 1.5 s), then submit -> first
-drawn heatmap (head view), and the full model view (72 thumbnails), at 128 and 512 tokens; plus the bytes each view
-fetched.
+the first picture on screen, in a fresh browser context each time: no cached scripts; goal <= 1.5 s; and when Plotly's
+figure replaced it), then submit -> first drawn heatmap (head view), and the full model view (72 thumbnails), at 128
+and 512 tokens; plus the bytes each view fetched.
 
-    .venv/bin/python bench/browser.py [--repeats 3] [--first-only] [--url http://127.0.0.1:8000]
+    .venv/bin/python bench/browser.py [--repeats 3] [--first-only] [--before REV] [--url http://127.0.0.1:8000]
 
---url measures the first picture of a server already running (e.g. another version of the page), and nothing else.
+--before REV also serves the page at git revision REV (e.g. main) and loads the two in turns: before and after in one
+run, under the same load. --url measures the first picture of a server already running, and nothing else. The load
+average is printed before and after (this machine is shared: compare numbers taken at the same load).
 
 Starts its own uvicorn on 127.0.0.1 with the result cache off, so every submit runs the model.
 "Drawn" is the page's own signal: the visible view has rendered the state in the URL and nothing
@@ -56,8 +58,7 @@ FIRST_PICTURE_JS = """() => new Promise((resolve) => {
     if (out.drawn === undefined || out.done) return;
     out.done = true;
     const nav = performance.getEntriesByType('navigation')[0];
-    const scripts = performance.getEntriesByType('resource').filter((e) => e.initiatorType === 'script'
-      || e.initiatorType === 'link' || e.name.endsWith('.js'));
+    const scripts = performance.getEntriesByType('resource').filter((e) => new URL(e.name).pathname.endsWith('.js'));
     const ours = scripts.filter((e) => !e.name.includes('/vendor/'));
     resolve({ html: nav.responseEnd, picture: out.picture ?? out.drawn, how: out.how ?? 'figure', drawn: out.drawn,
               scripts: scripts.length, scripts_done: Math.max(0, ...ours.map((e) => e.responseEnd)) });
