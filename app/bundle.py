@@ -23,6 +23,7 @@ from pathlib import Path
 IMPORT = re.compile(r'^import (?:\* as (?P<ns>[A-Za-z_$][\w$]*)|\{(?P<names>[^{}]*)\}) from "(?P<spec>\.{1,2}/[^"]+)";'
                     r"[ \t]*$")
 EXPORT = re.compile(r"^export (?:async )?(?:function\s*\*?|class|const) *(?P<name>[A-Za-z_$][\w$]*)")
+IMPORT_WORD = re.compile(r"^import\b")
 EXPORT_WORD = re.compile(r"^export\s")
 DECLARATOR = re.compile(r"\s*([A-Za-z_$][\w$]*)\s*=")
 IDENT = re.compile(r"^[A-Za-z_$][\w$]*$")
@@ -112,7 +113,7 @@ def _parse(path: Path) -> _Module:
         for bad in FORBIDDEN:
             if bad.search(line):
                 raise BundleError(f"{where}: dynamic import() and import.meta cannot be bundled")
-        if line.startswith("import"):
+        if IMPORT_WORD.match(line):
             m = IMPORT.match(line)
             if not m:
                 raise BundleError(f'{where}: not an import the bundle understands (one line, `import {{ a, b as c }} '
@@ -165,7 +166,8 @@ def _graph(entry: Path) -> tuple[list[_Module], Path]:
             cycle = stack[stack.index(path):] + [path]
             raise BundleError("import cycle: " + " -> ".join(_rel(p, entry.parent) for p in cycle))
         if not path.is_file():
-            raise BundleError(f"{_rel(stack[-1], entry.parent)} imports {path.name}, which is not a file: {path}")
+            who = f"{_rel(stack[-1], entry.parent)} imports {path.name}" if stack else f"the entry {path.name}"
+            raise BundleError(f"{who}, which is not a file: {path}")
         stack.append(path)
         mod = _parse(path)
         for target, *_ in mod.imports:
@@ -185,6 +187,12 @@ def _rel(path: Path, root: Path) -> str:
         raise BundleError(f"{path} is outside the entry's folder {root}") from None
 
 
+def _namespace(exports: list[str]) -> str:
+    """A module's namespace object as a browser makes it: its exports by name in sorted order, frozen, no
+    prototype."""
+    return "Object.freeze({ __proto__: null" + "".join(f", {e}" for e in sorted(exports)) + " })"
+
+
 def module_order(entry: Path) -> list[Path]:
     """The modules `entry` imports at any depth and itself, in the order a browser evaluates them."""
     return [m.path for m in _graph(entry)[0]]
@@ -197,7 +205,7 @@ def bundle(entry: Path) -> str:
     order, entry = _graph(entry)
     root = entry.parent
     exported = {m.path: set(m.exports) for m in order}
-    out = [f"// {_rel(entry, root)} and the {len(order) - 1} modules it imports, as one module (attnscope app/bundle.py)",
+    out = [f"// {_rel(entry, root)} and the {len(order) - 1} modules it imports, as one module (app/bundle.py)",
            f"const {REGISTRY} = Object.create(null);"]
     for mod in order:
         name = _rel(mod.path, root)
@@ -217,9 +225,9 @@ def bundle(entry: Path) -> str:
             for i in mod.export_at:
                 lines[i] = "export " + lines[i]
             out += [f"// ---- {name}", "// (the entry: its exports are the bundle's)", *lines,
-                    f'{REGISTRY}["{name}"] = Object.freeze({{ __proto__: null{"".join(f", {e}" for e in mod.exports)} }});',
+                    f'{REGISTRY}["{name}"] = {_namespace(mod.exports)};',
                     f"export {{ {REGISTRY} as modules }};", ""]
         else:
             out += [f"// ---- {name}", f'{REGISTRY}["{name}"] = (() => {{', *lines,
-                    f'return Object.freeze({{ __proto__: null{"".join(f", {e}" for e in mod.exports)} }});', "})();"]
+                    f"return {_namespace(mod.exports)};", "})();"]
     return "\n".join(out)

@@ -144,5 +144,6 @@ def plotly_gzip() -> bytes:
 def plotly_js(request: Request):
     headers = {"Cache-Control": "public, max-age=86400", "Vary": "Accept-Encoding"}
     if "gzip" in request.headers.get("accept-encoding", ""):
-        return Response(plotly_gzip(), media_type="application/javascript", headers={**headers, "Content-Encoding": "gzip"})
+        return Response(plotly_gzip(), media_type="application/javascript",
+                        headers={**headers, "Content-Encoding": "gzip"})
     return FileResponse(PLOTLY_JS, media_type="application/javascript", headers=headers)

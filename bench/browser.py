@@ -129,7 +129,8 @@ def main() -> None:
         if args.before:
             urls[stack.enter_context(version(args.before))] = f"at {args.before}, MiniLM, the example text"
         if not args.url:               # a warm start: graphs cached
-            urls[stack.enter_context(server({"ATTNSCOPE_MODELS": "minilm"}))[0]] = "this version, MiniLM, the example text"
+            url, _ = stack.enter_context(server({"ATTNSCOPE_MODELS": "minilm"}))
+            urls[url] = "this version, MiniLM, the example text"
         p = stack.enter_context(sync_playwright())
         browser = p.chromium.launch(**launch)
         print(f"{load_average()} before the first-picture loads")

@@ -34,7 +34,7 @@ def test_bundle_orders_binds_and_exports(tmp_path):
     assert 'const { c } = __modules["y.js"];' in out
     assert 'const { a, b: bee } = __modules["lib/x.js"];' in out and 'const y = __modules["y.js"];' in out
     assert '__modules["lib/x.js"] = (() => {' in out
-    assert "return Object.freeze({ __proto__: null, a, b, s, r, g });" in out       # every declarator, not `hidden`
+    assert "return Object.freeze({ __proto__: null, a, b, g, r, s });" in out       # every declarator, not `hidden`
     assert "\nexport const out = a + bee + y.c;\nexport function f()" in out         # the entry keeps its exports
     assert out.count("export ") == 3 and out.rstrip().endswith("export { __modules as modules };")
     assert "import " not in out
@@ -45,6 +45,7 @@ def test_bundle_orders_binds_and_exports(tmp_path):
      "import cycle: main.js -> x.js -> main.js"),
     ({"main.js": 'import { nope } from "./x.js";\n', "x.js": "export const a = 1;\n"}, "x.js does not export nope"),
     ({"main.js": 'import { a } from "./gone.js";\n'}, "gone.js, which is not a file"),
+    ({}, "the entry main.js, which is not a file"),
     ({"main.js": "export default 1;\n"}, "not an export the bundle understands"),
     ({"main.js": "export let n = 1;\n"}, "not an export the bundle understands"),
     ({"main.js": "export { a };\nconst a = 1;\n"}, "not an export the bundle understands"),
