@@ -78,6 +78,7 @@ def create_app(settings: Settings | None = None, background: bool = False) -> Fa
     errors.install(app, SECURITY_HEADERS)
     app.include_router(routes.router)
     app.include_router(pages.router)
+    pages.page_bundle()    # the page's script, built at start: a module app/bundle.py cannot read stops it here
     app.mount("/static", StaticFiles(directory=pages.ROOT / "static"), name="static")
     app.mount("/vendor/swagger", StaticFiles(directory=pages.SWAGGER_DIR), name="swagger")
     # level 4: most of the saving at a fraction of level 9's time; tensors are binary floats, not worth it

@@ -28,7 +28,8 @@ from bench.common import CHROMIUM_ARGS, DRAWN_JS, WORDS, server  # noqa: E402
 RENDERS = """window.__renders = [];
 new MutationObserver((ms) => { for (const m of ms) window.__renders.push([m.target.dataset.view, performance.now()]); })
   .observe(document, { subtree: true, attributes: true, attributeFilter: ['data-renders'] });"""
-RUN_DONE = "import('/static/js/api.js').then((api) => Math.max(...api.log.filter((e) => e.stream).map((e) => e.end)))"
+API_JS = "import('/bundle/main.js').then((b) => b.modules['api.js'])"     # the page's own api.js (its log)
+RUN_DONE = API_JS + ".then((api) => Math.max(...api.log.filter((e) => e.stream).map((e) => e.end)))"
 HEAD_PLOT = "#view-head [data-part=plot]"
 LAYER, HEAD = 3, 2
 
@@ -89,7 +90,7 @@ def one(browser, url: str, n_tokens: int, rep: int, log: bool = False) -> dict:
         lambda: page.wait_for_function(DRAWN_JS, arg="lines", timeout=120_000))
     assert page.locator("#view-lines").get_attribute("data-top-k") == "8"
     if log:                                              # the page's requests: what, how long, when it ended
-        for e in page.evaluate("""import('/static/js/api.js').then((api) => api.log.map((e) => [
+        for e in page.evaluate(API_JS + """.then((api) => api.log.map((e) => [
             Object.entries(e.body).filter(([k]) => k !== 'text' && k !== 'model').map(([k, v]) => `${k}=${v}`).join(' '),
             e.stream ? 'progress stream' : `${(e.bytes / 1e6).toFixed(2)} MB`, e.ms, e.end]))"""):
             print(f"  {e[0]:<60} {e[1]:>16} {e[2] / 1000:7.2f} s, ended at {e[3] / 1000:7.2f} s")

@@ -20,7 +20,9 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
+from attnscope.app.bundle import bundle
 from attnscope.app.main import create_app
+from attnscope.app.pages import PLOTLY_JS
 from attnscope.app.middleware import CSP
 from attnscope.app.schemas import AttentionRequest
 from attnscope.app.settings import Settings, default_inflight
@@ -387,6 +389,7 @@ def _requests(c) -> list[tuple[str, httpx.Response, int]]:
         ("page", c.get("/"), 200),
         ("static", c.get(f"/{static}"), 200),
         ("plotly", c.get("/vendor/plotly.min.js"), 200),
+        ("page script", c.get("/bundle/main.js"), 200),
         ("models", c.get("/api/models"), 200),
         ("onnx", c.get("/api/models/tiny-gpt/onnx"), 200),
         ("onnx 404", c.get("/api/models/nope/onnx"), 404),
@@ -437,6 +440,20 @@ def test_page_has_no_inline_script_and_no_other_origin(client):
         assert re.search(r'\bsrc="/[^/]', attrs) and not inner.strip(), f"inline or foreign script: {attrs!r}"
     assert not re.search(r'(?:src|href|action)="(?:https?:)?//', html), "a reference to another origin"
     assert not re.search(r"\son[a-z]+=", html), "an inline event handler"
+
+
+def test_page_scripts_one_bundle_and_plotly_compressed_once(client):
+    """The page's code is one script, the bundle of static/js/main.js (revalidated by its ETag); plotly.js is
+    gzipped once and sent as such to a browser that takes gzip, byte for byte the file otherwise."""
+    html = client.get("/").text
+    assert re.findall(r'<script\b[^>]*\bsrc="([^"]+)"', html) == ["/bundle/main.js"]
+    r = client.get("/bundle/main.js")
+    assert r.text == bundle(ROOT / "static" / "js" / "main.js") and r.headers["content-type"].startswith("text/javascript")
+    assert client.get("/bundle/main.js", headers={"If-None-Match": r.headers["etag"]}).status_code == 304
+    gz = client.get("/vendor/plotly.min.js", headers={"Accept-Encoding": "gzip"})
+    plain = client.get("/vendor/plotly.min.js", headers={"Accept-Encoding": "identity"})
+    assert gz.headers["content-encoding"] == "gzip" and "content-encoding" not in plain.headers
+    assert gz.content == plain.content == PLOTLY_JS.read_bytes()
 
 
 def test_internal_errors_have_no_traceback_or_path(client, monkeypatch):

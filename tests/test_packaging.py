@@ -80,7 +80,7 @@ def test_attnscope_serve_from_an_unrelated_folder(installed, tmp_path):
         page = httpx.get(url + "/", timeout=10)
         assert page.status_code == 200 and "attnscope" in page.text
         refs = re.findall(r'(?:src|href)="(/[^"]+\.(?:js|css))"', page.text)
-        assert "/static/js/main.js" in refs and "/static/css/app.css" in refs and "/vendor/plotly.min.js" in refs
+        assert "/bundle/main.js" in refs and "/static/css/app.css" in refs and "/vendor/plotly.min.js" in refs
         seen, todo = set(), list(refs)
         while todo:                                              # every script, and every module it imports
             ref = todo.pop()
@@ -93,7 +93,8 @@ def test_attnscope_serve_from_an_unrelated_folder(installed, tmp_path):
                 base = ref.rsplit("/", 1)[0]
                 for imp in re.findall(r'^import .*? from "(\.{1,2}/[^"]+)";', r.text, re.M):
                     todo.append(os.path.normpath(f"{base}/{imp}"))
-        assert len([s for s in seen if s.startswith("/static/js/views/")]) >= 6
+        views = re.findall(r"^// ---- (views/\w+\.js)$", httpx.get(url + "/bundle/main.js", timeout=10).text, re.M)
+        assert len(views) >= 6, views              # the page's script holds its views (app/bundle.py)
         r = httpx.post(url + "/api/attention", json={"text": "The cat sat on the mat.", "layers": [0]}, timeout=60)
         assert r.status_code == 200 and r.json()["tokens"][1] == "the"
         m = subprocess.run([installed["py"], "-m", "attnscope", "--help"], cwd=elsewhere, capture_output=True,

@@ -22,6 +22,9 @@
 //                                         classroom layout's keys; preventDefault() keeps it from them)
 //   nextTokenPick(st, go) optional: {marks: {token: class}, choose(token, event), hint} makes the panel's
 //                          next tokens buttons while the view shows (the effects view picks its target there)
+//   sketch(data, st)      optional: true when its first picture may be drawn before plotly.js has run: its
+//                          render then gets ctx.sketching, and ctx.plot paints a canvas (plot.js sketch) that
+//                          Plotly's figure replaces; listeners on the Plotly figure wait for the real render
 //   onResize(container, st, ctx)          optional: the window was resized while the view shows
 //                          (the hooks get the container, state and ctx of the view's last render)
 import { showAblation, wireAblation } from "./ablation.js";
@@ -39,7 +42,7 @@ import { createGeneration, generatedFrom } from "./generate.js";
 import { grownAnswer, grownMeta, longText, runOptions } from "./matrix.js";
 import * as notices from "./notices.js";
 import { wirePermalink } from "./permalink.js";
-import { plot, plotlyReady } from "./plot.js";
+import { plot, plotlyReady, sketch } from "./plot.js";
 import { renderPredictions, surprisal } from "./predictions.js";
 import { presentKey } from "./present.js";
 import { createProgress } from "./progress.js";
@@ -126,22 +129,58 @@ function showRun(meta, st, info, view) {
   notices.showWarnings(meta);
 }
 
-/** Render the view and wait for its charts; false when a newer update started meanwhile. */
-async function draw(view, container, data, st, info, gen) {
-  await plotlyReady();                     // the first draw may come before plotly.js has run
-  if (gen !== generation) return false;
-  const charts = [];
+/** The ctx a view renders with (the view contract above); its charts' promises go to `charts`. */
+function viewContext(st, info, charts, draw = plot) {
   const large = st.large || st.present;
   const ctx = { info, boot: BOOT, go, href: state.href, large, font: large ? 18 : 13, memory: memory[st.view],
-    plot: (el, traces, layout) => charts.push(plot(el, traces, layout, ctx.font,
+    plot: (el, traces, layout) => charts.push(draw(el, traces, layout, ctx.font,
       `attnscope-${st.model}-${st.view}-L${st.layer}H${st.head}`)) };
+  return ctx;
+}
+
+/** The page's first picture, once: a performance mark the bench (bench/browser.py) reads. */
+let firstPicture = false;
+function markFirstPicture(how) {
+  if (firstPicture) return;
+  firstPicture = true;
+  performance.mark("attnscope:first-picture", { detail: how });
+}
+
+/** Before plotly.js has run, a view that can (view.sketch) draws its picture as a canvas sketch (plot.js sketch);
+ *  Plotly's figure replaces it in the same place. Not counted as drawn (renders, state): the tests and the page's
+ *  "drawn" signal wait for the figure itself. */
+async function drawSketch(view, container, data, st, info) {
+  const charts = [];
+  const ctx = { ...viewContext(st, info, charts, sketch), sketching: true };
+  try {
+    view.render(container, data, st, ctx);
+    if ((await Promise.all(charts)).some(Boolean)) {
+      markFirstPicture("sketch");
+      container.dataset.sketch = "1";        // shown at full strength while the page is still busy (app.css)
+      progress.stop();                       // the run is done: what is left is plotly.js
+      notices.setStatus("Drawn; the interactive chart (hover, zoom) follows…");
+    }
+  } catch (err) {
+    console.warn("sketch", err);           // the figure comes next either way
+  }
+}
+
+/** Render the view and wait for its charts; false when a newer update started meanwhile. */
+async function draw(view, container, data, st, info, gen) {
   const shownState = { ...st, pin: st.pin !== null && st.pin < data.meta.tokens.length ? st.pin : null };
+  if (!window.Plotly && view.sketch?.(data, shownState)) await drawSketch(view, container, data, shownState, info);
+  await plotlyReady();                     // runs plotly.js the first time (its bytes are preloaded)
+  if (gen !== generation) return false;
+  const charts = [];
+  const ctx = viewContext(st, info, charts);
   drawn = { id: st.view, view, container, st: shownState, ctx, exports: null };
   drawn.exports = view.render(container, data, shownState, ctx);
   await Promise.all(charts);
+  delete container.dataset.sketch;
   if (gen !== generation) return false;
   container.dataset.renders = String(Number(container.dataset.renders || 0) + 1);
   container.dataset.state = location.search;
+  markFirstPicture("figure");
   return true;
 }
 
@@ -286,5 +325,8 @@ function wire() {
 }
 
 wire();
+// plotly.js's bytes are preloaded; a view that cannot sketch its first picture runs them at once (a head view, after
+// its sketch: the 1 s plotly.js takes to run would otherwise come before it)
+if (!VIEWS[state.get().view]?.sketch) plotlyReady();
 // write the full state into the URL (so the first permalink is complete), then draw
 if (!state.go({}, { replace: true })) update();

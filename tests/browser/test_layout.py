@@ -198,3 +198,50 @@ def test_first_screen_measured_head_examples_and_coloured_text(page: Page, live_
     expect(page.locator("#text-pair")).to_have_value("The cat slept on the warm mat.")
     assert "text_pair=The+cat+slept" in page.url and "pin=" not in page.url
     assert console_errors == []
+
+
+def test_first_picture_before_plotly_then_the_figure(page: Page, live_server, api, console_errors):
+    """The page's script is one request (app/bundle.py), each module in it exporting what the browser reads in the
+    module itself; plotly.js held back, the first picture is already there: a canvas of the measured head's matrix,
+    every cell the colour scale.js gives the API's weight, and the page not yet counted as drawn (the tests' signal);
+    plotly.js let through, Plotly's figure takes the canvas's place."""
+    held = []
+    page.route("**/vendor/plotly.min.js", lambda route: held.append(route))   # answered when the test says so
+    page.set_viewport_size(SMALL_SCREEN)
+    page.goto("/")
+    page.wait_for_function("() => performance.getEntriesByName('attnscope:first-picture').length > 0")
+    assert page.evaluate("() => [window.Plotly === undefined, document.getElementById('view-area').ariaBusy, "
+                         "document.getElementById('view-head').dataset.renders]") == [True, "true", "0"]
+    sketch = page.locator("#view-head [data-part=plot] canvas.plot-sketch")
+    expect(sketch).to_be_visible()
+    layer, head = (int(page.locator(f"#{k}").input_value()) for k in ("layer", "head"))
+    weights = np.array(api(text=EXAMPLE, layers=[layer], heads=[head], include=["attention"])["attention"][0][0])
+    painted, expected = sketch.evaluate("""(c, w) => import('/bundle/main.js').then(({ modules }) => {
+      const [px, py, pw, ph, nr, nc] = c.dataset.area.split(' ').map(Number), g = c.getContext('2d');
+      const k = c.width / c.clientWidth, rgb = (s) => s.match(/\\d+/g).map(Number);
+      const at = (a, b) => [...g.getImageData(Math.floor((px + (b + 0.5) * pw / nc) * k),
+                                              Math.floor((py + (a + 0.5) * ph / nr) * k), 1, 1).data.slice(0, 3)];
+      return [w.map((r, a) => r.map((_, b) => at(a, b))), w.map((r) => r.map((v) => rgb(modules['scale.js'].color(v))))];
+    })""", weights.tolist())
+    assert np.abs(np.array(painted) - np.array(expected)).max() <= 1
+    assert len(set(map(tuple, np.array(expected).reshape(-1, 3)))) >= 2       # a pattern, not one flat colour
+    for route in held:
+        route.continue_()
+    wait_drawn(page, "head")
+    expect(sketch).to_have_count(0)
+    expect(page.locator("#view-head [data-part=plot] .main-svg").first).to_be_visible()
+    assert page.evaluate("() => performance.getEntriesByName('attnscope:first-picture').map((m) => m.detail)") == ["sketch"]
+    # one request for our code; each bundled module exports what the browser reads in the module itself
+    ours = page.evaluate("() => performance.getEntriesByType('resource').map((e) => new URL(e.name).pathname)"
+                         ".filter((p) => p.startsWith('/static/js/') || p.startsWith('/bundle/'))")
+    assert ours == ["/bundle/main.js"]
+    differ = page.evaluate("""() => import('/bundle/main.js').then(async ({ modules }) => {
+      const names = Object.keys(modules).filter((n) => n !== 'main.js'), bad = [];
+      for (const n of names) {
+        const own = Object.keys(await import('/static/js/' + n)).sort().join(), ours = Object.keys(modules[n]).sort().join();
+        if (own !== ours) bad.push([n, own, ours]);
+      }
+      return [names.length, bad];
+    })""")
+    assert differ[0] > 40 and differ[1] == []
+    assert console_errors == []

@@ -140,5 +140,5 @@ def test_long_text_progress_model_head_zoom_and_lines(page: Page, live_server_sm
     assert float(att[q, top[0][0]]) == pytest.approx(float(att[q].max()), rel=1e-3)
     # every progress stream read to its end, none reported failed: the stream is sent with Cache-Control: no-cache,
     # because Chromium reports a no-store fetch stream read to its end as aborted (microsoft/playwright#42742)
-    assert page.evaluate("import('/static/js/api.js').then((api) => api.log.filter((e) => e.stream).length)") >= 1
+    assert page.evaluate("import('/bundle/main.js').then((b) => b.modules['api.js'].log.filter((e) => e.stream).length)") >= 1
     assert console_errors == []

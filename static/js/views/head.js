@@ -11,6 +11,7 @@ import { renderWhy, WHY_TOP } from "../why.js";
 import { AXIS_LINE, color, colourRange, exactString, FILTERED_COLOR, FILTERED_RGB, fmt, fmtExact, fmtSig, HIGHLIGHT, LUT, lutIndex, MASKED_COLOR, MASKED_RGB, PAIR_DIVIDER, plotlyScale, textOn, TRANSPARENT } from "../scale.js";
 
 export const title = "Head view";
+
 export const help = "Rows are queries (the token doing the looking), columns are keys (the tokens it looks at). " +
   "Each cell is how much weight the query puts on the key; every row of the model's matrix sums to 1. " +
   "Hover a cell for both tokens and the exact weight; drag a box to zoom in (double-click to zoom out); " +
@@ -209,6 +210,12 @@ function paintImage(nr, nc, shown, range) {
 }
 const MASKED = -1, FILTERED = -2;       // shown(a, b) for a cell the query cannot see, or a filter leaves out
 
+/** Its first picture may be a canvas sketch before plotly.js has run (main.js drawSketch): a matrix Plotly gets as
+ *  numbers, without the "why" panel (a chart of its own). A long text's image is painted once, for the figure. */
+export function sketch({ meta }, st) {
+  return !st.why && keysOf(meta).tokens.length * meta.tokens.length <= IMAGE_CELLS;
+}
+
 export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
   const keys = keysOf(meta);                         // the queries' own tokens, or (cross-attention) the encoder's
   const idx = visibleTokens(meta, st.hide_special), keyIdx = visibleTokens(keys, st.hide_special);
@@ -328,7 +335,7 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
     shapes, uirevision: rev, dragmode: "zoom",
   });
 
-  if (!plot.dataset.wired) {
+  if (!plot.dataset.wired && !ctx.sketching) {        // a sketch is no Plotly figure yet: the figure gets them
     plot.dataset.wired = "1";
     const memory = ctx.memory;
     // the listeners are added once; memory (the same object on every render) holds the latest drawing (shown)
