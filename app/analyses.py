@@ -97,6 +97,29 @@ class Analyses:
         """POST /api/circuits: each head's OV copying score and Q/K/V-composition between every pair of heads."""
         return answers.Circuits(self._post("/api/circuits", self._with_model({}, model)))
 
+    # ---- in Jupyter ------------------------------------------------------------------------------------------------
+    def show(self, answer: "answers.Attention | str", view: str = "head", *, layer: int | None = None,
+             head: int | None = None, pin: int | None = None, model: str | None = None):
+        """The page's own view (head, lines or model) of an attention answer, or of a text's (every layer and head),
+        drawn inline and interactive in Jupyter, offline (app/jupyter.py): `m.show(m.attention(text), layer=2,
+        head=5)`; `.save(path)` writes it as a page."""
+        from . import jupyter
+
+        text = answer if isinstance(answer, str) else None
+        if text is not None:
+            answer = self.attention(text, model=model)
+        return jupyter.view(answer, models=self.models(), boot=self._boot(), view=view, layer=layer, head=head,
+                            pin=pin, text=text)
+
+    def _boot(self) -> dict:
+        """The page's boot block for this side's models (app/pages.py boot_block)."""
+        from .pages import boot_block
+
+        return boot_block(self.models(), default_model=self.model_id)
+
+    def models(self) -> list[dict]:
+        raise NotImplementedError
+
     # ---- generation ------------------------------------------------------------------------------------------------
     def generate(self, text: str, *, model: str | None = None, **options) -> answers.Generation:
         """POST /api/generate: an iterator of the new tokens (each the stream's token line), as they are made;

@@ -1,8 +1,7 @@
 """The page routes: the app page, the API reference, and plotly.js / Swagger UI from installed packages."""
 from __future__ import annotations
 
-import re
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import get_args
 
 import fastapi_offline
@@ -13,6 +12,7 @@ from fastapi.templating import Jinja2Templates
 
 from ..analysis.roles import ROLE_TARGETS, ROLE_TEXT
 from ..analysis.statistics import catalogue
+from . import bundle
 from .deps import get_service
 from .schemas import EXAMPLE_TEXT, PatchingRequest, RunOptions
 
@@ -58,7 +58,6 @@ EXAMPLES = [
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 SWAGGER_DIR = Path(fastapi_offline.__file__).parent / "static"   # swagger-ui-bundle.js, swagger-ui.css
 templates = Jinja2Templates(directory=ROOT / "templates")
-IMPORT = re.compile(r'^import .*? from "(\.{1,2}/[^"]+)";', re.M)
 _modules: dict = {}
 
 
@@ -69,27 +68,10 @@ def page_modules(entry: str = "main.js") -> list[str]:
     root = ROOT / "static" / "js"
     stamp = tuple(sorted((str(p), p.stat().st_mtime_ns) for p in root.rglob("*.js")))
     if _modules.get("stamp") != stamp:
-        seen, todo = [], [PurePosixPath(entry)]
-        while todo:
-            path = todo.pop()
-            if path in seen or not root.joinpath(*path.parts).is_file():
-                continue
-            seen.append(path)
-            text = root.joinpath(*path.parts).read_text(encoding="utf-8")
-            todo += [PurePosixPath(*_normal(path.parent / spec)) for spec in IMPORT.findall(text)]
-        _modules.update(stamp=stamp, urls=[f"/static/js/{p}" for p in seen[1:]])
+        _modules.update(stamp=stamp, urls=[f"/static/js/{m}" for m in bundle.imported(entry, root)])
     return _modules["urls"]
 
 
-def _normal(path: PurePosixPath) -> list[str]:
-    """A module path's parts with "." and ".." resolved."""
-    parts: list[str] = []
-    for p in path.parts:
-        if p == "..":
-            parts.pop()
-        elif p != ".":
-            parts.append(p)
-    return parts
 router = APIRouter(include_in_schema=False)
 
 
@@ -101,21 +83,36 @@ def index(request: Request):
     if wanted in loading:          # nothing to draw yet: which models load, until the one the page shows is ready
         return templates.TemplateResponse(request, "loading.html", {"loading": loading, "wait": wanted})
     models = svc.models()
-    boot = {"models": [m.model_dump() for m in models], "default_model": svc.settings.default_model,
-            "example_text": EXAMPLE_TEXT, "max_chars": svc.max_chars,
-            "max_new_tokens": svc.settings.max_new_tokens,   # the Generate control's limit (ATTNSCOPE_MAX_NEW_TOKENS)
+    boot = boot_block([m.model_dump() for m in models], default_model=svc.settings.default_model,
+                      max_chars=svc.max_chars, max_new_tokens=svc.settings.max_new_tokens,
+                      architectures=architectures(svc.runtimes.values()))
+    return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS,
+                                                              "view_groups": VIEW_GROUPS, "labels": dict(VIEWS),
+                                                              "modules": page_modules(), "loading": loading,
+                                                              "wait": None})
+
+
+def architectures(runtimes) -> dict:
+    """What the page says about a family (steps view): from the served models' own configurations."""
+    return {rt.spec.architecture: {"norm_first": rt.cfg.norm_first, "norm": rt.cfg.norm, "position": rt.cfg.position,
+                                   "qkv_bias": rt.cfg.qkv_bias, "qk_norm": rt.cfg.qk_norm,
+                                   "output_norms": rt.cfg.output_norms, "parallel_residual": rt.cfg.parallel_residual,
+                                   "rotary_dim": rt.cfg.rotary_dim, "d_head": rt.cfg.d_head} for rt in runtimes}
+
+
+def boot_block(models: list[dict], *, default_model: str | None, max_chars: int | None = None,
+               max_new_tokens: int | None = None, architectures: dict | None = None) -> dict:
+    """The page's boot block (static/js/boot.js reads it): the served models (GET /api/models' entries), the views,
+    statistics, head roles and the menus' choices. A view drawn outside the page (app/jupyter.py) carries it too."""
+    return {"models": models, "default_model": default_model,
+            "example_text": EXAMPLE_TEXT, "max_chars": max_chars,
+            "max_new_tokens": max_new_tokens,   # the Generate control's limit (ATTNSCOPE_MAX_NEW_TOKENS)
             "views": [{"id": v, "label": label} for v, label in VIEWS],
             "attentions": [{"id": a, "label": label} for a, label in ATTENTIONS],
             "stats": catalogue(),
             "examples": [{"id": i, "label": label, "text": text, "text_pair": pair, "kinds": list(kinds)}
                          for i, label, text, pair, kinds in EXAMPLES],
-            # what the page says about a family (steps view): from the served models' own configurations
-            "architectures": {rt.spec.architecture: {"norm_first": rt.cfg.norm_first, "norm": rt.cfg.norm,
-                                                     "position": rt.cfg.position, "qkv_bias": rt.cfg.qkv_bias,
-                                                     "qk_norm": rt.cfg.qk_norm, "output_norms": rt.cfg.output_norms,
-                                                     "parallel_residual": rt.cfg.parallel_residual,
-                                                     "rotary_dim": rt.cfg.rotary_dim, "d_head": rt.cfg.d_head}
-                              for rt in svc.runtimes.values()},
+            "architectures": architectures or {},
             "roles": [{"id": k, "target": target, "text": ROLE_TEXT[k]} for k, target in ROLE_TARGETS.items()],
             "ablations": [{"id": k, "label": ABLATION_LABELS.get(k, k)}
                           for k in get_args(RunOptions.model_fields["ablation"].annotation)],
@@ -124,10 +121,6 @@ def index(request: Request):
                       for k in get_args(PatchingRequest.model_fields["site"].annotation)],
             "directions": [{"id": k, "label": DIRECTION_LABELS.get(k, k)}
                            for k in get_args(PatchingRequest.model_fields["direction"].annotation)]}
-    return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS,
-                                                              "view_groups": VIEW_GROUPS, "labels": dict(VIEWS),
-                                                              "modules": page_modules(), "loading": loading,
-                                                              "wait": None})
 
 
 @router.get("/docs")

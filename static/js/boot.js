@@ -1,11 +1,20 @@
 // What the server offers, from the page's boot block (<script type="application/json" id="boot">, built by
-// app/pages.py): models, views, statistics, head roles and each served architecture's facts. Read once, here;
-// the page never re-declares these lists.
+// app/pages.py): models, views, statistics, head roles and each served architecture's facts. Read once, here, at
+// import; the page never re-declares these lists. A view drawn outside the page (a notebook's output: embed.js)
+// has no such element: its host hands its block in with useBoot() before it imports any view.
 import { $ } from "./dom.js";
 
-export const BOOT = JSON.parse($("boot").textContent);
+export const BOOT = {};
 /** id -> the model's info (as GET /api/models gives it). */
-export const MODELS = Object.fromEntries(BOOT.models.map((m) => [m.id, m]));
+export const MODELS = {};
+
+/** Take a boot block (the page's own, read below). */
+export function useBoot(block) {
+  Object.assign(BOOT, block);
+  Object.assign(MODELS, Object.fromEntries(block.models.map((m) => [m.id, m])));
+}
+
+if ($("boot")) useBoot(JSON.parse($("boot").textContent));
 
 /** Can model info do feature (a tab's view id, or a part: why, head_lens, attribution, generate...)? Its capability
  *  record (GET /api/models, runtime/capabilities.py) says; the page never asks for what it cannot do. */

@@ -20,10 +20,19 @@ export function withBase(layout, font) {
 }
 
 /** Plotly, once its script has run: the page loads it async (templates/index.html), so the first request goes out
- *  while its 4.8 MB are read; main.js waits for this before a view draws. */
+ *  while its 4.8 MB are read; main.js waits for this before a view draws. Outside the page (a notebook's output,
+ *  embed.js) plotly.js is a script of an earlier output: waited for a while, frame by frame. */
 export function plotlyReady() {
   if (window.Plotly) return Promise.resolve(window.Plotly);
   const script = document.getElementById("plotly-js");
+  if (!script) {
+    const until = performance.now() + 20_000;
+    return new Promise((resolve, reject) => {
+      const look = () => (window.Plotly ? resolve(window.Plotly)
+        : performance.now() > until ? reject(new Error("plotly.js did not load")) : requestAnimationFrame(look));
+      look();
+    });
+  }
   return new Promise((resolve, reject) => {
     script.addEventListener("load", () => resolve(window.Plotly), { once: true });
     script.addEventListener("error", () => reject(new Error("plotly.js did not load")), { once: true });

@@ -1,0 +1,146 @@
+"""The page's own views in a notebook: an answer drawn inline and interactive, offline.
+
+    a = m.attention("The cat sat on the mat.")        # every layer and head
+    m.show(a, view="head", layer=2, head=5)            # a View: Jupyter draws its _repr_html_; .save("view.html")
+
+A View's HTML output carries everything it draws with: the answer (the binary wire form, base64, decoded by the
+page's own api.js), the model's description and the page's boot block, the page's ES modules (static/js, read at run
+time by app/bundle.py: the same files the page loads, none copied), the page's stylesheet scoped to the output, and
+plotly.js from the plotly package. A small loader makes one Blob URL per module and imports static/js/embed.js, which
+answers each view's requests() from the carried answer and draws it with its own controls (view, layer, head, query):
+nothing is fetched, from a server or a CDN. plotly.js (4.8 MB) goes into the first View a kernel shows (as plotly's
+own offline notebook mode does); later ones use that one, so a notebook whose first View's output was cleared shows
+the others once a View is shown again (or pass plotly=True to html()). save() writes a whole page with its own copy.
+
+Views: head, lines and model, from an /api/attention answer that holds the attention matrices of the layers and
+heads to draw (include "attention", the default).
+"""
+from __future__ import annotations
+
+import base64
+import html
+import itertools
+import json
+from pathlib import Path
+
+from . import bundle, wire
+from .answers import Attention
+
+ENTRY = "embed.js"
+VIEWS = {"head": "Head view", "lines": "Lines", "model": "Model view"}   # static/js/embed.js VIEWS
+CSS = Path(__file__).resolve().parents[1] / "static" / "css" / "app.css"
+_ids = itertools.count()
+_plotly_sent = False               # this kernel has shown plotly.js in an output already
+
+
+def plotly_js() -> str:
+    """plotly.js from the plotly package (the file the server serves at /vendor/plotly.min.js)."""
+    import plotly
+
+    text = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+    if "</script" in text.lower() or "<!--" in text:
+        raise ValueError("this plotly.js cannot be inlined in a <script> element")
+    return text
+
+
+def scoped_css() -> str:
+    """The page's stylesheet, applied only inside an output (@scope): its :root variables on the output's root."""
+    return "@scope (.attnscope-embed) {\n" + CSS.read_text(encoding="utf-8").replace(":root", ":scope") + "\n}\n" + \
+        ".attnscope-embed { background: var(--panel); padding: 0.4rem; }\n" \
+        ".attnscope-embed .embed-controls { margin-bottom: 0.4rem; }\n"
+
+
+def _script_json(value) -> str:
+    """JSON safe inside a <script> element (no "</script" or "<!--" in it)."""
+    return json.dumps(value, separators=(",", ":"), default=wire._plain).replace("<", "\\u003c")
+
+
+LOADER = """
+const root = document.getElementById(%(id)s);
+const data = JSON.parse(document.getElementById(%(data)s).textContent);
+const urls = {};
+for (const m of data.modules) {
+  const text = m.parts.map((p, i) => (i %% 2 ? urls[p] : p)).join("");
+  urls[m.id] = URL.createObjectURL(new Blob([text], { type: "text/javascript" }));
+}
+try {
+  (await import(urls["boot.js"])).useBoot(data.boot);
+  await (await import(urls[%(entry)s])).mount(root, data);
+} finally {
+  Object.values(urls).forEach((u) => URL.revokeObjectURL(u));
+}
+"""
+
+
+class View:
+    """One of the page's views of an answer, drawn inline in Jupyter (_repr_html_) or saved as a page (save)."""
+
+    def __init__(self, answer: Attention, *, info: dict, boot: dict, state: dict):
+        self.answer, self.info, self.boot, self.state = answer, info, boot, state
+
+    def data(self) -> dict:
+        """What the output carries for static/js/embed.js mount(): the answer, the model, the boot block, the state
+        and the modules."""
+        wire_form = b"".join(bytes(c) for c in wire.binary_chunks(self.answer.data))
+        return {"info": self.info, "boot": self.boot, "state": self.state,
+                "answers": {"attention": {"binary": base64.b64encode(wire_form).decode("ascii")}},
+                "modules": [{"id": m.id, "parts": list(m.parts)} for m in bundle.modules(ENTRY)]}
+
+    def html(self, plotly: bool = True) -> str:
+        """The output's HTML: its element, the data, the loader; plotly.js first when `plotly`."""
+        uid = f"attnscope-view-{next(_ids)}-{id(self):x}"
+        loader = LOADER % {"id": json.dumps(uid), "data": json.dumps(uid + "-data"), "entry": json.dumps(ENTRY)}
+        return ((f"<script>{plotly_js()}</script>\n" if plotly else "")
+                + f"<style>{scoped_css()}</style>\n"
+                + f'<div class="attnscope-embed" id="{uid}" aria-label="{html.escape(VIEWS[self.state["view"]])}"></div>\n'
+                + f'<script type="application/json" id="{uid}-data">{_script_json(self.data())}</script>\n'
+                + f'<script type="module">{loader}</script>\n')
+
+    def _repr_html_(self) -> str:
+        global _plotly_sent
+        out = self.html(plotly=not _plotly_sent)
+        _plotly_sent = True
+        return out
+
+    def save(self, path: str | Path) -> Path:
+        """A page of its own (plotly.js in it): open it in a browser, offline."""
+        path = Path(path)
+        path.write_text(page([self.html(plotly=True)]), encoding="utf-8")
+        return path
+
+    def __repr__(self) -> str:
+        s = self.state
+        return f"<attnscope View {s['view']} of {self.info['id']}: layer {s['layer']}, head {s['head']}>"
+
+
+def page(fragments: list[str], title: str = "attnscope") -> str:
+    """A whole HTML page of output fragments (what a notebook's HTML export holds)."""
+    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title></head>\n'
+            f"<body>\n{''.join(fragments)}</body></html>\n")
+
+
+def view(answer, *, models: list[dict], boot: dict, view: str = "head", layer: int | None = None,
+         head: int | None = None, pin: int | None = None, text: str | None = None) -> View:
+    """A View of `answer` (an Attention answer with its attention matrices); `models`: GET /api/models' entries (the
+    answer's model among them); layer and head default to the answer's first."""
+    if not isinstance(answer, Attention):
+        raise TypeError(f"show() draws an attention answer (m.attention(text)), not {type(answer).__name__}")
+    if view not in VIEWS:
+        raise ValueError(f"view {view!r}: one of {', '.join(VIEWS)}")
+    data = answer.data
+    if getattr(data.get("attention"), "ndim", 0) != 4:
+        raise ValueError("this answer has no attention matrices: ask for include=['attention'] (the default)")
+    if data.get("blocks") is not None or data.get("top_keys") is not None:
+        raise ValueError("this answer holds thumbnails or top keys, not whole matrices: ask without resolution/top_k")
+    info = next((m for m in models if m["id"] == data["model"]), None)
+    if info is None:
+        raise ValueError(f"model {data['model']!r} is not among the source's models")
+    layers, heads = list(data["layers"]), list(data["heads"])
+    layer = layers[0] if layer is None else layer
+    head = heads[0] if head is None else head
+    if layer not in layers or head not in heads:
+        raise ValueError(f"layer {layer}, head {head}: this answer holds layers {layers} and heads {heads}")
+    if pin is not None and not 0 <= pin < len(data["tokens"]):
+        raise ValueError(f"pin {pin}: the text has {len(data['tokens'])} tokens")
+    state = {"view": view, "layer": layer, "head": head, "pin": pin, "model": info["id"], "text": text or ""}
+    return View(answer, info=info, boot=boot, state=state)
