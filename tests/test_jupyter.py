@@ -1,0 +1,95 @@
+"""The page's views in Jupyter (app/jupyter.py) and the module walk they carry the page's ES modules with
+(app/bundle.py). The drawing itself: tests/browser/test_notebook_view.py."""
+from __future__ import annotations
+
+import base64
+import posixpath
+import re
+
+import numpy as np
+import pytest
+
+from attnscope.app import bundle, jupyter, pages, wire
+from attnscope.app.local import Model
+
+TEXT = "The cat sat on the mat."
+
+
+def test_resolve_names_a_module_by_its_path_under_static_js():
+    assert bundle.resolve("views/head.js", "../dom.js") == "dom.js"
+    assert bundle.resolve("embed.js", "./views/head.js") == "views/head.js"
+    assert bundle.resolve("views/head.js", "./lines.js") == "views/lines.js"
+    with pytest.raises(ValueError, match="outside static/js"):
+        bundle.resolve("dom.js", "../x.js")
+
+
+@pytest.mark.parametrize("entry", ["embed.js", "main.js"])
+def test_modules_carry_every_import_each_after_what_it_imports(entry):
+    mods = bundle.modules(entry)
+    ids = [m.id for m in mods]
+    assert ids[-1] == entry and len(set(ids)) == len(ids)
+    for m in mods:
+        text = (bundle.JS / m.id).read_text(encoding="utf-8")
+        deps = list(m.parts[1::2])
+        # every import accounted for, none missed: no other import or re-export, none over several lines, no import()
+        assert len(deps) == len(re.findall(r"^\s*(?:import|export)\s+(?:\*(?:\s+as\s+\w+)?|\{[^}\"']*\}|\w+)\s+from\s*[\"']|^\s*import\s*[\"']", text, re.M))
+        assert not re.search(r"^\s*import\s*(?:\{[^}]*)?$|\bimport\s*\(", text, re.M)
+        assert all(ids.index(d) < ids.index(m.id) for d in deps)
+        # the text again, each specifier as its id: nothing else of the module changed
+        specs = re.findall(r' from "([^"]+)";', text)
+        expected = text
+        for spec, dep in zip(specs, deps):
+            assert dep == posixpath.normpath(posixpath.join(posixpath.dirname(m.id), spec))
+            expected = expected.replace(f' from "{spec}";', f' from "\0{dep}";', 1)
+        assert "".join(p if k % 2 == 0 else "\0" + p for k, p in enumerate(m.parts)) == expected
+
+
+def test_the_page_preloads_what_main_js_imports():
+    assert pages.page_modules() == [f"/static/js/{i}" for i in bundle.imported("main.js")]
+    assert {"views/head.js", "views/lines.js", "views/model.js", "boot.js"} <= set(bundle.imported("embed.js"))
+
+
+def test_a_cycle_or_a_missing_module_is_refused(tmp_path):
+    (tmp_path / "a.js").write_text('import { b } from "./b.js";\nexport const a = 1;\n')
+    (tmp_path / "b.js").write_text('import { a } from "./a.js";\nexport const b = 2;\n')
+    (tmp_path / "c.js").write_text('import { z } from "./z.js";\n')
+    with pytest.raises(ValueError, match=r"import cycle: a\.js -> b\.js -> a\.js"):
+        bundle.modules("a.js", tmp_path)
+    with pytest.raises(ValueError, match="c.js imports z.js"):
+        bundle.modules("c.js", tmp_path)
+
+
+@pytest.fixture(scope="module")
+def model(minilm):
+    return Model(minilm)
+
+
+def test_a_view_carries_the_answer_and_the_page_modules(model, monkeypatch):
+    a = model.attention(TEXT)
+    v = model.show(a, view="lines", layer=2, head=5, pin=3)
+    assert v.state == {"view": "lines", "layer": 2, "head": 5, "pin": 3, "model": "minilm", "text": ""}
+    data = v.data()
+    back = wire.from_binary(base64.b64decode(data["answers"]["attention"]["binary"]))
+    np.testing.assert_array_equal(back["attention"], a["attention"])
+    assert back["tokens"] == a["tokens"] and data["info"]["id"] == "minilm"
+    assert [m["id"] for m in data["modules"]] == bundle.imported("embed.js") + ["embed.js"]
+    assert data["boot"]["models"] == model.models() and data["boot"]["views"][0]["id"] == "head"
+    # plotly.js once per kernel: the first output carries it, later ones use it
+    monkeypatch.setattr(jupyter, "_plotly_sent", False)
+    first, second = v._repr_html_(), model.show(TEXT)._repr_html_()
+    assert first.count("plotly.js v") == 1 and second.count("plotly.js v") == 0
+    assert "</script" not in jupyter._script_json(data).lower() and "https://" not in second
+
+
+def test_a_view_of_what_it_cannot_draw_is_refused(model, tmp_path):
+    a = model.attention(TEXT, layers=[1], heads=[0, 2])
+    with pytest.raises(ValueError, match=r"layer 2, head 0: this answer holds layers \[1\] and heads \[0, 2\]"):
+        model.show(a, layer=2)
+    with pytest.raises(ValueError, match="view 'entropy': one of head, lines, model"):
+        model.show(a, view="entropy")
+    with pytest.raises(ValueError, match="no attention matrices"):
+        model.show(model.attention(TEXT, include=["summary"]))
+    with pytest.raises(TypeError, match="not Stages"):
+        model.show(model.stages(TEXT, layer=0, head=0))
+    page = model.show(a, head=2).save(tmp_path / "v.html").read_text(encoding="utf-8")
+    assert page.startswith("<!doctype html>") and page.count("plotly.js v") == 1
