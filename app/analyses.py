@@ -98,17 +98,25 @@ class Analyses:
         return answers.Circuits(self._post("/api/circuits", self._with_model({}, model)))
 
     # ---- in Jupyter ------------------------------------------------------------------------------------------------
-    def show(self, answer: "answers.Attention | str", view: str = "head", *, layer: int | None = None,
-             head: int | None = None, pin: int | None = None, model: str | None = None):
-        """The page's own view (head, lines or model) of an attention answer, or of a text's (every layer and head),
-        drawn inline and interactive in Jupyter, offline (app/jupyter.py): `m.show(m.attention(text), layer=2,
-        head=5)`; `.save(path)` writes it as a page."""
+    def show(self, *answers, view: str = "head", layer: int | None = None, head: int | None = None,
+             pin: int | None = None, model: str | None = None):
+        """The page's own view (head, lines, model or lens) of answers, or of a text's (every layer and head; for
+        the lens also its logit lens and the head lens of (layer, head)), drawn inline and interactive in Jupyter,
+        offline (app/jupyter.py): `m.show(m.attention(text), layer=2, head=5)`, `m.show(text, view="lens")`;
+        `.save(path)` writes it as a page."""
         from . import jupyter
 
-        text = answer if isinstance(answer, str) else None
+        text = answers[0] if len(answers) == 1 and isinstance(answers[0], str) else None
         if text is not None:
-            answer = self.attention(text, model=model)
-        return jupyter.view(answer, models=self.models(), boot=self._boot(), view=view, layer=layer, head=head,
+            a = self.attention(text, model=model)
+            answers = (a,)
+            if view == "lens":
+                layer = a.layers[0] if layer is None else layer
+                head = a.heads[0] if head is None else head
+                info = next(m for m in self.models() if m["id"] == a.model)
+                able = info.get("capabilities", {}).get("features", {}).get("head_lens") is not False
+                answers += (self.lens(text, model=model, head_lens=(layer, head) if able else None),)
+        return jupyter.view(*answers, models=self.models(), boot=self._boot(), view=view, layer=layer, head=head,
                             pin=pin, text=text)
 
     def _boot(self) -> dict:

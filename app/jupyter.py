@@ -13,7 +13,8 @@ own offline notebook mode does); later ones use that one, so a notebook whose fi
 the others once a View is shown again (or pass plotly=True to html()). save() writes a whole page with its own copy.
 
 Views: head, lines and model, from an /api/attention answer that holds the attention matrices of the layers and
-heads to draw (include "attention", the default).
+heads to draw (include "attention", the default); the logit lens from that and a lens answer (whose head lens is of
+the head it was asked for).
 """
 from __future__ import annotations
 
@@ -24,10 +25,14 @@ import json
 from pathlib import Path
 
 from . import bundle, wire
-from .answers import Attention
+from .answers import Answer, Attention, Lens
 
 ENTRY = "embed.js"
-VIEWS = {"head": "Head view", "lines": "Lines", "model": "Model view"}   # static/js/embed.js VIEWS
+# static/js/embed.js VIEWS: each view's name and the answers it draws from (the attention answer: every view's tokens)
+VIEWS = {"head": ("Head view", ("attention",)), "lines": ("Lines", ("attention",)),
+         "model": ("Model view", ("attention",)), "lens": ("Logit lens", ("attention", "lens"))}
+# the answers an output carries: endpoint, and the form the page fetches it in (api.js: binary or JSON)
+FORMS = {Attention: ("attention", "binary"), Lens: ("lens", "json")}
 CSS = Path(__file__).resolve().parents[1] / "static" / "css" / "app.css"
 _ids = itertools.count()
 _plotly_sent = False               # this kernel has shown plotly.js in an output already
@@ -75,15 +80,14 @@ try {
 class View:
     """One of the page's views of an answer, drawn inline in Jupyter (_repr_html_) or saved as a page (save)."""
 
-    def __init__(self, answer: Attention, *, info: dict, boot: dict, state: dict):
-        self.answer, self.info, self.boot, self.state = answer, info, boot, state
+    def __init__(self, answers: dict[str, Answer], *, info: dict, boot: dict, state: dict):
+        self.answers, self.info, self.boot, self.state = answers, info, boot, state
 
     def data(self) -> dict:
-        """What the output carries for static/js/embed.js mount(): the answer, the model, the boot block, the state
+        """What the output carries for static/js/embed.js mount(): the answers, the model, the boot block, the state
         and the modules."""
-        wire_form = b"".join(bytes(c) for c in wire.binary_chunks(self.answer.data))
         return {"info": self.info, "boot": self.boot, "state": self.state,
-                "answers": {"attention": {"binary": base64.b64encode(wire_form).decode("ascii")}},
+                "answers": {endpoint: _carried(a) for endpoint, a in self.answers.items()},
                 "modules": [{"id": m.id, "parts": list(m.parts)} for m in bundle.modules(ENTRY)]}
 
     def html(self, plotly: bool = True) -> str:
@@ -92,7 +96,7 @@ class View:
         loader = LOADER % {"id": json.dumps(uid), "data": json.dumps(uid + "-data"), "entry": json.dumps(ENTRY)}
         return ((f"<script>{plotly_js()}</script>\n" if plotly else "")
                 + f"<style>{scoped_css()}</style>\n"
-                + f'<div class="attnscope-embed" id="{uid}" aria-label="{html.escape(VIEWS[self.state["view"]])}"></div>\n'
+                + f'<div class="attnscope-embed" id="{uid}" aria-label="{html.escape(VIEWS[self.state["view"]][0])}"></div>\n'
                 + f'<script type="application/json" id="{uid}-data">{_script_json(self.data())}</script>\n'
                 + f'<script type="module">{loader}</script>\n')
 
@@ -119,19 +123,38 @@ def page(fragments: list[str], title: str = "attnscope") -> str:
             f"<body>\n{''.join(fragments)}</body></html>\n")
 
 
-def view(answer, *, models: list[dict], boot: dict, view: str = "head", layer: int | None = None,
+def _carried(answer: Answer) -> dict:
+    """An answer in the form the page fetches its endpoint in: the binary wire form (base64), or the JSON form."""
+    endpoint, form = FORMS[type(answer)]
+    if form == "binary":
+        return {"binary": base64.b64encode(b"".join(bytes(c) for c in wire.binary_chunks(answer.data))).decode("ascii")}
+    return {"json": json.loads(wire.to_json(answer.data))}
+
+
+def view(*answers: Answer, models: list[dict], boot: dict, view: str = "head", layer: int | None = None,
          head: int | None = None, pin: int | None = None, text: str | None = None) -> View:
-    """A View of `answer` (an Attention answer with its attention matrices); `models`: GET /api/models' entries (the
-    answer's model among them); layer and head default to the answer's first."""
-    if not isinstance(answer, Attention):
-        raise TypeError(f"show() draws an attention answer (m.attention(text)), not {type(answer).__name__}")
+    """A View of `answers`: an Attention answer with its attention matrices, and what else the view draws (a Lens
+    answer); `models`: GET /api/models' entries (the answers' model among them); layer and head default to the
+    attention answer's first."""
+    carried: dict[str, Answer] = {}
+    for a in answers:
+        if type(a) not in FORMS:
+            raise TypeError(f"show() draws attention and lens answers (m.attention(text), m.lens(text)), not "
+                            f"{type(a).__name__}")
+        carried[FORMS[type(a)][0]] = a
     if view not in VIEWS:
         raise ValueError(f"view {view!r}: one of {', '.join(VIEWS)}")
-    data = answer.data
+    missing = [e for e in VIEWS[view][1] if e not in carried]
+    if missing:
+        raise ValueError(f"the {VIEWS[view][0].lower()} draws from a{'n' if missing[0][0] in 'aeiou' else ''} "
+                         f"{' and '.join(missing)} answer too: show(m.attention(text), m.{missing[-1]}(text), ...)")
+    data = carried["attention"].data
     if getattr(data.get("attention"), "ndim", 0) != 4:
         raise ValueError("this answer has no attention matrices: ask for include=['attention'] (the default)")
     if data.get("blocks") is not None or data.get("top_keys") is not None:
         raise ValueError("this answer holds thumbnails or top keys, not whole matrices: ask without resolution/top_k")
+    if len({a.data.get("model") for a in answers}) > 1:
+        raise ValueError("these answers are of different models")
     info = next((m for m in models if m["id"] == data["model"]), None)
     if info is None:
         raise ValueError(f"model {data['model']!r} is not among the source's models")
@@ -143,4 +166,4 @@ def view(answer, *, models: list[dict], boot: dict, view: str = "head", layer: i
     if pin is not None and not 0 <= pin < len(data["tokens"]):
         raise ValueError(f"pin {pin}: the text has {len(data['tokens'])} tokens")
     state = {"view": view, "layer": layer, "head": head, "pin": pin, "model": info["id"], "text": text or ""}
-    return View(answer, info=info, boot=boot, state=state)
+    return View(carried, info=info, boot=boot, state=state)

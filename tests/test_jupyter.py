@@ -64,6 +64,15 @@ def model(minilm):
     return Model(minilm)
 
 
+def test_a_lens_view_carries_the_lens_as_the_page_fetches_it(runtimes):
+    tiny = Model(runtimes["tiny-gpt"])
+    v = tiny.show("the cat sat on the mat . the cat", view="lens", layer=1, head=0)
+    lens = v.data()["answers"]["lens"]["json"]                        # the JSON form, as api.js fetches /api/lens
+    assert lens["top_tokens"] == v.answers["lens"].top_tokens and lens["head_lens"]["layer"] == 1
+    np.testing.assert_array_equal(np.asarray(lens["top_probs"], np.float32), v.answers["lens"]["top_probs"])
+    assert lens["tokens"] == v.answers["attention"].tokens
+
+
 def test_a_view_carries_the_answer_and_the_page_modules(model, monkeypatch):
     a = model.attention(TEXT)
     v = model.show(a, view="lines", layer=2, head=5, pin=3)
@@ -91,5 +100,7 @@ def test_a_view_of_what_it_cannot_draw_is_refused(model, tmp_path):
         model.show(model.attention(TEXT, include=["summary"]))
     with pytest.raises(TypeError, match="not Stages"):
         model.show(model.stages(TEXT, layer=0, head=0))
+    with pytest.raises(ValueError, match="the logit lens draws from a lens answer too"):
+        model.show(a, view="lens")
     page = model.show(a, head=2).save(tmp_path / "v.html").read_text(encoding="utf-8")
     assert page.startswith("<!doctype html>") and page.count("plotly.js v") == 1

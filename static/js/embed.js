@@ -10,12 +10,14 @@ import { h, replace, tokenLabel } from "./dom.js";
 import { plot, plotlyReady } from "./plot.js";
 import * as state from "./state.js";
 import * as head from "./views/head.js";
+import * as lens from "./views/lens.js";
 import * as lines from "./views/lines.js";
 import * as model from "./views/model.js";
 
-/** The views an output can draw, by the answers they need (the carried answers' endpoints). */
-export const VIEWS = { head, lines, model };
-const NEEDS = { head: "attention", lines: "attention", model: "attention" };
+/** The views an output can draw, by the answers they need (the carried answers' endpoints: the attention answer is
+ *  every view's meta too). */
+export const VIEWS = { head, lines, model, lens };
+const NEEDS = { head: ["attention"], lines: ["attention"], model: ["attention"], lens: ["attention", "lens"] };
 /** What a new run would change: the output keeps its answers, so these stay as they were drawn. */
 const RUN = ["model", "text", "text_pair", "decoder_text", "ablate", "ablation", "causal", "mask_tokens", "attention"];
 
@@ -40,11 +42,18 @@ export function sliceAttention(ans, layers = ans.layers, heads = ans.heads) {
   return { ...ans, layers, heads, attention: new Tensor(data, [li.length, hi.length, T, K], ans.attention.dtype) };
 }
 
+/** A logit lens answer for a request of the head lens of (layer, head): the carried one's head lens is of one head. */
+function lensOf(ans, { layer, head: hd }) {
+  const hl = ans.head_lens;
+  return layer === undefined || !hl || (hl.layer === layer && hl.head === hd) ? ans : { ...ans, head_lens: null };
+}
+
 /** One of a view's requests, answered from the output's answers; a soft request's refusal is its result. */
 function answer(request, answers) {
   const { endpoint, soft } = request;
   try {
     if (!answers[endpoint]) throw new Error(`this output holds no ${endpoint} answer`);
+    if (endpoint === "lens") return lensOf(answers.lens, request);
     return endpoint === "attention" ? sliceAttention(answers.attention, request.layers, request.heads) : answers[endpoint];
   } catch (error) {
     if (soft) return { error };
@@ -64,8 +73,8 @@ function select(label, name, options, value, onchange) {
 export async function mount(root, data) {
   const info = data.info;
   const answers = Object.fromEntries(Object.entries(data.answers).map(([k, v]) => [k, decoded(v)]));
-  const meta = answers.attention ?? Object.values(answers)[0];
-  const views = Object.keys(VIEWS).filter((v) => answers[NEEDS[v]]);
+  const meta = answers.attention;
+  const views = Object.keys(VIEWS).filter((v) => NEEDS[v].every((e) => answers[e]));
   let st = { ...state.parse(""), model: info.id, text: meta.text ?? "", ...data.state };
   const memory = Object.fromEntries(views.map((v) => [v, {}]));
   const bar = h("div", { class: "embed-controls" });

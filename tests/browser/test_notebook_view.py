@@ -8,6 +8,7 @@ import base64
 import json
 import re
 
+import numpy as np
 import pytest
 from playwright.sync_api import Page
 
@@ -64,3 +65,29 @@ def test_explore_heads_notebook_draws_the_head_view_offline(page: Page, console_
     assert shown["z"] == answer["attention"][li, answer["heads"].index(other)].astype(float).tolist()
     assert shown["z"] != answer["attention"][li, hi].astype(float).tolist()
     assert outside == [] and console_errors == []
+
+
+def test_a_saved_lens_view_draws_the_lens_and_its_head_lens_offline(page: Page, console_errors, runtimes, tmp_path):
+    """The logit lens of tiny-gpt from a View saved as a page: the grid names each cell's top token of the carried
+    lens, the head lens is of the head asked; another head (not carried) leaves the head lens empty, not wrong."""
+    from attnscope.app.local import Model
+
+    v = Model(runtimes["tiny-gpt"]).show("the cat sat on the mat . the cat", view="lens", layer=1, head=0)
+    lens = v.answers["lens"]
+    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
+    page.goto(v.save(tmp_path / "lens.html").as_uri())
+    page.wait_for_function(f"document.querySelector('{EMBED}')?.dataset.renders === '1'", timeout=30_000)
+    grid = page.evaluate(f"""() => {{
+      const root = document.querySelector('{EMBED}'), plot = root.querySelector('.lens-plot');
+      return {{ error: root.querySelector('.error').hidden, z: plot.data[0].z, head: root.querySelector('.head-lens').dataset.head,
+               promoted: [...root.querySelectorAll('.head-lens tr[data-position="0"] .promoted .tok')].map((t) => t.title) }};
+    }}""")
+    assert grid["error"] and grid["head"] == "0"
+    carried = v.data()["answers"]["lens"]["json"]                 # the JSON form, as the page fetches /api/lens
+    assert grid["z"] == [[p[0] for p in row] for row in carried["top_probs"]]
+    np.testing.assert_array_equal(np.float32(grid["z"]), lens["top_probs"][:, :, 0])   # shortest reprs: the float32s
+    assert len(grid["promoted"]) == len(lens.head_lens["promoted_tokens"][0])
+    page.select_option(f"{EMBED} select[name=head]", "1")
+    page.wait_for_function(f"document.querySelector('{EMBED}')?.dataset.renders === '2'", timeout=30_000)
+    assert page.evaluate(f"document.querySelector('{EMBED} .head-lens').textContent") == ""
+    assert console_errors == []
