@@ -99,11 +99,14 @@ class Analyses:
 
     # ---- in Jupyter ------------------------------------------------------------------------------------------------
     def show(self, *answers, view: str = "head", layer: int | None = None, head: int | None = None,
-             pin: int | None = None, model: str | None = None):
-        """The page's own view (head, lines, model or lens) of answers, or of a text's (every layer and head; for
-        the lens also its logit lens and the head lens of (layer, head)), drawn inline and interactive in Jupyter,
-        offline (app/jupyter.py): `m.show(m.attention(text), layer=2, head=5)`, `m.show(text, view="lens")`;
-        `.save(path)` writes it as a page."""
+             pin: int | None = None, model: str | None = None, corrupt: str | None = None, target: str | None = None,
+             distractor: str | None = None, site: str | None = None, direction: str | None = None):
+        """The page's own view (head, lines, model, lens or effects) of answers, or of a text's (every layer and
+        head; for the lens also its logit lens and the head lens of (layer, head); for the effects maps its direct
+        logit attribution of target (- distractor) and, with corrupt, its patching at site), drawn inline and
+        interactive in Jupyter, offline (app/jupyter.py): `m.show(m.attention(text), layer=2, head=5)`,
+        `m.show(text, view="lens")`, `m.show(clean, view="effects", corrupt=..., target="␣Mary")`; `.save(path)`
+        writes it as a page."""
         from . import jupyter
 
         text = answers[0] if len(answers) == 1 and isinstance(answers[0], str) else None
@@ -116,8 +119,17 @@ class Analyses:
                 info = next(m for m in self.models() if m["id"] == a.model)
                 able = info.get("capabilities", {}).get("features", {}).get("head_lens") is not False
                 answers += (self.lens(text, model=model, head_lens=(layer, head) if able else None),)
+            if view == "effects" and target is not None:
+                answers += (self.attribution(text, target, distractor, model=model),)
+                if corrupt is not None:
+                    answers += (self.patching(text, corrupt, target, distractor, site=site, direction=direction,
+                                              model=model),)
+        elif view == "effects":
+            raise ValueError("the effects maps are of a text: show(text, view='effects', corrupt=..., target=...)")
+        patched = next((a.data for a in answers if a.data.get("site")), {})
         return jupyter.view(*answers, models=self.models(), boot=self._boot(), view=view, layer=layer, head=head,
-                            pin=pin, text=text)
+                            pin=pin, text=text, corrupt=corrupt, target=target, distractor=distractor,
+                            site=patched.get("site"), direction=patched.get("direction"))
 
     def _boot(self) -> dict:
         """The page's boot block for this side's models (app/pages.py boot_block)."""

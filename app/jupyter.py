@@ -14,7 +14,8 @@ the others once a View is shown again (or pass plotly=True to html()). save() wr
 
 Views: head, lines and model, from an /api/attention answer that holds the attention matrices of the layers and
 heads to draw (include "attention", the default); the logit lens from that and a lens answer (whose head lens is of
-the head it was asked for).
+the head it was asked for); the effects maps from that, the text's direct logit attribution and its activation (and
+path) patching, with the texts, target and site they were asked with (Analyses.show asks for them all).
 """
 from __future__ import annotations
 
@@ -25,14 +26,17 @@ import json
 from pathlib import Path
 
 from . import bundle, wire
-from .answers import Answer, Attention, Lens
+from .answers import Answer, Attention, Attribution, Lens, PathPatching, Patching
 
 ENTRY = "embed.js"
 # static/js/embed.js VIEWS: each view's name and the answers it draws from (the attention answer: every view's tokens)
 VIEWS = {"head": ("Head view", ("attention",)), "lines": ("Lines", ("attention",)),
-         "model": ("Model view", ("attention",)), "lens": ("Logit lens", ("attention", "lens"))}
-# the answers an output carries: endpoint, and the form the page fetches it in (api.js: binary or JSON)
-FORMS = {Attention: ("attention", "binary"), Lens: ("lens", "json")}
+         "model": ("Model view", ("attention",)), "lens": ("Logit lens", ("attention", "lens")),
+         "effects": ("Effects", ("attention",))}
+# the answers an output carries: what embed.js finds it by (the endpoint; the effects view's direct logit attribution,
+# an /api/attention answer, by its own name), and the form the page fetches it in (api.js: binary or JSON)
+FORMS = {Attention: ("attention", "binary"), Lens: ("lens", "json"), Attribution: ("attribution", "binary"),
+         Patching: ("patching", "json"), PathPatching: ("path_patching", "json")}
 CSS = Path(__file__).resolve().parents[1] / "static" / "css" / "app.css"
 _ids = itertools.count()
 _plotly_sent = False               # this kernel has shown plotly.js in an output already
@@ -132,15 +136,15 @@ def _carried(answer: Answer) -> dict:
 
 
 def view(*answers: Answer, models: list[dict], boot: dict, view: str = "head", layer: int | None = None,
-         head: int | None = None, pin: int | None = None, text: str | None = None) -> View:
+         head: int | None = None, pin: int | None = None, text: str | None = None, **effects) -> View:
     """A View of `answers`: an Attention answer with its attention matrices, and what else the view draws (a Lens
     answer); `models`: GET /api/models' entries (the answers' model among them); layer and head default to the
     attention answer's first."""
     carried: dict[str, Answer] = {}
     for a in answers:
         if type(a) not in FORMS:
-            raise TypeError(f"show() draws attention and lens answers (m.attention(text), m.lens(text)), not "
-                            f"{type(a).__name__}")
+            raise TypeError(f"show() draws attention, lens, attribution and patching answers (m.attention(text), "
+                            f"m.lens(text), ...), not {type(a).__name__}")
         carried[FORMS[type(a)][0]] = a
     if view not in VIEWS:
         raise ValueError(f"view {view!r}: one of {', '.join(VIEWS)}")
@@ -165,5 +169,6 @@ def view(*answers: Answer, models: list[dict], boot: dict, view: str = "head", l
         raise ValueError(f"layer {layer}, head {head}: this answer holds layers {layers} and heads {heads}")
     if pin is not None and not 0 <= pin < len(data["tokens"]):
         raise ValueError(f"pin {pin}: the text has {len(data['tokens'])} tokens")
-    state = {"view": view, "layer": layer, "head": head, "pin": pin, "model": info["id"], "text": text or ""}
+    state = {"view": view, "layer": layer, "head": head, "pin": pin, "model": info["id"], "text": text or "",
+             **{k: v for k, v in effects.items() if v is not None}}   # the effects view's: corrupt, target, ...
     return View(carried, info=info, boot=boot, state=state)

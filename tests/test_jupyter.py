@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import posixpath
 import re
 
@@ -104,3 +105,21 @@ def test_a_view_of_what_it_cannot_draw_is_refused(model, tmp_path):
         model.show(a, view="lens")
     page = model.show(a, head=2).save(tmp_path / "v.html").read_text(encoding="utf-8")
     assert page.startswith("<!doctype html>") and page.count("plotly.js v") == 1
+
+
+def test_an_effects_view_carries_the_maps_it_was_asked_for(local_smollm2):
+    """The IOI texts of test_python_api (the same patching: the Runner's cache serves one of the two)."""
+    from .test_python_api import IOI
+
+    clean, corrupt = IOI
+    v = local_smollm2.show(clean, view="effects", corrupt=corrupt, target="␣Mary", distractor="␣John")
+    assert set(v.answers) == {"attention", "attribution", "patching"}
+    assert {k: v.state[k] for k in ("text", "corrupt", "target", "distractor", "site", "direction")} == {
+        "text": clean, "corrupt": corrupt, "target": "␣Mary", "distractor": "␣John", "site": "head_output",
+        "direction": "denoise"}
+    data = v.data()["answers"]
+    dla = wire.from_binary(base64.b64decode(data["attribution"]["binary"]))     # as the page fetches /api/attention
+    assert dla["attribution"]["heads"] == v.answers["attribution"].parts["heads"]
+    assert data["patching"]["json"]["recovery"] == json.loads(wire.to_json(v.answers["patching"].data))["recovery"]
+    with pytest.raises(ValueError, match="the effects maps are of a text"):
+        local_smollm2.show(v.answers["attention"], view="effects")

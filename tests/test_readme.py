@@ -474,6 +474,7 @@ def test_readme_python_and_jupyter(local_smollm2, live_server_smollm2):
     assert len(ns["words"]) == 5
     assert ns["view"].state["view"] == "head" and (ns["view"].state["layer"], ns["view"].state["head"]) == (23, 3)
     assert 'class="attnscope-embed"' in ns["view"].html(plotly=False)
+    assert set(ns["maps"].answers) == {"attention", "attribution", "patching"} and ns["maps"].state["corrupt"] == ns["corrupt"]
     assert ns["same"].data["attribution"] == ns["dla"].data["attribution"]   # the server's answer is the in-process one
     assert ns["atlas"].to_xarray()["induction_mass"].dims == ("layer", "head") and ns["atlas"].texts == 20
     ns["api"].close()

@@ -9,6 +9,7 @@ import { decodeBinary, Tensor } from "./api.js";
 import { h, replace, tokenLabel } from "./dom.js";
 import { plot, plotlyReady } from "./plot.js";
 import * as state from "./state.js";
+import * as effects from "./views/effects.js";
 import * as head from "./views/head.js";
 import * as lens from "./views/lens.js";
 import * as lines from "./views/lines.js";
@@ -16,10 +17,12 @@ import * as model from "./views/model.js";
 
 /** The views an output can draw, by the answers they need (the carried answers' endpoints: the attention answer is
  *  every view's meta too). */
-export const VIEWS = { head, lines, model, lens };
-const NEEDS = { head: ["attention"], lines: ["attention"], model: ["attention"], lens: ["attention", "lens"] };
+export const VIEWS = { head, lines, model, lens, effects };
+const NEEDS = { head: ["attention"], lines: ["attention"], model: ["attention"], lens: ["attention", "lens"],
+  effects: ["attention"] };
 /** What a new run would change: the output keeps its answers, so these stay as they were drawn. */
-const RUN = ["model", "text", "text_pair", "decoder_text", "ablate", "ablation", "causal", "mask_tokens", "attention"];
+const RUN = ["model", "text", "text_pair", "decoder_text", "ablate", "ablation", "causal", "mask_tokens", "attention",
+  "corrupt", "target", "distractor", "site", "direction", "receivers", "receiver_input"];
 
 /** A carried answer as api.js gives the page its own: the binary form (base64) decoded, or the JSON form as is. */
 export function decoded({ binary, json }) {
@@ -52,9 +55,15 @@ function lensOf(ans, { layer, head: hd }) {
 function answer(request, answers) {
   const { endpoint, soft } = request;
   try {
-    if (!answers[endpoint]) throw new Error(`this output holds no ${endpoint} answer`);
+    if (!answers[endpoint]) throw new Error(`this output holds no ${endpoint.replace("_", " ")} answer`);
     if (endpoint === "lens") return lensOf(answers.lens, request);
-    return endpoint === "attention" ? sliceAttention(answers.attention, request.layers, request.heads) : answers[endpoint];
+    if (endpoint !== "attention") return answers[endpoint];
+    if (request.include?.includes("attribution")) {      // the effects view's direct logit attribution
+      if (!answers.attribution) throw new Error("this output holds no direct logit attribution");
+      return answers.attribution;
+    }
+    if (request.text !== undefined) throw new Error("this output holds the attention of its own text only");
+    return sliceAttention(answers.attention, request.layers, request.heads);
   } catch (error) {
     if (soft) return { error };
     throw error;

@@ -91,3 +91,20 @@ def test_a_saved_lens_view_draws_the_lens_and_its_head_lens_offline(page: Page, 
     page.wait_for_function(f"document.querySelector('{EMBED}')?.dataset.renders === '2'", timeout=30_000)
     assert page.evaluate(f"document.querySelector('{EMBED} .head-lens').textContent") == ""
     assert console_errors == []
+
+
+def test_a_saved_effects_view_draws_the_direct_logit_attribution_offline(page: Page, console_errors, local_smollm2,
+                                                                         tmp_path):
+    """SmolLM2's direct logit attribution of " Mary" on the IOI text, drawn from a saved View: the map is the carried
+    answer's, L23H3 among its largest cells (the patching map draws from its JSON answer as the lens does)."""
+    v = local_smollm2.show("When Mary and John went to the store, John gave a drink to", view="effects",
+                           target="␣Mary", distractor="␣John")
+    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
+    page.goto(v.save(tmp_path / "effects.html").as_uri())
+    page.wait_for_function(f"document.querySelector('{EMBED}')?.dataset.renders === '1'", timeout=30_000)
+    maps = page.evaluate(f"""() => [...document.querySelectorAll('{EMBED} .effects-maps .js-plotly-plot')]
+      .map((p) => p.data[0].z)""")
+    heads = np.asarray(v.answers["attribution"].parts["heads"], np.float32)
+    assert len(maps) == 1 and np.array_equal(np.float32(maps[0]), heads)
+    assert (23, 3) in [(l, h) for l, h, _ in v.answers["attribution"].top_heads(5)]
+    assert console_errors == []
