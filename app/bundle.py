@@ -4,8 +4,9 @@ module comes after the ones it imports, each with its relative imports named by 
 The page loads static/js/*.js itself (pages.py lists them for modulepreload). A view drawn anywhere else (a
 notebook's output: app/jupyter.py) carries the same files, read here at run time, never a copy of them:
 
-    for m in modules("embed.js"):        # dom.js, scale.js, ..., views/head.js, ..., embed.js
-        m.id, m.parts                     # "views/head.js", ["// Head view ...import { can, whyNot } from \"", "boot.js", ...]
+    for m in modules("embed.js"):        # api.js, dom.js, ..., views/head.js, ..., embed.js
+        m.id                              # "views/head.js"
+        m.parts                           # ["// Head view ...from \"", "boot.js", "\";\n...", ...]
 
 `parts` alternates the module's text with the ids of the modules it imports (at the odd places: where each import's
 specifier stood); joined with each id's own URL, it is the module as the browser would load it from there. The

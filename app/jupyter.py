@@ -97,10 +97,11 @@ class View:
     def html(self, plotly: bool = True) -> str:
         """The output's HTML: its element, the data, the loader; plotly.js first when `plotly`."""
         uid = f"attnscope-view-{next(_ids)}-{id(self):x}"
+        label = html.escape(VIEWS[self.state["view"]][0])
         loader = LOADER % {"id": json.dumps(uid), "data": json.dumps(uid + "-data"), "entry": json.dumps(ENTRY)}
         return ((f"<script>{plotly_js()}</script>\n" if plotly else "")
                 + f"<style>{scoped_css()}</style>\n"
-                + f'<div class="attnscope-embed" id="{uid}" aria-label="{html.escape(VIEWS[self.state["view"]][0])}"></div>\n'
+                + f'<div class="attnscope-embed" id="{uid}" aria-label="{label}"></div>\n'
                 + f'<script type="application/json" id="{uid}-data">{_script_json(self.data())}</script>\n'
                 + f'<script type="module">{loader}</script>\n')
 

@@ -91,7 +91,8 @@ class Model(Analyses):
 
         svc = self.service
         return boot_block(self.models(), default_model=svc.settings.default_model, max_chars=svc.max_chars,
-                          max_new_tokens=svc.settings.max_new_tokens, architectures=architectures(svc.runtimes.values()))
+                          max_new_tokens=svc.settings.max_new_tokens,
+                          architectures=architectures(svc.runtimes.values()))
 
     # ---- the route's path, without HTTP ------------------------------------------------------------------------------
     def _run(self, coro):

@@ -14,6 +14,9 @@ from attnscope.app import bundle, jupyter, pages, wire
 from attnscope.app.local import Model
 
 TEXT = "The cat sat on the mat."
+# a static import or re-export of any form (`import X`, `* as X`, `{...}` from "..."; `import "..."`)
+STATEMENT = re.compile(r"^\s*(?:import|export)\s+(?:\*(?:\s+as\s+\w+)?|\{[^}\"']*\}|\w+)\s+from\s*[\"']"
+                       r"|^\s*import\s*[\"']", re.M)
 
 
 def test_resolve_names_a_module_by_its_path_under_static_js():
@@ -33,7 +36,7 @@ def test_modules_carry_every_import_each_after_what_it_imports(entry):
         text = (bundle.JS / m.id).read_text(encoding="utf-8")
         deps = list(m.parts[1::2])
         # every import accounted for, none missed: no other import or re-export, none over several lines, no import()
-        assert len(deps) == len(re.findall(r"^\s*(?:import|export)\s+(?:\*(?:\s+as\s+\w+)?|\{[^}\"']*\}|\w+)\s+from\s*[\"']|^\s*import\s*[\"']", text, re.M))
+        assert len(deps) == len(STATEMENT.findall(text))
         assert not re.search(r"^\s*import\s*(?:\{[^}]*)?$|\bimport\s*\(", text, re.M)
         assert all(ids.index(d) < ids.index(m.id) for d in deps)
         # the text again, each specifier as its id: nothing else of the module changed

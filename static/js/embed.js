@@ -87,7 +87,8 @@ export async function mount(root, data) {
   let st = { ...state.parse(""), model: info.id, text: meta.text ?? "", ...data.state };
   const memory = Object.fromEntries(views.map((v) => [v, {}]));
   const bar = h("div", { class: "embed-controls" });
-  const containers = Object.fromEntries(views.map((v) => [v, h("div", { class: "view", "data-view": v, hidden: true })]));
+  const containers = Object.fromEntries(views.map((v) => [v, h("div", { class: "view", "data-view": v,
+    hidden: true })]));
   const error = h("p", { class: "error", role: "alert", hidden: true });
   replace(root, bar, error, Object.values(containers));
   let drawing = Promise.resolve();
@@ -103,9 +104,11 @@ export async function mount(root, data) {
     const layers = answers.attention?.layers ?? [], heads = answers.attention?.heads ?? [];
     replace(bar,
       select("View ", "view", views.map((v) => [v, VIEWS[v].title]), st.view, (view) => go({ view })),
-      select(" Layer ", "layer", layers.map((l) => [l, String(l)]), st.layer, (l) => go({ layer: Number(l), why: null })),
+      select(" Layer ", "layer", layers.map((l) => [l, String(l)]), st.layer,
+        (l) => go({ layer: Number(l), why: null })),
       select(" Head ", "head", heads.map((x) => [x, String(x)]), st.head, (x) => go({ head: Number(x), why: null })),
-      select(" Query ", "pin", [["", "none"], ...meta.tokens.map((t, i) => [i, `${i}: ${tokenLabel(t)}`])], st.pin ?? "",
+      select(" Query ", "pin", [["", "none"], ...meta.tokens.map((t, i) => [i, `${i}: ${tokenLabel(t)}`])],
+        st.pin ?? "",
         (q) => go({ pin: q === "" ? null : Number(q), why: null })));
   }
 

@@ -79,8 +79,10 @@ def test_a_saved_lens_view_draws_the_lens_and_its_head_lens_offline(page: Page, 
     page.wait_for_function(f"document.querySelector('{EMBED}')?.dataset.renders === '1'", timeout=30_000)
     grid = page.evaluate(f"""() => {{
       const root = document.querySelector('{EMBED}'), plot = root.querySelector('.lens-plot');
-      return {{ error: root.querySelector('.error').hidden, z: plot.data[0].z, head: root.querySelector('.head-lens').dataset.head,
-               promoted: [...root.querySelectorAll('.head-lens tr[data-position="0"] .promoted .tok')].map((t) => t.title) }};
+      return {{ error: root.querySelector('.error').hidden, z: plot.data[0].z,
+               head: root.querySelector('.head-lens').dataset.head,
+               promoted: [...root.querySelectorAll('.head-lens tr[data-position="0"] .promoted .tok')]
+                 .map((t) => t.title) }};
     }}""")
     assert grid["error"] and grid["head"] == "0"
     carried = v.data()["answers"]["lens"]["json"]                 # the JSON form, as the page fetches /api/lens
