@@ -15,7 +15,9 @@ the others once a View is shown again (or pass plotly=True to html()). save() wr
 Views: head, lines and model, from an /api/attention answer that holds the attention matrices of the layers and
 heads to draw (include "attention", the default); the logit lens from that and a lens answer (whose head lens is of
 the head it was asked for); the effects maps from that, the text's direct logit attribution and its activation (and
-path) patching, with the texts, target and site they were asked with (Analyses.show asks for them all).
+path) patching, with the texts, target and site they were asked with (Analyses.show asks for them all). With a
+generation (its token lines and the layers and heads whose attention rows they carry), the head and line views draw
+the prompt grown by its continuation, as the page does while it generates.
 """
 from __future__ import annotations
 
@@ -84,14 +86,16 @@ try {
 class View:
     """One of the page's views of an answer, drawn inline in Jupyter (_repr_html_) or saved as a page (save)."""
 
-    def __init__(self, answers: dict[str, Answer], *, info: dict, boot: dict, state: dict):
-        self.answers, self.info, self.boot, self.state = answers, info, boot, state
+    def __init__(self, answers: dict[str, Answer], *, info: dict, boot: dict, state: dict,
+                 generation: dict | None = None):
+        self.answers, self.info, self.boot, self.state, self.generation = answers, info, boot, state, generation
 
     def data(self) -> dict:
         """What the output carries for static/js/embed.js mount(): the answers, the model, the boot block, the state
         and the modules."""
         return {"info": self.info, "boot": self.boot, "state": self.state,
-                "answers": {endpoint: _carried(a) for endpoint, a in self.answers.items()},
+                "answers": {**{endpoint: _carried(a) for endpoint, a in self.answers.items()},
+                            **({"generation": {"json": self.generation}} if self.generation else {})},
                 "modules": [{"id": m.id, "parts": list(m.parts)} for m in bundle.modules(ENTRY)]}
 
     def html(self, plotly: bool = True) -> str:
@@ -137,7 +141,8 @@ def _carried(answer: Answer) -> dict:
 
 
 def view(*answers: Answer, models: list[dict], boot: dict, view: str = "head", layer: int | None = None,
-         head: int | None = None, pin: int | None = None, text: str | None = None, **effects) -> View:
+         head: int | None = None, pin: int | None = None, text: str | None = None, generation: dict | None = None,
+         **effects) -> View:
     """A View of `answers`: an Attention answer with its attention matrices, and what else the view draws (a Lens
     answer); `models`: GET /api/models' entries (the answers' model among them); layer and head default to the
     attention answer's first."""
@@ -172,4 +177,6 @@ def view(*answers: Answer, models: list[dict], boot: dict, view: str = "head", l
         raise ValueError(f"pin {pin}: the text has {len(data['tokens'])} tokens")
     state = {"view": view, "layer": layer, "head": head, "pin": pin, "model": info["id"], "text": text or "",
              **{k: v for k, v in effects.items() if v is not None}}   # the effects view's: corrupt, target, ...
-    return View(carried, info=info, boot=boot, state=state)
+    if generation is not None and text is None:
+        raise ValueError("a generation is drawn with its prompt's text")
+    return View(carried, info=info, boot=boot, state=state, generation=generation)

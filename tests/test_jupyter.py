@@ -124,5 +124,17 @@ def test_an_effects_view_carries_the_maps_it_was_asked_for(local_smollm2):
     dla = wire.from_binary(base64.b64decode(data["attribution"]["binary"]))     # as the page fetches /api/attention
     assert dla["attribution"]["heads"] == v.answers["attribution"].parts["heads"]
     assert data["patching"]["json"]["recovery"] == json.loads(wire.to_json(v.answers["patching"].data))["recovery"]
-    with pytest.raises(ValueError, match="the effects maps are of a text"):
+    with pytest.raises(ValueError, match="the effects maps and a generation are of a text"):
         local_smollm2.show(v.answers["attention"], view="effects")
+
+
+def test_a_generation_is_carried_with_the_rows_of_every_head(local_smollm2):
+    v = local_smollm2.show("The quick brown fox. The quick", generate={"max_new_tokens": 2, "greedy": True})
+    g, a = v.generation, v.answers["attention"]
+    assert (g["layers"], g["heads"]) == (list(range(30)), list(range(9))) and len(g["steps"]) == 2
+    T0 = len(a.tokens)
+    assert [s["index"] for s in g["steps"]] == [T0, T0 + 1]
+    assert np.shape(g["steps"][1]["attention"]) == (30, 9, T0 + 2)          # each token's row over every key so far
+    assert v.data()["answers"]["generation"]["json"] is g
+    with pytest.raises(ValueError, match="a generation are of a text"):
+        local_smollm2.show(a, generate=2)

@@ -3,10 +3,13 @@
 // answers instead of the server (an /api/attention answer of several layers and heads gives each request its
 // layers and heads); render() draws; ctx.go() changes the state, which draws again. The state is the output's own
 // (no URL), changed by its controls (view, layer, head, pinned query) and by the views themselves; what would need
-// a new run (another text, knocked-out heads) is not the output's to change. The host imports boot.js first and
-// hands it the output's boot block (useBoot), then this module.
+// a new run (another text, knocked-out heads) is not the output's to change. A generation it carries (its token lines,
+// with their attention rows) grows the prompt's answer as the page's Generate control does (matrix.js grownMeta,
+// grownAnswer): the views of one head draw the prompt and its continuation. The host imports boot.js first and hands
+// it the output's boot block (useBoot), then this module.
 import { decodeBinary, Tensor } from "./api.js";
 import { h, replace, tokenLabel } from "./dom.js";
+import { grownAnswer, grownMeta } from "./matrix.js";
 import { plot, plotlyReady } from "./plot.js";
 import * as state from "./state.js";
 import * as effects from "./views/effects.js";
@@ -82,7 +85,8 @@ function select(label, name, options, value, onchange) {
 export async function mount(root, data) {
   const info = data.info;
   const answers = Object.fromEntries(Object.entries(data.answers).map(([k, v]) => [k, decoded(v)]));
-  const meta = answers.attention;
+  const prompt = answers.attention, generation = answers.generation;
+  const meta = generation ? grownMeta(prompt, generation.steps, data.state.text) : prompt;
   const views = Object.keys(VIEWS).filter((v) => NEEDS[v].every((e) => answers[e]));
   let st = { ...state.parse(""), model: info.id, text: meta.text ?? "", ...data.state };
   const memory = Object.fromEntries(views.map((v) => [v, {}]));
@@ -124,7 +128,11 @@ export async function mount(root, data) {
         `attnscope-${st.model}-${view}-L${st.layer}H${st.head}`)) };
     try {
       const results = VIEWS[view].requests(st, info, meta).map((r) => answer(r, answers));
-      VIEWS[view].render(container, { meta, results }, st, ctx);
+      // with a generation, the views of one head it carries draw the grown answer; any other, the prompt's
+      const grown = generation && results.map((r) => grownAnswer(r, generation.steps, generation.layers,
+        generation.heads));
+      const shown = grown?.every(Boolean) ? { meta, results: grown } : { meta: prompt, results };
+      VIEWS[view].render(container, shown, { ...st, pin: st.pin < shown.meta.tokens.length ? st.pin : null }, ctx);
       await Promise.all(charts);
       error.hidden = true;
     } catch (err) {

@@ -110,3 +110,21 @@ def test_a_saved_effects_view_draws_the_direct_logit_attribution_offline(page: P
     assert len(maps) == 1 and np.array_equal(np.float32(maps[0]), heads)
     assert (23, 3) in [(l, h) for l, h, _ in v.answers["attribution"].top_heads(5)]
     assert console_errors == []
+
+
+def test_a_saved_generation_grows_the_head_view_offline(page: Page, console_errors, local_smollm2, tmp_path):
+    """SmolLM2's greedy continuation of a repeated text drawn as the page draws a generation: the head view's matrix
+    is the prompt's grown by each new token's row (the rows the generation carried), for the head in the control."""
+    v = local_smollm2.show("The quick brown fox. The quick", generate=3, layer=1, head=0)
+    steps, T0 = v.generation["steps"], len(v.answers["attention"].tokens)
+    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
+    page.goto(v.save(tmp_path / "generation.html").as_uri())
+    for renders, head in ((1, 0), (2, 4)):
+        if renders > 1:
+            page.select_option(f"{EMBED} select[name=head]", str(head))
+        shown = drawn(page, renders)
+        assert shown["head"] == head and shown["error"] is None and len(shown["z"]) == T0 + 3
+        for k, step in enumerate(steps):                        # each new token's row: what the stream carried
+            row = np.float32(step["attention"][1][head])
+            assert np.array_equal(np.float32(shown["z"][T0 + k][:T0 + k + 1]), row)
+    assert console_errors == []
