@@ -138,3 +138,15 @@ def test_a_generation_is_carried_with_the_rows_of_every_head(local_smollm2):
     assert v.data()["answers"]["generation"]["json"] is g
     with pytest.raises(ValueError, match="a generation are of a text"):
         local_smollm2.show(a, generate=2)
+
+
+def test_a_client_shows_a_servers_answer_with_the_servers_models(live_server):
+    from attnscope import Client
+
+    api = Client(live_server)
+    try:
+        v = api.show(TEXT, model="minilm", view="model")
+        assert v.info == next(m for m in api.models() if m["id"] == "minilm") and v.boot["models"] == api.models()
+        assert v.state["view"] == "model" and v.answers["attention"]["attention"].shape[:2] == (6, 12)
+    finally:
+        api.close()
