@@ -134,7 +134,7 @@ def page(fragments: list[str], title: str = "attnscope") -> str:
 
 def _carried(answer: Answer) -> dict:
     """An answer in the form the page fetches its endpoint in: the binary wire form (base64), or the JSON form."""
-    endpoint, form = FORMS[type(answer)]
+    _, form = FORMS[type(answer)]
     if form == "binary":
         return {"binary": base64.b64encode(b"".join(bytes(c) for c in wire.binary_chunks(answer.data))).decode("ascii")}
     return {"json": json.loads(wire.to_json(answer.data))}
