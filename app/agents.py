@@ -12,6 +12,9 @@ of a QK table, the top tokens of a lens, never a whole [layer, head, query, key]
 from __future__ import annotations
 
 import functools
+import logging
+import os
+import threading
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -22,6 +25,7 @@ from .answers import top_heads
 
 Result = dict[str, Any]   # a tool's answer: structured (JSON) content
 TOP = 10           # heads, pairs, tokens a tool lists unless asked for another number
+GRACE_S = 5.0      # HTTP: after SIGTERM (or Ctrl-C), what open sessions and tool calls in flight get to end
 
 Text = Annotated[str, Field(description="the text, as the model reads it")]
 ModelId = Annotated[str | None, Field(description="a model id from attnscope://models; the default model when "
@@ -244,7 +248,8 @@ def _atlas_summary(atlas, top: int) -> dict:
             "top_heads": {name: _heads(value, top, name, by_abs=False) for name, (_, value) in atlas.arrays().items()}}
 
 
-def main(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765, url: str | None = None) -> None:
+def main(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765, url: str | None = None,
+         grace: float | None = None) -> None:
     """`attnscope mcp`: the served models (ATTNSCOPE_MODELS) in this process, or a server's (url)."""
     if url:
         from .client import Client
@@ -257,4 +262,34 @@ def main(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765, ur
     if transport == "stdio":
         mcp.run("stdio")
     else:
-        mcp.run("streamable-http", host=host, port=port)
+        serve_http(mcp, host, port, GRACE_S if grace is None else grace)
+
+
+def serve_http(mcp, host: str, port: int, grace: float = GRACE_S) -> None:
+    """Streamable HTTP at http://host:port/mcp, with a bounded shutdown. On SIGTERM (or Ctrl-C) the server stops
+    taking connections and gives the open sessions (an agent's host holds one open, with its GET stream) and the
+    calls in flight `grace` seconds to end (uvicorn's timeout_graceful_shutdown), then cancels them and shuts the
+    session manager down. A tool call still running then (a call to a server that does not answer, a long patching:
+    its thread cannot be cancelled) held the process, and the manager's shutdown with it, until it returned; the
+    process now exits `grace` seconds after that all the same, with the signal's status (128 + signal)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if not self.should_exit:                  # the first signal: the watchdog, after uvicorn's own grace
+                watchdog = threading.Timer(2 * grace, _exit_after_grace, args=(sig, grace))
+                watchdog.daemon = True                    # a process that ends in time is not held by it
+                watchdog.start()
+            super().handle_exit(sig, frame)
+
+    app = mcp.streamable_http_app(host=host)
+    Server(uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=grace,
+                          log_level=mcp.settings.log_level.lower())).run()
+
+
+def _exit_after_grace(sig: int, grace: float) -> None:
+    """The watchdog of serve_http's shutdown (a thread of its own; it runs only if the process is still there)."""
+    logging.getLogger(__name__).warning("a tool call was still running %.0f s after the shutdown began: exiting "
+                                        "without it", 2 * grace)
+    logging.shutdown()
+    os._exit(128 + sig)

@@ -97,6 +97,59 @@ class Analyses:
         """POST /api/circuits: each head's OV copying score and Q/K/V-composition between every pair of heads."""
         return answers.Circuits(self._post("/api/circuits", self._with_model({}, model)))
 
+    # ---- in Jupyter ------------------------------------------------------------------------------------------------
+    def show(self, *answers, view: str = "head", layer: int | None = None, head: int | None = None,
+             pin: int | None = None, model: str | None = None, corrupt: str | None = None, target: str | None = None,
+             distractor: str | None = None, site: str | None = None, direction: str | None = None,
+             generate: int | dict | None = None):
+        """The page's own view (head, lines, model, lens or effects) of answers, or of a text's (every layer and
+        head; for the lens also its logit lens and the head lens of (layer, head); for the effects maps its direct
+        logit attribution of target (- distractor) and, with corrupt, its patching at site), drawn inline and
+        interactive in Jupyter, offline (app/jupyter.py): `m.show(m.attention(text), layer=2, head=5)`,
+        `m.show(text, view="lens")`, `m.show(clean, view="effects", corrupt=..., target="␣Mary")`; `.save(path)`
+        writes it as a page. generate: new tokens (greedy), or generate()'s options: the text's continuation, with
+        every head's attention rows, grows the head and line views as the page's Generate control does."""
+        from . import jupyter
+
+        text = answers[0] if len(answers) == 1 and isinstance(answers[0], str) else None
+        if text is not None:
+            a = self.attention(text, model=model)
+            answers = (a,)
+            if view == "lens":
+                layer = a.layers[0] if layer is None else layer
+                head = a.heads[0] if head is None else head
+                info = next(m for m in self.models() if m["id"] == a.model)
+                able = info.get("capabilities", {}).get("features", {}).get("head_lens") is not False
+                answers += (self.lens(text, model=model, head_lens=(layer, head) if able else None),)
+            if view == "effects" and target is not None:
+                answers += (self.attribution(text, target, distractor, model=model),)
+                if corrupt is not None:
+                    answers += (self.patching(text, corrupt, target, distractor, site=site, direction=direction,
+                                              model=model),)
+        elif view == "effects" or generate is not None:
+            raise ValueError("the effects maps and a generation are of a text: show(text, view=..., ...)")
+        generation = None
+        if generate is not None:
+            options = {"max_new_tokens": generate, "greedy": True} if isinstance(generate, int) else dict(generate)
+            a = answers[0]
+            g = self.generate(text, model=model, **options, include=["attention"], layers=list(a.layers),
+                              heads=list(a.heads))
+            g.result()
+            generation = {"steps": g.tokens, "layers": list(a.layers), "heads": list(a.heads)}
+        patched = next((a.data for a in answers if a.data.get("site")), {})
+        return jupyter.view(*answers, models=self.models(), boot=self._boot(), view=view, layer=layer, head=head,
+                            pin=pin, text=text, corrupt=corrupt, target=target, distractor=distractor,
+                            site=patched.get("site"), direction=patched.get("direction"), generation=generation)
+
+    def _boot(self) -> dict:
+        """The page's boot block for this side's models (app/pages.py boot_block)."""
+        from .pages import boot_block
+
+        return boot_block(self.models(), default_model=self.model_id)
+
+    def models(self) -> list[dict]:
+        raise NotImplementedError
+
     # ---- generation ------------------------------------------------------------------------------------------------
     def generate(self, text: str, *, model: str | None = None, **options) -> answers.Generation:
         """POST /api/generate: an iterator of the new tokens (each the stream's token line), as they are made;

@@ -129,6 +129,9 @@ def main(argv=None) -> int:
     m.add_argument("--model", action="append", default=None, metavar="MODEL",
                    help="a model to load in this process (repeatable); replaces ATTNSCOPE_MODELS")
     m.add_argument("--url", help="answer the tools with a running attnscope server's API instead (no model loaded)")
+    m.add_argument("--grace", type=float, default=None, metavar="SECONDS",
+                   help="http: on SIGTERM, what open sessions and calls in flight get to end before they are "
+                        "cancelled, and as long again before the process exits anyway (default: app/agents.py GRACE_S)")
     args = parser.parse_args(argv)
     from .settings import get_settings, setup_logging
     if args.cmd in ("serve", "mcp") and args.model:   # the app (imported by uvicorn) reads its settings from the environment
@@ -142,7 +145,7 @@ def main(argv=None) -> int:
         return 0
     if args.cmd == "mcp":      # stdout is the protocol's: logs go to stderr (setup_logging)
         from .agents import main as mcp_main
-        mcp_main("stdio" if args.transport == "stdio" else "http", args.host, args.port, args.url)
+        mcp_main("stdio" if args.transport == "stdio" else "http", args.host, args.port, args.url, args.grace)
         return 0
     from ..sources import ZOO, ModelUnavailable
     if args.cmd == "export":

@@ -86,6 +86,14 @@ class Model(Analyses):
         """GET /api/models: each served model's description and capabilities."""
         return [m.model_dump(mode="json") for m in self.service.models()]
 
+    def _boot(self) -> dict:
+        from .pages import architectures, boot_block
+
+        svc = self.service
+        return boot_block(self.models(), default_model=svc.settings.default_model, max_chars=svc.max_chars,
+                          max_new_tokens=svc.settings.max_new_tokens,
+                          architectures=architectures(svc.runtimes.values()))
+
     # ---- the route's path, without HTTP ------------------------------------------------------------------------------
     def _run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

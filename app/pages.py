@@ -65,8 +65,8 @@ _bundles: dict = {}
 
 
 def page_bundle(entry: str = "main.js") -> tuple[str, str]:
-    """The page's script, static/js/`entry` and every module it imports (~40, six levels deep), as one module
-    (app/bundle.py): one request instead of one per module. Built at start, and again when a file under static/js
+    """static/js/`entry` and every module it imports (~40, six levels deep), as one module (app/bundle.py): the
+    page's script (main.js), one request instead of one per module; a notebook output's (embed.js, app/jupyter.py). Built at start, and again when a file under static/js
     changes (their mtimes); returns (text, its ETag)."""
     root = ROOT / "static" / "js"
     stamp = tuple(sorted((str(p), p.stat().st_mtime_ns) for p in root.rglob("*.js")))
@@ -88,21 +88,35 @@ def index(request: Request):
     if wanted in loading:          # nothing to draw yet: which models load, until the one the page shows is ready
         return templates.TemplateResponse(request, "loading.html", {"loading": loading, "wait": wanted})
     models = svc.models()
-    boot = {"models": [m.model_dump() for m in models], "default_model": svc.settings.default_model,
-            "example_text": EXAMPLE_TEXT, "max_chars": svc.max_chars,
-            "max_new_tokens": svc.settings.max_new_tokens,   # the Generate control's limit (ATTNSCOPE_MAX_NEW_TOKENS)
+    boot = boot_block([m.model_dump() for m in models], default_model=svc.settings.default_model,
+                      max_chars=svc.max_chars, max_new_tokens=svc.settings.max_new_tokens,
+                      architectures=architectures(svc.runtimes.values()))
+    return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS,
+                                                              "view_groups": VIEW_GROUPS, "labels": dict(VIEWS),
+                                                              "loading": loading, "wait": None})
+
+
+def architectures(runtimes) -> dict:
+    """What the page says about a family (steps view): from the served models' own configurations."""
+    return {rt.spec.architecture: {"norm_first": rt.cfg.norm_first, "norm": rt.cfg.norm, "position": rt.cfg.position,
+                                   "qkv_bias": rt.cfg.qkv_bias, "qk_norm": rt.cfg.qk_norm,
+                                   "output_norms": rt.cfg.output_norms, "parallel_residual": rt.cfg.parallel_residual,
+                                   "rotary_dim": rt.cfg.rotary_dim, "d_head": rt.cfg.d_head} for rt in runtimes}
+
+
+def boot_block(models: list[dict], *, default_model: str | None, max_chars: int | None = None,
+               max_new_tokens: int | None = None, architectures: dict | None = None) -> dict:
+    """The page's boot block (static/js/boot.js reads it): the served models (GET /api/models' entries), the views,
+    statistics, head roles and the menus' choices. A view drawn outside the page (app/jupyter.py) carries it too."""
+    return {"models": models, "default_model": default_model,
+            "example_text": EXAMPLE_TEXT, "max_chars": max_chars,
+            "max_new_tokens": max_new_tokens,   # the Generate control's limit (ATTNSCOPE_MAX_NEW_TOKENS)
             "views": [{"id": v, "label": label} for v, label in VIEWS],
             "attentions": [{"id": a, "label": label} for a, label in ATTENTIONS],
             "stats": catalogue(),
             "examples": [{"id": i, "label": label, "text": text, "text_pair": pair, "kinds": list(kinds)}
                          for i, label, text, pair, kinds in EXAMPLES],
-            # what the page says about a family (steps view): from the served models' own configurations
-            "architectures": {rt.spec.architecture: {"norm_first": rt.cfg.norm_first, "norm": rt.cfg.norm,
-                                                     "position": rt.cfg.position, "qkv_bias": rt.cfg.qkv_bias,
-                                                     "qk_norm": rt.cfg.qk_norm, "output_norms": rt.cfg.output_norms,
-                                                     "parallel_residual": rt.cfg.parallel_residual,
-                                                     "rotary_dim": rt.cfg.rotary_dim, "d_head": rt.cfg.d_head}
-                              for rt in svc.runtimes.values()},
+            "architectures": architectures or {},
             "roles": [{"id": k, "target": target, "text": ROLE_TEXT[k]} for k, target in ROLE_TARGETS.items()],
             "ablations": [{"id": k, "label": ABLATION_LABELS.get(k, k)}
                           for k in get_args(RunOptions.model_fields["ablation"].annotation)],
@@ -111,10 +125,6 @@ def index(request: Request):
                       for k in get_args(PatchingRequest.model_fields["site"].annotation)],
             "directions": [{"id": k, "label": DIRECTION_LABELS.get(k, k)}
                            for k in get_args(PatchingRequest.model_fields["direction"].annotation)]}
-    return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS,
-                                                              "view_groups": VIEW_GROUPS, "labels": dict(VIEWS),
-                                                              "loading": loading,
-                                                              "wait": None})
 
 
 @router.get("/docs")

@@ -5,6 +5,7 @@ are float64: they agree to 1e-5). Here the tools ask the suite's SmolLM2 server 
 in-process tools (the README's MCP example)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -78,3 +79,73 @@ def test_mcp_over_stdio_answers_what_the_rest_api_answers(live_server_smollm2):
 
     # a refusal reaches the agent as the API's message, and the server goes on
     assert refused.is_error and "same token count" in refused.content[0].text
+
+
+
+async def _call_then(url: str, then):
+    """Open an MCP session over streamable HTTP (its GET stream held open, as an agent's host holds it), start a
+    tool call, then run `then()` in a thread with the session open and the call in flight; its result."""
+    import anyio
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    out = {}
+    with contextlib.suppress(Exception):                        # the server goes away under the session: expected
+        async with streamable_http_client(url) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                assert "qk" in [t.name for t in (await session.list_tools()).tools]
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(session.call_tool, "qk", {**QK, "top": 4})
+                    await anyio.sleep(0.5)
+                    out["took"] = await anyio.to_thread.run_sync(then)
+                    tg.cancel_scope.cancel()
+    return out.get("took")
+
+
+def test_mcp_over_http_exits_on_sigterm_with_a_session_open(tmp_path):
+    """SIGTERM with a client's session open and its tool call in flight (to a server that never answers: the call's
+    thread cannot be cancelled): the server ends within its grace period (--grace 1: one second for the calls, one
+    for the shutdown), where it waited for the call (the client's 120 s timeout) before."""
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    from bench.common import free_port
+
+    port, mute = free_port(), socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(4)                                              # takes connections, never answers
+    log = tmp_path / "mcp.log"
+    proc = subprocess.Popen([sys.executable, "-m", "attnscope", "mcp", "--transport", "http", "--port", str(port),
+                             "--grace", "1", "--url", f"http://127.0.0.1:{mute.getsockname()[1]}"], cwd=str(ROOT),
+                            env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+
+        def terminate():
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                return None
+            return time.monotonic() - started
+
+        took = run_in_fresh_loop(_call_then(f"http://127.0.0.1:{port}/mcp", terminate))
+        assert took is not None, "still running 20 s after SIGTERM: " + log.read_text()[-2000:]
+        assert took < 5 and proc.returncode == 128 + signal.SIGTERM, (took, proc.returncode)
+        assert "a tool call was still running" in log.read_text()
+    finally:
+        mute.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -57,8 +57,7 @@ def test_induction_notebook_explains_the_induction_head(tmp_path, monkeypatch):
     assert composition["k"] > 10 * max(composition["q"], composition["v"])
 
 
-def test_explore_and_atlas_notebooks(tmp_path, monkeypatch):
-    layer, head, mass = value(execute("explore_heads", tmp_path, monkeypatch)["stats"])
-    assert 0 <= layer < 6 and 0 <= head < 12 and 0.5 < mass <= 1.0
+def test_atlas_notebook(tmp_path, monkeypatch):
+    # explore_heads runs in the browser suite (tests/browser/test_notebook_view.py), which opens its head view
     state, texts = value(execute("atlas", tmp_path, monkeypatch)["job"])
     assert (state, texts) == ("done", 40)

@@ -472,6 +472,9 @@ def test_readme_python_and_jupyter(local_smollm2, live_server_smollm2):
     assert ns["why"].tokens[13] == "␣to" and ns["why"].tokens[9] == "␣John" and ns["why"].probability > 0.5
     assert ns["lens"].top_tokens[-1][-1][0] == "␣Mary"                     # the last row: the model's prediction
     assert len(ns["words"]) == 5
+    assert ns["view"].state["view"] == "head" and (ns["view"].state["layer"], ns["view"].state["head"]) == (23, 3)
+    assert 'class="attnscope-embed"' in ns["view"].html(plotly=False)
+    assert set(ns["maps"].answers) == {"attention", "attribution", "patching"} and ns["maps"].state["corrupt"] == ns["corrupt"]
     assert ns["same"].data["attribution"] == ns["dla"].data["attribution"]   # the server's answer is the in-process one
     assert ns["atlas"].to_xarray()["induction_mass"].dims == ("layer", "head") and ns["atlas"].texts == 20
     ns["api"].close()

@@ -1,9 +1,10 @@
 // What the server offers, from the page's boot block (<script type="application/json" id="boot">, built by
 // app/pages.py): models, views, statistics, head roles and each served architecture's facts. Read once, here;
-// the page never re-declares these lists.
+// the page never re-declares these lists. A view drawn outside the page (a notebook's output, app/jupyter.py) has no
+// such element: its output's script puts its data, boot block included, at globalThis.attnscopeOutput before this runs.
 import { $ } from "./dom.js";
 
-export const BOOT = JSON.parse($("boot").textContent);
+export const BOOT = $("boot") ? JSON.parse($("boot").textContent) : globalThis.attnscopeOutput.boot;
 /** id -> the model's info (as GET /api/models gives it). */
 export const MODELS = Object.fromEntries(BOOT.models.map((m) => [m.id, m]));
 

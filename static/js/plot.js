@@ -22,10 +22,19 @@ export function withBase(layout, font) {
 /** Plotly, once its script has run. The page preloads plotly.js (4.8 MB, templates/index.html: its bytes arrive
  *  while the first request is under way) and runs it only when first asked here: its ~1 s of parsing and running
  *  would otherwise hold the first picture (a head view's sketch, below) back. main.js waits for this before a view
- *  draws with Plotly. */
+ *  draws with Plotly. Outside the page (a notebook's output, embed.js) plotly.js is a script of an earlier output:
+ *  waited for a while, frame by frame. */
 let plotlyLoad = null;
 export function plotlyReady() {
   if (window.Plotly) return Promise.resolve(window.Plotly);
+  if (!document.getElementById("plotly-js")) {
+    const until = performance.now() + 20_000;
+    return new Promise((resolve, reject) => {
+      const look = () => (window.Plotly ? resolve(window.Plotly)
+        : performance.now() > until ? reject(new Error("plotly.js did not load")) : requestAnimationFrame(look));
+      look();
+    });
+  }
   plotlyLoad ??= new Promise((resolve, reject) => {
     const script = document.createElement("script");
     script.src = document.getElementById("plotly-js").href;      // the preloaded bytes
