@@ -46,22 +46,25 @@ def _minimal(prefer: str | None) -> bool:
     return "return=minimal" in (prefer or "").replace(" ", "").lower()
 
 
-PROGRESS_DOC = {
-    "schema": {"type": "string", "description": "newline-delimited JSON objects"},
-    "example": '{"progress": {"layer": 1, "layers": 30}}\n{"progress": {"layer": 2, "layers": 30}}\n...\n'
-               '{"result": {"model": "smollm2", "tokens": ["..."], "attention": [[[[0.1]]]]}}\n'}
-ATTENTION_200 = {
-    "content": {**BINARY_DOC["content"], wire.NDJSON: PROGRESS_DOC},
-    "description": "JSON (AttentionResponse) by default. `Accept: application/vnd.attnscope.tensors`: the binary "
-                   "form (b'ATSC', uint32 header length, JSON header, 8-aligned little-endian tensors). "
-                   "`Accept: application/x-ndjson`: progress while a long text runs layer by layer, one JSON object "
-                   "per line: `{\"progress\": {\"layer\": i, \"layers\": n}}` after each layer (n: the layers "
-                   "this run goes through), then `{\"result\": AttentionResponse}`, or `{\"error\": {\"status\", "
-                   "\"detail\"}}` for a refusal that comes once the stream has begun (refusals found before it come "
-                   "as usual, with their status). A short text gives the result line alone. With `Prefer: "
-                   "return=minimal` (RFC 7240) the last line is `{\"done\": {\"status\": 200, \"tokens\": n}}` "
-                   "instead of the result. The run is cached: repeat the request with the binary Accept to fetch "
-                   "the same answer as tensors (what the page does)."}
+def streamed_200(example: str, description: str) -> dict:
+    """The OpenAPI 200 of an endpoint that answers JSON, the binary tensor form, or progress lines (NDJSON)."""
+    ndjson = {"schema": {"type": "string", "description": "newline-delimited JSON objects"}, "example": example}
+    return {"content": {**BINARY_DOC["content"], wire.NDJSON: ndjson}, "description": description}
+
+
+ATTENTION_200 = streamed_200(
+    '{"progress": {"layer": 1, "layers": 30}}\n{"progress": {"layer": 2, "layers": 30}}\n...\n'
+    '{"result": {"model": "smollm2", "tokens": ["..."], "attention": [[[[0.1]]]]}}\n',
+    "JSON (AttentionResponse) by default. `Accept: application/vnd.attnscope.tensors`: the binary "
+    "form (b'ATSC', uint32 header length, JSON header, 8-aligned little-endian tensors). "
+    "`Accept: application/x-ndjson`: progress while a long text runs layer by layer, one JSON object "
+    "per line: `{\"progress\": {\"layer\": i, \"layers\": n}}` after each layer (n: the layers "
+    "this run goes through), then `{\"result\": AttentionResponse}`, or `{\"error\": {\"status\", "
+    "\"detail\"}}` for a refusal that comes once the stream has begun (refusals found before it come "
+    "as usual, with their status). A short text gives the result line alone. With `Prefer: "
+    "return=minimal` (RFC 7240) the last line is `{\"done\": {\"status\": 200, \"tokens\": n}}` "
+    "instead of the result. The run is cached: repeat the request with the binary Accept to fetch "
+    "the same answer as tensors (what the page does).")
 
 
 @router.post("/api/attention", response_model=AttentionResponse, tags=["attention"],
@@ -86,20 +89,17 @@ async def attention(req: AttentionRequest, svc: Service, request: Request,
     return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
 
 
-RUNS_PROGRESS_DOC = {
-    "schema": {"type": "string", "description": "newline-delimited JSON objects"},
-    "example": '{"progress": {"runs": 64, "runs_total": 270, "eta_s": 6.2}}\n{"progress": {"runs": 128, '
-               '"runs_total": 270, "eta_s": 4.4}}\n...\n{"result": {"model": "smollm2", "...": "..."}}\n'}
-MANY_RUNS_200 = {
-    "content": {**BINARY_DOC["content"], wire.NDJSON: RUNS_PROGRESS_DOC},
-    "description": "JSON by default; the binary tensor form when `Accept` names application/vnd.attnscope.tensors. "
-                   "`Accept: application/x-ndjson`: its progress while it runs, one JSON object per line, "
-                   "`{\"progress\": {\"runs\": done, \"runs_total\": n, \"eta_s\": seconds left or null}}` as its "
-                   "runs (one per head, or per head and position) go, then `{\"result\": ...}` or `{\"error\": "
-                   "{\"status\", \"detail\"}}`; with `Prefer: return=minimal` the last line is `{\"done\": "
-                   "{\"status\": 200, \"tokens\": n}}` and the answer is fetched next from the cache (what the page "
-                   "does). A client that goes away (or cancels) stops the runs before the next batch, when no other "
-                   "request waits for them."}
+MANY_RUNS_200 = streamed_200(
+    '{"progress": {"runs": 64, "runs_total": 270, "eta_s": 6.2}}\n{"progress": {"runs": 128, '
+    '"runs_total": 270, "eta_s": 4.4}}\n...\n{"result": {"model": "smollm2", "...": "..."}}\n',
+    "JSON by default; the binary tensor form when `Accept` names application/vnd.attnscope.tensors. "
+    "`Accept: application/x-ndjson`: its progress while it runs, one JSON object per line, "
+    "`{\"progress\": {\"runs\": done, \"runs_total\": n, \"eta_s\": seconds left or null}}` as its "
+    "runs (one per head, or per head and position) go, then `{\"result\": ...}` or `{\"error\": "
+    "{\"status\", \"detail\"}}`; with `Prefer: return=minimal` the last line is `{\"done\": "
+    "{\"status\": 200, \"tokens\": n}}` and the answer is fetched next from the cache (what the page "
+    "does). A client that goes away (or cancels) stops the runs before the next batch, when no other "
+    "request waits for them.")
 
 
 @router.post("/api/importance", response_model=ImportanceResponse, tags=["interventions"],
