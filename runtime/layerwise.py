@@ -105,10 +105,6 @@ class Asked:
     top_keys: dict[int, np.ndarray] = field(default_factory=dict)      # [n, T, k] int32
     duplicate: dict[int, np.ndarray] = field(default_factory=dict)     # [n, T]
 
-    def nbytes(self) -> int:
-        return sum(a.nbytes for part in (self.attention, self.top_weights, self.top_keys, self.duplicate)
-                   for a in part.values())
-
 
 @dataclass
 class LayerwiseResult(Encoded):
@@ -131,13 +127,6 @@ class LayerwiseResult(Encoded):
     token_logprobs: list[float | None] | None = None
     next_token_logits: np.ndarray | None = None
     asked: Asked | None = None
-
-    def nbytes(self) -> int:
-        arrays = [self.hidden, self.visible, *self.rows.values(), *self.checkpoints.values(), *self.inputs.values(),
-                  *(a for by_layer in self.thumbnails.values() for a in by_layer.values())]
-        if self.next_token_logits is not None:
-            arrays.append(self.next_token_logits)
-        return sum(a.nbytes for a in arrays) + (self.asked.nbytes() if self.asked else 0)
 
 
 class Layerwise:

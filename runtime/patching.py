@@ -39,9 +39,6 @@ class Patching:
     recovery: np.ndarray | None
     seconds: float
 
-    def nbytes(self) -> int:
-        return self.patched.nbytes * 2
-
 
 def rows_of(site: str, per_position: bool, source: Trace, L: int, H: int) -> tuple[list[list[Edit]], tuple]:
     """The edits of a patching run, one row each, and the shape their results take."""
@@ -95,9 +92,6 @@ class Knockout:
     layers: tuple[int, int]
     seconds: float
 
-    def nbytes(self) -> int:
-        return self.before.next_token_logits.nbytes * 2
-
 
 @dataclass(frozen=True)
 class Prediction:
@@ -143,9 +137,6 @@ class PathPatching:
     patched: np.ndarray | float
     recovery: np.ndarray | float | None
     seconds: float
-
-    def nbytes(self) -> int:
-        return np.asarray(self.patched).nbytes * 2
 
 
 def frozen(base: Trace, source: Trace, senders, until: int) -> list[Edit]:

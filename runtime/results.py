@@ -74,19 +74,6 @@ class AttentionResult(Encoded):
         """Per-head statistics (statistics.HEAD_STATS), each [L, H]."""
         return statistics.head_stats(self.attentions)
 
-    def nbytes(self) -> int:
-        """Memory the result keeps alive: each array's whole underlying buffer, once (a view of a padded batch
-        output holds all of it)."""
-        seen, total = set(), 0
-        arrays = [self.attentions, self.hidden, self.mask, self.next_token_logits, *(self.stages or {}).values()]
-        for a in (a for a in arrays if a is not None):
-            while isinstance(a.base, np.ndarray):
-                a = a.base
-            if id(a) not in seen:
-                seen.add(id(a))
-                total += a.nbytes
-        return total
-
 
 ARRAY_HEADER = 112   # an ndarray object without its data (sys.getsizeof of an empty view)
 

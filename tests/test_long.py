@@ -20,6 +20,7 @@ from attnscope.app.settings import Settings
 from attnscope.app.wire import BINARY, NDJSON, from_binary
 from attnscope.analysis import statistics as stats
 from attnscope.analysis import thumbnails
+from attnscope.runtime.results import footprint
 from attnscope.runtime.layerwise import ROWS, Want, _walk
 
 from .conftest import run_in_fresh_loop
@@ -121,7 +122,7 @@ def test_kept_run_holds_no_full_matrices(runtimes):
     assert T > 150
     biggest = max(a.size for a in [*res.rows.values(), *res.checkpoints.values(), *res.thumbnails[16].values()])
     assert biggest <= max(H * T, T * rt.cfg.d_model, H * 16 * 16)
-    assert res.asked is None and res.nbytes() < L * H * T * T * 4 / 4
+    assert res.asked is None and footprint(res) < L * H * T * T * 4 / 4
 
 
 @pytest.mark.parametrize("every", [1, 3])
@@ -328,7 +329,7 @@ def test_cache_and_checkpoints_follow_the_settings():
         plan = svc.plans.attention(AttentionRequest(text=f"{i} " + TEXT * 3, resolution=8), False)
         results.append(run_in_fresh_loop(plan.compute(svc.runner)).result)
     assert sorted(results[0].checkpoints) == [0, 4]                         # 6 layers, every 4th kept
-    assert all(r.nbytes() > 300_000 for r in results) and svc.runner.cache.bytes <= 2**20   # each ~0.4 MB, the cache 1 MB
+    assert all(footprint(r) > 300_000 for r in results) and svc.runner.cache.bytes <= 2**20   # each ~0.4 MB, the cache 1 MB
 
 
 def test_smollm2_reads_4096_tokens_by_default():
