@@ -144,25 +144,17 @@ _PLAIN = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I8": "<i1", "I16": "<i2", "
 """ggml types read as values (as gguf's reader reads them); every other type is handed to its de-quantiser as bytes."""
 
 
-def _reader(path) -> GGUFFile:
-    return GGUFFile(path)
-
-
-def _field(reader: GGUFFile, key: str, default=None):
-    return reader.fields.get(key, default)
-
-
 def gguf_config(reader) -> TransformerConfig:
     """Our config from the file's metadata ("llama.block_count", ...)."""
-    arch = _field(reader, "general.architecture")
+    arch = reader.fields.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise ValueError(f"only Llama-family GGUF files are supported (general.architecture 'llama'), and Gemma 3's "
                          f"('gemma3'); this one is {arch!r}")
-    scaling = _field(reader, f"{arch}.rope.scaling.type")
+    scaling = reader.fields.get(f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         raise ValueError(f"RoPE scaling {scaling!r} is not supported in GGUF files (a Hugging Face folder's "
                          f"rope_parameters are)")
-    g = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    g = lambda key, default=None: reader.fields.get(f"{arch}.{key}", default)  # noqa: E731
     n_heads, d_model = g("attention.head_count"), g("embedding_length")
     d_head = g("attention.key_length", d_model // n_heads)
     if g("rope.dimension_count", d_head) != d_head:
@@ -290,7 +282,7 @@ def file_config(path, cache: str | Path | None = None) -> TransformerConfig:
                 return TransformerConfig(**json.loads(f.metadata()["config"]))
         except Exception:  # noqa: BLE001 - a truncated or foreign file: read the GGUF file instead
             pass
-    return gguf_config(_reader(path))
+    return gguf_config(GGUFFile(path))
 
 
 def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) -> Transformer:
@@ -312,7 +304,7 @@ def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) ->
             cached.unlink(missing_ok=True)
             sd = None
     if sd is None:
-        reader = _reader(path)
+        reader = GGUFFile(path)
         cfg = gguf_config(reader)
         with tqdm(total=len(reader.tensors), desc=f"{desc or path.stem}: de-quantising GGUF", unit="tensor",
                   leave=False) as bar:
@@ -404,24 +396,24 @@ def gguf_tokenizer(path, cache: str | Path | None = None):
             return Tokenizer.from_file(str(cached))
         except Exception:  # noqa: BLE001 - the tokenizers library raises plain Exception
             cached.unlink(missing_ok=True)
-    reader = _reader(path)
-    kind, arch = _field(reader, "tokenizer.ggml.model"), _field(reader, "general.architecture")
-    tokens, types = _field(reader, "tokenizer.ggml.tokens"), _field(reader, "tokenizer.ggml.token_type")
+    reader = GGUFFile(path)
+    kind, arch = reader.fields.get("tokenizer.ggml.model"), reader.fields.get("general.architecture")
+    tokens, types = reader.fields.get("tokenizer.ggml.tokens"), reader.fields.get("tokenizer.ggml.token_type")
     if kind == "llama" and arch == "gemma3":
         tok = gemma_tokenizer(tokens, types)
     elif kind != "gpt2":
         raise ValueError(f"only byte-level BPE GGUF tokenizers (tokenizer.ggml.model 'gpt2') and Gemma 3's "
                          f"are supported; this file's is {kind!r}")
     else:
-        tok = build_tokenizer(tokens, _field(reader, "tokenizer.ggml.merges"), types,
-                              _field(reader, "tokenizer.ggml.pre"))
-    if _field(reader, "tokenizer.ggml.add_bos_token"):
+        tok = build_tokenizer(tokens, reader.fields.get("tokenizer.ggml.merges"), types,
+                              reader.fields.get("tokenizer.ggml.pre"))
+    if reader.fields.get("tokenizer.ggml.add_bos_token"):
         if arch != "gemma3":
             raise ValueError("this GGUF file asks for a BOS token before every text; that is not supported yet")
         from tokenizers.processors import TemplateProcessing
-        bos = tokens[_field(reader, "tokenizer.ggml.bos_token_id")]   # Gemma's <bos> opens every text
+        bos = tokens[reader.fields.get("tokenizer.ggml.bos_token_id")]   # Gemma's <bos> opens every text
         tok.post_processor = TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
-                                                special_tokens=[(bos, _field(reader, "tokenizer.ggml.bos_token_id"))])
+                                                special_tokens=[(bos, reader.fields.get("tokenizer.ggml.bos_token_id"))])
     if cached is not None:
         _write_atomically(cached, lambda tmp: tok.save(str(tmp)), stale=f"{path.stem}-*.tokenizer.json")
     return tok
@@ -438,10 +430,10 @@ def gguf_generation(path, cache: str | Path | None = None) -> Generation:
             return Generation(tuple(saved["eos_ids"]), saved["chat_template"], saved["bos_token"], saved["eos_token"])
         except (OSError, ValueError, KeyError, TypeError):
             cached.unlink(missing_ok=True)
-    reader = _reader(path)
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-    eos, bos = _field(reader, "tokenizer.ggml.eos_token_id"), _field(reader, "tokenizer.ggml.bos_token_id")
-    info = Generation(eos_ids=() if eos is None else (int(eos),), chat_template=_field(reader, "tokenizer.chat_template"),
+    reader = GGUFFile(path)
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    eos, bos = reader.fields.get("tokenizer.ggml.eos_token_id"), reader.fields.get("tokenizer.ggml.bos_token_id")
+    info = Generation(eos_ids=() if eos is None else (int(eos),), chat_template=reader.fields.get("tokenizer.chat_template"),
                       bos_token="" if bos is None else tokens[bos], eos_token="" if eos is None else tokens[eos])
     if cached is not None:
         try:
