@@ -100,19 +100,20 @@ class Generated:
 
 def decode(rt, ids: np.ndarray, cache: KVCache, keep: np.ndarray, engine: str = "onnx") -> Step:
     """One decoding step of the runtime's model: ids [B, t] after cache's tokens (model/decoding.py's decode, through
-    the ONNX graph unless engine is "numpy")."""
+    the ONNX graph unless engine is "numpy"). Through the graph, the grown cache is left where the session computes
+    (runtime/sessions.Held: a GPU's memory), and only the logits and attention rows come to the host."""
     if engine == "numpy":
         return decoding.decode(rt.model, ids, cache, keep)
     cfg, B, t, P = rt.cfg, *ids.shape, cache.length
     feeds = {"input_ids": np.ascontiguousarray(ids, np.int64), "head_mask": np.ascontiguousarray(keep, COMPUTE),
              "attention_mask": np.ascontiguousarray(np.broadcast_to(causal_mask(t, P + t, start=P), (B, 1, t, P + t)))}
-    names = ["next_token_logits", "attentions"]
+    names, present = ["next_token_logits", "attentions"], []
     for layer in range(cfg.n_layers):
         past_k, past_v, present_k, present_v = cache_names(layer)
         feeds[past_k], feeds[past_v] = cache.keys[layer], cache.values[layer]
-        names += [present_k, present_v]
-    out = rt.session(decode=True).run(names, feeds, axes={"batch": B, "keys": P + t})
-    return Step(out[0], out[1], KVCache(out[2::2], out[3::2]))
+        present += [present_k, present_v]
+    out = rt.session(decode=True).run(names + present, feeds, axes={"batch": B, "keys": P + t}, keep=present)
+    return Step(out[0], out[1], KVCache(out[2::2], out[3::2]))      # the cache stays on the device (Held)
 
 
 @dataclass

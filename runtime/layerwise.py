@@ -47,7 +47,7 @@ from ..graphs.reductions import key_input
 from ..model.transformer import LM_OUTPUTS
 from .results import Encoded, Encoding, NextToken
 from ..sources.store import release
-from .sessions import GROUP_MB, Session
+from .sessions import GROUP_MB, Held, Session, hold
 
 # The rows every run keeps for every head: what the API's row outputs and summaries read (statistics.STATISTICS
 # computed from the probabilities), for one text; a pair keeps its PAIR_ROWS too.
@@ -220,37 +220,54 @@ class Layerwise:
         T = mask.shape[-1]
         return np.ascontiguousarray(block.local_mask(mask, mask.shape[-2], T), COMPUTE)
 
-    def run_graph(self, which, feeds: dict[str, np.ndarray], outputs: list[str], release: bool = False,
-                  layer: int | None = None):
+    def run_graph(self, which, feeds: dict[str, np.ndarray | Held], outputs: list[str], release: bool = False,
+                  layer: int | None = None, keep: tuple[str, ...] = ()):
         """One session run -> {output: array}; layer: whose weights a block graph binds. release: give the session's
-        memory arena back afterwards. A superset's inputs that this run does not read get neutral values (unread)."""
+        memory arena back afterwards; keep: outputs the walk feeds to its next graph, left on the device (Held:
+        the residual stream, q, k, v, the heads' outputs). A superset's inputs that this run does not read get
+        neutral values (unread)."""
         sess = self.session(which)
         missing = sess.inputs - set(sess.bound) - feeds.keys()
         if missing:
             feeds = feeds | unread_inputs(sess, missing, feeds["attention_mask"].shape[-1])
-        return dict(zip(outputs, sess.run(outputs, feeds, layer=layer, release=release)))
+        return dict(zip(outputs, sess.run(outputs, feeds, layer=layer, release=release, keep=keep)))
 
-    def _block(self, layer: int, x: np.ndarray, inputs: dict, outputs: tuple[str, ...], causal: bool, extra: dict,
-               heads=(), top_k: int = 0, next_x: bool = True, release: bool = False) -> dict[str, np.ndarray]:
+    def masks(self, mask: np.ndarray) -> Callable[[int], Held]:
+        """layer -> the mask it attends with (layer_mask), placed on the device once per window for the whole walk."""
+        placed: dict[int | None, Held] = {}
+
+        def of(layer: int) -> Held:
+            window = self.rt.model.blocks[layer].window
+            if window not in placed:
+                placed[window] = hold(self.layer_mask(layer, mask), self.rt.weights.device)
+            return placed[window]
+        return of
+
+    def _block(self, layer: int, x: np.ndarray | Held, inputs: dict, outputs: tuple[str, ...], causal: bool,
+               extra: dict, masks: Callable[[int], Held], heads=(), top_k: int = 0, next_x: bool = True,
+               release: bool = False) -> dict[str, np.ndarray | Held]:
         """Block `layer` on x [1, T, D]: the attention outputs asked, group of heads by group (one group's
-        probabilities exist at a time), and with next_x the residual stream after the block, "x_next". The per-head
-        outputs are those of `heads` (none: empty), in their order."""
+        probabilities exist at a time), and with next_x the residual stream after the block, "x_next" (Held: on the
+        device). The per-head outputs are those of `heads` (none: empty), in their order. extra: the attend graph's
+        other inputs (placed once per walk); masks: each layer's mask (Layerwise.masks)."""
         T, H = x.shape[1], self.rt.cfg.n_heads
         heads = np.asarray(heads, np.int64)
-        qkv = self.run_graph("block_in", {"x": x}, list("qkv"), release, layer)
-        groups = head_groups(H, self.groups(T))
+        qkv = self.run_graph("block_in", {"x": x}, list("qkv"), release, layer, keep=tuple("qkv"))
+        groups = head_groups(H, self.groups(T))      # one on a GPU: q, k, v and ctx never leave it
         parts, order = {name: [] for name in ("ctx",) + outputs}, []
-        mask = self.layer_mask(layer, inputs["attention_mask"])           # a local layer's band: once, every group's
         for n, (a, b) in enumerate(groups):
             mine = heads[(heads >= a) & (heads < b)]
             order += mine.tolist()
-            feeds = {name: qkv[name] if len(groups) == 1 else np.ascontiguousarray(qkv[name][:, a:b]) for name in "qkv"}
-            feeds |= {"attention_mask": mask, "heads": mine - a,
+            feeds = {name: qkv[name] if len(groups) == 1 else np.ascontiguousarray(qkv[name].array[:, a:b])
+                     for name in "qkv"}
+            feeds |= {"attention_mask": masks(layer), "heads": mine - a,
                       "top_k": np.array([min(max(top_k, 1), T)], np.int64), **extra}
-            out = self.run_graph(("attend", outputs, causal), feeds, list(parts), release and n == len(groups) - 1)
+            out = self.run_graph(("attend", outputs, causal), feeds, list(parts), release and n == len(groups) - 1,
+                                 keep=("ctx",))
             for name, value in out.items():
                 parts[name].append(value)
-        out = {name: values[0] if len(values) == 1 else np.concatenate(values, axis=1)
+        out = {name: values[0] if len(values) == 1 else
+               np.concatenate([v.array if isinstance(v, Held) else v for v in values], axis=1)
                for name, values in parts.items()}
         if order != heads.tolist():          # the groups gave the asked heads group by group: back to their order
             back = [order.index(h) for h in heads.tolist()]
@@ -260,7 +277,7 @@ class Layerwise:
             out["x_next"] = self.run_graph("block_out", {"x": x, "ctx": out["ctx"], "lengths": inputs["lengths"],
                                                     "head_mask": np.ascontiguousarray(inputs["head_mask"][:, layer]),
                                                     "head_mean": np.ascontiguousarray(inputs["head_mean"][:, layer])},
-                                        ["x_next"], release, layer)["x_next"]
+                                        ["x_next"], release, layer, keep=("x_next",))["x_next"]
         del out["ctx"]
         return out
 
@@ -297,16 +314,19 @@ class Layerwise:
         kept = kept_rows(keys)
         extra = ({"pool": thumbnails_.pooling_matrix(T, thumbs)} if thumbs else {}) | key_feeds(keys, T, kept + (
             ("duplicate",) if want.duplicate else ()))
+        extra = {name: hold(value, rt.weights.device) for name, value in extra.items()}   # once, for every layer
+        masks = self.masks(mask)
         outputs = kept + ((thumbnail_output(T, thumbs),) if thumbs else ()) + want.block_outputs()
         rows = {name: np.empty((L, H, T - 1 if name in ("previous", "next") else T), COMPUTE) for name in kept}
         checkpoints, thumbnails, asked = {}, {}, Asked(tuple(want.heads))
         with self.busy:
-            x = self.run_graph("embed", inputs, ["x"], release=True)["x"]
+            x = self.run_graph("embed", inputs, ["x"], release=True, keep=("x",))["x"]
             for layer in range(L):
                 if layer % self.every == 0:
-                    checkpoints[layer] = x[0]
+                    checkpoints[layer] = x.host()[0]
                 heads = want.heads if layer in want.layers else ()
-                out = self._block(layer, x, inputs, outputs, causal, extra, heads, want.top_k, release=layer == L - 1)
+                out = self._block(layer, x, inputs, outputs, causal, extra, masks, heads, want.top_k,
+                                  release=layer == L - 1)
                 x = out.pop("x_next")
                 self.done_with(layer)
                 for name in kept:
@@ -348,6 +368,8 @@ class Layerwise:
                           base.inputs["head_mean"])
         extra = ({"pool": thumbnails_.pooling_matrix(T, R)} if thumb_layers else {}) | key_feeds(
             TextKeys.of(enc), T, ("duplicate",) if want.duplicate else ())
+        extra = {name: hold(value, rt.weights.device) for name, value in extra.items()}
+        masks = self.masks(mask)
         thumb = thumbnail_output(T, R) if thumb_layers else None
         outputs = ((thumb,) if thumb else ()) + want.block_outputs()
         asked, thumbnails = Asked(tuple(want.heads)), dict(have)
@@ -358,8 +380,8 @@ class Layerwise:
                     x = base.checkpoints[layer][None]
                 heads = want.heads if layer in head_layers else ()
                 goes_on = n + 1 < len(steps) and not steps[n + 1][1]      # the next step starts from this x_next
-                out = self._block(layer, x, inputs, outputs, base.causal, extra, heads, want.top_k, next_x=goes_on,
-                                  release=n == len(steps) - 1)
+                out = self._block(layer, x, inputs, outputs, base.causal, extra, masks, heads, want.top_k,
+                                  next_x=goes_on, release=n == len(steps) - 1)
                 x = out.pop("x_next", None)
                 self.done_with(layer)
                 if thumb:                  # every layer the walk visits: cheap, and kept for later requests

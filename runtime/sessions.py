@@ -186,8 +186,10 @@ class Session:
     which layer's weights a layer graph binds; release: give the memory arena back at the end of the run; drop:
     outputs the graph must write but the caller never reads (the blocks a request did not ask for), left where the
     session computes (on a GPU: device memory, never copied to the host; on the CPU: scratch memory), returned as
-    None. `fetched` counts the bytes of the outputs a run hands back, session by session (issue 38: what leaves the
-    device is what the answer holds)."""
+    None; keep: outputs the caller feeds to a later run, left on the device as `Held` tensors (a GPU's memory, never
+    copied to the host; on the CPU a NumPy array like any output), while feeds may be `Held` (bound where they are).
+    `fetched` counts the bytes of the outputs a run hands back to the host, session by session, and those of a kept
+    output read back (`Held.host`): what leaves the device is what the answer holds (issue 38)."""
 
     def __init__(self, graph: Path | bytes, providers: Sequence[str], threads: int, weights: Weights | None = None,
                  **options):
@@ -214,12 +216,12 @@ class Session:
 
     def run(self, names: list[str] | None, feeds: dict[str, np.ndarray], *, layer: int | None = None,
             axes: dict[str, int] | None = None, into: dict[str, np.ndarray] | None = None,
-            release: bool = False, drop: Sequence[str] = ()) -> list[np.ndarray | None]:
+            release: bool = False, drop: Sequence[str] = (), keep: Sequence[str] = ()) -> list:
         names = list(self.declared) if names is None else list(names)
         if drop:
             with self._unread(drop, axes or {}) as unread:
-                return self._run(names, feeds, layer, axes, into, release, unread)
-        return self._run(names, feeds, layer, axes, into, release, {})
+                return self._run(names, feeds, layer, axes, into, release, unread, set(keep))
+        return self._run(names, feeds, layer, axes, into, release, {}, set(keep))
 
     @contextmanager
     def _unread(self, drop: Sequence[str], axes: dict[str, int]):
@@ -232,18 +234,24 @@ class Session:
         with SCRATCH.lend([max(int(np.prod(s)) for s in shapes.values())]) as buffer:
             yield {n: buffer[:int(np.prod(s))].reshape(s) for n, s in shapes.items()}
 
-    def _run(self, names, feeds, layer, axes, into, release, unread: dict) -> list[np.ndarray | None]:
+    def _run(self, names, feeds, layer, axes, into, release, unread: dict, keep: set) -> list:
         binding, own, axes = self.ort.io_binding(), dict(into or {}), axes or {}
+        on_device = keep if self.device != "cpu" else set()     # kept outputs onnxruntime allocates on the device
         for key, value in feeds.items():
             if key in self.inputs and key not in self.bound:
-                binding.bind_cpu_input(key, np.ascontiguousarray(value))
+                if isinstance(value, Held) and value.value is not None:
+                    binding.bind_ortvalue_input(key, value.value)
+                else:
+                    binding.bind_cpu_input(key, np.ascontiguousarray(value.array if isinstance(value, Held) else value))
         for name in self.bound:
             binding.bind_ortvalue_input(name, self.weights.value(name, layer))
         for name in names:
             out = self.declared[name]
             shape = [d if isinstance(d, int) else axes.get(d) for d in (out.shape or [None])]
             dtype = _DTYPES.get(out.type)
-            if name in unread:
+            if name in on_device:
+                binding.bind_output(name, self.device, 0)
+            elif name in unread:
                 where = unread[name]
                 if isinstance(where, str):
                     binding.bind_output(name, where, 0)
@@ -262,19 +270,51 @@ class Session:
         except Exception:  # noqa: BLE001 - a declared shape that was not the real one: let onnxruntime size them
             binding.clear_binding_outputs()
             for name in names:
-                binding.bind_output(name, "cpu")
+                binding.bind_output(name, self.device if name in on_device else "cpu", 0)
             self.ort.run_with_iobinding(binding, options)
             values = dict(zip(names, binding.get_outputs()))
             for name, buffer in (into or {}).items():
                 buffer[...] = values[name].numpy()
-            outs = [None if n in unread else into[n] if into and n in into else np.array(values[n].numpy())
-                    for n in names]
+            outs = [None if n in unread else into[n] if into and n in into else
+                    values[n] if n in on_device else np.array(values[n].numpy()) for n in names]
         else:
             values = dict(zip(names, binding.get_outputs()))
-            outs = [None if n in unread else own[n] if n in own else np.array(values[n].numpy()) for n in names]
+            outs = [None if n in unread else values[n] if n in on_device else own[n] if n in own else
+                    np.array(values[n].numpy()) for n in names]
+        outs = [Held(o, None, self) if n in on_device else Held(None, o, self) if n in keep else o
+                for n, o in zip(names, outs)]
         with self._count:
-            self.fetched += sum(o.nbytes for o in outs if o is not None)
+            self.fetched += sum(o.nbytes for o in outs if isinstance(o, np.ndarray))
         return outs
+
+
+class Held:
+    """A run's output left where its session computes, for a later run to read (Session.run's keep), or an input
+    placed there once for many runs (`hold`): on a GPU an OrtValue in device memory (`value`), on the CPU a NumPy
+    array (`array`). Fed to a run as it is; `host()` reads it back, counted as fetched by the session that made it."""
+    __slots__ = ("value", "array", "session")
+
+    def __init__(self, value, array: np.ndarray | None, session: Session | None = None):
+        self.value, self.array, self.session = value, array, session
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.array.shape if self.array is not None else tuple(self.value.shape())
+
+    def host(self) -> np.ndarray:
+        """The tensor as a NumPy array on the host (on the CPU: itself; from a GPU: a copy)."""
+        out = self.array if self.array is not None else self.value.numpy()
+        if self.session is not None:
+            with self.session._count:
+                self.session.fetched += out.nbytes
+        return out
+
+
+def hold(a: np.ndarray, device: str) -> Held:
+    """An input many runs read (a long text's mask, its pooling matrix), put on the device once: a NumPy array fed
+    to a GPU session is copied there at every run (a 2048-token mask: 16 MB a layer)."""
+    a = np.ascontiguousarray(a)
+    return Held(None, a) if device == "cpu" else Held(ort_value(a, device), None)
 
 
 class Scratch:

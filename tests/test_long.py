@@ -125,6 +125,40 @@ def test_kept_run_holds_no_full_matrices(runtimes):
     assert res.asked is None and footprint(res) < L * H * T * T * 4 / 4
 
 
+@pytest.mark.parametrize("group_mb", [8, 1e-9])      # one group of heads (a GPU's way), and one head at a time
+def test_a_long_run_fetches_what_its_answer_holds(runtimes, group_mb):
+    """What leaves the device is what the answer holds (issue 38): a layer-by-layer run keeps the residual stream,
+    q, k, v and the heads' outputs where its sessions compute (runtime/sessions.Held: a GPU's memory), so the bytes
+    the session wrapper counts as fetched are exactly the kept parts -- every head's rows, the checkpoints, the two
+    asked heads of layer 2, the final outputs -- and never a block's intermediates (which would add L x (4 T D +
+    ...) floats). A generation step likewise fetches its logits and attention rows, never the key/value cache."""
+    from attnscope.runtime.generation import Generator, Sampling
+
+    rt = runtimes["tiny-gpt"]
+    cfg, lw = rt.cfg, rt.layerwise(1, group_mb)
+    L, H, D, V = cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.vocab_size
+
+    def fetched(sessions) -> int:
+        return sum(s.fetched for s in sessions)
+
+    enc = rt.encode(TEXT)
+    T = len(enc.ids)
+    before = fetched(lw._sessions.values())
+    res = lw.forward(enc, want=Want((2,), (1, 0), attention=True))
+    rows = sum(L * H * (T - 1 if name in ("previous", "next") else T) for name in res.rows)
+    final = T * D + ((V + T) if cfg.lm_head else 0)   # hidden [T, D] (an LM head's: next-token logits, log-probs)
+    assert fetched(lw._sessions.values()) - before == 4 * (rows + L * T * D + 2 * T * T + final)
+    assert set(res.checkpoints) == set(range(L)) and res.asked.attention[2].shape == (2, T, T)
+
+    rt = runtimes["smollm2"]                                    # tiny-gpt has no LM head
+    cfg, decode, prompt = rt.cfg, rt.session(decode=True), rt.encode(TEXT).ids[:12]
+    L, H, V, before, n = cfg.n_layers, cfg.n_heads, cfg.vocab_size, decode.fetched, len(prompt)
+    gen = Generator(rt, prompt, Sampling(greedy=True), max_new_tokens=3)
+    assert len(list(gen)) == 3                                  # the prompt's step, then one step per token
+    assert decode.fetched - before == 4 * (4 * V + L * H * (n + (n + 1) + (n + 2) + (n + 3)))
+    assert gen._cache.length == n + 3 and all(type(k).__name__ == "Held" for k in gen._cache.keys)
+
+
 @pytest.mark.parametrize("every", [1, 3])
 def test_recompute_equals_first_run(runtimes, every):
     """A head asked later is recomputed from the run's checkpoint(s): bit for bit what the first run returned, and
