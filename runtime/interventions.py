@@ -26,6 +26,7 @@ from ..model.precision import COMPUTE, widen
 from ..model.transformer import LM_OUTPUTS, logits
 from .errors import InputError, Stopped
 from .results import Encoding
+from .sessions import Held
 
 Ablation = Literal["zero", "mean"]
 Readout = Literal["logits", "outputs", "sites"]   # the last position's logits [B, V] (or a metric of them), the
@@ -140,10 +141,10 @@ class Interventions:
                 for name, value in (("residual", x), ("query", q), ("key", k), ("value", v),
                                     ("head_output", out["ctx"])) + ((("pattern", out["attention"]),) if pattern else ()):
                     if name in sites:
-                        sites[name].append(value[0])
+                        sites[name].append(_host(value)[0])
                 x = self._block_out(layer, x, out["ctx"])
             if "residual" in sites:
-                sites["residual"].append(x[0])
+                sites["residual"].append(_host(x)[0])
             ends = self._final(x, np.array([enc.ids])) if final else {}
         lm = cfg.lm_head and final
         return Trace(enc, mask, {name: np.stack(values) for name, values in sites.items()},
@@ -206,6 +207,8 @@ class Interventions:
         end = max(layer for _, layer in keep) + 1 if readout == "sites" else cfg.n_layers
         x = np.repeat(s["residual"][min(start, end)][None], B, axis=0)        # [B, T, D]
         fresh = reuse                                                         # x is base's in every row
+        # What no edit and no kept site reads stays where the sessions compute (Held: a GPU's memory): after a row's
+        # last edit, its residual stream, queries, keys, values and head outputs never come to the host.
         for layer in range(start, end):
             here = [[e for e in row if e.layer == layer] for row in rows]
             sites = {e.site for row in here for e in row}
@@ -218,7 +221,7 @@ class Interventions:
             q, k, v = (_edit(t, here, name) for t, name in ((q, "query"), (k, "key"), (v, "value")))
             for site, value in (("residual", x), ("query", q), ("key", k), ("value", v)):
                 if (site, layer) in keep:
-                    kept[hook_name(site, layer)] = value
+                    kept[hook_name(site, layer)] = _host(value)
             if fresh and not sites & {"query", "key", "value", "scores", "pattern"}:
                 z = np.repeat(s["head_output"][layer][None], B, axis=0)
             else:
@@ -228,19 +231,20 @@ class Interventions:
                 out = self._attend(layer, q, k, v, mask, patterned)
                 z = out["ctx"]
                 if patterned:                                                 # z = pattern @ v, for edited heads
+                    z, v = _host(z), _host(v)
                     p = np.zeros((B, cfg.n_heads, T, T), COMPUTE)
                     p[:, patterned] = out["attention"]
                     p = _edit(p, here, "pattern")
                     z[:, patterned] = p[:, patterned] @ v[:, patterned]
             z = _edit(z, here, "head_output")
             if ("head_output", layer) in keep:
-                kept[hook_name("head_output", layer)] = z
+                kept[hook_name("head_output", layer)] = _host(z)
             x, fresh = self._block_out(layer, x, z), False
         if readout == "sites":
             return kept
         if readout == "logits":
             model = self.rt.model
-            last = x[:, -1]
+            last = _host(x)[:, -1]
             if model.ln_f is not None:
                 last = model.ln_f(last)
             reads = None if metric is None else metric.reads
@@ -252,8 +256,8 @@ class Interventions:
         return self._final(x, np.repeat(np.array([base.encoding.ids]), B, axis=0))
 
     # ---- the graphs ------------------------------------------------------------------------------------------------
-    def _qkv(self, layer: int, x: np.ndarray):
-        out = self.lw.run_graph("block_in", {"x": x}, list("qkv"), layer=layer)
+    def _qkv(self, layer: int, x: np.ndarray | Held):
+        out = self.lw.run_graph("block_in", {"x": x}, list("qkv"), layer=layer, keep=tuple("qkv"))
         return out["q"], out["k"], out["v"]
 
     def _attend(self, layer: int, q, k, v, mask, heads) -> dict[str, np.ndarray]:
@@ -262,25 +266,30 @@ class Interventions:
         heads = np.asarray(list(heads), np.int64)
         outputs = ("attention",) if len(heads) else ()
         feeds = {"q": q, "k": k, "v": v, "attention_mask": self.lw.layer_mask(layer, mask), "heads": heads, "top_k": np.array([1], np.int64)}
-        return self.lw.run_graph(("attend", outputs, self.rt.cfg.causal), feeds, ["ctx", *outputs])
+        return self.lw.run_graph(("attend", outputs, self.rt.cfg.causal), feeds, ["ctx", *outputs], keep=("ctx",))
 
-    def _block_out(self, layer: int, x: np.ndarray, z: np.ndarray) -> np.ndarray:
-        B, H = len(x), self.rt.cfg.n_heads
-        feeds = {"x": x, "ctx": np.ascontiguousarray(z, COMPUTE), "lengths": np.full(B, x.shape[1], np.int64),
+    def _block_out(self, layer: int, x: np.ndarray | Held, z: np.ndarray | Held) -> Held:
+        (B, T, _), H = x.shape, self.rt.cfg.n_heads
+        feeds = {"x": x, "ctx": z, "lengths": np.full(B, T, np.int64),
                  "head_mask": np.ones((B, H), COMPUTE), "head_mean": np.zeros((B, H), COMPUTE)}
-        return self.lw.run_graph("block_out", feeds, ["x_next"], layer=layer)["x_next"]
+        return self.lw.run_graph("block_out", feeds, ["x_next"], layer=layer, keep=("x_next",))["x_next"]
 
-    def _final(self, x: np.ndarray, ids: np.ndarray) -> dict[str, np.ndarray]:
-        feeds = {"x": x, "input_ids": ids, "lengths": np.full(len(x), x.shape[1], np.int64)}
+    def _final(self, x: np.ndarray | Held, ids: np.ndarray) -> dict[str, np.ndarray]:
+        feeds = {"x": x, "input_ids": ids, "lengths": np.full(x.shape[0], x.shape[1], np.int64)}
         outputs = ["hidden"] + (list(LM_OUTPUTS) if self.rt.cfg.lm_head else [])
         return self.lw.run_graph("final", feeds, outputs)
 
 
-def _edit(value: np.ndarray, here: list[list[Edit]], site: str) -> np.ndarray:
-    """value [B, ...] with each row's edits of `site` made (a copy when any)."""
+def _host(value: np.ndarray | Held) -> np.ndarray:
+    """A site's value on the host (a Held one read back from the device)."""
+    return value.host() if isinstance(value, Held) else value
+
+
+def _edit(value: np.ndarray | Held, here: list[list[Edit]], site: str) -> np.ndarray | Held:
+    """value [B, ...] with each row's edits of `site` made (a copy on the host when any; else value as it is)."""
     if not any(e.site == site for row in here for e in row):
         return value
-    value = np.array(value, COMPUTE)
+    value = np.array(_host(value), COMPUTE)
     for b, row in enumerate(here):
         for e in row:
             if e.site == site:
