@@ -235,22 +235,25 @@ class Session:
             yield {n: buffer[:int(np.prod(s))].reshape(s) for n, s in shapes.items()}
 
     def _run(self, names, feeds, layer, axes, into, release, unread: dict, keep: set) -> list:
-        binding, own, axes = self.ort.io_binding(), dict(into or {}), axes or {}
-        on_device = keep if self.device != "cpu" else set()     # kept outputs onnxruntime allocates on the device
+        binding, own, axes, held = self.ort.io_binding(), dict(into or {}), axes or {}, {}
         for key, value in feeds.items():
             if key in self.inputs and key not in self.bound:
-                if isinstance(value, Held) and value.value is not None:
+                if isinstance(value, Held):
                     binding.bind_ortvalue_input(key, value.value)
                 else:
-                    binding.bind_cpu_input(key, np.ascontiguousarray(value.array if isinstance(value, Held) else value))
+                    binding.bind_cpu_input(key, np.ascontiguousarray(value))
         for name in self.bound:
             binding.bind_ortvalue_input(name, self.weights.value(name, layer))
         for name in names:
             out = self.declared[name]
             shape = [d if isinstance(d, int) else axes.get(d) for d in (out.shape or [None])]
             dtype = _DTYPES.get(out.type)
-            if name in on_device:
-                binding.bind_output(name, self.device, 0)
+            if name in keep:                 # on the device, in memory of the shape the graph declares if it can
+                if None in shape or dtype is None:
+                    binding.bind_output(name, self.device, 0)
+                else:
+                    held[name] = empty(shape, dtype, self.device, self)
+                    binding.bind_ortvalue_output(name, held[name].value)
             elif name in unread:
                 where = unread[name]
                 if isinstance(where, str):
@@ -269,20 +272,21 @@ class Session:
             self.ort.run_with_iobinding(binding, options)
         except Exception:  # noqa: BLE001 - a declared shape that was not the real one: let onnxruntime size them
             binding.clear_binding_outputs()
+            held = {}
             for name in names:
-                binding.bind_output(name, self.device if name in on_device else "cpu", 0)
+                binding.bind_output(name, self.device if name in keep else "cpu", 0)
             self.ort.run_with_iobinding(binding, options)
             values = dict(zip(names, binding.get_outputs()))
             for name, buffer in (into or {}).items():
                 buffer[...] = values[name].numpy()
             outs = [None if n in unread else into[n] if into and n in into else
-                    values[n] if n in on_device else np.array(values[n].numpy()) for n in names]
+                    values[n] if n in keep else np.array(values[n].numpy()) for n in names]
         else:
             values = dict(zip(names, binding.get_outputs()))
-            outs = [None if n in unread else values[n] if n in on_device else own[n] if n in own else
+            outs = [None if n in unread else held.get(n, values[n]) if n in keep else own[n] if n in own else
                     np.array(values[n].numpy()) for n in names]
-        outs = [Held(o, None, self) if n in on_device else Held(None, o, self) if n in keep else o
-                for n, o in zip(names, outs)]
+        outs = [Held(o, o.numpy() if self.device == "cpu" else None, self) if n in keep and not isinstance(o, Held)
+                else o for n, o in zip(names, outs)]      # kept outputs onnxruntime had to size itself
         with self._count:
             self.fetched += sum(o.nbytes for o in outs if isinstance(o, np.ndarray))
         return outs
@@ -290,8 +294,9 @@ class Session:
 
 class Held:
     """A run's output left where its session computes, for a later run to read (Session.run's keep), or an input
-    placed there once for many runs (`hold`): on a GPU an OrtValue in device memory (`value`), on the CPU a NumPy
-    array (`array`). Fed to a run as it is; `host()` reads it back, counted as fetched by the session that made it."""
+    placed there once for many runs (`hold`): an OrtValue (`value`) in the device's memory, bound as it is on either
+    device; on the CPU over a NumPy array (`array`, the same memory). `host()` reads it back, counted as fetched by the
+    session that made it."""
     __slots__ = ("value", "array", "session")
 
     def __init__(self, value, array: np.ndarray | None, session: Session | None = None):
@@ -314,7 +319,17 @@ def hold(a: np.ndarray, device: str) -> Held:
     """An input many runs read (a long text's mask, its pooling matrix), put on the device once: a NumPy array fed
     to a GPU session is copied there at every run (a 2048-token mask: 16 MB a layer)."""
     a = np.ascontiguousarray(a)
-    return Held(None, a) if device == "cpu" else Held(ort_value(a, device), None)
+    return Held(ort_value(a, device), a if device == "cpu" else None)
+
+
+def empty(shape: Sequence[int], dtype: np.dtype, device: str, session: Session | None = None) -> Held:
+    """An uninitialised tensor on the device, for a run to write (Session.run's keep)."""
+    import onnxruntime as ort
+
+    if device == "cpu":
+        a = np.empty(shape, dtype)
+        return Held(ort.OrtValue.ortvalue_from_numpy(a), a, session)
+    return Held(ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, device, 0), None, session)
 
 
 class Scratch:
