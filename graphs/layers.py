@@ -73,24 +73,50 @@ def build_block_halves(model: Transformer) -> tuple[onnx.ModelProto, onnx.ModelP
                 "x_next", f, ["batch", "tokens", model.cfg.d_model])], "attnscope-block-out")))
 
 
+def _attention(g: Graph, cfg, q: str, k: str, v: str, outputs, causal: bool) -> dict[str, str]:
+    """The attend graph's body: ctx and the reductions.OUTPUTS asked of the probabilities of q, k, v's heads."""
+    unknown = set(outputs) - set(OUTPUTS)
+    if unknown:
+        raise ValueError(f"unknown attention outputs {sorted(unknown)}; known: {', '.join(OUTPUTS)}")
+    g.input("attention_mask", FLOAT, ["batch", "mask_heads", "tokens", "tokens"])
+    st = attend(g, cfg, "attend", q, k, v, "attention_mask")
+    T = g.slice(g.op("Shape", q), 2, 3, 0, hint="T")
+    r = Reductions(g, st["attentions"], st["masked"], T, causal, needed_columns(outputs, causal))
+    return {"ctx": st["ctx"]} | reduce(r, outputs)
+
+
+def _outputs(g: Graph, made: dict[str, str], names) -> list:
+    for name in names:
+        g.op("Identity", made[name], out=name)
+    return [helper.make_tensor_value_info(n, INT if n == "top_keys" else FLOAT, None) for n in names]
+
+
 def build_attend(model: Transformer, outputs, causal: bool) -> onnx.ModelProto:
     """The attention of a group of heads: q, k, v [B, h, T, dh], attention_mask -> ctx [B, h, T, dh] and the
     reductions.OUTPUTS asked, nothing else (onnxruntime runs every node of a graph, asked for or not). `causal`: the
     run's mask hides every later key (a cheaper distance). A local layer's mask arrives with its band
     (TransformerBlock.local_mask, Layerwise.layer_mask): one graph serves every layer."""
-    unknown = set(outputs) - set(OUTPUTS)
-    if unknown:
-        raise ValueError(f"unknown attention outputs {sorted(unknown)}; known: {', '.join(OUTPUTS)}")
-    cfg, g, f = model.cfg, Graph(), FLOAT
+    cfg, g = model.cfg, Graph()
     for name in "qkv":
-        g.input(name, f, ["batch", "heads", "tokens", cfg.d_head])
-    g.input("attention_mask", f, ["batch", "mask_heads", "tokens", "tokens"])
-    st = attend(g, cfg, "attend", "q", "k", "v", "attention_mask")
-    T = g.slice(g.op("Shape", "q"), 2, 3, 0, hint="T")
-    r = Reductions(g, st["attentions"], st["masked"], T, causal, needed_columns(outputs, causal))
-    made = {"ctx": st["ctx"]} | reduce(r, outputs)
-    names = ("ctx",) + tuple(outputs)
-    for name in names:
-        g.op("Identity", made[name], out=name)
-    outs = [helper.make_tensor_value_info(n, INT if n == "top_keys" else f, None) for n in names]
-    return pruned(model_proto(g, g.inputs, outs, "attnscope-attend"))
+        g.input(name, FLOAT, ["batch", "heads", "tokens", cfg.d_head])
+    made = _attention(g, cfg, "q", "k", "v", outputs, causal)
+    return pruned(model_proto(g, g.inputs, _outputs(g, made, ("ctx",) + tuple(outputs)), "attnscope-attend"))
+
+
+def build_layer(model: Transformer, outputs, causal: bool) -> onnx.ModelProto:
+    """A whole block in one graph, the three above joined where a run's heads are one group (on a GPU, where each
+    run costs a launch and a synchronisation: one run a layer instead of three): x [B, T, D], attention_mask,
+    head_mask, head_mean [B, H], lengths -> x_next and the reductions.OUTPUTS asked of all heads. Block_in's steps,
+    build_attend's, then block_out's, in the same order (the same numbers: runtime/layerwise.py's fused walk)."""
+    cfg, f = model.cfg, FLOAT
+    g = Graph(identities(block_arrays(model, 0)))
+    g.input("x", f, ["batch", "tokens", cfg.d_model])
+    T = g.slice(g.op("Shape", "x"), 1, 2, 0, hint="T")
+    _, (q, k, v) = attention_inputs(g, model.blocks[0], cfg, "block", "x", rope_tables(g, model, T, layer=0))
+    made = _attention(g, cfg, q, k, v, outputs, causal)
+    for name in ("head_mask", "head_mean"):
+        g.input(name, f, ["batch", cfg.n_heads])
+    g.input("lengths", INT, ["batch"])
+    made["x_next"] = block_output(g, model.blocks[0], cfg, "block", "x", made["ctx"], "head_mask", "head_mean",
+                                  position_weights(g, T))
+    return pruned(model_proto(g, g.inputs, _outputs(g, made, ("x_next",) + tuple(outputs)), "attnscope-layer"))

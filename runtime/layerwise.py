@@ -132,12 +132,16 @@ class LayerwiseResult(Encoded):
 class Layerwise:
     """A Runtime's model as the chain of graphs above, for texts too long for the stacked graph."""
 
-    def __init__(self, rt, checkpoint_every: int = 1, group_mb: float = GROUP_MB, graphs: Layerwise | None = None):
+    def __init__(self, rt, checkpoint_every: int = 1, group_mb: float = GROUP_MB, graphs: Layerwise | None = None,
+                 fused: bool | None = None):
         """graphs: another Layerwise of the same model whose sessions (and run lock) this one shares: the graphs
-        do not depend on checkpoint_every or group_mb, only the runs do."""
+        do not depend on checkpoint_every or group_mb, only the runs do. fused: a layer whose heads run as one group
+        runs as one graph (graphs/layers.build_layer) instead of three; default: on a GPU (a run there costs a launch
+        and a synchronisation: 92 runs made SmolLM2's 128-token answer 68 ms on an H200, torch's forward 18 ms)."""
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1; got {checkpoint_every}")
         self.rt, self.every, self.group_mb = rt, int(checkpoint_every), float(group_mb)
+        self.fused = rt.weights.device != "cpu" if fused is None else bool(fused)
         if graphs is not None:
             self._sessions, self._lock, self.busy = graphs._sessions, graphs._lock, graphs.busy
             self.opened = graphs.opened
@@ -159,14 +163,15 @@ class Layerwise:
         return min(H, max(1, math.ceil(H * T * T * COMPUTE.itemsize / (self.group_mb * 2**20))))
 
     def session(self, which: str | tuple) -> Session:
-        """"embed", "block_in", "block_out", "final", or ("attend", outputs, causal); built in memory on first use
-        (the graphs are small: their weights are inputs), or, once `open` has run (a server's start), the open graph
-        that serves it: an attend graph not opened then is served by the superset opened for it (`superset`), so no
-        run builds a graph. Sessions take turns: none keeps a planned memory block."""
+        """"embed", "block_in", "block_out", "final", ("attend", outputs, causal) or ("layer", outputs, causal) (a
+        whole block); built in memory on first use (the graphs are small: their weights are inputs), or, once `open`
+        has run (a server's start), the open graph that serves it: an attend or layer graph not opened then is served
+        by the superset opened for it (`superset`), so no run builds a graph. Sessions take turns: none keeps a
+        planned memory block."""
         sess = self._sessions.get(which)
         if sess is not None:
             return sess
-        if self.opened and isinstance(which, tuple) and which[0] == "attend":
+        if self.opened and isinstance(which, tuple) and superset(which) != which:
             return self.session(superset(which))
         with self._lock:
             if which not in self._sessions:
@@ -179,8 +184,9 @@ class Layerwise:
                     proto = layers.build_block_halves(model)[0]
                 elif which == "block_out":
                     proto = layers.build_block_halves(model)[1]
-                else:                     # ("attend", outputs, causal)
-                    proto = layers.build_attend(model, which[1], which[2])
+                else:                     # ("attend" or "layer", outputs, causal)
+                    build = layers.build_attend if which[0] == "attend" else layers.build_layer
+                    proto = build(model, which[1], which[2])
                 self._sessions[which] = Session(proto.SerializeToString(), self.rt.providers, self.rt.threads,
                                                 self.rt.weights, mem_pattern=False, arena=self.rt.capabilities.arena,
                                                 tf32=self.rt.tf32)
@@ -199,6 +205,9 @@ class Layerwise:
                  ("attend", (), causal)]
         supersets = [superset(("attend", thumbnail, c)) for c in (causal, not causal)
                      for thumbnail in ((), ("thumbnail",), ("thumbnail_even",))]
+        if self.fused:                  # the walk's blocks as one graph each (interventions still run the three)
+            exact += [("layer", *which[1:]) for which in exact[:5]]
+            supersets += [("layer", *which[1:]) for which in supersets]
         return ["embed", "block_in", "block_out", "final", *dict.fromkeys(exact + supersets)]
 
     def open(self, step: Callable[[int, int], None] | None = None) -> None:
@@ -252,16 +261,25 @@ class Layerwise:
         other inputs (placed once per walk); masks: each layer's mask (Layerwise.masks)."""
         T, H = x.shape[1], self.rt.cfg.n_heads
         heads = np.asarray(heads, np.int64)
-        qkv = self.run_graph("block_in", {"x": x}, list("qkv"), release, layer, keep=tuple("qkv"))
+        after = {"lengths": inputs["lengths"], "head_mask": np.ascontiguousarray(inputs["head_mask"][:, layer]),
+                 "head_mean": np.ascontiguousarray(inputs["head_mean"][:, layer])}          # block_out's inputs
+        top_k = np.array([min(max(top_k, 1), T)], np.int64)
         groups = head_groups(H, self.groups(T))      # one on a GPU: q, k, v and ctx never leave it
+        if self.fused and len(groups) == 1:          # the block as one graph: one run
+            out = self.run_graph(("layer", outputs, causal), {"x": x, "attention_mask": masks(layer), "heads": heads,
+                                                              "top_k": top_k, **extra, **after},
+                                 ["x_next", *outputs], release, layer, keep=("x_next",))
+            if not next_x:
+                del out["x_next"]
+            return out
+        qkv = self.run_graph("block_in", {"x": x}, list("qkv"), release, layer, keep=tuple("qkv"))
         parts, order = {name: [] for name in ("ctx",) + outputs}, []
         for n, (a, b) in enumerate(groups):
             mine = heads[(heads >= a) & (heads < b)]
             order += mine.tolist()
             feeds = {name: qkv[name] if len(groups) == 1 else np.ascontiguousarray(qkv[name].array[:, a:b])
                      for name in "qkv"}
-            feeds |= {"attention_mask": masks(layer), "heads": mine - a,
-                      "top_k": np.array([min(max(top_k, 1), T)], np.int64), **extra}
+            feeds |= {"attention_mask": masks(layer), "heads": mine - a, "top_k": top_k, **extra}
             out = self.run_graph(("attend", outputs, causal), feeds, list(parts), release and n == len(groups) - 1,
                                  keep=("ctx",))
             for name, value in out.items():
@@ -274,10 +292,8 @@ class Layerwise:
             out |= {name: out[name][:, back] for name in ("attention", "top_weights", "top_keys", "duplicate")
                     if name in out}
         if next_x:
-            out["x_next"] = self.run_graph("block_out", {"x": x, "ctx": out["ctx"], "lengths": inputs["lengths"],
-                                                    "head_mask": np.ascontiguousarray(inputs["head_mask"][:, layer]),
-                                                    "head_mean": np.ascontiguousarray(inputs["head_mean"][:, layer])},
-                                        ["x_next"], release, layer, keep=("x_next",))["x_next"]
+            out["x_next"] = self.run_graph("block_out", {"x": x, "ctx": out["ctx"], **after}, ["x_next"], release,
+                                           layer, keep=("x_next",))["x_next"]
         del out["ctx"]
         return out
 
@@ -400,8 +416,9 @@ ASKABLE = ("attention", "top_weights", "top_keys", "duplicate")
 
 def superset(which: tuple) -> tuple:
     """The attend graph opened at start that serves ("attend", outputs, causal): every row, every askable output,
-    and the thumbnail output asked (the two kinds read their pool input differently: one superset each)."""
-    _, outputs, causal = which
+    and the thumbnail output asked (the two kinds read their pool input differently: one superset each); a layer
+    graph's likewise."""
+    kind, outputs, causal = which
     thumbnail = tuple(name for name in ("thumbnail", "thumbnail_even") if name in outputs)
     if len(thumbnail) > 1:
         raise ValueError("an attend graph has one kind of thumbnail output")
@@ -409,7 +426,7 @@ def superset(which: tuple) -> tuple:
     unknown = set(outputs) - set(served)
     if unknown:
         raise ValueError(f"no attend graph computes {sorted(unknown)}")
-    return ("attend", served, causal)
+    return (kind, served, causal)
 
 
 def unread_inputs(sess: Session, names, T: int) -> dict[str, np.ndarray]:

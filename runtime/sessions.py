@@ -202,6 +202,7 @@ class Session:
         self.declared = {o.name: o for o in self.ort.get_outputs()}
         self.device = device_of(providers)
         self.fetched = 0                              # bytes of outputs handed back by this session's runs
+        self.runs = 0                                 # runs made (on a GPU each costs a launch and a synchronisation)
         self._count = threading.Lock()
 
     def get_providers(self) -> list[str]:
@@ -289,6 +290,7 @@ class Session:
                 else o for n, o in zip(names, outs)]      # kept outputs onnxruntime had to size itself
         with self._count:
             self.fetched += sum(o.nbytes for o in outs if isinstance(o, np.ndarray))
+            self.runs += 1
         return outs
 
 

@@ -23,7 +23,7 @@ from attnscope.model.decoding import KVCache
 from attnscope.model.interventions import Edit
 from attnscope.runtime.generation import decode
 from attnscope.runtime.interventions import Interventions
-from attnscope.runtime.layerwise import Want
+from attnscope.runtime.layerwise import Layerwise, Want
 from tests.conftest import serving
 from tests.test_checkpoints import TEXT, copy_of, edit_config, peaked, refusal, trained_bpe, widen
 
@@ -242,14 +242,16 @@ def test_cut_graph_answers_the_first_layer_alike(family, client):
 
 @pytest.mark.parametrize("family", ["qwen3", "olmo2", "gpt_neox"])
 def test_layer_by_layer_run_matches_the_stacked_graph(family, client):
-    """The long-input path (runtime/layerwise.py): the same blocks cut into graphs, the same numbers."""
+    """The long-input path (runtime/layerwise.py): the same blocks cut into graphs, or each block one graph (fused,
+    a GPU's walk), the same numbers."""
     rt = runtime(client, family)
     enc = rt.encode(TEXT)
     stacked = rt(TEXT)
-    res = rt.layerwise().forward(enc, want=Want((0, 1), (0, 3), attention=True))
-    np.testing.assert_allclose(res.asked.attention[1], stacked.attentions[1, [0, 3]], atol=1e-5, rtol=0)
-    np.testing.assert_allclose(res.rows["max_weight"], stacked.attentions.max(axis=-1), atol=1e-5, rtol=0)
-    np.testing.assert_allclose(res.next_token_logits, stacked.next_token_logits, atol=1e-4, rtol=0)
+    for fused in (False, True):
+        res = Layerwise(rt, graphs=rt.layerwise(), fused=fused).forward(enc, want=Want((0, 1), (0, 3), attention=True))
+        np.testing.assert_allclose(res.asked.attention[1], stacked.attentions[1, [0, 3]], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(res.rows["max_weight"], stacked.attentions.max(axis=-1), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(res.next_token_logits, stacked.next_token_logits, atol=1e-4, rtol=0)
 
 
 # ---- the analyses: exact where the math holds, refused where it does not ------------------------------------------

@@ -29,7 +29,7 @@ from attnscope.app.settings import Settings
 from attnscope.model.interventions import forward as reference_forward
 from attnscope.runtime.generation import Generator, Sampling
 from attnscope.runtime.interventions import Interventions
-from attnscope.runtime.layerwise import Want
+from attnscope.runtime.layerwise import Layerwise, Want
 
 from .conftest import CACHE, ablation_hooks, serving
 from .test_checkpoints import TEXT, TEXTS, peaked, trained_bpe, widen
@@ -182,12 +182,13 @@ def test_numpy_onnx_cut_and_layerwise_agree(family, client):
     [cut] = rt.forward([rt.encode(TEXT)], depth=1)           # the graph cut after the (local) first block
     np.testing.assert_array_equal(cut.attentions[0], onnx.attentions[0])
     L, H = rt.cfg.n_layers, rt.cfg.n_heads
-    lw = rt.layerwise().forward(rt.encode(TEXT), want=Want(layers=tuple(range(L)), heads=tuple(range(H)),
-                                                           attention=True))
-    for layer in range(L):
-        np.testing.assert_allclose(lw.asked.attention[layer][:, 0] if lw.asked.attention[layer].ndim == 4
-                                   else lw.asked.attention[layer], onnx.attentions[layer], atol=1e-5, rtol=0)
-    np.testing.assert_allclose(lw.next_token_logits, onnx.next_token_logits, atol=1e-4, rtol=0)
+    for fused in (False, True):                  # three graphs a block, or one (a GPU's walk)
+        lw = Layerwise(rt, graphs=rt.layerwise(), fused=fused).forward(
+            rt.encode(TEXT), want=Want(layers=tuple(range(L)), heads=tuple(range(H)), attention=True))
+        for layer in range(L):
+            np.testing.assert_allclose(lw.asked.attention[layer][:, 0] if lw.asked.attention[layer].ndim == 4
+                                       else lw.asked.attention[layer], onnx.attentions[layer], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(lw.next_token_logits, onnx.next_token_logits, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

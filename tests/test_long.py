@@ -21,7 +21,7 @@ from attnscope.app.wire import BINARY, NDJSON, from_binary
 from attnscope.analysis import statistics as stats
 from attnscope.analysis import thumbnails
 from attnscope.runtime.results import footprint
-from attnscope.runtime.layerwise import ROWS, Want, _walk
+from attnscope.runtime.layerwise import ROWS, Layerwise, Want, _walk
 
 from .conftest import run_in_fresh_loop
 
@@ -54,6 +54,8 @@ def assert_rows_equal(res, A, atol=ATOL):
     ("minilm", None, {"mask_tokens": [5]}),                    # post-norm encoder, LayerNorm, segment embeddings
     ("tiny-gpt", None, {"ablate": (2, 1), "mean": True}),      # the head-mask inputs reach each layer
     ("minilm", None, {"group_mb": 1e-9}),                      # one head at a time, asked in reverse order
+    ("tiny-gpt", None, {"fused": True}),                       # each block one graph (a GPU's walk)
+    ("minilm", None, {"mask_tokens": [5], "fused": True}),
 ])
 def test_layerwise_run_equals_the_stacked_graph(runtimes, model_id, causal, options):
     rt = runtimes[model_id]
@@ -67,6 +69,8 @@ def test_layerwise_run_equals_the_stacked_graph(runtimes, model_id, causal, opti
     [full] = rt.run([TEXT], causal=causal, mask_tokens=[masked] if masked else None, head_mask=keep, head_mean=mean)
     A, T = full.attentions, len(full.tokens)
     lw = rt.layerwise(group_mb=options.get("group_mb", 256))
+    if "fused" in options:
+        lw = Layerwise(rt, group_mb=256, graphs=lw, fused=True)
     want = everything(rt, attention=True, top_k=5, duplicate=True, resolution=7)
     order = list(range(H))[::-1] if "group_mb" in options else list(range(H))
     res = lw.forward(rt.encode(TEXT), causal=causal, mask_tokens=masked, head_mask=keep, head_mean=mean,
@@ -125,17 +129,18 @@ def test_kept_run_holds_no_full_matrices(runtimes):
     assert res.asked is None and footprint(res) < L * H * T * T * 4 / 4
 
 
-@pytest.mark.parametrize("group_mb", [8, 1e-9])      # one group of heads (a GPU's way), and one head at a time
-def test_a_long_run_fetches_what_its_answer_holds(runtimes, group_mb):
+@pytest.mark.parametrize("group_mb, fused", [(8, False), (1e-9, False), (8, True)])   # one group of heads, one head
+def test_a_long_run_fetches_what_its_answer_holds(runtimes, group_mb, fused):          # a run, each block one graph
     """What leaves the device is what the answer holds (issue 38): a layer-by-layer run keeps the residual stream,
     q, k, v and the heads' outputs where its sessions compute (runtime/sessions.Held: a GPU's memory), so the bytes
     the session wrapper counts as fetched are exactly the kept parts -- every head's rows, the checkpoints, the two
     asked heads of layer 2, the final outputs -- and never a block's intermediates (which would add L x (4 T D +
-    ...) floats). A generation step likewise fetches its logits and attention rows, never the key/value cache."""
+    ...) floats). A generation step likewise fetches its logits and attention rows, never the key/value cache. Each
+    block runs as one graph (fused, a GPU's default) or three plus one per group of heads."""
     from attnscope.runtime.generation import Generator, Sampling
 
     rt = runtimes["tiny-gpt"]
-    cfg, lw = rt.cfg, rt.layerwise(1, group_mb)
+    cfg, lw = rt.cfg, Layerwise(rt, 1, group_mb, graphs=rt.layerwise(), fused=fused)
     L, H, D, V = cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.vocab_size
 
     def fetched(sessions) -> int:
@@ -143,8 +148,10 @@ def test_a_long_run_fetches_what_its_answer_holds(runtimes, group_mb):
 
     enc = rt.encode(TEXT)
     T = len(enc.ids)
-    before = fetched(lw._sessions.values())
+    before, runs = fetched(lw._sessions.values()), sum(s.runs for s in lw._sessions.values())
     res = lw.forward(enc, want=Want((2,), (1, 0), attention=True))
+    groups = 1 if fused else lw.groups(T) + 2
+    assert sum(s.runs for s in lw._sessions.values()) - runs == 1 + L * groups + 1     # embed, the blocks, final
     rows = sum(L * H * (T - 1 if name in ("previous", "next") else T) for name in res.rows)
     final = T * D + ((V + T) if cfg.lm_head else 0)   # hidden [T, D] (an LM head's: next-token logits, log-probs)
     assert fetched(lw._sessions.values()) - before == 4 * (rows + L * T * D + 2 * T * T + final)
@@ -159,12 +166,12 @@ def test_a_long_run_fetches_what_its_answer_holds(runtimes, group_mb):
     assert gen._cache.length == n + 3 and all(type(k).__name__ == "Held" for k in gen._cache.keys)
 
 
-@pytest.mark.parametrize("every", [1, 3])
-def test_recompute_equals_first_run(runtimes, every):
+@pytest.mark.parametrize("every, fused", [(1, False), (3, False), (3, True)])
+def test_recompute_equals_first_run(runtimes, every, fused):
     """A head asked later is recomputed from the run's checkpoint(s): bit for bit what the first run returned, and
     what the stacked graph computes; thumbnails at a new resolution equal stats.downsample."""
     rt = runtimes["tiny-gpt"]
-    lw = rt.layerwise(checkpoint_every=every)
+    lw = Layerwise(rt, every, graphs=rt.layerwise(), fused=fused)
     enc = rt.encode(TEXT)
     first = lw.forward(enc, want=Want((1,), (0, 2), attention=True, top_k=3))
     assert sorted(first.checkpoints) == list(range(0, rt.cfg.n_layers, every))
