@@ -13,8 +13,12 @@ d_model 576), float32, queries and keys drawn wide (peaked attention), served by
              default TF32 (what a session without use_tf32=0 gives), and the next-token top-1 agreement
   forward    Runtime.forward (the stacked graph, every layer's attention to the host) over torch eager
              (output_attentions) at each length the stacked graph takes
-  answer     a long text's summaries of every head + one layer's attention (the layer-by-layer path, what
-             /api/attention runs) at the longest length, over torch eager's forward
+  answer     a text's summaries of every head + one layer's attention (the layer-by-layer path, what /api/attention
+             runs for a long text) at each length, over torch eager's forward: each block as one graph (the
+             default on a GPU) and as three, a checkpoint kept on the host every layer (the default) or every 8th,
+             with the session runs made and the bytes brought to the host
+  l8b        (--l8b) Llama 3.1 8B's shape in bfloat16 (a random checkpoint written first, ~16 GB): summaries of every
+             head + one layer at 4,096 tokens, seconds
   patching   every one of the 270 heads patched on a 14-token pair (runtime.patching), seconds
   generate   greedy tokens/s, ours (key/value cache on the decoding graph) over transformers' generate
 """
@@ -46,11 +50,24 @@ def timed(fn, repeats: int = 3, sync=None) -> float:
     return float(np.median(out))
 
 
+def crossings(lw, fn) -> tuple[int, int]:
+    """Session runs made and bytes brought to the host by fn(), over a Layerwise's sessions."""
+    def count():
+        return (sum(s.runs for s in lw._sessions.values()), sum(s.fetched for s in lw._sessions.values()))
+    before = count()
+    fn()
+    after = count()
+    return after[0] - before[0], after[1] - before[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", default="128,512,2048")
     ap.add_argument("--folder", type=Path, default=None)
     ap.add_argument("--cpu", action="store_true", help="the same script on the CPU (to check it before a GPU run)")
+    ap.add_argument("--l8b", action="store_true", help="also Llama 3.1 8B's shape in bfloat16 at 4,096 tokens "
+                    "(writes a ~16 GB random checkpoint first)")
+    ap.add_argument("--l8b-layers", type=int, default=None, help="with --l8b: only this many layers (a check)")
     args = ap.parse_args()
     lengths = [int(t) for t in args.tokens.split(",")]
 
@@ -59,7 +76,7 @@ def main() -> None:
     from transformers import LlamaForCausalLM
 
     from attnscope.analysis.effects import Metric
-    from attnscope.runtime.layerwise import Want
+    from attnscope.runtime.layerwise import Layerwise, Want
     from attnscope.runtime.patching import patch
     from attnscope.runtime.runtime import Runtime
     from attnscope.sources.resolve import resolve
@@ -112,11 +129,16 @@ def main() -> None:
             t_ours = timed(lambda: rt.forward([enc]))
             print(f"forward T={T}: ours {t_ours * 1e3:.1f} ms, torch eager {t_torch * 1e3:.1f} ms, ratio "
                   f"{t_ours / t_torch:.2f}", flush=True)
-        lw = rt.layerwise()
         one = Want(layers=(0,), heads=tuple(range(H)), attention=True)
-        t_answer = timed(lambda: lw.forward(enc, want=one))
-        print(f"answer T={T}: summaries of all {rt.cfg.n_layers * H} heads + layer 0's attention {t_answer * 1e3:.1f} "
-              f"ms, torch eager forward {t_torch * 1e3:.1f} ms, ratio {t_answer / t_torch:.2f}", flush=True)
+        for fused, every in ((True, 1), (True, 8), (False, 1)):   # checkpoints (x entering a layer) go to the host
+            lw = Layerwise(rt, every, graphs=rt.layerwise(), fused=fused)
+            t_answer = timed(lambda: lw.forward(enc, want=one))
+            runs, fetched = crossings(lw, lambda: lw.forward(enc, want=one))
+            print(f"answer T={T} ({'one graph' if fused else 'three graphs'} a block, a checkpoint every {every} "
+                  f"layers): summaries of all "
+                  f"{rt.cfg.n_layers * H} heads + layer 0's attention {t_answer * 1e3:.1f} ms, torch eager forward "
+                  f"{t_torch * 1e3:.1f} ms, ratio {t_answer / t_torch:.2f}; {runs} runs, {fetched / 2**20:.1f} MB "
+                  f"to the host", flush=True)
 
     clean, corrupt = rt.encode("Mary got John"), rt.encode("Mary got Jane")     # 14 byte tokens each, BOS in
     n = len(clean.ids)
@@ -139,6 +161,25 @@ def main() -> None:
     t_ours, t_theirs = timed(ours_generate, 2), timed(theirs_generate, 2, sync)
     print(f"generate: ours {new / t_ours:.1f} tokens/s, transformers generate {new / t_theirs:.1f} tokens/s, ratio "
           f"{t_theirs / t_ours:.2f}", flush=True)
+
+    if args.l8b:
+        t0 = time.perf_counter()
+        big = llama(root / "l8b", "l8b", "bfloat16", layers=args.l8b_layers)
+        written = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        rt8 = Runtime(resolve(f"l8b={big}"), providers=cuda, cache_dir=root / "cache")
+        lw8 = rt8.layerwise()
+        enc = rt8.encode(text(4095))
+        H8 = rt8.cfg.n_heads
+        one = Want(layers=(0,), heads=tuple(range(H8)), attention=True)
+        lw8.forward(enc, want=one)                                  # the weights go to the device once
+        ready = time.perf_counter() - t0
+        t_big = timed(lambda: lw8.forward(enc, want=one), repeats=2, sync=sync)
+        runs, fetched = crossings(lw8, lambda: lw8.forward(enc, want=one))
+        print(f"l8b: {rt8.cfg.n_layers} layers of Llama 3.1 8B's shape, bfloat16 weights on {rt8.weights.device}, "
+              f"{len(enc.ids)} tokens: summaries of all {rt8.cfg.n_layers * H8} heads + layer 0's attention "
+              f"{t_big:.2f} s ({runs} runs, {fetched / 2**20:.0f} MB to the host); checkpoint written in "
+              f"{written:.0f} s, first answer (weights to the device) after {ready:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
