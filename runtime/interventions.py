@@ -6,7 +6,9 @@ NumPy reference), through the layer-by-layer graphs (runtime/layerwise.py), so t
 
 A row whose first edit is at layer l starts from the trace's residual stream entering layer l: the unedited prefix
 is never run again. Rows run in batches along the batch axis, grouped by that first layer; at the first layer a row
-reuses the trace's queries, keys, values and head outputs unless an edit there changes them. Ablation (the head
+reuses the trace's queries, keys, values and head outputs unless an edit there changes them. On a GPU (merge) a batch
+takes rows of different first layers and starts at the earliest: there a run costs a launch and a synchronisation,
+not arithmetic, and patching SmolLM2's 270 heads is then one batch of 30 layers instead of 30 batches. Ablation (the head
 masks of every graph, head_masks below), head importance, activation patching, knockout and direct logit
 attribution (analysis/attribution.py, from a trace) all go through here.
 """
@@ -114,11 +116,14 @@ def reference_trace(rt, enc: Encoding, *, causal: bool | None = None, mask_token
 class Interventions:
     """A Runtime's model run with edits, through its layer-by-layer graphs."""
 
-    def __init__(self, rt, batch: int = BATCH):
+    def __init__(self, rt, batch: int = BATCH, merge: bool | None = None):
         """batch: rows run at once along the batch axis; on a GPU at least GPU_BATCH (every run costs a launch and
-        copies: bench/gpu.py patched SmolLM2's 270 heads in 1.1 s with 16 rows a run)."""
+        copies: bench/gpu.py patched SmolLM2's 270 heads in 1.1 s with 16 rows a run). merge: a batch may hold rows
+        whose first edits are at different layers, run from the earliest (the others' unedited layers computed
+        again, in the batch); default: on a GPU."""
         self.rt, self.lw = rt, rt.layerwise()
         self.batch = int(batch) if rt.weights.device == "cpu" else max(int(batch), GPU_BATCH)
+        self.merge = rt.weights.device != "cpu" if merge is None else bool(merge)
 
     # ---- the clean run ---------------------------------------------------------------------------------------------
     def trace(self, enc: Encoding, *, causal: bool | None = None, mask_tokens=None, pattern: bool = False,
@@ -180,7 +185,7 @@ class Interventions:
             while n < len(order):
                 if stop is not None and stop():
                     raise Stopped(f"stopped after {n} of {len(order)} runs: nobody waits for the result")
-                chunk = [b for b in order[n:n + size] if first[b] == first[order[n]]]
+                chunk = [b for b in order[n:n + size] if self.merge or first[b] == first[order[n]]]
                 n += len(chunk)
                 for name, value in self._rows(base, [rows[b] for b in chunk], first[chunk[0]], readout,
                                               reuse, metric, keep).items():

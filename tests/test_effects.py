@@ -158,7 +158,8 @@ def test_knockout_over_every_layer_is_the_mask_itself(gpt2):
 
 
 def test_prefix_reuse_gives_the_plain_runs_numbers(gpt2):
-    """The same edits run from the reused prefix and from the embeddings, row by row: two float32 computations of one
+    """The same edits run from the reused prefix (in batches of one first layer, or all rows in one batch from the
+    earliest edit: a GPU's way) and from the embeddings, row by row: float32 computations of one
     function (onnxruntime's kernels sum in an order that depends on the batch), within twice float32's bound of the
     logits (tests/float32.py, derived on transformers' float64 model; 1e-5 absolute, measured here, failed with
     OPENBLAS_CORETYPE=Prescott). The bound is the unedited runs' (clean and corrupt, the larger): an edit puts one
@@ -172,6 +173,8 @@ def test_prefix_reuse_gives_the_plain_runs_numbers(gpt2):
     assert bound.max() < 1e-2
     reused, plain = iv.run(base, rows)["logits"], iv.run(base, rows, reuse=False)["logits"]
     assert_within(reused, plain.astype(np.float64), np.broadcast_to(2 * bound, plain.shape), "reused vs plain")
+    merged = Interventions(rt, batch=len(rows), merge=True).run(base, rows)["logits"]   # a GPU's: one batch of all
+    assert_within(merged, plain.astype(np.float64), np.broadcast_to(2 * bound, plain.shape), "merged vs plain")
 
 
 # ---- activation patching against transformers ----------------------------------------------------------------------
