@@ -129,15 +129,32 @@ def test_kept_run_holds_no_full_matrices(runtimes):
     assert res.asked is None and footprint(res) < L * H * T * T * 4 / 4
 
 
-@pytest.mark.parametrize("group_mb, fused", [(8, False), (1e-9, False), (8, True)])   # one group of heads, one head
-def test_a_long_run_fetches_what_its_answer_holds(runtimes, group_mb, fused):          # a run, each block one graph
+@pytest.mark.parametrize("group_mb, fused, opaque", [
+    (8, False, False), (1e-9, False, False),          # one group of heads, one head a run
+    (8, True, False),                                 # each block one graph
+    (8, True, True), (8, False, True),                # kept tensors as a GPU holds them: no NumPy view, only host()
+])
+def test_a_long_run_fetches_what_its_answer_holds(runtimes, group_mb, fused, opaque, monkeypatch):
     """What leaves the device is what the answer holds (issue 38): a layer-by-layer run keeps the residual stream,
     q, k, v and the heads' outputs where its sessions compute (runtime/sessions.Held: a GPU's memory), so the bytes
     the session wrapper counts as fetched are exactly the kept parts -- every head's rows, the checkpoints, the two
     asked heads of layer 2, the final outputs -- and never a block's intermediates (which would add L x (4 T D +
     ...) floats). A generation step likewise fetches its logits and attention rows, never the key/value cache. Each
-    block runs as one graph (fused, a GPU's default) or three plus one per group of heads."""
+    block runs as one graph (fused, a GPU's default) or three plus one per group of heads. opaque: every kept or
+    placed tensor is an OrtValue without its NumPy view, as in a GPU's memory, so a GPU's walk and generation run
+    their own code here: nothing reads a kept tensor but through Held.host (counted), and the numbers are the same."""
+    from attnscope.runtime import layerwise, sessions
     from attnscope.runtime.generation import Generator, Sampling
+
+    [full] = runtimes["tiny-gpt"].run([TEXT])                   # the stacked graph's numbers, for comparison
+    smol = runtimes["smollm2"]
+    prompt = smol.encode(TEXT).ids[:12]
+    [greedy] = smol.forward([smol.encode_ids(prompt)])         # its first greedy token
+    if opaque:
+        for module, name in ((sessions, "empty"), (layerwise, "hold")):
+            made = getattr(module, name)
+            monkeypatch.setattr(module, name, lambda *a, made=made, **k: sessions.Held(made(*a, **k).value, None,
+                                                                                      *a[3:], **k))
 
     rt = runtimes["tiny-gpt"]
     cfg, lw = rt.cfg, Layerwise(rt, 1, group_mb, graphs=rt.layerwise(), fused=fused)
@@ -156,14 +173,18 @@ def test_a_long_run_fetches_what_its_answer_holds(runtimes, group_mb, fused):   
     final = T * D + ((V + T) if cfg.lm_head else 0)   # hidden [T, D] (an LM head's: next-token logits, log-probs)
     assert fetched(lw._sessions.values()) - before == 4 * (rows + L * T * D + 2 * T * T + final)
     assert set(res.checkpoints) == set(range(L)) and res.asked.attention[2].shape == (2, T, T)
+    np.testing.assert_allclose(res.asked.attention[2], full.attentions[2][[1, 0]], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(res.hidden, full.hidden, atol=ATOL, rtol=0)
 
-    rt = runtimes["smollm2"]                                    # tiny-gpt has no LM head
-    cfg, decode, prompt = rt.cfg, rt.session(decode=True), rt.encode(TEXT).ids[:12]
+    rt = smol                                                   # tiny-gpt has no LM head
+    cfg, decode = rt.cfg, rt.session(decode=True)
     L, H, V, before, n = cfg.n_layers, cfg.n_heads, cfg.vocab_size, decode.fetched, len(prompt)
     gen = Generator(rt, prompt, Sampling(greedy=True), max_new_tokens=3)
     assert len(list(gen)) == 3                                  # the prompt's step, then one step per token
     assert decode.fetched - before == 4 * (4 * V + L * H * (n + (n + 1) + (n + 2) + (n + 3)))
     assert gen._cache.length == n + 3 and all(type(k).__name__ == "Held" for k in gen._cache.keys)
+    assert all((k.array is None) == opaque for k in gen._cache.keys)
+    assert gen.new_ids[0] == greedy.next_tokens[0].id
 
 
 @pytest.mark.parametrize("every, fused", [(1, False), (3, False), (3, True)])
