@@ -249,12 +249,12 @@ class Session:
             out = self.declared[name]
             shape = [d if isinstance(d, int) else axes.get(d) for d in (out.shape or [None])]
             dtype = _DTYPES.get(out.type)
-            if name in keep:                 # on the device, in memory of the shape the graph declares if it can
-                if None in shape or dtype is None:
-                    binding.bind_output(name, self.device, 0)
-                else:
-                    held[name] = empty(shape, dtype, self.device, self)
+            if name in keep:                 # on the device: on a GPU from the session's memory arena; on the CPU in
+                if self.device == "cpu" and None not in shape and dtype is not None:     # a NumPy buffer of its own
+                    held[name] = empty(shape, dtype, self)
                     binding.bind_ortvalue_output(name, held[name].value)
+                else:
+                    binding.bind_output(name, self.device, 0)
             elif name in unread:
                 where = unread[name]
                 if isinstance(where, str):
@@ -324,14 +324,14 @@ def hold(a: np.ndarray, device: str) -> Held:
     return Held(ort_value(a, device), a if device == "cpu" else None)
 
 
-def empty(shape: Sequence[int], dtype: np.dtype, device: str, session: Session | None = None) -> Held:
-    """An uninitialised tensor on the device, for a run to write (Session.run's keep)."""
+def empty(shape: Sequence[int], dtype: np.dtype, session: Session | None = None) -> Held:
+    """An uninitialised CPU tensor for a run to write (Session.run's keep), in memory of its own: a view of
+    onnxruntime's arena, kept alive (a long run's checkpoints are views of its kept x), would grow the arena for
+    good."""
     import onnxruntime as ort
 
-    if device == "cpu":
-        a = np.empty(shape, dtype)
-        return Held(ort.OrtValue.ortvalue_from_numpy(a), a, session)
-    return Held(ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, device, 0), None, session)
+    a = np.empty(shape, dtype)
+    return Held(ort.OrtValue.ortvalue_from_numpy(a), a, session)
 
 
 class Scratch:
