@@ -9,7 +9,13 @@ nothing is copied). What differs between sessions is stated where they are opene
     weights = Weights(model)
     sess = Session(graph, providers, threads, weights)
     hidden, attentions = sess.run(["hidden", "attentions"], feeds)        # feeds: the run's own inputs only
-    q, k, v = sess.run(list("qkv"), {"x": x}, layer=3)                    # a layer graph: layer 3's weights
+    q, k, v = sess.run(list("qkv"), {"x": x}, layer=3, keep="qkv")       # a layer graph: layer 3's weights; q, k, v
+    ctx, entropy = attend.run(["ctx", "entropy"], {"q": q, ...}, keep=["ctx"])   # stay on the device (Held)
+
+What leaves the device is what the caller asks for as NumPy: outputs it keeps (`keep`) stay where the session
+computes, as `Held` tensors the next run reads in place (on a GPU: device memory; on the CPU: NumPy buffers, the same
+binding calls), and `Session.fetched` counts the bytes that come to the host (tests/test_long.py holds a long run
+and a generation to exactly what their answers hold).
 """
 from __future__ import annotations
 
