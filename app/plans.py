@@ -602,13 +602,12 @@ class Planner:
                       sorted(set(req.mask_tokens)), stages, sorted(map(tuple, req.ablate)),
                       req.ablation if req.ablate else None, ids])
 
-    def _forward(self, req, rt: Runtime, enc: Encoding, stages: bool = False, depth: int | None = None,
-                 layers: list[int] | None = None) -> Callable:
-        """The forward pass a request asks for, as a call for the run queue (depth: it stops after that many blocks;
-        layers: with depth, the blocks whose attentions it keeps)."""
+    def _forward(self, req, rt: Runtime, enc: Encoding, stages: bool = False, want: Want | None = None) -> Callable:
+        """The forward pass a request asks for, as a call for the run queue (want: what leaves the device;
+        without its ends the run stops after the last asked layer, Runtime.depth_of)."""
         keep, mean = head_masks(req.ablate, req.ablation, rt.cfg.n_layers, rt.cfg.n_heads)
         options = dict(causal=req.causal, mask_tokens=[req.mask_tokens] if req.mask_tokens else None,
-                       engine=req.engine, stages=stages, head_mask=keep, head_mean=mean, depth=depth, layers=layers)
+                       engine=req.engine, stages=stages, head_mask=keep, head_mean=mean, want=want)
         return lambda: rt.forward([enc], **options)[0]
 
     def _stacked_bytes(self, rt: Runtime, tokens: int) -> int:
@@ -649,10 +648,10 @@ class Planner:
                       size=size, layers=layers, heads=heads)
         if rt.capabilities.stacked and self.fits_stacked(rt, T):
             self._check_cells(req, cells, binary)
-            depth = rt.depth_for(max(layers)) if set(req.include) <= UP_TO_LAYER and req.engine == "onnx" else None
+            want = Want(tuple(layers), tuple(heads), ends=not (set(req.include) <= UP_TO_LAYER and req.engine == "onnx"))
+            depth = rt.depth_of(want)
             # a run that stops early keeps the asked blocks' attentions only (Runtime.forward): its key says which
-            run = Run(key if depth is None else _hash([key, depth, layers]),
-                      self._forward(req, rt, enc, depth=depth, layers=layers))
+            run = Run(key if depth is None else _hash([key, depth, layers]), self._forward(req, rt, enc, want=want))
             return AttentionPlan(run=run, extras=self._extras(req, rt, enc), **common)
         return self._layerwise(req, rt, enc, cells, common)
 

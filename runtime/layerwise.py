@@ -80,15 +80,19 @@ def key_feeds(keys: TextKeys, T: int, rows) -> dict[str, np.ndarray]:
 
 @dataclass(frozen=True)
 class Want:
-    """What a request needs beyond the rows every run keeps: for `layers` x `heads`, the full probabilities
-    (attention), their top_k keys per query, or the per-query duplicate-token mass (head scores); and
-    thumbnails of every head of `layers` at `resolution` (0: none)."""
+    """What leaves the device for a request, on either path (issue 38): for `layers` x `heads`, the full
+    probabilities (attention), their top_k keys per query, or the per-query duplicate-token mass (head scores); and
+    thumbnails of every head of `layers` at `resolution` (0: none); beyond the rows every layer-by-layer run keeps.
+    ends: the run's final hidden states and LM outputs; without them the stacked graph stops after the last of
+    `layers` and hands back those blocks' attentions alone (Runtime.depth_of; a walk always goes to the end, its
+    checkpoints serving later requests)."""
     layers: tuple[int, ...] = ()
     heads: tuple[int, ...] = ()
     attention: bool = False
     top_k: int = 0
     duplicate: bool = False
     resolution: int = 0
+    ends: bool = True
 
     def block_outputs(self) -> tuple[str, ...]:
         """The attend-graph outputs these heads need (graphs/reductions.py OUTPUTS)."""

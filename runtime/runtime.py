@@ -28,7 +28,7 @@ from ..sources import ModelSpec, get
 from ..sources.store import fingerprint
 from .errors import InputError
 from .capabilities import STACKED_MB, WORK_TFLOP, Capabilities, memory_total
-from .layerwise import Layerwise
+from .layerwise import Layerwise, Want
 from .results import AttentionResult, Encoding, Engine, NextToken
 from .sessions import GROUP_MB, Session, Weights, check_providers, default_providers, device_of
 from .tokenizing import Vocabulary
@@ -155,19 +155,18 @@ class Runtime:
     def forward(self, encs: Sequence[Encoding], *, causal: bool | None = None,
                 mask_tokens: Sequence[Sequence[int]] | None = None, engine: Engine = "onnx", stages: bool = False,
                 head_mask: np.ndarray | None = None, head_mean: np.ndarray | None = None, top_k: int = 10,
-                depth: int | None = None, layers: Sequence[int] | None = None,
-                started: float | None = None) -> list[AttentionResult]:
+                want: Want | None = None, started: float | None = None) -> list[AttentionResult]:
         """Run encoded inputs (padded together).
 
         causal: apply the look-ahead mask (default: the model's own); mask_tokens: per text, token indices hidden as
         keys; engine: "onnx" (the served graph) or "numpy" (the reference); stages: the teaching intermediates too;
         head_mask, head_mean [B|1, L, H]: ablate heads (functional.ablate_heads, runtime/interventions.py); None
         keeps them all. Decoders with an LM head also give the top_k next tokens and every token's log-prob.
-        depth: run the served graph's first blocks only (depth_for), for the attentions of layers < depth:
-        the result then has no hidden states or LM outputs, and its attentions are [depth, H, T, T] (ignored by
-        the NumPy engine and with stages, which run every layer); layers: with depth, the blocks whose attentions
-        the result holds (default: all): the others' are computed into scratch memory and their slices left
-        undefined, so only the asked layers of such a result may be read."""
+        want: what leaves the device (runtime/layerwise.Want, the layer-by-layer path's too): without its `ends`,
+        the served graph's first blocks only run (depth_of), and the result has no hidden states or LM outputs, and
+        attentions [depth, H, T, T] of which only want.layers' are fetched: the other blocks' are computed into
+        scratch memory (on a GPU: left in device memory) and their slices left undefined, so only the asked layers
+        of such a result may be read (the NumPy engine and stages run every layer, and fetch all)."""
         t0 = time.perf_counter() if started is None else started
         if engine not in ("onnx", "numpy"):
             raise InputError(f"engine must be 'onnx' or 'numpy'; got {engine!r}")
@@ -179,7 +178,8 @@ class Runtime:
             ids[b, :lengths[b]], types[b, :lengths[b]] = e.ids, e.type_ids
         mask = self.build_mask(lengths, causal, mask_tokens)
         feeds = self.feeds(ids, types, mask, lengths, head_mask, head_mean)   # checks the head mask's shape
-        depth = depth if depth is not None and depth <= self.cfg.n_layers and engine == "onnx" and not stages else None
+        depth = self.depth_of(want) if engine == "onnx" and not stages else None
+        layers = want.layers if depth is not None else None
         lm = list(T_.LM_OUTPUTS) if self.cfg.lm_head and depth is None else []
 
         if engine == "numpy":
@@ -278,6 +278,11 @@ class Runtime:
         if self.stop_early_mb <= 0 or not self.capabilities.stacked:
             return None
         return min(1 << last_layer.bit_length(), self.cfg.n_layers)
+
+    def depth_of(self, want: Want | None) -> int | None:
+        """The cut graph a run for `want` stops at: depth_for its last layer when it needs no ends (None: the whole
+        model's graph)."""
+        return None if want is None or want.ends or not want.layers else self.depth_for(max(want.layers))
 
     def depths(self) -> list[int]:
         """Every depth depth_for may answer: the cut graphs a server opens at start."""

@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
 from attnscope.app.wire import BINARY, from_binary
+from attnscope.runtime.layerwise import Want
 
 TEXTS = {"minilm": "The animal didn't cross the street because it was too tired. It was late, and the road was wide.",
          "smollm2": "Mr and Mrs Dursley, of number four, Privet Drive, were proud to say that they were perfectly "
@@ -72,7 +73,8 @@ def test_graphs_that_stop_early_hold_no_weights_and_can_be_turned_off(runtimes):
         proto = onnx.load_from_string(graph)
         assert all(np.prod(t.dims) < 2**16 for t in proto.graph.initializer)
         assert {i.name for i in proto.graph.input} >= {f"blocks.{depth - 1}.attn.q_proj.weight", "wte"}
-    [res] = cut.forward([cut.encode("One two three.")], depth=cut.depth_for(0), layers=[0])
+    assert cut.depth_of(Want((0,), ends=False)) == 1 and cut.depth_of(Want((0,))) is None   # ends: the whole graph
+    [res] = cut.forward([cut.encode("One two three.")], want=Want((0,), ends=False))   # stops after block 0
     [whole] = rt.forward([rt.encode("One two three.")])
     np.testing.assert_array_equal(res.attentions[0], whole.attentions[0])
     off = Runtime(rt.spec, cache_dir=rt.cache_dir, stop_early_mb=0)

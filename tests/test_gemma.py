@@ -179,7 +179,8 @@ def test_numpy_onnx_cut_and_layerwise_agree(family, client):
         np.testing.assert_allclose(onnx.stages[name], ref.stages[name], atol=1e-4 * max(1, np.abs(ref.stages[name][
             np.isfinite(ref.stages[name]) & (ref.stages[name] > -1e30)]).max()), rtol=0)
     np.testing.assert_allclose(onnx.next_token_logits, ref.next_token_logits, atol=1e-4, rtol=0)
-    [cut] = rt.forward([rt.encode(TEXT)], depth=1)           # the graph cut after the (local) first block
+    assert rt.depth_of(Want((0,), ends=False)) == 1
+    [cut] = rt.forward([rt.encode(TEXT)], want=Want((0,), ends=False))   # the graph cut after the (local) first block
     np.testing.assert_array_equal(cut.attentions[0], onnx.attentions[0])
     L, H = rt.cfg.n_layers, rt.cfg.n_heads
     for fused in (False, True):                  # three graphs a block, or one (a GPU's walk)
