@@ -382,6 +382,34 @@ def test_layerwise_threshold_decides_the_path():
     assert isinstance(service(layerwise_mb=0.5).plans.attention(req, False), LayerwisePlan)
 
 
+def test_preferring_layerwise_walks_when_the_stacked_run_would_fetch_every_layer():
+    """ATTNSCOPE_PREFER_LAYERWISE (a GPU's default): an answer of fewer layers than all, which the cut graphs cannot
+    give (next tokens need the whole model), runs layer by layer: the same answer, the statistics computed in the
+    graph and only the asked layer's matrices fetched; what the walk cannot give (rollout) and an answer of every
+    layer still run stacked."""
+    from attnscope.app.schemas import AttentionRequest
+    from attnscope.app.wire import to_json
+
+    walking, plain = service(prefer_layerwise=True), service()
+    req = AttentionRequest(text=TEXT * 4, layers=[2], include=["attention", "entropy", "summary", "predictions"])
+    assert isinstance(walking.plans.attention(req, False), LayerwisePlan)
+    assert not isinstance(plain.plans.attention(req, False), LayerwisePlan)
+    for stacked in (req.model_copy(update={"include": ["attention", "rollout"]}), AttentionRequest(text=TEXT),
+                    req.model_copy(update={"include": ["attention", "entropy", "summary"]})):   # a cut graph's
+        assert not isinstance(walking.plans.attention(stacked, False), LayerwisePlan)
+
+    def answer(svc):
+        plan = svc.plans.attention(req, False)
+        return json.loads(to_json(plan.payload(run_in_fresh_loop(plan.compute(svc.runner)))))
+    def fetched(svc) -> int:
+        rt = svc.runtimes["minilm"]
+        return sum(s.fetched for s in [*rt._sessions.values(), *rt.layerwise()._sessions.values()])
+    assert fetched(walking) == fetched(plain) == 0
+    assert_same_answer(answer(walking), answer(plain))
+    L, H, T = 6, 12, len(walking.runtimes["minilm"].encode(req.text).ids)
+    assert fetched(plain) > L * H * T * T * 4 > 2 * fetched(walking)     # rows, checkpoints, layer 2, the ends
+
+
 def test_cache_and_checkpoints_follow_the_settings():
     from attnscope.app.schemas import AttentionRequest
 
