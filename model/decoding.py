@@ -26,8 +26,8 @@ from .transformer import logits
 
 @dataclass
 class KVCache:
-    keys: list[np.ndarray]       # per layer [B, Hkv, P, d_head], after RoPE
-    values: list[np.ndarray]     # per layer [B, Hkv, P, d_head]
+    keys: list[np.ndarray]       # per layer [B, Hkv, P, d_head], after RoPE (the served graph's: runtime Held tensors,
+    values: list[np.ndarray]     # per layer [B, Hkv, P, d_head]            left on the device between steps)
 
     @classmethod
     def empty(cls, cfg, batch: int = 1) -> KVCache:
