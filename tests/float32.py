@@ -53,6 +53,7 @@ ULPS = 4                # the accuracy of exp, erf, tanh, rsqrt... on every kern
 LAMBDA = 7.0            # Hoeffding: 2 exp(-LAMBDA^2 / 2) = 4.6e-11, the chance one element exceeds its bound
 SAMPLES = 64            # copies of the input that estimate each element's sigma
 CHI = 1.642             # sqrt(SAMPLES / scipy.stats.chi2.ppf(1e-6, SAMPLES)): sigma <= CHI s but once in 1e6
+CHIS = {SAMPLES: CHI, 16: 3.321}   # the same for fewer copies (a wider bound, a quarter of the work)
 
 # results that are exact: copies, views, lookups, selections, masking, sign flips, max/min
 EXACT = {"view", "reshape", "transpose", "permute", "contiguous", "clone", "expand", "expand_as", "unsqueeze",
@@ -72,9 +73,16 @@ class _Rounding(TorchFunctionMode):
     """Replaces each primitive's result z by z + xi c: xi ~ N(0, 1) for each element of each of the batch's copies,
     c the root-sum-square bound of the roundings that land on it."""
 
-    def __init__(self, copies: int, seed: int = 0):
+    def __init__(self, copies: int, seed: int = 0, products: float | None = None):
+        """products: the unit roundoff of a reduced type the matrix products run in (a fast mode, `reduced_bound`);
+        None: float32, as every other primitive."""
         super().__init__()
         self.copies, self.generator = copies, torch.Generator().manual_seed(seed)
+        # a product in a reduced type: its operands rounded to it (two roundings, each at most unit sum_i |a_i b_i|,
+        # taken at that worst case rather than at their root-sum-square) and the product summed and rounded as if
+        # wholly in it: unit (sqrt(n) + 1 + 2) |a| |b|; in float32: U (sqrt(n) + 1) |a| |b|
+        self.unit, self.extra = (U, 0) if products is None else (products, 2)
+        self._magnitudes: dict[int, tuple] = {}
 
     def term(self, z, c):
         c = torch.nan_to_num(torch.as_tensor(c, dtype=z.dtype), nan=0.0, posinf=0.0, neginf=0.0)   # masked: -inf
@@ -98,7 +106,10 @@ class _Rounding(TorchFunctionMode):
         tensors = [x for x in args if isinstance(x, torch.Tensor)]
         if key in ("to", "float", "type") and tensors and tensors[0].dtype == torch.float64 and \
                 (key == "float" or torch.float32 in (*args[1:], kwargs.get("dtype"))):
-            return self.rounded(tensors[0] * 1)          # the model's own float32 casts: charged, kept in float64
+            x = tensors[0]
+            if not self.batched(x) and torch.equal(x, x.float().double()):
+                return x * 1     # a model constant float32 already holds (RoPE's inverse frequencies): cast exactly
+            return self.rounded(x * 1)                   # the model's own float32 casts: charged, kept in float64
         if not tensors or tensors[0].dtype != torch.float64:
             return func(*args, **kwargs)
         if key == "softmax":
@@ -124,22 +135,40 @@ class _Rounding(TorchFunctionMode):
             return self.rounded(out, ULPS)
         raise NotImplementedError(f"float32 bound: no rule for {name!r}; give it one in tests/float32.py")
 
-    @staticmethod
-    def dot(key, args, kwargs):
+    def magnitude(self, x):
+        """|x|, kept for a parameter of the model (a weight is read by every copy's run: one |W| per weight)."""
+        if not isinstance(x, torch.nn.Parameter):
+            return x.abs()
+        if id(x) not in self._magnitudes:
+            self._magnitudes[id(x)] = (x, x.abs())      # x kept: its id is not reused while the mode lives
+        return self._magnitudes[id(x)][1]
+
+    def batched(self, x) -> bool:
+        """Whether x is the run's data, one per copy (its first axis the copies'), not a constant or position table."""
+        return isinstance(x, torch.Tensor) and x.ndim > 0 and x.shape[0] == self.copies
+
+    def dot(self, key, args, kwargs):
+        # the reduced unit for the run's products (an operand is data); a product of constants and positions (RoPE's
+        # angles, which transformers computes with autocast off) stays float32, as graphs/reduced.py keeps it
+        operands = {"linear": args[:1], "einsum": args[1:], "baddbmm": args[1:3], "addmm": args[1:3]}.get(key, args[:2])
+        data = any(self.batched(x) for x in (operands[0] if key == "einsum" and isinstance(operands[0], (list, tuple))
+                                            else operands))
+        unit, extra = (self.unit, self.extra) if data else (U, 0)
+        u = lambda n: unit * (math.sqrt(n) + 1 + extra)   # noqa: E731
         if key == "einsum":
             eq, ops = args[0], [x for x in args[1:] if isinstance(x, torch.Tensor)] or list(args[1])
             n = torch.einsum(eq, *[torch.ones_like(x) for x in ops]).max().item()     # terms per result
-            return U * (math.sqrt(n) + 1) * torch.einsum(eq, *[x.abs() for x in ops])
+            return u(n) * torch.einsum(eq, *[x.abs() for x in ops])
         if key == "linear":
             x, w = args[0], args[1]
             b = args[2] if len(args) > 2 else kwargs.get("bias")
             n = w.shape[-1] + (b is not None)
-            return U * (math.sqrt(n) + 1) * (x.abs() @ w.abs().T + (b.abs() if b is not None else 0))
+            return u(n) * (x.abs() @ self.magnitude(w).T + (self.magnitude(b) if b is not None else 0))
         if key in ("baddbmm", "addmm"):
             c, a, b = args[:3]
-            return U * (math.sqrt(a.shape[-1] + 1) + 1) * (c.abs() + a.abs() @ b.abs())
+            return u(a.shape[-1] + 1) * (c.abs() + a.abs() @ b.abs())
         a, b = args[0], args[1]
-        return U * (math.sqrt(a.shape[-1]) + 1) * (a.abs() @ b.abs())
+        return u(a.shape[-1]) * (a.abs() @ b.abs())
 
     # ---- composites, taken apart into primitives (each call below bypasses the mode: the terms are explicit) ----
     def mean(self, x, dims):
@@ -171,21 +200,30 @@ class _Rounding(TorchFunctionMode):
         return self.rounded(self.rounded(0.5 * x) * self.rounded(1 + f))
 
 
-def float32_bound(model: torch.nn.Module, select, **inputs) -> tuple[np.ndarray, np.ndarray]:
+def reduced_bound(model: torch.nn.Module, select, unit: float, samples: int = SAMPLES, **inputs
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """float32_bound of a fast mode (model/precision.py): the products of the run's data in a reduced type of unit
+    roundoff `unit` (float16: 2^-11; bfloat16: 2^-8), everything else float32 (softmax, norms, sums, products of
+    constants such as RoPE's angles)."""
+    return float32_bound(model, select, products=unit, samples=samples, **inputs)
+
+
+def float32_bound(model: torch.nn.Module, select, products: float | None = None, samples: int = SAMPLES, **inputs
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """(exact value, bound) of each element of select(model(**inputs)), as float64 arrays. The inputs hold one text
     (batch axis first, of size 1); select(outputs) returns a tensor whose first axis is the batch. The model runs in
-    float64 (a copy; its float32 weights widen exactly), once as it is and once on SAMPLES perturbed copies (the
-    module's docstring)."""
+    float64 (a copy; its float32 weights widen exactly), once as it is and once on `samples` perturbed copies (the
+    module's docstring; a number of CHIS). products: reduced_bound's unit."""
     exact = copy.deepcopy(model).double().eval()
     with torch.inference_mode():
         value = select(exact(**inputs)).numpy()
         assert value.shape[0] == 1, "select(outputs) keeps the batch axis first"
-        batch = {k: v.repeat(SAMPLES, *[1] * (v.ndim - 1)) if isinstance(v, torch.Tensor) else v
+        batch = {k: v.repeat(samples, *[1] * (v.ndim - 1)) if isinstance(v, torch.Tensor) else v
                  for k, v in inputs.items()}
-        with _Rounding(SAMPLES):
+        with _Rounding(samples, products=products):
             runs = select(exact(**batch)).numpy()
     s = np.sqrt(((runs - value) ** 2).mean(axis=0))
-    return value[0], LAMBDA * CHI * s
+    return value[0], LAMBDA * CHIS[samples] * s
 
 
 def assert_within(actual, exact: np.ndarray, bound: np.ndarray, name: str = "") -> float:
