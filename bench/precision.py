@@ -7,6 +7,8 @@ precision:
               the next token after each of its tokens, from the served graph's own LM head, in the mode)
   TV          the total-variation distance 1/2 sum_v |p_mode(v) - p_float32(v)| of those next-token distributions:
               the mean and the largest
+  forward     one forward of a --tokens-token text (the stacked graph, every layer's attention out), the mode's
+              time over float32's (the median of 3 runs after a warm-up, both here, now)
 
     python bench/precision.py                                   # the CPU: float16, on minilm, smollm2, gemma3, l1b
     python bench/precision.py --models smollm2 --modes float16
@@ -67,11 +69,30 @@ def measure(base, fast, texts=TEXTS, predictions: int | None = None) -> dict:
     return out
 
 
+def forward_ratio(base, fast, tokens: int) -> tuple[float, float]:
+    """Seconds of one forward of a `tokens`-token text, the fast runtime's and float32's (medians of 3)."""
+    from bench.common import text_of_tokens
+    enc = base.encode(text_of_tokens(base, tokens))
+
+    def median(rt) -> float:
+        rt.forward([enc])
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            rt.forward([enc])
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+    return median(fast), median(base)
+
+
 def line(model: str, mode: str, m: dict) -> str:
     s = f"{model:<8} {mode:<9} attention {m['attention']:.2e}"
     if "top1" in m:
         s += (f"  top-1 {m['top1']:.3f} ({m['predictions']} predictions)  TV mean {m['tv_mean']:.2e} max "
               f"{m['tv_max']:.2e}")
+    if "forward" in m:
+        (fast, base), n = m["forward"], m["tokens"]
+        s += f"  forward at {n} tokens {fast * 1e3:.0f} vs float32 {base * 1e3:.0f} ms ({fast / base:.2f}x)"
     return s
 
 
@@ -100,6 +121,7 @@ def main() -> None:
     ap.add_argument("--cuda", action="store_true", help="the CUDA provider (onnxruntime-gpu)")
     ap.add_argument("--predictions", type=int, default=None, help="the next tokens after each text's last N tokens "
                     "(a run each; default: after every token)")
+    ap.add_argument("--tokens", type=int, default=128, help="the timed text's length (0: no timing)")
     ap.add_argument("--checkpoints", type=Path, default=CACHE / "checkpoints",
                     help="where the random l1b checkpoint is (written once if missing)")
     args = ap.parse_args()
@@ -114,6 +136,8 @@ def main() -> None:
             t0 = time.perf_counter()
             fast = make(mode)
             m = measure(base, fast, predictions=args.predictions)
+            if args.tokens:
+                m |= {"forward": forward_ratio(base, fast, args.tokens), "tokens": args.tokens}
             print(line(model, mode, m), f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
             del fast
             gc.collect()

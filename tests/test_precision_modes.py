@@ -86,7 +86,7 @@ def test_float16_smollm2_within_its_derived_bound_and_float32_unchanged(smollm2,
 
 def test_fast_mode_is_labelled_in_models_and_answers(smollm2, local_smollm2):
     """Proves the labels: a float16 model's capabilities (/api/models) and its answers say float16, with a warning
-    naming the mode; its NumPy-engine answers say float32 (the reference always computes float32); a float32 model's
+    naming the mode (a generation's last line too); its NumPy-engine answers say float32 (the reference always computes float32); a float32 model's
     answers say float32 with no such warning."""
     import attnscope
 
@@ -97,6 +97,7 @@ def test_fast_mode_is_labelled_in_models_and_answers(smollm2, local_smollm2):
         assert ans["compute_dtype"] == "float16" and any("float16" in w and "README" in w for w in ans["warnings"])
         ref = model.attention(TEXT, layers=[0], heads=[0], engine="numpy")
         assert ref["compute_dtype"] == "float32" and ref["warnings"] == []
+        assert model.generate(TEXT, max_new_tokens=1, greedy=True).result()["compute_dtype"] == "float16"
     finally:
         model.close()
     ans = local_smollm2.attention(TEXT, layers=[0], heads=[0])
