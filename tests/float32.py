@@ -67,6 +67,7 @@ ROUNDED = {"add", "sub", "mul", "div", "truediv", "rsub", "square", "pow", "true
            "reciprocal"}
 TRANSCENDENTAL = {"exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "sin", "cos", "log1p", "expm1"}
 DOTS = {"matmul", "bmm", "mm", "linear", "einsum", "baddbmm", "addmm"}
+REDUCED = {"matmul", "bmm", "mm", "linear"}   # the products a fast mode's bound takes in its reduced type
 
 
 class _Rounding(TorchFunctionMode):
@@ -74,15 +75,12 @@ class _Rounding(TorchFunctionMode):
     c the root-sum-square bound of the roundings that land on it."""
 
     def __init__(self, copies: int, seed: int = 0, products: float | None = None):
-        """products: the unit roundoff of a reduced type the matrix products run in (a fast mode, `reduced_bound`);
-        None: float32, as every other primitive."""
+        """products: the unit roundoff of a reduced type the run's matrix products run in (a fast mode,
+        `reduced_bound`: `reduced_product`); None: float32, as every other primitive."""
         super().__init__()
         self.copies, self.generator = copies, torch.Generator().manual_seed(seed)
-        # a product in a reduced type: its operands rounded to it (two roundings, each at most unit sum_i |a_i b_i|,
-        # taken at that worst case rather than at their root-sum-square) and the product summed and rounded as if
-        # wholly in it: unit (sqrt(n) + 1 + 2) |a| |b|; in float32: U (sqrt(n) + 1) |a| |b|
-        self.unit, self.extra = (U, 0) if products is None else (products, 2)
-        self._magnitudes: dict[int, tuple] = {}
+        self.products = products
+        self._kept: dict[tuple[int, str], tuple] = {}
 
     def term(self, z, c):
         c = torch.nan_to_num(torch.as_tensor(c, dtype=z.dtype), nan=0.0, posinf=0.0, neginf=0.0)   # masked: -inf
@@ -121,6 +119,8 @@ class _Rounding(TorchFunctionMode):
         if key == "silu":
             x = tensors[0]
             return self.rounded(x * self.rounded(torch.sigmoid(x), ULPS))
+        if self.products is not None and key in REDUCED and (self.batched(args[0]) or self.batched(args[1])):
+            return self.reduced_product(key, args, kwargs)
         out = func(*args, **kwargs)
         if not isinstance(out, torch.Tensor) or out.dtype != torch.float64 or not tensors or key in EXACT:
             return out   # constants, integers, exact results, what the model computes in float32 on purpose (T5's buckets)
@@ -135,26 +135,50 @@ class _Rounding(TorchFunctionMode):
             return self.rounded(out, ULPS)
         raise NotImplementedError(f"float32 bound: no rule for {name!r}; give it one in tests/float32.py")
 
-    def magnitude(self, x):
-        """|x|, kept for a parameter of the model (a weight is read by every copy's run: one |W| per weight)."""
+    def kept(self, x, kind: str):
+        """|x| ("abs") or x^2 ("square"), kept for a parameter of the model (a weight is read by every copy's run: one
+        per weight), computed afresh for anything else."""
+        make = (lambda t: t.abs()) if kind == "abs" else (lambda t: t * t)   # noqa: E731
         if not isinstance(x, torch.nn.Parameter):
-            return x.abs()
-        if id(x) not in self._magnitudes:
-            self._magnitudes[id(x)] = (x, x.abs())      # x kept: its id is not reused while the mode lives
-        return self._magnitudes[id(x)][1]
+            return make(x)
+        if (id(x), kind) not in self._kept:
+            self._kept[id(x), kind] = (x, make(x))      # x kept: its id is not reused while the mode lives
+        return self._kept[id(x), kind][1]
 
     def batched(self, x) -> bool:
         """Whether x is the run's data, one per copy (its first axis the copies'), not a constant or position table."""
         return isinstance(x, torch.Tensor) and x.ndim > 0 and x.shape[0] == self.copies
 
+    def reduced_product(self, key, args, kwargs):
+        """A product of the run's data in the reduced type (graphs/reduced.py: operands cast to it, the result cast
+        back; a linear layer's bias added after, in float32). Its roundings, independent with mean zero (point 3):
+        - each operand's elements rounded to the reduced type, |d| <= u: an operand of the run's data (batched) is
+          perturbed itself, each copy's elements independently (so what the roundings share downstream is kept); a
+          shared one (a weight) through the product, the root-sum-square of its n roundings' terms,
+          u sqrt(sum_i (a_i w_i)^2);
+        - the sum in float32 (onnxruntime's CPU float16 MatMul was within 2 float16 units in the last place of a
+          float32-accumulating emulation at n = 64-8192; cuBLAS's float16 GEMM with 32F compute likewise):
+          U (sqrt(n) + 1) sum_i |a_i w_i| <= U (sqrt(n) + 1) sqrt(n) sqrt(sum_i (a_i w_i)^2) (Cauchy-Schwarz);
+        - the result rounded to the reduced type, u |result|; the bias, one float32 rounding."""
+        u, a, b = self.products, args[0], args[1]
+        bias = (args[2] if len(args) > 2 else kwargs.get("bias")) if key == "linear" else None
+        turn = (lambda m: m.T) if key == "linear" else (lambda m: m)   # noqa: E731  linear: x W^T
+
+        def rounded_operand(x):
+            return torch.addcmul(x, torch.randn(x.shape, generator=self.generator, dtype=x.dtype), u * x.abs()) \
+                if self.batched(x) else x
+        product = rounded_operand(a) @ turn(rounded_operand(b))
+        squares = (a * a) @ turn(self.kept(b, "square"))                  # sum_i (a_i b_i)^2
+        n = a.shape[-1]
+        c2 = (U * (math.sqrt(n) + 1) * math.sqrt(n)) ** 2 * squares + (u * product.abs()) ** 2
+        for x in (a, b):
+            if not self.batched(x):
+                c2 = c2 + u * u * squares
+        out = self.term(product, c2.sqrt())
+        return out if bias is None else self.rounded(out + bias)
+
     def dot(self, key, args, kwargs):
-        # the reduced unit for the run's products (an operand is data); a product of constants and positions (RoPE's
-        # angles, which transformers computes with autocast off) stays float32, as graphs/reduced.py keeps it
-        operands = {"linear": args[:1], "einsum": args[1:], "baddbmm": args[1:3], "addmm": args[1:3]}.get(key, args[:2])
-        data = any(self.batched(x) for x in (operands[0] if key == "einsum" and isinstance(operands[0], (list, tuple))
-                                            else operands))
-        unit, extra = (self.unit, self.extra) if data else (U, 0)
-        u = lambda n: unit * (math.sqrt(n) + 1 + extra)   # noqa: E731
+        u = lambda n: U * (math.sqrt(n) + 1)   # noqa: E731
         if key == "einsum":
             eq, ops = args[0], [x for x in args[1:] if isinstance(x, torch.Tensor)] or list(args[1])
             n = torch.einsum(eq, *[torch.ones_like(x) for x in ops]).max().item()     # terms per result
@@ -163,7 +187,7 @@ class _Rounding(TorchFunctionMode):
             x, w = args[0], args[1]
             b = args[2] if len(args) > 2 else kwargs.get("bias")
             n = w.shape[-1] + (b is not None)
-            return u(n) * (x.abs() @ self.magnitude(w).T + (self.magnitude(b) if b is not None else 0))
+            return u(n) * (x.abs() @ self.kept(w, "abs").T + (self.kept(b, "abs") if b is not None else 0))
         if key in ("baddbmm", "addmm"):
             c, a, b = args[:3]
             return u(a.shape[-1] + 1) * (c.abs() + a.abs() @ b.abs())
@@ -202,9 +226,10 @@ class _Rounding(TorchFunctionMode):
 
 def reduced_bound(model: torch.nn.Module, select, unit: float, samples: int = SAMPLES, **inputs
                   ) -> tuple[np.ndarray, np.ndarray]:
-    """float32_bound of a fast mode (model/precision.py): the products of the run's data in a reduced type of unit
-    roundoff `unit` (float16: 2^-11; bfloat16: 2^-8), everything else float32 (softmax, norms, sums, products of
-    constants such as RoPE's angles)."""
+    """float32_bound of a fast mode (model/precision.py): the products of the run's data (an operand one per copy) in
+    a reduced type of unit roundoff `unit` (float16: 2^-11; bfloat16: 2^-8; _Rounding.reduced_product), everything
+    else float32 (softmax, norms, sums, products of constants such as RoPE's angles, which transformers computes with
+    autocast off and graphs/reduced.py leaves in float32)."""
     return float32_bound(model, select, products=unit, samples=samples, **inputs)
 
 
