@@ -80,7 +80,6 @@ class _Rounding(TorchFunctionMode):
         super().__init__()
         self.copies, self.generator = copies, torch.Generator().manual_seed(seed)
         self.products = products
-        self._kept: dict[tuple[int, str], tuple] = {}
 
     def term(self, z, c):
         c = torch.nan_to_num(torch.as_tensor(c, dtype=z.dtype), nan=0.0, posinf=0.0, neginf=0.0)   # masked: -inf
@@ -135,16 +134,6 @@ class _Rounding(TorchFunctionMode):
             return self.rounded(out, ULPS)
         raise NotImplementedError(f"float32 bound: no rule for {name!r}; give it one in tests/float32.py")
 
-    def kept(self, x, kind: str):
-        """|x| ("abs") or x^2 ("square"), kept for a parameter of the model (a weight is read by every copy's run: one
-        per weight), computed afresh for anything else."""
-        make = (lambda t: t.abs()) if kind == "abs" else (lambda t: t * t)   # noqa: E731
-        if not isinstance(x, torch.nn.Parameter):
-            return make(x)
-        if (id(x), kind) not in self._kept:
-            self._kept[id(x), kind] = (x, make(x))      # x kept: its id is not reused while the mode lives
-        return self._kept[id(x), kind][1]
-
     def batched(self, x) -> bool:
         """Whether x is the run's data, one per copy (its first axis the copies'), not a constant or position table."""
         return isinstance(x, torch.Tensor) and x.ndim > 0 and x.shape[0] == self.copies
@@ -168,7 +157,7 @@ class _Rounding(TorchFunctionMode):
             return torch.addcmul(x, torch.randn(x.shape, generator=self.generator, dtype=x.dtype), u * x.abs()) \
                 if self.batched(x) else x
         product = rounded_operand(a) @ turn(rounded_operand(b))
-        squares = (a * a) @ turn(self.kept(b, "square"))                  # sum_i (a_i b_i)^2
+        squares = (a * a) @ turn(b * b)                                   # sum_i (a_i b_i)^2
         n = a.shape[-1]
         c2 = (U * (math.sqrt(n) + 1) * math.sqrt(n)) ** 2 * squares + (u * product.abs()) ** 2
         for x in (a, b):
@@ -177,22 +166,22 @@ class _Rounding(TorchFunctionMode):
         out = self.term(product, c2.sqrt())
         return out if bias is None else self.rounded(out + bias)
 
-    def dot(self, key, args, kwargs):
-        u = lambda n: U * (math.sqrt(n) + 1)   # noqa: E731
+    @staticmethod
+    def dot(key, args, kwargs):
         if key == "einsum":
             eq, ops = args[0], [x for x in args[1:] if isinstance(x, torch.Tensor)] or list(args[1])
             n = torch.einsum(eq, *[torch.ones_like(x) for x in ops]).max().item()     # terms per result
-            return u(n) * torch.einsum(eq, *[x.abs() for x in ops])
+            return U * (math.sqrt(n) + 1) * torch.einsum(eq, *[x.abs() for x in ops])
         if key == "linear":
             x, w = args[0], args[1]
             b = args[2] if len(args) > 2 else kwargs.get("bias")
             n = w.shape[-1] + (b is not None)
-            return u(n) * (x.abs() @ self.kept(w, "abs").T + (self.kept(b, "abs") if b is not None else 0))
+            return U * (math.sqrt(n) + 1) * (x.abs() @ w.abs().T + (b.abs() if b is not None else 0))
         if key in ("baddbmm", "addmm"):
             c, a, b = args[:3]
-            return u(a.shape[-1] + 1) * (c.abs() + a.abs() @ b.abs())
+            return U * (math.sqrt(a.shape[-1] + 1) + 1) * (c.abs() + a.abs() @ b.abs())
         a, b = args[0], args[1]
-        return u(a.shape[-1]) * (a.abs() @ b.abs())
+        return U * (math.sqrt(a.shape[-1]) + 1) * (a.abs() @ b.abs())
 
     # ---- composites, taken apart into primitives (each call below bypasses the mode: the terms are explicit) ----
     def mean(self, x, dims):
