@@ -1,6 +1,6 @@
 """attnscope command line (also `python -m attnscope`): serve the app, export graphs, or print a head's attention.
 
-    attnscope serve [--host H --port P --log-level warning] [--model MODEL ...]
+    attnscope serve [--host H --port P --log-level warning] [--model MODEL ...] [--compute-dtype float16]
     attnscope export [MODEL ...]
     attnscope attend "The cat sat on the mat." --model minilm --layer 2 --head 5 [--top 3] [--causal]
     attnscope corpus texts.txt --model minilm [--engine local|ray] [--out FILE] [--sample N] [--column NAME]
@@ -20,13 +20,14 @@ import numpy as np
 
 def _runtime(entry: str):
     """A model (zoo id, NAME=PATH or NAME=hf:ORG/REPO) configured from the settings (graph cache, model folders,
-    providers, threads)."""
+    providers, threads, compute dtype)."""
     from ..runtime import Runtime
     from ..sources import resolve
     from .settings import get_settings
 
     st = get_settings()
-    return Runtime(resolve(entry, st.model_dirs(), cache=st.cache), st.providers or None, st.threads, st.cache)
+    return Runtime(resolve(entry, st.model_dirs(), cache=st.cache), st.providers or None, st.threads, st.cache,
+                   compute_dtype=st.compute_dtype)
 
 
 def _attend(args) -> int:
@@ -42,7 +43,8 @@ def _attend(args) -> int:
     p = res.attentions[args.layer, args.head]
     ent = stats.entropy(p)
     print(f"{spec.title}  layer {args.layer}  head {args.head}  {len(res.tokens)} tokens"
-          f"{'  (truncated)' if res.encoding.truncated else ''}  causal={res.causal}  {res.provider}")
+          f"{'  (truncated)' if res.encoding.truncated else ''}  causal={res.causal}  {res.provider}"
+          f"{'' if args.engine == 'numpy' else '  ' + rt.compute_dtype}")
     width = max(len(t) for t in res.tokens)
     if args.top or len(res.tokens) > 16:
         k = args.top or 3
@@ -75,6 +77,7 @@ def _corpus(args) -> int:
 
 
 def main(argv=None) -> int:
+    from ..model.precision import COMPUTE_DTYPES
     parser = argparse.ArgumentParser(prog="attnscope", description="attention microscope")
     sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="run the web app and API")
@@ -84,6 +87,10 @@ def main(argv=None) -> int:
                    help="a model to serve (repeatable): a zoo id, NAME=PATH (Hugging Face folder or .gguf file) or "
                         "NAME=hf:ORG/REPO; replaces ATTNSCOPE_MODELS")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    s.add_argument("--compute-dtype", default=None, choices=COMPUTE_DTYPES,
+                   help="what the models' matrix products run in: float32 (exact; the default), or a fast mode, "
+                        "labelled in every answer: float16, bfloat16 or tf32 (the last two on a GPU only); replaces "
+                        "ATTNSCOPE_COMPUTE_DTYPE")
     e = sub.add_parser("export", help="build (and cache) the ONNX graphs")
     e.add_argument("models", nargs="*", help="zoo ids, NAME=PATH or NAME=hf:ORG/REPO (default: the zoo)")
     a = sub.add_parser("attend", help="print one head's attention for a text")
@@ -136,6 +143,9 @@ def main(argv=None) -> int:
     from .settings import get_settings, setup_logging
     if args.cmd in ("serve", "mcp") and args.model:   # the app (imported by uvicorn) reads its settings from the environment
         os.environ["ATTNSCOPE_MODELS"] = ",".join(args.model)
+        get_settings.cache_clear()
+    if args.cmd == "serve" and args.compute_dtype:
+        os.environ["ATTNSCOPE_COMPUTE_DTYPE"] = args.compute_dtype
         get_settings.cache_clear()
     setup_logging()
 

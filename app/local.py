@@ -54,7 +54,8 @@ class Model(Analyses):
         from .service import AttentionService
 
         if settings is None:
-            settings = Settings(models=[runtime.spec.id], default_model=runtime.spec.id, cache=runtime.cache_dir)
+            settings = Settings(models=[runtime.spec.id], default_model=runtime.spec.id, cache=runtime.cache_dir,
+                                compute_dtype=runtime.compute_dtype)
         self.settings = settings
         self.service = svc = AttentionService(settings)
         if runtime is not None:
@@ -187,13 +188,16 @@ class Model(Analyses):
 
 
 def load(model_id: str, *, folder: str | Path | None = None, cache_dir: str | Path | None = None,
-         providers=None, threads: int = 0) -> Model:
+         providers=None, threads: int = 0, compute_dtype: str | None = None) -> Model:
     """A zoo model, ready to run in this process: `load("minilm")("The cat sat.")` (the Runtime's call, as before)
     and every analysis (`load("smollm2").patching(...)`). `folder` overrides where its files come from; any other
-    model (a folder, a GGUF file, hf:ORG/REPO): Model(settings=Settings(models=["NAME=PATH"]))."""
+    model (a folder, a GGUF file, hf:ORG/REPO): Model(settings=Settings(models=["NAME=PATH"])). compute_dtype: what
+    its matrix products run in, "float32" (exact) or a fast mode ("float16"; on a GPU "bfloat16" or "tf32"),
+    labelled in every answer; default ATTNSCOPE_COMPUTE_DTYPE, as the server's."""
     from ..runtime.runtime import load as runtime
     from .settings import get_settings
 
     settings = get_settings()            # the graph cache: ATTNSCOPE_CACHE, as the server's
-    rt = runtime(model_id, folder=folder, cache_dir=cache_dir or settings.cache, providers=providers, threads=threads)
+    rt = runtime(model_id, folder=folder, cache_dir=cache_dir or settings.cache, providers=providers, threads=threads,
+                 compute_dtype=compute_dtype or settings.compute_dtype)
     return Model(rt)

@@ -28,22 +28,33 @@ def select(a: np.ndarray, layers: list[int], heads: list[int]) -> np.ndarray:
     return a[rows, cols] if rows is not None and cols is not None else a[np.ix_(layers, heads)]
 
 
-def warnings(spec, r: AttentionResult) -> list[str]:
-    """What to know before trusting the numbers: positions past the length the model was trained on."""
-    T, trained = len(r.tokens), spec.trained_tokens
+def warnings(spec, r: AttentionResult, compute_dtype: str = "float32") -> list[str]:
+    """What to know before trusting the numbers: positions past the length the model was trained on, and matrix
+    products run in a fast mode (compute_dtype) rather than float32."""
+    T, trained, out = len(r.tokens), spec.trained_tokens, []
     if trained is not None and T > trained:
-        return [f"{T} tokens is more than the {trained} {spec.title} was trained on: positions {trained} to {T - 1} "
-                f"are untrained, and its attention there can be an artefact of position rather than a finding"]
-    return []
+        out.append(f"{T} tokens is more than the {trained} {spec.title} was trained on: positions {trained} to "
+                   f"{T - 1} are untrained, and its attention there can be an artefact of position rather than a "
+                   f"finding")
+    if compute_dtype != "float32":
+        out.append(f"the matrix products ran in {compute_dtype}, a fast mode (ATTNSCOPE_COMPUTE_DTYPE), not float32: "
+                   f"attention weights and predictions differ from float32's by up to the errors the README measures "
+                   f"per model (\"Precision modes\": largest attention difference, top-1 agreement, total variation)")
+    return out
+
+
+def compute_dtype(plan, r: AttentionResult) -> str:
+    """What a run's matrix products ran in: its runtime's mode, float32 for the NumPy engine."""
+    return "float32" if r.engine == "numpy" else plan.runtime.compute_dtype
 
 
 def tokens(plan, r: AttentionResult) -> dict:
-    """The fields every answer shares: what ran, the tokens it ran on, and any warnings."""
-    e = r.encoding
-    return {"model": r.model, "engine": r.engine, "provider": r.provider, "causal": r.causal,
+    """The fields every answer shares: what ran (in which precision), the tokens it ran on, and any warnings."""
+    e, dtype = r.encoding, compute_dtype(plan, r)
+    return {"model": r.model, "engine": r.engine, "provider": r.provider, "compute_dtype": dtype, "causal": r.causal,
             "truncated": e.truncated, "tokens": e.tokens, "token_ids": e.ids, "offsets": [list(o) for o in e.offsets],
             "special": e.special, "segments": e.segments, "mask_tokens": r.mask_tokens,
-            "warnings": warnings(plan.runtime.spec, r)}
+            "warnings": warnings(plan.runtime.spec, r, dtype)}
 
 
 def attention(plan, computed) -> dict:
@@ -276,7 +287,7 @@ def generation_done(plan, gen, timing_ms: dict) -> dict:
     """A generation's last line: the whole continuation and why it stopped."""
     rt, n = plan.runtime, len(gen.new_ids)
     return {"done": {
-        "model": plan.request.model, "prompt_tokens": plan.encoding.tokens,
+        "model": plan.request.model, "compute_dtype": rt.compute_dtype, "prompt_tokens": plan.encoding.tokens,
         "tokens": [rt.token_string(i) for i in gen.new_ids], "ids": list(gen.new_ids), "text": gen.text,
         "sequence": rt.tokenizer.decode(list(plan.encoding.ids) + gen.new_ids, skip_special_tokens=False),
         "stop_reason": gen.stop_reason, "seed": plan.sampling.seed, "layers": list(gen.layers) or None,

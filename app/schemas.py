@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from ..analysis.roles import ROLE_TARGETS
 from ..analysis.statistics import HEAD_STATS, PAIR_STATS, SCORE_INFO
 from ..corpus.examples import RANKABLE
+from ..model.precision import COMPUTE_DTYPES
 
 
 def _json_int(v):
@@ -55,6 +56,7 @@ Text = Annotated[str, AfterValidator(_unicode)]
 MAX_INDEX = 8191   # a token index below the most positions a served model reads (SmolLM2: 8192)
 Index = _bounded(0, MAX_INDEX)   # the OpenAPI narrows it to each served model (`per_model`)
 Matrix = list[list[float]]
+ComputeDtype = Literal[COMPUTE_DTYPES]   # what matrix products run in: float32 (exact) or a fast mode
 
 EXAMPLE_TEXT = "The animal didn't cross the street because it was too tired."
 
@@ -74,8 +76,12 @@ class ModelCapabilities(BaseModel):
     weights_bytes: int = Field(description="the weights' size as stored (memory-mapped from their files)")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(description="the type the weights are stored in (the "
                                                                "checkpoint's own); arithmetic widens them to float32")
-    compute_dtype: Literal["float32"] = Field(description="the type arithmetic runs in: float32 (a bfloat16 or "
-                                              "float16 weight widens to float32 exactly)")
+    compute_dtype: ComputeDtype = Field(description="what the model's matrix products run in (ATTNSCOPE_COMPUTE_DTYPE): "
+                                        "float32, exact (a bfloat16 or float16 weight widens to float32 exactly), or "
+                                        "a fast mode: float16, bfloat16 or tf32, whose error against float32 the "
+                                        "README gives per model. Softmax, norms and statistics run in float32 in "
+                                        "every mode; the NumPy engine always computes float32",
+                                        examples=["float32"])
     memory_budget_bytes: int = Field(description="the memory budget the features were decided against "
                                      "(ATTNSCOPE_MEMORY_MB)")
     features: dict[str, bool] = Field(description="what the model can do here, one entry per feature "
@@ -580,6 +586,8 @@ class GeneratedToken(BaseModel):
 class GenerateDone(BaseModel):
     """The stream's last line: `{"done": GenerateDone}` (or `{"error": {"status", "detail"}}`)."""
     model: str
+    compute_dtype: ComputeDtype = Field("float32", description="what the steps' matrix products ran in: float32 "
+                                        "(exact), or the server's fast mode (ATTNSCOPE_COMPUTE_DTYPE)")
     prompt_tokens: list[str] = Field(description="the prompt's tokens (after the chat template, with `chat`)")
     tokens: list[str] = Field(description="the new tokens")
     ids: list[int] = Field(description="the new tokens' ids")
@@ -615,6 +623,9 @@ class Tokens(BaseModel):
     model: str = Field(description="the model id that answered")
     engine: Literal["onnx", "numpy"] = Field(description="onnx: the served graph; numpy: the reference")
     provider: str = Field(description="execution provider that ran the model (`numpy` for the reference)")
+    compute_dtype: ComputeDtype = Field(description="what the run's matrix products ran in: float32 (exact), or the "
+                                        "server's fast mode (ATTNSCOPE_COMPUTE_DTYPE), with a line in `warnings`; "
+                                        "the NumPy engine always float32", examples=["float32"])
     causal: bool = Field(description="whether the look-ahead mask was applied")
     truncated: bool = Field(description="the input was longer than max_tokens and was cut")
     tokens: list[str] = Field(description="the model's tokens, [CLS]/[SEP] included")

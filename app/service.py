@@ -21,7 +21,7 @@ import anyio
 
 from ..runtime import Runtime
 from ..runtime.encdec import EncoderDecoderRuntime
-from ..runtime.sessions import check_providers, open_helpers
+from ..runtime.sessions import check_compute_dtype, check_providers, default_providers, open_helpers
 from ..sources import ModelSpec, ModelUnavailable, resolve, split_entry
 from .errors import BadBody, Refused, StartupError
 from .jobs import Jobs
@@ -77,6 +77,11 @@ class AttentionService:
             except ValueError as e:
                 raise StartupError(f"{e}; fix: set ATTNSCOPE_PROVIDERS to available ones, or leave it empty for the "
                                    f"default") from None
+        try:
+            check_compute_dtype(st.compute_dtype, st.providers or default_providers())
+        except ValueError as e:
+            raise StartupError(f"ATTNSCOPE_COMPUTE_DTYPE (serve --compute-dtype): {e}; fix: set it to float32 or float16, or run on a GPU "
+                               f"with onnxruntime-gpu") from None
         specs, seen = [], set()
         for entry in st.models:
             model_id = split_entry(entry)[0]
@@ -106,7 +111,8 @@ class AttentionService:
             kind = EncoderDecoderRuntime if spec.kind == "encoder-decoder" else Runtime
             options = {} if kind is EncoderDecoderRuntime else {"stacked_mb": st.layerwise_mb}
             rt = kind(spec, providers=st.providers or None, threads=st.threads, cache_dir=st.cache,
-                      stop_early_mb=st.stop_early_mb, memory_mb=st.memory_mb, work_tflop=st.work_tflop, **options)
+                      stop_early_mb=st.stop_early_mb, memory_mb=st.memory_mb, work_tflop=st.work_tflop,
+                      compute_dtype=st.compute_dtype, **options)
             if not 2 <= spec.max_tokens <= rt.cfg.max_positions:
                 raise StartupError(f"ATTNSCOPE_MAX_TOKENS: {model_id}={spec.max_tokens}, but it takes 2 to "
                                    f"{rt.cfg.max_positions} tokens (its positions); fix: set a limit in that range")
@@ -128,7 +134,7 @@ class AttentionService:
                                f"ATTNSCOPE_CACHE at a writable folder") from None
         self.runtimes = self.plans.runtimes = {**self.runtimes, model_id: rt}
         self.states[model_id] = "ready"
-        log.info("%s ready on %s", model_id, rt.provider)
+        log.info("%s ready on %s (%s)", model_id, rt.provider, rt.compute_dtype)
 
     def _all_loaded(self) -> None:
         self.plans.precompute()

@@ -10,11 +10,12 @@ import logging
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from ..model.precision import COMPUTE_DTYPES
 from ..runtime.capabilities import STACKED_MB, WORK_TFLOP, memory_total
 from ..runtime.sessions import GROUP_MB, cores
 from ..sources import split_entry
@@ -61,6 +62,11 @@ class Settings(BaseSettings):
     providers: CSV = Field(default=[], description="onnxruntime execution providers in "
                                                       "order of preference; empty = CUDA if present, then CPU")
     threads: int = Field(default=0, ge=0, description="onnxruntime intra-op threads per session; 0 = one per core")
+    compute_dtype: Literal[COMPUTE_DTYPES] = Field(default="float32", description="what the models' matrix products "
+                                                   "run in: float32 (exact), or a fast mode, labelled in every "
+                                                   "answer: float16 (CPU or CUDA provider), bfloat16 or tf32 (CUDA "
+                                                   "only: refused at start elsewhere). Softmax, norms and statistics "
+                                                   "stay float32; the NumPy engine always computes float32")
     host: str = "127.0.0.1"
     port: int = 8000
     # limits (documented in the README; each refusal names the limit it hit)

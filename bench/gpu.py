@@ -9,8 +9,12 @@ checkpoint of SmolLM2-135M's exact shape (bench/checkpoints.py "smol": 30 layers
 d_model 576), float32, queries and keys drawn wide (peaked attention), served by path as the app serves it
 (runtime.Runtime with the CUDA provider first). Printed, each line one measurement:
 
-  exact      largest |attention| difference to torch float32 (TF32 off) at each length, and with the provider's
-             default TF32 (what a session without use_tf32=0 gives), and the next-token top-1 agreement
+  exact      largest |attention| difference to torch float32 (TF32 off) at each length, and the next-token top-1
+             agreement; and each fast mode's (tf32: the provider's default TF32, what a session without use_tf32=0
+             gives; float16; bfloat16) largest difference to our float32 run at that length
+  precision  each fast mode against our float32 run over short texts (bench/precision.py's measure): the largest
+             attention difference, the top-1 agreement and the total-variation distance of the next-token
+             distributions after every token (NDIF's measures)
   forward    Runtime.forward (the stacked graph, every layer's attention to the host) over torch eager
              (output_attentions) at each length the stacked graph takes
   answer     a text's summaries of every head + one layer's attention (the layer-by-layer path, what /api/attention
@@ -95,11 +99,11 @@ def main() -> None:
     folder = llama(root / "smol", "smol", "float32")
     cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"] if gpu else ["CPUExecutionProvider"]
     rt = Runtime(resolve(f"smol={folder}"), providers=cuda, cache_dir=root / "cache")
-    fast = Runtime(resolve(f"smol={folder}"), providers=cuda, cache_dir=root / "cache", tf32=True)
     print("served on", rt.provider, "| weights bound on", rt.weights.device, flush=True)
     hf = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").to(dev).eval()
     sync = torch.cuda.synchronize if gpu else None
     H = rt.cfg.n_heads
+    fast = {mode: rt.with_compute_dtype(mode) for mode in (("tf32", "float16", "bfloat16") if gpu else ("float16",))}
 
     for T in lengths:
         enc = rt.encode(text(T - 1))
@@ -110,16 +114,17 @@ def main() -> None:
         top1 = int(out.logits[0, -1].argmax())
         peaked = float(ref.max(-1).mean())
         layers = (0, rt.cfg.n_layers // 2, rt.cfg.n_layers - 1)
-        diffs = {}
-        for name, r in (("float32", rt), ("tf32", fast)):
-            want = Want(layers=layers, heads=tuple(range(H)), attention=True)
-            res = r.layerwise().forward(enc, want=want)
-            got = np.stack([res.asked.attention[l] for l in layers])
-            diffs[name] = float(np.abs(got - ref[list(layers)]).max())
-            diffs[name + "_top1"] = res.next_tokens[0].id == top1
-        print(f"exact T={T}: |attention - torch f32| float32 mode {diffs['float32']:.2e} (top-1 same: "
-              f"{diffs['float32_top1']}), TF32 {diffs['tf32']:.2e} (top-1 same: {diffs['tf32_top1']}); rows peaked "
-              f"{peaked:.2f}", flush=True)
+        want = Want(layers=layers, heads=tuple(range(H)), attention=True)
+        res = rt.layerwise().forward(enc, want=want)
+        got = np.stack([res.asked.attention[l] for l in layers])
+        modes = []
+        for mode, f in fast.items():
+            r_fast = f.layerwise().forward(enc, want=want)
+            worst = float(np.abs(np.stack([r_fast.asked.attention[l] for l in layers]) - got).max())
+            modes.append(f"{mode} {worst:.2e} (top-1 same: {r_fast.next_tokens[0].id == res.next_tokens[0].id})")
+        print(f"exact T={T}: |attention - torch f32| float32 mode {float(np.abs(got - ref[list(layers)]).max()):.2e} "
+              f"(top-1 same: {res.next_tokens[0].id == top1}); rows peaked {peaked:.2f}; fast modes vs our float32: "
+              f"{', '.join(modes)}", flush=True)
 
         def theirs():
             with torch.inference_mode():
@@ -139,6 +144,11 @@ def main() -> None:
                   f"{rt.cfg.n_layers * H} heads + layer 0's attention {t_answer * 1e3:.1f} ms, torch eager forward "
                   f"{t_torch * 1e3:.1f} ms, ratio {t_answer / t_torch:.2f}; {runs} runs, {fetched / 2**20:.1f} MB "
                   f"to the host", flush=True)
+
+    from bench.precision import line, measure
+    texts = [text(n) for n in (15, 31, 63)]     # each mode's next tokens after every token of these (short: a run each)
+    for mode, f in fast.items():
+        print("precision", line("smol", mode, measure(rt, f, texts)), flush=True)
 
     clean, corrupt = rt.encode("Mary got John"), rt.encode("Mary got Jane")     # 14 byte tokens each, BOS in
     n = len(clean.ids)

@@ -4,13 +4,18 @@ Decided here, once; no other module names a float type (masks, graphs, readers a
 
     storage   the checkpoint's own: float32, bfloat16 or float16. Weights stay in it, as views of their files
               (sources/store.py): an 8B bfloat16 checkpoint is 16 GB, not its float32 form's 32.
-    compute   float32. A bfloat16 or float16 number widened to float32 is exact (float32 holds every value of
-              both), so bf16 storage + float32 arithmetic gives the float32 answer on the same weights, at half the
-              memory. Each weight is widened where it is used (`widen`; in a graph, a Cast before its MatMul), and
-              softmax and reductions run in float32 as well.
+    compute   float32 by default. A bfloat16 or float16 number widened to float32 is exact (float32 holds every value
+              of both), so bf16 storage + float32 arithmetic gives the float32 answer on the same weights, at half
+              the memory. Each weight is widened where it is used (`widen`; in a graph, a Cast before its MatMul),
+              and softmax and reductions run in float32 as well.
+              Or a fast mode (COMPUTE_DTYPES), where the model's matrix products run reduced: "float16" and
+              "bfloat16" (each product's operands cast to it, its result back to float32: graphs/reduced.py), or
+              "tf32" (float32 products multiplied in TF32 by the CUDA provider, runtime/sessions.provider_options).
+              Softmax, norms, masks and every reduction stay float32 in every mode; activations, outputs and
+              statistics are float32 numbers (COMPUTE) whatever the mode. A fast mode is labelled in every answer,
+              and its error against float32 is measured per model (bench/precision.py, bench/gpu.py).
 
-Reduced-precision arithmetic (a GPU's float16 / bfloat16 / TF32 modes) is a mode of the device session, labelled
-in the answer; the NumPy reference always computes in float32.
+The NumPy reference always computes in float32.
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ INDEX = np.dtype(np.int64)                # token ids, positions, lengths
 MASKED = COMPUTE.type(np.finfo(COMPUTE).min)   # a hidden key's additive mask value: exp underflows to exactly 0,
 #                                               and a row whose every key is hidden spreads evenly instead of NaN
 EPS = float(np.finfo(COMPUTE).eps)        # the compute type's unit roundoff (x2): 1.19e-7
+COMPUTE_DTYPES = ("float32", "tf32", "float16", "bfloat16")   # what a model's matrix products may run in: float32
+#                                                              exact (the default), or a fast mode
 
 
 def scalar(value) -> np.generic:
@@ -53,15 +60,21 @@ def storage_name(dtype) -> str:
 
 @dataclass(frozen=True)
 class Precision:
-    """One model's policy: the type its weights are stored in (the checkpoint's own) and the one arithmetic runs in."""
+    """One model's policy: the type its weights are stored in (the checkpoint's own) and the one its matrix products
+    run in (float32, or a fast mode of a device session)."""
     storage: str = "float32"
     compute: str = "float32"
 
     def __post_init__(self):
         if self.storage not in STORAGE:
             raise ValueError(f"storage must be one of {', '.join(STORAGE)}; got {self.storage!r}")
-        if self.compute != "float32":
-            raise ValueError("arithmetic runs in float32 (reduced-precision modes belong to a device session)")
+        if self.compute not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}; got {self.compute!r}")
+
+    @property
+    def reduced(self) -> bool:
+        """Whether the products run in a fast mode (labelled in every answer), not float32."""
+        return self.compute != "float32"
 
     @property
     def storage_dtype(self) -> np.dtype:
@@ -75,11 +88,12 @@ class Precision:
         return int(n_values) * COMPUTE.itemsize
 
     @classmethod
-    def of(cls, weights) -> Precision:
+    def of(cls, weights, compute: str = "float32") -> Precision:
         """The policy of a model whose weights are these arrays: stored as the largest share of them is (a
-        bfloat16 checkpoint may keep a few float32 tensors; GGUF files de-quantise to float32)."""
+        bfloat16 checkpoint may keep a few float32 tensors; GGUF files de-quantise to float32), its products run in
+        `compute`."""
         sizes: dict[str, int] = {}
         for w in weights:
             name = storage_name(w.dtype)
             sizes[name] = sizes.get(name, 0) + w.size
-        return cls(max(sizes, key=sizes.get) if sizes else "float32")
+        return cls(max(sizes, key=sizes.get) if sizes else "float32", compute)

@@ -80,14 +80,14 @@ class Capabilities:
 
     @classmethod
     def of(cls, model, memory_bytes: int, work_flop: float, source: str = "zoo",
-           stages_tokens: int | None = None) -> Capabilities:
+           stages_tokens: int | None = None, compute_dtype: str = "float32") -> Capabilities:
         """source: where the model came from (sources/): corpus jobs build zoo models only. stages_tokens: the most
         tokens a run of the stages graph takes (the planner's limit); None: the stages graph is priced at the
-        model's positions."""
+        model's positions. compute_dtype: what its sessions' matrix products run in (model/precision.py)."""
         weights = list(state_dict(model).values())
         n = sum(int(w.size) for w in weights)
         stored = sum(int(w.nbytes) for w in weights)
-        caps = cls(n, stored, n * COMPUTE.itemsize, Precision.of(weights), int(memory_bytes))
+        caps = cls(n, stored, n * COMPUTE.itemsize, Precision.of(weights, compute_dtype), int(memory_bytes))
         reasons = caps.reasons
         gb = lambda b: f"{b / 2**30:.1f} GB"   # noqa: E731
         whole = f"its weights are {gb(stored)} ({caps.precision.storage})"

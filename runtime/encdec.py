@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from ..graphs.cache import GraphCache
+from ..graphs.reduced import compute_key
 from ..model import masks as M
 from ..model.encdec import EncoderDecoderOutput
 from ..sources import ModelSpec
@@ -29,7 +30,7 @@ from ..sources.store import fingerprint
 from .capabilities import WORK_TFLOP, Capabilities, memory_total
 from .errors import InputError
 from .results import Encoded, Encoding, Engine, NextToken
-from .sessions import Session, Weights, check_providers, default_providers, device_of
+from .sessions import Session, Weights, check_compute_dtype, check_providers, default_providers, device_of
 from .tokenizing import Vocabulary
 
 DEFAULT_CACHE = Path.home() / ".cache" / "attnscope"
@@ -70,19 +71,23 @@ class EncoderDecoderRuntime:
 
     def __init__(self, spec: ModelSpec, providers: Sequence[str] | None = None, threads: int = 0,
                  cache_dir: str | Path = DEFAULT_CACHE, stop_early_mb: float = 0, memory_mb: float | None = None,
-                 work_tflop: float = WORK_TFLOP):
+                 work_tflop: float = WORK_TFLOP, compute_dtype: str = "float32"):
+        """As Runtime's (compute_dtype: what its graph's matrix products run in)."""
         self.spec, self.cache_dir = spec, Path(cache_dir)
+        self.providers = list(providers) if providers else default_providers()
+        check_compute_dtype(compute_dtype, self.providers)
+        self.compute_dtype = compute_dtype
         self.model = spec.load_model(self.cache_dir)
         self.cfg = self.model.cfg
         self.vocabulary = Vocabulary(spec.load_tokenizer(self.cache_dir), spec.id, spec.max_tokens, False,
                                      self.cfg.vocab_size)
         self.generation = None
         self.graphs = GraphCache(self.cache_dir, spec.id, self.model)
-        self.providers = list(providers) if providers else default_providers()
         self.threads = threads
         self.weights = Weights(self.model, device_of(self.providers))
         memory = memory_total() * 0.85 if memory_mb is None else memory_mb * 2**20
-        self.capabilities = Capabilities.of(self.model, memory, work_tflop * 1e12, spec.source)
+        self.capabilities = Capabilities.of(self.model, memory, work_tflop * 1e12, spec.source,
+                                            compute_dtype=compute_dtype)
         self._session = None
         self._lock = threading.Lock()
 
@@ -100,7 +105,7 @@ class EncoderDecoderRuntime:
                 if self._session is None:
                     check_providers(self.providers)
                     self._session = Session(self.graphs.path(), self.providers, self.threads, self.weights,
-                                            arena=self.capabilities.arena)
+                                            arena=self.capabilities.arena, compute_dtype=self.compute_dtype)
         return self._session
 
     def cache_key(self) -> str:
@@ -109,7 +114,8 @@ class EncoderDecoderRuntime:
     @functools.cached_property
     def key(self) -> str:
         """Runtime.key: the graphs' key and the weights' fingerprint."""
-        return hashlib.sha256(f"{self.graphs.key}:{fingerprint(self.weights.named)}".encode()).hexdigest()[:16]
+        return hashlib.sha256(f"{self.graphs.key}:{fingerprint(self.weights.named)}"
+                              f"{compute_key(self.compute_dtype)}".encode()).hexdigest()[:16]
 
     def onnx_path(self, stages: bool = False) -> Path:
         return self.graphs.path()

@@ -193,7 +193,7 @@ class Layerwise:
                     proto = build(model, which[1], which[2])
                 self._sessions[which] = Session(proto.SerializeToString(), self.rt.providers, self.rt.threads,
                                                 self.rt.weights, mem_pattern=False, arena=self.rt.capabilities.arena,
-                                                tf32=self.rt.tf32)
+                                                compute_dtype=self.rt.compute_dtype)
             return self._sessions[which]
 
     def needed(self) -> list[str | tuple]:

@@ -10,11 +10,13 @@ the caller chooses). Texts too long for the stacked graph run layer by layer (ru
 """
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -22,6 +24,7 @@ import numpy as np
 
 from ..model.precision import COMPUTE
 from ..graphs.cache import GraphCache
+from ..graphs.reduced import compute_key
 from ..model import masks as M
 from ..model import transformer as T_
 from ..sources import ModelSpec, get
@@ -30,7 +33,8 @@ from .errors import InputError
 from .capabilities import STACKED_MB, WORK_TFLOP, Capabilities, memory_total
 from .layerwise import Layerwise, Want
 from .results import AttentionResult, Encoding, Engine, NextToken
-from .sessions import GROUP_MB, Session, Weights, check_providers, default_providers, device_of
+from .sessions import (GROUP_MB, Session, Weights, check_compute_dtype, check_providers, default_providers,
+                       device_of)
 from .tokenizing import Vocabulary
 
 DEFAULT_CACHE = Path.home() / ".cache" / "attnscope"
@@ -42,36 +46,55 @@ class Runtime:
 
     def __init__(self, spec: ModelSpec, providers: Sequence[str] | None = None, threads: int = 0,
                  cache_dir: str | Path = DEFAULT_CACHE, stop_early_mb: float = 0, memory_mb: float | None = None,
-                 work_tflop: float = WORK_TFLOP, tf32: bool = False, stacked_mb: float = STACKED_MB):
+                 work_tflop: float = WORK_TFLOP, compute_dtype: str = "float32", stacked_mb: float = STACKED_MB):
         """stop_early_mb: what the graphs that stop early (depth_for) may hold; 0: runs always go to the end.
         memory_mb: the memory budget its capabilities are decided against (None: 85 % of this machine's);
-        work_tflop: what one request's analysis may cost (runtime/capabilities.py); tf32: on a GPU, float32 matrix
-        products in TF32 (a fast mode, labelled: its error is measured by bench/gpu.py); off, they are exact.
+        work_tflop: what one request's analysis may cost (runtime/capabilities.py); compute_dtype: what the matrix
+        products of every session run in (model/precision.py): "float32" exact, or a fast mode, "float16" (the CPU or
+        CUDA provider), "bfloat16" or "tf32" (CUDA only; refused with a ValueError elsewhere), labelled in every
+        answer, its error against float32 measured by bench/precision.py and bench/gpu.py.
         stacked_mb: the most a stacked run's attention output may hold (the planner's ATTNSCOPE_LAYERWISE_MB, whose
         default it shares: a Runtime made outside the app prices its features as the server does): with the token
         limit, the longest text the stages graph runs, which its capability is priced at; 0: the token limit."""
         self.spec = spec
         self.cache_dir = Path(cache_dir)
+        self.providers = list(providers) if providers else default_providers()
+        check_compute_dtype(compute_dtype, self.providers)    # before the weights load: a bad option fails at once
+        self.compute_dtype = compute_dtype
         self.model = spec.load_model(self.cache_dir)
         self.cfg: T_.TransformerConfig = self.model.cfg
         self.vocabulary = Vocabulary(spec.load_tokenizer(self.cache_dir), spec.id, spec.max_tokens, spec.pair,
                                      self.cfg.vocab_size)
         self.generation = spec.load_generation(self.cache_dir) if self.cfg.lm_head else None   # end-of-text ids, chat template
         self.graphs = GraphCache(self.cache_dir, spec.id, self.model)
-        self.providers = list(providers) if providers else default_providers()
-        self.tf32 = tf32
         self.weights = Weights(self.model, device_of(self.providers))   # bound by every session's runs
         memory = memory_total() * 0.85 if memory_mb is None else memory_mb * 2**20
         tokens = spec.max_tokens
         if stacked_mb:
             cfg = self.cfg
             tokens = min(tokens, int((stacked_mb * 2**20 / (cfg.n_layers * cfg.n_heads * COMPUTE.itemsize)) ** 0.5))
-        self.capabilities = Capabilities.of(self.model, memory, work_tflop * 1e12, spec.source, tokens)
+        self.capabilities = Capabilities.of(self.model, memory, work_tflop * 1e12, spec.source, tokens,
+                                            compute_dtype)
         self.threads = threads
         self.stop_early_mb = stop_early_mb
         self._sessions: dict[bool | str, object] = {}
         self._lock = threading.Lock()
         self._layerwise = None
+
+    def with_compute_dtype(self, compute_dtype: str) -> Runtime:
+        """This model with its matrix products in `compute_dtype` (model/precision.py): a Runtime that shares its
+        weights, vocabulary and graph cache (nothing loaded twice) and opens its own sessions, in that mode; itself
+        when the mode is its own. ValueError for a mode its providers cannot run."""
+        if compute_dtype == self.compute_dtype:
+            return self
+        check_compute_dtype(compute_dtype, self.providers)
+        other = copy.copy(self)
+        other.__dict__.pop("key", None)                      # a cached_property: the mode is part of it
+        other.compute_dtype = compute_dtype
+        other.capabilities = replace(self.capabilities, precision=replace(self.capabilities.precision,
+                                                                          compute=compute_dtype))
+        other._sessions, other._lock, other._layerwise = {}, threading.Lock(), None
+        return other
 
     @property
     def tokenizer(self):
@@ -232,8 +255,10 @@ class Runtime:
     @functools.cached_property
     def key(self) -> str:
         """What determines this model's numbers: its graphs' key and its weights' fingerprint (sources/store.py).
-        Results kept beyond a run (the result cache, ETags, circuits and corpus jobs on disk) are keyed by it."""
-        return hashlib.sha256(f"{self.graphs.key}:{fingerprint(self.weights.named)}".encode()).hexdigest()[:16]
+        Results kept beyond a run (the result cache, ETags, circuits and corpus jobs on disk) are keyed by it; a fast
+        mode's by its name too (and by its transform's source: compute_key)."""
+        return hashlib.sha256(f"{self.graphs.key}:{fingerprint(self.weights.named)}"
+                              f"{compute_key(self.compute_dtype)}".encode()).hexdigest()[:16]
 
     def cached_path(self, stages: bool = False) -> Path:
         return self.graphs.cached_path(stages)
@@ -254,19 +279,19 @@ class Runtime:
         with self._lock:
             if depth and which not in self._sessions:
                 self._sessions[which] = Session(self.graphs.stopping(depth), self.providers, self.threads,
-                                                self.weights, arena=self.capabilities.arena, tf32=self.tf32)
+                                                self.weights, arena=self.capabilities.arena, compute_dtype=self.compute_dtype)
             if which not in self._sessions:
                 check_providers(self.providers)  # a bad option, not a corrupt file: never delete a good graph for it
                 path = self.graphs.path(stages, decode)
                 try:
                     self._sessions[which] = Session(path, self.providers, self.threads, self.weights,
-                                                    arena=self.capabilities.arena and not stages, tf32=self.tf32)
+                                                    arena=self.capabilities.arena and not stages, compute_dtype=self.compute_dtype)
                 except Exception as e:  # noqa: BLE001 - onnxruntime raises its own error types
                     log.warning("cached graph %s is unreadable (%s); rebuilding", path.name, type(e).__name__)
                     self.graphs.forget(path)
                     self._sessions[which] = Session(self.graphs.path(stages, decode), self.providers,
                                                     self.threads, self.weights,
-                                                    arena=self.capabilities.arena and not stages, tf32=self.tf32)
+                                                    arena=self.capabilities.arena and not stages, compute_dtype=self.compute_dtype)
             return self._sessions[which]
 
     def depth_for(self, last_layer: int) -> int | None:
@@ -329,6 +354,8 @@ class Runtime:
 
 
 def load(model_id: str, *, folder: str | Path | None = None, cache_dir: str | Path = DEFAULT_CACHE,
-         providers: Sequence[str] | None = None, threads: int = 0) -> Runtime:
-    """A zoo model, ready to run: `load("minilm")("The cat sat.")`. `folder` overrides where its files come from."""
-    return Runtime(get(model_id, None if folder is None else Path(folder)), providers, threads, cache_dir)
+         providers: Sequence[str] | None = None, threads: int = 0, compute_dtype: str = "float32") -> Runtime:
+    """A zoo model, ready to run: `load("minilm")("The cat sat.")`. `folder` overrides where its files come from;
+    compute_dtype: "float32" (exact), or a fast mode (Runtime)."""
+    return Runtime(get(model_id, None if folder is None else Path(folder)), providers, threads, cache_dir,
+                   compute_dtype=compute_dtype)

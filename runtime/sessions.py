@@ -66,11 +66,25 @@ def check_providers(providers: Sequence[str]) -> None:
                          f"available: {available}")
 
 
-def provider_options(providers: Sequence[str], tf32: bool = False, device_id: int = 0) -> list:
-    """What each execution provider is asked for. CUDA: use_tf32=0 unless a fast mode is asked -- its default
+def check_compute_dtype(compute_dtype: str, providers: Sequence[str]) -> None:
+    """A mode the device cannot run is a bad option (ValueError, naming what runs it): TF32 and bfloat16 products
+    need the CUDA provider (the CPU provider multiplies in float32, and has no bfloat16 MatMul); float16 runs on
+    either (onnxruntime's CPU provider has float16 MatMul and Gemm)."""
+    from ..model.precision import COMPUTE_DTYPES
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}; got {compute_dtype!r}")
+    if compute_dtype in ("tf32", "bfloat16") and device_of(providers) != "cuda":
+        raise ValueError(f"compute_dtype {compute_dtype} needs the CUDA execution provider (onnxruntime-gpu and a "
+                         f"GPU); these providers ({', '.join(providers) or 'none'}) run float32 or float16 only")
+
+
+def provider_options(providers: Sequence[str], compute_dtype: str = "float32", device_id: int = 0) -> list:
+    """What each execution provider is asked for. CUDA: use_tf32=0 unless the TF32 mode is asked -- its default
     multiplies float32 matrices in TF32 (10 mantissa bits): attention probabilities 0.064-0.091 off torch float32 on
-    an H200 (128-2048 tokens, SmolLM2's shape), 9.6e-5 off onnxruntime-CPU with it off -- on `device_id`."""
-    return [(p, {"use_tf32": "1" if tf32 else "0", "device_id": str(device_id)}) if p == "CUDAExecutionProvider"
+    an H200 (128-2048 tokens, SmolLM2's shape), 9.6e-5 off onnxruntime-CPU with it off -- on `device_id`. (The
+    float16 and bfloat16 modes are graphs: their float32 parts stay exact.)"""
+    tf32 = "1" if compute_dtype == "tf32" else "0"
+    return [(p, {"use_tf32": tf32, "device_id": str(device_id)}) if p == "CUDAExecutionProvider"
             else p for p in providers]
 
 
@@ -83,8 +97,12 @@ def device_of(providers: Sequence[str]) -> str:
 
 
 def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *, arena: bool = True,
-                 mem_pattern: bool = True, tf32: bool = False):
+                 mem_pattern: bool = True, compute_dtype: str = "float32"):
     """An onnxruntime session on a graph file or a serialised graph.
+
+    compute_dtype: what the matrix products run in (model/precision.py): "float32" opens the graph as it is;
+    "float16" and "bfloat16" open its reduced form (graphs/reduced.py, made here, so every graph gets it);
+    "tf32" asks the CUDA provider for it (provider_options).
 
     arena: keep a memory arena (an arena keeps its peak for good; a run without one gets fresh pages every time:
     1.8-3x slower at 512 tokens). mem_pattern: plan one block per run (the layer-by-layer graphs turn it off: its
@@ -111,8 +129,13 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = threads or cores()
     so.log_severity_level = 3
+    if compute_dtype in ("float16", "bfloat16"):
+        import onnx
+        from ..graphs.reduced import reduce_products
+        proto = onnx.load(str(graph)) if isinstance(graph, Path) else onnx.load_from_string(graph)
+        graph = reduce_products(proto, compute_dtype).SerializeToString()
     return ort.InferenceSession(str(graph) if isinstance(graph, Path) else graph, so,
-                                providers=provider_options(providers, tf32))
+                                providers=provider_options(providers, compute_dtype))
 
 
 _DTYPES = {"tensor(float)": COMPUTE, "tensor(float16)": np.dtype(np.float16), "tensor(int64)": INDEX}
@@ -199,7 +222,7 @@ class Session:
 
     def __init__(self, graph: Path | bytes, providers: Sequence[str], threads: int, weights: Weights | None = None,
                  **options):
-        """options: open_session's (arena, mem_pattern, tf32)."""
+        """options: open_session's (arena, mem_pattern, compute_dtype)."""
         self.ort = open_session(graph, providers, threads, **options)
         self.arena = options.get("arena", True)      # a run's `release` shrinks the arena: none to shrink without
         self.weights = weights

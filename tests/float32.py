@@ -53,6 +53,7 @@ ULPS = 4                # the accuracy of exp, erf, tanh, rsqrt... on every kern
 LAMBDA = 7.0            # Hoeffding: 2 exp(-LAMBDA^2 / 2) = 4.6e-11, the chance one element exceeds its bound
 SAMPLES = 64            # copies of the input that estimate each element's sigma
 CHI = 1.642             # sqrt(SAMPLES / scipy.stats.chi2.ppf(1e-6, SAMPLES)): sigma <= CHI s but once in 1e6
+CHIS = {SAMPLES: CHI, 16: 3.321}   # the same for fewer copies (a wider bound, a quarter of the work)
 
 # results that are exact: copies, views, lookups, selections, masking, sign flips, max/min
 EXACT = {"view", "reshape", "transpose", "permute", "contiguous", "clone", "expand", "expand_as", "unsqueeze",
@@ -66,15 +67,19 @@ ROUNDED = {"add", "sub", "mul", "div", "truediv", "rsub", "square", "pow", "true
            "reciprocal"}
 TRANSCENDENTAL = {"exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "sin", "cos", "log1p", "expm1"}
 DOTS = {"matmul", "bmm", "mm", "linear", "einsum", "baddbmm", "addmm"}
+REDUCED = {"matmul", "bmm", "mm", "linear"}   # the products a fast mode's bound takes in its reduced type
 
 
 class _Rounding(TorchFunctionMode):
     """Replaces each primitive's result z by z + xi c: xi ~ N(0, 1) for each element of each of the batch's copies,
     c the root-sum-square bound of the roundings that land on it."""
 
-    def __init__(self, copies: int, seed: int = 0):
+    def __init__(self, copies: int, seed: int = 0, products: float | None = None):
+        """products: the unit roundoff of a reduced type the run's matrix products run in (a fast mode,
+        `reduced_bound`: `reduced_product`); None: float32, as every other primitive."""
         super().__init__()
         self.copies, self.generator = copies, torch.Generator().manual_seed(seed)
+        self.products = products
 
     def term(self, z, c):
         c = torch.nan_to_num(torch.as_tensor(c, dtype=z.dtype), nan=0.0, posinf=0.0, neginf=0.0)   # masked: -inf
@@ -98,7 +103,10 @@ class _Rounding(TorchFunctionMode):
         tensors = [x for x in args if isinstance(x, torch.Tensor)]
         if key in ("to", "float", "type") and tensors and tensors[0].dtype == torch.float64 and \
                 (key == "float" or torch.float32 in (*args[1:], kwargs.get("dtype"))):
-            return self.rounded(tensors[0] * 1)          # the model's own float32 casts: charged, kept in float64
+            x = tensors[0]
+            if not self.batched(x) and torch.equal(x, x.float().double()):
+                return x * 1     # a model constant float32 already holds (RoPE's inverse frequencies): cast exactly
+            return self.rounded(x * 1)                   # the model's own float32 casts: charged, kept in float64
         if not tensors or tensors[0].dtype != torch.float64:
             return func(*args, **kwargs)
         if key == "softmax":
@@ -110,6 +118,8 @@ class _Rounding(TorchFunctionMode):
         if key == "silu":
             x = tensors[0]
             return self.rounded(x * self.rounded(torch.sigmoid(x), ULPS))
+        if self.products is not None and key in REDUCED and (self.batched(args[0]) or self.batched(args[1])):
+            return self.reduced_product(key, args, kwargs)
         out = func(*args, **kwargs)
         if not isinstance(out, torch.Tensor) or out.dtype != torch.float64 or not tensors or key in EXACT:
             return out   # constants, integers, exact results, what the model computes in float32 on purpose (T5's buckets)
@@ -123,6 +133,38 @@ class _Rounding(TorchFunctionMode):
         if key in TRANSCENDENTAL:
             return self.rounded(out, ULPS)
         raise NotImplementedError(f"float32 bound: no rule for {name!r}; give it one in tests/float32.py")
+
+    def batched(self, x) -> bool:
+        """Whether x is the run's data, one per copy (its first axis the copies'), not a constant or position table."""
+        return isinstance(x, torch.Tensor) and x.ndim > 0 and x.shape[0] == self.copies
+
+    def reduced_product(self, key, args, kwargs):
+        """A product of the run's data in the reduced type (graphs/reduced.py: operands cast to it, the result cast
+        back; a linear layer's bias added after, in float32). Its roundings, independent with mean zero (point 3):
+        - each operand's elements rounded to the reduced type, |d| <= u: an operand of the run's data (batched) is
+          perturbed itself, each copy's elements independently (so what the roundings share downstream is kept); a
+          shared one (a weight) through the product, the root-sum-square of its n roundings' terms,
+          u sqrt(sum_i (a_i w_i)^2);
+        - the sum in float32 (onnxruntime's CPU float16 MatMul was within 2 float16 units in the last place of a
+          float32-accumulating emulation at n = 64-8192; cuBLAS's float16 GEMM with 32F compute likewise):
+          U (sqrt(n) + 1) sum_i |a_i w_i| <= U (sqrt(n) + 1) sqrt(n) sqrt(sum_i (a_i w_i)^2) (Cauchy-Schwarz);
+        - the result rounded to the reduced type, u |result|; the bias, one float32 rounding."""
+        u, a, b = self.products, args[0], args[1]
+        bias = (args[2] if len(args) > 2 else kwargs.get("bias")) if key == "linear" else None
+        turn = (lambda m: m.T) if key == "linear" else (lambda m: m)   # noqa: E731  linear: x W^T
+
+        def rounded_operand(x):
+            return torch.addcmul(x, torch.randn(x.shape, generator=self.generator, dtype=x.dtype), u * x.abs()) \
+                if self.batched(x) else x
+        product = rounded_operand(a) @ turn(rounded_operand(b))
+        squares = (a * a) @ turn(b * b)                                   # sum_i (a_i b_i)^2
+        n = a.shape[-1]
+        c2 = (U * (math.sqrt(n) + 1) * math.sqrt(n)) ** 2 * squares + (u * product.abs()) ** 2
+        for x in (a, b):
+            if not self.batched(x):
+                c2 = c2 + u * u * squares
+        out = self.term(product, c2.sqrt())
+        return out if bias is None else self.rounded(out + bias)
 
     @staticmethod
     def dot(key, args, kwargs):
@@ -171,21 +213,31 @@ class _Rounding(TorchFunctionMode):
         return self.rounded(self.rounded(0.5 * x) * self.rounded(1 + f))
 
 
-def float32_bound(model: torch.nn.Module, select, **inputs) -> tuple[np.ndarray, np.ndarray]:
+def reduced_bound(model: torch.nn.Module, select, unit: float, samples: int = SAMPLES, **inputs
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """float32_bound of a fast mode (model/precision.py): the products of the run's data (an operand one per copy) in
+    a reduced type of unit roundoff `unit` (float16: 2^-11; bfloat16: 2^-8; _Rounding.reduced_product), everything
+    else float32 (softmax, norms, sums, products of constants such as RoPE's angles, which transformers computes with
+    autocast off and graphs/reduced.py leaves in float32)."""
+    return float32_bound(model, select, products=unit, samples=samples, **inputs)
+
+
+def float32_bound(model: torch.nn.Module, select, products: float | None = None, samples: int = SAMPLES, **inputs
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """(exact value, bound) of each element of select(model(**inputs)), as float64 arrays. The inputs hold one text
     (batch axis first, of size 1); select(outputs) returns a tensor whose first axis is the batch. The model runs in
-    float64 (a copy; its float32 weights widen exactly), once as it is and once on SAMPLES perturbed copies (the
-    module's docstring)."""
+    float64 (a copy; its float32 weights widen exactly), once as it is and once on `samples` perturbed copies (the
+    module's docstring; a number of CHIS). products: reduced_bound's unit."""
     exact = copy.deepcopy(model).double().eval()
     with torch.inference_mode():
         value = select(exact(**inputs)).numpy()
         assert value.shape[0] == 1, "select(outputs) keeps the batch axis first"
-        batch = {k: v.repeat(SAMPLES, *[1] * (v.ndim - 1)) if isinstance(v, torch.Tensor) else v
+        batch = {k: v.repeat(samples, *[1] * (v.ndim - 1)) if isinstance(v, torch.Tensor) else v
                  for k, v in inputs.items()}
-        with _Rounding(SAMPLES):
+        with _Rounding(samples, products=products):
             runs = select(exact(**batch)).numpy()
     s = np.sqrt(((runs - value) ** 2).mean(axis=0))
-    return value[0], LAMBDA * CHI * s
+    return value[0], LAMBDA * CHIS[samples] * s
 
 
 def assert_within(actual, exact: np.ndarray, bound: np.ndarray, name: str = "") -> float:
