@@ -34,7 +34,7 @@ from .capabilities import STACKED_MB, WORK_TFLOP, Capabilities, memory_total
 from .layerwise import Layerwise, Want
 from .results import AttentionResult, Encoding, Engine, NextToken
 from .sessions import (GROUP_MB, Session, Weights, check_compute_dtype, check_providers, default_providers,
-                       device_of)
+                       device_of, open_session)
 from .tokenizing import Vocabulary
 
 DEFAULT_CACHE = Path.home() / ".cache" / "attnscope"
@@ -277,21 +277,25 @@ class Runtime:
         if sess is not None:  # the common case takes no lock: building the other graph can take seconds
             return sess
         with self._lock:
+            options = dict(arena=self.capabilities.arena and not stages, compute_dtype=self.compute_dtype)
             if depth and which not in self._sessions:
                 self._sessions[which] = Session(self.graphs.stopping(depth), self.providers, self.threads,
-                                                self.weights, arena=self.capabilities.arena, compute_dtype=self.compute_dtype)
+                                                self.weights, **options)
             if which not in self._sessions:
                 check_providers(self.providers)  # a bad option, not a corrupt file: never delete a good graph for it
                 path = self.graphs.path(stages, decode)
                 try:
-                    self._sessions[which] = Session(path, self.providers, self.threads, self.weights,
-                                                    arena=self.capabilities.arena and not stages, compute_dtype=self.compute_dtype)
+                    self._sessions[which] = Session(path, self.providers, self.threads, self.weights, **options)
                 except Exception as e:  # noqa: BLE001 - onnxruntime raises its own error types
+                    if self.compute_dtype != "float32" and _opens(path):   # the file is good: the mode is not
+                        raise ValueError(f"compute_dtype {self.compute_dtype!r}: onnxruntime cannot open "
+                                         f"{path.name}'s {self.compute_dtype} form on {self.providers[0]} "
+                                         f"({type(e).__name__}: {str(e)[:200]}); use float32 "
+                                         f"(ATTNSCOPE_COMPUTE_DTYPE)") from e
                     log.warning("cached graph %s is unreadable (%s); rebuilding", path.name, type(e).__name__)
                     self.graphs.forget(path)
                     self._sessions[which] = Session(self.graphs.path(stages, decode), self.providers,
-                                                    self.threads, self.weights,
-                                                    arena=self.capabilities.arena and not stages, compute_dtype=self.compute_dtype)
+                                                    self.threads, self.weights, **options)
             return self._sessions[which]
 
     def depth_for(self, last_layer: int) -> int | None:
@@ -351,6 +355,15 @@ class Runtime:
             if lw is None or (lw.every, lw.group_mb) != (checkpoint_every, group_mb):   # the same sessions
                 self._layerwise = Layerwise(self, checkpoint_every, group_mb, graphs=lw)
             return self._layerwise
+
+
+def _opens(path: Path) -> bool:
+    """Whether onnxruntime opens this graph file as it is (float32, on the CPU)."""
+    try:
+        open_session(path, ["CPUExecutionProvider"], 1)
+        return True
+    except Exception:  # noqa: BLE001 - onnxruntime raises its own error types
+        return False
 
 
 def load(model_id: str, *, folder: str | Path | None = None, cache_dir: str | Path = DEFAULT_CACHE,

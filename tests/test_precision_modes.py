@@ -123,3 +123,22 @@ def test_modes_the_cpu_cannot_run_are_refused_at_start(mode, smollm2):
         smollm2.with_compute_dtype(mode)
     with pytest.raises(StartupError, match=f"ATTNSCOPE_COMPUTE_DTYPE.*{mode} needs the CUDA execution provider.*fix:"):
         AttentionService(Settings(models=["tiny-gpt"], compute_dtype=mode)).resolve()
+
+
+def test_a_fast_mode_onnxruntime_cannot_open_is_refused_and_the_graph_kept(runtimes, monkeypatch):
+    """Proves a mode's failure is reported as the mode's, not taken for a corrupt file: when a fast mode's form of a
+    good cached graph will not open (here: a transform made to write an unknown operator, as a provider lacking a
+    kernel would refuse), the run is refused naming the mode and the fix, and the cached graph is not deleted."""
+    from attnscope.graphs import reduced
+
+    def broken(proto, dtype):
+        out = onnx.ModelProto()
+        out.CopyFrom(proto)
+        out.graph.node[0].op_type = "NoSuchOperator"
+        return out
+    monkeypatch.setattr(reduced, "reduce_products", broken)
+    rt = runtimes["tiny-gpt"].with_compute_dtype("float16")
+    path = rt.onnx_path()
+    with pytest.raises(ValueError, match="compute_dtype 'float16': onnxruntime cannot open .* use float32"):
+        rt.session()
+    assert path.exists() and rt.graphs.path() == path
