@@ -12,7 +12,7 @@ from attnscope.graphs.reduced import reduce_products, reduced_products
 from attnscope.runtime.layerwise import superset
 from attnscope.runtime.sessions import open_session
 
-from .conftest import DEVICE, PROVIDERS
+from .conftest import PROVIDERS
 from .float32 import ULPS, U, assert_within, reduced_bound
 
 TEXT = "The cat sat on"            # 4 tokens: the bound runs 16 float64 copies of SmolLM2 on them
@@ -110,19 +110,21 @@ def test_fast_mode_is_labelled_in_models_and_answers(smollm2, local_smollm2):
     assert ans["compute_dtype"] == "float32" and ans["warnings"] == []
 
 
-@pytest.mark.skipif(DEVICE == "cuda", reason="the CUDA provider runs every mode")
 @pytest.mark.parametrize("mode", ["tf32", "bfloat16"])
 def test_modes_the_cpu_cannot_run_are_refused_at_start(mode, smollm2):
-    """Proves the refusal: on the CPU provider tf32 and bfloat16 are refused before anything loads, by the runtime
-    (ValueError) and by the server's start (one line naming the setting and the fix)."""
+    """Proves the refusal: on the CPU provider (named, so that it holds on a GPU machine too) tf32 and bfloat16 are
+    refused before anything loads, by the runtime (ValueError) and by the server's start (one line naming the
+    setting and the fix)."""
     from attnscope.app.errors import StartupError
     from attnscope.app.service import AttentionService
     from attnscope.app.settings import Settings
+    from attnscope.runtime.runtime import Runtime
 
     with pytest.raises(ValueError, match=f"compute_dtype {mode} needs the CUDA execution provider"):
-        smollm2.with_compute_dtype(mode)
+        Runtime(smollm2.spec, ["CPUExecutionProvider"], cache_dir=smollm2.cache_dir, compute_dtype=mode)
     with pytest.raises(StartupError, match=f"ATTNSCOPE_COMPUTE_DTYPE.*{mode} needs the CUDA execution provider.*fix:"):
-        AttentionService(Settings(models=["tiny-gpt"], compute_dtype=mode)).resolve()
+        AttentionService(Settings(models=["tiny-gpt"], providers=["CPUExecutionProvider"],
+                                  compute_dtype=mode)).resolve()
 
 
 def test_a_fast_mode_onnxruntime_cannot_open_is_refused_and_the_graph_kept(runtimes, monkeypatch):
