@@ -201,14 +201,15 @@ def test_layer_by_layer_and_stacked_agree_on_every_statistic(model_id, pair):
 def test_every_row_is_the_same_in_numpy_and_inside_the_graph(causal):
     """Each registry row's two forms, on peaked random attention: its NumPy form on the probabilities, and the
     reduction the attend graph computes (graphs/reductions.py) on the same queries and keys."""
-    import onnxruntime as ort
-
     from attnscope.analysis.statistics import CORPUS_STATS, GRAPH_ROWS, ROWS, STATISTICS, TextKeys
     from attnscope.graphs.layers import build_attend
     from attnscope.graphs.reductions import ASKED_ROWS, key_input
     from attnscope.model.functional import softmax
     from attnscope.model.masks import causal_mask
     from attnscope.model.transformer import Transformer, TransformerConfig
+    from attnscope.runtime.sessions import open_session
+
+    from .conftest import PROVIDERS
 
     cfg = TransformerConfig(vocab_size=50, max_positions=32, d_model=32, n_heads=4, n_layers=1, d_ff=8)
     T, H, dh = 11, cfg.n_heads, cfg.d_head
@@ -221,7 +222,7 @@ def test_every_row_is_the_same_in_numpy_and_inside_the_graph(causal):
     feeds = {"q": q, "k": k, "v": v, "attention_mask": mask, "heads": np.arange(H),
              key_input("punctuation"): keys.punctuation.astype(np.float32)}
     feeds |= {key_input(s): keys.mask(s, T).astype(np.float32) for s in ("other_sentence", "same_token_before")}
-    sess = ort.InferenceSession(build_attend(Transformer(cfg), outputs, causal).SerializeToString())
+    sess = open_session(build_attend(Transformer(cfg), outputs, causal).SerializeToString(), PROVIDERS, 0)
     got = dict(zip(outputs, sess.run(list(outputs), {i.name: feeds[i.name] for i in sess.get_inputs()})))
     p = softmax(np.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(dh) + mask)[0]             # [H, T, T]
     assert p.max(-1).mean() > 0.5                                                    # peaked: not a vacuous test
