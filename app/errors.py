@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..runtime import InputError
+from ..runtime.errors import OutOfMemory
 from .schemas import MAX_INDEX
 
 
@@ -74,7 +75,7 @@ class DiskFull(ServiceError):
 
 
 STATUS = {UnknownModel: 404, UnknownJob: 404, TooLarge: 413, Refused: 422, InputError: 422, Conflict: 409,
-          QueueFull: 429, Busy: 503, Loading: 503, DiskFull: 507, BadBody: 400}
+          QueueFull: 429, Busy: 503, Loading: 503, DiskFull: 507, OutOfMemory: 507, BadBody: 400}
 
 
 def refusal(exc: Exception) -> tuple[int, str, dict[str, str] | None] | None:

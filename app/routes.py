@@ -30,6 +30,8 @@ ERRORS = {
     422: {"model": Error, "description": "Invalid option: the message says what is allowed"},
     503: {"model": Error, "description": "Too many model runs waiting, or the model still loading (the server "
           "answers while its models load: GET /healthz); retry after `Retry-After` seconds"},
+    507: {"model": Error, "description": "The run needs more memory than onnxruntime's runs may hold "
+          "(ATTNSCOPE_ARENA_MB) or the device has free; the message says what to change"},
 }
 BINARY_DOC = {"content": {wire.BINARY: {"schema": {"type": "string", "format": "binary"}}},
               "description": "Sent when `Accept` names application/vnd.attnscope.tensors: "

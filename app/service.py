@@ -51,7 +51,7 @@ class AttentionService:
         now: what a program that embeds the app (a test's TestClient) wants. Whatever stops a model from loading
         becomes one StartupError line naming the fix."""
         specs = self.resolve()
-        open_helpers()
+        open_helpers(self.settings.arena_mb, self.settings.providers)
         for spec in specs:
             self._load_one(spec)
         self._all_loaded()
@@ -143,7 +143,8 @@ class AttentionService:
     def _load_in_background(self, specs: list[ModelSpec]) -> None:
         started = time.perf_counter()
         try:
-            open_helpers()           # onnxruntime's import and the float16 cast: here, not before the port opens
+            # onnxruntime's import, its capped arena and the float16 cast: here, not before the port opens
+            open_helpers(self.settings.arena_mb, self.settings.providers)
             for spec in specs:
                 self._load_one(spec)
             self._all_loaded()

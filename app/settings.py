@@ -143,6 +143,11 @@ class Settings(BaseSettings):
                              "weights read when it runs) and refuses, with a 422 naming this limit, what needs the "
                              "whole model in one run (stages, generation, patching, the NumPy engine); default 85 % "
                              "of this machine's memory")
+    arena_mb: float | None = Field(default=None, gt=0, description="the most memory onnxruntime's runs may hold at "
+                                   "once for their tensors, all sessions together, on the device they run on (the "
+                                   "GPU's memory with the CUDA provider, besides the weights): a run that needs more is "
+                                   "answered 507 naming this limit, and the next request runs; default: no cap (a run "
+                                   "takes what the device has)")
     work_tflop: float = Field(default=WORK_TFLOP, gt=0, description="what one request's analysis may cost, in "
                               "TFLOP: weight-space circuits and importance over every head are refused (422) for "
                               "models where they would cost more")

@@ -9,3 +9,9 @@ class InputError(ValueError):
 class Stopped(Exception):
     """A run stopped between its pieces because nobody waits for its result any more (its client went away or
     cancelled it): it has no result, and nothing is kept of it."""
+
+
+class OutOfMemory(Exception):
+    """A run needed more memory than its device has free, or than the server lets onnxruntime's runs hold
+    (ATTNSCOPE_ARENA_MB): that run fails, the next one runs. The message says what to change; the web layer answers
+    507 (app/errors.py)."""

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..model.precision import COMPUTE, INDEX
 from ..model.weights import ROPE, arrays, block_arrays
+from .errors import OutOfMemory
 
 
 # Attention is computed a group of heads (a long text, runtime/layerwise.py) or a chunk of the prompt (generation,
@@ -96,6 +97,66 @@ def device_of(providers: Sequence[str]) -> str:
     return "cuda" if first == "CUDAExecutionProvider" and first in ort.get_available_providers() else "cpu"
 
 
+# The arena every session shares when the server caps it (share_arena): device -> its cap in bytes.
+_SHARED: dict[str, int] = {}
+
+
+def share_arena(mb: float | None, providers: Sequence[str]) -> None:
+    """Cap what onnxruntime's sessions may hold for their runs' tensors (intermediates, outputs left on the device),
+    all sessions together, at `mb` MB on the device they run on: one memory arena of that size, registered with
+    onnxruntime's environment, that every session opened after this shares (the model's weights are the model's,
+    outside it). A run that needs more fails at once, for that run only (OutOfMemory: the server answers 507 and
+    serves the next request), where without a cap it takes whatever the device has: on a GPU the arena grows until
+    the device is full, on the CPU until the kernel's out-of-memory killer ends the process. None: no cap. Process-
+    wide, as onnxruntime's environment is: a second cap on the same device must be the same."""
+    if not mb:
+        return
+    import onnxruntime as ort
+    device, limit = device_of(providers), int(mb * 2**20)
+    if device in _SHARED:
+        if _SHARED[device] != limit:
+            raise ValueError(f"this process already caps onnxruntime's {device} arena at "
+                             f"{_SHARED[device] / 2**20:g} MB; it cannot take {mb:g} MB too")
+        return
+    provider, name = ("CUDAExecutionProvider", "Cuda") if device == "cuda" else ("CPUExecutionProvider", "Cpu")
+    info = ort.OrtMemoryInfo(name, ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+    # the arena grows by what a run asks, not by powers of two: a cap is then what runs may hold, not a chunk size
+    cfg = ort.OrtArenaCfg({"max_mem": limit, "arena_extend_strategy": 1})
+    ort.create_and_register_allocator_v2(provider, info, {"device_id": "0"} if device == "cuda" else {}, cfg)
+    _SHARED[device] = limit
+
+
+# What onnxruntime says when an allocation fails: its arena's cap ("Available memory of N is smaller than requested
+# bytes of M"), the device's memory (BFCArena: "Failed to allocate memory for requested buffer of size N"; CUDA:
+# "CUDA failure 2: out of memory"; cuBLAS/cuDNN workspaces: "..._STATUS_ALLOC_FAILED"), the host's (std::bad_alloc).
+_OUT_OF_MEMORY = ("is smaller than requested bytes", "Failed to allocate memory", "out of memory", "ALLOC_FAILED",
+                  "bad_alloc", "bad allocation")
+
+
+def out_of_memory(error: BaseException, device: str) -> OutOfMemory | None:
+    """The OutOfMemory a failed run's onnxruntime error means, naming what to change; None for any other error."""
+    import re
+
+    text = str(error)
+    said = next((s for s in _OUT_OF_MEMORY if s in text), None)
+    if said is None:
+        return None
+    where = "the GPU" if device == "cuda" else "this machine"
+    cap = _SHARED.get(device)
+    limit = (f"the {cap / 2**20:g} MB that onnxruntime's runs may hold (ATTNSCOPE_ARENA_MB)" if cap else
+             f"the memory {where} has free")
+    mb = lambda n: f"{int(n) / 2**20:,.1f} MB"   # noqa: E731
+    if m := re.search(r"Available memory of (\d+) is smaller than requested bytes of (\d+)", text):
+        clause = f"a {mb(m[2])} tensor, {mb(m[1])} left"
+    elif m := re.search(r"requested buffer of size (\d+)", text):
+        clause = f"{mb(m[1])} asked"
+    else:
+        clause = said
+    more = "raise ATTNSCOPE_ARENA_MB" if cap else "free memory on the GPU" if device == "cuda" else "free memory"
+    return OutOfMemory(f"this run needs more than {limit} (onnxruntime: {clause}): send a shorter text or fewer "
+                       f"texts, ask fewer layers at once, or {more}")
+
+
 def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *, arena: bool = True,
                  mem_pattern: bool = True, compute_dtype: str = "float32"):
     """An onnxruntime session on a graph file or a serialised graph.
@@ -129,6 +190,8 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = threads or cores()
     so.log_severity_level = 3
+    if _SHARED:                   # share_arena: one capped arena for every session
+        so.add_session_config_entry("session.use_env_allocators", "1")
     if compute_dtype in ("float16", "bfloat16"):
         import onnx
         from ..graphs.reduced import reduce_products
@@ -248,10 +311,16 @@ class Session:
             axes: dict[str, int] | None = None, into: dict[str, np.ndarray] | None = None,
             release: bool = False, drop: Sequence[str] = (), keep: Sequence[str] = ()) -> list:
         names = list(self.declared) if names is None else list(names)
-        if drop:
-            with self._unread(drop, axes or {}) as unread:
-                return self._run(names, feeds, layer, axes, into, release, unread, set(keep))
-        return self._run(names, feeds, layer, axes, into, release, {}, set(keep))
+        try:
+            if drop:
+                with self._unread(drop, axes or {}) as unread:
+                    return self._run(names, feeds, layer, axes, into, release, unread, set(keep))
+            return self._run(names, feeds, layer, axes, into, release, {}, set(keep))
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own error types
+            refused = out_of_memory(e, self.device)
+            if refused is not None:        # this run alone: what it allocated is back in the arena for the next
+                raise refused from None
+            raise
 
     @contextmanager
     def _unread(self, drop: Sequence[str], axes: dict[str, int]):
@@ -300,7 +369,9 @@ class Session:
         options = release_arena() if release and self.arena else None
         try:
             self.ort.run_with_iobinding(binding, options)
-        except Exception:  # noqa: BLE001 - a declared shape that was not the real one: let onnxruntime size them
+        except Exception as e:  # noqa: BLE001 - a declared shape that was not the real one: let onnxruntime size them
+            if out_of_memory(e, self.device):
+                raise
             binding.clear_binding_outputs()
             held = {}
             for name in names:
@@ -416,8 +487,10 @@ def _cast_session():
     return open_session(proto.SerializeToString(), ["CPUExecutionProvider"], 0, arena=False)
 
 
-def open_helpers() -> None:
-    """Open the process-wide helper graphs (the float16 cast) now, so that no request builds one."""
+def open_helpers(arena_mb: float | None = None, providers: Sequence[str] = ()) -> None:
+    """Set up what the process's sessions share: the capped arena (share_arena, before any session opens), and the
+    helper graphs (the float16 cast), opened now so that no request builds one."""
+    share_arena(arena_mb, providers or default_providers())
     _cast_session()
 
 

@@ -4,6 +4,7 @@ job workers die with their server and a restarted one stops strays; uploads are 
 disk budget; a bad job file is skipped and reported, not fatal; and the lesser defects the audit found."""
 from __future__ import annotations
 
+import json
 import random
 import time
 
@@ -428,3 +429,30 @@ def test_healthz_stays_prompt_while_big_uploads_arrive(storm_server):
     print(f"/healthz during 8 uploads of 7.5 MB: median {median:.1f} ms, max {max(times) * 1000:.0f} ms, "
           f"{len(times)} answers; uploads {statuses}")
     assert statuses == [202] * 8 and median < 30, (median, statuses)
+
+
+# ---- memory: a run past what onnxruntime may hold is refused, and the server goes on ------------------------------
+def test_a_run_past_the_arena_cap_is_refused_with_507_and_the_next_request_runs():
+    """ATTNSCOPE_ARENA_MB caps what onnxruntime's runs hold, every session together (one shared arena): a run that
+    needs more fails alone, as the 507 that names the limit and what to change -- a stacked run's JSON answer and a
+    layer-by-layer walk's NDJSON stream alike -- and the next request is answered, from the memory the failed run
+    gave back. A real allocation failure of onnxruntime's arena (on a GPU the same arena holds device memory, and an
+    exhausted device fails the same way), in a real server: the cap is process-wide."""
+    env = {"ATTNSCOPE_MODELS": "minilm,tiny-gpt", "ATTNSCOPE_ARENA_MB": "3", "ATTNSCOPE_LAYERWISE_MB": "8"}
+    with server(env) as (url, _), httpx.Client(base_url=url, timeout=120) as c:
+        while c.get("/healthz").json()["status"] != "ok":            # every model loads within the cap
+            time.sleep(0.2)
+        small = {"model": "minilm", "text": "The cat sat on the mat.", "include": ["summary"]}
+        first = c.post("/api/attention", json=small)
+        assert first.status_code == 200
+        stacked = c.post("/api/attention", json=small | {"text": " ".join(["word"] * 100)})    # 3 MB of attention
+        assert stacked.status_code == 507, stacked.text
+        detail = stacked.json()["detail"]
+        assert "3 MB" in detail and "ATTNSCOPE_ARENA_MB" in detail and "shorter text" in detail
+        assert "onnxruntime_src" not in detail and "bfc_arena" not in detail     # no paths, no source lines
+        walk = c.post("/api/attention", json=small | {"text": " ".join(["cat"] * 250)},         # 18 MB: layer by layer
+                      headers={"Accept": "application/x-ndjson"})
+        last = json.loads(walk.text.splitlines()[-1])
+        assert last["error"]["status"] == 507 and "ATTNSCOPE_ARENA_MB" in last["error"]["detail"], walk.text[-500:]
+        again = c.post("/api/attention", json=small | {"text": "The dog sat on the log."})
+        assert again.status_code == 200 and again.json()["summary"] and c.get("/healthz").json()["status"] == "ok"
