@@ -56,7 +56,7 @@ from ..runtime.capabilities import inexact
 from ..runtime.interventions import Interventions, Trace, head_importance, head_masks, reference_trace
 from ..runtime.generation import Generator, Sampling
 from ..runtime.patching import knock_out, patch, path_patch
-from ..runtime.layerwise import LayerwiseResult, Want
+from ..runtime.layerwise import LayerwiseResult, Want, checkpoint_spacing
 from . import payload
 from .errors import LOADING_RETRY_S, Loading, Refused, TooLarge, UnknownModel
 from ..corpus import bundled
@@ -69,8 +69,10 @@ from .schemas import (AttentionRequest, CircuitsRequest, GenerateRequest, Import
 from .settings import Settings
 
 UP_TO_LAYER = {"attention", "entropy", "summary", "scores"}   # answer parts of the asked layers alone: a run for them
-#                                                               stops at the last (Runtime.depth_for)
+#                                                               stops at the last (Runtime.depth_of)
 PROBE_TOKENS = 50   # the induction probe: this many random tokens, repeated once
+CHECKPOINTS_SHARE = 0.5   # of the result cache one layer-by-layer run's checkpoints may take (checkpoint_spacing): the
+#                           rest of its kept parts (rows, thumbnails, the ends) and other results need the remainder
 
 
 @dataclass(frozen=True)
@@ -821,7 +823,9 @@ class Planner:
         want = Want(tuple(common["layers"]), tuple(common["heads"]), attention=attention and not thumbnails,
                     top_k=req.top_k if "attention" in include and req.top_k else 0, duplicate="scores" in include,
                     resolution=req.resolution if thumbnails else 0)
-        every, group_mb = self.settings.checkpoint_every, self.settings.layerwise_group_mb
+        every = checkpoint_spacing(rt.cfg, T, self.settings.checkpoint_every,
+                                   self.settings.cache_mb * 2**20 * CHECKPOINTS_SHARE)
+        group_mb = self.settings.layerwise_group_mb
         lw = rt.layerwise(every, group_mb)
         keep, mean = head_masks(req.ablate, req.ablation, rt.cfg.n_layers, rt.cfg.n_heads)
         extras = {}

@@ -127,7 +127,8 @@ class Settings(BaseSettings):
                                           "run is faster")
     checkpoint_every: int = Field(default=1, ge=1, description="a layer-by-layer run keeps the input of every k-th layer "
                                   "(tokens x d_model floats each) to recompute heads asked later from; a head "
-                                  "then takes up to k layers to recompute")
+                                  "then takes up to k layers to recompute; further apart for a text whose "
+                                  "checkpoints would pass half of cache_mb (a run must fit the cache to be kept)")
     layerwise_group_mb: float = Field(default=GROUP_MB, gt=0, description="a layer-by-layer run computes a layer's "
                                       "attention for a group of heads at a time, each group's heads x tokens^2 float32 "
                                       "within this many MB (one head at least), and a generation runs its prompt in "

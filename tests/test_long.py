@@ -416,10 +416,36 @@ def test_cache_and_checkpoints_follow_the_settings():
     svc = service(layerwise_mb=0, checkpoint_every=4, cache_mb=1)
     results = []
     for i in range(4):
-        plan = svc.plans.attention(AttentionRequest(text=f"{i} " + TEXT * 3, resolution=8), False)
+        plan = svc.plans.attention(AttentionRequest(text=f"{i} " + TEXT * 2, resolution=8), False)
         results.append(run_in_fresh_loop(plan.compute(svc.runner)).result)
-    assert sorted(results[0].checkpoints) == [0, 4]                         # 6 layers, every 4th kept
+    assert sorted(results[0].checkpoints) == [0, 4]       # 6 layers, every 4th kept (within half the cache: 384 KB)
     assert all(footprint(r) > 300_000 for r in results) and svc.runner.cache.bytes <= 2**20   # each ~0.4 MB, the cache 1 MB
+
+
+def test_checkpoints_are_spaced_so_a_long_run_stays_cached_and_heads_asked_later_recompute_a_few_blocks():
+    """A run's every-layer checkpoints that would pass half the result cache are kept further apart (checkpoint_spacing):
+    otherwise its kept parts pass the cache, nothing is kept, and each head asked later runs the whole walk again.
+    MiniLM at 128 tokens with a 1 MB cache: 6 checkpoints of 192 KB would pass 0.5 MB, so every 3rd layer's is kept;
+    the run is cached, and a head of layer 5 asked next runs blocks 3-5 from it (no embedding, no final run), equal
+    to the stacked graph's matrix."""
+    from attnscope.app.schemas import AttentionRequest
+
+    svc = service(layerwise_mb=0, cache_mb=1)
+    rt = svc.runtimes["minilm"]
+    text = TEXT * 2
+    plan = svc.plans.attention(AttentionRequest(text=text, include=["summary"]), False)
+    T, (L, D) = len(plan.encoding.ids), (rt.cfg.n_layers, rt.cfg.d_model)
+    assert T == 128 and L * T * D * 4 > 2**20 / 2                      # every layer's: more than half the cache
+    first = run_in_fresh_loop(plan.compute(svc.runner)).result
+    assert plan.every == 3 and sorted(first.checkpoints) == [0, 3]
+    assert footprint(first) <= 2**20 and svc.runner.cache.get(plan.key) is not None    # kept
+    lw = rt.layerwise(plan.every, svc.settings.layerwise_group_mb)
+    embeds = lw._sessions["embed"].runs
+    head = svc.plans.attention(AttentionRequest(text=text, layers=[5], heads=[1]), False)
+    asked = run_in_fresh_loop(head.compute(svc.runner)).result.asked.attention[5]
+    assert lw._sessions["embed"].runs == embeds                        # recomputed from the checkpoint of layer 3
+    [full] = rt.run([text])
+    np.testing.assert_allclose(asked[0], full.attentions[5][1], atol=ATOL, rtol=0)
 
 
 def test_smollm2_reads_4096_tokens_by_default():
