@@ -650,19 +650,22 @@ class Planner:
                       size=size, layers=layers, heads=heads)
         want = Want(tuple(layers), tuple(heads), ends=not (set(req.include) <= UP_TO_LAYER and req.engine == "onnx"))
         depth = rt.depth_of(want)
-        if rt.capabilities.stacked and self.fits_stacked(rt, T) and not self._walks(req, rt, want, depth):
+        if rt.capabilities.stacked and self.fits_stacked(rt, T) and not self._walks(req, rt, want, depth, T):
             self._check_cells(req, cells, binary)
             # a run that stops early keeps the asked blocks' attentions only (Runtime.forward): its key says which
             run = Run(key if depth is None else _hash([key, depth, layers]), self._forward(req, rt, enc, want=want))
             return AttentionPlan(run=run, extras=self._extras(req, rt, enc), **common)
         return self._layerwise(req, rt, enc, cells, common)
 
-    def _walks(self, req: AttentionRequest, rt: Runtime, want: Want, depth: int | None) -> bool:
+    def _walks(self, req: AttentionRequest, rt: Runtime, want: Want, depth: int | None, T: int) -> bool:
         """Whether a text the stacked graph takes runs layer by layer all the same (ATTNSCOPE_PREFER_LAYERWISE): the
-        stacked run would fetch every layer's matrices for an answer that holds fewer, and the walk gives it all."""
+        stacked run would fetch every layer's matrices for an answer that holds fewer -- some layers' matrices, or
+        none (statistics, thumbnails, top-k keys: the walk computes them in the graph) -- and the walk gives it all."""
         prefer = self.settings.prefer_layerwise
         prefer = rt.weights.device != "cpu" if prefer is None else prefer
-        return (prefer and depth is None and len(want.layers) < rt.cfg.n_layers and req.engine == "onnx"
+        matrices = "attention" in req.include and not req.top_k and not (req.resolution and T > req.resolution)
+        held = len(want.layers) if matrices else 0                  # layers whose full matrices the answer holds
+        return (prefer and depth is None and held < rt.cfg.n_layers and req.engine == "onnx"
                 and not {"rollout", "attribution"} & set(req.include))
 
     def _encoder_decoder(self, req: AttentionRequest, rt: EncoderDecoderRuntime, enc: Encoding,

@@ -119,10 +119,11 @@ class Settings(BaseSettings):
                                 "0: every run goes layer by layer")
     prefer_layerwise: bool | None = Field(default=None, description="a text the stacked graph takes runs layer by "
                                           "layer all the same when the answer holds fewer than every layer's "
-                                          "attention and needs more than the graph cut after them gives (next "
-                                          "tokens, effects): the statistics are computed in the graph and only the "
-                                          "asked layers leave the device, instead of every layer's matrices "
-                                          "(rollout, attribution and the NumPy engine still run stacked). Default: "
+                                          "matrices (some layers', or none: statistics, thumbnails, top-k keys) and "
+                                          "needs more than the graph cut after them gives (next tokens, effects, "
+                                          "every layer's statistics): the statistics are computed in the graph and "
+                                          "only the asked matrices leave the device, instead of every layer's "
+                                          "matrices (rollout, attribution and the NumPy engine still run stacked). Default: "
                                           "on a GPU, where fetching is the cost; off on the CPU, where the stacked "
                                           "run is faster")
     checkpoint_every: int = Field(default=1, ge=1, description="a layer-by-layer run keeps the input of every k-th layer "

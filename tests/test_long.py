@@ -398,7 +398,7 @@ def test_preferring_layerwise_walks_when_the_stacked_run_would_fetch_every_layer
                     req.model_copy(update={"include": ["attention", "entropy", "summary"]})):   # a cut graph's
         assert not isinstance(walking.plans.attention(stacked, False), LayerwisePlan)
 
-    def answer(svc):
+    def answer(svc, req=req):
         plan = svc.plans.attention(req, False)
         return json.loads(to_json(plan.payload(run_in_fresh_loop(plan.compute(svc.runner)))))
     def fetched(svc) -> int:
@@ -408,6 +408,14 @@ def test_preferring_layerwise_walks_when_the_stacked_run_would_fetch_every_layer
     assert_same_answer(answer(walking), answer(plain))
     L, H, T = 6, 12, len(walking.runtimes["minilm"].encode(req.text).ids)
     assert fetched(plain) > L * H * T * T * 4 > 2 * fetched(walking)     # rows, checkpoints, layer 2, the ends
+    # every layer, but no matrix: statistics, or thumbnails or top-k keys of every head (computed in the graph)
+    for i, kind in enumerate(({"include": ["entropy", "summary", "predictions"]}, {"resolution": 8}, {"top_k": 3})):
+        every = req.model_copy(update={"layers": None, "text": f"{i} {req.text}"} | kind)     # a text not yet run
+        assert isinstance(walking.plans.attention(every, False), LayerwisePlan), kind
+        before = fetched(walking), fetched(plain)
+        assert_same_answer(answer(walking, every), answer(plain, every))
+        walked, ran = fetched(walking) - before[0], fetched(plain) - before[1]
+        assert ran > L * H * T * T * 4 > 2 * walked, kind
 
 
 def test_cache_and_checkpoints_follow_the_settings():
