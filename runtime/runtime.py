@@ -321,10 +321,12 @@ class Runtime:
                 step: Callable[[int, int, str], None] | None = None) -> list[str]:
         """Build and open, now, every graph this model's features run (a server calls it at start, so that no request
         builds one): the served graph, the teaching stages, the decoding step, the cut graphs, and the layer-by-layer
-        graphs of long texts and of runs with edits. What the model's capabilities refuse (runtime/capabilities.py:
+        graphs of long texts and of runs with edits; and the weights, on the device (on a GPU: copied there once, now,
+        not in the first request). What the model's capabilities refuse (runtime/capabilities.py:
         decided from its size against the memory budget, before anything is built) is not built: its features are
         refused by the planner. step(done, total, name) after each graph; returns the graphs' names."""
-        caps, todo = self.capabilities, []
+        caps, todo = self.capabilities, [("the weights, copied to the GPU" if self.weights.device == "cuda" else
+                                            "the weights, bound", self.weights.place)]
         if caps.stacked:
             todo.append(("served graph", lambda: self.session()))
             if caps.allows("stages"):

@@ -202,6 +202,8 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
 
 
 _DTYPES = {"tensor(float)": COMPUTE, "tensor(float16)": np.dtype(np.float16), "tensor(int64)": INDEX}
+_ITEMSIZE = {"tensor(float)": 4, "tensor(float16)": 2, "tensor(bfloat16)": 2, "tensor(int64)": 8, "tensor(double)": 8,
+             "tensor(int8)": 1, "tensor(uint8)": 1, "tensor(int32)": 4}
 
 
 class Weights:
@@ -212,11 +214,14 @@ class Weights:
 
     def __init__(self, model, device: str = "cpu"):
         """device: where the OrtValues live: "cpu" (views of the arrays), or "cuda" (each copied to the GPU once, when
-        first bound, and kept there: runs then move only their own inputs and outputs)."""
+        first bound or placed, and kept there: runs then move only their own inputs and outputs). An array bound under
+        two names (the stacked graph's "blocks.3.mlp.up.weight", the layer graphs' "block.mlp.up.weight" of layer 3;
+        a RoPE table every layer reads) is one OrtValue: on a GPU one copy, not one per name."""
         self.model, self.device = model, device
         self.named = arrays(model)
         self._layers: dict[int, dict[str, np.ndarray]] = {}
         self._values: dict[tuple[str, int | None], object] = {}
+        self._placed: dict[int, object] = {}          # id(array) -> its OrtValue (the model keeps the arrays alive)
         self._lock = threading.Lock()
 
     def layer(self, layer: int) -> dict[str, np.ndarray]:
@@ -244,8 +249,22 @@ class Weights:
             with self._lock:
                 v = self._values.get(key)
                 if v is None:
-                    v = self._values[key] = ort_value(self.array(*key), self.device)
+                    a = self.array(*key)
+                    v = self._placed.get(id(a))
+                    if v is None:
+                        v = self._placed[id(a)] = ort_value(a, self.device)
+                    self._values[key] = v
         return v
+
+    def place(self) -> int:
+        """Every array on the device now, under every name a graph binds it by (a server's start: on a GPU the
+        weights are copied there before the first request, not inside it); returns the bytes placed."""
+        for name in self.named:
+            self.value(name)
+        for layer in range(len(getattr(self.model, "blocks", ()))):
+            for name in self.layer(layer):
+                self.value(name, layer)
+        return sum(int(np.prod(v.shape())) * _ITEMSIZE.get(v.data_type(), 4) for v in self._placed.values())
 
 
 def ort_value(a: np.ndarray, device: str = "cpu"):

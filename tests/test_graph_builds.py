@@ -133,3 +133,35 @@ def test_a_graph_that_does_not_fit_the_memory_budget_is_not_built_and_its_featur
                   c.get("/api/models/tiny-gpt/onnx?stages=true")):
             assert r.status_code == 422 and "ATTNSCOPE_MEMORY_MB" in r.json()["detail"], r.text
         assert c.post("/api/attention", json={"model": "tiny-gpt", "text": "The cat sat."}).status_code == 200
+
+
+def test_the_weights_are_placed_at_start_each_array_once_and_no_run_places_one():
+    """A served model's weights are placed on the device while it loads (Runtime.prepare: on a GPU copied there then,
+    not inside the first request), each array once although graphs bind it by two names (the stacked graph's
+    "blocks.1.attn.q.weight", the layer graphs' "block.attn.q.weight" of layer 1: on a GPU two names were two copies);
+    then a plain run, a layer-by-layer walk, a generation and a patching place nothing more."""
+    from attnscope.analysis.effects import Metric
+    from attnscope.model.weights import block_arrays
+    from attnscope.runtime import Runtime
+    from attnscope.runtime.generation import Generator, Sampling
+    from attnscope.runtime.patching import patch
+    from attnscope.sources import zoo
+
+    from .conftest import CACHE, PROVIDERS
+
+    rt = Runtime(zoo.get("induction"), PROVIDERS, cache_dir=CACHE)
+    w, L = rt.weights, rt.cfg.n_layers
+    assert rt.prepare()[0].startswith("the weights") and w._placed
+    every = {id(a): a for a in [*w.named.values(), *(a for layer in range(L)
+                                                     for a in block_arrays(rt.model, layer).values())]}
+    assert set(w._placed) == set(every)                                     # each array once
+    assert w.place() == sum(a.nbytes for a in every.values())               # and nothing else
+    name = next(n for n in w.named if n.startswith("blocks.1.") and n.endswith("weight"))
+    assert w.value(name) is w.value("block." + name[len("blocks.1."):], 1)
+    values, placed = dict(w._values), dict(w._placed)
+    enc = rt.encode("a b c a b c")
+    rt.forward([enc])
+    rt.layerwise().forward(enc, want=Want((1,), (0,), attention=True))
+    list(Generator(rt, enc.ids, Sampling(greedy=True), 2))
+    patch(rt, enc, rt.encode("a b c d b c"), Metric(int(enc.ids[-1]), int(enc.ids[1])))
+    assert w._values == values and w._placed == placed
