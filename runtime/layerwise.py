@@ -19,7 +19,8 @@ request asks for, or as their top-k keys per query. A layer's heads run in group
 other, so a run holds one group's scores and probabilities at a time (about three such buffers at the peak). A
 run keeps
 
-    checkpoints   x entering every k-th layer [T, D] (k = checkpoint_every): a head asked for later is recomputed
+    checkpoints   x entering every k-th layer [1, T, D] (k = checkpoint_every), kept where the sessions compute
+                  (Held: on a GPU in its memory, never copied to the host): a head asked for later is recomputed
                   by running at most k blocks from the nearest one -- the same graphs on the same inputs, so the
                   same numbers as in the first run
     rows          the registry's rows (ROWS; PAIR_ROWS too for a pair): [L, H, T] (previous, next: T-1)
@@ -132,7 +133,7 @@ class LayerwiseResult(Encoded):
     hidden: np.ndarray                       # [T, D] final hidden states
     rows: dict[str, np.ndarray]              # kept_rows -> [L, H, T] (previous, next: [L, H, T-1])
     visible: np.ndarray                      # [T] keys each query may see (normalised entropy)
-    checkpoints: dict[int, np.ndarray]       # layer -> x entering it [T, D]
+    checkpoints: dict[int, Held]             # layer -> x entering it [1, T, D], where the sessions compute
     thumbnails: dict[int, dict[int, np.ndarray]]   # resolution -> layer -> [H, R, R]
     inputs: dict[str, np.ndarray]            # what recomputing needs besides x: head_mask, head_mean [1, L, H]
     mask_tokens: list[int] = field(default_factory=list)
@@ -253,7 +254,8 @@ class Layerwise:
         missing = sess.inputs - set(sess.bound) - feeds.keys()
         if missing:
             feeds = feeds | unread_inputs(sess, missing, feeds["attention_mask"].shape[-1])
-        return dict(zip(outputs, sess.run(outputs, feeds, layer=layer, release=release, keep=keep)))
+        return dict(zip(outputs, sess.run(outputs, feeds, layer=layer, release=release, keep=keep,
+                                          axes=run_axes(feeds))))
 
     def masks(self, mask: np.ndarray) -> Callable[[int], Held]:
         """layer -> the mask it attends with (layer_mask), placed on the device once per window for the whole walk."""
@@ -353,7 +355,7 @@ class Layerwise:
             x = self.run_graph("embed", inputs, ["x"], release=True, keep=("x",))["x"]
             for layer in range(L):
                 if layer % self.every == 0:
-                    checkpoints[layer] = x.host()[0]
+                    checkpoints[layer] = x          # stays where it is: the next block writes a new x
                 heads = want.heads if layer in want.layers else ()
                 out = self._block(layer, x, inputs, outputs, causal, extra, masks, heads, want.top_k,
                                   release=layer == L - 1)
@@ -407,7 +409,7 @@ class Layerwise:
             x = None
             for n, (layer, start) in enumerate(steps):
                 if start:
-                    x = base.checkpoints[layer][None]
+                    x = base.checkpoints[layer]
                 heads = want.heads if layer in head_layers else ()
                 goes_on = n + 1 < len(steps) and not steps[n + 1][1]      # the next step starts from this x_next
                 out = self._block(layer, x, inputs, outputs, base.causal, extra, masks, heads, want.top_k,
@@ -441,6 +443,17 @@ def superset(which: tuple) -> tuple:
     if unknown:
         raise ValueError(f"no attend graph computes {sorted(unknown)}")
     return (kind, served, causal)
+
+
+def run_axes(feeds: dict) -> dict[str, int]:
+    """The named axes of a layer graph's run (batch, tokens), read off its stream or query input: its outputs are then
+    sized by Session.run, each in memory of its own (on the CPU, a kept x, q, k, v is a NumPy buffer of its own, not
+    a view that pins onnxruntime's arena: a checkpoint lives as long as its cached result)."""
+    for name, axis in (("x", 1), ("input_ids", 1), ("q", 2)):
+        if name in feeds:
+            shape = feeds[name].shape
+            return {"batch": shape[0], "tokens": shape[axis]}
+    return {}
 
 
 def unread_inputs(sess: Session, names, T: int) -> dict[str, np.ndarray]:

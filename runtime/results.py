@@ -91,7 +91,11 @@ def footprint(obj) -> int:
     objects around the arrays (sys.getsizeof of each string, number, list, tuple, dict, set, dataclass). Walks
     dataclasses (NamedTuples are tuples), dicts, lists, tuples and sets; an object of any other class is counted
     by its own size and not walked: a result does not own the runtime or model it might point at (nor a view of the
-    weight store's mapped files, sources/store.py)."""
+    weight store's mapped files, sources/store.py). A tensor kept where its session computes (sessions.Held: a
+    layer-by-layer run's checkpoints) counts its bytes there: its NumPy array on the CPU, its device memory on a GPU
+    (so the result cache's budget bounds what cached results hold on the GPU too)."""
+    from .sessions import Held
+
     seen: set[int] = set()
     counted: set[int] = set()      # arrays whose buffer is counted
     total, stack = 0, [obj]
@@ -109,6 +113,12 @@ def footprint(obj) -> int:
             if id(owner) not in counted and not is_mapped(owner):   # a weight's file mapping: the model's, not
                 counted.add(id(owner))                             # the result's (and paged from disk, not memory)
                 total += owner.nbytes
+            continue
+        if isinstance(x, Held):
+            if x.array is not None:
+                stack.append(x.array)
+            else:
+                total += x.nbytes
             continue
         total += sys.getsizeof(x)
         if isinstance(x, (str, bytes, int, float, bool, type(None))):

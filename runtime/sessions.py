@@ -264,7 +264,7 @@ class Weights:
         for layer in range(len(getattr(self.model, "blocks", ()))):
             for name in self.layer(layer):
                 self.value(name, layer)
-        return sum(int(np.prod(v.shape())) * _ITEMSIZE.get(v.data_type(), 4) for v in self._placed.values())
+        return sum(Held(v, None).nbytes for v in self._placed.values())
 
 
 def ort_value(a: np.ndarray, device: str = "cpu"):
@@ -314,6 +314,7 @@ class Session:
         self.device = device_of(providers)
         self.fetched = 0                              # bytes of outputs handed back by this session's runs
         self.runs = 0                                 # runs made (on a GPU each costs a launch and a synchronisation)
+        self.resized = 0                              # runs made twice: an output's declared shape was not its own
         self._count = threading.Lock()
 
     def get_providers(self) -> list[str]:
@@ -391,6 +392,8 @@ class Session:
         except Exception as e:  # noqa: BLE001 - a declared shape that was not the real one: let onnxruntime size them
             if out_of_memory(e, self.device):
                 raise
+            with self._count:
+                self.resized += 1
             binding.clear_binding_outputs()
             held = {}
             for name in names:
@@ -427,6 +430,11 @@ class Held:
     def shape(self) -> tuple[int, ...]:
         return self.array.shape if self.array is not None else tuple(self.value.shape())
 
+    @property
+    def nbytes(self) -> int:
+        """Its bytes where it is kept."""
+        return int(np.prod(self.shape)) * _ITEMSIZE.get(self.value.data_type(), 4)
+
     def host(self) -> np.ndarray:
         """The tensor as a NumPy array on the host (on the CPU: itself; from a GPU: a copy)."""
         out = self.array if self.array is not None else self.value.numpy()
@@ -445,8 +453,8 @@ def hold(a: np.ndarray, device: str) -> Held:
 
 def empty(shape: Sequence[int], dtype: np.dtype, session: Session | None = None) -> Held:
     """An uninitialised CPU tensor for a run to write (Session.run's keep), in memory of its own: a view of
-    onnxruntime's arena, kept alive (a long run's checkpoints are views of its kept x), would grow the arena for
-    good."""
+    onnxruntime's arena, kept alive (a long run's checkpoints are its kept x, alive as long as its cached result),
+    would grow the arena for good."""
     import onnxruntime as ort
 
     a = np.empty(shape, dtype)

@@ -124,7 +124,8 @@ def test_kept_run_holds_no_full_matrices(runtimes):
     res = rt.layerwise().forward(rt.encode(TEXT * 3), want=Want(resolution=16))
     T = len(res.tokens)
     assert T > 150
-    biggest = max(a.size for a in [*res.rows.values(), *res.checkpoints.values(), *res.thumbnails[16].values()])
+    biggest = max(int(np.prod(a.shape)) for a in [*res.rows.values(), *res.checkpoints.values(),
+                                                  *res.thumbnails[16].values()])
     assert biggest <= max(H * T, T * rt.cfg.d_model, H * 16 * 16)
     assert res.asked is None and footprint(res) < L * H * T * T * 4 / 4
 
@@ -136,10 +137,11 @@ def test_kept_run_holds_no_full_matrices(runtimes):
 ])
 def test_a_long_run_fetches_what_its_answer_holds(runtimes, group_mb, fused, opaque, monkeypatch):
     """What leaves the device is what the answer holds (issue 38): a layer-by-layer run keeps the residual stream,
-    q, k, v and the heads' outputs where its sessions compute (runtime/sessions.Held: a GPU's memory), so the bytes
-    the session wrapper counts as fetched are exactly the kept parts -- every head's rows, the checkpoints, the two
-    asked heads of layer 2, the final outputs -- and never a block's intermediates (which would add L x (4 T D +
-    ...) floats). A generation step likewise fetches its logits and attention rows, never the key/value cache. Each
+    q, k, v, the heads' outputs and its checkpoints where its sessions compute (runtime/sessions.Held: a GPU's
+    memory), so the bytes the session wrapper counts as fetched are exactly the answer's parts -- every head's rows,
+    the two asked heads of layer 2, the final outputs -- and never a block's intermediates (which would add L x (4 T
+    D + ...) floats) nor the checkpoints (L x T x D); a head recomputed later from a checkpoint fetches its matrix
+    alone. A generation step likewise fetches its logits and attention rows, never the key/value cache. Each
     block runs as one graph (fused, a GPU's default) or three plus one per group of heads. opaque: every kept or
     placed tensor is an OrtValue without its NumPy view, as in a GPU's memory, so a GPU's walk and generation run
     their own code here: nothing reads a kept tensor but through Held.host (counted), and the numbers are the same."""
@@ -171,10 +173,17 @@ def test_a_long_run_fetches_what_its_answer_holds(runtimes, group_mb, fused, opa
     assert sum(s.runs for s in lw._sessions.values()) - runs == 1 + L * groups + 1     # embed, the blocks, final
     rows = sum(L * H * (T - 1 if name in ("previous", "next") else T) for name in res.rows)
     final = T * D + ((V + T) if cfg.lm_head else 0)   # hidden [T, D] (an LM head's: next-token logits, log-probs)
-    assert fetched(lw._sessions.values()) - before == 4 * (rows + L * T * D + 2 * T * T + final)
+    assert fetched(lw._sessions.values()) - before == 4 * (rows + 2 * T * T + final)
     assert set(res.checkpoints) == set(range(L)) and res.asked.attention[2].shape == (2, T, T)
+    assert [((c.array is None) == opaque, c.shape) for c in res.checkpoints.values()] == [(True, (1, T, D))] * L
     np.testing.assert_allclose(res.asked.attention[2], full.attentions[2][[1, 0]], atol=ATOL, rtol=0)
     np.testing.assert_allclose(res.hidden, full.hidden, atol=ATOL, rtol=0)
+    before = fetched(lw._sessions.values())
+    again = lw.recompute(res, Want((3,), (0,), attention=True))            # from layer 3's checkpoint, where it is
+    assert fetched(lw._sessions.values()) - before == 4 * T * T
+    np.testing.assert_allclose(again.asked.attention[3][0], full.attentions[3][0], atol=ATOL, rtol=0)
+    assert footprint(res) >= 4 * L * T * D                                 # the checkpoints count where they are
+    assert sum(s.resized for s in lw._sessions.values()) == 0             # every output sized once, by the walk
 
     rt = smol                                                   # tiny-gpt has no LM head
     cfg, decode = rt.cfg, rt.session(decode=True)
