@@ -19,10 +19,11 @@ d_model 576), float32, queries and keys drawn wide (peaked attention), served by
              (output_attentions) at each length the stacked graph takes
   answer     a text's summaries of every head + one layer's attention (the layer-by-layer path, what /api/attention
              runs for a long text) at each length, over torch eager's forward: each block as one graph (the
-             default on a GPU) and as three, a checkpoint kept on the host every layer (the default) or every 8th,
-             with the session runs made and the bytes brought to the host
+             default on a GPU) and as three, with the session runs made and the bytes brought to the host (the
+             checkpoints stay on the device)
   l8b        (--l8b) Llama 3.1 8B's shape in bfloat16 (a random checkpoint written first, ~16 GB): summaries of every
-             head + one layer at 4,096 tokens, seconds
+             head at 4,096 tokens, and with every head's 64 x 64 thumbnails, seconds (checkpoints spaced as a server
+             spaces them)
   patching   every one of the 270 heads patched on a 14-token pair (runtime.patching), seconds
   generate   greedy tokens/s, ours (key/value cache on the decoding graph) over transformers' generate
 """
@@ -80,7 +81,9 @@ def main() -> None:
     from transformers import LlamaForCausalLM
 
     from attnscope.analysis.effects import Metric
-    from attnscope.runtime.layerwise import Layerwise, Want
+    from attnscope.app.plans import CHECKPOINTS_SHARE
+    from attnscope.app.settings import Settings
+    from attnscope.runtime.layerwise import Layerwise, Want, checkpoint_spacing
     from attnscope.runtime.patching import patch
     from attnscope.runtime.runtime import Runtime
     from attnscope.sources.resolve import resolve
@@ -135,12 +138,11 @@ def main() -> None:
             print(f"forward T={T}: ours {t_ours * 1e3:.1f} ms, torch eager {t_torch * 1e3:.1f} ms, ratio "
                   f"{t_ours / t_torch:.2f}", flush=True)
         one = Want(layers=(0,), heads=tuple(range(H)), attention=True)
-        for fused, every in ((True, 1), (True, 8), (False, 1)):   # checkpoints (x entering a layer) go to the host
-            lw = Layerwise(rt, every, graphs=rt.layerwise(), fused=fused)
+        for fused in (True, False):               # the checkpoints (x entering each layer) stay on the device
+            lw = Layerwise(rt, 1, graphs=rt.layerwise(), fused=fused)
             t_answer = timed(lambda: lw.forward(enc, want=one))
             runs, fetched = crossings(lw, lambda: lw.forward(enc, want=one))
-            print(f"answer T={T} ({'one graph' if fused else 'three graphs'} a block, a checkpoint every {every} "
-                  f"layers): summaries of all "
+            print(f"answer T={T} ({'one graph' if fused else 'three graphs'} a block): summaries of all "
                   f"{rt.cfg.n_layers * H} heads + layer 0's attention {t_answer * 1e3:.1f} ms, torch eager forward "
                   f"{t_torch * 1e3:.1f} ms, ratio {t_answer / t_torch:.2f}; {runs} runs, {fetched / 2**20:.1f} MB "
                   f"to the host", flush=True)
@@ -178,19 +180,23 @@ def main() -> None:
         written = time.perf_counter() - t0
         t0 = time.perf_counter()
         rt8 = Runtime(resolve(f"l8b={big}"), providers=cuda, cache_dir=root / "cache")
-        lw8 = rt8.layerwise()
         enc = rt8.encode(text(4095))
-        H8 = rt8.cfg.n_heads
-        one = Want(layers=(0,), heads=tuple(range(H8)), attention=True)
-        lw8.forward(enc, want=one)                                  # the weights go to the device once
+        T8, H8 = len(enc.ids), rt8.cfg.n_heads
+        # the checkpoints' spacing a server with the default result cache picks (app/plans.py): every layer's would be
+        # 2.1 GB, more than the cache holds
+        every = checkpoint_spacing(rt8.cfg, T8, Settings().checkpoint_every,
+                                   Settings().cache_mb * 2**20 * CHECKPOINTS_SHARE)
+        lw8 = Layerwise(rt8, every, graphs=rt8.layerwise())
+        lw8.forward(enc, want=Want())                               # the weights go to the device once
         ready = time.perf_counter() - t0
-        t_big = timed(lambda: lw8.forward(enc, want=one), repeats=2, sync=sync)
-        runs, fetched = crossings(lw8, lambda: lw8.forward(enc, want=one))
-        print(f"l8b: {rt8.cfg.n_layers} layers of Llama 3.1 8B's shape, bfloat16 weights on {rt8.weights.device}, "
-              f"{len(enc.ids)} tokens: summaries of all {rt8.cfg.n_layers * H8} heads + layer 0's attention "
-              f"{t_big:.2f} s ({runs} runs, {fetched / 2**20:.0f} MB to the host); checkpoint written in "
-              f"{written:.0f} s, first answer (weights to the device) after {ready:.0f} s", flush=True)
-
+        for what, want in (("summaries", Want()), ("summaries + 64 x 64 thumbnails",
+                                                   Want(layers=tuple(range(rt8.cfg.n_layers)), resolution=64))):
+            t_big = timed(lambda: lw8.forward(enc, want=want), repeats=2, sync=sync)
+            runs, fetched = crossings(lw8, lambda: lw8.forward(enc, want=want))
+            print(f"l8b: {rt8.cfg.n_layers} layers of Llama 3.1 8B's shape, bfloat16 weights on {rt8.weights.device}, "
+                  f"{T8} tokens: {what} of all {rt8.cfg.n_layers * H8} heads {t_big:.2f} s ({runs} runs, "
+                  f"{fetched / 2**20:.0f} MB to the host, a checkpoint every {every} layers); checkpoint written in "
+                  f"{written:.0f} s, first answer (weights to the device) after {ready:.0f} s", flush=True)
 
 if __name__ == "__main__":
     main()
