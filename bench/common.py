@@ -20,7 +20,9 @@ WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly 
 
 def session_feeds(rt, enc, sess=None, causal: bool | None = None) -> dict:
     """One encoded text's inputs to the served graph (Runtime.feeds: ids, token types, mask, lengths, no head
-    mask); with `sess`, only those that session takes (the no-stages graph of an encoder takes no lengths)."""
+    mask); with `sess`, only those that session takes (the no-stages graph of an encoder takes no lengths), and the
+    model's arrays a raw onnxruntime session reads as inputs (graphs hold no weights: runtime/sessions.Weights binds
+    them for the app's sessions)."""
     import numpy as np
     T = len(enc.ids)
     feeds = rt.feeds(np.array([enc.ids]), np.array([enc.type_ids]),
@@ -28,7 +30,8 @@ def session_feeds(rt, enc, sess=None, causal: bool | None = None) -> dict:
     if sess is None:
         return feeds
     names = {i.name for i in sess.get_inputs()}
-    return {k: v for k, v in feeds.items() if k in names}
+    return {k: v for k, v in feeds.items() if k in names} | {n: rt.weights.array(n) for n in names
+                                                             if n not in feeds and rt.weights.binds(n)}
 
 
 def median_ms(fn, repeats: int, warmup: int = 2) -> float:
