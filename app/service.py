@@ -122,6 +122,7 @@ class AttentionService:
             if isinstance(rt, EncoderDecoderRuntime):
                 self.states[model_id] = "building its graph"
                 rt.session()
+                rt.weights.place()           # on a GPU: copied there now, not in the first request
             else:
                 rt.prepare(st.checkpoint_every, st.layerwise_group_mb, step)
         except ModelUnavailable as e:

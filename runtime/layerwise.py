@@ -250,12 +250,11 @@ class Layerwise:
         memory arena back afterwards; keep: outputs the walk feeds to its next graph, left on the device (Held:
         the residual stream, q, k, v, the heads' outputs). A superset's inputs that this run does not read get
         neutral values (unread)."""
-        sess = self.session(which)
+        sess, axes = self.session(which), run_axes(feeds)
         missing = sess.inputs - set(sess.bound) - feeds.keys()
         if missing:
-            feeds = feeds | unread_inputs(sess, missing, feeds["attention_mask"].shape[-1])
-        return dict(zip(outputs, sess.run(outputs, feeds, layer=layer, release=release, keep=keep,
-                                          axes=run_axes(feeds))))
+            feeds = feeds | unread_inputs(sess, missing, axes["tokens"])
+        return dict(zip(outputs, sess.run(outputs, feeds, layer=layer, release=release, keep=keep, axes=axes)))
 
     def masks(self, mask: np.ndarray) -> Callable[[int], Held]:
         """layer -> the mask it attends with (layer_mask), placed on the device once per window for the whole walk."""

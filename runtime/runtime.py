@@ -324,7 +324,7 @@ class Runtime:
         graphs of long texts and of runs with edits; and the weights, on the device (on a GPU: copied there once, now,
         not in the first request). What the model's capabilities refuse (runtime/capabilities.py:
         decided from its size against the memory budget, before anything is built) is not built: its features are
-        refused by the planner. step(done, total, name) after each graph; returns the graphs' names."""
+        refused by the planner. step(done, total, name) after each step; returns the steps' names."""
         caps, todo = self.capabilities, [("the weights, copied to the GPU" if self.weights.device == "cuda" else
                                             "the weights, bound", self.weights.place)]
         if caps.stacked:

@@ -202,8 +202,18 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
 
 
 _DTYPES = {"tensor(float)": COMPUTE, "tensor(float16)": np.dtype(np.float16), "tensor(int64)": INDEX}
-_ITEMSIZE = {"tensor(float)": 4, "tensor(float16)": 2, "tensor(bfloat16)": 2, "tensor(int64)": 8, "tensor(double)": 8,
-             "tensor(int8)": 1, "tensor(uint8)": 1, "tensor(int32)": 4}
+
+
+def ort_nbytes(value) -> int:
+    """An OrtValue's bytes where it lives (on a GPU too: read off its shape and ONNX type, no copy)."""
+    return int(np.prod(value.shape())) * _itemsize(value.data_type())
+
+
+@functools.cache
+def _itemsize(data_type: str) -> int:
+    """The element size of an OrtValue's data_type(), "tensor(float)" -> 4, by onnx's own type table."""
+    from onnx import TensorProto, helper
+    return np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.DataType.Value(data_type[7:-1].upper()))).itemsize
 
 
 class Weights:
@@ -264,7 +274,7 @@ class Weights:
         for layer in range(len(getattr(self.model, "blocks", ()))):
             for name in self.layer(layer):
                 self.value(name, layer)
-        return sum(Held(v, None).nbytes for v in self._placed.values())
+        return sum(ort_nbytes(v) for v in self._placed.values())
 
 
 def ort_value(a: np.ndarray, device: str = "cpu"):
@@ -433,7 +443,7 @@ class Held:
     @property
     def nbytes(self) -> int:
         """Its bytes where it is kept."""
-        return int(np.prod(self.shape)) * _ITEMSIZE.get(self.value.data_type(), 4)
+        return ort_nbytes(self.value)
 
     def host(self) -> np.ndarray:
         """The tensor as a NumPy array on the host (on the CPU: itself; from a GPU: a copy)."""
