@@ -1,6 +1,6 @@
 """`python -m attnscope ...` is the `attnscope` command."""
 import sys
 
-from .app.cli import main
+from .python.cli import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""The web layer: routes, schemas, settings, service (plan -> run -> payload), wire codec, client, CLI."""
+"""The HTTP server: settings, the service, routers made from the analyses' registry, errors mapped once, the wire
+codec, the page's routes and the server itself."""
 
-__version__ = "0.2.0"   # the package's (attnscope.__version__): here, where the web layer reads it without importing
-#                         the package root (which imports this layer lazily: attnscope.load)
+from ..analyses import __version__  # noqa: F401 (the package's version; the web layer reads it here)

@@ -16,65 +16,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..runtime import InputError
 from ..runtime.errors import OutOfMemory
-from .schemas import MAX_INDEX
+from ..analyses.errors import (BadBody, Busy, Conflict, DiskFull, Invalid, Loading, QueueFull, Refused,
+                               TooLarge, UnknownJob, UnknownModel)
+from ..analyses.schemas import MAX_INDEX
 
 
 class StartupError(Exception):
     """The app cannot start: the message is one line saying what is wrong and the command that fixes it."""
 
 
-class ServiceError(Exception):
-    """A request the service will not serve as asked; the message says what to change."""
-
-    def __init__(self, detail: str, headers: dict[str, str] | None = None):
-        super().__init__(detail)
-        self.detail, self.headers = detail, headers
-
-
-class UnknownModel(ServiceError):
-    """No served model has that id."""
-
-
-class TooLarge(ServiceError):
-    """The text is over its limit."""
-
-
-class Refused(ServiceError):
-    """An option this model or this text cannot take (an index out of range, an answer too large for its form)."""
-
-
-class Busy(ServiceError):
-    """Too many model runs are waiting; retry after a moment."""
-
-
-class Loading(ServiceError):
-    """The model is still loading (the server answers while its models load, app/service.py); retry after a moment."""
-
-
-LOADING_RETRY_S = 2   # the Retry-After of a request for a model still loading
-
-
-class UnknownJob(ServiceError):
-    """No job has that id."""
-
-
-class Conflict(ServiceError):
-    """The job is not in a state that allows this (cancelling a finished job, the result of a running one)."""
-
-
-class QueueFull(ServiceError):
-    """Too many jobs are waiting to run."""
-
-
-class BadBody(ServiceError):
-    """A request body that cannot be read at all (not UTF-8)."""
-
-
-class DiskFull(ServiceError):
-    """The jobs folder would pass its disk budget (ATTNSCOPE_MAX_JOBS_DISK_MB)."""
-
-
-STATUS = {UnknownModel: 404, UnknownJob: 404, TooLarge: 413, Refused: 422, InputError: 422, Conflict: 409,
+STATUS = {Invalid: 422, UnknownModel: 404, UnknownJob: 404, TooLarge: 413, Refused: 422, InputError: 422, Conflict: 409,
           QueueFull: 429, Busy: 503, Loading: 503, DiskFull: 507, OutOfMemory: 507, BadBody: 400}
 
 
@@ -134,12 +85,19 @@ def install(app: FastAPI, security_headers: list[tuple[bytes, bytes]]) -> None:
             return JSONResponse({"detail": "the request body is not valid JSON"}, 400)
         return JSONResponse(invalid(exc.errors()), 422)
 
+    @app.exception_handler(Invalid)
+    async def invalid_body(_: Request, exc: Invalid):       # a body a service reads itself (POST /api/jobs)
+        if exc.not_json:
+            return JSONResponse({"detail": "the request body is not valid JSON"}, 400)
+        return JSONResponse(invalid(exc.errors), 422)
+
     async def refused(_: Request, exc: Exception):
         status, detail, headers = refusal(exc)
         return JSONResponse({"detail": _clip(detail, 1000)}, status, headers=headers)
 
     for kind in STATUS:
-        app.add_exception_handler(kind, refused)
+        if kind is not Invalid:
+            app.add_exception_handler(kind, refused)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):   # the framework's own: 404 routes, 405, bodies

@@ -1,6 +1,6 @@
 """The job queue: corpus jobs (the atlas) run in the background, one at a time by default, the rest queued.
 
-    job = jobs.submit(plan)        # a JobPlan (app/plans.py): queued, or the same job as it stands
+    job = jobs.submit(plan)        # a JobPlan (analyses/atlas.py): queued, or the same job as it stands
     jobs.get(id), jobs.list()      # schemas.Job: state and progress (texts done, rate, ETA)
     jobs.cancel(id)                # stops it between chunks; its finished chunks are kept
     jobs.result(id, "parquet")     # the result file of a finished job
@@ -41,8 +41,8 @@ from pydantic import ValidationError
 from ..corpus.atlas import Cancelled, run_atlas, write_parquet
 from ..corpus.engines import PID_SUFFIX, is_pool_worker, started_at
 from ..corpus.job import TEMPORARY, partial_path, write_json
-from .errors import Conflict, DiskFull, QueueFull, UnknownJob
-from .plans import JobPlan
+from ..analyses.atlas import JobPlan
+from ..analyses.errors import Conflict, DiskFull, QueueFull, UnknownJob
 from .schemas import AtlasOptions, Job, JobProgress, SkippedJob
 from .settings import Settings
 

@@ -12,7 +12,7 @@ from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddle
 from fastapi.staticfiles import StaticFiles
 
 from . import __version__
-from . import errors, pages, routes, schemas
+from . import errors, openapi as published, pages, routers
 from .middleware import SECURITY_HEADERS, BodyLimit, SecurityHeaders, StartupFailure
 from .service import AttentionService
 from .settings import Settings, get_settings, setup_logging
@@ -68,15 +68,19 @@ def create_app(settings: Settings | None = None, background: bool = False) -> Fa
     def openapi() -> dict:  # one request schema per served model: kept once every model is loaded
         if app.openapi_schema is not None:
             return app.openapi_schema
-        schema = schemas.per_model(schemas.with_job_request(generic_openapi()), app.state.service.models(),
-                                   settings.max_mask_tokens, settings.max_new_tokens)
+        schema = published.per_model(published.with_job_request(generic_openapi()), app.state.service.models(),
+                                     settings.max_mask_tokens, settings.max_new_tokens)
         if app.state.service.loaded.is_set():
             app.openapi_schema = schema
         return schema
 
     app.openapi = openapi
     errors.install(app, SECURITY_HEADERS)
-    app.include_router(routes.router)
+    app.include_router(routers.models)
+    for router in routers.analysis_routers():      # one per OpenAPI tag, made from the analyses' registry
+        app.include_router(router)
+    app.include_router(routers.jobs)
+    app.include_router(routers.health)
     app.include_router(pages.router)
     pages.page_bundle()    # the page's script, built at start: a module app/bundle.py cannot read stops it here
     app.mount("/static", StaticFiles(directory=pages.ROOT / "static"), name="static")

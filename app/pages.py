@@ -16,8 +16,10 @@ from fastapi.templating import Jinja2Templates
 from ..analysis.roles import ROLE_TARGETS, ROLE_TEXT
 from ..analysis.statistics import catalogue
 from .bundle import bundle
-from .deps import get_service
-from .schemas import EXAMPLE_TEXT, PatchingRequest, RunOptions
+from .routers import get_service
+from ..analyses.patching import PatchingRequest
+from ..analyses.registry import page as page_analyses
+from ..analyses.schemas import EXAMPLE_TEXT, RunOptions
 
 ROOT = Path(__file__).resolve().parents[1]   # the attnscope package: static/ and templates/ are its data
 # The page's views, in tab order (id, tab label): the tabs, the view panels and static/js/main.js follow this list.
@@ -66,7 +68,7 @@ _bundles: dict = {}
 
 def page_bundle(entry: str = "main.js") -> tuple[str, str]:
     """static/js/`entry` and every module it imports (~40, six levels deep), as one module (app/bundle.py): the
-    page's script (main.js), one request instead of one per module; a notebook output's (embed.js, app/jupyter.py). Built at start, and again when a file under static/js
+    page's script (main.js), one request instead of one per module; a notebook output's (embed.js, python/jupyter.py). Built at start, and again when a file under static/js
     changes (their mtimes); returns (text, its ETag)."""
     root = ROOT / "static" / "js"
     stamp = tuple(sorted((str(p), p.stat().st_mtime_ns) for p in root.rglob("*.js")))
@@ -107,13 +109,14 @@ def architectures(runtimes) -> dict:
 def boot_block(models: list[dict], *, default_model: str | None, max_chars: int | None = None,
                max_new_tokens: int | None = None, architectures: dict | None = None) -> dict:
     """The page's boot block (static/js/boot.js reads it): the served models (GET /api/models' entries), the views,
-    statistics, head roles and the menus' choices. A view drawn outside the page (app/jupyter.py) carries it too."""
+    statistics, head roles and the menus' choices. A view drawn outside the page (python/jupyter.py) carries it too."""
     return {"models": models, "default_model": default_model,
             "example_text": EXAMPLE_TEXT, "max_chars": max_chars,
             "max_new_tokens": max_new_tokens,   # the Generate control's limit (ATTNSCOPE_MAX_NEW_TOKENS)
             "views": [{"id": v, "label": label} for v, label in VIEWS],
             "attentions": [{"id": a, "label": label} for a, label in ATTENTIONS],
             "stats": catalogue(),
+            "analyses": page_analyses(),       # static/js/api.js: each analysis' route, fields and form
             "examples": [{"id": i, "label": label, "text": text, "text_pair": pair, "kinds": list(kinds)}
                          for i, label, text, pair, kinds in EXAMPLES],
             "architectures": architectures or {},

@@ -17,10 +17,11 @@ from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
 from ..runtime.sessions import to_float16
-from . import payload, wire
+from ..analyses.payloads import rounded, timed
+from . import wire
 from .errors import refusal
-from .plans import Computed, Plan
-from .runs import Runner
+from ..analyses.base import Computed, Plan
+from ..analyses.runs import Runner
 
 SLICE = 1 << 20     # bytes per write: the server then buffers at most about this much per connection
 CLIENT_GONE = 499   # nginx's code for "client closed the request"; nobody receives it
@@ -81,10 +82,10 @@ def encode(plan: Plan, computed: Computed, started: float) -> list:
     """Payload (pure functions) -> wire form, as a list of buffers. Runs in a worker thread, in pieces that each
     hold the GIL briefly: statistics and serialisation of a long text take up to a second, and the event loop
     must stay free. timing_ms is written last, so its total covers the serialisation."""
-    body = payload.rounded(plan.payload(computed), plan.precision)
+    body = rounded(plan.payload(computed), plan.precision)
 
     def timing() -> dict:
-        return payload.timed({}, computed.result, started)
+        return timed({}, computed.result, started)
     if plan.binary:
         return wire.binary_chunks(body, plan.dtype, cast=_cast, late=timing)
     return wire.json_chunks(body, late=timing)
@@ -153,13 +154,13 @@ class Sending:
         return BuffersResponse(body, wire.BINARY if plan.binary else "application/json", headers, release)
 
     def stream(self, plan: Plan, runner: Runner, started: float, minimal: bool) -> StreamingResponse:
-        """The NDJSON form (app/routes.py documents it)."""
+        """The NDJSON form (app/routers.py documents it)."""
         return StreamingResponse(self._lines(plan, runner, started, minimal), media_type=wire.NDJSON,
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                                           "Vary": "Accept, Prefer"})
 
     def generation(self, plan, runner: Runner, started: float) -> StreamingResponse:
-        """A generation's NDJSON lines (app/routes.py documents them), each sent as soon as its step is done."""
+        """A generation's NDJSON lines (app/routers.py documents them), each sent as soon as its step is done."""
         return StreamingResponse(self._generated(plan, runner, started), media_type=wire.NDJSON,
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

@@ -1,11 +1,12 @@
 """The service: the served models, loaded once at start-up, and the server-wide parts every request shares.
 
-    svc.plans       validates a request into its plan (app/plans.py)
-    svc.runner      the result cache and the run queue (app/runs.py)
+    svc.plan(analysis, req, binary)   validates a request into its plan (analyses/: the analysis' own module);
+                    svc.plans.attention(req, binary) the same by the analysis' name
+    svc.runner      the result cache and the run queue (analyses/runs.py)
     svc.sending     the sending budget and the encoding threads (app/sending.py)
     svc.jobs        the corpus jobs' queue (app/jobs.py)
 
-It knows nothing of HTTP: its refusals are app/errors.py's.
+It knows nothing of HTTP: its refusals are analyses/errors.py's, which app/errors.py maps to statuses.
 """
 from __future__ import annotations
 
@@ -23,11 +24,15 @@ from ..runtime import Runtime
 from ..runtime.encdec import EncoderDecoderRuntime
 from ..runtime.sessions import check_compute_dtype, check_providers, default_providers, open_helpers
 from ..sources import ModelSpec, ModelUnavailable, resolve, split_entry
-from .errors import BadBody, Refused, StartupError
+from ..analyses import checks
+from ..analyses.atlas import JobRequest, plan as plan_job
+from ..analyses.base import Analysis, Context, Plan
+from ..analyses.errors import BadBody, Invalid, Refused
+from ..analyses.registry import ANALYSES, Plans
+from ..analyses.runs import Runner
+from .errors import StartupError
 from .jobs import Jobs
-from .plans import Planner
-from .runs import Runner
-from .schemas import Job, JobRequest, ModelInfo
+from .schemas import Job, ModelInfo
 from .sending import Sending
 from .settings import Settings
 
@@ -42,7 +47,8 @@ class AttentionService:
         self.loaded = threading.Event()              # every model is loaded
         self.runner = Runner(settings.max_inflight, settings.max_queue, settings.cache_mb * 2**20)
         self.sending = Sending(settings.max_sending_mb * 2**20, settings.max_renders)
-        self.plans = Planner(self.runtimes, settings, self.states)
+        self.context = Context(self.runtimes, settings, self.states)   # what planning reads
+        self.plans = Plans(self.context)             # svc.plans.<analysis>(req, binary)
         self.jobs = Jobs(settings)
         self._job_posts = None
 
@@ -99,7 +105,7 @@ class AttentionService:
                 spec = replace(spec, max_tokens=st.max_tokens[model_id])
             specs.append(spec)
         self.states.update({spec.id: "waiting" for spec in specs})
-        self.plans.specs = {spec.id: spec for spec in specs}
+        self.context.specs = {spec.id: spec for spec in specs}
         return specs
 
     def _load_one(self, spec: ModelSpec) -> None:
@@ -133,12 +139,14 @@ class AttentionService:
         except OSError as e:
             raise StartupError(f"model {model_id!r}: cannot write its ONNX graph ({e}); fix: point "
                                f"ATTNSCOPE_CACHE at a writable folder") from None
-        self.runtimes = self.plans.runtimes = {**self.runtimes, model_id: rt}
+        self.runtimes = self.context.runtimes = {**self.runtimes, model_id: rt}
         self.states[model_id] = "ready"
         log.info("%s ready on %s (%s)", model_id, rt.provider, rt.compute_dtype)
 
     def _all_loaded(self) -> None:
-        self.plans.precompute()
+        for analysis in ANALYSES.values():      # what a first request would otherwise wait for
+            if analysis.warm is not None:
+                analysis.warm(self.context)
         self.loaded.set()
 
     def _load_in_background(self, specs: list[ModelSpec]) -> None:
@@ -182,7 +190,6 @@ class AttentionService:
         and submitted; (the job, True when queued now)."""
         import json
 
-        from fastapi.exceptions import RequestValidationError
         from pydantic import ValidationError
 
         from .errors import _too_many_digits
@@ -195,13 +202,12 @@ class AttentionService:
             if isinstance(e, UnicodeDecodeError):
                 raise BadBody("the request body could not be read: send UTF-8 JSON with Content-Type: "
                               "application/json") from None
-            raise RequestValidationError([{"type": "json_invalid", "loc": ("body", 0), "msg": "JSON decode error",
-                                           "input": {}}]) from None
+            raise Invalid([], not_json=True) from None
         try:
             req = JobRequest.model_validate(obj)
         except ValidationError as e:
-            raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
-        return self.jobs.submit(self.plans.job(req, self.jobs.stage_upload))
+            raise Invalid([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
+        return self.jobs.submit(plan_job(self.context, req, self.jobs.stage_upload))
 
     def close(self) -> None:
         """At shutdown: running jobs stop between chunks (interrupted; POST them again to resume)."""
@@ -209,7 +215,22 @@ class AttentionService:
 
     @property
     def max_chars(self) -> int:
-        return self.plans.max_chars
+        return self.context.max_chars
+
+    def plan(self, analysis: Analysis, req, binary: bool) -> Plan:
+        """The request validated once into its plan, by its analysis (every check before any work)."""
+        return analysis.plan(self.context, req, binary)
+
+    def graph_file(self, model_id: str, stages: bool) -> Path:
+        """The exported graph the model runs (GET /api/models/{id}/onnx), opened when it loaded; a graph its
+        capabilities did not let it build is refused, never built here."""
+        rt = checks.runtime(self.context, model_id)
+        if not isinstance(rt, EncoderDecoderRuntime):
+            what = f"the {'stages ' if stages else ''}graph (GET /api/models/{{id}}/onnx)"
+            checks.capable(rt, "stacked", what)
+            if stages:
+                checks.capable(rt, "stages", what)
+        return rt.onnx_path(stages)
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=i, title=rt.spec.title, description=rt.spec.description, kind=rt.spec.kind,

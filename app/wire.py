@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 BINARY = "application/vnd.attnscope.tensors"
-NDJSON = "application/x-ndjson"   # a layer-by-layer run's progress, line by line, then the answer (app/routes.py)
+NDJSON = "application/x-ndjson"   # a layer-by-layer run's progress, line by line, then the answer (app/routers.py)
 MAGIC = b"ATSC"
 
 

@@ -14,7 +14,7 @@
    (loopback, the event loop before and after, the client). A request for the first layers runs a graph cut after them
    (Runtime.depth_for): the first layer's answer is under the whole model's forward; the last layer needs every
    block, so its ratio is what the answer adds to the forward.
-2. The same answers split by stage, in this process, with the server's own functions (app/plans.py, app/sending.py):
+2. The same answers split by stage, in this process, with the server's own functions (analyses/attention.py, app/sending.py):
    plan (validate, tokenise), run (the forward), payload (statistics), encode (the binary form); HTTP is the
    end-to-end time less their sum (the request and answer on loopback, the event loop, the client's parsing).
 Both raw sessions and the server's take turns on the cores: the server's threads spin only while a run is under way
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from attnscope.app.client import Client  # noqa: E402
+from attnscope.python.client import Client  # noqa: E402
 from attnscope.app.wire import BINARY, from_binary  # noqa: E402
 from bench.common import WORDS, runtime, server, session_feeds, wait_until_idle  # noqa: E402
 
@@ -127,14 +127,15 @@ def main(argv=None) -> None:
 
 def stages(args, rt, e2e: dict[int, float], seeds) -> None:
     """The answer's stages in this process, with the server's own functions."""
-    from attnscope.app.plans import Computed, Planner
-    from attnscope.app.schemas import AttentionRequest
+    from attnscope.analyses.base import Computed, Context
+    from attnscope.analyses.registry import Plans
+    from attnscope.analyses.attention import AttentionRequest
     from attnscope.app.sending import encode
     from attnscope.app.settings import Settings
 
     settings = Settings(models=[args.model], default_model=args.model)
     rt.stop_early_mb = settings.stop_early_mb
-    planner = Planner({args.model: rt}, settings)
+    planner = Plans(Context({args.model: rt}, settings))
     print("\nby stage (in-process medians; HTTP = end-to-end above less the stages):")
     print(f"  {'layer':>5} | {'plan':>6} | {'run':>6} | {'payload':>7} | {'encode':>6} | {'HTTP':>6} | ms")
     for layer, total in e2e.items():

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 
-from attnscope.app.client import Client  # noqa: E402
+from attnscope.python.client import Client  # noqa: E402
 from attnscope.app.wire import BINARY, from_binary  # noqa: E402
 from bench.common import WIDEST_ENV, median_ms, runtime, server, text_of_tokens  # noqa: E402
 

@@ -244,7 +244,7 @@ def measure_length(rt, hf, fast: dict, T: int, dev: str, sync, checks: Checks) -
 
 def l8b(root: Path, providers: list[str], n_layers: int | None, sync, checks: Checks) -> None:
     """Llama 3.1 8B's shape, bfloat16 weights, at 4,096 tokens: summaries of every head, and with thumbnails."""
-    from attnscope.app.plans import CHECKPOINTS_SHARE
+    from attnscope.analyses.attention import CHECKPOINTS_SHARE
     from attnscope.app.settings import Settings
     from attnscope.runtime.layerwise import Layerwise, Want, checkpoint_spacing
     from attnscope.runtime.runtime import Runtime
@@ -258,7 +258,7 @@ def l8b(root: Path, providers: list[str], n_layers: int | None, sync, checks: Ch
     rt8 = Runtime(resolve(f"l8b={big}"), providers=providers, cache_dir=root / "cache")
     enc = rt8.encode(text(4095))
     T8, H8 = len(enc.ids), rt8.cfg.n_heads
-    # the checkpoints' spacing a server with the default result cache picks (app/plans.py): every layer's would be
+    # the checkpoints' spacing a server with the default result cache picks (analyses/attention.py): every layer's would be
     # 2.1 GB, more than the cache holds
     every = checkpoint_spacing(rt8.cfg, T8, Settings().checkpoint_every, Settings().cache_mb * 2**20 * CHECKPOINTS_SHARE)
     lw8 = Layerwise(rt8, every, graphs=rt8.layerwise())

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from attnscope.app import payload
+from attnscope.analyses import payloads as payload
 from attnscope.app.errors import StartupError
 from attnscope.app.main import create_app
 from attnscope.app.service import AttentionService

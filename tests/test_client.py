@@ -5,7 +5,7 @@ import httpx
 import numpy as np
 import pytest
 
-from attnscope.app.client import ApiError, Client
+from attnscope.python.client import ApiError, Client
 
 TEXT = "The cat sat on the mat because it was tired."
 

@@ -22,8 +22,10 @@ from attnscope.model.masks import causal_mask
 from attnscope.runtime import Runtime
 from attnscope.app.errors import Refused
 from attnscope.app.main import create_app
-from attnscope.app.plans import Planner, chat_prompt
-from attnscope.app.schemas import GenerateRequest
+from attnscope.analyses.base import Context
+from attnscope.analyses.generate import chat_prompt
+from attnscope.analyses.registry import Plans
+from attnscope.analyses.generate import GenerateRequest
 from attnscope.app.settings import Settings
 from attnscope.runtime.generation import Generator, Sampling, distributions
 from attnscope.sources import resolve, zoo
@@ -286,7 +288,7 @@ def test_api_refuses_bad_input_clearly(live_server_smollm2, body, status, words)
 
 def test_a_key_value_cache_over_its_limit_is_refused(smollm2):
     """SmolLM2's cache is 45 KB a token (5,825 tokens fit the default 256 MB, more than it reads); at 1 MB, 23 do."""
-    planner = Planner({"smollm2": smollm2}, Settings(layerwise_mb=1))
+    planner = Plans(Context({"smollm2": smollm2}, Settings(layerwise_mb=1)))
     planner.generate(GenerateRequest(text="The quick brown fox", max_new_tokens=18))
     with pytest.raises(Refused, match=r"key/value cache would hold 1 MB \(4 \+ 19 tokens\).*ATTNSCOPE_LAYERWISE_MB"):
         planner.generate(GenerateRequest(text="The quick brown fox", max_new_tokens=19))
@@ -296,7 +298,7 @@ def test_the_default_length_stays_within_a_lower_limit(smollm2):
     """ATTNSCOPE_MAX_NEW_TOKENS below the default (32): a request that leaves max_new_tokens out asks for the limit,
     and the request schema's default says so (the fuzzer found the default refused as over the limit); one that asks
     for more is refused by name."""
-    planner = Planner({"smollm2": smollm2}, Settings(max_new_tokens=16))
+    planner = Plans(Context({"smollm2": smollm2}, Settings(max_new_tokens=16)))
     assert planner.generate(GenerateRequest(text="The quick brown fox")).request.max_new_tokens == 16
     with pytest.raises(Refused, match=r"max_new_tokens 17 is over the limit of 16 \(ATTNSCOPE_MAX_NEW_TOKENS\)"):
         planner.generate(GenerateRequest(text="The quick brown fox", max_new_tokens=17))
@@ -311,7 +313,7 @@ def test_the_default_length_stays_within_a_lower_limit(smollm2):
 
 def test_an_encoder_is_refused(minilm):
     with pytest.raises(Refused, match="generation reads next-token logits, and model 'minilm' has no LM head"):
-        Planner({"minilm": minilm}, Settings()).generate(GenerateRequest(model="minilm", text="A sentence."))
+        Plans(Context({"minilm": minilm}, Settings())).generate(GenerateRequest(model="minilm", text="A sentence."))
 
 
 def test_a_model_without_a_chat_template_refuses_chat(runtimes):

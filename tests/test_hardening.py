@@ -373,7 +373,7 @@ def test_read_only_cache_with_only_the_main_graph_serves_stages(serve):
 def test_run_slots_serve_oldest_first_and_newest_first_when_backed_up():
     import asyncio
 
-    from attnscope.app.runs import RunSlots
+    from attnscope.analyses.runs import RunSlots
 
     async def main():
         slots, order = RunSlots(1), []

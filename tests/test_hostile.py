@@ -24,7 +24,8 @@ from attnscope.app.bundle import bundle
 from attnscope.app.main import create_app
 from attnscope.app.pages import PLOTLY_JS
 from attnscope.app.middleware import CSP
-from attnscope.app.schemas import AttentionRequest
+from attnscope.analyses import checks
+from attnscope.analyses.attention import AttentionRequest
 from attnscope.app.settings import Settings, default_inflight
 from attnscope.app.wire import BINARY, from_binary
 
@@ -461,7 +462,7 @@ def test_internal_errors_have_no_traceback_or_path(client, monkeypatch):
 
     def broken(*args, **kw):
         raise RuntimeError(f"boom in {ROOT}/app/service.py line 3")
-    monkeypatch.setattr(svc.plans, "_check_cells", broken)
+    monkeypatch.setattr(checks, "cells", broken)
     with TestClient(client.app, raise_server_exceptions=False) as c:
         r = _send(c, "/api/attention", {"text": "an internal error " + uuid.uuid4().hex, "layers": [0]}, {})
     assert r.status_code == 500

@@ -1,4 +1,4 @@
-"""The page's views in Jupyter (app/jupyter.py), carrying the page's ES modules as one (app/bundle.py, tested in
+"""The page's views in Jupyter (python/jupyter.py), carrying the page's ES modules as one (app/bundle.py, tested in
 tests/test_bundle.py). The drawing itself: tests/browser/test_notebook_view.py."""
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from attnscope.app import bundle, jupyter, pages, wire
-from attnscope.app.local import Model
+from attnscope.app import bundle, pages, wire
+from attnscope.python import jupyter
+from attnscope.python.local import Model
 
 TEXT = "The cat sat on the mat."
 ROOT = pages.ROOT / "static" / "js"

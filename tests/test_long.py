@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from attnscope.app.main import create_app
-from attnscope.app.plans import LayerwisePlan
+from attnscope.analyses.attention import LayerwisePlan
 from attnscope.app.service import AttentionService
 from attnscope.app.settings import Settings
 from attnscope.app.wire import BINARY, NDJSON, from_binary
@@ -384,7 +384,7 @@ def service(**settings) -> AttentionService:
 
 
 def test_layerwise_threshold_decides_the_path():
-    from attnscope.app.schemas import AttentionRequest
+    from attnscope.analyses.attention import AttentionRequest
 
     req = AttentionRequest(text=TEXT)                             # ~60 tokens: 6 x 12 x 60^2 x 4 bytes ~ 1 MB
     assert not isinstance(service(layerwise_mb=2).plans.attention(req, False), LayerwisePlan)
@@ -396,7 +396,7 @@ def test_preferring_layerwise_walks_when_the_stacked_run_would_fetch_every_layer
     give (next tokens need the whole model), runs layer by layer: the same answer, the statistics computed in the
     graph and only the asked layer's matrices fetched; what the walk cannot give (rollout) and an answer of every
     layer still run stacked."""
-    from attnscope.app.schemas import AttentionRequest
+    from attnscope.analyses.attention import AttentionRequest
     from attnscope.app.wire import to_json
 
     walking, plain = service(prefer_layerwise=True), service()
@@ -428,7 +428,7 @@ def test_preferring_layerwise_walks_when_the_stacked_run_would_fetch_every_layer
 
 
 def test_cache_and_checkpoints_follow_the_settings():
-    from attnscope.app.schemas import AttentionRequest
+    from attnscope.analyses.attention import AttentionRequest
 
     svc = service(layerwise_mb=0, checkpoint_every=4, cache_mb=1)
     results = []
@@ -445,7 +445,7 @@ def test_checkpoints_are_spaced_so_a_long_run_stays_cached_and_heads_asked_later
     MiniLM at 128 tokens with a 1 MB cache: 6 checkpoints of 192 KB would pass 0.5 MB, so every 3rd layer's is kept;
     the run is cached, and a head of layer 5 asked next runs blocks 3-5 from it (no embedding, no final run), equal
     to the stacked graph's matrix."""
-    from attnscope.app.schemas import AttentionRequest
+    from attnscope.analyses.attention import AttentionRequest
 
     svc = service(layerwise_mb=0, cache_mb=1)
     rt = svc.runtimes["minilm"]

@@ -117,7 +117,7 @@ def test_client_needs_only_numpy(tmp_path, client_answer):
     (only / "attnscope").symlink_to(ROOT)
     blob = tmp_path / "answer.bin"
     blob.write_bytes(client_answer["blob"])
-    code = ("import sys, json; from attnscope.app.client import Client, from_binary; "
+    code = ("import sys, json; from attnscope.python.client import Client, from_binary; "
             "a = from_binary(open(sys.argv[1], 'rb').read()); "
             "assert 'starlette' not in sys.modules and 'orjson' not in sys.modules and 'onnxruntime' not in sys.modules; "
             "print(json.dumps({'tokens': a['tokens'], 'shape': list(a['attention'].shape), "

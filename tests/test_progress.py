@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from attnscope.app.main import create_app
-from attnscope.app.schemas import ImportanceRequest
+from attnscope.analyses.importance import ImportanceRequest
 from attnscope.app.settings import Settings
 from attnscope.runtime.errors import Stopped
 

@@ -34,10 +34,10 @@ def test_figures_show_the_numbers(runtimes):
 
 
 def test_client_is_exported():
-    assert attnscope.Client.__module__ == "attnscope.app.client"
+    assert attnscope.Client.__module__ == "attnscope.python.client"
 
 
-# ---- one Python API, in-process and remote (app/analyses.py) ------------------------------------------------------
+# ---- one Python API, in-process and remote (python/api.py) ------------------------------------------------------
 IOI = ("When Mary and John went to the store, John gave a drink to",
        "When Mary and John went to the store, Mary gave a drink to")
 
@@ -159,7 +159,7 @@ def test_minilm_in_process_and_remote(minilm, live_server):
         assert len(a.figure().data) >= 1
     x = a.to_xarray()
     assert x["query_sums"].dims == ("query_component",) and x.query_component.values[0] == "embed"
-    from attnscope.app.client import ApiError
+    from attnscope.python.client import ApiError
     with pytest.raises(ApiError, match="layers \\[9\\] out of range") as e:
         local.attention(text, layers=[9])
     assert e.value.status == 422

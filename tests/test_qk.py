@@ -281,7 +281,7 @@ def test_circuits_start_with_the_server_and_are_kept_in_the_cache(client):
     """Issue 37: a first /api/circuits on SmolLM2 computed its weight products in a run slot (seconds, and longer
     behind other runs). Each served model's are started in the background when the server starts, and kept beside the
     graphs, keyed by the weights and the code: a later server reads the same numbers."""
-    from attnscope.app.plans import _circuits_file
+    from attnscope.analyses.circuits import circuits_file as _circuits_file
 
     plans = client.app.state.service.plans
     assert set(plans._circuits) == {"smollm2", "minilm", "tiny-gpt", "induction", "gpt2"}   # before any request

@@ -102,7 +102,7 @@ def test_the_cache_charges_what_a_result_keeps_alive_and_stays_in_budget():
     import numpy as np
     from dataclasses import dataclass
 
-    from attnscope.app.runs import ResultCache, nbytes
+    from attnscope.analyses.runs import ResultCache, nbytes
 
     @dataclass(frozen=True)
     class Result:

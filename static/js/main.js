@@ -82,7 +82,8 @@ const generator = createGeneration({ go, redraw, target: streamTarget });
 // ---- the update loop --------------------------------------------------------------------------------
 function fetchAll(reqs, run, opts) {
   return Promise.all(reqs.map(({ endpoint, soft, ...params }) => {
-    const answer = api[endpoint]({ ...run, ...params }, opts);
+    const answer = endpoint in api.ANALYSES ? api.analysis(endpoint, { ...run, ...params }, opts)
+      : api[endpoint]({ ...run, ...params }, opts);          // the corpus jobs' own: jobs, atlas
     return soft ? answer.catch((error) => ({ error })) : answer;
   }));
 }
@@ -105,7 +106,7 @@ function firstRequest(st, info, run, long) {
  *  from its requests for the prompt's answer (the update's own: shared from api.js's cache). */
 async function streamTarget(st, info) {
   const run = runOptions(st, info), opts = { progress: longText(st, info) };
-  const meta = await api.attention(firstRequest(st, info, run, opts.progress), opts);
+  const meta = await api.analysis("attention", firstRequest(st, info, run, opts.progress), opts);
   const heads = new Set([st.head]);
   for (const r of can(info, st.view) ? VIEWS[st.view].requests(st, info, meta) : []) {
     if (r.endpoint === "attention" && r.layers?.length === 1 && r.layers[0] === st.layer) r.heads?.forEach((hd) => heads.add(hd));
@@ -226,7 +227,7 @@ async function update() {
   const run = runOptions(st, info);
   const opts = { progress: longText(st, info) };          // a long text runs layer by layer: its progress streams first
   try {
-    const metaP = api.attention(firstRequest(st, info, run, opts.progress), opts);
+    const metaP = api.analysis("attention", firstRequest(st, info, run, opts.progress), opts);
     const able = can(info, st.view);
     let dataP = !able || view.needsMeta || opts.progress ? null : fetchAll(view.requests(st, info, null), run, opts);
     dataP?.catch(() => {});

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from playwright.sync_api import Page
 
-from attnscope.app import jupyter, wire
+from attnscope.app import wire
+from attnscope.python import jupyter
 
 from ..test_notebooks import execute, value
 
@@ -70,7 +71,7 @@ def test_explore_heads_notebook_draws_the_head_view_offline(page: Page, console_
 def test_a_saved_lens_view_draws_the_lens_and_its_head_lens_offline(page: Page, console_errors, runtimes, tmp_path):
     """The logit lens of tiny-gpt from a View saved as a page: the grid names each cell's top token of the carried
     lens, the head lens is of the head asked; another head (not carried) leaves the head lens empty, not wrong."""
-    from attnscope.app.local import Model
+    from attnscope.python.local import Model
 
     v = Model(runtimes["tiny-gpt"]).show("the cat sat on the mat . the cat", view="lens", layer=1, head=0)
     lens = v.answers["lens"]

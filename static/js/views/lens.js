@@ -32,7 +32,7 @@ export const supported = (info) => Boolean(info.unembedding) && can(info, "lens"
 /** The lens, and the head lens of the page's head where the model's family allows it (capability `head_lens`). */
 export function requests(st, info) {
   if (!supported(info)) return [];
-  return [{ endpoint: "lens", top: TOP, ...(can(info, "head_lens") ? { layer: st.layer, head: st.head } : {}), soft: true }];
+  return [{ endpoint: "lens", top: TOP, ...(can(info, "head_lens") ? { head_lens: [st.layer, st.head] } : {}), soft: true }];
 }
 
 const short = (tok, n = LABEL_CHARS) => {

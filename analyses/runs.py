@@ -1,7 +1,7 @@
 """Model runs: each computed once per key, cached, shared by every request that needs it, and queued for a bounded
 number of run slots.
 
-A plan (app/plans.py) names its runs as Run(key, call): `call` runs the model in a worker thread, and its result is a
+A plan (analyses/: each analysis' module) names its runs as Run(key, call): `call` runs the model in a worker thread, and its result is a
 pure function of the key (model, input, options), so it is cached by content hash. `Runner.result(run)` returns it
 from the cache, from an identical run under way, or from a new run that waits for a slot; a queued run nobody waits
 for any more is dropped, one already running finishes and is cached. A layer-by-layer run's progress is shared through

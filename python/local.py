@@ -1,12 +1,12 @@
 """The Python API in-process: the server's own service, with no server.
 
-    m = attnscope.load("smollm2")             # a Model: every analysis of app/analyses.py, answered here
+    m = attnscope.load("smollm2")             # a Model: every analysis of the registry, answered here
     m.qk("The cat sat on the mat. The cat", layer=1, head=0, query=7, key=2).top
     m("The cat sat.")                          # the Runtime's own call (an AttentionResult), as before; m.runtime
 
-Each call is what the route does, without HTTP: the request checked by its schema (app/schemas.py), planned by the
-service's Planner, computed through its Runner (the result cache, run slots), its payload built and encoded in the
-binary wire form by app/sending.encode, then decoded (app/wire.py) -- exactly what app/client.py decodes from the
+Each call is what the route does, without HTTP: the request checked by its analysis' request model, planned by its
+analysis' module, computed through its Runner (the result cache, run slots), its payload built and encoded in the
+binary wire form by app/sending.encode, then decoded (app/wire.py) -- exactly what python/client.py decodes from the
 server. The service's coroutines run on an event loop of the Model's own, in a thread, so a notebook's running loop
 is never in the way.
 """
@@ -21,26 +21,20 @@ from typing import Iterator
 
 from pydantic import BaseModel, ValidationError
 
-from . import schemas, wire
-from .analyses import Analyses
+from ..analyses.errors import Invalid
+from ..analyses.registry import ANALYSES
+from ..app import wire
+from ..app.errors import invalid, refusal
+from ..app.settings import Settings
+from .api import Analyses
 from .client import ApiError
-from .errors import invalid, refusal
-from .settings import Settings
 
-# path -> (the request's schema, the Planner method that plans it)
-ROUTES = {"/api/attention": (schemas.AttentionRequest, "attention"), "/api/stages": (schemas.StagesRequest, "stages"),
-          "/api/importance": (schemas.ImportanceRequest, "importance"),
-          "/api/patching": (schemas.PatchingRequest, "patching"),
-          "/api/path_patching": (schemas.PathPatchingRequest, "path_patching"),
-          "/api/knockout": (schemas.KnockoutRequest, "knockout"), "/api/qk": (schemas.QKRequest, "qk"),
-          "/api/lens": (schemas.LensRequest, "lens"), "/api/circuits": (schemas.CircuitsRequest, "circuits"),
-          "/api/generate": (schemas.GenerateRequest, "generate")}
+BY_PATH = {a.path: a for a in ANALYSES.values()}   # the registry's analyses by their route
 
 
 def _request(path: str, body: dict) -> BaseModel:
-    cls = ROUTES[path][0]
     try:
-        return cls.model_validate(body)
+        return BY_PATH[path].request.model_validate(body)
     except ValidationError as e:
         raise ApiError(422, invalid([{**err, "loc": ("body", *err["loc"])} for err in e.errors()])["detail"]) from None
 
@@ -51,7 +45,7 @@ class Model(Analyses):
 
     def __init__(self, runtime=None, *, settings: Settings | None = None):
         """From a Runtime already built (Model(rt)), or from settings naming the models to load (load() does)."""
-        from .service import AttentionService
+        from ..app.service import AttentionService
 
         if settings is None:
             settings = Settings(models=[runtime.spec.id], default_model=runtime.spec.id, cache=runtime.cache_dir,
@@ -88,7 +82,7 @@ class Model(Analyses):
         return [m.model_dump(mode="json") for m in self.service.models()]
 
     def _boot(self) -> dict:
-        from .pages import architectures, boot_block
+        from ..app.pages import architectures, boot_block
 
         svc = self.service
         return boot_block(self.models(), default_model=svc.settings.default_model, max_chars=svc.max_chars,
@@ -106,12 +100,12 @@ class Model(Analyses):
         raise ApiError(answer[0], answer[1]) from None
 
     def _post(self, path: str, body: dict) -> dict:
-        from .sending import encode
+        from ..app.sending import encode
 
         req = _request(path, body)
         started = time.perf_counter()
         try:
-            plan = getattr(self.service.plans, ROUTES[path][1])(req, True)
+            plan = self.service.plan(BY_PATH[path], req, True)
             computed = self._run(plan.compute(self.service.runner))
         except Exception as e:  # noqa: BLE001 - a refusal becomes the API's ApiError; anything else propagates
             self._refused(e)
@@ -121,7 +115,7 @@ class Model(Analyses):
         """A generation's lines, each as the NDJSON stream carries it (JSON), made one step at a time."""
         req = _request(path, body)
         try:
-            plan = self.service.plans.generate(req)
+            plan = self.service.plan(BY_PATH[path], req, False)
         except Exception as e:  # noqa: BLE001
             self._refused(e)
         lines = plan.lines(self.service.runner, time.perf_counter())
@@ -152,8 +146,9 @@ class Model(Analyses):
             path.write_text(json.dumps(body))
             job, _ = self.service.post_job(path)
         except Exception as e:  # noqa: BLE001
-            if type(e).__name__ == "RequestValidationError":
-                raise ApiError(422, invalid(e.errors())["detail"]) from None
+            if isinstance(e, Invalid):
+                raise ApiError(400 if e.not_json else 422, e.args[0] if e.not_json else invalid(e.errors)["detail"]
+                               ) from None
             self._refused(e)
         finally:
             path.unlink(missing_ok=True)
@@ -195,7 +190,7 @@ def load(model_id: str, *, folder: str | Path | None = None, cache_dir: str | Pa
     its matrix products run in, "float32" (exact) or a fast mode ("float16"; on a GPU "bfloat16" or "tf32"),
     labelled in every answer; default ATTNSCOPE_COMPUTE_DTYPE, as the server's."""
     from ..runtime.runtime import load as runtime
-    from .settings import get_settings
+    from ..app.settings import get_settings
 
     settings = get_settings()            # the graph cache: ATTNSCOPE_CACHE, as the server's
     rt = runtime(model_id, folder=folder, cache_dir=cache_dir or settings.cache, providers=providers, threads=threads,

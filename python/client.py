@@ -1,9 +1,9 @@
 """A small client for the REST API with no dependencies beyond the standard library and NumPy: every analysis of
-app/analyses.py (the in-process Model's methods, with the same answers).
+python/api.py (the in-process Model's methods, with the same answers).
 
     from attnscope import Client
     api = Client("http://127.0.0.1:8000")
-    ans = api.attention("The cat sat on the mat.", layers=[2])     # binary form, decoded, typed (app/answers.py)
+    ans = api.attention("The cat sat on the mat.", layers=[2])     # binary form, decoded, typed (analyses/answers.py)
     ans["tokens"], ans["attention"].shape                            # [...], (1, 12, 9, 9)
     api.patching(clean, corrupt, "␣Mary", "␣John", model="smollm2").top_heads()
 
@@ -18,8 +18,8 @@ import json
 import mmap
 import urllib.parse
 
-from .analyses import Analyses
-from .wire import BINARY, NDJSON, from_binary
+from ..app.wire import BINARY, NDJSON, from_binary
+from .api import Analyses
 
 
 def _buffer(n: int):

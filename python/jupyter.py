@@ -27,9 +27,14 @@ import itertools
 import json
 from pathlib import Path
 
-from . import wire
-from .answers import Answer, Attention, Attribution, Lens, PathPatching, Patching
-from .pages import page_bundle
+from ..app import wire
+from ..analyses.answers import Answer
+from ..analyses.attention import Attention
+from ..analyses.attribution import DirectAttribution
+from ..analyses.lens import LogitLens
+from ..analyses.path_patching import PathPatching
+from ..analyses.patching import Patching
+from ..app.pages import page_bundle
 
 ENTRY = "embed.js"
 # static/js/embed.js VIEWS: each view's name and the answers it draws from (the attention answer: every view's tokens)
@@ -38,7 +43,7 @@ VIEWS = {"head": ("Head view", ("attention",)), "lines": ("Lines", ("attention",
          "effects": ("Effects", ("attention",))}
 # the answers an output carries: what embed.js finds it by (the endpoint; the effects view's direct logit attribution,
 # an /api/attention answer, by its own name), and the form the page fetches it in (api.js: binary or JSON)
-FORMS = {Attention: ("attention", "binary"), Lens: ("lens", "json"), Attribution: ("attribution", "binary"),
+FORMS = {Attention: ("attention", "binary"), LogitLens: ("lens", "json"), DirectAttribution: ("attribution", "binary"),
          Patching: ("patching", "json"), PathPatching: ("path_patching", "json")}
 CSS = Path(__file__).resolve().parents[1] / "static" / "css" / "app.css"
 _ids = itertools.count()

@@ -23,7 +23,7 @@ def _runtime(entry: str):
     providers, threads, compute dtype)."""
     from ..runtime import Runtime
     from ..sources import resolve
-    from .settings import get_settings
+    from ..app.settings import get_settings
 
     st = get_settings()
     return Runtime(resolve(entry, st.model_dirs(), cache=st.cache), st.providers or None, st.threads, st.cache,
@@ -61,7 +61,7 @@ def _attend(args) -> int:
 
 def _corpus(args) -> int:
     from ..corpus import CorpusError, run_corpus
-    from .settings import get_settings
+    from ..app.settings import get_settings
     st = get_settings()
     try:
         run_corpus(args.input, args.model, engine=args.engine, out=args.out, sample=args.sample, seed=args.seed,
@@ -138,9 +138,9 @@ def main(argv=None) -> int:
     m.add_argument("--url", help="answer the tools with a running attnscope server's API instead (no model loaded)")
     m.add_argument("--grace", type=float, default=None, metavar="SECONDS",
                    help="http: on SIGTERM, what open sessions and calls in flight get to end before they are "
-                        "cancelled, and as long again before the process exits anyway (default: app/agents.py GRACE_S)")
+                        "cancelled, and as long again before the process exits anyway (default: python/agents.py GRACE_S)")
     args = parser.parse_args(argv)
-    from .settings import get_settings, setup_logging
+    from ..app.settings import get_settings, setup_logging
     if args.cmd in ("serve", "mcp") and args.model:   # the app (imported by uvicorn) reads its settings from the environment
         os.environ["ATTNSCOPE_MODELS"] = ",".join(args.model)
         get_settings.cache_clear()
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     setup_logging()
 
     if args.cmd == "serve":  # uvicorn with limits and timeouts on every connection (app/server.py)
-        from .server import serve
+        from ..app.server import serve
         serve(get_settings(), args.host, args.port, args.log_level)
         return 0
     if args.cmd == "mcp":      # stdout is the protocol's: logs go to stderr (setup_logging)

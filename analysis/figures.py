@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analysis.thumbnails import downsample
+from .thumbnails import downsample
 
 COLORSCALE = "Cividis"   # the page's scale: sequential, perceptually uniform, colour-blind safe
 PROBABILITY = {"zmin": 0.0, "zmax": 1.0}

@@ -1,0 +1,164 @@
+"""attnscope for agents: the analyses as Model Context Protocol tools (`attnscope mcp`, the official `mcp` SDK).
+
+    attnscope mcp                                  # stdio: the models of ATTNSCOPE_MODELS, in this process
+    attnscope mcp --transport http --port 8765     # streamable HTTP at http://127.0.0.1:8765/mcp
+    attnscope mcp --url http://127.0.0.1:8000      # the tools answered by a running server instead
+
+Every tool is an analysis' own (its module in analyses/, listed in analyses/registry.py) and calls the Python API
+(python/api.py: an in-process Model, or a Client with --url), so its numbers are the REST API's; what it returns is sized for a model's context: the metric and the top-k heads of a map, the top pairs
+of a QK table, the top tokens of a lens, never a whole [layer, head, query, key] array. Resources: the served models
+(attnscope://models) and each finished atlas (attnscope://atlases, attnscope://atlas/{job_id}).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import threading
+import typing
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from ..analyses.answers import TOP, ModelId, Top, top_of
+from ..analyses.registry import tools
+from .api import Analyses
+
+Result = dict[str, Any]   # a tool's answer: structured (JSON) content
+GRACE_S = 5.0      # HTTP: after SIGTERM (or Ctrl-C), what open sessions and tool calls in flight get to end
+
+
+
+def server(api: Analyses, name: str = "attnscope"):
+    """The MCP server of `api`'s analyses (a Model or a Client)."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from .client import ApiError
+
+    mcp = MCPServer(name, instructions=(
+        "Interpretability of transformer attention heads on real models (exact numbers, the same as attnscope's "
+        "REST API and page). Read attnscope://models for the models, their layers and heads. Heads are "
+        "(layer, head), 0-based; L23H3 is layer 23, head 3. Targets are tokens as next-token lists show them "
+        "('␣Mary' for ' Mary') or a text that is exactly one token. Patching needs two texts of the same token "
+        "count."))
+
+    # ---- resources -------------------------------------------------------------------------------------------------
+    @mcp.resource("attnscope://models", name="models", mime_type="application/json",
+                  description="the served models: id, layers, heads, kind, whether they predict tokens")
+    def models() -> list[dict]:
+        return [{k: m.get(k) for k in ("id", "title", "kind", "layers", "heads", "kv_heads", "d_model", "max_tokens",
+                                       "predictions", "unembedding")} for m in api.models()]
+
+    @mcp.resource("attnscope://atlases", name="atlases", mime_type="application/json",
+                  description="the corpus atlases (jobs): id, model, state, texts")
+    def atlases() -> list[dict]:
+        return [{"id": j["id"], "model": j["model"], "state": j["state"], "texts": j["progress"]["texts_total"]}
+                for j in api.jobs()]
+
+    @mcp.resource("attnscope://atlas/{job_id}", name="atlas", mime_type="application/json",
+                  description="a finished atlas: for each statistic, the heads with the largest values")
+    def atlas(job_id: str) -> dict:
+        return _atlas_summary(api.job(job_id).result(timeout=0), TOP)
+
+    # ---- tools: each analysis' own (analyses/registry.py), and the atlas jobs' ------------------------------------
+    def tool(fn, name: str, description: str):
+        """A tool whose refusals (the API's 4xx, a bad argument) reach the model as its message."""
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except (ApiError, ValueError) as e:
+                raise ToolError(str(e)) from None
+        return mcp.tool(name=name, description=description, structured_output=True)(call)
+
+    for name, (_, t) in tools().items():
+        tool(_bound(t.call, api), name, t.description)
+
+    def atlas_start(model: ModelId = None, texts: Annotated[int, Field(ge=1, le=100000)] = 200) -> Result:
+        return _job(api.atlas(model=model, texts=texts).job)
+
+    def atlas_job(job_id: str, cancel: bool = False, top: Top = 5) -> Result:
+        job = api.job(job_id)
+        if cancel:
+            job.cancel()
+        out = _job(job.job)
+        if job.state == "done":
+            out["atlas"] = _atlas_summary(job.result(timeout=0), top)
+        return out
+
+    tool(atlas_start, "atlas_start", "Start a head atlas over the bundled corpus (per-head statistics over many "
+         "texts); returns the job, whose progress and result atlas_job reads.")
+    tool(atlas_job, "atlas_job", "A head atlas job: its state and progress; when done, the top heads of each "
+         "statistic. cancel=true stops it.")
+    return mcp
+
+
+def _bound(call, api):
+    """An analysis' tool call(api, ...) as a tool of `api`: its signature without `api`, its annotations evaluated in
+    its own module (so that the MCP SDK reads them as they are)."""
+    hints = typing.get_type_hints(call, include_extras=True)
+    sig = inspect.signature(call)
+    params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in list(sig.parameters.values())[1:]]
+
+    def bound(**kwargs):
+        return call(api, **kwargs)
+    bound.__signature__ = sig.replace(parameters=params, return_annotation=Result)   # structured content
+    bound.__name__, bound.__doc__ = call.__name__, call.__doc__
+    return bound
+
+def _job(job: dict) -> dict:
+    return {"id": job["id"], "model": job["model"], "state": job["state"], **job["progress"]}
+
+
+def _atlas_summary(atlas, top: int) -> dict:
+    return {"model": atlas.model, "texts": atlas.data.get("texts"),
+            "top_heads": {name: top_of(value, top, name, by_abs=False) for name, (_, value) in atlas.arrays().items()}}
+
+
+def main(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765, url: str | None = None,
+         grace: float | None = None) -> None:
+    """`attnscope mcp`: the served models (ATTNSCOPE_MODELS) in this process, or a server's (url)."""
+    if url:
+        from .client import Client
+        api = Client(url)
+    else:
+        from .local import Model
+        from ..app.settings import get_settings
+        api = Model(settings=get_settings())
+    mcp = server(api)
+    if transport == "stdio":
+        mcp.run("stdio")
+    else:
+        serve_http(mcp, host, port, GRACE_S if grace is None else grace)
+
+
+def serve_http(mcp, host: str, port: int, grace: float = GRACE_S) -> None:
+    """Streamable HTTP at http://host:port/mcp, with a bounded shutdown. On SIGTERM (or Ctrl-C) the server stops
+    taking connections and gives the open sessions (an agent's host holds one open, with its GET stream) and the
+    calls in flight `grace` seconds to end (uvicorn's timeout_graceful_shutdown), then cancels them and shuts the
+    session manager down. A tool call still running then (a call to a server that does not answer, a long patching:
+    its thread cannot be cancelled) held the process, and the manager's shutdown with it, until it returned; the
+    process now exits `grace` seconds after that all the same, with the signal's status (128 + signal)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if not self.should_exit:                  # the first signal: the watchdog, after uvicorn's own grace
+                watchdog = threading.Timer(2 * grace, _exit_after_grace, args=(sig, grace))
+                watchdog.daemon = True                    # a process that ends in time is not held by it
+                watchdog.start()
+            super().handle_exit(sig, frame)
+
+    app = mcp.streamable_http_app(host=host)
+    Server(uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=grace,
+                          log_level=mcp.settings.log_level.lower())).run()
+
+
+def _exit_after_grace(sig: int, grace: float) -> None:
+    """The watchdog of serve_http's shutdown (a thread of its own; it runs only if the process is still there)."""
+    logging.getLogger(__name__).warning("a tool call was still running %.0f s after the shutdown began: exiting "
+                                        "without it", 2 * grace)
+    logging.shutdown()
+    os._exit(128 + sig)
