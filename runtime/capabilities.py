@@ -30,7 +30,7 @@ SIZE = ("stacked", "numpy", "circuits", "importance", "stages")   # what the wei
 PAGE = ("head", "lines", "model", "summary", "entropy", "compare", "corpus", "effects", "lens", "atlas",
         "why", "head_lens", "attribution", "patching", "knockout", "predictions", "generate", "jobs")
 FEATURES = SIZE + PAGE   # "circuits" and "stages" are size features and tabs (their view ids): one entry each
-# The features of a family that make a decomposition inexact (Planner._decomposable names them at length; the record
+# The features of a family that make a decomposition inexact (analyses/checks.py decomposable names them at length; the record
 # in a few words): (the config field, its short name).
 BENDS = {"qk_norm": "QK-norm", "attn_softcap": "attention soft-capping", "output_norms": "post-norms",
          "final_softcap": "final logit soft-capping"}

@@ -61,7 +61,7 @@ Progress = Callable[[int, int], None]   # (blocks done, blocks in this run)
 def checkpoint_spacing(cfg, T: int, every: int, budget_bytes: float) -> int:
     """How many layers apart a walk over T tokens keeps its checkpoints: `every` (ATTNSCOPE_CHECKPOINT_EVERY), or
     further apart where that many [T, D] float32 checkpoints would pass `budget_bytes` -- the share of the result
-    cache a run's checkpoints may take (app/plans.py: half): a run whose kept parts pass the cache is not kept at
+    cache a run's checkpoints may take (analyses/attention.py CHECKPOINTS_SHARE: half): a run whose kept parts pass the cache is not kept at
     all, and every head asked after it runs the whole walk again instead of a few blocks (Llama 3.1 8B's shape at
     4,096 tokens: 32 x 64 MB = 2.1 GB of checkpoints against a 768 MB cache; spaced 6 apart, 384 MB)."""
     fit = int(budget_bytes // (T * cfg.d_model * COMPUTE.itemsize))       # checkpoints the budget holds
