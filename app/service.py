@@ -21,7 +21,8 @@ import anyio
 
 from ..runtime import Runtime
 from ..runtime.encdec import EncoderDecoderRuntime
-from ..runtime.sessions import check_compute_dtype, check_providers, default_providers, open_helpers
+from ..runtime.options import check_compute_dtype, check_providers, default_providers
+from ..runtime.sessions import open_helpers
 from ..sources import ModelSpec, ModelUnavailable, resolve, split_entry
 from .errors import BadBody, Refused, StartupError
 from .jobs import Jobs
