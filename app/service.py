@@ -26,6 +26,7 @@ from ..runtime.sessions import open_helpers
 from ..sources import ModelSpec, ModelUnavailable, resolve, split_entry
 from .errors import BadBody, Refused, StartupError
 from .jobs import Jobs
+from .pages import capability_record
 from .plans import Planner
 from .runs import Runner
 from .schemas import Job, JobRequest, ModelInfo
@@ -223,5 +224,5 @@ class AttentionService:
                           chat=bool(rt.generation and rt.generation.chat_template),
                           local_layers=list(rt.cfg.local_layers), sliding_window=rt.cfg.sliding_window,
                           head_roles=list(rt.spec.head_roles), explanation=rt.spec.explanation,
-                          capabilities=rt.capabilities.record())
+                          capabilities=capability_record(rt.capabilities))
                 for i, rt in list(self.runtimes.items())]
