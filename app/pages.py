@@ -16,7 +16,6 @@ from fastapi.templating import Jinja2Templates
 from ..analysis.roles import ROLE_TARGETS, ROLE_TEXT
 from ..analysis.statistics import catalogue
 from .bundle import bundle
-from .routers import get_service
 from ..analyses.patching import PatchingRequest
 from ..analyses.registry import page as page_analyses
 from ..analyses.schemas import EXAMPLE_TEXT, RunOptions
@@ -32,7 +31,13 @@ VIEW_GROUPS = [("Where heads look", ("head", "lines", "model", "summary", "entro
                ("What they do", ("effects", "lens")),
                ("Over a corpus", ("corpus", "atlas"))]
 assert [v for _, ids in VIEW_GROUPS for v in ids] == [v for v, _ in VIEWS]
-# Which of these a model can do is its capability record's (runtime/capabilities.py: one feature per view id).
+# What each view needs of a model: features of its capability record (runtime/capabilities.py FEATURES). Each view is a
+# feature of the record /api/models serves too, by its id (capability_record): a model that lacks one of the features
+# its view needs gets the tab disabled with that feature's short reason (static/js/main.js).
+VIEW_NEEDS = {"head": (), "lines": (), "model": ("summary",), "summary": ("summary",), "entropy": ("summary",),
+              "compare": ("summary",), "stages": ("stages",), "circuits": ("circuits",),
+              "effects": ("patching", "knockout"), "lens": ("lens",), "corpus": ("summary",), "atlas": ("jobs",)}
+assert list(VIEW_NEEDS) == [v for v, _ in VIEWS]
 # The attentions an encoder-decoder's answer holds (the page's "Attention" control: static/js/encdec.js).
 ATTENTIONS = [("encoder", "Encoder self-attention"), ("decoder", "Decoder self-attention"),
               ("cross", "Cross-attention (decoder → encoder)")]
@@ -84,7 +89,7 @@ router = APIRouter(include_in_schema=False)
 
 @router.get("/")
 def index(request: Request):
-    svc = get_service(request)
+    svc = request.app.state.service   # as routers.get_service, which this module cannot import: the service imports it
     loading = svc.loading          # the models still loading (the server answers while they load): their states
     wanted = request.query_params.get("model") or svc.settings.default_model   # a link's model, else the default
     if wanted in loading:          # nothing to draw yet: which models load, until the one the page shows is ready
@@ -104,6 +109,20 @@ def architectures(runtimes) -> dict:
                                    "qkv_bias": rt.cfg.qkv_bias, "qk_norm": rt.cfg.qk_norm,
                                    "output_norms": rt.cfg.output_norms, "parallel_residual": rt.cfg.parallel_residual,
                                    "rotary_dim": rt.cfg.rotary_dim, "d_head": rt.cfg.d_head} for rt in runtimes}
+
+
+def capability_record(caps) -> dict:
+    """A model's capability record as /api/models serves it and the page reads it: the runtime's record
+    (runtime/capabilities.py Capabilities.record), with each view among its features, by its id, refused with the
+    short reason of the first feature it needs that the model lacks."""
+    record = caps.record()
+    features, short = record["features"], record["short"]
+    for view, needs in VIEW_NEEDS.items():
+        lacking = next((f for f in needs if not features[f]), None)
+        features[view] = lacking is None
+        if lacking is not None:
+            short[view] = short.get(lacking) or record["reasons"][lacking]
+    return record
 
 
 def boot_block(models: list[dict], *, default_model: str | None, max_chars: int | None = None,

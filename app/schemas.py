@@ -32,7 +32,8 @@ class ModelCapabilities(BaseModel):
     memory_budget_bytes: int = Field(description="the memory budget the features were decided against "
                                      "(ATTNSCOPE_MEMORY_MB)")
     features: dict[str, bool] = Field(description="what the model can do here, one entry per feature "
-                                      "(runtime/capabilities.py FEATURES). By size: stacked (one run holds the whole "
+                                      "(runtime/capabilities.py FEATURES, and the page's views: app/pages.py "
+                                      "VIEW_NEEDS). By size: stacked (one run holds the whole "
                                       "model; else every request runs layer by layer), numpy (the NumPy engine), "
                                       "circuits (weight-space circuits), importance (/api/importance over every head), "
                                       "stages (/api/stages: the graph of every step of every layer, priced at the "

@@ -22,7 +22,8 @@ import anyio
 
 from ..runtime import Runtime
 from ..runtime.encdec import EncoderDecoderRuntime
-from ..runtime.sessions import check_compute_dtype, check_providers, default_providers, open_helpers
+from ..runtime.options import check_compute_dtype, check_providers, default_providers
+from ..runtime.sessions import open_helpers
 from ..sources import ModelSpec, ModelUnavailable, resolve, split_entry
 from ..analyses import checks
 from ..analyses.atlas import JobRequest, plan as plan_job
@@ -32,6 +33,7 @@ from ..analyses.registry import ANALYSES, Plans
 from ..analyses.runs import Runner
 from .errors import StartupError
 from .jobs import Jobs
+from .pages import capability_record
 from .schemas import Job, ModelInfo
 from .sending import Sending
 from .settings import Settings
@@ -243,5 +245,5 @@ class AttentionService:
                           chat=bool(rt.generation and rt.generation.chat_template),
                           local_layers=list(rt.cfg.local_layers), sliding_window=rt.cfg.sliding_window,
                           head_roles=list(rt.spec.head_roles), explanation=rt.spec.explanation,
-                          capabilities=rt.capabilities.record())
+                          capabilities=capability_record(rt.capabilities))
                 for i, rt in list(self.runtimes.items())]

@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from ..model.precision import COMPUTE_DTYPES
 from ..runtime.capabilities import STACKED_MB, WORK_TFLOP, memory_total
-from ..runtime.sessions import GROUP_MB, cores
+from ..runtime.options import GROUP_MB, cores
 from ..sources import split_entry
 
 CHARS_PER_TOKEN = 10     # the derived character limit allows this many characters for each token a model reads:
@@ -134,7 +134,7 @@ class Settings(BaseSettings):
                                       "attention for a group of heads at a time, each group's heads x tokens^2 float32 "
                                       "within this many MB (one head at least), and a generation runs its prompt in "
                                       "chunks whose attention stays within it; the layer's peak is about three such "
-                                      "buffers. Small groups stay near the CPU's cache: faster (runtime/sessions.py "
+                                      "buffers. Small groups stay near the CPU's cache: faster (runtime/options.py "
                                       "GROUP_MB)")
     stop_early_mb: float = Field(default=1024, ge=0, description="a request for the first layers runs a graph cut "
                                  "after them (1, 2, 4, ... blocks), each opened on first use and kept (graphs hold no "

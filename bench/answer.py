@@ -4,7 +4,7 @@
 
 1. Interleaved, with a fresh text for every call (the server's result cache never answers): a raw forward (this
    process's own onnxruntime session on the server's graph file, every output, `sess.run` alone) twice, once with
-   onnxruntime's default session options and once with the app's (runtime/sessions.open_session), then the binary
+   onnxruntime's default session options and once with the app's (runtime/options.open_session), then the binary
    answer from a real server (`attnscope serve`) for the first layer and for the last, each through the project's own
    client (attnscope.Client: the standard library's http.client, the answer read into one buffer) and through httpx
    (a general-purpose client: ~0.5-1.5 ms more per answer here). Printed: the medians and
@@ -59,7 +59,7 @@ def main(argv=None) -> None:
                          "to stop running")
     args = ap.parse_args(argv)
 
-    from attnscope.runtime.sessions import open_session
+    from attnscope.runtime.options import open_session
 
     rt = runtime(args.model)
     L = rt.cfg.n_layers

@@ -21,7 +21,7 @@ WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly 
 def session_feeds(rt, enc, sess=None, causal: bool | None = None) -> dict:
     """One encoded text's inputs to the served graph (Runtime.feeds: ids, token types, mask, lengths, no head
     mask); with `sess`, only those that session takes (the no-stages graph of an encoder takes no lengths), and the
-    model's arrays a raw onnxruntime session reads as inputs (graphs hold no weights: runtime/sessions.Weights binds
+    model's arrays a raw onnxruntime session reads as inputs (graphs hold no weights: runtime/tensors.Weights binds
     them for the app's sessions)."""
     import numpy as np
     T = len(enc.ids)

@@ -63,7 +63,7 @@ def main(argv=None) -> None:
 
     from attnscope.corpus import run_corpus
     from attnscope.corpus.sums import STATS
-    from attnscope.runtime.sessions import cores
+    from attnscope.runtime.options import cores
 
     configs = [("one process", "local", 0), ("local x1", "local", 1), ("local x2", "local", 2)]
     if not args.skip_ray:

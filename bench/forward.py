@@ -49,12 +49,12 @@ def forward_flops(cfg, T: int) -> float:
 
 def sgemm_gflops(threads: int, n: int = 4096, repeats: int = 5) -> float:
     """GFLOP/s of onnxruntime's MatMul of two n x n float32 matrices, in a session opened as the served graph's
-    (runtime/sessions.open_session) with `threads` intra-op threads: the best of `repeats`."""
+    (runtime/options.open_session) with `threads` intra-op threads: the best of `repeats`."""
     import numpy as np
     from onnx import TensorProto, helper
 
     from attnscope.graphs.builder import IR_VERSION, OPSET
-    from attnscope.runtime.sessions import open_session
+    from attnscope.runtime.options import open_session
 
     f = TensorProto.FLOAT
     graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "sgemm",

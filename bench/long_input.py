@@ -13,7 +13,7 @@ forward, at --tokens tokens, batch 1, the same onnxruntime threads, runs interle
   rows only  the same without thumbnails (what an entropy or summary view needs)
   ratio      layerwise / plain: the price of looking (issue 24 asks <= 1.3 at 2048 tokens)
 The layer-by-layer runs compute each layer's heads in groups of at most --group-mb MB of attention (the app's
-ATTNSCOPE_LAYERWISE_GROUP_MB, default runtime.sessions.GROUP_MB): compare the default with 256 to see what the
+ATTNSCOPE_LAYERWISE_GROUP_MB, default runtime.options.GROUP_MB): compare the default with 256 to see what the
 groups' size does.
 It also prints how long the layer-by-layer graphs take to build and open (they are built in memory, per process).
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnscope.runtime.sessions import GROUP_MB  # noqa: E402
+from attnscope.runtime.options import GROUP_MB  # noqa: E402
 from bench.common import CACHE, runtime, server, session_feeds, text_of_tokens  # noqa: E402
 
 GiB = 2**30
@@ -49,9 +49,9 @@ def vm_hwm(pid: int) -> int:
 
 
 def plain_session(rt):
-    """The model without attention outputs, opened as the served graph is (runtime.sessions.open_session)."""
+    """The model without attention outputs, opened as the served graph is (runtime.options.open_session)."""
     from attnscope.graphs.stacked import build_graph
-    from attnscope.runtime.sessions import open_session
+    from attnscope.runtime.options import open_session
 
     proto = build_graph(rt.model, attentions=False)
     return open_session(proto.SerializeToString(), ["CPUExecutionProvider"], rt.threads)

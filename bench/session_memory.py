@@ -7,7 +7,7 @@ Each configuration runs in a fresh process (RSS is per process):
   arena      - enable_cpu_mem_arena on (onnxruntime's default) / off / on with shrinkage after every run
   spin       - session.intra_op.allow_spinning 1 (default) / 0 / run: 1 with session.force_spinning_stop 1 (what the
                app uses: the threads spin while a run is under way and stop when it ends)
-Threads: one per core, as a number (runtime/sessions.open_session; onnxruntime's 0 would pin them to cores).
+Threads: one per core, as a number (runtime/options.open_session; onnxruntime's 0 would pin them to cores).
 It prints the median forward time at 128 and 512 tokens, the time of a fixed Python task (orjson of
 a 512 x 512 matrix, ~2-5 ms) started right after a 128-token run vs when nothing ran before it (threads
 that keep spinning after a run steal the core it needs), and RSS: after start, after ten 512-token runs,
@@ -42,7 +42,7 @@ def child(arena: str, spin: str, repeats: int) -> dict:
     import orjson
 
     from attnscope.app.main import _return_big_frees_to_the_os
-    from attnscope.runtime.sessions import cores
+    from attnscope.runtime.options import cores
     from bench.common import runtime, session_feeds, text_of_tokens
 
     _return_big_frees_to_the_os()   # as the server does

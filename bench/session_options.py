@@ -53,7 +53,7 @@ def main() -> None:
                 print(f"{'stages' if stages else 'fast':<8} | {level_name:<9} | {threads:>7} | {ms[0]:10.2f} | "
                       f"{ms[1]:10.2f}")
     print("\nThe app uses the fast graph at level 'all' with one intra-op thread per core, given as a number "
-          "(runtime/sessions.open_session).")
+          "(runtime/options.open_session).")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Iterator, Literal
 
 from ..analysis.statistics import TextKeys
 from ..runtime import DEFAULT_CACHE, InputError, Runtime
-from ..runtime.sessions import cores
+from ..runtime.options import cores
 from ..sources import get
 from .errors import CorpusError
 from .examples import ExampleOptions, TopExamples

@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..runtime import DEFAULT_CACHE, Runtime
-from ..runtime.sessions import cores
+from ..runtime.options import cores
 from ..sources import get
 from .engines import BATCH_SIZE, CHUNK_SIZE, Chunk, Engine, chunks, ray_start, start
 from .errors import Cancelled, CorpusError

@@ -34,7 +34,7 @@ EXPORTER = (builder, steps, stacked, decoding, layers, reductions, transformer, 
 
 def content_key(model) -> str:
     """Hash of the config, of every array's name, shape and stored type, and of the exporter's source: what a graph
-    is made of (its weights are bound at run time, runtime/sessions.Weights)."""
+    is made of (its weights are bound at run time, runtime/tensors.Weights)."""
     h = hashlib.sha256()
     for mod in EXPORTER:
         h.update(Path(mod.__file__).read_bytes())

@@ -1,5 +1,5 @@
 """A graph's matrix products in a reduced float type (the float16 and bfloat16 modes, model/precision.py): a pure
-transform of an exported graph, applied to every graph a session opens (runtime/sessions.open_session), so the
+transform of an exported graph, applied to every graph a session opens (runtime/options.open_session), so the
 stacked graph, its cut and stages variants, the decoding step, the layer-by-layer graphs and an encoder-decoder's all
 get it from one place, and the float32 graphs on disk stay as they are.
 

@@ -10,7 +10,7 @@ Decided here, once; no other module names a float type (masks, graphs, readers a
               and softmax and reductions run in float32 as well.
               Or a fast mode (COMPUTE_DTYPES), where the model's matrix products run reduced: "float16" and
               "bfloat16" (each product's operands cast to it, its result back to float32: graphs/reduced.py), or
-              "tf32" (float32 products multiplied in TF32 by the CUDA provider, runtime/sessions.provider_options).
+              "tf32" (float32 products multiplied in TF32 by the CUDA provider, runtime/options.provider_options).
               Softmax, norms, masks and every reduction stay float32 in every mode; activations, outputs and
               statistics are float32 numbers (COMPUTE) whatever the mode. A fast mode is labelled in every answer,
               and its error against float32 is measured per model (bench/precision.py, bench/gpu.py).

@@ -21,7 +21,7 @@ ROPE_INIT_FUNCTIONS), each computed here in float32 in transformers' order, so t
 Two of them depend on the input's length, which one table cannot: longrope switches every position to its long
 factors once the input passes the original length, and dynamic changes theta past max_position_embeddings. A table
 is exact below that length (the short factors; plain RoPE), and `limit` says where it ends: the model's positions
-stop there (sources/families.py caps them and says so).
+stop there (sources/decoders.py caps them and says so).
 """
 from __future__ import annotations
 

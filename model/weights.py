@@ -53,7 +53,7 @@ ROPE_LOCAL = ("rope_local.cos", "rope_local.sin")   # a model's second pair (Gem
 def arrays(model) -> dict[str, np.ndarray]:
     """Every array a graph of this model reads, by the name of the graph input that reads it (graphs/builder.py): the
     weights, as state_dict names them, and the position tables computed from the config (RoPE's cos and sin; the
-    local layers' own; Marian's sinusoids). runtime/sessions.Weights binds them by these names at every run."""
+    local layers' own; Marian's sinusoids). runtime/tensors.Weights binds them by these names at every run."""
     out = dict(state_dict(model))
     if getattr(model, "sinusoids", None) is not None:          # model/encdec.py: Marian
         out["sinusoids"] = model.sinusoids

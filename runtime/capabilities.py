@@ -1,6 +1,8 @@
 """What a served model's size allows on this machine, decided once when it loads, from its weights and the server's
-memory budget: the one record the runtime, the planner (a feature that cannot fit answers 422 naming the limit,
-before any work, never an out-of-memory kill) and the page (`/api/models`) read.
+memory budget, and what its kind and family allow: the one record the runtime, the planner (a feature that cannot fit
+answers 422 naming the limit, before any work, never an out-of-memory kill) and the page (`/api/models`) read. Its
+features are what the model can do, by the API's names; which of them each of the page's views needs is the page's
+(app/pages.py VIEW_NEEDS).
 
     caps = Capabilities.of(model, memory_bytes=20 * 2**30, work_flop=4e12)
     caps.stacked          # one run holds the whole model (else every request runs layer by layer)
@@ -24,12 +26,13 @@ SHARE = 0.45            # of the memory budget one model's weights may take and 
 SMALL = 1 << 30         # weights up to this many bytes keep onnxruntime's memory arenas (faster; an arena keeps its
 #                         peak for good, which for a big model is GBs of widened weights)
 SIZE = ("stacked", "numpy", "circuits", "importance", "stages")   # what the weights' size and the work allow here
-# The page's tabs (app/pages.py VIEWS, by their ids) and the parts inside them, by what the model's kind and family
-# allow: one entry each in the record, so the page shows a feature a model cannot do as disabled with its one short
-# reason (`short`), and asks each tab only for what the model can answer.
-PAGE = ("head", "lines", "model", "summary", "entropy", "compare", "corpus", "effects", "lens", "atlas",
-        "why", "head_lens", "attribution", "patching", "knockout", "predictions", "generate", "jobs")
-FEATURES = SIZE + PAGE   # "circuits" and "stages" are size features and tabs (their view ids): one entry each
+# What the model's kind and family allow: summary (what /api/attention computes from one stack's run besides its
+# attention: the registry's statistics, scores, entropy, thumbnails, masks, ablations), lens (/api/lens), why
+# (/api/qk), head_lens (/api/lens's head_lens), attribution (direct logit attribution), patching, knockout,
+# predictions (next tokens), generate, jobs (corpus jobs). One entry each in the record, a feature the model cannot do
+# with its one short reason (`short`).
+KIND = ("summary", "lens", "why", "head_lens", "attribution", "patching", "knockout", "predictions", "generate", "jobs")
+FEATURES = SIZE + KIND
 # The features of a family that make a decomposition inexact (analyses/checks.py decomposable names them at length; the record
 # in a few words): (the config field, its short name).
 BENDS = {"qk_norm": "QK-norm", "attn_softcap": "attention soft-capping", "output_norms": "post-norms",
@@ -47,7 +50,7 @@ class Capabilities:
     precision: Precision
     memory_bytes: int                     # the budget it was decided against
     reasons: dict[str, str] = field(default_factory=dict)   # a feature it lacks -> why, naming the limit
-    short: dict[str, str] = field(default_factory=dict)     # the same in a few words (the page's tab or part)
+    short: dict[str, str] = field(default_factory=dict)     # every feature it lacks, in a few words
 
     @property
     def stacked(self) -> bool:
@@ -120,7 +123,7 @@ class Capabilities:
                                      f"{', and the logits over the vocabulary' if cfg.lm_head else ''}) besides "
                                      f"{whole}: more than the {gb(memory_bytes)} memory budget (ATTNSCOPE_MEMORY_MB); "
                                      f"its graph is not built")
-        caps.short.update(_page(model, source, reasons))
+        caps.short.update(_kind(model, source, reasons))
         return caps
 
 
@@ -133,9 +136,9 @@ def inexact(cfg, qk: bool = False, scores: bool = False, direct: bool = False, l
     return [f for f in BENDS if asked[f] and getattr(cfg, f, None)]
 
 
-def _page(model, source: str, reasons: dict[str, str]) -> dict[str, str]:
-    """Each page feature (PAGE, and circuits) the model cannot do, with one short reason; the size reasons in few
-    words too."""
+def _kind(model, source: str, reasons: dict[str, str]) -> dict[str, str]:
+    """Each feature of its kind and family (KIND, and circuits, importance and stages) the model cannot do, with one
+    short reason; the size reasons in few words too."""
     short: dict[str, str] = {}
 
     def refuse(features, why):
@@ -144,20 +147,20 @@ def _page(model, source: str, reasons: dict[str, str]) -> dict[str, str]:
 
     cfg = getattr(model, "cfg", None)
     if cfg is None or not hasattr(model, "blocks"):          # an encoder-decoder: two stacks and cross-attention
-        refuse(["model", "summary", "entropy", "compare", "corpus", "effects", "lens", "circuits", "atlas", "why",
-                "head_lens", "attribution", "patching", "knockout", "generate", "jobs", "importance"],
+        refuse(["summary", "lens", "circuits", "why", "head_lens", "attribution", "patching", "knockout", "generate",
+                "jobs", "importance"],
                "an encoder-decoder: Head, Lines and Steps show its three attentions")
         if not getattr(cfg, "lm_head", True):
             refuse(["predictions"], "no LM head: it predicts no token")
         return short
     if "stacked" in reasons:
-        refuse(["stages", "why", "lens", "head_lens", "attribution", "patching", "knockout", "effects", "generate"],
+        refuse(["stages", "why", "lens", "head_lens", "attribution", "patching", "knockout", "generate"],
                "too big to run whole on this machine: it runs layer by layer")
     if "numpy" in reasons:
         refuse(["numpy"], "too big for the NumPy reference on this machine")
     if not cfg.lm_head:
         why = "an encoder: it predicts no next token" if not cfg.causal else "no LM head: it predicts no next token"
-        refuse(["predictions", "generate", "patching", "knockout", "attribution", "effects"], why)
+        refuse(["predictions", "generate", "patching", "knockout", "attribution"], why)
     if not cfg.has_unembedding:
         refuse(["lens", "head_lens"], "no unembedding: no tokens can be read out of its stream")
     bends = lambda **k: f"not exact with {' and '.join(BENDS[f] for f in inexact(cfg, **k))}"   # noqa: E731
@@ -172,7 +175,7 @@ def _page(model, source: str, reasons: dict[str, str]) -> dict[str, str]:
     if "stages" in reasons:
         refuse(["stages"], "its Steps graph does not fit this machine's memory budget (ATTNSCOPE_MEMORY_MB)")
     if source != "zoo":
-        refuse(["jobs", "atlas"], "not a zoo model: corpus jobs run zoo models")
+        refuse(["jobs"], "not a zoo model: corpus jobs run zoo models")
     return short
 
 

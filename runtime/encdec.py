@@ -29,8 +29,10 @@ from ..sources import ModelSpec
 from ..sources.store import fingerprint
 from .capabilities import WORK_TFLOP, Capabilities, memory_total
 from .errors import InputError
+from .options import check_compute_dtype, check_providers, default_providers, device_of
 from .results import Encoded, Encoding, Engine, NextToken
-from .sessions import Session, Weights, check_compute_dtype, check_providers, default_providers, device_of
+from .sessions import Session
+from .tensors import Weights
 from .tokenizing import Vocabulary
 
 DEFAULT_CACHE = Path.home() / ".cache" / "attnscope"

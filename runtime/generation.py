@@ -26,7 +26,7 @@ from ..model import decoding
 from ..model.decoding import KVCache, Step
 from ..model.masks import causal_mask
 from .errors import InputError
-from .sessions import GROUP_MB
+from .options import GROUP_MB
 
 CANDIDATES = 10   # alternatives reported per step
 
@@ -101,7 +101,7 @@ class Generated:
 def decode(rt, ids: np.ndarray, cache: KVCache, keep: np.ndarray, engine: str = "onnx") -> Step:
     """One decoding step of the runtime's model: ids [B, t] after cache's tokens (model/decoding.py's decode, through
     the ONNX graph unless engine is "numpy"). Through the graph, the grown cache is left where the session computes
-    (runtime/sessions.Held: a GPU's memory), and only the logits and attention rows come to the host."""
+    (runtime/tensors.Held: a GPU's memory), and only the logits and attention rows come to the host."""
     if engine == "numpy":
         return decoding.decode(rt.model, ids, cache, keep)
     cfg, B, t, P = rt.cfg, *ids.shape, cache.length

@@ -28,7 +28,7 @@ from ..model.precision import COMPUTE, widen
 from ..model.transformer import LM_OUTPUTS, logits
 from .errors import InputError, Stopped
 from .results import Encoding
-from .sessions import Held
+from .tensors import Held
 
 Ablation = Literal["zero", "mean"]
 Readout = Literal["logits", "outputs", "sites"]   # the last position's logits [B, V] (or a metric of them), the

@@ -11,7 +11,7 @@ a text. Here the same model runs as a chain of graphs, the steps of the stacked 
     final                   x -> hidden, next-token logits, token log-probs               layers.build_final
 
 The weights are graph inputs, so one small graph serves every layer: layer i binds its own arrays (views of the
-weight store, runtime/sessions.Weights; nothing is exported or copied per layer, and the graphs build in memory in a
+weight store, runtime/tensors.Weights; nothing is exported or copied per layer, and the graphs build in memory in a
 fraction of a second). The attention graph returns, instead of its probabilities p [h, T, T], reductions of them computed where
 they are (graphs/reductions.py): the statistics registry's rows (analysis/statistics.py ROWS: entropy, max weight,
 the weight on the first/last/own/previous/next key, the distance; the other sentence's weight for a pair), block-averaged thumbnails (analysis/thumbnails.py's blocks); p itself leaves the graph only for the heads a
@@ -48,7 +48,9 @@ from ..graphs.reductions import key_input
 from ..model.transformer import LM_OUTPUTS
 from .results import Encoded, Encoding, NextToken
 from ..sources.store import release
-from .sessions import GROUP_MB, Held, Session, hold
+from .options import GROUP_MB
+from .sessions import Session
+from .tensors import Held, hold
 
 # The rows every run keeps for every head: what the API's row outputs and summaries read (statistics.STATISTICS
 # computed from the probabilities), for one text; a pair keeps its PAIR_ROWS too.

@@ -91,10 +91,10 @@ def footprint(obj) -> int:
     objects around the arrays (sys.getsizeof of each string, number, list, tuple, dict, set, dataclass). Walks
     dataclasses (NamedTuples are tuples), dicts, lists, tuples and sets; an object of any other class is counted
     by its own size and not walked: a result does not own the runtime or model it might point at (nor a view of the
-    weight store's mapped files, sources/store.py). A tensor kept where its session computes (sessions.Held: a
+    weight store's mapped files, sources/store.py). A tensor kept where its session computes (tensors.Held: a
     layer-by-layer run's checkpoints) counts its bytes there: its NumPy array on the CPU, its device memory on a GPU
     (so the result cache's budget bounds what cached results hold on the GPU too)."""
-    from .sessions import Held
+    from .tensors import Held
 
     seen: set[int] = set()
     counted: set[int] = set()      # arrays whose buffer is counted

@@ -32,9 +32,10 @@ from ..sources.store import fingerprint
 from .errors import InputError
 from .capabilities import STACKED_MB, WORK_TFLOP, Capabilities, memory_total
 from .layerwise import Layerwise, Want
+from .options import GROUP_MB, check_compute_dtype, check_providers, default_providers, device_of, open_session
 from .results import AttentionResult, Encoding, Engine, NextToken
-from .sessions import (GROUP_MB, Session, Weights, check_compute_dtype, check_providers, default_providers,
-                       device_of, open_session)
+from .sessions import Session
+from .tensors import Weights
 from .tokenizing import Vocabulary
 
 DEFAULT_CACHE = Path.home() / ".cache" / "attnscope"

@@ -24,7 +24,8 @@ from ..model.encdec import EncoderDecoder, EncoderDecoderConfig
 from ..model.precision import scalar, widen
 from ..model.transformer import Transformer, TransformerConfig
 from ..model.weights import load_state_dict, state_dict
-from .families import ARCHITECTURES, Source, architecture
+from .families import ARCHITECTURES, architecture
+from .mapping import Source
 from .safetensors import DTYPES, Tensor, read_header, read_tensor, weight_files
 from .spec import Generation, ModelUnavailable, one_line
 

@@ -17,7 +17,7 @@ of float32 instead of parsing and de-quantising again.
 
 Gemma 3 (general.architecture "gemma3"), as transformers' GGUF loader reads it (Gemma2TensorProcessor): no row
 permutation (llama.cpp rotates Gemma's q/k in the rotate-half layout already); its norms are stored as 1 + weight,
-which is the multiplier our RMSNorm holds (sources/families.py); what the file does not say is transformers'
+which is the multiplier our RMSNorm holds (sources/decoders.py); what the file does not say is transformers'
 Gemma3TextConfig default (query_pre_attn_scalar 256, local RoPE base 10000, every 6th layer global). Its vocabulary
 is sentencepiece-style (tokenizer.ggml.model "llama"): gemma_tokenizer rebuilds it as transformers does.
 """

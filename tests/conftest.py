@@ -21,7 +21,7 @@ CACHE = Path(os.environ.setdefault("ATTNSCOPE_CACHE", str(ROOT / ".cache" / "onn
 # its own tests and its own live server (live_server_smollm2). An ATTNSCOPE_MODELS already set wins.
 os.environ.setdefault("ATTNSCOPE_MODELS", "minilm,tiny-gpt,induction")
 
-from attnscope.runtime.sessions import default_providers, device_of  # noqa: E402 (after the environment)
+from attnscope.runtime.options import default_providers, device_of  # noqa: E402 (after the environment)
 
 # What the suite's sessions run on: the CUDA provider first where onnxruntime-gpu and a GPU are present, as the app
 # chooses (issue 38: tests never assume the CPU). DEVICE: where a session's bound weights live.

@@ -160,10 +160,14 @@ def test_stages_are_what_the_model_computed(client, runtimes):
 
 
 def test_every_page_view_is_a_capability_feature():
-    """The page's tabs are features of the capability record, by their view ids (the page disables by it)."""
-    from attnscope.app.pages import VIEWS
+    """The page's tabs are features of the capability record, by their view ids (the page disables by it): each
+    view needs features the runtime decides (runtime/capabilities.py FEATURES, what a model can do), and a feature
+    named as a view is that view's own analysis (stages, circuits, lens, summary), never a tab of the runtime's."""
+    from attnscope.app.pages import VIEW_NEEDS, VIEWS
     from attnscope.runtime.capabilities import FEATURES
-    assert {v for v, _ in VIEWS} <= set(FEATURES) and len(FEATURES) == len(set(FEATURES))
+    assert list(VIEW_NEEDS) == [v for v, _ in VIEWS] and len(FEATURES) == len(set(FEATURES))
+    assert {f for needs in VIEW_NEEDS.values() for f in needs} <= set(FEATURES)
+    assert all(VIEW_NEEDS[f] == (f,) for f in set(FEATURES) & set(VIEW_NEEDS))
 
 
 def test_models_onnx_and_health(client):

@@ -57,7 +57,7 @@ def test_a_run_stops_at_the_last_layer_asked_and_answers_the_same_bits(model):
 
 
 def test_graphs_that_stop_early_hold_no_weights_and_can_be_turned_off(runtimes):
-    """A cut graph reads the weights bound at its runs (runtime/sessions.Weights), as every graph: its protobuf holds
+    """A cut graph reads the weights bound at its runs (runtime/tensors.Weights), as every graph: its protobuf holds
     no weight, whatever its depth, so every depth may be opened; ATTNSCOPE_STOP_EARLY_MB 0 turns them off."""
     import onnx
 

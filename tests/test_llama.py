@@ -19,7 +19,8 @@ from attnscope.model.attention import GroupedQueryAttention
 from attnscope.graphs.stacked import build_graph
 from attnscope.model.transformer import LM_OUTPUTS, STAGES, SwiGLU, Transformer, TransformerConfig
 from attnscope.model.weights import load_npz, save_npz, state_dict
-from attnscope.runtime.sessions import Session, Weights
+from attnscope.runtime.sessions import Session
+from attnscope.runtime.tensors import Weights
 from .conftest import DEVICE, PROVIDERS
 
 torch.set_num_threads(2)

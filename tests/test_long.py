@@ -137,7 +137,7 @@ def test_kept_run_holds_no_full_matrices(runtimes):
 ])
 def test_a_long_run_fetches_what_its_answer_holds(runtimes, group_mb, fused, opaque, monkeypatch):
     """What leaves the device is what the answer holds (issue 38): a layer-by-layer run keeps the residual stream,
-    q, k, v, the heads' outputs and its checkpoints where its sessions compute (runtime/sessions.Held: a GPU's
+    q, k, v, the heads' outputs and its checkpoints where its sessions compute (runtime/tensors.Held: a GPU's
     memory), so the bytes the session wrapper counts as fetched are exactly the answer's parts -- every head's rows,
     the two asked heads of layer 2, the final outputs -- and never a block's intermediates (which would add L x (4 T
     D + ...) floats) nor the checkpoints (L x T x D); a head recomputed later from a checkpoint fetches its matrix
@@ -145,7 +145,7 @@ def test_a_long_run_fetches_what_its_answer_holds(runtimes, group_mb, fused, opa
     block runs as one graph (fused, a GPU's default) or three plus one per group of heads. opaque: every kept or
     placed tensor is an OrtValue without its NumPy view, as in a GPU's memory, so a GPU's walk and generation run
     their own code here: nothing reads a kept tensor but through Held.host (counted), and the numbers are the same."""
-    from attnscope.runtime import layerwise, sessions
+    from attnscope.runtime import layerwise, sessions, tensors
     from attnscope.runtime.generation import Generator, Sampling
 
     [full] = runtimes["tiny-gpt"].run([TEXT])                   # the stacked graph's numbers, for comparison
@@ -155,7 +155,7 @@ def test_a_long_run_fetches_what_its_answer_holds(runtimes, group_mb, fused, opa
     if opaque:
         for module, name in ((sessions, "empty"), (layerwise, "hold")):
             made = getattr(module, name)
-            monkeypatch.setattr(module, name, lambda *a, made=made: sessions.Held(made(*a).value, None,
+            monkeypatch.setattr(module, name, lambda *a, made=made: tensors.Held(made(*a).value, None,
                                                                                  *a[2:] if made is sessions.empty else ()))
 
     rt = runtimes["tiny-gpt"]

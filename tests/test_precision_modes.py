@@ -10,7 +10,7 @@ import torch
 from attnscope.graphs import layers
 from attnscope.graphs.reduced import reduce_products, reduced_products
 from attnscope.runtime.layerwise import superset
-from attnscope.runtime.sessions import open_session
+from attnscope.runtime.options import open_session
 
 from .conftest import PROVIDERS
 from .float32 import ULPS, U, assert_within, reduced_bound

@@ -244,7 +244,7 @@ def test_changed_cache_key_rebuilds(fresh_tiny, tmp_path, monkeypatch):
 
 
 def test_graphs_hold_no_weights_and_the_cache_key_follows_the_shapes(tmp_path):
-    """A graph reads the weights it is bound at run time (runtime/sessions.Weights): other weights of the same shapes
+    """A graph reads the weights it is bound at run time (runtime/tensors.Weights): other weights of the same shapes
     read the same graph (same key), and give their own answer; another shape or stored type is another graph."""
     a, b = Runtime(zoo.get("tiny-gpt"), cache_dir=tmp_path), Runtime(zoo.get("tiny-gpt"), cache_dir=tmp_path)
     assert a.cache_key() == b.cache_key()

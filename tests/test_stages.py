@@ -12,7 +12,8 @@ from attnscope.app.settings import Settings
 from attnscope.model import masks as M
 from attnscope.graphs.stacked import build_graph
 from attnscope.model.transformer import LM_OUTPUTS, STAGES, Transformer, TransformerConfig
-from attnscope.runtime.sessions import Session, Weights
+from attnscope.runtime.sessions import Session
+from attnscope.runtime.tensors import Weights
 from .conftest import DEVICE, PROVIDERS
 
 # SmolLM2's layout (GQA, RoPE): the small Llama below. MiniLM's first stages run takes ~10 s (graph and weights)

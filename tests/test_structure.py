@@ -208,7 +208,7 @@ def test_every_row_is_the_same_in_numpy_and_inside_the_graph(causal):
     from attnscope.model.functional import softmax
     from attnscope.model.masks import causal_mask
     from attnscope.model.transformer import Transformer, TransformerConfig
-    from attnscope.runtime.sessions import open_session
+    from attnscope.runtime.options import open_session
 
     from .conftest import PROVIDERS
 

@@ -9,7 +9,8 @@ export const BOOT = $("boot") ? JSON.parse($("boot").textContent) : globalThis.a
 export const MODELS = Object.fromEntries(BOOT.models.map((m) => [m.id, m]));
 
 /** Can model info do feature (a tab's view id, or a part: why, head_lens, attribution, generate...)? Its capability
- *  record (GET /api/models, runtime/capabilities.py) says; the page never asks for what it cannot do. */
+ *  record (GET /api/models: runtime/capabilities.py, each view by app/pages.py VIEW_NEEDS) says; the page never asks
+ *  for what it cannot do. */
 export const can = (info, feature) => info.capabilities?.features?.[feature] !== false;
 
 /** Why model info cannot do feature, in a few words ("" when it can). */

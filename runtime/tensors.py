@@ -1,0 +1,182 @@
+"""The tensors onnxruntime sessions bind (runtime/sessions.py): the model's arrays as OrtValues (`Weights`, made once,
+over the arrays' own memory or copied to the GPU once), tensors left where a session computes for a later run (`Held`,
+`hold`, `empty`), an OrtValue's size where it lives (`ort_nbytes`), and the scratch memory for outputs nobody reads
+(`SCRATCH`).
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from contextlib import contextmanager
+from typing import Sequence
+
+import numpy as np
+
+from ..model.precision import COMPUTE, INDEX
+from ..model.weights import ROPE, arrays, block_arrays
+
+
+def ort_nbytes(value) -> int:
+    """An OrtValue's bytes where it lives (on a GPU too: read off its shape and ONNX type, no copy)."""
+    return int(np.prod(value.shape())) * _itemsize(value.data_type())
+
+
+@functools.cache
+def _itemsize(data_type: str) -> int:
+    """The element size of an OrtValue's data_type(), "tensor(float)" -> 4, by onnx's own type table."""
+    from onnx import TensorProto, helper
+    return np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.DataType.Value(data_type[7:-1].upper()))).itemsize
+
+
+class Weights:
+    """A model's arrays as sessions bind them, by graph-input name (model/weights.arrays; the layer graphs' "block.*"
+    and RoPE names through block_arrays, for the layer a run names): each an OrtValue over the array's own memory,
+    made on first use and kept (a view of the weight store stays one: nothing is copied, and a bfloat16 weight is
+    bound as bfloat16, widened inside the graph)."""
+
+    def __init__(self, model, device: str = "cpu"):
+        """device: where the OrtValues live: "cpu" (views of the arrays), or "cuda" (each copied to the GPU once, when
+        first bound or placed, and kept there: runs then move only their own inputs and outputs). An array bound under
+        two names (the stacked graph's "blocks.3.mlp.up.weight", the layer graphs' "block.mlp.up.weight" of layer 3;
+        a RoPE table every layer reads) is one OrtValue: on a GPU one copy, not one per name."""
+        self.model, self.device = model, device
+        self.named = arrays(model)
+        self._layers: dict[int, dict[str, np.ndarray]] = {}
+        self._values: dict[tuple[str, int | None], object] = {}
+        self._placed: dict[int, object] = {}          # id(array) -> its OrtValue (the model keeps the arrays alive)
+        self._lock = threading.Lock()
+
+    def layer(self, layer: int) -> dict[str, np.ndarray]:
+        """Layer `layer`'s arrays under the layer graphs' names."""
+        if layer not in self._layers:
+            self._layers[layer] = block_arrays(self.model, layer)
+        return self._layers[layer]
+
+    def binds(self, name: str) -> bool:
+        """Whether a graph input of this name is one of the model's arrays (not a run's own input)."""
+        return name in self.named or name.startswith("block.") or name in ROPE
+
+    def array(self, name: str, layer: int | None = None) -> np.ndarray:
+        if layer is not None and (name.startswith("block.") or name in ROPE):
+            return self.layer(layer)[name]
+        if name.startswith("block."):
+            raise ValueError(f"{name} is a layer graph's weight: name the layer whose weights to bind")
+        return self.named[name]
+
+    def value(self, name: str, layer: int | None = None):
+        """The OrtValue bound to input `name` (of layer `layer` in a layer graph)."""
+        key = (name, layer if name.startswith("block.") or name in ROPE else None)
+        v = self._values.get(key)
+        if v is None:
+            with self._lock:
+                v = self._values.get(key)
+                if v is None:
+                    a = self.array(*key)
+                    v = self._placed.get(id(a))
+                    if v is None:
+                        v = self._placed[id(a)] = ort_value(a, self.device)
+                    self._values[key] = v
+        return v
+
+    def place(self) -> int:
+        """Every array on the device now, under every name a graph binds it by (a server's start: on a GPU the
+        weights are copied there before the first request, not inside it); returns the bytes placed."""
+        for name in self.named:
+            self.value(name)
+        for layer in range(len(getattr(self.model, "blocks", ()))):
+            for name in self.layer(layer):
+                self.value(name, layer)
+        return sum(ort_nbytes(v) for v in self._placed.values())
+
+
+def ort_value(a: np.ndarray, device: str = "cpu"):
+    """An OrtValue of a: on the CPU over a's memory (no copy: a must stay alive, as the model keeps its arrays), on a
+    GPU a copy there; in a's type, types NumPy lacks (bfloat16, from ml_dtypes) by their ONNX type over the same
+    bits."""
+    import onnxruntime as ort
+    from ..graphs.builder import onnx_type
+
+    a = np.ascontiguousarray(a)
+    native = a.dtype in (COMPUTE, INDEX, np.dtype(np.float16))
+    if device == "cpu":
+        return ort.OrtValue.ortvalue_from_numpy(a) if native else \
+            ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a.view(np.dtype(f"u{a.dtype.itemsize}")), onnx_type(a.dtype))
+    if native:
+        return ort.OrtValue.ortvalue_from_numpy(a, device, 0)
+    v = ort.OrtValue.ortvalue_from_shape_and_type(list(a.shape), onnx_type(a.dtype), device, 0)
+    v.update_inplace(a.view(np.dtype(f"u{a.dtype.itemsize}")))
+    return v
+
+
+class Held:
+    """A run's output left where its session computes, for a later run to read (Session.run's keep), or an input
+    placed there once for many runs (`hold`): an OrtValue (`value`) in the device's memory, bound as it is on either
+    device; on the CPU over a NumPy array (`array`, the same memory). `host()` reads it back, counted as fetched by the
+    session that made it."""
+    __slots__ = ("value", "array", "session")
+
+    def __init__(self, value, array: np.ndarray | None, session=None):
+        """session: the runtime/sessions.Session whose run made it (its reads back are counted there), or None."""
+        self.value, self.array, self.session = value, array, session
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.array.shape if self.array is not None else tuple(self.value.shape())
+
+    @property
+    def nbytes(self) -> int:
+        """Its bytes where it is kept."""
+        return ort_nbytes(self.value)
+
+    def host(self) -> np.ndarray:
+        """The tensor as a NumPy array on the host (on the CPU: itself; from a GPU: a copy)."""
+        out = self.array if self.array is not None else self.value.numpy()
+        if self.session is not None:
+            self.session.count_fetched(out.nbytes)
+        return out
+
+
+def hold(a: np.ndarray, device: str) -> Held:
+    """An input many runs read (a long text's mask, its pooling matrix), put on the device once: a NumPy array fed
+    to a GPU session is copied there at every run (a 2048-token mask: 16 MB a layer)."""
+    a = np.ascontiguousarray(a)
+    return Held(ort_value(a, device), a if device == "cpu" else None)
+
+
+def empty(shape: Sequence[int], dtype: np.dtype, session=None) -> Held:
+    """An uninitialised CPU tensor for a run to write (Session.run's keep), in memory of its own: a view of
+    onnxruntime's arena, kept alive (a long run's checkpoints are its kept x, alive as long as its cached result),
+    would grow the arena for good."""
+    import onnxruntime as ort
+
+    a = np.empty(shape, dtype)
+    return Held(ort.OrtValue.ortvalue_from_numpy(a), a, session)
+
+
+class Scratch:
+    """Memory for outputs a run must write but nobody reads: a graph cut after a request's last layer still returns
+    every block's attention, and the blocks a request did not ask for go here. The buffers are reused run after run
+    (their pages are faulted in once: a fresh [L, H, T, T] array, faulted in page by page by the run's threads, was
+    ~5 ms of a 14 ms MiniLM run in the server, bench/answer.py), and one is lent per run, so runs at once never share
+    one; as many are kept as ran at once, each as big as its biggest use."""
+
+    def __init__(self):
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def lend(self, shape: Sequence[int], dtype=COMPUTE):
+        """A [shape] array of undefined contents, the caller's until the block ends."""
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        with self._lock:
+            buffer = self._free.pop() if self._free else np.empty(0, np.uint8)
+        if buffer.nbytes < nbytes:
+            buffer = np.empty(nbytes, np.uint8)
+        try:
+            yield buffer[:nbytes].view(dtype).reshape(shape)
+        finally:
+            with self._lock:
+                self._free.append(buffer)
+
+
+SCRATCH = Scratch()
