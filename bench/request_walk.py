@@ -31,6 +31,8 @@ def main() -> int:
     ap.add_argument("--endpoint", default="/api/attention")
     ap.add_argument("--body", default="{}", help="JSON merged into the request body")
     ap.add_argument("--list", action="store_true", help="print every function visited")
+    ap.add_argument("--pair", action="store_true", help="the texts go in `clean` and `corrupt` (patching, path "
+                    "patching), each pair of one token count")
     args = ap.parse_args()
 
     import attnscope
@@ -78,9 +80,10 @@ def main() -> int:
     threading.setprofile(hook)          # every thread started from here on: the portal's, anyio's workers
     sys.setprofile(hook)
     with TestClient(app) as client:
-        client.post(args.endpoint, json={**body, "text": "A warm-up text, so that sessions are open."})
+        client.post(args.endpoint, json={**body, **texts(args.pair, "A warm-up text, so that sessions are open.")})
         tracing.set()
-        r = client.post(args.endpoint, json={**body, "text": "The traced request reads a text nobody sent before."})
+        r = client.post(args.endpoint, json={**body, **texts(args.pair, "The traced request reads a text nobody "
+                                                                        "sent before.")})
         tracing.clear()
     sys.setprofile(None)
     threading.setprofile(None)
@@ -102,6 +105,15 @@ def main() -> int:
         for f, fn in functions:
             print(f"  {f}: {fn}" + (f"  x{counted[f, fn]}" if counted[f, fn] > 1 else ""))
     return 0
+
+
+def texts(pair: bool, text: str) -> dict:
+    """The request's text, or (--pair) a clean and a corrupt text of the same token count: the text and the text
+    with its first and last words swapped."""
+    if not pair:
+        return {"text": text}
+    words = text.rstrip(".").split()
+    return {"clean": text, "corrupt": " ".join([words[-1], *words[1:-1], words[0]]) + "."}
 
 
 if __name__ == "__main__":

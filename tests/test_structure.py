@@ -231,3 +231,25 @@ def test_every_row_is_the_same_in_numpy_and_inside_the_graph(causal):
         np.testing.assert_allclose(got[name][0], row.numpy(p.astype(np.float32), keys), atol=2e-5, rtol=1e-5,
                                    err_msg=name)
     assert set(ASKED_ROWS) <= set(GRAPH_ROWS)
+
+
+def test_no_package_file_is_over_500_lines():
+    """A file that grows past 500 lines is doing two jobs (docs/ARCHITECTURE.md): split it by concern."""
+    long = {str(path.relative_to(ROOT)): n for path in modules().values()
+            if (n := len(path.read_text().splitlines())) > 500}
+    assert not long, f"package files over 500 lines: {long}"
+
+
+def test_one_registry_lists_the_analyses():
+    """Every module of analyses/ with an ANALYSIS is in the registry, and nothing else lists analyses: no route,
+    Python method or MCP tool is written for one by hand (tests/test_registry.py holds the surfaces to it)."""
+    from attnscope.analyses.registry import ANALYSES, MODULES
+
+    with_entry = sorted(p.stem for p in (ROOT / "analyses").glob("*.py") if "\nANALYSIS = Analysis(" in p.read_text())
+    assert sorted(MODULES) == with_entry
+    assert [a.name for a in ANALYSES.values()] == list(MODULES)
+    for folder in ("app", "python"):
+        for path in (ROOT / folder).glob("*.py"):
+            text = path.read_text()
+            for a in ANALYSES.values():
+                assert f'"{a.path}"' not in text, f"{path.name} names {a.path}: routes come from the registry"
