@@ -1,7 +1,7 @@
 """The REST API: one router per OpenAPI tag, each analysis' route made from its registry entry (analyses/registry.py).
 
 Every analysis route is the same few lines: parse the headers, plan (the analysis' module validates the request once
-into its plan), then run, encode and respond (app/sending.py). The models, health and corpus-job routes are the
+into its plan, on the service's planning context), then run, encode and respond (app/sending.py). The models, health and corpus-job routes are the
 server's own. Annotations are evaluated here (no `from __future__ import
 annotations`): FastAPI reads each route's request model from them.
 """
@@ -98,7 +98,7 @@ def add_analysis(router: APIRouter, a: Analysis) -> None:
     if a.stream == "tokens":                    # a generation: NDJSON lines, one per step
         async def lines(req: a.request, svc: Service):
             started = time.perf_counter()
-            return svc.sending.generation(svc.plan(a, req, False), svc.runner, started)
+            return svc.sending.generation(a.plan(svc.context, req, False), svc.runner, started)
         router.post(a.path, tags=[a.tag], summary=a.summary, description=a.description, name=a.name,
                     response_class=StreamingResponse, openapi_extra=_openapi_example(a),
                     responses={**ERRORS, 200: GENERATE_200})(lines)
@@ -109,8 +109,8 @@ def add_analysis(router: APIRouter, a: Analysis) -> None:
         started = time.perf_counter()
         if a.stream and wire.accepts(accept, wire.NDJSON):
             minimal = _minimal(prefer)           # minimal: the answer is fetched next, in binary form; its limit holds
-            return svc.sending.stream(svc.plan(a, req, minimal), svc.runner, started, minimal)
-        plan = svc.plan(a, req, wire.accepts_binary(accept))
+            return svc.sending.stream(a.plan(svc.context, req, minimal), svc.runner, started, minimal)
+        plan = a.plan(svc.context, req, wire.accepts_binary(accept))
         return await svc.sending.respond(request, plan, svc.runner, if_none_match, started)
     router.post(a.path, response_model=a.response, tags=[a.tag], summary=a.summary, description=a.description,
                 name=a.name, openapi_extra=_openapi_example(a),

@@ -1,7 +1,7 @@
 """The service: the served models, loaded once at start-up, and the server-wide parts every request shares.
 
-    svc.plan(analysis, req, binary)   validates a request into its plan (analyses/: the analysis' own module);
-                    svc.plans.attention(req, binary) the same by the analysis' name
+    svc.context     what planning reads: analysis.plan(svc.context, req, binary) validates a request into its plan
+                    (analyses/: the analysis' own module); svc.plans.attention(req, binary) the same by name
     svc.runner      the result cache and the run queue (analyses/runs.py)
     svc.sending     the sending budget and the encoding threads (app/sending.py)
     svc.jobs        the corpus jobs' queue (app/jobs.py)
@@ -27,7 +27,7 @@ from ..runtime.sessions import open_helpers
 from ..sources import ModelSpec, ModelUnavailable, resolve, split_entry
 from ..analyses import checks
 from ..analyses.atlas import JobRequest, plan as plan_job
-from ..analyses.base import Analysis, Context, Plan
+from ..analyses.base import Context
 from ..analyses.errors import BadBody, Invalid, Refused
 from ..analyses.registry import ANALYSES, Plans
 from ..analyses.runs import Runner
@@ -218,10 +218,6 @@ class AttentionService:
     @property
     def max_chars(self) -> int:
         return self.context.max_chars
-
-    def plan(self, analysis: Analysis, req, binary: bool) -> Plan:
-        """The request validated once into its plan, by its analysis (every check before any work)."""
-        return analysis.plan(self.context, req, binary)
 
     def graph_file(self, model_id: str, stages: bool) -> Path:
         """The exported graph the model runs (GET /api/models/{id}/onnx), opened when it loaded; a graph its

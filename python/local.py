@@ -105,7 +105,7 @@ class Model(Analyses):
         req = _request(path, body)
         started = time.perf_counter()
         try:
-            plan = self.service.plan(BY_PATH[path], req, True)
+            plan = BY_PATH[path].plan(self.service.context, req, True)
             computed = self._run(plan.compute(self.service.runner))
         except Exception as e:  # noqa: BLE001 - a refusal becomes the API's ApiError; anything else propagates
             self._refused(e)
@@ -115,7 +115,7 @@ class Model(Analyses):
         """A generation's lines, each as the NDJSON stream carries it (JSON), made one step at a time."""
         req = _request(path, body)
         try:
-            plan = self.service.plan(BY_PATH[path], req, False)
+            plan = BY_PATH[path].plan(self.service.context, req, False)
         except Exception as e:  # noqa: BLE001
             self._refused(e)
         lines = plan.lines(self.service.runner, time.perf_counter())
