@@ -160,7 +160,7 @@ def repeat_kv(g: Graph, block, cfg, p: str, t: str, n: str) -> str:
 
 
 def attend(g: Graph, cfg, p: str, q: str, k: str, v: str, mask: str) -> dict[str, str]:
-    """functional.attention_stages and the weighted values, for however many heads q, k, v hold:
+    """model/attention.attention from its scores to its weighted values, for however many heads q, k, v hold:
     scores, scaled (soft-capped where the model caps), masked, attentions (the probabilities) [B, h, T, T] and ctx
     [B, h, T, dh]."""
     scale = g.const(score_scale(cfg), "scale")

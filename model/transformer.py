@@ -13,8 +13,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from . import masks as M
-from .attention import GroupedQueryAttention, MultiHeadAttention, self_attention
+from .attention import GroupedQueryAttention, MultiHeadAttention, attention, attention_mask
 from .functional import gelu, gelu_tanh, layer_norm, linear, position_weights, rms_norm, rope_tables, silu, soft_cap
 from .precision import COMPUTE, scalar, widen
 from .rope import RopeScaling
@@ -239,25 +238,21 @@ class TransformerBlock:
 
     def local_mask(self, mask, t_query: int, t_key: int, start: int = 0):
         """The mask this layer attends with: `mask` plus, on a local layer, its sliding-window band."""
-        if not self.window:
-            return mask
-        return M.combine(mask, M.sliding_window_mask(t_query, t_key, self.window, start)[None, None])
+        return attention_mask(mask, t_query, t_key, start, window=self.window)
 
     def __call__(self, x, mask=None, head_mask=None, hook=None, past=None, start: int = 0) -> BlockOutput:
         """The block on x [B, T, D] at positions start..start+T-1, as the class docstring's equations, with the
-        attention of model/attention.self_attention: the one block forward of every NumPy path (Transformer,
+        attention of model/attention.attention: the one block forward of every NumPy path (Transformer,
         model/interventions.py's edits, model/decoding.py's key/value cache).
 
         mask: additive [B, 1|H, T, S] (S = P + T; this layer's window band is added here); head_mask (keep, mean,
         weights) for this layer or None; hook(site, value) -> value sees and may replace each site (SITES: residual,
-        attention_input, and self_attention's); past: (keys, values) [B, Hkv, P, dh] of the P earlier positions.
+        attention_input, and attention's); past: (keys, values) [B, Hkv, P, dh] of the P earlier positions.
         Returns BlockOutput(x, the block's output; probs [B, H, T, S]; present, the key/value cache with T more)."""
         hook = hook or (lambda site, value: value)
         x = hook("residual", x)
         h = hook("attention_input", self.attention_input(x))
-        T = x.shape[1]
-        S = T + (0 if past is None else past[0].shape[2])
-        a = self_attention(self.attn, h, self.local_mask(mask, T, S, start), hook, past, start, head_mask)
+        a = attention(self.attn, h, None, mask, hook, past, start, head_mask, window=self.window)
         return BlockOutput(self.after_attention(x, a.out), a.probs, a.present)
 
     def attention_input(self, x):
