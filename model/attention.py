@@ -365,9 +365,9 @@ def attention(attn, x, memory=None, mask=None, hook=None, past=None, start: int 
         out     = W_O z + b_O
 
     hook(site, value) -> value, where given, sees each named site and may replace it: query, key, value [B, H, T|S,
-    dh] (key and value as each query head reads them: grouped-query heads repeated), raw_scores (q k^T), scaled,
-    scores (the masked scores: model/interventions.py's "scores"), pattern [B, H, T, S], head_output (z, before any
-    ablation) [B, H, T, dh]. mask: additive [B|1, 1|H, T, S], S = P + T for self-attention (None: none); causal and
+    dh] (key and value as each query head reads them: grouped-query heads repeated), scores (q k^T), scaled,
+    masked (scaled + mask: model/interventions.py's "masked"), pattern [B, H, T, S], head_output (z, before any
+    ablation) [B, H, T, dh]. Each is named as the teaching stage it is (model/transformer.py STAGES). mask: additive [B|1, 1|H, T, S], S = P + T for self-attention (None: none); causal and
     window add the look-ahead mask and a local layer's band (masks.sliding_window_mask) to it."""
     hook = hook or (lambda site, value: value)
     B, T, _ = x.shape
@@ -377,10 +377,10 @@ def attention(attn, x, memory=None, mask=None, hook=None, past=None, start: int 
     mask = attention_mask(mask, T, k.shape[2], start, causal, window)
     group = getattr(attn, "group", 1)
     q, k_h, v_h = hook("query", q), hook("key", repeat_kv(k, group)), hook("value", repeat_kv(v, group))
-    raw = hook("raw_scores", q @ np.swapaxes(k_h, -1, -2))            # [B, H, T, S]
-    scaled = hook("scaled", soft_cap(raw * attn.scale, getattr(attn, "softcap", 0.0)))
-    scores = hook("scores", scaled if mask is None else scaled + mask)
-    probs = hook("pattern", softmax(scores, axis=-1))
+    scores = hook("scores", q @ np.swapaxes(k_h, -1, -2))             # [B, H, T, S]
+    scaled = hook("scaled", soft_cap(scores * attn.scale, getattr(attn, "softcap", 0.0)))
+    masked = hook("masked", scaled if mask is None else scaled + mask)
+    probs = hook("pattern", softmax(masked, axis=-1))
     z = hook("head_output", probs @ v_h)                               # [B, H, T, dh]
     if head_mask is not None:
         z = ablate_heads(z, *head_mask)
@@ -401,7 +401,7 @@ def attention_mask(mask, t_query: int, t_key: int, start: int = 0, causal: bool 
 
 def _stages(seen: dict[str, np.ndarray], probs: np.ndarray) -> AttentionStages:
     """The teaching stages of one attention from the sites `attention` showed its hook."""
-    return AttentionStages(seen["raw_scores"], seen["scaled"], seen["scores"], probs)
+    return AttentionStages(seen["scores"], seen["scaled"], seen["masked"], probs)
 
 
 class CrossAttention(GroupedQueryAttention):

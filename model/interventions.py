@@ -6,7 +6,7 @@ A site is a value the forward pass computes at one layer. Its name is Transforme
     query         blocks.{layer}.attn.hook_q          each head's queries (after RoPE)           [H, T, d_head]
     key           blocks.{layer}.attn.hook_k          the keys each query head reads             [H, T, d_head]
     value         blocks.{layer}.attn.hook_v          the values each query head reads           [H, T, d_head]
-    scores        blocks.{layer}.attn.hook_attn_scores  the masked, scaled scores (pre-softmax)  [H, T, T]
+    masked        blocks.{layer}.attn.hook_attn_scores  the masked, scaled scores (pre-softmax)  [H, T, T]
     pattern       blocks.{layer}.attn.hook_pattern    the attention probabilities                [H, T, T]
     head_output   blocks.{layer}.attn.hook_z          each head's output before the output projection, [H, T, d_head]
 
@@ -16,8 +16,10 @@ and value that head reads, so an edit of one head's key leaves its group's other
 An Edit replaces a site's value where `where` is true by `value` (an array broadcast to the site's shape: zero, a
 mean over reference texts, a value cached from another run). `where` picks positions [T] of the residual stream,
 (head, position) [H, T] of query, key, value and head_output, (head, query row) [H, T] of pattern, and
-(head, query, key) cells [H, T, T] of scores.
-Knockout is an edit of the scores: MASKED on the blocked (query, key) cells, so the softmax renormalises the row's
+(head, query, key) cells [H, T, T] of masked.
+The site is named "masked" as the teaching stage is (model/transformer.py STAGES: "scores" is q . k alone, before the
+scale and the mask); its hook keeps TransformerLens' name, hook_attn_scores, which means these masked scores there.
+Knockout is an edit of the masked scores: MASKED on the blocked (query, key) cells, so the softmax renormalises the row's
 other weights. runtime/interventions.py runs the same edits through the ONNX graphs, layer by layer, reusing the
 unedited prefix; this module is their independent reference.
 
@@ -39,7 +41,7 @@ HOOKS = {
     "query": "blocks.{layer}.attn.hook_q",
     "key": "blocks.{layer}.attn.hook_k",
     "value": "blocks.{layer}.attn.hook_v",
-    "scores": "blocks.{layer}.attn.hook_attn_scores",
+    "masked": "blocks.{layer}.attn.hook_attn_scores",
     "pattern": "blocks.{layer}.attn.hook_pattern",
     "head_output": "blocks.{layer}.attn.hook_z",
 }
@@ -55,7 +57,7 @@ def hook_name(site: str, layer: int) -> str:
 @dataclass(frozen=True, eq=False)
 class Edit:
     """Replace `site` at `layer` where `where` is true by `value`. `where` has the site's shape without its last
-    axis (for scores, with it: it picks cells); value broadcasts to the site's shape."""
+    axis (for masked, with it: it picks cells); value broadcasts to the site's shape."""
     site: str
     layer: int
     where: np.ndarray
@@ -67,7 +69,7 @@ class Edit:
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         """The site's value x (one text: no batch axis) with this edit made."""
-        where = self.where if self.site == "scores" else self.where[..., None]
+        where = self.where if self.site == "masked" else self.where[..., None]
         return np.where(where, np.asarray(self.value, COMPUTE), x).astype(COMPUTE)
 
 
@@ -76,7 +78,7 @@ def knockout(layers, queries, keys, heads: int, T: int) -> list[Edit]:
     query's other weights are renormalised by the softmax."""
     where = np.zeros((heads, T, T), bool)
     where[:, np.asarray(queries, int)[:, None], np.asarray(keys, int)[None, :]] = True
-    return [Edit("scores", int(layer), where, MASKED) for layer in layers]
+    return [Edit("masked", int(layer), where, MASKED) for layer in layers]
 
 
 @dataclass

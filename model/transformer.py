@@ -23,8 +23,8 @@ from .rope import RopeScaling
 # projection [H, T, d_head] (k and v as each query head reads them); scores, scaled, masked [H, T, T].
 STAGES = ("x", "q", "k", "v", "scores", "scaled", "masked", "ctx")
 # each stage's site in the block's forward (TransformerBlock.__call__'s hook): ctx is the head's output before any
-# ablation, "masked" the scores site model/interventions.py edits
-STAGE_SITES = dict(zip(STAGES, ("attention_input", "query", "key", "value", "raw_scores", "scaled", "scores",
+# ablation; scores, scaled and masked are the sites of the same names (masked: the one model/interventions.py edits)
+STAGE_SITES = dict(zip(STAGES, ("attention_input", "query", "key", "value", "scores", "scaled", "masked",
                                 "head_output")))
 SQUARE_STAGES = ("scores", "scaled", "masked")  # [.., T, T]; the others end in [.., T, features]
 LM_OUTPUTS = ("next_token_logits", "token_logprobs")  # decoders with an LM head
