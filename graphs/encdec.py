@@ -13,7 +13,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..model.encdec import EncoderDecoder, EncoderDecoderBlock
+from ..model.encdec import EncoderDecoder
+from ..model.transformer import TransformerBlock
 from ..model.precision import scalar
 from ..model.weights import arrays, identities
 from .builder import FLOAT, INT, Graph, model_proto, save_checked
@@ -90,7 +91,7 @@ def feed_forward(g: Graph, ff, h: str, p: str) -> str:
     return g.linear(a, ff.proj.weight, ff.proj.bias, p + ".proj")
 
 
-def block(g: Graph, b: EncoderDecoderBlock, p: str, x: str, mask: str, memory: str | None = None,
+def block(g: Graph, b: TransformerBlock, p: str, x: str, mask: str, memory: str | None = None,
           cross_mask: str | None = None) -> tuple[str, dict[str, str]]:
     """EncoderDecoderBlock.__call__: each sublayer in its residual and norm (EncoderDecoderBlock.residual)."""
     probs = {}
@@ -105,10 +106,10 @@ def block(g: Graph, b: EncoderDecoderBlock, p: str, x: str, mask: str, memory: s
             return out
         return sublayer
 
-    x = residual(x, b.ln_self, p + ".ln_self", attend("self", b.self_attn, mask, None))
+    x = residual(x, b.ln1, p + ".ln_self", attend("self", b.attn, mask, None))
     if b.cross_attn is not None:
         x = residual(x, b.ln_cross, p + ".ln_cross", attend("cross", b.cross_attn, cross_mask, memory))
-    return residual(x, b.ln_ff, p + ".ln_ff", lambda h: feed_forward(g, b.ff, h, p + ".ff")), probs
+    return residual(x, b.ln2, p + ".ln_ff", lambda h: feed_forward(g, b.mlp, h, p + ".ff")), probs
 
 
 def lm_outputs(g: Graph, model: EncoderDecoder, hidden: str) -> None:
