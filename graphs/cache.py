@@ -22,14 +22,14 @@ from pathlib import Path
 
 
 from ..model import encdec as encdec_model
-from ..model import rope, transformer
+from ..model import attention, rope, transformer
 from ..model import precision, weights
 from ..model.weights import arrays
 from . import builder, decoding, encdec, layers, reductions, stacked, steps
 
 log = logging.getLogger("attnscope")
-EXPORTER = (builder, steps, stacked, decoding, layers, reductions, transformer, rope, encdec, encdec_model, precision,
-            weights)   # the source that shapes an exported graph
+EXPORTER = (builder, steps, stacked, decoding, layers, reductions, transformer, attention, rope, encdec, encdec_model,
+            precision, weights)   # the source that shapes an exported graph (attention: every graph reads attn.scale)
 
 
 def content_key(model) -> str:

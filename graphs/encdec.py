@@ -5,7 +5,9 @@ Inputs:  input_ids [B, S], decoder_input_ids [B, T] int64; additive masks encode
 Outputs: encoder_hidden [B, S, D], hidden [B, T, D], encoder_attentions [L, B, H, S, S], decoder_attentions
          [L_dec, B, H, T, T], cross_attentions [L_dec, B, H, T, S], next_token_logits [B, V] (after each decoder
          text's last token), token_logprobs [B, T] (log p of each decoder token; 0 for the first).
-Each function names the NumPy code it mirrors, step for step.
+Each function names the NumPy code it mirrors, step for step; the blocks are graphs/steps.transformer_block's, the one
+block builder of every graph (as model/encdec.py's are model/transformer.TransformerBlock), their attention
+graphs/steps.attend.
 """
 from __future__ import annotations
 
@@ -14,10 +16,10 @@ import onnx
 from onnx import helper
 
 from ..model.encdec import EncoderDecoder
-from ..model.transformer import TransformerBlock
 from ..model.precision import scalar
 from ..model.weights import arrays, identities
 from .builder import FLOAT, INT, Graph, model_proto, save_checked
+from .steps import transformer_block
 
 INPUTS = (("input_ids", INT, ["batch", "source"]),
           ("decoder_input_ids", INT, ["batch", "target"]),
@@ -67,51 +69,6 @@ def position_bias(g: Graph, bias, name: str, Tq: str, S: str) -> str:
     return g.op("Unsqueeze", g.op("Transpose", table, perm=[2, 0, 1]), g.const(np.array([0])), hint=name)
 
 
-def attention(g: Graph, attn, p: str, x: str, memory: str, mask: str) -> tuple[str, str]:
-    """CrossAttention.__call__: q from x, k and v from memory, scores * scale + mask, softmax, the weighted values,
-    the output projection. Returns (output [B, Tq, D], probs [B, H, Tq, S])."""
-    H, dh = attn.n_heads, attn.head_dim
-    heads = lambda t, n: g.op("Transpose", g.op("Reshape", g.linear(t, *attn.projection(f"{n}_proj"), f"{p}.{n}"),  # noqa: E731
-                                                g.const(np.array([0, 0, H, dh]))), perm=[0, 2, 1, 3], hint=f"{p}.{n}")
-    q, k, v = heads(x, "q"), heads(memory, "k"), heads(memory, "v")                        # [B, H, T|S, dh]
-    scores = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2]), hint=p + ".scores")
-    scaled = g.op("Mul", scores, g.const(attn.scale, "scale"), hint=p + ".scaled")
-    probs = g.op("Softmax", g.op("Add", scaled, mask, hint=p + ".masked"), axis=-1, hint=p + ".probs")
-    ctx = g.op("MatMul", probs, v, hint=p + ".ctx")                                         # [B, H, Tq, dh]
-    merged = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const(np.array([0, 0, H * dh])))
-    return g.linear(merged, *attn.out_projection(), p + ".o"), probs
-
-
-def feed_forward(g: Graph, ff, h: str, p: str) -> str:
-    """FeedForward.__call__: proj(act(fc(h))) or proj(act(fc(h)) * up(h))."""
-    a = g.linear(h, ff.fc.weight, ff.fc.bias, p + ".fc")
-    a = {"relu": lambda t: g.op("Relu", t), "gelu": g.gelu, "gelu_tanh": g.gelu_tanh, "silu": g.silu}[ff.activation](a)
-    if ff.up is not None:
-        a = g.op("Mul", a, g.linear(h, ff.up.weight, ff.up.bias, p + ".up"))
-    return g.linear(a, ff.proj.weight, ff.proj.bias, p + ".proj")
-
-
-def block(g: Graph, b: TransformerBlock, p: str, x: str, mask: str, memory: str | None = None,
-          cross_mask: str | None = None) -> tuple[str, dict[str, str]]:
-    """EncoderDecoderBlock.__call__: each sublayer in its residual and norm (EncoderDecoderBlock.residual)."""
-    probs = {}
-
-    def residual(x, norm, hint, sublayer):
-        out = sublayer(g.norm(x, norm, hint) if b.norm_first else x)
-        return g.op("Add", x, out) if b.norm_first else g.norm(g.op("Add", x, out), norm, hint)
-
-    def attend(which, attn, m, mem):
-        def sublayer(h):
-            out, probs[which] = attention(g, attn, f"{p}.{which}_attn", h, h if mem is None else mem, m)
-            return out
-        return sublayer
-
-    x = residual(x, b.ln1, p + ".ln_self", attend("self", b.attn, mask, None))
-    if b.cross_attn is not None:
-        x = residual(x, b.ln_cross, p + ".ln_cross", attend("cross", b.cross_attn, cross_mask, memory))
-    return residual(x, b.ln2, p + ".ln_ff", lambda h: feed_forward(g, b.mlp, h, p + ".ff")), probs
-
-
 def lm_outputs(g: Graph, model: EncoderDecoder, hidden: str) -> None:
     """EncoderDecoder.logits and the log-probs of EncoderDecoder.__call__: next_token_logits [B, V] after each
     text's last token, token_logprobs [B, T] (the decoder's texts are short: every position's logits are made)."""
@@ -145,15 +102,15 @@ def build_graph(model: EncoderDecoder) -> onnx.ModelProto:
     kept = {"encoder": [], "decoder": [], "cross": []}
     x = embed(g, model, "input_ids", decoder=False)
     for i, b in enumerate(model.encoder):
-        x, probs = block(g, b, f"encoder.{i}", x, enc_mask)
-        kept["encoder"].append(probs["self"])
+        x, st = transformer_block(g, b, cfg, f"encoder.{i}", x, enc_mask)
+        kept["encoder"].append(st["attentions"])
     memory = x if model.enc_ln_f is None else g.norm(x, model.enc_ln_f, "enc_ln_f")
     g.op("Identity", memory, out="encoder_hidden")
     y = embed(g, model, "decoder_input_ids", decoder=True)
     for i, b in enumerate(model.decoder):
-        y, probs = block(g, b, f"decoder.{i}", y, dec_mask, memory, "cross_mask")
-        kept["decoder"].append(probs["self"])
-        kept["cross"].append(probs["cross"])
+        y, st = transformer_block(g, b, cfg, f"decoder.{i}", y, dec_mask, memory=memory, cross_mask="cross_mask")
+        kept["decoder"].append(st["attentions"])
+        kept["cross"].append(st["cross"]["attentions"])
     hidden = y if model.dec_ln_f is None else g.norm(y, model.dec_ln_f, "dec_ln_f")
     g.op("Identity", hidden, out="hidden")
     for name, probs in kept.items():

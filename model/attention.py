@@ -133,7 +133,7 @@ class MultiHeadAttention:
         the zero_attn key where this module has them. Positions are not this module's business: start is taken for
         GroupedQueryAttention's signature."""
         key, value = (x, x) if memory is None else memory if isinstance(memory, tuple) else (memory, memory)
-        (B, Tq, E), H, dh = x.shape, self.num_heads, self.head_dim
+        (B, _, E), H, dh = x.shape, self.num_heads, self.head_dim
         q = linear(x, *self._projection(0))                               # [B, Tq, E]
         k = linear(key, *self._projection(1))                             # [B, S, E]
         v = linear(value, *self._projection(2))                           # [B, S, E]
@@ -239,7 +239,7 @@ class GroupedQueryAttention:
     Gemma's options: qk_norm "head" (QK-norm, Gemma 3: each head's query and key RMS-normalised over its d_head
     features before RoPE, one weight [d_head] shared by the heads: q_norm, k_norm), query_pre_attn_scalar (scores
     divided by its square root instead of sqrt(d_head): functional.score_scale) and softcap (attention logit soft-capping, Gemma 2).
-    graphs/steps.project mirrors project step by step, and graphs/steps.attention_inputs the rest of __call__.
+    graphs/steps.project mirrors project step by step (and MultiHeadAttention.project's fused in_proj).
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, rope=None,
@@ -354,7 +354,9 @@ def attention(attn, x, memory=None, mask=None, hook=None, past=None, start: int 
     decoders, encoders and encoder-decoders (model/transformer.py: self- and cross-attention), the interventions
     reference (hook edits sites), decoding (past: the key/value cache of the P earlier positions) and the modules'
     own calls (MultiHeadAttention, GroupedQueryAttention, CrossAttention). attn is one of those modules: it
-    projects (attn.project), says what the scores are multiplied by (attn.scale) and holds W_O.
+    projects (attn.project), says what the scores are multiplied by (attn.scale) and holds W_O. The graphs mirror it
+    step for step: graphs/steps.attention (project, the cache, repeat_kv), steps.attend (scores to z; the one
+    attention of every graph) and steps.block_output (the head mask, then steps.out_projection).
 
         q, k, v = project(x, memory)          QK-norm and RoPE in project; k, v after past's, then per query head
         scores  = q k^T                                            [B, H, T, S]
@@ -410,7 +412,7 @@ class CrossAttention(GroupedQueryAttention):
     The encoder-decoders' attention (T5, BART, Marian, model/encdec.py): q/k/v/o as transformers names them, one
     key/value head per query head, no rotary positions (their positions are added to the tokens, or to the scores
     as a bias that arrives inside the additive mask). `scaled`: scores times 1/sqrt(d_head) (BART, Marian), or not
-    at all (T5, whose initialisation absorbs it). graphs/encdec.attention mirrors __call__ step by step."""
+    at all (T5, whose initialisation absorbs it). In the graphs it is what any attention is (graphs/steps.attention)."""
 
     def __init__(self, d_model: int, n_heads: int, d_head: int, bias: bool, scaled: bool = True,
                  seed: int | None = 0, std: float = 0.02):

@@ -4,7 +4,8 @@ One `Transformer` class covers all three; `TransformerConfig` says which. The at
 *input* (additive, [B, 1|H, T, T]), built by the caller from padding, causality and user masks, so
 the same forward pass (and the same exported ONNX graph) serves every masking choice. So is the
 head mask (which heads' outputs to keep, and what replaces the others), for ablations.
-graphs/steps.py writes every step below as ONNX nodes, in the same order, naming the code it mirrors.
+graphs/steps.py writes every step below as ONNX nodes, in the same order, naming the code it mirrors: the block is
+graphs/steps.transformer_block (TransformerBlock.__call__), the one block builder of every graph.
 """
 from __future__ import annotations
 
@@ -284,7 +285,8 @@ class TransformerBlock:
 
     def cross_attention(self, x, memory, mask, hook=None):
         """The cross-attention sublayer in its residual connection: x + Cross(NC(x), m) pre-norm, NC(x + Cross(x, m))
-        post-norm; x [B, T, D] the stream after the self-attention's residual, memory [B, S, D]."""
+        post-norm; x [B, T, D] the stream after the self-attention's residual, memory [B, S, D].
+        Mirrored by graphs/steps.cross_attention."""
         hook = hook or (lambda site, value: value)
         h = hook("cross_attention_input", self.ln_cross(x) if self.norm_first else x)
         c = attention(self.cross_attn, h, memory, mask, lambda site, value: hook("cross_" + site, value))
