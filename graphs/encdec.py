@@ -16,6 +16,7 @@ import onnx
 from onnx import helper
 
 from ..model.encdec import EncoderDecoder
+from ..model.masks import MASKED
 from ..model.precision import scalar
 from ..model.weights import arrays, identities
 from .builder import FLOAT, INT, Graph, model_proto, save_checked
@@ -91,33 +92,66 @@ def lm_outputs(g: Graph, model: EncoderDecoder, hidden: str) -> None:
     g.op("Concat", zero, g.slice(logp_next, 0, -1, 1), axis=1, out="token_logprobs")
 
 
-def build_graph(model: EncoderDecoder) -> onnx.ModelProto:
-    """EncoderDecoder.__call__ as one graph."""
+ATTENTIONS = ("encoder", "decoder", "cross")   # an encoder-decoder's three attentions: stack's self-attention, cross
+
+
+def build_graph(model: EncoderDecoder, edits: bool = False) -> onnx.ModelProto:
+    """EncoderDecoder.__call__ as one graph. edits: the graph of runs with edits (runtime/encdec.py's interventions),
+    model/interventions.forward_encoder_decoder's: for each attention a of ATTENTIONS three more inputs,
+    {a}_knocked [B, L, H, Tq, Tk] bool (a knockout's cells, model/interventions.knockout: MASKED in the layer's mask
+    there, as runtime/interventions.py's knockouts are), {a}_edited [B, L, H, Tq] bool and {a}_edits
+    [B, L, H, Tq, dh] (values put into its heads' outputs, hook_z: steps.edited_heads), and one more output,
+    {a}_head_output [L, B, H, Tq, dh] (each head's output as the run computed it, edits made)."""
     cfg, g = model.cfg, Graph(identities(arrays(model)))
     S, T = length(g, "input_ids"), length(g, "decoder_input_ids")
     enc_mask, dec_mask = "encoder_mask", "decoder_mask"
     if model.enc_bias is not None:                       # T5: the position bias joins the masks
         enc_mask = g.op("Add", enc_mask, position_bias(g, model.enc_bias, "enc_bias", S, S))
         dec_mask = g.op("Add", dec_mask, position_bias(g, model.dec_bias, "dec_bias", T, T))
-    kept = {"encoder": [], "decoder": [], "cross": []}
+
+    def patch(a: str, layer: int):
+        """Layer `layer`'s edits of attention a's head outputs, from the edits graph's inputs (None: no edits)."""
+        if not edits:
+            return None
+        i = g.const(np.array(layer, np.int64))
+        return tuple(g.op("Gather", f"{a}_{n}", i, axis=1) for n in ("edited", "edits"))
+
+    def knocked(a: str, layer: int, mask: str) -> str:
+        """Layer `layer`'s mask of attention a, MASKED on the cells its knockouts block (the edits graph's)."""
+        if not edits:
+            return mask
+        cells = g.op("Gather", f"{a}_knocked", g.const(np.array(layer, np.int64)), axis=1)   # [B, H, Tq, Tk]
+        return g.op("Where", cells, g.const(MASKED), mask, hint=f"{a}.{layer}.knocked")
+
+    kept = {a: [] for a in ATTENTIONS}
+    heads = {a: [] for a in ATTENTIONS}
     x = embed(g, model, "input_ids", decoder=False)
     for i, b in enumerate(model.encoder):
-        x, st = transformer_block(g, b, cfg, f"encoder.{i}", x, enc_mask)
+        x, st = transformer_block(g, b, cfg, f"encoder.{i}", x, knocked("encoder", i, enc_mask),
+                                  patch=patch("encoder", i))
         kept["encoder"].append(st["attentions"])
+        heads["encoder"].append(st["ctx"])
     memory = x if model.enc_ln_f is None else g.norm(x, model.enc_ln_f, "enc_ln_f")
     g.op("Identity", memory, out="encoder_hidden")
     y = embed(g, model, "decoder_input_ids", decoder=True)
     for i, b in enumerate(model.decoder):
-        y, st = transformer_block(g, b, cfg, f"decoder.{i}", y, dec_mask, memory=memory, cross_mask="cross_mask")
+        y, st = transformer_block(g, b, cfg, f"decoder.{i}", y, knocked("decoder", i, dec_mask), memory=memory,
+                                  cross_mask=knocked("cross", i, "cross_mask"), patch=patch("decoder", i),
+                                  cross_patch=patch("cross", i))
         kept["decoder"].append(st["attentions"])
         kept["cross"].append(st["cross"]["attentions"])
+        heads["decoder"].append(st["ctx"])
+        heads["cross"].append(st["cross"]["ctx"])
     hidden = y if model.dec_ln_f is None else g.norm(y, model.dec_ln_f, "dec_ln_f")
     g.op("Identity", hidden, out="hidden")
+    stacked = lambda parts, out: g.op("Concat", *[g.op("Unsqueeze", p, g.const(np.array([0]))) for p in parts],  # noqa: E731
+                                      axis=0, out=out)
     for name, probs in kept.items():
-        g.op("Concat", *[g.op("Unsqueeze", p, g.const(np.array([0]))) for p in probs], axis=0,
-             out=f"{name}_attentions")
+        stacked(probs, f"{name}_attentions")
     lm_outputs(g, model, "hidden")
-    f = FLOAT
+    f, H, dh = FLOAT, cfg.n_heads, cfg.d_head
+    layers = {"encoder": cfg.n_layers, "decoder": cfg.n_decoder_layers, "cross": cfg.n_decoder_layers}
+    queries = {"encoder": "source", "decoder": "target", "cross": "target"}
     inputs = [helper.make_tensor_value_info(*i) for i in INPUTS]
     dims = {"encoder_hidden": ["batch", "source", cfg.d_model], "hidden": ["batch", "target", cfg.d_model],
             "encoder_attentions": [cfg.n_layers, "batch", cfg.n_heads, "source", "source"],
@@ -125,9 +159,18 @@ def build_graph(model: EncoderDecoder) -> onnx.ModelProto:
             "cross_attentions": [cfg.n_decoder_layers, "batch", cfg.n_heads, "target", "source"],
             "next_token_logits": ["batch", cfg.vocab_size], "token_logprobs": ["batch", "target"]}
     outputs = [helper.make_tensor_value_info(n, f, dims[n]) for n in OUTPUTS]
-    return model_proto(g, inputs + g.inputs, outputs, "attnscope-encoder-decoder")
+    if edits:
+        for a in ATTENTIONS:
+            L, Tq = layers[a], queries[a]
+            Tk = "target" if a == "decoder" else "source"
+            inputs += [helper.make_tensor_value_info(f"{a}_knocked", onnx.TensorProto.BOOL, ["batch", L, H, Tq, Tk]),
+                       helper.make_tensor_value_info(f"{a}_edited", onnx.TensorProto.BOOL, ["batch", L, H, Tq]),
+                       helper.make_tensor_value_info(f"{a}_edits", f, ["batch", L, H, Tq, dh])]
+            stacked(heads[a], f"{a}_head_output")
+            outputs.append(helper.make_tensor_value_info(f"{a}_head_output", f, [L, "batch", H, Tq, dh]))
+    return model_proto(g, inputs + g.inputs, outputs, "attnscope-encoder-decoder" + ("-edits" if edits else ""))
 
 
-def export(model: EncoderDecoder, path, desc: str = "export") -> None:
-    """Write the graph to `path` (atomically) and validate it with onnx.checker."""
-    save_checked(build_graph(model), path)
+def export(model: EncoderDecoder, path, desc: str = "export", edits: bool = False) -> None:
+    """Write the graph (with edits: build_graph's) to `path` (atomically) and validate it with onnx.checker."""
+    save_checked(build_graph(model, edits), path)

@@ -97,7 +97,8 @@ def position_weights(g: Graph, T: str) -> str:
 
 def transformer_block(g: Graph, block, cfg, p: str, x: str, mask: str, keep: str | None = None,
                       mean: str | None = None, weights: str | None = None, rope=None, past=None, present=None,
-                      memory: str | None = None, cross_mask: str | None = None) -> tuple[str, dict[str, str]]:
+                      memory: str | None = None, cross_mask: str | None = None, patch=None,
+                      cross_patch=None) -> tuple[str, dict[str, str]]:
     """TransformerBlock.__call__: x [B, T, D] -> x, and the attention's stages (probabilities as "attentions"; a
     decoder block of an encoder-decoder adds its cross-attention's stages as "cross"). The one block builder: the
     stacked graph (graphs/stacked.py), the per-layer graph (graphs/layers.build_layer), the decoding step
@@ -105,11 +106,14 @@ def transformer_block(g: Graph, block, cfg, p: str, x: str, mask: str, keep: str
     graph (graphs/encdec.py: memory and cross_mask; no head mask) build every block here.
     mask: additive, this layer's (a local layer's band added by the caller, once per graph: sliding_window_mask);
     keep, mean [B, H]: this layer's head mask (keep None: none; mean None: knocked-out heads write zero);
-    weights [B, 1, 1, T]: position_weights (the mean's)."""
+    weights [B, 1, 1, T]: position_weights (the mean's); patch, cross_patch: edits of the head outputs (hook_z) of the
+    attention and the cross-attention (edited_heads; None: none)."""
     h = attention_input(g, block, cfg, p, x)
     st = attention(g, block.attn, cfg, p + ".attn", h, mask, rope, past=past, present=present) | {"x": h}
+    st["ctx"] = edited_heads(g, st["ctx"], patch)
+
     def cross(x: str) -> str:                                          # a decoder block's cross-attention sublayer
-        x, st["cross"] = cross_attention(g, block, cfg, p, x, memory, cross_mask)
+        x, st["cross"] = cross_attention(g, block, cfg, p, x, memory, cross_mask, cross_patch)
         return x
     return block_output(g, block, cfg, p, x, st["ctx"], keep, mean, weights,
                         None if block.cross_attn is None else cross), st
@@ -142,11 +146,13 @@ def attention(g: Graph, attn, cfg, p: str, h: str, mask: str, rope=None, memory:
     return attend(g, attn, p, q, repeat_kv(g, cfg, p, k, "k"), repeat_kv(g, cfg, p, v, "v"), mask)
 
 
-def cross_attention(g: Graph, block, cfg, p: str, x: str, memory: str, mask: str) -> tuple[str, dict[str, str]]:
+def cross_attention(g: Graph, block, cfg, p: str, x: str, memory: str, mask: str, patch=None
+                    ) -> tuple[str, dict[str, str]]:
     """TransformerBlock.cross_attention: x + Cross(NC(x), m) pre-norm, NC(x + Cross(x, m)) post-norm. Returns the
-    stream and the cross-attention's stages ("x": its queries' input)."""
+    stream and the cross-attention's stages ("x": its queries' input). patch: edited_heads'."""
     h = g.norm(x, block.ln_cross, p + ".ln_cross") if block.norm_first else x
     st = attention(g, block.cross_attn, cfg, p + ".cross_attn", h, mask, memory=memory) | {"x": h}
+    st["ctx"] = edited_heads(g, st["ctx"], patch)
     c = out_projection(g, block.cross_attn, cfg, p + ".cross_attn", st["ctx"])
     return (g.op("Add", x, c) if block.norm_first else g.norm(g.op("Add", x, c), block.ln_cross, p + ".ln_cross")), st
 
@@ -208,6 +214,15 @@ def attend(g: Graph, attn, p: str, q: str, k: str, v: str, mask: str) -> dict[st
     probs = g.op("Softmax", masked, axis=-1, hint=p + ".probs")                       # [B, H, T, S]
     ctx = g.op("MatMul", probs, v, hint=p + ".ctx")                                    # [B, H, T, dh]
     return dict(attentions=probs, q=q, k=k, v=v, scores=scores, scaled=scaled, masked=masked, ctx=ctx)
+
+
+def edited_heads(g: Graph, ctx: str, patch) -> str:
+    """model/interventions.Edit.apply at the head_output site (hook_z): patch = (where [B, H, T] bool, value
+    [B, H, T, dh]) -> value where `where` is true, ctx elsewhere (None: ctx as it is)."""
+    if patch is None:
+        return ctx
+    where, value = patch
+    return g.op("Where", g.op("Unsqueeze", where, g.const(np.array([3]))), value, ctx, hint="head_output_edited")
 
 
 def soft_cap(g: Graph, x: str, cap: float, hint: str | None = None) -> str:

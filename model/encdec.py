@@ -280,9 +280,11 @@ class EncoderDecoder:
         return x if ln is None else ln(x)
 
     def __call__(self, input_ids, decoder_input_ids, encoder_mask, decoder_mask, cross_mask, decoder_lengths=None,
-                 stages: bool = False) -> EncoderDecoderOutput:
-        """input_ids [B, S], decoder_input_ids [B, T]; additive masks encoder_mask [B, 1, S, S], decoder_mask
-        [B, 1, T, T] (causal + padding), cross_mask [B, 1, T, S]; decoder_lengths [B] (None: all T)."""
+                 stages: bool = False, edit=None) -> EncoderDecoderOutput:
+        """input_ids [B, S], decoder_input_ids [B, T]; additive masks encoder_mask [B, 1|H, S, S], decoder_mask
+        [B, 1|H, T, T] (causal + padding), cross_mask [B, 1|H, T, S]; decoder_lengths [B] (None: all T).
+        edit(stack, layer) -> hook or None, where given: the hook(site, value) -> value of that block ("encoder" or
+        "decoder", its layer), which sees and may replace its sites before they are kept (model/interventions.py)."""
         ids, dec = np.asarray(input_ids, np.int64), np.asarray(decoder_input_ids, np.int64)
         (B, S), T = ids.shape, dec.shape[1]
         lengths = np.full(B, T) if decoder_lengths is None else np.asarray(decoder_lengths, np.int64)
@@ -291,16 +293,23 @@ class EncoderDecoder:
             decoder_mask = decoder_mask + self.dec_bias(T, T)
         kept = {"encoder": [], "decoder": []}                 # each block's sites, as its hook saw them
 
+        def hook(stack: str, layer: int):
+            seen, outer = {}, None if edit is None else edit(stack, layer)
+            kept[stack].append(seen)
+
+            def see(site, value):
+                seen[site] = value if outer is None else outer(site, value)
+                return seen[site]
+            return see
+
         x = self.embed(ids, decoder=False)
-        for b in self.encoder:
-            kept["encoder"].append({})
-            x = b(x, encoder_mask, hook=kept["encoder"][-1].setdefault).x
+        for i, b in enumerate(self.encoder):
+            x = b(x, encoder_mask, hook=hook("encoder", i)).x
         memory = x if self.enc_ln_f is None else self.enc_ln_f(x)                                  # [B, S, D]
 
         y = self.embed(dec, decoder=True)
-        for b in self.decoder:
-            kept["decoder"].append({})
-            y = b(y, decoder_mask, hook=kept["decoder"][-1].setdefault, memory=memory, cross_mask=cross_mask).x
+        for i, b in enumerate(self.decoder):
+            y = b(y, decoder_mask, hook=hook("decoder", i), memory=memory, cross_mask=cross_mask).x
         hidden = y if self.dec_ln_f is None else self.dec_ln_f(y)                                 # [B, T, D]
 
         logits = self.logits(hidden)                                                               # [B, T, V]
