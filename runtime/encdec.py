@@ -8,6 +8,11 @@ The decoder reads what transformers' decoder reads when trained on `decoder_text
 the tokenizer's own specials, shifted right behind the decoder start token (so the final </s> is what the last
 position predicts, not a token read). No decoder text, or a blank one: the start token alone. One graph runs both stacks
 (graphs/encdec.py); the NumPy reference (model/encdec.py) runs when asked.
+
+Interventions (below): knock_out (cross-attention heads, or a stack's self-attention, stop reading chosen keys) and
+patch (head outputs, hook_z, of the encoder's or the decoder's self-attention or of the cross-attention, from another
+run), shaped as runtime/patching.py's knock_out and patch are for the decoders; their edits are model/interventions.py
+Edit rows, made by the graph of runs with edits (graphs/encdec.build_graph(edits=True)).
 """
 from __future__ import annotations
 
@@ -376,7 +381,7 @@ def knock_out(rt: EncoderDecoderRuntime, enc: Encoding, dec: Encoding, queries, 
     first, last = (int(i) for i in layers)
     if not 0 <= first <= last < n:
         raise InputError(f"layers {list(layers)}: the {attention} attention has layers 0..{n - 1}, first <= last")
-    for name, positions, count in (("queries", queries, Tq), ("keys", keys, Tk)):
+    for name, positions, count in (("queries", queries, Tq), ("keys", keys, Tk), ("heads", heads or (), H)):
         if any(not 0 <= int(p) < count for p in positions):
             raise InputError(f"{name} {list(positions)}: the {attention} attention's {name} are 0..{count - 1}")
     base = iv.trace(enc, dec)
