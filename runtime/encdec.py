@@ -26,10 +26,10 @@ from typing import Literal, Sequence
 
 import numpy as np
 
+from ..analysis.effects import Metric, recovery
 from ..graphs.cache import GraphCache
 from ..graphs.reduced import compute_key
 from ..model import masks as M
-from ..analysis.effects import Metric, recovery
 from ..model.encdec import EncoderDecoderOutput
 from ..model.interventions import CROSS_SITES, HOOKS, Edit, knockout
 from ..model.masks import MASKED
@@ -37,11 +37,12 @@ from ..model.precision import COMPUTE
 from ..sources import ModelSpec
 from ..sources.store import fingerprint
 from .capabilities import WORK_TFLOP, Capabilities, memory_total
-from .errors import InputError, Stopped
-from .patching import Direction, Knockout, Patching, Prediction
+from .errors import InputError
 from .results import Encoded, Encoding, Engine, NextToken
 from .sessions import Session, Weights, check_compute_dtype, check_providers, default_providers, device_of
 from .tokenizing import Vocabulary
+from .errors import Stopped
+from .patching import Direction, Knockout, Patching, Prediction
 
 DEFAULT_CACHE = Path.home() / ".cache" / "attnscope"
 
