@@ -120,9 +120,10 @@ def transformer_block(g: Graph, block, cfg, p: str, x: str, mask: str, keep: str
 
 
 def attention_inputs(g: Graph, block, cfg, p: str, x: str, rope) -> tuple[str, tuple[str, str, str]]:
-    """The block up to its attention's scores (the layer-by-layer run's first graph, graphs/layers.py): its input h
-    (normed first for pre-norm blocks) and the queries, keys and values, each [B, H, T, dh] (keys and values repeated
-    for grouped-query attention, rotated by RoPE where the model has it)."""
+    """The block up to its attention's scores (the layer-by-layer run's first graph, graphs/layers.py), as
+    TransformerBlock.attention_input then model/attention.attention's projections and repeat_kv: its input h (normed
+    first for pre-norm blocks) and the queries, keys and values, each [B, H, T, dh] (keys and values repeated for
+    grouped-query attention, rotated by RoPE where the model has it)."""
     h = attention_input(g, block, cfg, p, x)
     q, k, v = project(g, block.attn, cfg, p + ".attn", h, rope)
     return h, (q, repeat_kv(g, cfg, p, k, "k"), repeat_kv(g, cfg, p, v, "v"))
