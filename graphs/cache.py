@@ -22,14 +22,14 @@ from pathlib import Path
 
 
 from ..model import encdec as encdec_model
-from ..model import rope, transformer
+from ..model import attention, rope, transformer
 from ..model import precision, weights
 from ..model.weights import arrays
 from . import builder, decoding, encdec, layers, reductions, stacked, steps
 
 log = logging.getLogger("attnscope")
-EXPORTER = (builder, steps, stacked, decoding, layers, reductions, transformer, rope, encdec, encdec_model, precision,
-            weights)   # the source that shapes an exported graph
+EXPORTER = (builder, steps, stacked, decoding, layers, reductions, transformer, attention, rope, encdec, encdec_model,
+            precision, weights)   # the source that shapes an exported graph (attention: every graph reads attn.scale)
 
 
 def content_key(model) -> str:
@@ -59,28 +59,29 @@ class GraphCache:
             self._key = content_key(self.model)
         return self._key
 
-    def cached_path(self, stages: bool = False, decode: bool = False) -> Path:
-        """Where the exported graph lives in the cache (it may not exist yet)."""
-        variant = "-decode" if decode else "-stages" if stages else ""
+    def cached_path(self, stages: bool = False, decode: bool = False, edits: bool = False) -> Path:
+        """Where the exported graph lives in the cache (it may not exist yet). edits: an encoder-decoder's graph of
+        runs with edits (graphs/encdec.build_graph's)."""
+        variant = "-decode" if decode else "-stages" if stages else "-edits" if edits else ""
         return self.folder / f"{self.model_id}{variant}-{self.key}.onnx"
 
-    def path(self, stages: bool = False, decode: bool = False) -> Path:
+    def path(self, stages: bool = False, decode: bool = False, edits: bool = False) -> Path:
         """The exported graph, building it if it is not cached yet or fails its checksum."""
         if not self._verified:                      # first look at the cache: clear what killed exports left
             _remove_stale_temporaries(self.folder)
-        path = self.cached_path(stages, decode)
+        path = self.cached_path(stages, decode, edits)
         if self._intact(path):
             return path
         if self._scratch is not None and self._intact(self._scratch / path.name):
             return self._scratch / path.name
         try:
-            self._build(path, stages, decode)
+            self._build(path, stages, decode, edits)
             return path
         except OSError as e:
             log.warning("cannot write the graph cache %s (%s); building %s in a temporary folder for this "
                         "process (point ATTNSCOPE_CACHE at a writable folder to keep it)", self.folder,
                         e.strerror or type(e).__name__, path.name)
-            self._build(self._scratch_dir() / path.name, stages, decode)
+            self._build(self._scratch_dir() / path.name, stages, decode, edits)
             return self._scratch / path.name
 
     def stopping(self, depth: int) -> bytes:
@@ -116,10 +117,10 @@ class GraphCache:
         self._verified[path] = stamp
         return True
 
-    def _build(self, path: Path, stages: bool, decode: bool) -> None:
+    def _build(self, path: Path, stages: bool, decode: bool, edits: bool = False) -> None:
         log.info("exporting %s to %s", self.model_id, path)
         if isinstance(self.model, encdec_model.EncoderDecoder):     # both stacks in one graph
-            encdec.export(self.model, path, desc=self.model_id)
+            encdec.export(self.model, path, desc=self.model_id, edits=edits)
         elif decode:
             decoding.export(self.model, path, desc=self.model_id)                # written atomically
         else:

@@ -20,8 +20,7 @@ from onnx import helper
 from ..model.transformer import Transformer
 from ..model.weights import arrays, identities
 from .builder import FLOAT, INT, Graph, model_proto, pruned, save_checked
-from .steps import (attend, attention_input, block_output, embed, logits, project, repeat_kv, rope_tables,
-                    sliding_window_mask)
+from .steps import embed, logits, rope_tables, sliding_window_mask, transformer_block
 
 
 def cache_names(layer: int) -> tuple[str, str, str, str]:
@@ -53,14 +52,9 @@ def build_decode(model: Transformer) -> onnx.ModelProto:
             masks[block.window] = sliding_window_mask(g, "attention_mask", T, g.op("Add", P, T), block.window, P) \
                 if block.window else "attention_mask"
         rope = None if tables is None else ropes[id(tables[0])]
-        h = attention_input(g, block, cfg, p, x)
-        q, k, v = project(g, block, cfg, p, h, rope)                                  # q [B, H, t, dh]; k, v [B, Hkv, t, dh]
-        k = g.op("Concat", past_k, k, axis=2, out=present_k)                          # [B, Hkv, P+t, dh]
-        v = g.op("Concat", past_v, v, axis=2, out=present_v)
-        st = attend(g, cfg, p, q, repeat_kv(g, block, cfg, p, k, "k"), repeat_kv(g, block, cfg, p, v, "v"),
-                    masks[block.window])                                              # probs [B, H, t, P+t]
         keep = g.op("Gather", "head_mask", g.const(np.array(i, np.int64)), axis=1)    # [B, H]
-        x = block_output(g, block, cfg, p, x, st["ctx"], keep, None, None)
+        x, st = transformer_block(g, block, cfg, p, x, masks[block.window], keep, rope=rope, past=(past_k, past_v),
+                                  present=(present_k, present_v))                     # probs [B, H, t, P+t]
         rows.append(g.op("Gather", st["attentions"], g.const(np.array(-1, np.int64)), axis=2))   # [B, H, P+t]
     last = g.op("Gather", x, g.const(np.array(-1, np.int64)), axis=1)                 # [B, D]
     if model.ln_f is not None:

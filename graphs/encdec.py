@@ -5,7 +5,9 @@ Inputs:  input_ids [B, S], decoder_input_ids [B, T] int64; additive masks encode
 Outputs: encoder_hidden [B, S, D], hidden [B, T, D], encoder_attentions [L, B, H, S, S], decoder_attentions
          [L_dec, B, H, T, T], cross_attentions [L_dec, B, H, T, S], next_token_logits [B, V] (after each decoder
          text's last token), token_logprobs [B, T] (log p of each decoder token; 0 for the first).
-Each function names the NumPy code it mirrors, step for step.
+Each function names the NumPy code it mirrors, step for step; the blocks are graphs/steps.transformer_block's, the one
+block builder of every graph (as model/encdec.py's are model/transformer.TransformerBlock), their attention
+graphs/steps.attend.
 """
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..model.encdec import EncoderDecoder, EncoderDecoderBlock
+from ..model.encdec import EncoderDecoder
+from ..model.masks import MASKED
 from ..model.precision import scalar
 from ..model.weights import arrays, identities
 from .builder import FLOAT, INT, Graph, model_proto, save_checked
+from .steps import transformer_block
 
 INPUTS = (("input_ids", INT, ["batch", "source"]),
           ("decoder_input_ids", INT, ["batch", "target"]),
@@ -66,51 +70,6 @@ def position_bias(g: Graph, bias, name: str, Tq: str, S: str) -> str:
     return g.op("Unsqueeze", g.op("Transpose", table, perm=[2, 0, 1]), g.const(np.array([0])), hint=name)
 
 
-def attention(g: Graph, attn, p: str, x: str, memory: str, mask: str) -> tuple[str, str]:
-    """CrossAttention.__call__: q from x, k and v from memory, scores * scale + mask, softmax, the weighted values,
-    the output projection. Returns (output [B, Tq, D], probs [B, H, Tq, S])."""
-    H, dh = attn.n_heads, attn.head_dim
-    heads = lambda t, n: g.op("Transpose", g.op("Reshape", g.linear(t, *attn.projection(f"{n}_proj"), f"{p}.{n}"),  # noqa: E731
-                                                g.const(np.array([0, 0, H, dh]))), perm=[0, 2, 1, 3], hint=f"{p}.{n}")
-    q, k, v = heads(x, "q"), heads(memory, "k"), heads(memory, "v")                        # [B, H, T|S, dh]
-    scores = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2]), hint=p + ".scores")
-    scaled = g.op("Mul", scores, g.const(attn.scale, "scale"), hint=p + ".scaled")
-    probs = g.op("Softmax", g.op("Add", scaled, mask, hint=p + ".masked"), axis=-1, hint=p + ".probs")
-    ctx = g.op("MatMul", probs, v, hint=p + ".ctx")                                         # [B, H, Tq, dh]
-    merged = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const(np.array([0, 0, H * dh])))
-    return g.linear(merged, *attn.out_projection(), p + ".o"), probs
-
-
-def feed_forward(g: Graph, ff, h: str, p: str) -> str:
-    """FeedForward.__call__: proj(act(fc(h))) or proj(act(fc(h)) * up(h))."""
-    a = g.linear(h, ff.fc.weight, ff.fc.bias, p + ".fc")
-    a = {"relu": lambda t: g.op("Relu", t), "gelu": g.gelu, "gelu_tanh": g.gelu_tanh, "silu": g.silu}[ff.activation](a)
-    if ff.up is not None:
-        a = g.op("Mul", a, g.linear(h, ff.up.weight, ff.up.bias, p + ".up"))
-    return g.linear(a, ff.proj.weight, ff.proj.bias, p + ".proj")
-
-
-def block(g: Graph, b: EncoderDecoderBlock, p: str, x: str, mask: str, memory: str | None = None,
-          cross_mask: str | None = None) -> tuple[str, dict[str, str]]:
-    """EncoderDecoderBlock.__call__: each sublayer in its residual and norm (EncoderDecoderBlock.residual)."""
-    probs = {}
-
-    def residual(x, norm, hint, sublayer):
-        out = sublayer(g.norm(x, norm, hint) if b.norm_first else x)
-        return g.op("Add", x, out) if b.norm_first else g.norm(g.op("Add", x, out), norm, hint)
-
-    def attend(which, attn, m, mem):
-        def sublayer(h):
-            out, probs[which] = attention(g, attn, f"{p}.{which}_attn", h, h if mem is None else mem, m)
-            return out
-        return sublayer
-
-    x = residual(x, b.ln_self, p + ".ln_self", attend("self", b.self_attn, mask, None))
-    if b.cross_attn is not None:
-        x = residual(x, b.ln_cross, p + ".ln_cross", attend("cross", b.cross_attn, cross_mask, memory))
-    return residual(x, b.ln_ff, p + ".ln_ff", lambda h: feed_forward(g, b.ff, h, p + ".ff")), probs
-
-
 def lm_outputs(g: Graph, model: EncoderDecoder, hidden: str) -> None:
     """EncoderDecoder.logits and the log-probs of EncoderDecoder.__call__: next_token_logits [B, V] after each
     text's last token, token_logprobs [B, T] (the decoder's texts are short: every position's logits are made)."""
@@ -133,33 +92,66 @@ def lm_outputs(g: Graph, model: EncoderDecoder, hidden: str) -> None:
     g.op("Concat", zero, g.slice(logp_next, 0, -1, 1), axis=1, out="token_logprobs")
 
 
-def build_graph(model: EncoderDecoder) -> onnx.ModelProto:
-    """EncoderDecoder.__call__ as one graph."""
+ATTENTIONS = ("encoder", "decoder", "cross")   # an encoder-decoder's three attentions: stack's self-attention, cross
+
+
+def build_graph(model: EncoderDecoder, edits: bool = False) -> onnx.ModelProto:
+    """EncoderDecoder.__call__ as one graph. edits: the graph of runs with edits (runtime/encdec.py's interventions),
+    model/interventions.forward_encoder_decoder's: for each attention a of ATTENTIONS three more inputs,
+    {a}_knocked [B, L, H, Tq, Tk] bool (a knockout's cells, model/interventions.knockout: MASKED in the layer's mask
+    there, as runtime/interventions.py's knockouts are), {a}_edited [B, L, H, Tq] bool and {a}_edits
+    [B, L, H, Tq, dh] (values put into its heads' outputs, hook_z: steps.edited_heads), and one more output,
+    {a}_head_output [L, B, H, Tq, dh] (each head's output as the run computed it, edits made)."""
     cfg, g = model.cfg, Graph(identities(arrays(model)))
     S, T = length(g, "input_ids"), length(g, "decoder_input_ids")
     enc_mask, dec_mask = "encoder_mask", "decoder_mask"
     if model.enc_bias is not None:                       # T5: the position bias joins the masks
         enc_mask = g.op("Add", enc_mask, position_bias(g, model.enc_bias, "enc_bias", S, S))
         dec_mask = g.op("Add", dec_mask, position_bias(g, model.dec_bias, "dec_bias", T, T))
-    kept = {"encoder": [], "decoder": [], "cross": []}
+
+    def patch(a: str, layer: int):
+        """Layer `layer`'s edits of attention a's head outputs, from the edits graph's inputs (None: no edits)."""
+        if not edits:
+            return None
+        i = g.const(np.array(layer, np.int64))
+        return tuple(g.op("Gather", f"{a}_{n}", i, axis=1) for n in ("edited", "edits"))
+
+    def knocked(a: str, layer: int, mask: str) -> str:
+        """Layer `layer`'s mask of attention a, MASKED on the cells its knockouts block (the edits graph's)."""
+        if not edits:
+            return mask
+        cells = g.op("Gather", f"{a}_knocked", g.const(np.array(layer, np.int64)), axis=1)   # [B, H, Tq, Tk]
+        return g.op("Where", cells, g.const(MASKED), mask, hint=f"{a}.{layer}.knocked")
+
+    kept = {a: [] for a in ATTENTIONS}
+    heads = {a: [] for a in ATTENTIONS}
     x = embed(g, model, "input_ids", decoder=False)
     for i, b in enumerate(model.encoder):
-        x, probs = block(g, b, f"encoder.{i}", x, enc_mask)
-        kept["encoder"].append(probs["self"])
+        x, st = transformer_block(g, b, cfg, f"encoder.{i}", x, knocked("encoder", i, enc_mask),
+                                  patch=patch("encoder", i))
+        kept["encoder"].append(st["attentions"])
+        heads["encoder"].append(st["ctx"])
     memory = x if model.enc_ln_f is None else g.norm(x, model.enc_ln_f, "enc_ln_f")
     g.op("Identity", memory, out="encoder_hidden")
     y = embed(g, model, "decoder_input_ids", decoder=True)
     for i, b in enumerate(model.decoder):
-        y, probs = block(g, b, f"decoder.{i}", y, dec_mask, memory, "cross_mask")
-        kept["decoder"].append(probs["self"])
-        kept["cross"].append(probs["cross"])
+        y, st = transformer_block(g, b, cfg, f"decoder.{i}", y, knocked("decoder", i, dec_mask), memory=memory,
+                                  cross_mask=knocked("cross", i, "cross_mask"), patch=patch("decoder", i),
+                                  cross_patch=patch("cross", i))
+        kept["decoder"].append(st["attentions"])
+        kept["cross"].append(st["cross"]["attentions"])
+        heads["decoder"].append(st["ctx"])
+        heads["cross"].append(st["cross"]["ctx"])
     hidden = y if model.dec_ln_f is None else g.norm(y, model.dec_ln_f, "dec_ln_f")
     g.op("Identity", hidden, out="hidden")
+    stacked = lambda parts, out: g.op("Concat", *[g.op("Unsqueeze", p, g.const(np.array([0]))) for p in parts],  # noqa: E731
+                                      axis=0, out=out)
     for name, probs in kept.items():
-        g.op("Concat", *[g.op("Unsqueeze", p, g.const(np.array([0]))) for p in probs], axis=0,
-             out=f"{name}_attentions")
+        stacked(probs, f"{name}_attentions")
     lm_outputs(g, model, "hidden")
-    f = FLOAT
+    f, H, dh = FLOAT, cfg.n_heads, cfg.d_head
+    layers = {"encoder": cfg.n_layers, "decoder": cfg.n_decoder_layers, "cross": cfg.n_decoder_layers}
+    queries = {"encoder": "source", "decoder": "target", "cross": "target"}
     inputs = [helper.make_tensor_value_info(*i) for i in INPUTS]
     dims = {"encoder_hidden": ["batch", "source", cfg.d_model], "hidden": ["batch", "target", cfg.d_model],
             "encoder_attentions": [cfg.n_layers, "batch", cfg.n_heads, "source", "source"],
@@ -167,9 +159,18 @@ def build_graph(model: EncoderDecoder) -> onnx.ModelProto:
             "cross_attentions": [cfg.n_decoder_layers, "batch", cfg.n_heads, "target", "source"],
             "next_token_logits": ["batch", cfg.vocab_size], "token_logprobs": ["batch", "target"]}
     outputs = [helper.make_tensor_value_info(n, f, dims[n]) for n in OUTPUTS]
-    return model_proto(g, inputs + g.inputs, outputs, "attnscope-encoder-decoder")
+    if edits:
+        for a in ATTENTIONS:
+            L, Tq = layers[a], queries[a]
+            Tk = "target" if a == "decoder" else "source"
+            inputs += [helper.make_tensor_value_info(f"{a}_knocked", onnx.TensorProto.BOOL, ["batch", L, H, Tq, Tk]),
+                       helper.make_tensor_value_info(f"{a}_edited", onnx.TensorProto.BOOL, ["batch", L, H, Tq]),
+                       helper.make_tensor_value_info(f"{a}_edits", f, ["batch", L, H, Tq, dh])]
+            stacked(heads[a], f"{a}_head_output")
+            outputs.append(helper.make_tensor_value_info(f"{a}_head_output", f, [L, "batch", H, Tq, dh]))
+    return model_proto(g, inputs + g.inputs, outputs, "attnscope-encoder-decoder" + ("-edits" if edits else ""))
 
 
-def export(model: EncoderDecoder, path, desc: str = "export") -> None:
-    """Write the graph to `path` (atomically) and validate it with onnx.checker."""
-    save_checked(build_graph(model), path)
+def export(model: EncoderDecoder, path, desc: str = "export", edits: bool = False) -> None:
+    """Write the graph (with edits: build_graph's) to `path` (atomically) and validate it with onnx.checker."""
+    save_checked(build_graph(model, edits), path)

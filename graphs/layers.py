@@ -18,7 +18,7 @@ from ..model.weights import arrays, block_arrays, identities
 from .builder import FLOAT, INT, Graph, model_proto, pruned
 from .reductions import OUTPUTS, Reductions, needed_columns, reduce
 from .steps import (attend, attention_inputs, block_output, embed, final, final_outputs, position_weights, rope_tables,
-                    token_inputs)
+                    token_inputs, transformer_block)
 
 
 def build_embed(model: Transformer) -> onnx.ModelProto:
@@ -73,14 +73,15 @@ def build_block_halves(model: Transformer) -> tuple[onnx.ModelProto, onnx.ModelP
                 "x_next", f, ["batch", "tokens", model.cfg.d_model])], "attnscope-block-out")))
 
 
-def _attention(g: Graph, cfg, q: str, k: str, v: str, outputs, causal: bool) -> dict[str, str]:
-    """The attend graph's body: ctx and the reductions.OUTPUTS asked of the probabilities of q, k, v's heads."""
+def _check(outputs) -> None:
     unknown = set(outputs) - set(OUTPUTS)
     if unknown:
         raise ValueError(f"unknown attention outputs {sorted(unknown)}; known: {', '.join(OUTPUTS)}")
-    g.input("attention_mask", FLOAT, ["batch", "mask_heads", "tokens", "tokens"])
-    st = attend(g, cfg, "attend", q, k, v, "attention_mask")
-    T = g.slice(g.op("Shape", q), 2, 3, 0, hint="T")
+
+
+def _reductions(g: Graph, st: dict[str, str], outputs, causal: bool) -> dict[str, str]:
+    """ctx and the reductions.OUTPUTS asked of the probabilities of an attention's stages st (steps.attend's)."""
+    T = g.slice(g.op("Shape", st["q"]), 2, 3, 0, hint="T")
     r = Reductions(g, st["attentions"], st["masked"], T, causal, needed_columns(outputs, causal))
     return {"ctx": st["ctx"]} | reduce(r, outputs)
 
@@ -97,26 +98,30 @@ def build_attend(model: Transformer, outputs, causal: bool) -> onnx.ModelProto:
     run's mask hides every later key (a cheaper distance). A local layer's mask arrives with its band
     (TransformerBlock.local_mask, Layerwise.layer_mask): one graph serves every layer."""
     cfg, g = model.cfg, Graph()
+    _check(outputs)
     for name in "qkv":
         g.input(name, FLOAT, ["batch", "heads", "tokens", cfg.d_head])
-    made = _attention(g, cfg, "q", "k", "v", outputs, causal)
+    g.input("attention_mask", FLOAT, ["batch", "mask_heads", "tokens", "tokens"])
+    made = _reductions(g, attend(g, model.blocks[0].attn, "attend", "q", "k", "v", "attention_mask"), outputs, causal)
     return pruned(model_proto(g, g.inputs, _outputs(g, made, ("ctx",) + tuple(outputs)), "attnscope-attend"))
 
 
 def build_layer(model: Transformer, outputs, causal: bool) -> onnx.ModelProto:
     """A whole block in one graph, the three above joined where a run's heads are one group (on a GPU, where each
     run costs a launch and a synchronisation: one run a layer instead of three): x [B, T, D], attention_mask,
-    head_mask, head_mean [B, H], lengths -> x_next and the reductions.OUTPUTS asked of all heads. Block_in's steps,
-    build_attend's, then block_out's, in the same order (the same numbers: runtime/layerwise.py's fused walk)."""
+    head_mask, head_mean [B, H], lengths -> x_next and the reductions.OUTPUTS asked of all heads: the one block
+    builder's (steps.transformer_block), the same steps as block_in's, build_attend's, then block_out's, in the same
+    order (the same numbers: runtime/layerwise.py's fused walk)."""
     cfg, f = model.cfg, FLOAT
+    _check(outputs)
     g = Graph(identities(block_arrays(model, 0)))
     g.input("x", f, ["batch", "tokens", cfg.d_model])
-    T = g.slice(g.op("Shape", "x"), 1, 2, 0, hint="T")
-    _, (q, k, v) = attention_inputs(g, model.blocks[0], cfg, "block", "x", rope_tables(g, model, T, layer=0))
-    made = _attention(g, cfg, q, k, v, outputs, causal)
+    g.input("attention_mask", FLOAT, ["batch", "mask_heads", "tokens", "tokens"])
     for name in ("head_mask", "head_mean"):
         g.input(name, f, ["batch", cfg.n_heads])
     g.input("lengths", INT, ["batch"])
-    made["x_next"] = block_output(g, model.blocks[0], cfg, "block", "x", made["ctx"], "head_mask", "head_mean",
-                                  position_weights(g, T))
+    T = g.slice(g.op("Shape", "x"), 1, 2, 0, hint="T")
+    x_next, st = transformer_block(g, model.blocks[0], cfg, "block", "x", "attention_mask", "head_mask", "head_mean",
+                                   position_weights(g, T), rope_tables(g, model, T, layer=0))
+    made = _reductions(g, st, outputs, causal) | {"x_next": x_next}
     return pruned(model_proto(g, g.inputs, _outputs(g, made, ("x_next",) + tuple(outputs)), "attnscope-layer"))

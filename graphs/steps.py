@@ -14,7 +14,6 @@ import numpy as np
 from onnx import helper
 
 from ..model.attention import GroupedQueryAttention
-from ..model.functional import score_scale
 from ..model.masks import MASKED
 from ..model.precision import COMPUTE, scalar
 from ..model.transformer import LM_OUTPUTS, VOCAB_CHUNK, GeGLU, Transformer
@@ -96,60 +95,104 @@ def position_weights(g: Graph, T: str) -> str:
                 hint="position_weights")                                                    # [B, 1, 1, T]
 
 
-def transformer_block(g: Graph, block, cfg, p: str, x: str, mask: str, keep: str, mean: str, weights: str,
-           rope) -> tuple[str, dict[str, str]]:
-    """TransformerBlock.__call__: x [B, T, D] -> x, and the attention's stages (probabilities as "attentions").
-    keep, mean [B, H]: this layer's head mask. In three steps, which the layer-by-layer graphs run apart."""
-    h, (q, k, v) = attention_inputs(g, block, cfg, p, x, rope)
-    st = attend(g, cfg, p, q, k, v, mask) | {"x": h}   # the teaching stages, as TransformerBlock.__call__ names them
-    return block_output(g, block, cfg, p, x, st["ctx"], keep, mean, weights), st
+def transformer_block(g: Graph, block, cfg, p: str, x: str, mask: str, keep: str | None = None,
+                      mean: str | None = None, weights: str | None = None, rope=None, past=None, present=None,
+                      memory: str | None = None, cross_mask: str | None = None, patch=None,
+                      cross_patch=None) -> tuple[str, dict[str, str]]:
+    """TransformerBlock.__call__: x [B, T, D] -> x, and the attention's stages (probabilities as "attentions"; a
+    decoder block of an encoder-decoder adds its cross-attention's stages as "cross"). The one block builder: the
+    stacked graph (graphs/stacked.py), the per-layer graph (graphs/layers.build_layer), the decoding step
+    (graphs/decoding.py: past and present, the key/value cache's names; keep with mean None) and the encoder-decoders'
+    graph (graphs/encdec.py: memory and cross_mask; no head mask) build every block here.
+    mask: additive, this layer's (a local layer's band added by the caller, once per graph: sliding_window_mask);
+    keep, mean [B, H]: this layer's head mask (keep None: none; mean None: knocked-out heads write zero);
+    weights [B, 1, 1, T]: position_weights (the mean's); patch, cross_patch: edits of the head outputs (hook_z) of the
+    attention and the cross-attention (edited_heads; None: none)."""
+    h = attention_input(g, block, cfg, p, x)
+    st = attention(g, block.attn, cfg, p + ".attn", h, mask, rope, past=past, present=present) | {"x": h}
+    st["ctx"] = edited_heads(g, st["ctx"], patch)
+
+    def cross(x: str) -> str:                                          # a decoder block's cross-attention sublayer
+        x, st["cross"] = cross_attention(g, block, cfg, p, x, memory, cross_mask, cross_patch)
+        return x
+    return block_output(g, block, cfg, p, x, st["ctx"], keep, mean, weights,
+                        None if block.cross_attn is None else cross), st
 
 
 def attention_inputs(g: Graph, block, cfg, p: str, x: str, rope) -> tuple[str, tuple[str, str, str]]:
-    """The block up to its attention: its input h (normed first for pre-norm blocks) and the queries, keys and
-    values, each [B, H, T, dh] (keys and values repeated for grouped-query attention, rotated by RoPE where the
-    model has it)."""
+    """The block up to its attention's scores (the layer-by-layer run's first graph, graphs/layers.py), as
+    TransformerBlock.attention_input then model/attention.attention's projections and repeat_kv: its input h (normed
+    first for pre-norm blocks) and the queries, keys and values, each [B, H, T, dh] (keys and values repeated for
+    grouped-query attention, rotated by RoPE where the model has it)."""
     h = attention_input(g, block, cfg, p, x)
-    q, k, v = project(g, block, cfg, p, h, rope)
-    return h, (q, repeat_kv(g, block, cfg, p, k, "k"), repeat_kv(g, block, cfg, p, v, "v"))
+    q, k, v = project(g, block.attn, cfg, p + ".attn", h, rope)
+    return h, (q, repeat_kv(g, cfg, p, k, "k"), repeat_kv(g, cfg, p, v, "v"))
 
 
 def attention_input(g: Graph, block, cfg, p: str, x: str) -> str:
     """TransformerBlock.attention_input: N1(x) in a pre-norm block, x itself otherwise."""
-    return g.norm(x, block.ln1, p + ".ln1") if cfg.norm_first else x
+    return g.norm(x, block.ln1, p + ".ln1") if block.norm_first else x
+
+
+def attention(g: Graph, attn, cfg, p: str, h: str, mask: str, rope=None, memory: str | None = None, past=None,
+              present=None) -> dict[str, str]:
+    """model/attention.attention up to the weighted values z (the head mask and W_O are block_output's): q from h,
+    k and v from memory (None: h; cross-attention), after past's keys and values where given (a decoding step:
+    past (key, value) names [B, Hkv, P, dh], the grown cache written to the names present), repeated per query head,
+    then attend. Returns attend's stages."""
+    q, k, v = project(g, attn, cfg, p, h, rope, memory)              # q [B, H, T, dh]; k, v [B, Hkv, S, dh]
+    if past is not None:
+        k = g.op("Concat", past[0], k, axis=2, out=present[0])       # [B, Hkv, P+S, dh]
+        v = g.op("Concat", past[1], v, axis=2, out=present[1])
+    return attend(g, attn, p, q, repeat_kv(g, cfg, p, k, "k"), repeat_kv(g, cfg, p, v, "v"), mask)
+
+
+def cross_attention(g: Graph, block, cfg, p: str, x: str, memory: str, mask: str, patch=None
+                    ) -> tuple[str, dict[str, str]]:
+    """TransformerBlock.cross_attention: x + Cross(NC(x), m) pre-norm, NC(x + Cross(x, m)) post-norm. Returns the
+    stream and the cross-attention's stages ("x": its queries' input). patch: edited_heads'."""
+    h = g.norm(x, block.ln_cross, p + ".ln_cross") if block.norm_first else x
+    st = attention(g, block.cross_attn, cfg, p + ".cross_attn", h, mask, memory=memory) | {"x": h}
+    st["ctx"] = edited_heads(g, st["ctx"], patch)
+    c = out_projection(g, block.cross_attn, cfg, p + ".cross_attn", st["ctx"])
+    return (g.op("Add", x, c) if block.norm_first else g.norm(g.op("Add", x, c), block.ln_cross, p + ".ln_cross")), st
 
 
 def _qk_norms(g: Graph, attn, p: str, q: str, k: str) -> tuple[str, str]:
     """GroupedQueryAttention.qk_normed: RMSNorm of q and k over their last axis, each with its own weight."""
     return tuple(g.rms_norm(t, SimpleNamespace(weight=attn.params[f"{n}_norm.weight"], eps=attn.norm_eps),
-                            f"{p}.attn.{n}_norm") for t, n in ((q, "q"), (k, "k")))
+                            f"{p}.{n}_norm") for t, n in ((q, "q"), (k, "k")))
 
 
-def project(g: Graph, block, cfg, p: str, h: str, rope) -> tuple[str, str, str]:
-    """GroupedQueryAttention.project / MultiHeadAttention.project: queries [B, H, T, dh] and the key/value heads'
-    keys and values [B, Hkv, T, dh] of h, q and k rotated by `rope` (cos, sin [T, dh]) where the model has RoPE."""
-    H, Hkv, dh, attn = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, block.attn
+def project(g: Graph, attn, cfg, p: str, h: str, rope, memory: str | None = None) -> tuple[str, str, str]:
+    """GroupedQueryAttention.project / MultiHeadAttention.project: queries [B, H, T, dh] of h and the key/value
+    heads' keys and values [B, Hkv, S, dh] of memory (None: h), q and k rotated by `rope` (cos, sin [T, dh]) where
+    the model has RoPE. p: the attention's prefix (blocks.3.attn)."""
+    H, Hkv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
     if isinstance(attn, GroupedQueryAttention):
-        q, k, v = (g.linear(h, *attn.projection(f"{n}_proj"), f"{p}.attn.{n}") for n in "qkv")   # [B, T, H|Hkv * dh]
-        if attn.qk_norm == "full":
+        m = h if memory is None else memory
+        q, k, v = (g.linear(t, *attn.projection(f"{n}_proj"), f"{p}.{n}") for t, n in ((h, "q"), (m, "k"), (m, "v")))
+        if attn.qk_norm == "full":                                                      # [B, T|S, H|Hkv * dh]
             q, k = _qk_norms(g, attn, p, q, k)
         q, k, v = (g.op("Transpose", g.op("Reshape", t, g.const(np.array([0, 0, heads, dh]))), perm=[0, 2, 1, 3],
-                        hint=f"{p}.{n}") for t, n, heads in ((q, "q", H), (k, "k", Hkv), (v, "v", Hkv)))
-        if attn.qk_norm == "head":                                                      # [B, H|Hkv, T, dh]
+                        hint=f"{p}.{n}_heads") for t, n, heads in ((q, "q", H), (k, "k", Hkv), (v, "v", Hkv)))
+        if attn.qk_norm == "head":                                                      # [B, H|Hkv, T|S, dh]
             q, k = _qk_norms(g, attn, p, q, k)
         if rope is not None:
             q, k = g.rope(q, *rope, dh, cfg.rotary_dim), g.rope(k, *rope, dh, cfg.rotary_dim)
         return q, k, v
+    if memory is not None:
+        raise ValueError("a MultiHeadAttention block attends to itself (no cross-attention in the served graphs)")
     # MultiHeadAttention._projection: q, k, v are the three row blocks of PyTorch's fused in_proj (one MatMul here,
     # cut after it: the graph reads the fused weight as the model stores it)
-    fused = g.linear(h, attn.params["in_proj_weight"], attn.params.get("in_proj_bias"), f"{p}.attn.in_proj")
+    fused = g.linear(h, attn.params["in_proj_weight"], attn.params.get("in_proj_bias"), f"{p}.in_proj")
     E = H * dh
     return tuple(g.op("Transpose", g.op("Reshape", g.slice(fused, j * E, (j + 1) * E, -1),
                                         g.const(np.array([0, 0, H, dh]))), perm=[0, 2, 1, 3], hint=f"{p}.{'qkv'[j]}")
                  for j in range(3))
 
 
-def repeat_kv(g: Graph, block, cfg, p: str, t: str, n: str) -> str:
+def repeat_kv(g: Graph, cfg, p: str, t: str, n: str) -> str:
     """functional.repeat_kv: [B, Hkv, T, dh] -> [B, H, T, dh], query head h reading kv head h // group."""
     group = cfg.n_heads // cfg.n_kv_heads
     if group == 1:
@@ -159,17 +202,28 @@ def repeat_kv(g: Graph, block, cfg, p: str, t: str, n: str) -> str:
                 g.const(np.array([0, cfg.n_heads, -1, cfg.d_head])), hint=f"{p}.{n}_repeated")
 
 
-def attend(g: Graph, cfg, p: str, q: str, k: str, v: str, mask: str) -> dict[str, str]:
-    """functional.attention_stages and the weighted values, for however many heads q, k, v hold:
-    scores, scaled (soft-capped where the model caps), masked, attentions (the probabilities) [B, h, T, T] and ctx
-    [B, h, T, dh]."""
-    scale = g.const(score_scale(cfg), "scale")
+def attend(g: Graph, attn, p: str, q: str, k: str, v: str, mask: str) -> dict[str, str]:
+    """The one attention of the graphs, model/attention.attention from its scores to its weighted values, for however
+    many heads q, k, v hold: scores (q k^T), scaled (times attn.scale; soft-capped where the model caps), masked,
+    attentions (the probabilities) [B, h, T, S] and ctx [B, h, T, dh]. attn: the attention module (its scale and
+    soft cap: every layer's are the model's)."""
+    scale = g.const(attn.scale, "scale")
     scores = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2]), hint=p + ".scores")
-    scaled = soft_cap(g, g.op("Mul", scores, scale, hint=p + ".scaled"), cfg.attn_softcap, hint=p + ".capped")
+    scaled = soft_cap(g, g.op("Mul", scores, scale, hint=p + ".scaled"), getattr(attn, "softcap", 0.0),
+                      hint=p + ".capped")
     masked = g.op("Add", scaled, mask, hint=p + ".masked")
-    probs = g.op("Softmax", masked, axis=-1, hint=p + ".probs")                       # [B, H, T, T]
+    probs = g.op("Softmax", masked, axis=-1, hint=p + ".probs")                       # [B, H, T, S]
     ctx = g.op("MatMul", probs, v, hint=p + ".ctx")                                    # [B, H, T, dh]
     return dict(attentions=probs, q=q, k=k, v=v, scores=scores, scaled=scaled, masked=masked, ctx=ctx)
+
+
+def edited_heads(g: Graph, ctx: str, patch) -> str:
+    """model/interventions.Edit.apply at the head_output site (hook_z): patch = (where [B, H, T] bool, value
+    [B, H, T, dh]) -> value where `where` is true, ctx elsewhere (None: ctx as it is)."""
+    if patch is None:
+        return ctx
+    where, value = patch
+    return g.op("Where", g.op("Unsqueeze", where, g.const(np.array([3]))), value, ctx, hint="head_output_edited")
 
 
 def soft_cap(g: Graph, x: str, cap: float, hint: str | None = None) -> str:
@@ -180,39 +234,46 @@ def soft_cap(g: Graph, x: str, cap: float, hint: str | None = None) -> str:
     return g.op("Mul", c, g.op("Tanh", g.op("Div", x, c)), hint=hint)
 
 
-def block_output(g: Graph, block, cfg, p: str, x: str, ctx: str, keep: str, mean: str | None,
-                 weights: str | None) -> str:
-    """The block after its attention: the head mask on ctx, the output projection, the residual and norms, the MLP.
-    mean None: knocked-out heads write zero (the decoding step's form, model/decoding.py)."""
-    H, dh, attn = cfg.n_heads, cfg.d_head, block.attn
-    out_proj = attn.out_projection()
-    keep = g.op("Unsqueeze", keep, g.const(np.array([2, 3])))                          # [B, H, 1, 1]
-    if mean is None:
-        ctx = g.op("Mul", keep, ctx, hint=p + ".ctx_masked")
-    else:   # functional.ablate_heads: keep * ctx + (1 - keep) * mean * sum_t weights_t ctx_t
-        mean = g.op("Unsqueeze", mean, g.const(np.array([2, 3])))                      # [B, H, 1, 1]
-        replace = g.op("Mul", g.op("Sub", g.const(scalar(1.0)), keep), mean)
-        avg = g.op("MatMul", weights, ctx)                                              # [B, H, 1, dh]
-        ctx = g.op("Add", g.op("Mul", keep, ctx), g.op("Mul", replace, avg), hint=p + ".ctx_masked")
-    merged = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const(np.array([0, 0, H * dh])))
-    a = g.linear(merged, *out_proj, p + ".attn.out")
-    return after_attention(g, block, cfg, p, x, a)
+def out_projection(g: Graph, attn, cfg, p: str, ctx: str) -> str:
+    """The end of model/attention.attention: the heads' outputs z [B, H, T, dh] concatenated, through W_O (+ b_O)."""
+    merged = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const(np.array([0, 0, cfg.n_heads * cfg.d_head])))
+    return g.linear(merged, *attn.out_projection(), p + ".out")
 
 
-def after_attention(g: Graph, block, cfg, p: str, x: str, a: str) -> str:
-    """TransformerBlock.after_attention: the residual connections, norms and MLP around the attention's output a."""
-    if cfg.parallel_residual:                                           # x + a + MLP(N2(x))
+def block_output(g: Graph, block, cfg, p: str, x: str, ctx: str, keep: str | None, mean: str | None,
+                 weights: str | None, cross=None) -> str:
+    """The block after its attention's weighted values: the head mask on ctx (model/attention.attention's head_mask;
+    keep None: none), the output projection, then after_attention. mean None: knocked-out heads write zero (the
+    decoding step's form, model/decoding.py)."""
+    if keep is not None:
+        keep = g.op("Unsqueeze", keep, g.const(np.array([2, 3])))                      # [B, H, 1, 1]
+        if mean is None:
+            ctx = g.op("Mul", keep, ctx, hint=p + ".ctx_masked")
+        else:   # functional.ablate_heads: keep * ctx + (1 - keep) * mean * sum_t weights_t ctx_t
+            mean = g.op("Unsqueeze", mean, g.const(np.array([2, 3])))                  # [B, H, 1, 1]
+            replace = g.op("Mul", g.op("Sub", g.const(scalar(1.0)), keep), mean)
+            avg = g.op("MatMul", weights, ctx)                                          # [B, H, 1, dh]
+            ctx = g.op("Add", g.op("Mul", keep, ctx), g.op("Mul", replace, avg), hint=p + ".ctx_masked")
+    return after_attention(g, block, cfg, p, x, out_projection(g, block.attn, cfg, p + ".attn", ctx), cross)
+
+
+def after_attention(g: Graph, block, cfg, p: str, x: str, a: str, cross=None) -> str:
+    """TransformerBlock.after_attention: the residual connections, norms and MLP around the attention's output a;
+    cross(x) -> x, where given, the cross-attention sublayer between the attention's residual and the MLP's."""
+    if block.parallel_residual:                                         # x + a + MLP(N2(x))
         m = feed_forward(g, block.mlp, g.norm(x, block.ln2, p + ".ln2"), p + ".mlp")
         return g.op("Add", g.op("Add", x, a), m)
-    if cfg.output_norms:                                # y = x + P1(a); y + P2(MLP(N2(y) or y)): OLMo 2, Gemma
+    if block.output_norms:                              # y = x + P1(a); y + P2(MLP(N2(y) or y)): OLMo 2, Gemma
         x = g.op("Add", x, g.norm(a, block.post_attn_norm, p + ".post_attn_norm"))
-        h = g.norm(x, block.ln2, p + ".ln2") if cfg.norm_first else x
+        h = g.norm(x, block.ln2, p + ".ln2") if block.norm_first else x
         return g.op("Add", x, g.norm(feed_forward(g, block.mlp, h, p + ".mlp"), block.post_mlp_norm,
                                      p + ".post_mlp_norm"))
-    x = g.op("Add", x, a) if cfg.norm_first else g.norm(g.op("Add", x, a), block.ln1, p + ".ln1")
-    h = g.norm(x, block.ln2, p + ".ln2") if cfg.norm_first else x
+    x = g.op("Add", x, a) if block.norm_first else g.norm(g.op("Add", x, a), block.ln1, p + ".ln1")
+    if cross is not None:
+        x = cross(x)
+    h = g.norm(x, block.ln2, p + ".ln2") if block.norm_first else x
     m = feed_forward(g, block.mlp, h, p + ".mlp")
-    return g.op("Add", x, m) if cfg.norm_first else g.norm(g.op("Add", x, m), block.ln2, p + ".ln2")
+    return g.op("Add", x, m) if block.norm_first else g.norm(g.op("Add", x, m), block.ln2, p + ".ln2")
 
 
 def final(g: Graph, model: Transformer, x: str, wte: str) -> None:
@@ -225,8 +286,16 @@ def final(g: Graph, model: Transformer, x: str, wte: str) -> None:
 
 
 def feed_forward(g: Graph, mlp, h: str, p: str) -> str:
-    """MLP.__call__ (Linear -> GELU -> Linear), SwiGLU.__call__ (down(silu(gate(h)) * up(h))) or GeGLU.__call__
-    (gelu_tanh as the gate's activation)."""
+    """MLP.__call__ (Linear -> GELU -> Linear), SwiGLU.__call__ (down(silu(gate(h)) * up(h))), GeGLU.__call__
+    (gelu_tanh as the gate's activation) or model/encdec.FeedForward.__call__ (proj(act(fc(h))), or gated:
+    proj(act(fc(h)) * up(h)))."""
+    if hasattr(mlp, "activation"):                                      # an encoder-decoder's
+        a = g.linear(h, mlp.fc.weight, mlp.fc.bias, p + ".fc")
+        a = {"relu": lambda t: g.op("Relu", t), "gelu": g.gelu, "gelu_tanh": g.gelu_tanh,
+             "silu": g.silu}[mlp.activation](a)
+        if mlp.up is not None:
+            a = g.op("Mul", a, g.linear(h, mlp.up.weight, mlp.up.bias, p + ".up"))
+        return g.linear(a, mlp.proj.weight, mlp.proj.bias, p + ".proj")
     if hasattr(mlp, "gate"):
         act = g.gelu_tanh if isinstance(mlp, GeGLU) else g.silu
         gate = act(g.linear(h, mlp.gate.weight, mlp.gate.bias, p + ".gate"))

@@ -4,8 +4,13 @@ MultiHeadAttention carries PyTorch's `nn.MultiheadAttention` state-dict names an
 of tensors loads into both (`load_state_dict` / `state_dict`), and options mean what they mean there
 (BERT, GPT-2). GroupedQueryAttention is the Llama family's: separate q/k/v/o projections named as in
 transformers, rotary positions, and fewer key/value heads than query heads.
-Inputs are batch-first: [batch, time, features]; an unbatched [time, features] input also works for
-MultiHeadAttention.
+CrossAttention is the encoder-decoders' (T5, BART, Marian). Inputs are batch-first: [batch, time, features]; an
+unbatched [time, features] input also works for MultiHeadAttention.
+
+The modules hold weights and project; the attention itself is written once, in `attention` (self- and cross-attention,
+causal, sliding window, grouped-query, additive mask, head mask, named hook sites, key/value cache), and every
+NumPy path runs it: the modules' own calls, the blocks, the interventions reference and decoding. tests/references.py
+keeps a plain textbook form apart from it, for the parity tests.
 """
 from __future__ import annotations
 
@@ -14,8 +19,8 @@ from typing import NamedTuple
 import numpy as np
 
 from . import masks as M
-from .functional import (AttentionStages, ablate_heads, apply_rope, attention_stages, linear, repeat_kv,
-                         rms_norm, score_scale, soft_cap, softmax)
+from .functional import (AttentionStages, ablate_heads, apply_rope, linear, repeat_kv, rms_norm, score_scale,
+                         soft_cap, softmax)
 from .precision import COMPUTE, scalar, widen
 
 
@@ -117,12 +122,29 @@ class MultiHeadAttention:
         """Weight [out, in] and bias (or None) by GroupedQueryAttention's names: q_proj, k_proj, v_proj, o_proj."""
         return self.out_projection() if name == "o_proj" else self._projection(("q_proj", "k_proj", "v_proj").index(name))
 
-    def project(self, x, start: int = 0):
-        """Self-attention's queries, keys and values [B, H, T, dh] of x [B, T, E] (positions are not this module's
-        business: start is taken for GroupedQueryAttention's signature)."""
-        B, T, _ = x.shape
-        return tuple(linear(x, *self._projection(j)).reshape(B, T, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
-                     for j in range(3))
+    @property
+    def scale(self) -> np.floating:
+        """What the scores q . k are multiplied by: functional.score_scale, 1 / (sqrt(d_head) * temperature)."""
+        return score_scale(self)
+
+    def project(self, x, start: int = 0, memory=None):
+        """Queries [B, H, Tq, dh] of x [B, Tq, E]; keys and values [B, H, S', dh] of memory (a (key [B, S, kdim],
+        value [B, S, vdim]) pair, or one array for both; None: x itself), S' counting the learned bias_kv key and
+        the zero_attn key where this module has them. Positions are not this module's business: start is taken for
+        GroupedQueryAttention's signature."""
+        key, value = (x, x) if memory is None else memory if isinstance(memory, tuple) else (memory, memory)
+        (B, _, E), H, dh = x.shape, self.num_heads, self.head_dim
+        q = linear(x, *self._projection(0))                               # [B, Tq, E]
+        k = linear(key, *self._projection(1))                             # [B, S, E]
+        v = linear(value, *self._projection(2))                           # [B, S, E]
+        if self.add_bias_kv:                                              # one learned extra key/value
+            k = np.concatenate([k, np.broadcast_to(self.params["bias_k"], (B, 1, E))], axis=1)
+            v = np.concatenate([v, np.broadcast_to(self.params["bias_v"], (B, 1, E))], axis=1)
+        q, k, v = (t.reshape(B, -1, H, dh).transpose(0, 2, 1, 3) for t in (q, k, v))  # [B, H, T|S', dh]
+        if self.add_zero_attn:                                            # one all-zero extra key/value
+            zeros = np.zeros((B, H, 1, dh), COMPUTE)
+            k, v = np.concatenate([k, zeros], axis=2), np.concatenate([v, zeros], axis=2)
+        return q, k, v
 
     # ---- forward ----------------------------------------------------------------------------
     def __call__(self, query, key=None, value=None, key_padding_mask=None, attn_mask=None,
@@ -136,6 +158,7 @@ class MultiHeadAttention:
         head_mask: (keep [B, H], mean [B, H], weights [B, Tq]) for functional.ablate_heads, or None.
         Returns (output [B, Tq, E], weights [B, Tq, S'] averaged over heads, [B, H, Tq, S'] per head,
         or None), S' counting any bias_kv / zero_attn keys; with return_stages, also the stages.
+        The attention itself is `attention` below, the one every NumPy path runs.
         """
         query = np.asarray(query, COMPUTE)
         key = query if key is None else np.asarray(key, COMPUTE)
@@ -145,39 +168,23 @@ class MultiHeadAttention:
             query, key, value = query[None], key[None], value[None]
             key_padding_mask = None if key_padding_mask is None else np.asarray(key_padding_mask)[None]
         self._check_inputs(query, key, value)
-        B, Tq, E = query.shape
-        S, H, dh = key.shape[1], self.num_heads, self.head_dim
-
-        q = linear(query, *self._projection(0))                           # [B, Tq, E]
-        k = linear(key, *self._projection(1))                             # [B, S, E]
-        v = linear(value, *self._projection(2))                           # [B, S, E]
-
-        mask = self._mask(attn_mask, key_padding_mask, causal, B, Tq, S)  # [B|1, H|1, Tq, S] or None
-        if self.add_bias_kv:                                              # one learned extra key/value
-            k = np.concatenate([k, np.broadcast_to(self.params["bias_k"], (B, 1, E))], axis=1)
-            v = np.concatenate([v, np.broadcast_to(self.params["bias_v"], (B, 1, E))], axis=1)
-            mask = _pad_keys(mask)
-        q, k, v = (x.reshape(B, -1, H, dh).transpose(0, 2, 1, 3) for x in (q, k, v))  # [B, H, T, dh]
-        if self.add_zero_attn:                                            # one all-zero extra key/value
-            zeros = np.zeros((B, H, 1, dh), COMPUTE)
-            k, v = np.concatenate([k, zeros], axis=2), np.concatenate([v, zeros], axis=2)
-            mask = _pad_keys(mask)
-
-        stages = attention_stages(q, k, mask, score_scale(self))          # each [B, H, Tq, S']
-        ctx = stages.probs @ v                                            # [B, H, Tq, dh] each head's output
-        if head_mask is not None:
-            ctx = ablate_heads(ctx, *head_mask)
-        out = ctx.transpose(0, 2, 1, 3).reshape(B, Tq, E)                 # heads concatenated
-        out = linear(out, *self.out_projection())
-
+        B, Tq, _ = query.shape
+        mask = self._mask(attn_mask, key_padding_mask, causal, B, Tq, key.shape[1])   # [B|1, H|1, Tq, S] or None
+        for extra in (self.add_bias_kv, self.add_zero_attn):              # every query sees the extra keys
+            mask = _pad_keys(mask) if extra else mask
+        seen: dict[str, np.ndarray] = {}
+        out, probs, _ = attention(self, query, (key, value), mask, hook=seen.setdefault if return_stages else None,
+                                  head_mask=head_mask)
         weights = None
         if need_weights:
-            weights = stages.probs.mean(axis=1) if average_attn_weights else stages.probs
+            weights = probs.mean(axis=1) if average_attn_weights else probs
         if unbatched:
             out = out[0]
             weights = None if weights is None else weights[0]
         if return_stages:
-            return out, weights, AttentionStages(*(s[0] if unbatched else s for s in stages)), (q, k, v)
+            stages = _stages(seen, probs)
+            qkv = (seen["query"], seen["key"], seen["value"])
+            return out, weights, AttentionStages(*(s[0] if unbatched else s for s in stages)), qkv
         return out, weights
 
     def _check_inputs(self, query, key, value):
@@ -232,7 +239,7 @@ class GroupedQueryAttention:
     Gemma's options: qk_norm "head" (QK-norm, Gemma 3: each head's query and key RMS-normalised over its d_head
     features before RoPE, one weight [d_head] shared by the heads: q_norm, k_norm), query_pre_attn_scalar (scores
     divided by its square root instead of sqrt(d_head): functional.score_scale) and softcap (attention logit soft-capping, Gemma 2).
-    graphs/steps.project mirrors project step by step, and graphs/steps.attention_inputs the rest of __call__.
+    graphs/steps.project mirrors project step by step (and MultiHeadAttention.project's fused in_proj).
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, rope=None,
@@ -283,17 +290,27 @@ class GroupedQueryAttention:
         """W_O [D, H * d_head] and its bias (or None): o_proj."""
         return self.projection("o_proj")
 
-    def project(self, x, start: int = 0):
-        """Queries [B, H, T, dh] and the key/value heads' keys and values [B, Hkv, T, dh] of x [B, T, D], q and k
-        rotated as positions start..start+T-1 (start > 0: new tokens after a key/value cache, model/decoding.py)."""
-        B, T, _ = x.shape
+    @property
+    def scale(self) -> np.floating:
+        """What the scores q . k are multiplied by: functional.score_scale (1 / sqrt(d_head), or Gemma's
+        query_pre_attn_scalar, over the temperature)."""
+        return score_scale(self)
+
+    def project(self, x, start: int = 0, memory=None):
+        """Queries [B, H, T, dh] of x [B, T, D] and the key/value heads' keys and values [B, Hkv, S, dh] of memory
+        [B, S, D] (None: x itself, S = T), q and k rotated as positions start..start+T-1 (start > 0: new tokens
+        after a key/value cache, model/decoding.py). Rotary positions need self-attention (memory None)."""
+        if memory is not None and self.rope is not None:
+            raise ValueError("rotary positions need self-attention: queries and keys at the same positions")
+        m = x if memory is None else memory
+        (B, T, _), S = x.shape, m.shape[1]
         H, Hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
-        q, k = linear(x, *self.projection("q_proj")), linear(x, *self.projection("k_proj"))     # [B, T, H|Hkv * dh]
+        q, k = linear(x, *self.projection("q_proj")), linear(m, *self.projection("k_proj"))     # [B, T|S, H|Hkv * dh]
         if self.qk_norm == "full":                                                                 # OLMo 2
             q, k = self.qk_normed(q, k)
         q = q.reshape(B, T, H, dh).transpose(0, 2, 1, 3)                                          # [B, H, T, dh]
-        k = k.reshape(B, T, Hkv, dh).transpose(0, 2, 1, 3)                                        # [B, Hkv, T, dh]
-        v = linear(x, *self.projection("v_proj")).reshape(B, T, Hkv, dh).transpose(0, 2, 1, 3)    # [B, Hkv, T, dh]
+        k = k.reshape(B, S, Hkv, dh).transpose(0, 2, 1, 3)                                        # [B, Hkv, S, dh]
+        v = linear(m, *self.projection("v_proj")).reshape(B, S, Hkv, dh).transpose(0, 2, 1, 3)    # [B, Hkv, S, dh]
         if self.qk_norm == "head":                                                                 # Qwen3
             q, k = self.qk_normed(q, k)
         if self.rope is not None:
@@ -316,12 +333,11 @@ class GroupedQueryAttention:
         after QK-norm and RoPE; k and v repeated per group).
         """
         seen: dict[str, np.ndarray] = {}
-        out, probs, _ = self_attention(self, x, attn_mask, hook=seen.setdefault if return_stages else None,
-                                       head_mask=head_mask)
+        out, probs, _ = attention(self, x, None, attn_mask, hook=seen.setdefault if return_stages else None,
+                                  head_mask=head_mask)
         weights = probs.mean(axis=1) if average_attn_weights else probs
         if return_stages:
-            stages = AttentionStages(seen["raw_scores"], seen["scaled"], seen["scores"], probs)
-            return out, weights, stages, (seen["query"], seen["key"], seen["value"])
+            return out, weights, _stages(seen, probs), (seen["query"], seen["key"], seen["value"])
         return out, weights
 
 
@@ -331,36 +347,63 @@ class Attended(NamedTuple):
     present: tuple           # (keys, values) [B, Hkv, P+T, dh]: past's with this call's appended (the cache)
 
 
-def self_attention(attn, x, mask=None, hook=None, past=None, start: int = 0, head_mask=None) -> Attended:
-    """Self-attention of x [B, T, D] at positions start..start+T-1 (GroupedQueryAttention, or a MultiHeadAttention
-    without its extra keys), the one forward every NumPy path runs: the blocks (model/transformer.py), the
-    interventions reference (hook edits sites), decoding (past: the key/value cache of the P earlier positions).
+def attention(attn, x, memory=None, mask=None, hook=None, past=None, start: int = 0, head_mask=None,
+              causal: bool = False, window: int = 0) -> Attended:
+    """Attention from x [B, T, D] (the queries' input, at positions start..start+T-1) to memory [B, S, D] (the keys'
+    and values' input; None: x itself, self-attention): the one attention every NumPy path runs -- the blocks of
+    decoders, encoders and encoder-decoders (model/transformer.py: self- and cross-attention), the interventions
+    reference (hook edits sites), decoding (past: the key/value cache of the P earlier positions) and the modules'
+    own calls (MultiHeadAttention, GroupedQueryAttention, CrossAttention). attn is one of those modules: it
+    projects (attn.project), says what the scores are multiplied by (attn.scale) and holds W_O. The graphs mirror it
+    step for step: graphs/steps.attention (project, the cache, repeat_kv), steps.attend (scores to z; the one
+    attention of every graph) and steps.block_output (the head mask, then steps.out_projection).
 
-        q, k, v = project(x)                  QK-norm and RoPE in project; k, v after past's, then per query head
-        scores  = soft_cap(q k^T * scale) + mask          scale = score_scale(attn)
-        pattern = softmax(scores)
+        q, k, v = project(x, memory)          QK-norm and RoPE in project; k, v after past's, then per query head
+        scores  = q k^T                                            [B, H, T, S]
+        scaled  = soft_cap(scores * scale)    scale = attn.scale (functional.score_scale, or 1: T5)
+        masked  = scaled + mask               (+ causal, + the sliding window band)
+        pattern = softmax(masked)
         z       = pattern v                   (head_mask: functional.ablate_heads)
         out     = W_O z + b_O
 
     hook(site, value) -> value, where given, sees each named site and may replace it: query, key, value [B, H, T|S,
-    dh], raw_scores (q k^T), scaled, scores (masked: model/interventions.py's "scores"), pattern [B, H, T, S],
-    head_output (z, before any ablation) [B, H, T, dh]. mask: additive [B|1, 1|H, T, S], S = P + T (None: none)."""
+    dh] (key and value as each query head reads them: grouped-query heads repeated), scores (q k^T), scaled,
+    masked (scaled + mask: model/interventions.py's "masked"), pattern [B, H, T, S], head_output (z, before any
+    ablation) [B, H, T, dh]. Each is named as the teaching stage it is (model/transformer.py STAGES). mask: additive [B|1, 1|H, T, S], S = P + T for self-attention (None: none); causal and
+    window add the look-ahead mask and a local layer's band (masks.sliding_window_mask) to it."""
     hook = hook or (lambda site, value: value)
     B, T, _ = x.shape
-    q, k, v = attn.project(x, start)                                   # q [B, H, T, dh]; k, v [B, Hkv, T, dh]
+    q, k, v = attn.project(x, start, memory)                           # q [B, H, T, dh]; k, v [B, Hkv, S, dh]
     if past is not None:
-        k, v = np.concatenate([past[0], k], axis=2), np.concatenate([past[1], v], axis=2)    # [B, Hkv, S, dh]
+        k, v = np.concatenate([past[0], k], axis=2), np.concatenate([past[1], v], axis=2)    # [B, Hkv, P+S, dh]
+    mask = attention_mask(mask, T, k.shape[2], start, causal, window)
     group = getattr(attn, "group", 1)
     q, k_h, v_h = hook("query", q), hook("key", repeat_kv(k, group)), hook("value", repeat_kv(v, group))
-    raw = hook("raw_scores", q @ np.swapaxes(k_h, -1, -2))            # [B, H, T, S]
-    scaled = hook("scaled", soft_cap(raw * score_scale(attn), getattr(attn, "softcap", 0.0)))
-    scores = hook("scores", scaled if mask is None else scaled + mask)
-    probs = hook("pattern", softmax(scores, axis=-1))
+    scores = hook("scores", q @ np.swapaxes(k_h, -1, -2))             # [B, H, T, S]
+    scaled = hook("scaled", soft_cap(scores * attn.scale, getattr(attn, "softcap", 0.0)))
+    masked = hook("masked", scaled if mask is None else scaled + mask)
+    probs = hook("pattern", softmax(masked, axis=-1))
     z = hook("head_output", probs @ v_h)                               # [B, H, T, dh]
     if head_mask is not None:
         z = ablate_heads(z, *head_mask)
     out = linear(z.transpose(0, 2, 1, 3).reshape(B, T, -1), *attn.out_projection())         # [B, T, D]
     return Attended(out, probs, (k, v))
+
+
+def attention_mask(mask, t_query: int, t_key: int, start: int = 0, causal: bool = False, window: int = 0):
+    """mask (additive, or None) with the look-ahead mask (causal) and a sliding window's band (window > 0) added, for
+    queries at positions start..start+t_query-1 over keys 0..t_key-1."""
+    parts = [mask]
+    if causal:
+        parts.append(M.causal_mask(t_query, t_key, start)[None, None])
+    if window:
+        parts.append(M.sliding_window_mask(t_query, t_key, window, start)[None, None])
+    return mask if len(parts) == 1 else M.combine(*parts)
+
+
+def _stages(seen: dict[str, np.ndarray], probs: np.ndarray) -> AttentionStages:
+    """The teaching stages of one attention from the sites `attention` showed its hook."""
+    return AttentionStages(seen["scores"], seen["scaled"], seen["masked"], probs)
 
 
 class CrossAttention(GroupedQueryAttention):
@@ -369,7 +412,7 @@ class CrossAttention(GroupedQueryAttention):
     The encoder-decoders' attention (T5, BART, Marian, model/encdec.py): q/k/v/o as transformers names them, one
     key/value head per query head, no rotary positions (their positions are added to the tokens, or to the scores
     as a bias that arrives inside the additive mask). `scaled`: scores times 1/sqrt(d_head) (BART, Marian), or not
-    at all (T5, whose initialisation absorbs it). graphs/encdec.attention mirrors __call__ step by step."""
+    at all (T5, whose initialisation absorbs it). In the graphs it is what any attention is (graphs/steps.attention)."""
 
     def __init__(self, d_model: int, n_heads: int, d_head: int, bias: bool, scaled: bool = True,
                  seed: int | None = 0, std: float = 0.02):
@@ -385,21 +428,9 @@ class CrossAttention(GroupedQueryAttention):
         """x [B, Tq, D] (queries); memory [B, S, D] (keys and values; None: x); attn_mask additive [B|1, H|1, Tq, S]
         (padding, causality and T5's position bias). Returns (output [B, Tq, D], probs [B, H, Tq, S], stages,
         (q, k, v)): q [B, H, Tq, dh], k and v [B, H, S, dh]."""
-        memory = x if memory is None else memory
-        B, Tq, _ = x.shape
-        S, H, dh = memory.shape[1], self.n_heads, self.head_dim
-        q = linear(x, *self.projection("q_proj")).reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)        # [B, H, Tq, dh]
-        k = linear(memory, *self.projection("k_proj")).reshape(B, S, H, dh).transpose(0, 2, 1, 3)    # [B, H, S, dh]
-        v = linear(memory, *self.projection("v_proj")).reshape(B, S, H, dh).transpose(0, 2, 1, 3)    # [B, H, S, dh]
-        scores = q @ np.swapaxes(k, -1, -2)                                                          # [B, H, Tq, S]
-        scaled = scores * self.scale
-        masked = scaled if attn_mask is None else scaled + attn_mask
-        stages = AttentionStages(scores, scaled, masked, softmax(masked, axis=-1))
-        ctx = stages.probs @ v                                                                       # [B, H, Tq, dh]
-        if head_mask is not None:
-            ctx = ablate_heads(ctx, *head_mask)
-        out = linear(ctx.transpose(0, 2, 1, 3).reshape(B, Tq, H * dh), *self.out_projection())       # [B, Tq, D]
-        return out, stages.probs, stages, (q, k, v)
+        seen: dict[str, np.ndarray] = {}
+        out, probs, _ = attention(self, x, memory, attn_mask, hook=seen.setdefault, head_mask=head_mask)
+        return out, probs, _stages(seen, probs), (seen["query"], seen["key"], seen["value"])
 
 
 def _pad_keys(mask: np.ndarray | None) -> np.ndarray | None:

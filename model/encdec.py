@@ -14,7 +14,10 @@ values from the encoder). The families differ in a few choices, each a field of 
 
 Masks are inputs, as in model/transformer.py: encoder [B, 1, S, S], decoder [B, 1, T, T] (causal + padding), cross
 [B, 1, T, S] (the encoder's padding). T5's position bias is added to them here (inside the model), so the attention
-itself is the same for every family. graphs/encdec.py writes every step below as ONNX nodes, naming what it mirrors.
+itself is the same for every family. The blocks are model/transformer.TransformerBlock, the one block forward of
+every model, built from these families' parts (`block`): cross-attention is a sublayer of the decoder's blocks, and
+every block has the named sites a decoder's has (model/interventions.py). graphs/encdec.py writes every step below as
+ONNX nodes, naming what it mirrors.
 """
 from __future__ import annotations
 
@@ -27,12 +30,12 @@ import numpy as np
 from .precision import COMPUTE, scalar
 from .attention import CrossAttention
 from .functional import gelu, gelu_tanh, silu
-from .transformer import LayerNorm, Linear, RMSNorm, _normal
+from .transformer import STAGE_SITES, STAGES, LayerNorm, Linear, RMSNorm, TransformerBlock, _normal
 from .weights import stored
 
 ACTIVATIONS = {"relu": lambda x: np.maximum(x, scalar(0.0)), "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
-STAGES = ("x", "q", "k", "v", "scores", "scaled", "masked", "ctx")   # per attention: x [L, B, Tq, D] (the queries'
-#                                                                     input), q [L, B, H, Tq, dh], k, v [.., S, dh]
+# STAGES, per attention (model/transformer.py's): x [L, B, Tq, D] (the queries' input), q [L, B, H, Tq, dh], k, v
+# [L, B, H, S, dh], scores, scaled, masked [L, B, H, Tq, S], ctx [L, B, H, Tq, dh]
 
 
 @dataclass(frozen=True)
@@ -153,47 +156,23 @@ class FeedForward:
         return self.proj(h if self.up is None else h * self.up(x))
 
 
-class EncoderDecoderBlock:
-    """Self-attention, cross-attention (decoder blocks only) and the feed-forward, each in a residual and a norm:
+def block(cfg: EncoderDecoderConfig, cross: bool, rng) -> TransformerBlock:
+    """An encoder block (cross False) or a decoder block: model/transformer.TransformerBlock, the one block of every
+    model, from the family's parts: self-attention, cross-attention (decoder blocks) and the feed-forward, each in
+    a residual and a norm (ln1, ln_cross, ln2: transformers' self_attn_layer_norm / encoder_attn_layer_norm /
+    final_layer_norm, T5's layer[i].layer_norm):
 
-    pre-norm (T5):              x = x + SelfAttn(N1(x));  x = x + CrossAttn(N2(x), memory);  x = x + FF(N3(x))
-    post-norm (BART, Marian):   x = N1(x + SelfAttn(x));  x = N2(x + CrossAttn(x, memory));  x = N3(x + FF(x))
+    pre-norm (T5):              x = x + SelfAttn(N1(x));  x = x + CrossAttn(NC(x), memory);  x = x + FF(N2(x))
+    post-norm (BART, Marian):   x = N1(x + SelfAttn(x));  x = NC(x + CrossAttn(x, memory));  x = N2(x + FF(x))
     """
-
-    def __init__(self, cfg: EncoderDecoderConfig, cross: bool, rng):
-        Norm = RMSNorm if cfg.norm == "rms" else LayerNorm
-        seed = lambda: None if rng is None else int(rng.integers(2**31))   # noqa: E731
-        self.norm_first = cfg.norm_first
-        self.self_attn = CrossAttention(cfg.d_model, cfg.n_heads, cfg.d_head, cfg.bias, cfg.scaled, seed=seed())
-        self.ln_self = Norm(cfg.d_model, cfg.layer_norm_eps)
-        self.cross_attn = CrossAttention(cfg.d_model, cfg.n_heads, cfg.d_head, cfg.bias, cfg.scaled,
-                                         seed=seed()) if cross else None
-        self.ln_cross = Norm(cfg.d_model, cfg.layer_norm_eps) if cross else None
-        self.ff = FeedForward(cfg, rng)
-        self.ln_ff = Norm(cfg.d_model, cfg.layer_norm_eps)
-
-    def residual(self, x, norm, sublayer):
-        """One sublayer with its residual connection and norm, pre- or post-norm. sublayer(h) -> (out, extra)."""
-        out, extra = sublayer(norm(x) if self.norm_first else x)
-        return (x + out if self.norm_first else norm(x + out)), extra
-
-    def __call__(self, x, mask, memory=None, cross_mask=None):
-        """x [B, T, D]; mask additive [B, 1|H, T, T]; memory [B, S, D] and cross_mask [B, 1|H, T, S] (decoder blocks).
-        Returns x and, per attention ("self", "cross"), (probs, stages, (q, k, v), the queries' input [B, T, D])."""
-        seen = {}
-
-        def attend(which, attn, m, mem=None):
-            def sublayer(h):
-                out, probs, st, qkv = attn(h, mem, m)
-                seen[which] = (probs, st, qkv, h)
-                return out, None
-            return sublayer
-
-        x, _ = self.residual(x, self.ln_self, attend("self", self.self_attn, mask))
-        if self.cross_attn is not None:
-            x, _ = self.residual(x, self.ln_cross, attend("cross", self.cross_attn, cross_mask, memory))
-        x, _ = self.residual(x, self.ln_ff, lambda h: (self.ff(h), None))
-        return x, seen
+    Norm = RMSNorm if cfg.norm == "rms" else LayerNorm
+    seed = lambda: None if rng is None else int(rng.integers(2**31))   # noqa: E731
+    attn = CrossAttention(cfg.d_model, cfg.n_heads, cfg.d_head, cfg.bias, cfg.scaled, seed=seed())
+    cross_attn = CrossAttention(cfg.d_model, cfg.n_heads, cfg.d_head, cfg.bias, cfg.scaled, seed=seed()) \
+        if cross else None
+    norm = lambda: Norm(cfg.d_model, cfg.layer_norm_eps)   # noqa: E731
+    return TransformerBlock.of(attn, FeedForward(cfg, rng), norm(), norm(), cfg.norm_first, cross_attn,
+                               norm() if cross else None)
 
 
 @dataclass
@@ -229,8 +208,8 @@ class EncoderDecoder:
         self.dec_bias = RelativePositionBias(cfg, False, rng) if relative else None
         self.enc_ln_embed = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.embed_norm else None
         self.dec_ln_embed = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.embed_norm else None
-        self.encoder = [EncoderDecoderBlock(cfg, False, rng) for _ in range(cfg.n_layers)]
-        self.decoder = [EncoderDecoderBlock(cfg, True, rng) for _ in range(cfg.n_decoder_layers)]
+        self.encoder = [block(cfg, False, rng) for _ in range(cfg.n_layers)]
+        self.decoder = [block(cfg, True, rng) for _ in range(cfg.n_decoder_layers)]
         self.enc_ln_f = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.final_norm else None
         self.dec_ln_f = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.final_norm else None
         self.lm_head = None if cfg.tie_embeddings else _normal(rng, (cfg.vocab_size, cfg.d_model))  # [V, D]
@@ -247,9 +226,9 @@ class EncoderDecoder:
         for stack, blocks in (("encoder", self.encoder), ("decoder", self.decoder)):
             for i, b in enumerate(blocks):
                 p = f"{stack}.{i}."
-                mods |= {p + "ln_self": b.ln_self, p + "ln_cross": b.ln_cross, p + "ln_ff": b.ln_ff,
-                         p + "ff.fc": b.ff.fc, p + "ff.up": b.ff.up, p + "ff.proj": b.ff.proj,
-                         p + "self_attn": b.self_attn, p + "cross_attn": b.cross_attn}
+                mods |= {p + "ln_self": b.ln1, p + "ln_cross": b.ln_cross, p + "ln_ff": b.ln2,      # transformers'
+                         p + "ff.fc": b.mlp.fc, p + "ff.up": b.mlp.up, p + "ff.proj": b.mlp.proj,  # names, kept
+                         p + "self_attn": b.attn, p + "cross_attn": b.cross_attn}
         return {k: v for k, v in mods.items() if v is not None}
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -301,28 +280,36 @@ class EncoderDecoder:
         return x if ln is None else ln(x)
 
     def __call__(self, input_ids, decoder_input_ids, encoder_mask, decoder_mask, cross_mask, decoder_lengths=None,
-                 stages: bool = False) -> EncoderDecoderOutput:
-        """input_ids [B, S], decoder_input_ids [B, T]; additive masks encoder_mask [B, 1, S, S], decoder_mask
-        [B, 1, T, T] (causal + padding), cross_mask [B, 1, T, S]; decoder_lengths [B] (None: all T)."""
+                 stages: bool = False, edit=None) -> EncoderDecoderOutput:
+        """input_ids [B, S], decoder_input_ids [B, T]; additive masks encoder_mask [B, 1|H, S, S], decoder_mask
+        [B, 1|H, T, T] (causal + padding), cross_mask [B, 1|H, T, S]; decoder_lengths [B] (None: all T).
+        edit(stack, layer) -> hook or None, where given: the hook(site, value) -> value of that block ("encoder" or
+        "decoder", its layer), which sees and may replace its sites before they are kept (model/interventions.py)."""
         ids, dec = np.asarray(input_ids, np.int64), np.asarray(decoder_input_ids, np.int64)
         (B, S), T = ids.shape, dec.shape[1]
         lengths = np.full(B, T) if decoder_lengths is None else np.asarray(decoder_lengths, np.int64)
         if self.enc_bias is not None:                     # T5: the position bias joins the masks (every layer's)
             encoder_mask = encoder_mask + self.enc_bias(S, S)
             decoder_mask = decoder_mask + self.dec_bias(T, T)
-        kept = {"encoder": [], "decoder": [], "cross": []}
+        kept = {"encoder": [], "decoder": []}                 # each block's sites, as its hook saw them
+
+        def hook(stack: str, layer: int):
+            seen, outer = {}, None if edit is None else edit(stack, layer)
+            kept[stack].append(seen)
+
+            def see(site, value):
+                seen[site] = value if outer is None else outer(site, value)
+                return seen[site]
+            return see
 
         x = self.embed(ids, decoder=False)
-        for block in self.encoder:
-            x, seen = block(x, encoder_mask)
-            kept["encoder"].append(seen["self"])
+        for i, b in enumerate(self.encoder):
+            x = b(x, encoder_mask, hook=hook("encoder", i)).x
         memory = x if self.enc_ln_f is None else self.enc_ln_f(x)                                  # [B, S, D]
 
         y = self.embed(dec, decoder=True)
-        for block in self.decoder:
-            y, seen = block(y, decoder_mask, memory, cross_mask)
-            kept["decoder"].append(seen["self"])
-            kept["cross"].append(seen["cross"])
+        for i, b in enumerate(self.decoder):
+            y = b(y, decoder_mask, hook=hook("decoder", i), memory=memory, cross_mask=cross_mask).x
         hidden = y if self.dec_ln_f is None else self.dec_ln_f(y)                                 # [B, T, D]
 
         logits = self.logits(hidden)                                                               # [B, T, V]
@@ -331,12 +318,12 @@ class EncoderDecoder:
         following = np.concatenate([dec[:, 1:], np.zeros((B, 1), np.int64)], axis=1)             # x_{t+1}, [B, T]
         logp_next = np.take_along_axis(logp, following[..., None], -1)[..., 0]
         token_logprobs = np.concatenate([np.zeros((B, 1)), logp_next[:, :-1]], axis=1).astype(COMPUTE)
-        probs = {k: np.stack([p for p, _, _, _ in v]) for k, v in kept.items()}
+        seen = {"encoder": (kept["encoder"], ""), "decoder": (kept["decoder"], ""), "cross": (kept["decoder"], "cross_")}
+        probs = {k: np.stack([s[prefix + "pattern"] for s in blocks]) for k, (blocks, prefix) in seen.items()}
         st = masks = None
         if stages:
-            st = {k: {n: np.stack([x if n == "x" else s._asdict()[n] if n in ("scores", "scaled", "masked") else
-                                   (s.probs @ qkv[2] if n == "ctx" else qkv["qkv".index(n)]) for _, s, qkv, x in v])
-                      for n in STAGES} for k, v in kept.items()}
+            st = {k: {n: np.stack([s[prefix + STAGE_SITES[n]] for s in blocks]) for n in STAGES}
+                  for k, (blocks, prefix) in seen.items()}
             masks = {"encoder": encoder_mask, "decoder": decoder_mask, "cross": cross_mask}   # T5's bias included
         return EncoderDecoderOutput(memory, hidden, probs["encoder"], probs["decoder"], probs["cross"],
                                     logits[np.arange(B), lengths - 1], token_logprobs, st, masks)

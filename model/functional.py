@@ -5,7 +5,6 @@ code serves one head or a batch of heads. Arrays stay in the dtype they come in 
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
@@ -138,24 +137,9 @@ def score_scale(cfg) -> np.floating:
     d; dividing by sqrt(d) keeps the logits at unit scale so the softmax does not saturate into a one-hot that passes
     no gradient. The temperature (ours, for teaching) divides further: > 1 flattens, < 1 sharpens.
     cfg: a TransformerConfig, or an attention module (the same three fields). Every path that scales scores reads
-    it here: the NumPy blocks, the graphs (graphs/steps.attend), the API's stages and QK attribution."""
+    it here: the NumPy attention (model/attention.attention), the graphs (graphs/steps.attend), the API's stages and QK attribution."""
     d = getattr(cfg, "query_pre_attn_scalar", 0.0) or cfg.d_head
     return scalar(1.0 / (np.sqrt(d) * getattr(cfg, "temperature", 1.0)))
-
-
-def attention_stages(q: np.ndarray, k: np.ndarray, mask: np.ndarray | None = None, scale: float | None = None,
-                     softcap: float = 0.0) -> AttentionStages:
-    """The steps from queries and keys to attention probabilities.
-
-    q: [..., Tq, d], k: [..., Tk, d], mask: additive, broadcastable to [..., Tq, Tk]. scale: what the scores are
-    multiplied by (score_scale; None: 1 / sqrt(d)). softcap: the scaled scores are soft-capped (soft_cap, Gemma 2)
-    before the mask, as part of `scaled`.
-    """
-    scores = q @ np.swapaxes(k, -1, -2)                                   # [..., Tq, Tk]
-    scaled = scores * (scalar(1.0 / np.sqrt(q.shape[-1])) if scale is None else scale)
-    scaled = soft_cap(scaled, softcap)                                    # cap * tanh(scaled / cap), or as it was
-    masked = scaled if mask is None else scaled + mask
-    return AttentionStages(scores, scaled, masked, softmax(masked, axis=-1))
 
 
 def position_weights(lengths: np.ndarray, T: int) -> np.ndarray:
@@ -177,17 +161,3 @@ def ablate_heads(ctx: np.ndarray, keep: np.ndarray, mean: np.ndarray, weights: n
     avg = np.einsum("bt,bhtd->bhd", weights, ctx)[:, :, None, :]          # [B, H, 1, d]
     keep, mean = keep[:, :, None, None], mean[:, :, None, None]
     return keep * ctx + (1 - keep) * mean * avg
-
-
-def scaled_dot_product_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                                 mask: np.ndarray | None = None,
-                                 temperature: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """softmax(q k^T / sqrt(d) + mask) v. Returns (output [..., Tq, dv], weights [..., Tq, Tk])."""
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same last dimension (d_head); got {q.shape[-1]} and {k.shape[-1]}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same number of keys; got {k.shape[-2]} and {v.shape[-2]}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0; got {temperature}")
-    probs = attention_stages(q, k, mask, score_scale(SimpleNamespace(d_head=q.shape[-1], temperature=temperature))).probs
-    return probs @ v, probs

@@ -4,7 +4,8 @@ One `Transformer` class covers all three; `TransformerConfig` says which. The at
 *input* (additive, [B, 1|H, T, T]), built by the caller from padding, causality and user masks, so
 the same forward pass (and the same exported ONNX graph) serves every masking choice. So is the
 head mask (which heads' outputs to keep, and what replaces the others), for ablations.
-graphs/steps.py writes every step below as ONNX nodes, in the same order, naming the code it mirrors.
+graphs/steps.py writes every step below as ONNX nodes, in the same order, naming the code it mirrors: the block is
+graphs/steps.transformer_block (TransformerBlock.__call__), the one block builder of every graph.
 """
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from . import masks as M
-from .attention import GroupedQueryAttention, MultiHeadAttention, self_attention
+from .attention import GroupedQueryAttention, MultiHeadAttention, attention, attention_mask
 from .functional import gelu, gelu_tanh, layer_norm, linear, position_weights, rms_norm, rope_tables, silu, soft_cap
 from .precision import COMPUTE, scalar, widen
 from .rope import RopeScaling
@@ -24,8 +24,8 @@ from .rope import RopeScaling
 # projection [H, T, d_head] (k and v as each query head reads them); scores, scaled, masked [H, T, T].
 STAGES = ("x", "q", "k", "v", "scores", "scaled", "masked", "ctx")
 # each stage's site in the block's forward (TransformerBlock.__call__'s hook): ctx is the head's output before any
-# ablation, "masked" the scores site model/interventions.py edits
-STAGE_SITES = dict(zip(STAGES, ("attention_input", "query", "key", "value", "raw_scores", "scaled", "scores",
+# ablation; scores, scaled and masked are the sites of the same names (masked: the one model/interventions.py edits)
+STAGE_SITES = dict(zip(STAGES, ("attention_input", "query", "key", "value", "scores", "scaled", "masked",
                                 "head_output")))
 SQUARE_STAGES = ("scores", "scaled", "masked")  # [.., T, T]; the others end in [.., T, features]
 LM_OUTPUTS = ("next_token_logits", "token_logprobs")  # decoders with an LM head
@@ -206,6 +206,10 @@ class TransformerBlock:
     pre-norm (GPT-2, Llama):  x = x + Attn(N1(x));   x = x + MLP(N2(x))
     Pre-norm keeps an un-normalised residual stream, which is what lets deep stacks train stably.
     Llama's block is the pre-norm one with RMSNorm, grouped-query attention with RoPE, and SwiGLU.
+    with cross-attention (an encoder-decoder's decoder block, Vaswani et al. 2017 section 3.2.3; model/encdec.py),
+    between the two, reading the encoder's output m (the memory), with its own norm NC:
+      post-norm (BART, Marian): x = N1(x + Attn(x));  x = NC(x + Cross(x, m));  x = N2(x + MLP(x))
+      pre-norm (T5):            x = x + Attn(N1(x));  x = x + Cross(NC(x), m);  x = x + MLP(N2(x))
     parallel (GPT-NeoX):      x = x + Attn(N1(x)) + MLP(N2(x))
     output norms (OLMo 2):    x = x + P1(Attn(x));   x = x + P2(MLP(x))
     output norms with norm_first (Gemma's 4 norms):  x = x + P1(Attn(N1(x)));   x = x + P2(MLP(N2(x)))
@@ -236,47 +240,75 @@ class TransformerBlock:
         self.mlp = SwiGLU(cfg, rng) if cfg.mlp == "swiglu" else GeGLU(cfg, rng) if cfg.mlp == "geglu" else MLP(cfg, rng)
         self.post_attn_norm = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.output_norms else None   # P1
         self.post_mlp_norm = Norm(cfg.d_model, cfg.layer_norm_eps) if cfg.output_norms else None    # P2
+        self.cross_attn = self.ln_cross = None                                                      # Cross, NC
+
+    @classmethod
+    def of(cls, attn, mlp, ln1, ln2, norm_first: bool, cross_attn=None, ln_cross=None) -> TransformerBlock:
+        """A block from its parts: an encoder-decoder's (model/encdec.py: attention modules CrossAttention, its own
+        feed-forward), with cross-attention (cross_attn and its norm ln_cross) in a decoder block."""
+        self = cls.__new__(cls)
+        self.attn, self.mlp, self.ln1, self.ln2, self.norm_first = attn, mlp, ln1, ln2, norm_first
+        self.output_norms = self.parallel_residual = False
+        self.window, self.post_attn_norm, self.post_mlp_norm = 0, None, None
+        self.cross_attn, self.ln_cross = cross_attn, ln_cross
+        return self
+
+    @property
+    def self_attn(self):
+        """The self-attention, by transformers' name of it (an encoder-decoder's steps read it so: app/payload.py)."""
+        return self.attn
 
     def local_mask(self, mask, t_query: int, t_key: int, start: int = 0):
         """The mask this layer attends with: `mask` plus, on a local layer, its sliding-window band."""
-        if not self.window:
-            return mask
-        return M.combine(mask, M.sliding_window_mask(t_query, t_key, self.window, start)[None, None])
+        return attention_mask(mask, t_query, t_key, start, window=self.window)
 
-    def __call__(self, x, mask=None, head_mask=None, hook=None, past=None, start: int = 0) -> BlockOutput:
+    def __call__(self, x, mask=None, head_mask=None, hook=None, past=None, start: int = 0, memory=None,
+                 cross_mask=None) -> BlockOutput:
         """The block on x [B, T, D] at positions start..start+T-1, as the class docstring's equations, with the
-        attention of model/attention.self_attention: the one block forward of every NumPy path (Transformer,
-        model/interventions.py's edits, model/decoding.py's key/value cache).
+        attention of model/attention.attention: the one block forward of every NumPy path (Transformer, the
+        encoder-decoders' stacks (model/encdec.py), model/interventions.py's edits, model/decoding.py's key/value
+        cache).
 
         mask: additive [B, 1|H, T, S] (S = P + T; this layer's window band is added here); head_mask (keep, mean,
-        weights) for this layer or None; hook(site, value) -> value sees and may replace each site (SITES: residual,
-        attention_input, and self_attention's); past: (keys, values) [B, Hkv, P, dh] of the P earlier positions.
-        Returns BlockOutput(x, the block's output; probs [B, H, T, S]; present, the key/value cache with T more)."""
+        weights) for this layer or None; hook(site, value) -> value sees and may replace each site (residual,
+        attention_input, and attention's; the cross-attention's as cross_attention_input and "cross_" + attention's:
+        cross_query, ..., cross_head_output); past: (keys, values) [B, Hkv, P, dh] of the P earlier positions;
+        memory [B, S', D] and cross_mask additive [B, 1|H, T, S']: what the cross-attention reads (its block only).
+        Returns BlockOutput(x, the block's output; probs [B, H, T, S]; present, the key/value cache with T more); the
+        cross-attention's probabilities are its hook's cross_pattern."""
         hook = hook or (lambda site, value: value)
         x = hook("residual", x)
         h = hook("attention_input", self.attention_input(x))
-        T = x.shape[1]
-        S = T + (0 if past is None else past[0].shape[2])
-        a = self_attention(self.attn, h, self.local_mask(mask, T, S, start), hook, past, start, head_mask)
-        return BlockOutput(self.after_attention(x, a.out), a.probs, a.present)
+        a = attention(self.attn, h, None, mask, hook, past, start, head_mask, window=self.window)
+        cross = None if self.cross_attn is None else lambda x: self.cross_attention(x, memory, cross_mask, hook)
+        return BlockOutput(self.after_attention(x, a.out, cross), a.probs, a.present)
+
+    def cross_attention(self, x, memory, mask, hook=None):
+        """The cross-attention sublayer in its residual connection: x + Cross(NC(x), m) pre-norm, NC(x + Cross(x, m))
+        post-norm; x [B, T, D] the stream after the self-attention's residual, memory [B, S, D].
+        Mirrored by graphs/steps.cross_attention."""
+        hook = hook or (lambda site, value: value)
+        h = hook("cross_attention_input", self.ln_cross(x) if self.norm_first else x)
+        c = attention(self.cross_attn, h, memory, mask, lambda site, value: hook("cross_" + site, value))
+        return x + c.out if self.norm_first else self.ln_cross(x + c.out)
 
     def attention_input(self, x):
         """What the attention reads of the block's input x [B, T, D]: N1(x) in a pre-norm block, x itself otherwise."""
         return self.ln1(x) if self.norm_first else x
 
-    def after_attention(self, x, a):
+    def after_attention(self, x, a, cross=None):
         """The block's output from its input x and its attention's output a = Attn(attention_input(x)), both
-        [B, T, D]: the residual connections, the norms and the MLP, in the order of the class docstring."""
+        [B, T, D]: the residual connections, the norms and the MLP, in the order of the class docstring; cross(x) -> x,
+        where given, the cross-attention sublayer between the attention's residual and the MLP's (cross_attention)."""
         if self.parallel_residual:
             return x + a + self.mlp(self.ln2(x))
         if self.output_norms:                                    # OLMo 2, and Gemma with its pre-norms
             x = x + self.post_attn_norm(a)
             return x + self.post_mlp_norm(self.mlp(self.ln2(x) if self.norm_first else x))
-        if self.norm_first:
-            x = x + a
-            return x + self.mlp(self.ln2(x))
-        x = self.ln1(x + a)
-        return self.ln2(x + self.mlp(x))
+        x = x + a if self.norm_first else self.ln1(x + a)
+        if cross is not None:
+            x = cross(x)
+        return x + self.mlp(self.ln2(x)) if self.norm_first else self.ln2(x + self.mlp(x))
 
     def head_output(self, head: int, ctx: np.ndarray) -> np.ndarray:
         """One head's share of Attn(x): its output ctx [..., T, d_head] through its d_head columns of the output

@@ -227,12 +227,12 @@ class Interventions:
             for site, value in (("residual", x), ("query", q), ("key", k), ("value", v)):
                 if (site, layer) in keep:
                     kept[hook_name(site, layer)] = _host(value)
-            if fresh and not sites & {"query", "key", "value", "scores", "pattern"}:
+            if fresh and not sites & {"query", "key", "value", "masked", "pattern"}:
                 z = np.repeat(s["head_output"][layer][None], B, axis=0)
             else:
                 patterned = sorted({h for row in here for e in row if e.site == "pattern"
                                     for h in np.flatnonzero(e.where.any(axis=-1))})
-                mask = base.mask if "scores" not in sites else _knocked(base.mask, here, cfg.n_heads)
+                mask = base.mask if "masked" not in sites else _knocked(base.mask, here, cfg.n_heads)
                 out = self._attend(layer, q, k, v, mask, patterned)
                 z = out["ctx"]
                 if patterned:                                                 # z = pattern @ v, for edited heads
@@ -303,12 +303,12 @@ def _edit(value: np.ndarray | Held, here: list[list[Edit]], site: str) -> np.nda
 
 
 def _knocked(mask: np.ndarray, here: list[list[Edit]], heads: int) -> np.ndarray:
-    """The additive mask [B, H, T, T] with each row's scores edits: knockouts (MASKED on the blocked cells); the
-    served graphs take an edit of the scores as a mask, so no other value can be written there."""
+    """The additive mask [B, H, T, T] with each row's edits of the masked scores: knockouts (MASKED on the blocked
+    cells); the served graphs take an edit of the masked scores as a mask, so no other value can be written there."""
     out = np.repeat(np.broadcast_to(mask, (1, heads) + mask.shape[2:]), len(here), axis=0).astype(COMPUTE)
     for b, row in enumerate(here):
         for e in row:
-            if e.site == "scores":
+            if e.site == "masked":
                 if not np.all(np.asarray(e.value) == MASKED):
                     raise InputError("the served model edits attention scores by knockout only (value MASKED)")
                 out[b] = np.where(e.where, MASKED, out[b])

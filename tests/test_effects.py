@@ -97,8 +97,8 @@ def hf_patching(hf, clean_ids, corrupt_ids, metric: Metric, heads: int) -> np.nd
 def test_site_names_are_transformerlens_hook_points():
     assert hook_name("head_output", 3) == "blocks.3.attn.hook_z"
     assert hook_name("residual", 0) == "blocks.0.hook_resid_pre"
-    assert {s: HOOKS[s].split(".")[-1] for s in ("query", "key", "value", "pattern", "scores")} == {
-        "query": "hook_q", "key": "hook_k", "value": "hook_v", "pattern": "hook_pattern", "scores": "hook_attn_scores"}
+    assert {s: HOOKS[s].split(".")[-1] for s in ("query", "key", "value", "pattern", "masked")} == {
+        "query": "hook_q", "key": "hook_k", "value": "hook_v", "pattern": "hook_pattern", "masked": "hook_attn_scores"}
     with pytest.raises(ValueError, match="unknown site"):
         Edit("mlp_out", 0, np.zeros(3, bool))
 

@@ -11,6 +11,7 @@ import torch.nn.functional as TF
 from attnscope.model import functional as F
 from attnscope.model import masks as M
 from attnscope.model.masks import MASKED
+from tests import references as R
 
 ATOL = 1e-6
 
@@ -117,7 +118,7 @@ def reference_probs(q, k, mask=None, temperature=1.0):
 
 def test_sdpa_no_mask_matches_torch():
     q, k, v = qkv()
-    out, probs = F.scaled_dot_product_attention(q, k, v)
+    out, probs = R.scaled_dot_product_attention(q, k, v)
     close(out, torch_sdpa(q, k, v), atol=1e-5)
     close(probs, reference_probs(q, k))
     close(probs.sum(-1), 1.0)
@@ -126,7 +127,7 @@ def test_sdpa_no_mask_matches_torch():
 def test_sdpa_float_mask_matches_torch():
     q, k, v = qkv()
     mask = randn(4, 6, seed=20)            # broadcast over batch and heads
-    out, probs = F.scaled_dot_product_attention(q, k, v, mask=mask)
+    out, probs = R.scaled_dot_product_attention(q, k, v, mask=mask)
     close(out, torch_sdpa(q, k, v, mask), atol=1e-5)
     close(probs, reference_probs(q, k, mask))
 
@@ -137,17 +138,17 @@ def test_sdpa_boolean_mask_matches_torch(mask_shape):
     q, k, v = qkv()
     masked_out = rng(21).random(mask_shape) < 0.4
     masked_out[..., 0] = False             # no fully masked rows (torch gives NaN there)
-    out, probs = F.scaled_dot_product_attention(q, k, v, mask=M.to_additive(masked_out))
+    out, probs = R.scaled_dot_product_attention(q, k, v, mask=M.to_additive(masked_out))
     close(out, torch_sdpa(q, k, v, ~masked_out), atol=1e-5)
     assert (np.broadcast_to(masked_out, probs.shape) <= (probs == 0.0)).all()   # masked -> exactly 0
     # and via combine (the path the module takes)
-    out2, _ = F.scaled_dot_product_attention(q, k, v, mask=M.combine(masked_out))
+    out2, _ = R.scaled_dot_product_attention(q, k, v, mask=M.combine(masked_out))
     np.testing.assert_array_equal(out2, out)
 
 
 def test_sdpa_causal_matches_torch_is_causal():
     q, k, v = qkv(tq=6, tk=6)
-    out, probs = F.scaled_dot_product_attention(q, k, v, mask=M.causal_mask(6))
+    out, probs = R.scaled_dot_product_attention(q, k, v, mask=M.causal_mask(6))
     ref = TF.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)), is_causal=True).numpy()
     close(out, ref, atol=1e-5)
     assert (probs[..., np.triu(np.ones((6, 6), bool), 1)] == 0.0).all()
@@ -156,7 +157,7 @@ def test_sdpa_causal_matches_torch_is_causal():
 @pytest.mark.parametrize("temperature", [0.25, 3.0])
 def test_sdpa_temperature_matches_torch_scale(temperature):
     q, k, v = qkv()
-    out, probs = F.scaled_dot_product_attention(q, k, v, temperature=temperature)
+    out, probs = R.scaled_dot_product_attention(q, k, v, temperature=temperature)
     close(out, torch_sdpa(q, k, v, scale=1.0 / (np.sqrt(q.shape[-1]) * temperature)), atol=1e-5)
     close(probs, reference_probs(q, k, temperature=temperature))
 
@@ -164,7 +165,7 @@ def test_sdpa_temperature_matches_torch_scale(temperature):
 def test_attention_stages_are_the_steps():
     q, k, _ = qkv()
     mask = randn(4, 6, seed=22)
-    st = F.attention_stages(q, k, mask, F.score_scale(SimpleNamespace(d_head=8, temperature=2.0)))
+    st = R.attention_stages(q, k, mask, F.score_scale(SimpleNamespace(d_head=8, temperature=2.0)))
     close(st.scores, (torch.from_numpy(q) @ torch.from_numpy(k).transpose(-1, -2)).numpy(), atol=1e-5)
     close(st.scaled, st.scores / (np.sqrt(8) * 2.0))
     close(st.masked, st.scaled + mask)
@@ -175,20 +176,20 @@ def test_attention_stages_are_the_steps():
 def test_sdpa_error_q_k_dim_mismatch():
     q, k, v = qkv()
     with pytest.raises(ValueError, match=r"q and k must have the same last dimension \(d_head\); got 8 and 7"):
-        F.scaled_dot_product_attention(q, k[..., :7], v)
+        R.scaled_dot_product_attention(q, k[..., :7], v)
 
 
 def test_sdpa_error_k_v_length_mismatch():
     q, k, v = qkv()
     with pytest.raises(ValueError, match=r"k and v must have the same number of keys; got 6 and 5"):
-        F.scaled_dot_product_attention(q, k, v[..., :5, :])
+        R.scaled_dot_product_attention(q, k, v[..., :5, :])
 
 
 @pytest.mark.parametrize("temperature", [0.0, -1.0])
 def test_sdpa_error_temperature(temperature):
     q, k, v = qkv()
     with pytest.raises(ValueError, match="temperature must be > 0"):
-        F.scaled_dot_product_attention(q, k, v, temperature=temperature)
+        R.scaled_dot_product_attention(q, k, v, temperature=temperature)
 
 
 # ---- masks -----------------------------------------------------------------------------------
@@ -223,7 +224,7 @@ def test_padding_mask_shape_and_values(keep_dtype):
 def test_padding_mask_broadcasts_over_heads_and_queries():
     q, k, v = qkv(shape=(2, 3))
     keep = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
-    _, probs = F.scaled_dot_product_attention(q, k, v, mask=M.padding_mask(keep))
+    _, probs = R.scaled_dot_product_attention(q, k, v, mask=M.padding_mask(keep))
     assert (probs[0, ..., 4:] == 0.0).all() and (probs[1] > 0).all()
 
 
@@ -285,6 +286,6 @@ def test_combine_matches_torch_sdpa_with_both_masks():
     out_mask = rng(30).random((4, 6)) < 0.3
     out_mask[:, 0] = False
     f = randn(2, 1, 4, 6, seed=31)
-    out, _ = F.scaled_dot_product_attention(q, k, v, mask=M.combine(out_mask, f))
+    out, _ = R.scaled_dot_product_attention(q, k, v, mask=M.combine(out_mask, f))
     torch_mask = np.where(out_mask, -np.inf, 0.0).astype(np.float32) + f
     close(out, torch_sdpa(q, k, v, torch_mask), atol=1e-5)

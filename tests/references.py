@@ -1,0 +1,39 @@
+"""Independent references for the parity tests: attention written out plainly, as textbooks write it, apart from the
+package's one implementation (model/attention.attention), so that a test comparing the two compares two codes."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from attnscope.model.functional import AttentionStages, score_scale, soft_cap, softmax
+from attnscope.model.precision import scalar
+
+
+def attention_stages(q: np.ndarray, k: np.ndarray, mask: np.ndarray | None = None, scale: float | None = None,
+                     softcap: float = 0.0) -> AttentionStages:
+    """The steps from queries and keys to attention probabilities.
+
+    q: [..., Tq, d], k: [..., Tk, d], mask: additive, broadcastable to [..., Tq, Tk]. scale: what the scores are
+    multiplied by (score_scale; None: 1 / sqrt(d)). softcap: the scaled scores are soft-capped (soft_cap, Gemma 2)
+    before the mask, as part of `scaled`.
+    """
+    scores = q @ np.swapaxes(k, -1, -2)                                   # [..., Tq, Tk]
+    scaled = scores * (scalar(1.0 / np.sqrt(q.shape[-1])) if scale is None else scale)
+    scaled = soft_cap(scaled, softcap)                                    # cap * tanh(scaled / cap), or as it was
+    masked = scaled if mask is None else scaled + mask
+    return AttentionStages(scores, scaled, masked, softmax(masked, axis=-1))
+
+
+def scaled_dot_product_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                                 mask: np.ndarray | None = None,
+                                 temperature: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """softmax(q k^T / sqrt(d) + mask) v. Returns (output [..., Tq, dv], weights [..., Tq, Tk])."""
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same last dimension (d_head); got {q.shape[-1]} and {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same number of keys; got {k.shape[-2]} and {v.shape[-2]}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0; got {temperature}")
+    probs = attention_stages(q, k, mask, score_scale(SimpleNamespace(d_head=q.shape[-1], temperature=temperature))).probs
+    return probs @ v, probs
