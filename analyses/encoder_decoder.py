@@ -122,7 +122,7 @@ def stages_payload(plan, computed) -> dict:
     keys = r.decoder_encoding if which == "decoder" else r.encoding
     nq, nk = (min(req.limit or len(e.ids), len(e.ids)) for e in (queries, keys))
     block = (plan.runtime.model.encoder if which == "encoder" else plan.runtime.model.decoder)[l]
-    attn = block.cross_attn if which == "cross" else block.self_attn
+    attn = block.cross_attn if which == "cross" else block.attn
     probs = {"encoder": r.encoder_attentions, "decoder": r.decoder_attentions, "cross": r.cross_attentions}[which]
     ctx = s["ctx"][l, 0, h, :nq]                                                                   # [nq, dh]
     rows = s["masked"][l, 0, h, :nq].astype(np.float64)                  # [nq, S]: whole rows, in float64

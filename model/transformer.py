@@ -253,11 +253,6 @@ class TransformerBlock:
         self.cross_attn, self.ln_cross = cross_attn, ln_cross
         return self
 
-    @property
-    def self_attn(self):
-        """The self-attention, by transformers' name of it (an encoder-decoder's steps read it so: app/payload.py)."""
-        return self.attn
-
     def local_mask(self, mask, t_query: int, t_key: int, start: int = 0):
         """The mask this layer attends with: `mask` plus, on a local layer, its sliding-window band."""
         return attention_mask(mask, t_query, t_key, start, window=self.window)
