@@ -367,7 +367,7 @@ def test_first_token_and_single_token_text():
 
 
 def test_log_sum_exp_over_vocabulary_chunks_equals_one_pass(monkeypatch):
-    import model.transformer as T
+    import attnscope.model.transformer as T
 
     model = tiny_model("llama")
     ids, mask, lengths = padded_batch(model, [20])

@@ -283,12 +283,13 @@ def test_circuits_start_with_the_server_and_are_kept_in_the_cache(client):
     graphs, keyed by the weights and the code: a later server reads the same numbers."""
     from attnscope.analyses.circuits import circuits_file as _circuits_file
 
-    plans = client.app.state.service.plans
-    assert set(plans._circuits) == {"smollm2", "minilm", "tiny-gpt", "induction", "gpt2"}   # before any request
+    svc = client.app.state.service
+    kept = svc.context.kept["circuits"].futures
+    assert set(kept) == {"smollm2", "minilm", "tiny-gpt", "induction", "gpt2"}   # before any request
     first = client.post("/api/circuits", json={"model": "induction"}).json()
-    rt = plans.runtimes["induction"]
+    rt = svc.runtimes["induction"]
     path = _circuits_file(rt)
-    assert plans._circuits["induction"].done() and path.is_file()
+    assert kept["induction"].done() and path.is_file()
     stamp = path.stat().st_mtime_ns
     with TestClient(create_app(Settings(models=["induction"], cache=CACHE))) as again:
         second = again.post("/api/circuits", json={"model": "induction"}).json()
