@@ -155,9 +155,7 @@ def plan(ctx: Context, req: AttentionRequest, binary: bool) -> Plan:
     rt, enc = checks.text(ctx, req)
     if isinstance(rt, EncoderDecoderRuntime):
         return encoder_decoder.attention(ctx, req, rt, enc, binary)
-    if req.decoder_text is not None:
-        raise Refused(f"decoder_text is for encoder-decoders (T5, BART, Marian); {req.model!r} is "
-                      f"{'an' if rt.spec.kind == 'encoder' else 'a'} {rt.spec.kind}: leave it out")
+    checks.only_encoder_decoders(req, rt, "decoder_text")
     layers = checks.select("layers", req.layers, rt.cfg.n_layers)
     heads = checks.select("heads", req.heads, rt.cfg.n_heads)
     checks.run_options(ctx, req, rt, enc)

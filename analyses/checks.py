@@ -35,6 +35,16 @@ def runtime(ctx: Context, model_id: str, what: str | None = None) -> Runtime:
     return rt
 
 
+def only_encoder_decoders(req, rt: Runtime, *names: str) -> None:
+    """Refuse the fields only encoder-decoders take (decoder_text, attention) when a decoder or an encoder is asked."""
+    given = [name for name in names if getattr(req, name) is not None]
+    if given:
+        many = len(given) > 1
+        raise Refused(f"{' and '.join(given)} {'are' if many else 'is'} for encoder-decoders (T5, BART, Marian); "
+                      f"{req.model!r} is {'an' if rt.spec.kind == 'encoder' else 'a'} {rt.spec.kind}: leave "
+                      f"{'them' if many else 'it'} out")
+
+
 def capable(rt: Runtime, feature: str, what: str) -> None:
     """Refuse `what` where the model's size does not allow `feature` on this machine (runtime/capabilities.py),
     before any work, with the sentence that names the limit."""

@@ -135,3 +135,81 @@ def stages_payload(plan, computed) -> dict:
         "mask": mask[0, min(h, mask.shape[1] - 1), :nq, :nk], "probs": probs[l, h, :nq, :nk], "ctx": ctx,
         "contribution": ctx @ attn.out_projection()[0][:, h * dh:(h + 1) * dh].T,                # [nq, D]
         "row_max": row_max, "row_sum": np.exp(rows - row_max[:, None]).sum(axis=1)}
+
+
+# ---- interventions: knockout and patching of their heads (runtime/encdec.py, with the decoders' named sites) ---------
+def _texts(ctx: Context, rt: EncoderDecoderRuntime, *sources: str, decoder_text: str | None):
+    """The sources' and the decoder text's tokens, within the character limit and the patching token limit."""
+    checks.chars(ctx, rt, "the texts and decoder_text are", *sources, decoder_text)
+    encs, dec = [rt.encode(s) for s in sources], rt.encode_decoder(decoder_text)
+    for e in (*encs, dec):
+        checks.patching_tokens(ctx, len(e.ids), "an intervention")
+    return encs, dec
+
+
+def knockout(ctx: Context, req, rt: EncoderDecoderRuntime, binary: bool) -> dict:
+    """/api/knockout for an encoder-decoder: `attention`'s queries (cross, the default: decoder positions) stop
+    reading its keys (source positions) in layers [first, last], every head or `heads`; the decoder's next token
+    before and after (runtime/encdec.py knock_out). The KnockoutPlan's fields."""
+    from ..runtime.encdec import knock_out
+
+    (enc,), dec = _texts(ctx, rt, req.text, decoder_text=req.decoder_text)
+    which = req.attention or "cross"
+    S, T = len(enc.ids), len(dec.ids)
+    Tq, Tk = (S, S) if which == "encoder" else (T, T) if which == "decoder" else (T, S)
+    n = rt.cfg.n_layers if which == "encoder" else rt.cfg.n_decoder_layers
+    first, last = req.layers or (0, n - 1)
+    if not first <= last < n:
+        raise Refused(f"layers [{first}, {last}] must be [first, last] with first <= last <= {n - 1} (the {which} "
+                      f"attention's layers)")
+    for name, asked, count in (("queries", req.queries, Tq), ("keys", req.keys, Tk)):
+        bad = [j for j in asked if j >= count]
+        if bad:
+            raise Refused(f"{name} {bad[:5]} out of range: the {which} attention's {name} are 0..{count - 1}")
+    heads = None if req.heads is None else checks.select("heads", req.heads, rt.cfg.n_heads)
+    queries, keys = sorted(set(req.queries)), sorted(set(req.keys))
+    seen = (lambda q: q + 1) if which == "decoder" else (lambda q: Tk)         # the decoder's self-attention is causal
+    left = [q for q in queries if set(range(seen(q))) <= set(keys)]
+    if left:
+        raise Refused(f"queries {left[:5]} would read no key at all: every key they see is knocked out; keep at least "
+                      f"one")
+    key = hash_of(["knockout", req.model, rt.key, req.text, dec.ids, which, queries, keys, first, last, heads])
+    run = Run(key, lambda: knock_out(rt, enc, dec, queries, keys, (first, last), attention=which, heads=heads))
+    return dict(request=req, runtime=rt, encoding=enc, key=key, etag=etag_of(key, req, binary), binary=binary,
+                size=2000 + 40 * (S + T), run=run)
+
+
+def patching(ctx: Context, req, rt: EncoderDecoderRuntime, binary: bool) -> dict:
+    """/api/patching for an encoder-decoder: every head (or head and position) of `attention`'s outputs (hook_z:
+    cross, the default, or the encoder's or the decoder's self-attention) patched between two sources read with one
+    decoder text; the metric at the decoder's last position (runtime/encdec.py patch). The PatchingPlan's fields but
+    `metric`. Each row runs both stacks whole (no prefix is reused): priced as rows x the model's flops."""
+    from ..runtime.encdec import patch
+
+    if req.site != "head_output":
+        raise Refused(f"site {req.site!r}: an encoder-decoder's heads are patched at their output (head_output)")
+    (clean, corrupt), dec = _texts(ctx, rt, req.clean, req.corrupt, decoder_text=req.decoder_text)
+    if len(clean.ids) != len(corrupt.ids):
+        raise Refused(f"clean and corrupt must have the same token count: clean has {len(clean.ids)} tokens, "
+                      f"corrupt has {len(corrupt.ids)}; patching puts each position's value into the same position")
+    metric = checks.metric(rt, req.target, req.distractor)
+    which = req.attention or "cross"
+    S, T, H = len(clean.ids), len(dec.ids), rt.cfg.n_heads
+    L = rt.cfg.n_layers if which == "encoder" else rt.cfg.n_decoder_layers
+    rows = L * H * ((S if which == "encoder" else T) if req.per_position else 1)
+    if rows > ctx.settings.max_patching_runs:
+        raise Refused(f"this patching is {rows} runs; the limit is {ctx.settings.max_patching_runs} "
+                      f"(ATTNSCOPE_MAX_PATCHING_RUNS): patch per (layer, head) (per_position false)")
+    weights = sum(w.size for w in rt.model.state_dict().values())
+    gflop = rows * 2 * weights * (S + T) / 1e9
+    if gflop > ctx.settings.max_patching_gflop:
+        raise Refused(f"this patching is {gflop:,.0f} GFLOP ({rows} runs of both stacks); the limit is "
+                      f"{ctx.settings.max_patching_gflop:,g} (ATTNSCOPE_MAX_PATCHING_GFLOP): shorten the texts")
+    key = hash_of(["patching", req.model, rt.key, req.clean, req.corrupt, dec.ids, which, metric.target,
+                   metric.distractor, req.per_position, req.direction])
+
+    def call(progress, stopped):
+        return patch(rt, (clean, dec), (corrupt, dec), metric, attention=which, per_position=req.per_position,
+                     direction=req.direction, progress=progress, stop=stopped)
+    return dict(request=req, runtime=rt, encoding=clean, key=key, etag=etag_of(key, req, binary), binary=binary,
+                size=24 * rows + 200 * (S + T), run=Run(key, call, steps=True), corrupt=corrupt, metric=metric)

@@ -4,14 +4,15 @@ knockout); the answer is the next-token prediction before and after, and each to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..analysis.effects import effect
+from ..runtime.encdec import EncoderDecoderRuntime
 from ..runtime.patching import knock_out
-from . import checks
+from . import checks, encoder_decoder
 from .answers import Answer, ModelId, ToolText, number
 from .base import Analysis, Computed, Context, Method, OneRunPlan, Tool, etag_of, fields, hash_of
 from .errors import Refused
@@ -31,6 +32,13 @@ class KnockoutRequest(Strict):
     layers: Annotated[list[Index], Field(min_length=2, max_length=2)] | None = Field(
         None, description="[first, last] layers (inclusive) of the knockout; every layer when omitted",
         examples=[[0, 29]])
+    heads: list[Index] | None = Field(None, min_length=1, max_length=MAX_INDEX + 1, description="the heads knocked "
+                                      "out (0-based); every head when omitted")
+    decoder_text: Text | None = Field(None, description="encoder-decoders only: the decoder's text (`text` is the "
+                                      "source); the prediction is the decoder's next token")
+    attention: Literal["encoder", "decoder", "cross"] | None = Field(
+        None, description="encoder-decoders only: whose queries stop reading keys: cross (the default: decoder "
+        "positions stop reading source positions), decoder or encoder (a stack's self-attention)")
     precision: _bounded(1, 8) | None = Field(None, description="round every number to this many decimals")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
@@ -44,6 +52,9 @@ class KnockoutResponse(BaseModel):
     queries: list[int]
     keys: list[int]
     layers: list[int] = Field(description="[first, last] the layers knocked out")
+    heads: list[int] | None = Field(None, description="the heads knocked out; every head when null")
+    attention: Literal["encoder", "decoder", "cross"] | None = Field(None, description="an encoder-decoder's: whose "
+                                                                       "queries stopped reading keys")
     effect: Effect = Field(description="the prediction before and after (`next_tokens_after`)")
     timing_ms: dict[str, float]
 
@@ -57,7 +68,11 @@ class KnockoutPlan(OneRunPlan):
 
 
 def plan(ctx: Context, req: KnockoutRequest, binary: bool) -> KnockoutPlan:
-    rt, enc = checks.text(ctx, req, "attention knockout (/api/knockout)")
+    rt = checks.runtime(ctx, req.model)
+    if isinstance(rt, EncoderDecoderRuntime):
+        return KnockoutPlan(**encoder_decoder.knockout(ctx, req, rt, binary))
+    checks.only_encoder_decoders(req, rt, "decoder_text", "attention")
+    rt, enc = checks.text(ctx, req)
     checks.lm(ctx, rt, "knockout")
     checks.capable(rt, "stacked", "attention knockout (/api/knockout)")
     T, L = len(enc.ids), rt.cfg.n_layers
@@ -75,10 +90,11 @@ def plan(ctx: Context, req: KnockoutRequest, binary: bool) -> KnockoutPlan:
     if left:
         raise Refused(f"queries {left[:5]} would read no key at all: every key they see is knocked out; keep "
                       f"at least one (a causal query {left[0]} sees keys 0..{left[0]})")
-    key = hash_of(["knockout", req.model, rt.key, req.text, queries, keys, first, last])
+    heads = None if req.heads is None else checks.select("heads", req.heads, rt.cfg.n_heads)
+    key = hash_of(["knockout", req.model, rt.key, req.text, queries, keys, first, last, heads])
 
     def call():
-        return knock_out(rt, enc, queries, keys, (first, last))
+        return knock_out(rt, enc, queries, keys, (first, last), heads=heads)
     return KnockoutPlan(request=req, runtime=rt, encoding=enc, key=key, etag=etag_of(key, req, binary),
                         binary=binary, size=2000 + 40 * T, run=Run(key, call))
 
@@ -86,8 +102,10 @@ def plan(ctx: Context, req: KnockoutRequest, binary: bool) -> KnockoutPlan:
 def payload(plan, computed) -> dict:
     """Attention knockout's effect on the prediction (runtime/patching.py Knockout)."""
     r, req = computed.result, plan.request
+    encdec = isinstance(plan.runtime, EncoderDecoderRuntime)
     return {"model": req.model, "tokens": r.tokens, "queries": sorted(set(req.queries)), "keys": sorted(set(req.keys)),
-            "layers": list(r.layers), "effect": effect(r.after, r.before) | {
+            "layers": list(r.layers), "heads": None if req.heads is None else sorted(set(req.heads)),
+            "attention": (req.attention or "cross") if encdec else None, "effect": effect(r.after, r.before) | {
                 "next_tokens_after": [t._asdict() for t in r.after.next_tokens]}}
 
 
@@ -128,9 +146,13 @@ class Knockout(Answer):
                 f" KL {e['kl']:.4g}, top after {e['next_tokens_after'][0]['token']!r}")
 
 
-def body(text: str, queries: list[int], keys: list[int], *, layers: tuple[int, int] | None = None) -> dict:
-    """POST /api/knockout: `queries` stop reading `keys` in layers [first, last]; the prediction before/after."""
-    return fields(text=text, queries=list(queries), keys=list(keys), layers=None if layers is None else list(layers))
+def body(text: str, queries: list[int], keys: list[int], *, layers: tuple[int, int] | None = None,
+         heads: list[int] | None = None, decoder_text: str | None = None, attention: str | None = None) -> dict:
+    """POST /api/knockout: `queries` stop reading `keys` in layers [first, last] (every head, or `heads`); the
+    prediction before/after. An encoder-decoder's: `text` the source, `decoder_text`, and `attention` (cross, the
+    default: decoder positions stop reading source positions; decoder; encoder)."""
+    return fields(text=text, queries=list(queries), keys=list(keys), layers=None if layers is None else list(layers),
+                  heads=None if heads is None else list(heads), decoder_text=decoder_text, attention=attention)
 
 
 def tool(api, text: ToolText, queries: list[int], keys: list[int], layers: tuple[int, int] | None = None,

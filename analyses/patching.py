@@ -13,14 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..analysis.effects import Metric
 from ..model.interventions import HOOKS
 from ..runtime import Encoding, Runtime
+from ..runtime.encdec import EncoderDecoderRuntime
 from ..runtime.patching import patch
-from . import checks
+from . import checks, encoder_decoder
 from .answers import TOP, Answer, ModelId, Top, ToolText, heads_map, number, top_heads
 from .base import Analysis, Computed, Context, ManyRunsPlan, Method, Tool, etag_of, fields, hash_of
 from .errors import Refused
 from .payloads import token
 from .runs import Run
-from .schemas import _bounded, JsonBool, SITE_DOC, Token, TwoTexts
+from .schemas import _bounded, JsonBool, SITE_DOC, Text, Token, TwoTexts
 
 
 class PatchingRequest(TwoTexts):
@@ -32,6 +33,11 @@ class PatchingRequest(TwoTexts):
                                    "residual is always per position")
     direction: Literal["denoise", "noise"] = Field("denoise", description="denoise: clean values into the corrupt "
                                                    "run; noise: corrupt values into the clean run")
+    decoder_text: Text | None = Field(None, description="encoder-decoders only: the decoder's text, read with both "
+                                      "`clean` and `corrupt` (the sources); the metric is at its last position")
+    attention: Literal["encoder", "decoder", "cross"] | None = Field(
+        None, description="encoder-decoders only: whose heads are patched (site head_output): cross (the default), "
+        "decoder or encoder self-attention; hooks decoder.blocks.{layer}.cross_attn.hook_z, ...")
     precision: _bounded(1, 8) | None = Field(None, description="round every number to this many decimals")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
@@ -45,6 +51,8 @@ class PatchingResponse(BaseModel):
     site: str = Field(description="the site patched")
     hook: str = Field(description="its name at each layer, TransformerLens' hook point", examples=[
         "blocks.{layer}.attn.hook_z"])
+    attention: Literal["encoder", "decoder", "cross"] | None = Field(None, description="an encoder-decoder's: whose "
+                                                                       "heads were patched")
     direction: Literal["denoise", "noise"]
     metric: Literal["logit_difference", "logprob"] = Field(description="logit(target) - logit(distractor) at the "
                                                            "last position, or log p(target) without a distractor")
@@ -100,6 +108,10 @@ def price(ctx: Context, rt: Runtime, rows: int, T: int, passes: int = 1,
 
 
 def plan(ctx: Context, req: PatchingRequest, binary: bool) -> PatchingPlan:
+    rt = checks.runtime(ctx, req.model)
+    if isinstance(rt, EncoderDecoderRuntime):
+        return PatchingPlan(**encoder_decoder.patching(ctx, req, rt, binary))
+    checks.only_encoder_decoders(req, rt, "decoder_text", "attention")
     rt, clean, corrupt, metric = two_texts(ctx, req, "activation patching (/api/patching)")
     T, L, H = len(clean.ids), rt.cfg.n_layers, rt.cfg.n_heads
     rows = L * T if req.site == "residual" else L * H * (T if req.per_position else 1)
@@ -122,7 +134,8 @@ def plan(ctx: Context, req: PatchingRequest, binary: bool) -> PatchingPlan:
 def payload(plan, computed) -> dict:
     """Activation patching (runtime/patching.py Patching)."""
     r, rt = computed.result, plan.runtime
-    return {"model": plan.request.model, "site": r.site, "hook": HOOKS[r.site], "direction": r.direction,
+    return {"model": plan.request.model, "site": r.site, "hook": getattr(r, "hook", HOOKS[r.site]),
+            "attention": getattr(r, "attention", None), "direction": r.direction,
             "metric": r.metric.name, "target": token(rt, r.metric.target),
             "distractor": token(rt, r.metric.distractor), "clean_tokens": plan.encoding.tokens,
             "corrupt_tokens": plan.corrupt.tokens, "clean": r.clean, "corrupt": r.corrupt, "patched": r.patched,
@@ -180,10 +193,13 @@ def patched(a, top: int) -> dict:
 
 
 def body(clean: str, corrupt: str, target: str, distractor: str | None = None, *, site: str | None = None,
-         per_position: bool | None = None, direction: str | None = None) -> dict:
-    """POST /api/patching: each (layer, head) of `site` patched between the texts; the metric and recovery."""
+         per_position: bool | None = None, direction: str | None = None, decoder_text: str | None = None,
+         attention: str | None = None) -> dict:
+    """POST /api/patching: each (layer, head) of `site` patched between the texts; the metric and recovery. An
+    encoder-decoder's: clean and corrupt are sources read with one `decoder_text`, and `attention` whose heads
+    (cross, the default; decoder; encoder)."""
     return fields(clean=clean, corrupt=corrupt, target=target, distractor=distractor, site=site,
-                  per_position=per_position, direction=direction)
+                  per_position=per_position, direction=direction, decoder_text=decoder_text, attention=attention)
 
 
 def tool(api, clean: ToolText, corrupt: ToolText, target: str, distractor: str | None = None, model: ModelId = None,

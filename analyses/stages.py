@@ -92,11 +92,7 @@ def plan(ctx: Context, req: StagesRequest, binary: bool) -> Plan:
     rt, enc = checks.text(ctx, req)
     if isinstance(rt, EncoderDecoderRuntime):
         return encoder_decoder.stages(ctx, req, rt, enc, binary)
-    given = [name for name in ("decoder_text", "attention") if getattr(req, name) is not None]
-    if given:
-        raise Refused(f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} for encoder-decoders (T5, BART, "
-                      f"Marian); {req.model!r} is {'an' if rt.spec.kind == 'encoder' else 'a'} {rt.spec.kind}: "
-                      f"leave {'them' if len(given) > 1 else 'it'} out")
+    checks.only_encoder_decoders(req, rt, "decoder_text", "attention")
     checks.select("layers", [req.layer], rt.cfg.n_layers)
     checks.select("heads", [req.head], rt.cfg.n_heads)
     checks.run_options(ctx, req, rt, enc)

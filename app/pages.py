@@ -36,7 +36,7 @@ assert [v for _, ids in VIEW_GROUPS for v in ids] == [v for v, _ in VIEWS]
 # its view needs gets the tab disabled with that feature's short reason (static/js/main.js).
 VIEW_NEEDS = {"head": (), "lines": (), "model": ("summary",), "summary": ("summary",), "entropy": ("summary",),
               "compare": ("summary",), "stages": ("stages",), "circuits": ("circuits",),
-              "effects": ("patching", "knockout"), "lens": ("lens",), "corpus": ("summary",), "atlas": ("jobs",)}
+              "effects": ("summary", "patching", "knockout"), "lens": ("lens",), "corpus": ("summary",), "atlas": ("jobs",)}
 assert list(VIEW_NEEDS) == [v for v, _ in VIEWS]
 # The attentions an encoder-decoder's answer holds (the page's "Attention" control: static/js/encdec.js).
 ATTENTIONS = [("encoder", "Encoder self-attention"), ("decoder", "Decoder self-attention"),

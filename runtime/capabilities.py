@@ -147,11 +147,10 @@ def _kind(model, source: str, reasons: dict[str, str]) -> dict[str, str]:
 
     cfg = getattr(model, "cfg", None)
     if cfg is None or not hasattr(model, "blocks"):          # an encoder-decoder: two stacks and cross-attention
-        refuse(["summary", "lens", "circuits", "why", "head_lens", "attribution", "patching", "knockout", "generate",
-                "jobs", "importance"],
+        refuse(["summary", "lens", "circuits", "why", "head_lens", "attribution", "generate", "jobs", "importance"],
                "an encoder-decoder: Head, Lines and Steps show its three attentions")
         if not getattr(cfg, "lm_head", True):
-            refuse(["predictions"], "no LM head: it predicts no token")
+            refuse(["predictions", "patching", "knockout"], "no LM head: it predicts no token")
         return short
     if "stacked" in reasons:
         refuse(["stages", "why", "lens", "head_lens", "attribution", "patching", "knockout", "generate"],

@@ -102,12 +102,13 @@ class Prediction:
     hidden: np.ndarray
 
 
-def knock_out(rt, enc: Encoding, queries, keys, layers: tuple[int, int], top_k: int = 10) -> Knockout:
-    """Attention knockout: in layers first..last (inclusive) every head stops reading `keys` from `queries`."""
+def knock_out(rt, enc: Encoding, queries, keys, layers: tuple[int, int], top_k: int = 10, *, heads=None) -> Knockout:
+    """Attention knockout: in layers first..last (inclusive) every head (or those `heads` names) stops reading `keys`
+    from `queries`."""
     t0 = time.perf_counter()
     iv = Interventions(rt)
     base = iv.trace(enc)
-    edits = knockout(range(layers[0], layers[1] + 1), queries, keys, rt.cfg.n_heads, base.T)
+    edits = knockout(range(layers[0], layers[1] + 1), queries, keys, rt.cfg.n_heads, base.T, only=heads)
     out = iv.run(base, [edits], "outputs")
 
     def prediction(logits, logprobs, hidden) -> Prediction:

@@ -222,3 +222,55 @@ def test_edits_the_served_graph_cannot_make_are_refused_by_name(runtimes):
         iv.run(enc, dec, [[Edit("head_output", 0, np.ones((H, len(dec.ids)), bool))]])
     with pytest.raises(ValueError, match="decoder blocks"):
         Edit("cross_head_output", 0, np.ones((H, 3), bool), 0.0, "encoder")
+
+
+# ---- the same through the API: /api/knockout and /api/patching take encoder-decoders ----------------------------------
+@pytest.fixture(scope="module")
+def served(runtimes, tmp_path_factory):
+    from fastapi.testclient import TestClient
+
+    from attnscope.app.main import create_app
+    from attnscope.app.settings import Settings
+
+    rt = runtimes["t5"][0]
+    with TestClient(create_app(Settings(models=[f"t5={rt.spec.folder}"], default_model="t5",
+                                        cache=tmp_path_factory.mktemp("served")))) as c:
+        yield c
+
+
+def test_the_api_knocks_out_a_cross_attention_head_as_the_runtime_does(runtimes, served):
+    rt = runtimes["t5"][0]
+    (enc, dec), _ = texts(rt)
+    body = {"model": "t5", "text": TEXT, "decoder_text": DECODER_TEXT, "queries": [len(dec.ids) - 1],
+            "keys": [1, 2], "layers": [0, 0], "heads": [1]}
+    r = served.post("/api/knockout", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["attention"] == "cross" and got["heads"] == [1] and got["tokens"] == dec.tokens
+    want = knock_out(rt, enc, dec, body["queries"], body["keys"], (0, 0), attention="cross", heads=[1])
+    assert got["effect"]["kl"] > 0
+    close([t["prob"] for t in got["effect"]["next_tokens_after"]], [t.prob for t in want.after.next_tokens],
+          "the knocked-out prediction")
+    refused = served.post("/api/knockout", json={**body, "keys": list(range(len(enc.ids)))})
+    assert refused.status_code == 422 and "read no key" in refused.json()["detail"]
+    assert served.post("/api/knockout", json={**body, "attention": "encoder", "queries": [99]}).status_code == 422
+
+
+def test_the_api_patches_decoder_and_cross_attention_heads_as_the_runtime_does(runtimes, served):
+    rt = runtimes["t5"][0]
+    (enc, dec), (bad, _) = texts(rt)
+    corrupt = rt.tokenizer.decode(bad.ids, skip_special_tokens=True)
+    if len(rt.encode(corrupt).ids) != len(enc.ids):
+        pytest.skip("the moved tokens do not read back to a text of the same token count")
+    target = rt.token_string(int(np.argmax(runtimes["t5"][1](
+        input_ids=torch.tensor([enc.ids]), decoder_input_ids=torch.tensor([dec.ids])).logits[0, -1].detach())))
+    for attention in ("decoder", "cross"):
+        r = served.post("/api/patching", json={"model": "t5", "clean": TEXT, "corrupt": corrupt, "target": target,
+                                               "decoder_text": DECODER_TEXT, "attention": attention})
+        assert r.status_code == 200, r.text
+        got = r.json()
+        want = patch(rt, (enc, dec), (rt.encode(corrupt), dec), Metric(rt.vocabulary.token_id(target, "target")),
+                     attention=attention)
+        assert got["attention"] == attention and got["hook"] == want.hook
+        close(got["patched"], want.patched, f"patched {attention}")
+        close([got["clean"], got["corrupt"]], [want.clean, want.corrupt], "the metric")
