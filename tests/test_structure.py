@@ -253,3 +253,44 @@ def test_one_registry_lists_the_analyses():
             text = path.read_text()
             for a in ANALYSES.values():
                 assert f'"{a.path}"' not in text, f"{path.name} names {a.path}: routes come from the registry"
+
+
+def _calls(path: Path) -> dict[str, set[str]]:
+    """Each top-level function's and method's name -> the names it calls (f(...) and x.f(...))."""
+    out = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.setdefault(node.name, set()).update(
+                c.func.id if isinstance(c.func, ast.Name) else c.func.attr
+                for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, (ast.Name, ast.Attribute)))
+    return out
+
+
+def test_one_attention_one_block_and_one_builder_of_each_in_onnx():
+    """One NumPy attention (model/attention.attention: the only softmax over scores in model/), called by every
+    attention module; one block class (TransformerBlock: decoders, encoders and encoder-decoders' blocks, no
+    EncoderDecoderBlock); one ONNX attention (graphs/steps.attend: the only Softmax node) and one ONNX block builder
+    (graphs/steps.transformer_block) that the stacked, per-layer, decoding and encoder-decoder graphs all call."""
+    softmaxes = {(path.name, fn) for path in (ROOT / "model").glob("*.py")
+                 for fn, called in _calls(path).items() if "softmax" in called}
+    assert softmaxes == {("attention.py", "attention")}, softmaxes
+    calls = _calls(ROOT / "model" / "attention.py")
+    tree = ast.parse((ROOT / "model" / "attention.py").read_text())
+    modules = [c.name for c in tree.body if isinstance(c, ast.ClassDef) and c.name.endswith("Attention")]
+    assert set(modules) >= {"MultiHeadAttention", "GroupedQueryAttention", "CrossAttention"}
+    for cls in (c for c in tree.body if isinstance(c, ast.ClassDef) and c.name in modules):
+        call = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__call__"), None)
+        assert call is None or "attention" in {c.func.id for c in ast.walk(call) if isinstance(c, ast.Call) and
+                                               isinstance(c.func, ast.Name)}, f"{cls.name}.__call__ computes its own"
+    assert "attention" in calls
+    blocks = [n.name for p in (ROOT / "model").glob("*.py") for n in ast.parse(p.read_text()).body
+              if isinstance(n, ast.ClassDef) and n.name.endswith("Block")]
+    assert blocks == ["TransformerBlock"], blocks
+    onnx_softmax = [(p.name, line) for p in (ROOT / "graphs").glob("*.py")
+                    for line in p.read_text().splitlines() if '"Softmax"' in line]
+    assert len(onnx_softmax) == 1 and onnx_softmax[0][0] == "steps.py", onnx_softmax
+    assert "Softmax" in ast.get_source_segment((ROOT / "graphs" / "steps.py").read_text(), next(
+        n for n in ast.parse((ROOT / "graphs" / "steps.py").read_text()).body
+        if isinstance(n, ast.FunctionDef) and n.name == "attend"))
+    for graph in ("stacked", "layers", "decoding", "encdec"):
+        assert "transformer_block" in set().union(*_calls(ROOT / "graphs" / f"{graph}.py").values()), graph
