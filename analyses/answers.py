@@ -43,8 +43,10 @@ def top_of(z, k: int, name: str, by_abs: bool = True) -> list[dict]:
 
 
 class Answer:
-    """An endpoint's answer. DIMS: array field -> its axes' names."""
+    """An endpoint's answer. DIMS: array field -> its axes' names. VIEW: for an answer the page's views draw in a
+    notebook (python/jupyter.py), the name they find it by and the form the page fetches it in (binary or json)."""
     DIMS: dict[str, tuple[str, ...]] = {}
+    VIEW: tuple[str, str] | None = None
 
     def __init__(self, data: dict):
         self.data = data

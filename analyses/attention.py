@@ -427,6 +427,7 @@ def scores(plan, text_scores: dict, probe) -> dict:
 class Attention(Answer):
     """POST /api/attention: the asked layers' and heads' attention probabilities [layer, head, query, key], entropy
     and the other per-query rows [layer, head, query], and each summary statistic [layer, head]."""
+    VIEW = ("attention", "binary")   # a notebook's view draws it (python/jupyter.py)
     DIMS = {"attention": ("layer", "head", "query", "key"), "entropy": ("layer", "head", "query"),
             "normalized_entropy": ("layer", "head", "query"), "max_weight": ("layer", "head", "query")}
 

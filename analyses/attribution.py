@@ -115,6 +115,7 @@ def payload(rt, a) -> dict:
 
 class DirectAttribution(Answer):
     """Direct logit attribution: each head's share [layer, head], each MLP's and attention bias' [layer]."""
+    VIEW = ("attribution", "binary")   # a notebook's view draws it (python/jupyter.py)
 
     @property
     def parts(self) -> dict:

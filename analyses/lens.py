@@ -143,6 +143,7 @@ def payload(plan, computed) -> dict:
 class LogitLens(Answer):
     """POST /api/lens: each row (the stream after the embeddings, after each block) as next-token predictions:
     top_probs [row, position, rank], next_probs [row, position]."""
+    VIEW = ("lens", "json")   # a notebook's view draws it (python/jupyter.py)
     DIMS = {"top_probs": ("row", "position", "rank"), "next_probs": ("row", "position")}
 
     def coords(self):

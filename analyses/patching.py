@@ -145,6 +145,7 @@ def payload(plan, computed) -> dict:
 class Patching(Answer):
     """POST /api/patching: the patched metric and its recovery per [layer, head] ([layer, head, position] per
     position; residual [layer, position])."""
+    VIEW = ("patching", "json")   # a notebook's view draws it (python/jupyter.py)
 
     def _dims(self) -> tuple[str, ...]:
         n = np.ndim(self.data["patched"])

@@ -119,6 +119,7 @@ def payload(plan, computed) -> dict:
 class PathPatching(Patching):
     """POST /api/path_patching: with senders, one patched metric (and recovery); without, each head alone as the
     sender: [layer, head]."""
+    VIEW = ("path_patching", "json")   # a notebook's view draws it (python/jupyter.py)
 
     def _dims(self):
         return ("layer", "head") if np.ndim(self.data["patched"]) == 2 else ()

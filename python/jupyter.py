@@ -29,11 +29,6 @@ from pathlib import Path
 
 from ..app import wire
 from ..analyses.answers import Answer
-from ..analyses.attention import Attention
-from ..analyses.attribution import DirectAttribution
-from ..analyses.lens import LogitLens
-from ..analyses.path_patching import PathPatching
-from ..analyses.patching import Patching
 from ..app.pages import page_bundle
 
 ENTRY = "embed.js"
@@ -41,10 +36,6 @@ ENTRY = "embed.js"
 VIEWS = {"head": ("Head view", ("attention",)), "lines": ("Lines", ("attention",)),
          "model": ("Model view", ("attention",)), "lens": ("Logit lens", ("attention", "lens")),
          "effects": ("Effects", ("attention",))}
-# the answers an output carries: what embed.js finds it by (the endpoint; the effects view's direct logit attribution,
-# an /api/attention answer, by its own name), and the form the page fetches it in (api.js: binary or JSON)
-FORMS = {Attention: ("attention", "binary"), LogitLens: ("lens", "json"), DirectAttribution: ("attribution", "binary"),
-         Patching: ("patching", "json"), PathPatching: ("path_patching", "json")}
 CSS = Path(__file__).resolve().parents[1] / "static" / "css" / "app.css"
 _ids = itertools.count()
 _plotly_sent = False               # this kernel has shown plotly.js in an output already
@@ -133,7 +124,7 @@ def page(fragments: list[str], title: str = "attnscope") -> str:
 
 def _carried(answer: Answer) -> dict:
     """An answer in the form the page fetches its endpoint in: the binary wire form (base64), or the JSON form."""
-    _, form = FORMS[type(answer)]
+    _, form = type(answer).VIEW
     if form == "binary":
         return {"binary": base64.b64encode(b"".join(bytes(c) for c in wire.binary_chunks(answer.data))).decode("ascii")}
     return {"json": json.loads(wire.to_json(answer.data))}
@@ -147,10 +138,10 @@ def view(*answers: Answer, models: list[dict], boot: dict, view: str = "head", l
     attention answer's first."""
     carried: dict[str, Answer] = {}
     for a in answers:
-        if type(a) not in FORMS:
+        if type(a).VIEW is None:
             raise TypeError(f"show() draws attention, lens, attribution and patching answers (m.attention(text), "
                             f"m.lens(text), ...), not {type(a).__name__}")
-        carried[FORMS[type(a)][0]] = a
+        carried[type(a).VIEW[0]] = a          # what embed.js finds it by (analyses' Answer.VIEW)
     if view not in VIEWS:
         raise ValueError(f"view {view!r}: one of {', '.join(VIEWS)}")
     missing = [e for e in VIEWS[view][1] if e not in carried]
