@@ -4,13 +4,13 @@ knockout); the answer is the next-token prediction before and after, and each to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..analysis.effects import effect
-from ..runtime.encdec import EncoderDecoderRuntime
+from ..runtime.encdec import Attention, EncoderDecoderRuntime
 from ..runtime.patching import knock_out
 from . import checks, encoder_decoder
 from .answers import Answer, ModelId, ToolText, number
@@ -36,7 +36,7 @@ class KnockoutRequest(Strict):
                                       "out (0-based); every head when omitted")
     decoder_text: Text | None = Field(None, description="encoder-decoders only: the decoder's text (`text` is the "
                                       "source); the prediction is the decoder's next token")
-    attention: Literal["encoder", "decoder", "cross"] | None = Field(
+    attention: Attention | None = Field(
         None, description="encoder-decoders only: whose queries stop reading keys: cross (the default: decoder "
         "positions stop reading source positions), decoder or encoder (a stack's self-attention)")
     precision: _bounded(1, 8) | None = Field(None, description="round every number to this many decimals")
@@ -53,7 +53,7 @@ class KnockoutResponse(BaseModel):
     keys: list[int]
     layers: list[int] = Field(description="[first, last] the layers knocked out")
     heads: list[int] | None = Field(None, description="the heads knocked out; every head when null")
-    attention: Literal["encoder", "decoder", "cross"] | None = Field(None, description="an encoder-decoder's: whose "
+    attention: Attention | None = Field(None, description="an encoder-decoder's: whose "
                                                                        "queries stopped reading keys")
     effect: Effect = Field(description="the prediction before and after (`next_tokens_after`)")
     timing_ms: dict[str, float]

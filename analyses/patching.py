@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..analysis.effects import Metric
 from ..model.interventions import HOOKS
 from ..runtime import Encoding, Runtime
-from ..runtime.encdec import EncoderDecoderRuntime
+from ..runtime.encdec import Attention, EncoderDecoderRuntime
 from ..runtime.patching import patch
 from . import checks, encoder_decoder
 from .answers import TOP, Answer, ModelId, Top, ToolText, heads_map, number, top_heads
@@ -35,7 +35,7 @@ class PatchingRequest(TwoTexts):
                                                    "run; noise: corrupt values into the clean run")
     decoder_text: Text | None = Field(None, description="encoder-decoders only: the decoder's text, read with both "
                                       "`clean` and `corrupt` (the sources); the metric is at its last position")
-    attention: Literal["encoder", "decoder", "cross"] | None = Field(
+    attention: Attention | None = Field(
         None, description="encoder-decoders only: whose heads are patched (site head_output): cross (the default), "
         "decoder or encoder self-attention; hooks decoder.blocks.{layer}.cross_attn.hook_z, ...")
     precision: _bounded(1, 8) | None = Field(None, description="round every number to this many decimals")
@@ -51,7 +51,7 @@ class PatchingResponse(BaseModel):
     site: str = Field(description="the site patched")
     hook: str = Field(description="its name at each layer, TransformerLens' hook point", examples=[
         "blocks.{layer}.attn.hook_z"])
-    attention: Literal["encoder", "decoder", "cross"] | None = Field(None, description="an encoder-decoder's: whose "
+    attention: Attention | None = Field(None, description="an encoder-decoder's: whose "
                                                                        "heads were patched")
     direction: Literal["denoise", "noise"]
     metric: Literal["logit_difference", "logprob"] = Field(description="logit(target) - logit(distractor) at the "

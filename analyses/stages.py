@@ -5,21 +5,20 @@ analyses/encoder_decoder.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 from pydantic import ConfigDict, Field
 
 from ..model.functional import score_scale
 from ..model.transformer import SQUARE_STAGES
-from ..runtime.encdec import EncoderDecoderRuntime
+from ..runtime.encdec import Attention, EncoderDecoderRuntime
 from . import checks, encoder_decoder
 from .answers import Answer, Indexed
 from .base import Analysis, Computed, Context, Method, OneRunPlan, Plan, etag_of
 from .errors import Refused
 from .payloads import tokens
 from .runs import Run
-from .schemas import EXAMPLE_TEXT, Index, Matrix, RunOptions, Text, Tokens, _bounded
+from .schemas import _bounded, EXAMPLE_TEXT, Index, Matrix, RunOptions, Text, Tokens
 
 
 class StagesRequest(RunOptions):
@@ -30,7 +29,7 @@ class StagesRequest(RunOptions):
         "the numbers of a long text's opening; `probs` rows are then partial. All tokens when omitted")
     decoder_text: Text | None = Field(None, description="encoder-decoders only: the decoder's text, as /api/attention "
                                       "reads it (omitted or blank: the decoder start token alone)")
-    attention: Literal["encoder", "decoder", "cross"] | None = Field(
+    attention: Attention | None = Field(
         None, description="encoder-decoders only: whose head, the encoder's self-attention, the decoder's, or "
         "cross-attention (the default: queries from the decoder's tokens, keys and values from the encoder's output). "
         "Its steps come from the NumPy reference (the served graph keeps only the probabilities)")
@@ -70,7 +69,7 @@ class StagesResponse(Tokens):
                                  "through its d_head columns of the output projection, ctx W_o[:, head]^T. The "
                                  "heads' shares plus W_o's bias make the attention output added to the residual "
                                  "stream. Computed by the server from ctx and the model's weights")
-    attention: Literal["encoder", "decoder", "cross"] | None = Field(
+    attention: Attention | None = Field(
         None, description="encoder-decoders: whose head this is; `tokens` are then the encoder's (as in /api/attention)")
     query_tokens: list[str] | None = Field(None, description="encoder-decoders: the queries' tokens (the rows; the "
                                            "decoder's for decoder and cross-attention)")
