@@ -63,5 +63,9 @@ export function createDraft() {
     }
   };
 
-  return { get edited() { return edited; }, sync, go, wire };
+  /** Keep what the boxes hold as an edit when the state goes back under them (a cancelled run's text): the next
+   *  sync leaves it in its box, marked pending, unless it is the text the state goes back to. */
+  const keep = () => { edited = true; };
+
+  return { get edited() { return edited; }, sync, go, wire, keep };
 }

@@ -74,6 +74,8 @@ const progress = createProgress();
 const memory = Object.fromEntries(Object.keys(VIEWS).map((id) => [id, {}]));   // each view's page memory
 let generation = 0;                        // the update now running: an older one's answers are dropped
 let drawn = null;                          // the last render: {id, view, container, st, ctx, exports}
+let drawnSearch = null;                    // the address of the state last drawn: what a cancel goes back to
+let cancelledTo = null;                    // the address a cancel went back to: its drawing says "Cancelled"
 // a fresh visit (no text, layer or head in the address: the example text): the first answer chooses the head
 // (first.js clearestHead); a link that names its text shows what it names
 let measureHead = !["text", "layer", "head"].some((k) => new URLSearchParams(location.search).has(k));
@@ -180,7 +182,7 @@ async function draw(view, container, data, st, info, gen) {
   delete container.dataset.sketch;
   if (gen !== generation) return false;
   container.dataset.renders = String(Number(container.dataset.renders || 0) + 1);
-  container.dataset.state = location.search;
+  container.dataset.state = drawnSearch = location.search;
   markFirstPicture("figure");
   return true;
 }
@@ -196,7 +198,23 @@ function drawRefused(container, st, info) {
     able.map((m, k) => [k ? ", " : "", h("a", { href: state.href({ model: m.id }), text: m.title })])));
   drawn = { id: st.view, view: VIEWS[st.view], container, st, ctx: null, exports: null };
   container.dataset.renders = String(Number(container.dataset.renders || 0) + 1);
-  container.dataset.state = location.search;
+  container.dataset.state = drawnSearch = location.search;
+}
+
+/** Cancel pressed (progress.js; the run's request rejects with {cancelled}): the page goes back to the state it last
+ *  drew (model, text, layer, head and the address, replacing the cancelled one: the controls never show a state the
+ *  picture is not of), its answers from api.js's cache, and says "Cancelled" plainly: nothing was refused. A text
+ *  the cancelled run was of stays in its box, pending (draft.js). */
+function cancelled() {
+  measureHead = false;                     // a model switch's head is measured on the run that was cancelled
+  const back = drawnSearch;
+  if (back === null || back === location.search) {
+    notices.setStatus("Cancelled: the run stopped. Press Run to start it again.");
+    return;
+  }
+  draft.keep();
+  cancelledTo = back;
+  state.go(state.parse(back), { replace: true });
 }
 
 async function update() {
@@ -263,10 +281,16 @@ async function update() {
     }
     if (!await draw(view, container, data, st, info, gen)) return;
     if (live) notices.setStatus(`Generating: ${steps.length} new tokens…`);
+    else if (cancelledTo === location.search) notices.setStatus(`Cancelled: the run stopped; shown again is what was drawn before it (${info.title}).`);
     else notices.showDrawn(info, meta, results, started);
+    cancelledTo = null;
     showExports(drawn.exports);
   } catch (err) {
     if (gen !== generation) return;
+    if (err.cancelled) {
+      cancelled();
+      return;
+    }
     console.warn(err);
     notices.showError(err);
   } finally {

