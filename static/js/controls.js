@@ -74,12 +74,15 @@ export function syncControls(st, info) {
 }
 
 /** Fill the menus the page builds itself, and turn each control's change into go(patch). draft (draft.js): a
- *  model change keeps an edited second sentence. */
-export function wireControls(go, draft) {
+ *  model change keeps an edited second sentence. chooseHead(): the next run's answer chooses the head, as on a
+ *  fresh visit (main.js): a model change opens the new model's clearest head on the text, never the old model's
+ *  (a head of one model is nothing in particular in another). */
+export function wireControls(go, draft, chooseHead) {
   $("model").addEventListener("change", (e) => {
     const info = MODELS[e.target.value];
     const st = state.get();
     const pairText = draft.edited ? $("text-pair").value : st.text_pair;
+    chooseHead();
     go({ model: info.id, layer: Math.min(st.layer, info.layers - 1), head: Math.min(st.head, info.heads - 1),
       mask_tokens: [], pin: null, why: null, causal: null, heads: null, ablate: [], text_pair: info.pair ? pairText : "" });
   });

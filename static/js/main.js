@@ -76,8 +76,8 @@ let generation = 0;                        // the update now running: an older o
 let drawn = null;                          // the last render: {id, view, container, st, ctx, exports}
 let drawnSearch = null;                    // the address of the state last drawn: what a cancel goes back to
 let cancelledTo = null;                    // the address a cancel went back to: its drawing says "Cancelled"
-// a fresh visit (no text, layer or head in the address: the example text): the first answer chooses the head
-// (first.js clearestHead); a link that names its text shows what it names
+// a fresh visit (no text, layer or head in the address: the example text), and a model switch (controls.js): the
+// next answer chooses the head (first.js clearestHead); a link that names its text shows what it names
 let measureHead = !["text", "layer", "head"].some((k) => new URLSearchParams(location.search).has(k));
 const generator = createGeneration({ go, redraw, target: streamTarget });
 
@@ -254,7 +254,7 @@ async function update() {
     // an encoder-decoder's answer as the one stack the views draw (encdec.js): st.attention's queries and keys
     if (measureHead) {                     // the first screen: the head with the clearest pattern on this text
       measureHead = false;
-      const best = clearestHead(answer.summary, answer.tokens.length);
+      const best = answer.summary && clearestHead(answer.summary, answer.tokens.length);
       if (best && state.go({ layer: best.layer, head: best.head }, { replace: true })) return;
     }
     const meta = isEncDec(info) ? stackMeta(answer, st.attention) : answer;
@@ -335,7 +335,7 @@ function onResize() {
 
 function wire() {
   draft.wire(update);
-  wireControls(go, draft);
+  wireControls(go, draft, () => { measureHead = true; });
   wireExamples(go, MODELS, state.get);
   wireFrame(go);
   wireAblation(go);

@@ -46,3 +46,28 @@ def test_cancel_left_the_wrong_model_on_screen(page: Page, live_server_smollm2, 
     expect(page.locator("#error")).to_be_hidden()
     assert "refused" not in page.locator("#status").inner_text()
     assert all("/api/attention" in e and "ERR_ABORTED" in e for e in console_errors), console_errors
+
+
+def fresh_head(page, base: str, model: str) -> tuple[str, str]:
+    """The head a fresh visit opens for model (first.js clearestHead on the example text)."""
+    page.goto(base + "/?model=" + model)
+    wait_drawn(page)
+    st = shown(page)
+    assert st["model"] == model and st["text"] == EXAMPLE
+    return st["layer"], st["head"]
+
+
+def test_model_switch_kept_the_old_layer_and_head(page: Page, live_server, live_server_smollm2, console_errors):
+    # a head of tiny-gpt's on SmolLM2 (a blank triangle there); the induction model's one head on every other model
+    for base, before, after in ((live_server_smollm2, "tiny-gpt", "smollm2"), (live_server, "induction", "minilm")):
+        want = fresh_head(page, base, after)
+        fresh_head(page, base, before)
+        page.select_option("#model", after)
+        page.wait_for_function("(m) => location.search.includes('model=' + m)", arg=after)
+        wait_drawn(page)
+        st = shown(page)
+        assert (st["model"], st["text"]) == (after, EXAMPLE)
+        assert (st["layer"], st["head"]) == want, (before, after)
+        expect(page.locator("#layer")).to_have_value(want[0])
+        expect(page.locator("#head")).to_have_value(want[1])
+    assert console_errors == []

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from urllib.parse import parse_qs, urlparse
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -220,7 +221,10 @@ def test_stages_view_causal_toggle_and_steps(page: Page, console_errors, api):
     page.locator("#causal").uncheck()
     wait_drawn(page, "stages")
     expect(page.locator("#view-stages")).to_have_attribute("data-causal", "false")
-    ref = api("/api/stages", model="tiny-gpt", text=text, layer=1, head=3, causal=False)
+    # a model switch opens the new model's clearest head on the text (issue 51), as a fresh visit does
+    q = parse_qs(urlparse(page.url).query)
+    layer, head = int(q["layer"][0]), int(q["head"][0])
+    ref = api("/api/stages", model="tiny-gpt", text=text, layer=layer, head=head, causal=False)
     assert float(page.locator(stage.format("probs", 0, 2)).get_attribute("data-value")) == pytest.approx(
         ref["probs"][0][2], abs=1e-6)
     assert console_errors == []
