@@ -39,6 +39,7 @@ import { isEncDec, stackAnswer, stackMeta } from "./encdec.js";
 import { showExports, wireExports } from "./exporting.js";
 import { syncFrame, wireFrame } from "./frame.js";
 import { createGeneration, generatedFrom } from "./generate.js";
+import { lessonState } from "./lesson.js";
 import { grownAnswer, grownMeta, longText, runOptions } from "./matrix.js";
 import * as notices from "./notices.js";
 import { wirePermalink } from "./permalink.js";
@@ -78,7 +79,15 @@ let drawnSearch = null;                    // the address of the state last draw
 let cancelledTo = null;                    // the address a cancel went back to: its drawing says "Cancelled"
 // a fresh visit (no text, layer or head in the address: the example text), and a model switch (controls.js): the
 // next answer chooses the head (first.js clearestHead); a link that names its text shows what it names
-let measureHead = !["text", "layer", "head"].some((k) => new URLSearchParams(location.search).has(k));
+// a lesson link that names only its page (the header's "Lesson", /?lesson=1, with present=1 or large=1) opens that
+// page's own model, text, view, layer and head (lesson.js lessonState); what else the address names stays
+const lessonLink = (() => {
+  const q = new URLSearchParams(location.search), page = lessonState(Number(q.get("lesson")));
+  if (!page || q.has("model") || q.has("text")) return null;
+  const named = state.get();
+  return { ...page, ...Object.fromEntries([...q.keys()].filter((k) => k in named).map((k) => [k, named[k]])) };
+})();
+let measureHead = !lessonLink && !["text", "layer", "head"].some((k) => new URLSearchParams(location.search).has(k));
 const generator = createGeneration({ go, redraw, target: streamTarget });
 
 // ---- the update loop --------------------------------------------------------------------------------
@@ -354,4 +363,4 @@ wire();
 // its sketch: the 1 s plotly.js takes to run would otherwise come before it)
 if (!VIEWS[state.get().view]?.sketch) plotlyReady();
 // write the full state into the URL (so the first permalink is complete), then draw
-if (!state.go({}, { replace: true })) update();
+if (!state.go(lessonLink ?? {}, { replace: true })) update();

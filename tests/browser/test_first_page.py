@@ -71,3 +71,17 @@ def test_model_switch_kept_the_old_layer_and_head(page: Page, live_server, live_
         expect(page.locator("#layer")).to_have_value(want[0])
         expect(page.locator("#head")).to_have_value(want[1])
     assert console_errors == []
+
+
+@pytest.mark.parametrize("link", ["/?lesson=1", "/?lesson=1&present=1"])
+def test_lesson_link_showed_minilm_under_the_lesson(page: Page, console_errors, link):
+    page.goto(link)
+    wait_drawn(page)
+    st = shown(page)
+    assert (st.get("model"), st.get("view"), st.get("step"), st.get("lesson")) == ("tiny-gpt", "stages", "5", "1")
+    assert st.get("text") == "the cat sat on the mat and then the cat slept"
+    assert (st.get("layer"), st.get("head")) == ("0", "0")                 # the lesson's head, not a measured one
+    assert ("present" in link) == (st.get("present") == "1")
+    expect(page.locator("#model")).to_have_value("tiny-gpt")
+    expect(page.locator("#lesson")).to_contain_text("Dot products")
+    assert console_errors == []
