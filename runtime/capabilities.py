@@ -162,6 +162,10 @@ def _kind(model, source: str, reasons: dict[str, str]) -> dict[str, str]:
         refuse(["predictions", "generate", "patching", "knockout", "attribution"], why)
     if not cfg.has_unembedding:
         refuse(["lens", "head_lens"], "no unembedding: no tokens can be read out of its stream")
+    if not cfg.lm_head:
+        # a decoder whose tied embeddings read tokens out of its stream (tiny-gpt) still predicts no next token: its
+        # logit lens would show each token predicting itself (p = 1), so the page offers none (the Logit lens tab)
+        refuse(["lens"], why)
     bends = lambda **k: f"not exact with {' and '.join(BENDS[f] for f in inexact(cfg, **k))}"   # noqa: E731
     for feature, asked in (("why", {"qk": True, "scores": True, "direct": True}), ("head_lens", {"direct": True}),
                            ("attribution", {"direct": True, "logits": True}), ("circuits", {"qk": True, "direct": True})):

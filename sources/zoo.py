@@ -255,10 +255,12 @@ ZOO: dict[str, ModelSpec] = {s.id: s for s in [
               "next token.", "decoder", _gemma3, gemma3_tokenizer, max_tokens=4096, architecture="gemma3",
               generation=_gemma3_generation),
     ModelSpec("tiny-gpt", "Tiny GPT (teaching)",
-              "A 4-layer, 4-head GPT-2 style decoder (pre-norm, causal, d_model 128) for teaching, with a small "
-              "tokenizer of its own (common English words, spelled in pieces otherwise). Six heads are wired by hand and do exactly what their role says (>= 0.99 of the weight "
-              "on the target, on any text): layer 0 previous-token, first-token, self and uniform heads; layer 1 "
-              "same-token and two-back heads. The rest are seeded random: what untrained attention looks like.",
+              "A 4-layer, 4-head decoder (pre-norm, causal, d_model 128) for teaching, with a small WordPiece "
+              "tokenizer of its own, built in code: [CLS] opens every text, common English words are whole tokens and "
+              "other words are spelled in ##pieces. It has no LM head: it predicts no next token. Six heads are "
+              "wired by hand and do exactly what their role says (>= 0.99 of the weight on the target, on any "
+              "text): layer 0 previous-token, first-token, self and uniform heads; layer 1 same-token and two-back "
+              "heads. The rest are seeded random: what untrained attention looks like.",
               "decoder", _tiny_gpt, teaching_tokenizer, head_roles=TINY_GPT_ROLES, architecture="gpt2"),
     ModelSpec("induction", "Induction circuit (teaching)",
               "A 2-layer, 1-head attention-only decoder (d_model 324) built by hand, with tiny-gpt's tokenizer: a "

@@ -9,7 +9,7 @@ from urllib.parse import parse_qs, urlencode, urlparse
 import pytest
 from playwright.sync_api import Page, expect
 
-from .conftest import EXAMPLE, wait_drawn
+from .conftest import EXAMPLE, open_app, wait_drawn
 
 pytestmark = pytest.mark.browser
 # over the page's long-text length (matrix.js LONG_TEXT): SmolLM2 runs it layer by layer, streaming its progress
@@ -84,4 +84,25 @@ def test_lesson_link_showed_minilm_under_the_lesson(page: Page, console_errors, 
     assert ("present" in link) == (st.get("present") == "1")
     expect(page.locator("#model")).to_have_value("tiny-gpt")
     expect(page.locator("#lesson")).to_contain_text("Dot products")
+    assert console_errors == []
+
+
+def test_tiny_gpt_offered_a_lens_while_predicting_no_next_token(page: Page, console_errors):
+    sent = []
+    page.on("request", lambda r: sent.append(r.url) if "/api/lens" in r.url else None)
+    open_app(page, "lens", model="tiny-gpt", text="the cat sat on the mat")
+    # the lens tab says what Effects and Generate say, and the view asks nothing of the server
+    reason = "predicts no next token"
+    expect(page.locator('#tabs a[data-view="lens"]')).to_have_attribute("aria-disabled", "true")
+    expect(page.locator('#tabs a[data-view="effects"]')).to_have_attribute("title", f"Not for Tiny GPT (teaching): no LM head: it {reason}")
+    expect(page.locator('#tabs a[data-view="lens"]')).to_have_attribute("title", f"Not for Tiny GPT (teaching): no LM head: it {reason}")
+    expect(page.locator("#view-lens .note.refused")).to_contain_text(reason)
+    assert sent == []
+    # its description matches the tokens it shows: a WordPiece tokenizer's [CLS] and ##pieces, no GPT-2 claim
+    expect(page.locator("#chips .chip").first).to_contain_text("[CLS]")
+    desc = page.locator("#model-desc")
+    expect(desc).to_contain_text("[CLS]")
+    expect(desc).to_contain_text("##")
+    expect(desc).not_to_contain_text("GPT-2 style")
+    expect(desc).to_contain_text(reason)
     assert console_errors == []
