@@ -59,6 +59,8 @@ class Analyses:
             a = self.attention(text, model=model)
             answers = (a,)
             if view == "lens":
+                if layer is None and head is None:     # the head the view opens on (jupyter.view): its head lens
+                    layer, head = jupyter.clearest_head(a.data) or (None, None)
                 layer = a.layers[0] if layer is None else layer
                 head = a.heads[0] if head is None else head
                 info = next(m for m in self.models() if m["id"] == a.model)

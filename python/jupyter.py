@@ -27,6 +27,8 @@ import itertools
 import json
 from pathlib import Path
 
+import numpy as np
+
 from ..app import wire
 from ..analyses.answers import Answer
 from ..app.pages import page_bundle
@@ -130,12 +132,28 @@ def _carried(answer: Answer) -> dict:
     return {"json": json.loads(wire.to_json(answer.data))}
 
 
+def clearest_head(data: dict) -> tuple[int, int] | None:
+    """static/js/first.js clearestHead, of the layers and heads an attention answer holds (its `summary`): the head a
+    fresh visit to the page opens, (1 - mean entropy / ln T) x (1 - its largest first-token, last-token or diagonal
+    mass), the first of equals; None without a summary."""
+    summary = data.get("summary") or {}
+    if "mean_entropy" not in summary:
+        return None
+    entropy = np.asarray(summary["mean_entropy"], np.float64)
+    sink = np.max([np.asarray(summary.get(name, np.zeros_like(entropy)), np.float64)
+                   for name in ("first_token_mass", "last_token_mass", "diagonal_mass")], axis=0)
+    score = (1 - entropy / np.log(max(len(data["tokens"]), 2))) * (1 - sink)
+    li, hi = np.unravel_index(int(np.argmax(score)), score.shape)
+    return int(data["layers"][li]), int(data["heads"][hi])
+
+
 def view(*answers: Answer, models: list[dict], boot: dict, view: str = "head", layer: int | None = None,
          head: int | None = None, pin: int | None = None, text: str | None = None, generation: dict | None = None,
          **effects) -> View:
     """A View of `answers`: an Attention answer with its attention matrices, and what else the view draws (a Lens
     answer); `models`: GET /api/models' entries (the answers' model among them); layer and head default to the
-    attention answer's first."""
+    clearest head the answer holds, as on the page's fresh visit (clearest_head; else its first). A view the model
+    cannot do (its capability record, as the page's tabs) is refused with the record's reason."""
     carried: dict[str, Answer] = {}
     for a in answers:
         if type(a).VIEW is None:
@@ -158,7 +176,13 @@ def view(*answers: Answer, models: list[dict], boot: dict, view: str = "head", l
     info = next((m for m in models if m["id"] == data["model"]), None)
     if info is None:
         raise ValueError(f"model {data['model']!r} is not among the source's models")
+    caps = info.get("capabilities") or {}
+    if (caps.get("features") or {}).get(view) is False:
+        raise ValueError(f"the {VIEWS[view][0].lower()} is not available for {info['title']}: "
+                         f"{(caps.get('short') or {}).get(view) or (caps.get('reasons') or {}).get(view, '')}")
     layers, heads = list(data["layers"]), list(data["heads"])
+    if layer is None and head is None:
+        layer, head = clearest_head(data) or (layers[0], heads[0])
     layer = layers[0] if layer is None else layer
     head = heads[0] if head is None else head
     if layer not in layers or head not in heads:

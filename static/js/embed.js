@@ -8,6 +8,7 @@
 // grownAnswer): the views of one head draw the prompt and its continuation. python/jupyter.py bundles this module (with
 // everything it imports) into the output's script, which calls mount() with the output's data.
 import { decodeBinary, Tensor } from "./api.js";
+import { can } from "./boot.js";
 import { h, replace, tokenLabel } from "./dom.js";
 import { grownAnswer, grownMeta } from "./matrix.js";
 import { plot, plotlyReady } from "./plot.js";
@@ -87,7 +88,8 @@ export async function mount(root, data) {
   const answers = Object.fromEntries(Object.entries(data.answers).map(([k, v]) => [k, decoded(v)]));
   const prompt = answers.attention, generation = answers.generation;
   const meta = generation ? grownMeta(prompt, generation.steps, data.state.text) : prompt;
-  const views = Object.keys(VIEWS).filter((v) => NEEDS[v].every((e) => answers[e]));
+  // the views the carried answers draw and the model can do (its capability record, as the page's tabs)
+  const views = Object.keys(VIEWS).filter((v) => NEEDS[v].every((e) => answers[e]) && can(info, v));
   let st = { ...state.parse(""), model: info.id, text: meta.text ?? "", ...data.state };
   const memory = Object.fromEntries(views.map((v) => [v, {}]));
   const bar = h("div", { class: "embed-controls" });

@@ -69,11 +69,12 @@ def test_explore_heads_notebook_draws_the_head_view_offline(page: Page, console_
 
 
 def test_a_saved_lens_view_draws_the_lens_and_its_head_lens_offline(page: Page, console_errors, runtimes, tmp_path):
-    """The logit lens of tiny-gpt from a View saved as a page: the grid names each cell's top token of the carried
-    lens, the head lens is of the head asked; another head (not carried) leaves the head lens empty, not wrong."""
+    """The logit lens of the induction model (tiny-gpt predicts no next token: no lens, issue 51) from a View saved as
+    a page: the grid names each cell's top token of the carried lens, the head lens is of the head asked; another
+    head (not carried: layer 0's) leaves the head lens empty, not wrong."""
     from attnscope.python.local import Model
 
-    v = Model(runtimes["tiny-gpt"]).show("the cat sat on the mat . the cat", view="lens", layer=1, head=0)
+    v = Model(runtimes["induction"]).show("the cat sat on the mat . the cat", view="lens", layer=1, head=0)
     lens = v.answers["lens"]
     page.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
     page.goto(v.save(tmp_path / "lens.html").as_uri())
@@ -90,7 +91,7 @@ def test_a_saved_lens_view_draws_the_lens_and_its_head_lens_offline(page: Page, 
     assert grid["z"] == [[p[0] for p in row] for row in carried["top_probs"]]
     np.testing.assert_array_equal(np.float32(grid["z"]), lens["top_probs"][:, :, 0])   # shortest reprs: the float32s
     assert len(grid["promoted"]) == len(lens.head_lens["promoted_tokens"][0])
-    page.select_option(f"{EMBED} select[name=head]", "1")
+    page.select_option(f"{EMBED} select[name=layer]", "0")
     page.wait_for_function(f"document.querySelector('{EMBED}')?.dataset.renders === '2'", timeout=30_000)
     assert page.evaluate(f"document.querySelector('{EMBED} .head-lens').textContent") == ""
     assert console_errors == []
@@ -128,4 +129,32 @@ def test_a_saved_generation_grows_the_head_view_offline(page: Page, console_erro
         for k, step in enumerate(steps):                        # each new token's row: what the stream carried
             row = np.float32(step["attention"][1][head])
             assert np.array_equal(np.float32(shown["z"][T0 + k][:T0 + k + 1]), row)
+    assert console_errors == []
+
+
+def test_notebook_view_opened_on_l0h0_and_offered_effects_for_an_encoder(page: Page, console_errors, runtimes,
+                                                                          live_server, tmp_path):
+    """A notebook's view of a text opens where the page's fresh visit does (the clearest head: first.js clearestHead),
+    not on layer 0, head 0; and offers the views the model can do (its capability record), as the page's tabs do:
+    no Effects for MiniLM, an encoder that predicts no next token. A view it cannot do is refused with the reason."""
+    from attnscope.python.local import Model
+
+    from .conftest import EXAMPLE, wait_drawn
+
+    page.goto(live_server + "/")                                 # the page's fresh visit: MiniLM on the example text
+    wait_drawn(page)
+    fresh = page.evaluate("() => Object.fromEntries(new URLSearchParams(location.search))")
+    assert (fresh["model"], fresh["text"]) == ("minilm", EXAMPLE)
+    m = Model(runtimes["minilm"])
+    v = m.show(EXAMPLE)
+    assert (v.state["layer"], v.state["head"]) == (int(fresh["layer"]), int(fresh["head"])) != (0, 0)
+    with pytest.raises(ValueError, match="not available for all-MiniLM-L6-v2: an encoder: it predicts no next token"):
+        m.show(EXAMPLE, view="effects")
+    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
+    page.goto(v.save(tmp_path / "minilm.html").as_uri())
+    shown = drawn(page, 1)
+    assert (shown["view"], shown["layer"], shown["head"], shown["error"]) == ("head", v.state["layer"],
+                                                                             v.state["head"], None)
+    offered = page.evaluate(f"[...document.querySelectorAll('{EMBED} select[name=view] option')].map((o) => o.value)")
+    assert offered == ["head", "lines", "model"]
     assert console_errors == []
