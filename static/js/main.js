@@ -77,8 +77,6 @@ let generation = 0;                        // the update now running: an older o
 let drawn = null;                          // the last render: {id, view, container, st, ctx, exports}
 let drawnSearch = null;                    // the address of the state last drawn: what a cancel goes back to
 let cancelledTo = null;                    // the address a cancel went back to: its drawing says "Cancelled"
-// a fresh visit (no text, layer or head in the address: the example text), and a model switch (controls.js): the
-// next answer chooses the head (first.js clearestHead); a link that names its text shows what it names
 // a lesson link that names only its page (the header's "Lesson", /?lesson=1, with present=1 or large=1) opens that
 // page's own model, text, view, layer and head (lesson.js lessonState); what else the address names stays
 const lessonLink = (() => {
@@ -87,6 +85,9 @@ const lessonLink = (() => {
   const named = state.get();
   return { ...page, ...Object.fromEntries([...q.keys()].filter((k) => k in named).map((k) => [k, named[k]])) };
 })();
+// a fresh visit (no text, layer or head in the address: the example text), and a model switch (controls.js): the
+// next answer chooses the head (first.js clearestHead); a link that names its text (or a lesson page) shows what it
+// names
 let measureHead = !lessonLink && !["text", "layer", "head"].some((k) => new URLSearchParams(location.search).has(k));
 const generator = createGeneration({ go, redraw, target: streamTarget });
 
@@ -292,7 +293,6 @@ async function update() {
     if (live) notices.setStatus(`Generating: ${steps.length} new tokens…`);
     else if (cancelledTo === location.search) notices.setStatus(`Cancelled: the run stopped; shown again is what was drawn before it (${info.title}).`);
     else notices.showDrawn(info, meta, results, started);
-    cancelledTo = null;
     showExports(drawn.exports);
   } catch (err) {
     if (gen !== generation) return;
@@ -304,6 +304,7 @@ async function update() {
     notices.showError(err);
   } finally {
     if (gen === generation) {
+      cancelledTo = null;                  // said once, by the drawing it went back to
       progress.stop();
       $("view-area").setAttribute("aria-busy", "false");
     }
