@@ -1,0 +1,128 @@
+"""Issue 50: safe on a researcher's laptop. Each finding of the probe reproduced against a real server, then held:
+cross-site requests refused (finding 1), deeply nested JSON a 400 (finding 3), jobs that can be deleted and a disk
+budget counted while bytes arrive (finding 4), MCP over HTTP locked to its host (finding 2), a Client that fails
+clearly (finding 5)."""
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+
+import httpx
+import pytest
+
+from bench.common import server
+
+JOB = {"model": "tiny-gpt", "corpus": "bundled", "options": {"texts": 1, "seed": 777}}
+JOB_TEXT = b'{"model":"tiny-gpt","corpus":"bundled","options":{"texts":1,"seed":777}}'
+FORM_JOB = '{"model":"tiny-gpt","corpus":{"format":"text","data":"the cat sat=on the mat"},"options":{"seed":778}}'
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory):
+    """A real server on tiny-gpt whose jobs are queued, never run, in a fresh folder with a small disk budget."""
+    jobs = tmp_path_factory.mktemp("security-jobs")
+    with server({"ATTNSCOPE_MODELS": "tiny-gpt", "ATTNSCOPE_MAX_JOBS_RUNNING": "0", "ATTNSCOPE_MAX_JOBS_QUEUED": "1000",
+                 "ATTNSCOPE_JOBS_DIR": str(jobs), "ATTNSCOPE_MAX_JOBS_DISK_MB": "2",
+                 "ATTNSCOPE_MAX_UPLOAD_BYTES": "1500000"}) as (url, _pid):
+        yield url, jobs
+
+
+def _jobs_with_seed(http: httpx.Client, seed: int) -> list[dict]:
+    return [j for j in http.get("/api/jobs").json() if j["options"].get("seed") == seed]
+
+
+# ---- finding 1: cross-site request forgery --------------------------------------------------------------------------
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x", None])
+def test_a_post_without_a_json_content_type_is_415(tiny_server, content_type):
+    url, _ = tiny_server
+    headers = {"Content-Type": content_type} if content_type else {}
+    with httpx.Client(base_url=url, timeout=30) as http:
+        r = http.post("/api/jobs", content=JOB_TEXT, headers={**headers, "Origin": "http://evil.example"})
+        assert r.status_code in (403, 415), r.text
+        r = http.post("/api/jobs", content=JOB_TEXT, headers=headers)
+        assert r.status_code == 415, r.text
+        assert "application/json" in r.json()["detail"]
+        r = http.post("/api/attention", content=b'{"model": "tiny-gpt", "text": "hi"}', headers=headers)
+        assert r.status_code == 415, r.text
+        assert _jobs_with_seed(http, 777) == []
+        assert http.get("/healthz").json()["status"] == "ok"
+
+
+def test_a_post_or_delete_from_another_origin_is_403(tiny_server):
+    url, _ = tiny_server
+    host = url.removeprefix("http://")
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for origin in ("http://evil.example", "null", f"http://{host}.evil.example", "http://127.0.0.1:1",
+                       f"https://evil.example:{host.split(':')[1]}"):
+            r = http.post("/api/jobs", json=JOB, headers={"Origin": origin})
+            assert r.status_code == 403, (origin, r.text)
+            assert "Origin" in r.json()["detail"]
+            r = http.post("/api/attention", json={"model": "tiny-gpt", "text": "hi"}, headers={"Origin": origin})
+            assert r.status_code == 403, (origin, r.text)
+            assert http.delete("/api/jobs/0123456789abcdef", headers={"Origin": origin}).status_code == 403
+        assert _jobs_with_seed(http, 777) == []
+        # the server's own origin (what the page sends), or none (curl, the Client): as before
+        r = http.post("/api/attention", json={"model": "tiny-gpt", "text": "hi"}, headers={"Origin": url})
+        assert r.status_code == 200, r.text
+        r = http.post("/api/attention", json={"model": "tiny-gpt", "text": "hi"},
+                      headers={"Content-Type": "application/json; charset=utf-8"})
+        assert r.status_code == 200, r.text
+
+
+class _Page(http.server.BaseHTTPRequestHandler):
+    html = b""
+
+    def do_GET(self):  # noqa: N802 - the stdlib's name
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(self.html)))
+        self.end_headers()
+        self.wfile.write(self.html)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.browser
+def test_a_page_from_another_origin_cannot_start_a_job_in_chromium(tiny_server, page):
+    """The probe's attack: a page on another origin (here another loopback port) posts the job by a form whose
+    enctype is text/plain (no preflight), and by fetch (no-cors text/plain, and cors JSON: preflighted, refused)."""
+    url, _ = tiny_server
+    fields = FORM_JOB
+    name, value = fields.split("=")          # a text/plain form sends name=value: the '=' inside the upload's text
+    html = f"""<!doctype html><html><body>
+<form id="f" method="POST" action="{url}/api/jobs" enctype="text/plain" target="sink">
+<input name='{name}' value='{value}'></form><iframe name="sink"></iframe>
+<script>
+window.results = [];
+async function go() {{
+  for (const init of [{{mode: "no-cors", headers: {{"Content-Type": "text/plain"}}}},
+                      {{mode: "cors", headers: {{"Content-Type": "application/json"}}}}]) {{
+    try {{ const r = await fetch("{url}/api/jobs", {{method: "POST", body: {fields!r}, ...init}});
+           window.results.push(r.type + " " + r.status); }}
+    catch (e) {{ window.results.push("refused " + e.message); }}
+  }}
+  document.getElementById("f").submit();
+  window.submitted = true;
+}}
+go();
+</script></body></html>"""
+    handler = type("Page", (_Page,), {"html": html.encode()})
+    evil = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=evil.serve_forever, daemon=True).start()
+    try:
+        posted = []
+        page.on("response", lambda r: posted.append(r.status) if r.url.startswith(url + "/api/jobs") else None)
+        page.goto(f"http://127.0.0.1:{evil.server_address[1]}/")
+        page.wait_for_function("window.submitted === true", timeout=15_000)
+        deadline = time.monotonic() + 10
+        while len(posted) < 2 and time.monotonic() < deadline:   # the no-cors fetch and the form
+            page.wait_for_timeout(100)
+        assert posted and all(s in (403, 415) for s in posted), posted
+        assert any(r.startswith("refused") for r in page.evaluate("window.results"))
+    finally:
+        evil.shutdown()
+    with httpx.Client(base_url=url, timeout=30) as http_:
+        assert _jobs_with_seed(http_, 778) == []
