@@ -108,6 +108,9 @@ def _read_jsonl(path: Path, column: str, max_chars: int) -> Iterator[tuple[int, 
             continue
         try:
             record = json.loads(line)
+        except RecursionError:
+            yield Problem("line", n, "not valid JSON (nested too deeply)")
+            continue
         except ValueError as e:
             yield Problem("line", n, f"not valid JSON ({str(e).split(':')[0]})")
             continue

@@ -126,3 +126,24 @@ go();
         evil.shutdown()
     with httpx.Client(base_url=url, timeout=30) as http_:
         assert _jobs_with_seed(http_, 778) == []
+
+
+# ---- finding 3: deeply nested JSON ------------------------------------------------------------------------------
+DEEP = [b"[" * 3000 + b"]" * 3000, b'{"a":' * 3000 + b"1" + b"}" * 3000,
+        b'{"model": "tiny-gpt", "options": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"]
+
+
+def test_deeply_nested_json_is_the_frameworks_400_on_every_body_the_server_reads(tiny_server):
+    url, _ = tiny_server
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for body in DEEP:
+            framework = http.post("/api/attention", content=body, headers={"Content-Type": "application/json"})
+            r = http.post("/api/jobs", content=body, headers={"Content-Type": "application/json"})
+            assert r.status_code == framework.status_code == 400, (r.status_code, r.text[:200])
+            assert r.json() == framework.json() and "nested too deeply" in r.json()["detail"]
+        # an uploaded JSONL corpus whose line is nested deeper than Python reads: that line is refused, not a 500
+        deep_line = "[" * 3000 + "]" * 3000
+        r = http.post("/api/jobs", json={"model": "tiny-gpt", "corpus": {"format": "jsonl",
+                                                                          "data": deep_line + "\n"}})
+        assert r.status_code == 422 and "the corpus cannot be read" in r.json()["detail"], r.text[:300]
+        assert http.get("/healthz").json()["status"] == "ok"
