@@ -69,7 +69,7 @@ class Client(Analyses):
                 if attempt:
                     raise
                 continue
-            if resp.status not in (200, 202):
+            if resp.status not in (200, 202, 204):
                 raise _refused(resp)
             return resp
         raise AssertionError("unreachable")
@@ -120,7 +120,10 @@ class Client(Analyses):
         return self._json("GET", f"/api/jobs/{job_id}")
 
     def _job_cancel(self, job_id: str) -> dict:
-        return self._json("DELETE", f"/api/jobs/{job_id}")
+        return self._json("POST", f"/api/jobs/{job_id}/cancel")
+
+    def _job_delete(self, job_id: str) -> None:
+        self._request("DELETE", f"/api/jobs/{job_id}", accept="application/json").read()
 
     def _job_result(self, job_id: str) -> dict:
         return self._json("GET", f"/api/jobs/{job_id}/result?format=json")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.server
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -147,3 +148,144 @@ def test_deeply_nested_json_is_the_frameworks_400_on_every_body_the_server_reads
                                                                           "data": deep_line + "\n"}})
         assert r.status_code == 422 and "the corpus cannot be read" in r.json()["detail"], r.text[:300]
         assert http.get("/healthz").json()["status"] == "ok"
+
+
+# ---- finding 4: jobs that can be deleted, and a disk budget counted while bytes arrive ------------------------------
+def _upload(seed: int, size: int) -> dict:
+    line = f"text {seed} " + "the cat sat on the mat and looked at the dog " * 2
+    return {"model": "tiny-gpt", "corpus": {"format": "text", "data": (line + "\n") * (size // (len(line) + 1))},
+            "options": {"seed": seed}}
+
+
+def _files(folder) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def test_filling_the_jobs_budget_then_deleting_the_jobs_frees_it(tiny_server):
+    """With a 2 MB budget, uploads of 0.6 MB fill it (507); DELETE removes each job, its upload and its record (a GET
+    is then 404), and the next upload is queued, with no hand work. Cancelling is its own verb."""
+    url, folder = tiny_server
+    with httpx.Client(base_url=url, timeout=60) as http:
+        ids = []
+        for seed in range(1000, 1010):
+            r = http.post("/api/jobs", json=_upload(seed, 600_000))
+            if r.status_code == 507:
+                assert "ATTNSCOPE_MAX_JOBS_DISK_MB" in r.json()["detail"]
+                break
+            assert r.status_code == 202, r.text[:300]
+            ids.append(r.json()["id"])
+        assert 1 <= len(ids) < 10, "the budget never filled"
+        r = http.post(f"/api/jobs/{ids[0]}/cancel", headers={"Content-Type": "application/json"})
+        assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+        for job_id in ids:
+            r = http.delete(f"/api/jobs/{job_id}")
+            assert r.status_code == 204, r.text
+            assert http.get(f"/api/jobs/{job_id}").status_code == 404
+            assert http.delete(f"/api/jobs/{job_id}").status_code == 404
+            assert not any(job_id in f for f in _files(folder))
+        assert not any(f.startswith("uploads/") for f in _files(folder)), _files(folder)
+        r = http.post("/api/jobs", json=_upload(seed, 600_000))
+        assert r.status_code == 202, r.text[:300]
+        assert http.delete(f"/api/jobs/{r.json()['id']}").status_code == 204
+        assert http.get("/healthz").json()["status"] == "ok"
+
+
+def test_chunked_uploads_are_counted_against_the_budget_while_they_arrive(tiny_server):
+    """Four chunked uploads (no Content-Length) of 1.4 MB at once against a 2 MB budget: the bodies being received
+    never hold much more than the budget, and those past it are refused with 507 (or their connection closed)."""
+    import asyncio
+
+    url, folder = tiny_server
+    piece = b" " * 100_000
+
+    async def body():
+        yield b'{"model": "tiny-gpt", "corpus": {"format": "text", "data": "a b c\\n'
+        for _ in range(14):
+            yield piece
+            await asyncio.sleep(0.05)
+        yield b'"}}'
+
+    async def one(http):
+        try:
+            r = await http.post("/api/jobs", content=body(), headers={"Content-Type": "application/json"})
+            return r.status_code
+        except httpx.TransportError:
+            return "closed"
+
+    peak = 0
+
+    async def watch(done):
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, sum(p.stat().st_size for p in (folder / "incoming").glob("*") if p.is_file()))
+            await asyncio.sleep(0.01)
+
+    async def main():
+        done = asyncio.Event()
+        watcher = asyncio.create_task(watch(done))
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            statuses = await asyncio.gather(*(one(http) for _ in range(4)))
+        done.set()
+        await watcher
+        return statuses
+
+    with ThreadPoolExecutor(1) as pool:       # a thread of its own: the browser tests' loop runs in this one
+        statuses = pool.submit(asyncio.run, main()).result()
+    assert peak <= 2 * 2**20 + 4 * 2**20 // 4, (peak, statuses)    # the budget, and a piece each at most
+    assert sum(s == 507 or s == "closed" for s in statuses) >= 2, statuses
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for job in http.get("/api/jobs").json():
+            if job["corpus"].startswith("upload:"):
+                assert http.delete(f"/api/jobs/{job['id']}").status_code == 204
+        assert http.get("/healthz").json()["status"] == "ok"
+
+
+def test_the_python_api_cancels_and_deletes_jobs_in_process_and_remote(tiny_server, runtimes, tmp_path):
+    """AtlasJob.cancel() is POST .../cancel and .delete() is DELETE, the same through the Client and in process."""
+    import attnscope
+    from attnscope.app.settings import Settings
+    from attnscope.python.client import ApiError
+
+    url, _ = tiny_server
+    local = attnscope.Model(runtimes["tiny-gpt"], settings=Settings(models=["tiny-gpt"], default_model="tiny-gpt",
+                                                                     jobs_dir=tmp_path, max_jobs_running=0))
+    remote = attnscope.Client(url)
+    try:
+        for side in (local, remote):
+            job = side.atlas(model="tiny-gpt", texts=3, seed=4242)
+            assert job.state == "queued" and job.cancel()["state"] == "cancelled"
+            job.delete()
+            with pytest.raises(ApiError) as e:
+                side.job(job.id)
+            assert e.value.status == 404
+            assert job.id not in {j["id"] for j in side.jobs()}
+    finally:
+        local.close()
+        remote.close()
+
+
+def test_stopped_jobs_age_out_after_the_keep_days(tmp_path):
+    """A finished, failed or cancelled job's files go ATTNSCOPE_JOBS_KEEP_DAYS after it stopped (at start, and when a
+    job is posted); a younger one and a queued one stay."""
+    from attnscope.app.jobs import Jobs, RECORD_VERSION
+    from attnscope.app.settings import Settings
+    from attnscope.corpus.job import write_json
+
+    now = time.time()
+    records = {"a" * 16: ("done", now - 3 * 86400), "b" * 16: ("cancelled", now - 2.5 * 86400),
+               "c" * 16: ("failed", now - 1 * 86400), "d" * 16: ("queued", None)}
+    for job_id, (state, finished) in records.items():
+        (tmp_path / job_id).mkdir()
+        write_json(tmp_path / job_id / "job.json", {
+            "id": job_id, "kind": "atlas", "model": "tiny-gpt", "corpus": "bundled", "options": {}, "texts_total": 1,
+            "texts_done": 0, "created": now - 4 * 86400, "state": state, "error": None, "finished": finished,
+            "version": RECORD_VERSION})
+        (tmp_path / job_id / "atlas.json").write_text("{}")
+    jobs = Jobs(Settings(models=["tiny-gpt"], jobs_dir=tmp_path, jobs_keep_days=2, max_jobs_running=0))
+    jobs.open()
+    assert sorted(j.id for j in jobs.list()) == ["c" * 16, "d" * 16]
+    assert sorted(p.name for p in tmp_path.iterdir() if len(p.name) == 16) == ["c" * 16, "d" * 16]
+    jobs.settings.jobs_keep_days = 0.5
+    jobs.expire()
+    assert [j.id for j in jobs.list()] == ["d" * 16]       # interrupted at open: queued then, kept until it stops
+
