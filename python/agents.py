@@ -117,9 +117,74 @@ def _atlas_summary(atlas, top: int) -> dict:
             "top_heads": {name: top_of(value, top, name, by_abs=False) for name, (_, value) in atlas.arrays().items()}}
 
 
+TOKEN_ENV = "ATTNSCOPE_MCP_TOKEN"
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+def loopback(host: str) -> bool:
+    """Whether every address `host` names is a loopback one (127.0.0.0/8, ::1; 127.1 is 127.0.0.1); 0.0.0.0 and ::
+    bind every interface, a host name whatever it resolves to."""
+    import ipaddress
+    import socket
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def transport_security(host: str, allowed: list[str] | None = None):
+    """Host and Origin checks on whatever host the server binds (the SDK turns them on only for the literal strings
+    127.0.0.1, localhost and ::1): the loopback names, the bound host itself unless it is a wildcard (0.0.0.0, ::),
+    and `allowed` (ATTNSCOPE_ALLOWED_HOSTS: the names a client reaches it by; "*" turns the checks off), each on any
+    port; an Origin of any of them, http or https."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    names = [*LOOPBACK_NAMES]
+    bound = host.strip("[]")
+    if bound not in ("0.0.0.0", "::", ""):
+        names.append(f"[{bound}]" if ":" in bound else bound)
+    names += [h for h in allowed or [] if h != "*"]
+    if "*" in (allowed or []):
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    hosts = [f"{n}:*" for n in names] + names
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                                     allowed_origins=[f"{s}://{n}{p}" for n in names for s in ("http", "https")
+                                                      for p in (":*", "")])
+
+
+class RequireToken:
+    """ASGI: every HTTP request carries `Authorization: Bearer TOKEN` (compared in constant time), else 401."""
+
+    def __init__(self, app, token: str):
+        self.app, self.token = app, token.encode()
+
+    async def __call__(self, scope, receive, send):
+        import hmac
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        sent = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, value = sent.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(value.strip(), self.token):
+            return await self.app(scope, receive, send)
+        body = (b'{"jsonrpc": "2.0", "id": null, "error": {"code": -32001, "message": "unauthorized: send '
+                b'Authorization: Bearer TOKEN (attnscope mcp --token, or ' + TOKEN_ENV.encode() + b')"}}')
+        await send({"type": "http.response.start", "status": 401, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"www-authenticate", b'Bearer realm="attnscope mcp"')]})
+        await send({"type": "http.response.body", "body": body})
+
+
 def main(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765, url: str | None = None,
-         grace: float | None = None) -> None:
-    """`attnscope mcp`: the served models (ATTNSCOPE_MODELS) in this process, or a server's (url)."""
+         grace: float | None = None, token: str | None = None) -> None:
+    """`attnscope mcp`: the served models (ATTNSCOPE_MODELS) in this process, or a server's (url). Over HTTP, a host
+    beyond loopback needs a token (`token`, or ATTNSCOPE_MCP_TOKEN), checked on every request (given on loopback,
+    it is checked there too)."""
+    token = token or os.environ.get(TOKEN_ENV) or None
+    if transport != "stdio" and token is None and not loopback(host):
+        raise SystemExit(f"attnscope mcp: --host {host} reaches beyond this machine's loopback, and the tools run "
+                         f"models and jobs for whoever calls them: give a token (--token TOKEN, or {TOKEN_ENV}); "
+                         f"clients then send Authorization: Bearer TOKEN")
     if url:
         from .client import Client
         api = Client(url)
@@ -131,10 +196,10 @@ def main(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765, ur
     if transport == "stdio":
         mcp.run("stdio")
     else:
-        serve_http(mcp, host, port, GRACE_S if grace is None else grace)
+        serve_http(mcp, host, port, GRACE_S if grace is None else grace, token)
 
 
-def serve_http(mcp, host: str, port: int, grace: float = GRACE_S) -> None:
+def serve_http(mcp, host: str, port: int, grace: float = GRACE_S, token: str | None = None) -> None:
     """Streamable HTTP at http://host:port/mcp, with a bounded shutdown. On SIGTERM (or Ctrl-C) the server stops
     taking connections and gives the open sessions (an agent's host holds one open, with its GET stream) and the
     calls in flight `grace` seconds to end (uvicorn's timeout_graceful_shutdown), then cancels them and shuts the
@@ -151,7 +216,10 @@ def serve_http(mcp, host: str, port: int, grace: float = GRACE_S) -> None:
                 watchdog.start()
             super().handle_exit(sig, frame)
 
-    app = mcp.streamable_http_app(host=host)
+    from ..app.settings import get_settings
+    app = mcp.streamable_http_app(host=host, transport_security=transport_security(host, get_settings().allowed_hosts))
+    if token:
+        app = RequireToken(app, token)
     Server(uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=grace,
                           log_level=mcp.settings.log_level.lower())).run()
 

@@ -289,3 +289,73 @@ def test_stopped_jobs_age_out_after_the_keep_days(tmp_path):
     jobs.expire()
     assert [j.id for j in jobs.list()] == ["d" * 16]       # interrupted at open: queued then, kept until it stops
 
+
+# ---- finding 2: MCP over HTTP locked to its host, with a token beyond loopback ---------------------------------------
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}}
+
+
+def _mcp(host: str, url: str, *extra: str, env: dict | None = None):
+    """`attnscope mcp --transport http --host HOST` (its tools answered by `url`), started; (process, port, log)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+
+    from bench.common import free_port
+    port, log = free_port(), tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-m", "attnscope", "mcp", "--transport", "http", "--host", host,
+                             "--port", str(port), "--grace", "1", "--url", url, *extra],
+                            env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=log)
+    deadline = time.monotonic() + 60
+    while proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    return proc, port, log
+
+
+def _initialize(port: int, headers: dict) -> int:
+    with httpx.Client(timeout=30) as http, http.stream(
+            "POST", f"http://127.0.0.1:{port}/mcp", json=INITIALIZE,
+            headers={"Accept": "application/json, text/event-stream", **headers}) as r:
+        return r.status_code
+
+
+def _stop(proc) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except Exception:  # noqa: BLE001
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "127.1"])
+def test_mcp_over_http_keeps_host_and_origin_checks_and_needs_a_token_beyond_loopback(tiny_server, host):
+    url, _ = tiny_server
+    if host == "0.0.0.0":                                    # no token: refused at start, saying how
+        proc, _, log = _mcp(host, url)
+        assert proc.wait(30) != 0
+        log.seek(0)
+        assert b"--token" in log.read() and b"ATTNSCOPE_MCP_TOKEN" in (log.seek(0) or log.read())
+    token = "s3cret-token"
+    proc, port, log = _mcp(host, url, env={"ATTNSCOPE_MCP_TOKEN": token})
+    try:
+        assert proc.poll() is None, (log.seek(0), log.read())
+        auth = {"Authorization": f"Bearer {token}"}
+        assert _initialize(port, auth) == 200
+        assert _initialize(port, {**auth, "Origin": f"http://127.0.0.1:{port}"}) == 200
+        assert _initialize(port, {**auth, "Host": f"evil.example:{port}"}) == 421
+        assert _initialize(port, {**auth, "Origin": f"http://evil.example:{port}"}) == 403
+        assert _initialize(port, {**auth, "Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}) \
+            in (403, 421)
+        assert _initialize(port, {}) == 401
+        assert _initialize(port, {"Authorization": "Bearer wrong"}) == 401
+    finally:
+        _stop(proc)
