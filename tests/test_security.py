@@ -5,6 +5,7 @@ clearly (finding 5)."""
 from __future__ import annotations
 
 import http.server
+import socketserver
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -359,3 +360,128 @@ def test_mcp_over_http_keeps_host_and_origin_checks_and_needs_a_token_beyond_loo
         assert _initialize(port, {"Authorization": "Bearer wrong"}) == 401
     finally:
         _stop(proc)
+
+
+# ---- finding 5: the remote Client fails clearly, within its time ------------------------------------------------------
+class _Scripted(socketserver.ThreadingTCPServer):
+    """A server on 127.0.0.1 that answers every request with `answer` (raw bytes), a byte a second when `trickle`."""
+    daemon_threads, allow_reuse_address = True, True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _ScriptedHandler)
+        self.answer, self.trickle = b"", False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _ScriptedHandler(socketserver.StreamRequestHandler):
+    def handle(self):
+        length = 0
+        while (line := self.rfile.readline(65536)) not in (b"\r\n", b"\n", b""):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        self.rfile.read(length)
+        try:
+            if self.server.trickle:
+                for i in range(len(self.server.answer)):
+                    self.wfile.write(self.server.answer[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(1)
+            else:
+                self.wfile.write(self.server.answer)
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def scripted():
+    srv = _Scripted()
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def _http(status: str, body: bytes, *headers: str) -> bytes:
+    head = "".join(f"{h}\r\n" for h in headers)
+    return f"HTTP/1.1 {status}\r\n{head}Connection: close\r\n".encode() + b"\r\n" + body
+
+
+def test_the_client_has_a_total_deadline_per_call(scripted):
+    """A server that sends its answer a byte a second: Client(timeout=3) raises its own error within 4 s (each
+    socket read was bounded, not the call: 39 s before)."""
+    from attnscope.python.client import ApiError, Client
+
+    scripted.trickle = True
+    scripted.answer = _http("200 OK", b"[]" * 50, "Content-Type: application/json", "Content-Length: 100")
+    started = time.monotonic()
+    with pytest.raises(ApiError) as e:
+        Client(scripted.url, timeout=3).models()
+    assert time.monotonic() - started < 4, time.monotonic() - started
+    assert "3" in str(e.value) and "timeout" in str(e.value).lower()
+
+
+CT = "Content-Type: application/json"
+BAD_ANSWERS = [   # (what the server sends, the status the error carries, words of its message)
+    (_http("422 Unprocessable Entity", b'[{"detail": "a list"}]', CT, "Content-Length: 22"), 422, "a list"),
+    (_http("503 Service Unavailable", b"<html>busy</html>", "Content-Type: text/html", "Content-Length: 17"), 503,
+     "Service Unavailable"),
+    (_http("200 OK", b"5\r\nATSC!\r\n0\r\n\r\n", "Content-Type: application/vnd.attnscope.tensors",
+           "Transfer-Encoding: chunked"), 200, "binary tensor form"),
+    (_http("200 OK", b"ATSC\x08\x00\x00\x00{\"x\": 1}", "Content-Length: 16"), 200, "binary tensor form"),
+    (_http("200 OK", b"ATSC\x04\x00\x00\x00\xff\xfe{}", "Content-Length: 12"), 200, "binary tensor form"),
+    (_http("200 OK", b"ATSC", "Content-Length: 99999999999999"), 200, "Content-Length"),
+    (_http("200 OK", b"ATSC", "Content-Length: 12"), 200, "ended"),
+    (b"HTTP/1.1 200 OK\r\nContent-Le", 200, "binary tensor form"),       # headers cut off: an empty answer
+    (b"", 0, "is the server running"),                                      # closed before any answer
+]
+
+
+@pytest.mark.parametrize("answer,status,words", BAD_ANSWERS, ids=range(len(BAD_ANSWERS)))
+def test_every_bad_answer_is_the_clients_own_error_with_the_status_and_message(scripted, answer, status, words):
+    from attnscope.python.client import ApiError, Client
+
+    scripted.answer = answer
+    api = Client(scripted.url, timeout=10)
+    started = time.monotonic()
+    with pytest.raises(ApiError) as e:
+        api.attention("the cat")
+    assert time.monotonic() - started < 5
+    assert e.value.status == status and words in str(e.value), str(e.value)
+    with pytest.raises(ApiError):                      # the JSON calls too
+        api.models()
+
+
+def test_a_stream_line_over_the_limit_is_the_clients_error(scripted):
+    from attnscope.python.client import ApiError, Client
+
+    scripted.answer = _http("200 OK", b'{"token": "' + b"x" * 5_000_000, "Content-Type: application/x-ndjson")
+    with pytest.raises(ApiError) as e:
+        list(Client(scripted.url, timeout=10).generate("the cat", max_new_tokens=2))
+    assert "line" in str(e.value)
+
+
+def test_an_mcp_tool_over_a_remote_server_shows_the_agent_the_servers_message(scripted):
+    """`attnscope mcp --url`: a bad answer reaches the agent as the Client's error, the server's message in it (the
+    agent saw only "Error executing tool attention" before)."""
+    import asyncio
+
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from attnscope.python.agents import server
+    from attnscope.python.client import Client
+
+    scripted.answer = _http("422 Unprocessable Entity", b'[{"detail": "layers out of range"}]', CT,
+                            "Content-Length: 36")
+    mcp = server(Client(scripted.url, timeout=10))
+
+    async def call():
+        try:
+            return await mcp.call_tool("attention", {"text": "the cat"})
+        except ToolError as e:
+            return str(e)
+    with ThreadPoolExecutor(1) as pool:
+        said = pool.submit(asyncio.run, call()).result()
+    assert "422" in str(said) and "layers out of range" in str(said), said
