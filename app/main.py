@@ -13,7 +13,7 @@ from fastapi.staticfiles import StaticFiles
 
 from . import __version__
 from . import errors, openapi as published, pages, routers
-from .middleware import SECURITY_HEADERS, BodyLimit, SameOrigin, SecurityHeaders, StartupFailure
+from .middleware import SECURITY_HEADERS, BodyLimit, HeadAsGet, SameOrigin, SecurityHeaders, StartupFailure
 from .service import AttentionService
 from .settings import Settings, get_settings, setup_logging
 from .wire import BINARY
@@ -94,6 +94,7 @@ def create_app(settings: Settings | None = None, background: bool = False) -> Fa
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
                        limits={"/api/jobs": settings.max_upload_bytes})   # an uploaded corpus
     app.add_middleware(SameOrigin, cors_origins=settings.cors_origins)   # before any body is read
+    app.add_middleware(HeadAsGet)
     app.add_middleware(SecurityHeaders)
     app.add_middleware(StartupFailure)
     return app

@@ -104,6 +104,25 @@ async def _answer(send, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+class HeadAsGet:
+    """HEAD on every GET route (RFC 9110): the GET's status and headers, no body. A route that takes no GET answers
+    HEAD as it answers GET (405)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            return await self.app(scope, receive, send)
+
+        async def no_body(message):
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, no_body)
+
+
 class BodyLimit:
     """Refuse bodies over max_bytes with 413, whether announced by Content-Length or streamed; `limits`: a path's
     own limit instead (POST /api/jobs carries an uploaded corpus: ATTNSCOPE_MAX_UPLOAD_BYTES). A body is read whole

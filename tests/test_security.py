@@ -5,6 +5,7 @@ clearly (finding 5)."""
 from __future__ import annotations
 
 import http.server
+import json
 import socketserver
 import threading
 import time
@@ -485,3 +486,32 @@ def test_an_mcp_tool_over_a_remote_server_shows_the_agent_the_servers_message(sc
     with ThreadPoolExecutor(1) as pool:
         said = pool.submit(asyncio.run, call()).result()
     assert "422" in str(said) and "layers out of range" in str(said), said
+
+
+# ---- finding 6: the smaller ones -------------------------------------------------------------------------------------
+def test_head_on_every_get_route_and_weak_or_list_etags_on_the_bundle(tiny_server):
+    url, _ = tiny_server
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for path in ("/", "/healthz", "/api/models", "/bundle/main.js", "/vendor/plotly.min.js", "/api/jobs"):
+            get, head = http.get(path), http.head(path)
+            assert head.status_code == get.status_code == 200, (path, head.status_code)
+            assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"], path
+        assert http.head("/api/attention").status_code == 405              # a POST route stays POST only
+        etag = http.get("/bundle/main.js").headers["etag"]
+        for sent in (etag, f"W/{etag}", "*", f'"nope", {etag}', f'"nope",W/{etag}'):
+            assert http.get("/bundle/main.js", headers={"If-None-Match": sent}).status_code == 304, sent
+        assert http.get("/bundle/main.js", headers={"If-None-Match": '"nope", W/"other"'}).status_code == 200
+
+
+def test_an_upload_with_a_lone_surrogate_is_refused_at_upload(tiny_server):
+    """A JSONL line (or a text upload) holding an unpaired surrogate was accepted, then the job failed with a
+    TypeError: the upload's texts are checked for UTF-8 when it is posted."""
+    url, _ = tiny_server
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for corpus in ({"format": "jsonl", "data": '{"text": "a \\ud800 b"}\n'},
+                       {"format": "text", "data": "a \ud800 b\n"}):
+            r = http.post("/api/jobs", content=json.dumps({"model": "tiny-gpt", "corpus": corpus}).encode(),
+                          headers={"Content-Type": "application/json"})         # \ud800 escaped: ASCII JSON
+            assert r.status_code == 422, r.text[:300]
+            assert any(w in r.json()["detail"] for w in ("surrogate", "unicode")), r.text[:300]
+        assert http.get("/healthz").json()["status"] == "ok"
