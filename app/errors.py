@@ -43,8 +43,14 @@ def _clip(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+LOCATIONS = ("body", "query", "path", "header", "cookie")
+
+
 def _field(loc) -> str:
-    parts = [_clip(str(p)) for p in loc if p not in ("body", "query", "path")]
+    """The field's dotted name: the location FastAPI puts first (body, query, ...) left out, a field of that name
+    (QK attribution's `query`) kept."""
+    loc = tuple(loc)
+    parts = [_clip(str(p)) for p in (loc[1:] if loc and loc[0] in LOCATIONS else loc)]
     return ".".join(parts) or "body"
 
 

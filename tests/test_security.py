@@ -515,3 +515,11 @@ def test_an_upload_with_a_lone_surrogate_is_refused_at_upload(tiny_server):
             assert r.status_code == 422, r.text[:300]
             assert any(w in r.json()["detail"] for w in ("surrogate", "unicode")), r.text[:300]
         assert http.get("/healthz").json()["status"] == "ok"
+
+
+def test_a_422_names_the_field_even_one_called_query(tiny_server):
+    url, _ = tiny_server
+    body = {"model": "tiny-gpt", "text": "the cat sat", "layer": 0, "head": 0, "query": 99999, "key": 0}
+    r = httpx.post(f"{url}/api/qk", json=body, timeout=30)
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "query", r.text
+    assert r.json()["detail"].startswith("query: ")
