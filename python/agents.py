@@ -71,7 +71,9 @@ def server(api: Analyses, name: str = "attnscope"):
                 return fn(*args, **kwargs)
             except (ApiError, ValueError) as e:
                 raise ToolError(str(e)) from None
-        return mcp.tool(name=name, description=description, structured_output=True)(call)
+        registered = mcp.tool(name=name, description=description, structured_output=True)(call)
+        _forbid_unknown(mcp._tool_manager.get_tool(name))
+        return registered
 
     for name, (_, t) in tools().items():
         tool(_bound(t.call, api), name, t.description)
@@ -107,6 +109,18 @@ def _bound(call, api):
     bound.__signature__ = sig.replace(parameters=params, return_annotation=Result)   # structured content
     bound.__name__, bound.__doc__ = call.__name__, call.__doc__
     return bound
+
+def _forbid_unknown(tool) -> None:
+    """A tool refuses an argument it does not take, naming it, where the SDK's argument model ignored it; its input
+    schema says so (additionalProperties: false). The SDK reads fn_metadata.arg_model live, on each call."""
+    from pydantic import ConfigDict
+
+    base = tool.fn_metadata.arg_model
+    strict = type(base.__name__, (base,), {"model_config": ConfigDict(**base.model_config, extra="forbid"),
+                                          "__module__": base.__module__})
+    tool.fn_metadata.arg_model = strict
+    tool.parameters = {**tool.parameters, "additionalProperties": False}
+
 
 def _job(job: dict) -> dict:
     return {"id": job["id"], "model": job["model"], "state": job["state"], **job["progress"]}

@@ -523,3 +523,29 @@ def test_a_422_names_the_field_even_one_called_query(tiny_server):
     r = httpx.post(f"{url}/api/qk", json=body, timeout=30)
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "query", r.text
     assert r.json()["detail"].startswith("query: ")
+
+
+def test_mcp_tools_refuse_unknown_arguments(scripted):
+    """An argument a tool does not take is refused, naming it (it was silently ignored); the tools' input schemas
+    say additionalProperties: false."""
+    import asyncio
+
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from attnscope.python.agents import server
+    from attnscope.python.client import Client
+
+    mcp = server(Client(scripted.url, timeout=10))
+
+    async def call():
+        tools = await mcp.list_tools()
+        try:
+            await mcp.call_tool("attention", {"text": "the cat", "layerz": 1})
+            return tools, None
+        except ToolError as e:
+            return tools, str(e)
+    with ThreadPoolExecutor(1) as pool:
+        tools, said = pool.submit(asyncio.run, call()).result()
+    assert said is not None and "layerz" in said, said
+    assert all(t.input_schema.get("additionalProperties") is False for t in tools), \
+        [t.name for t in tools if t.input_schema.get("additionalProperties") is not False]
