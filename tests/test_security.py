@@ -549,3 +549,27 @@ def test_mcp_tools_refuse_unknown_arguments(scripted):
     assert said is not None and "layerz" in said, said
     assert all(t.input_schema.get("additionalProperties") is False for t in tools), \
         [t.name for t in tools if t.input_schema.get("additionalProperties") is not False]
+
+
+def test_mcp_tools_refuse_incomplete_arguments(scripted):
+    """`head` without `layer` (it was ignored: the top heads came back) and several head_lens pairs (all but the
+    first were ignored) are refused, saying what to send."""
+    import asyncio
+
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from attnscope.python.agents import server
+    from attnscope.python.client import Client
+
+    mcp = server(Client(scripted.url, timeout=10))
+
+    async def call(name, args):
+        try:
+            await mcp.call_tool(name, args)
+        except ToolError as e:
+            return str(e)
+    with ThreadPoolExecutor(1) as pool:
+        said = pool.submit(asyncio.run, call("attention", {"text": "the cat", "head": 1})).result()
+        assert "head needs layer" in said, said
+        said = pool.submit(asyncio.run, call("lens", {"text": "the cat", "head_lens": [[0, 1], [1, 0]]})).result()
+        assert "one [layer, head] pair" in said, said
