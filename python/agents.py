@@ -208,9 +208,73 @@ def main(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765, ur
         api = Model(settings=get_settings())
     mcp = server(api)
     if transport == "stdio":
-        mcp.run("stdio")
+        import anyio
+        anyio.run(run_stdio, mcp)
     else:
         serve_http(mcp, host, port, GRACE_S if grace is None else grace, token)
+
+
+class _CheckedLines:
+    """stdin for the SDK's stdio transport: each line read as bytes, and one that is not UTF-8, not JSON or not a
+    JSON-RPC message answered at once with the protocol's error (-32700 parse error, -32600 invalid request; its id
+    when it has one) instead of passed on, which the SDK answered with nothing: its client waited forever."""
+
+    def __init__(self):
+        import anyio
+        self.ready, self.out = anyio.Event(), None
+
+    async def _error(self, code: int, message: str, request_id) -> None:
+        import mcp_types as types
+        from mcp.shared.message import SessionMessage
+
+        await self.ready.wait()
+        await self.out.send(SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=types.ErrorData(
+            code=code, message=message))))
+
+    async def __aiter__(self):
+        import json
+        import sys
+
+        import anyio
+        import mcp_types as types
+
+        async for raw in anyio.wrap_file(sys.stdin.buffer):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                await self._error(types.PARSE_ERROR, f"Parse error: the line is not UTF-8 (byte {e.start})", None)
+                continue
+            if not line.strip():
+                continue
+            try:
+                types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+            except Exception:  # noqa: BLE001 - whatever the SDK's own reading would have dropped
+                try:
+                    obj = json.loads(line)
+                except (ValueError, RecursionError):
+                    await self._error(types.PARSE_ERROR, "Parse error: the line is not JSON (or nested too deeply)",
+                                      None)
+                    continue
+                request_id = obj.get("id") if isinstance(obj, dict) else None
+                if isinstance(request_id, bool) or not isinstance(request_id, (str, int)):
+                    request_id = None
+                what = ("a batch (a JSON array): send one message a line" if isinstance(obj, list) else
+                        "not a JSON-RPC 2.0 message the protocol defines (or a text that is not UTF-8: \\ud800)")
+                await self._error(types.INVALID_REQUEST, f"Invalid request: {what}", request_id)
+                continue
+            yield line
+
+
+async def run_stdio(mcp) -> None:
+    """MCP over stdio (the SDK's transport), every line it cannot use answered (_CheckedLines)."""
+    from mcp.server.stdio import stdio_server
+
+    lines = _CheckedLines()
+    async with stdio_server(stdin=lines) as (read_stream, write_stream):
+        lines.out = write_stream
+        lines.ready.set()
+        server = mcp._lowlevel_server                 # what MCPServer.run_stdio_async runs on its own transport
+        await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
 def serve_http(mcp, host: str, port: int, grace: float = GRACE_S, token: str | None = None) -> None:

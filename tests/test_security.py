@@ -573,3 +573,43 @@ def test_mcp_tools_refuse_incomplete_arguments(scripted):
         assert "head needs layer" in said, said
         said = pool.submit(asyncio.run, call("lens", {"text": "the cat", "head_lens": [[0, 1], [1, 0]]})).result()
         assert "one [layer, head] pair" in said, said
+
+
+def test_mcp_over_stdio_answers_malformed_input_with_the_protocols_error(tiny_server):
+    """Invalid UTF-8, a lone surrogate's escape, a batch array and 100k-deep nesting each get a JSON-RPC error line
+    (its client waited forever before); the session then still answers."""
+    import os
+    import select
+    import subprocess
+    import sys
+
+    url, _ = tiny_server
+    proc = subprocess.Popen([sys.executable, "-m", "attnscope", "mcp", "--url", url], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=dict(os.environ))
+    pending = b""
+
+    def answer(line: bytes, timeout: float = 20) -> dict:
+        nonlocal pending
+        proc.stdin.write(line + b"\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in pending:
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"no answer to {line[:60]!r} in {timeout} s"
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            assert chunk, "the server closed its output"
+            pending += chunk
+        out, pending = pending.split(b"\n", 1)
+        return json.loads(out)
+
+    try:
+        for bad in (b"\xff\xfe{", b'{"jsonrpc": "2.0", "id": 7, "method": "ping", "params": {"x": "\\ud800"}}',
+                    b'[{"jsonrpc": "2.0", "id": 8, "method": "ping"}]', b"[" * 100_000 + b"]" * 100_000,
+                    b'{"jsonrpc": "2.0", "id": 9, "method": 5}'):
+            got = answer(bad)
+            assert got["jsonrpc"] == "2.0" and got["error"]["code"] in (-32700, -32600), (bad[:60], got)
+        got = answer(json.dumps(INITIALIZE).encode())
+        assert got["id"] == 1 and "result" in got, got
+    finally:
+        proc.kill()
+        proc.wait()
