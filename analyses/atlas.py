@@ -1,8 +1,9 @@
-"""Corpus jobs (POST|GET|DELETE /api/jobs, POST /api/jobs/{id}/cancel, app/jobs.py's queue): a head atlas, per-head statistics and top examples
-over a corpus (corpus/). A job request is checked here into a JobPlan: its model (served, and in the zoo: the workers
-build it by its id), its corpus on disk, counted (a malformed upload, an upload with no text and a corpus over
-ATTNSCOPE_MAX_JOB_TEXTS are refused), and its id, a hash of what it computes. Jobs are resources (created, followed,
-cancelled, deleted), not a request answered at once: their router and Python methods are their own."""
+"""Corpus jobs (POST|GET|DELETE /api/jobs, POST /api/jobs/{id}/cancel, app/jobs.py's queue): a head atlas, per-head
+statistics and top examples over a corpus (corpus/). A job request is checked here into a JobPlan: its model (served,
+and in the zoo: the workers build it by its id), its corpus on disk, counted (a malformed upload, an upload with no
+text and a corpus over ATTNSCOPE_MAX_JOB_TEXTS are refused), and its id, a hash of what it computes. Jobs are
+resources (created, followed, cancelled, deleted), not a request answered at once: their router and Python methods
+are their own."""
 from __future__ import annotations
 
 from dataclasses import dataclass

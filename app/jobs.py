@@ -290,7 +290,7 @@ class Jobs:
                     return self._job(entry), False
                 if len(self.queue) >= self.settings.max_jobs_queued:
                     raise QueueFull(f"{len(self.queue)} jobs are waiting to run, the limit "
-                                    f"(ATTNSCOPE_MAX_JOBS_QUEUED); cancel one (DELETE /api/jobs/ID) or post again "
+                                    f"(ATTNSCOPE_MAX_JOBS_QUEUED); cancel one (POST /api/jobs/ID/cancel) or post again "
                                     f"later")
                 if plan.staged is not None:
                     self.check_disk()                    # the staged upload is counted already
@@ -368,7 +368,8 @@ class Jobs:
         cutoff = time.time() - days * 86400
         for job_id, entry in list(self.jobs.items()):
             r = entry.record
-            if r["state"] in ("done", "failed", "cancelled", "interrupted") and (r.get("finished") or r["created"]) < cutoff:
+            stopped = r.get("finished") or r["created"]
+            if r["state"] in ("done", "failed", "cancelled", "interrupted") and stopped < cutoff:
                 del self.jobs[job_id]
                 log.info("jobs: removed job %s, %s more than %g days ago (ATTNSCOPE_JOBS_KEEP_DAYS)", job_id,
                          r["state"], days)

@@ -89,7 +89,7 @@ def create_app(settings: Settings | None = None, background: bool = False) -> Fa
     app.add_middleware(GZipMiddleware, minimum_size=1000, compresslevel=4,
                        exclude_content_types=DEFAULT_EXCLUDED_CONTENT_TYPES + (BINARY, "application/octet-stream"))
     if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["Content-Type", "Accept", "If-None-Match"])
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
                        limits={"/api/jobs": settings.max_upload_bytes})   # an uploaded corpus
