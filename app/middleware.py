@@ -69,7 +69,8 @@ def _host(value: str) -> str:
 
 class SameOrigin:
     """Cross-site request forgery: every state-changing request (POST, PUT, PATCH, DELETE) sends a JSON content type
-    (415 otherwise; a DELETE without a body needs none) and, when it sends an `Origin`, the server's own (its `Host`,
+    (415 otherwise; one without a body, such as POST /api/jobs/{id}/cancel, may send none: a browser's form always
+    names its type, and its fetch sends an Origin) and, when it sends an `Origin`, the server's own (its `Host`,
     or one of ATTNSCOPE_CORS_ORIGINS) (403 otherwise). A page on another site can then start nothing: its form posts
     text/plain, urlencoded or multipart, and its fetch of JSON is preflighted, which CORS refuses."""
 
@@ -91,7 +92,8 @@ class SameOrigin:
                                      f"own; a page on another site cannot change state here (ATTNSCOPE_CORS_ORIGINS "
                                      f"lists the origins allowed)")
         has_body = headers.get(b"content-length", b"0") != b"0" or b"transfer-encoding" in headers
-        if (scope["method"] != "DELETE" or has_body) and not _json_type(headers.get(b"content-type")):
+        typed = b"content-type" in headers      # a form always sends one, even empty: a bodiless POST may omit it
+        if (has_body or typed) and not _json_type(headers.get(b"content-type")):
             return await _answer(send, 415, "send the body as JSON with Content-Type: application/json")
         await self.app(scope, receive, send)
 

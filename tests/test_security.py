@@ -613,3 +613,17 @@ def test_mcp_over_stdio_answers_malformed_input_with_the_protocols_error(tiny_se
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_bodiless_post_may_omit_its_content_type_but_not_name_a_form_one(tiny_server):
+    """POST /api/jobs/{id}/cancel has no body: curl -X POST without a type is served; a form's type (which a
+    browser always sends, even with no fields) is 415, and another origin 403, as for every POST."""
+    url, _ = tiny_server
+    with httpx.Client(base_url=url, timeout=30) as http:
+        job = http.post("/api/jobs", json={**JOB, "options": {"texts": 1, "seed": 4343}}).json()
+        assert http.post(f"/api/jobs/{job['id']}/cancel", headers={
+            "Content-Type": "application/x-www-form-urlencoded"}).status_code == 415
+        assert http.post(f"/api/jobs/{job['id']}/cancel", headers={"Origin": "http://evil.example"}).status_code == 403
+        r = http.post(f"/api/jobs/{job['id']}/cancel")
+        assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+        assert http.delete(f"/api/jobs/{job['id']}").status_code == 204
