@@ -627,3 +627,29 @@ def test_a_bodiless_post_may_omit_its_content_type_but_not_name_a_form_one(tiny_
         r = http.post(f"/api/jobs/{job['id']}/cancel")
         assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
         assert http.delete(f"/api/jobs/{job['id']}").status_code == 204
+
+
+def test_deleting_a_running_job_stops_it_and_removes_its_files(tmp_path):
+    """A running job deleted: a GET is 404 at once, the job stops after its chunk, and its folder goes then."""
+    from fastapi.testclient import TestClient
+
+    from attnscope.app.main import create_app
+    from attnscope.app.settings import Settings
+
+    with TestClient(create_app(Settings(models=["tiny-gpt"], jobs_dir=tmp_path))) as c:
+        r = c.post("/api/jobs", json={"model": "tiny-gpt", "corpus": "bundled", "options": {"texts": 400}})
+        assert r.status_code == 202, r.text
+        job_id, deadline = r.json()["id"], time.monotonic() + 60
+        while c.get(f"/api/jobs/{job_id}").json()["state"] != "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert c.delete(f"/api/jobs/{job_id}").status_code == 204
+        assert c.get(f"/api/jobs/{job_id}").status_code == 404
+        assert job_id not in {j["id"] for j in c.get("/api/jobs").json()}
+        deadline = time.monotonic() + 60
+        while (tmp_path / job_id).exists():
+            assert time.monotonic() < deadline, sorted(p.name for p in (tmp_path / job_id).iterdir())
+            time.sleep(0.1)
+        r = c.post("/api/jobs", json={"model": "tiny-gpt", "corpus": "bundled", "options": {"texts": 400}})
+        assert r.status_code == 202 and r.json()["progress"]["texts_done"] == 0 and r.json()["resumed_from"] == 0
+        assert c.delete(f"/api/jobs/{job_id}").status_code == 204
