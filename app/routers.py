@@ -228,7 +228,8 @@ def cancel_job(job_id: JobId, svc: Service):
 
 @jobs.delete("/api/jobs/{job_id}", status_code=204, response_class=Response,
              summary="Delete a job: its record, partial sums, results and upload",
-             responses={404: JOB_ERRORS[404], 204: {"description": "Deleted: a GET is now 404"}})
+             responses={404: JOB_ERRORS[404], 422: JOB_ERRORS[422],
+                        204: {"description": "Deleted: a GET is now 404"}})
 def delete_job(job_id: JobId, svc: Service):
     """A queued job leaves the queue; a running one stops after the chunk under way, and its files go then. Its
     upload goes when no other job needs it. The disk budget (ATTNSCOPE_MAX_JOBS_DISK_MB) is freed at once."""
