@@ -1,7 +1,8 @@
 """Issue 50: safe on a researcher's laptop. Each finding of the probe reproduced against a real server, then held:
 cross-site requests refused (finding 1), deeply nested JSON a 400 (finding 3), jobs that can be deleted and a disk
 budget counted while bytes arrive (finding 4), MCP over HTTP locked to its host (finding 2), a Client that fails
-clearly (finding 5)."""
+clearly (finding 5), and the smaller ones (finding 6): HEAD and weak ETags, surrogates at upload, the field of a 422,
+MCP tools' arguments, MCP over stdio answering malformed lines."""
 from __future__ import annotations
 
 import http.server
