@@ -123,7 +123,7 @@ class Client(Analyses):
             if conn.sock is not None:
                 conn.sock.settimeout(conn.timeout)
             deadline.arm(conn)
-            sent = False
+            sent, resp = False, None
             try:
                 conn.request(method, path, None if body is None else json.dumps(body),
                              {"Content-Type": "application/json", "Accept": accept})
@@ -139,8 +139,9 @@ class Client(Analyses):
                     raise deadline.error()
                 return out
             except ApiError:
+                if deadline.passed or (resp is not None and not resp.isclosed()):
+                    self._drop()                      # an answer left part-read: the connection is spent
                 if deadline.passed:
-                    self._drop()
                     raise deadline.error() from None
                 raise
             except (OSError, http.client.HTTPException, ValueError) as e:

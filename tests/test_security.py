@@ -654,3 +654,22 @@ def test_deleting_a_running_job_stops_it_and_removes_its_files(tmp_path):
         r = c.post("/api/jobs", json={"model": "tiny-gpt", "corpus": "bundled", "options": {"texts": 400}})
         assert r.status_code == 202 and r.json()["progress"]["texts_done"] == 0 and r.json()["resumed_from"] == 0
         assert c.delete(f"/api/jobs/{job_id}").status_code == 204
+
+
+def test_a_bad_answer_on_a_kept_alive_connection_leaves_the_next_call_a_clean_one(scripted, tiny_server):
+    """An answer refused part-read (an absurd Content-Length) closes its connection: the client's next call does not
+    read its leftovers. Against the real server: a refusal, then an answer, on one Client."""
+    from attnscope.python.client import ApiError, Client
+
+    scripted.answer = b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999\r\n\r\nATSC"
+    api = Client(scripted.url, timeout=5)
+    with pytest.raises(ApiError, match="Content-Length"):
+        api.attention("the cat")
+    assert api._conn is None
+    url, _ = tiny_server
+    api = Client(url, timeout=30, model="tiny-gpt")
+    with pytest.raises(ApiError) as e:
+        api.attention("the cat", layers=[99])
+    assert e.value.status == 422 and "layers" in e.value.detail
+    assert api.attention("the cat")["tokens"]
+    api.close()
