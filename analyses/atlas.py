@@ -1,8 +1,9 @@
-"""Corpus jobs (POST|GET|DELETE /api/jobs, app/jobs.py's queue): a head atlas, per-head statistics and top examples
-over a corpus (corpus/). A job request is checked here into a JobPlan: its model (served, and in the zoo: the workers
-build it by its id), its corpus on disk, counted (a malformed upload, an upload with no text and a corpus over
-ATTNSCOPE_MAX_JOB_TEXTS are refused), and its id, a hash of what it computes. Jobs are resources (created, followed,
-cancelled, deleted), not a request answered at once: their router and Python methods are their own."""
+"""Corpus jobs (POST|GET|DELETE /api/jobs, POST /api/jobs/{id}/cancel, app/jobs.py's queue): a head atlas, per-head
+statistics and top examples over a corpus (corpus/). A job request is checked here into a JobPlan: its model (served,
+and in the zoo: the workers build it by its id), its corpus on disk, counted (a malformed upload, an upload with no
+text and a corpus over ATTNSCOPE_MAX_JOB_TEXTS are refused), and its id, a hash of what it computes. Jobs are
+resources (created, followed, cancelled, deleted), not a request answered at once: their router and Python methods
+are their own."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -150,8 +151,13 @@ class AtlasJob:
         return self.job["progress"]
 
     def cancel(self) -> dict:
+        """Stop it (POST /api/jobs/{id}/cancel): its finished chunks are kept; posting it again resumes it."""
         self.job = self.api._job_cancel(self.id)
         return self.job
+
+    def delete(self) -> None:
+        """Remove it, its results and its upload (DELETE /api/jobs/{id}); a running one stops first."""
+        self.api._job_delete(self.id)
 
     def wait(self, timeout: float = 600) -> dict:
         """Until it is done (or failed, cancelled, interrupted), or timeout seconds: the job then."""

@@ -470,6 +470,9 @@ def tool(api, text: ToolText, model: ModelId = None,
                                                      "previous_token_mass, ... (the API's `summary`)")] =
          "previous_token_mass",
          layer: Layer | None = None, head: Head | None = None, top: Top = TOP) -> dict:
+    if head is not None and layer is None:
+        raise ValueError("head needs layer: give layer and head for one head's strongest links, or neither for the "
+                         "heads that rank highest on the statistic")
     a = api.attention(text, model=model, include=["summary"] + (["attention"] if layer is not None else []),
                       **({"layers": [layer], "heads": [head or 0]} if layer is not None else {}))
     out = {"model": a.model, "tokens": a.tokens}

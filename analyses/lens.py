@@ -176,6 +176,9 @@ def body(text: str, *, top: int | None = None, head_lens: tuple[int, int] | None
 
 def tool(api, text: ToolText, position: Position | None = None, head_lens: Pairs = None, model: ModelId = None,
          top: Annotated[int, Field(ge=1, le=10)] = 3) -> dict:
+    if head_lens and len(head_lens) > 1:
+        raise ValueError(f"head_lens takes one [layer, head] pair; got {len(head_lens)}: ask for each head in a call "
+                         f"of its own")
     a = api.lens(text, top=top, head_lens=None if not head_lens else head_lens[0], model=model)
     i = len(a.tokens) - 1 if position is None else position
     if not 0 <= i < len(a.tokens):

@@ -43,14 +43,29 @@ def _clip(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+LOCATIONS = ("body", "query", "path", "header", "cookie")
+
+
 def _field(loc) -> str:
-    parts = [_clip(str(p)) for p in loc if p not in ("body", "query", "path")]
+    """The field's dotted name: the location FastAPI puts first (body, query, ...) left out, a field of that name
+    (QK attribution's `query`) kept."""
+    loc = tuple(loc)
+    parts = [_clip(str(p)) for p in (loc[1:] if loc and loc[0] in LOCATIONS else loc)]
     return ".".join(parts) or "body"
 
 
 def _too_many_digits(error: BaseException | None) -> bool:
     """Python refuses to read integers of more than 4,300 digits (sys.get_int_max_str_digits): a ValueError."""
     return isinstance(error, ValueError) and "integer string conversion" in str(error)
+
+
+NESTED = ("the request body is JSON nested too deeply (Python reads about 1,000 levels of arrays and objects; a "
+          "request needs a few)")
+
+
+def _nested(error: BaseException | None) -> bool:
+    """JSON nested deeper than Python's recursion limit: a RecursionError, never a 500 (issue 50)."""
+    return isinstance(error, RecursionError)
 
 
 def _allowed(request: Request) -> list[str]:
@@ -106,7 +121,9 @@ def install(app: FastAPI, security_headers: list[tuple[bytes, bytes]]) -> None:
         if status == 405:                      # Allow: every route's methods at this path, not the first route's
             exc.headers = {**(exc.headers or {}), "Allow": ", ".join(_allowed(request))}
         if status == 400 and detail == "There was an error parsing the body":  # FastAPI's words
-            if _too_many_digits(exc.__cause__):
+            if _nested(exc.__cause__):
+                detail = NESTED
+            elif _too_many_digits(exc.__cause__):
                 status, detail = 422, ("a number in the body has more digits than JSON numbers may have here "
                                        f"(4,300): indices are at most {MAX_INDEX}; send a plain integer")
             else:

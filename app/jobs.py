@@ -3,6 +3,7 @@
     job = jobs.submit(plan)        # a JobPlan (analyses/atlas.py): queued, or the same job as it stands
     jobs.get(id), jobs.list()      # schemas.Job: state and progress (texts done, rate, ETA)
     jobs.cancel(id)                # stops it between chunks; its finished chunks are kept
+    jobs.delete(id)                # removes it: its record, partial sums, results and upload (a running one stops)
     jobs.result(id, "parquet")     # the result file of a finished job
 
 Each job lives in its own folder under ATTNSCOPE_JOBS_DIR: job.json (what it is and its state, rewritten on every
@@ -17,7 +18,9 @@ interrupted job from its finished chunks.
 Uploads: the request's corpus is written to a temporary file under uploads/ (stage_upload), checked and counted,
 and renamed to its content hash only when its job is queued; a refused one leaves nothing. An upload is removed once
 no job that still needs it (one not done) names it. The folder's size is bounded by ATTNSCOPE_MAX_JOBS_DISK_MB: a job
-that would pass it is refused (DiskFull, 507).
+that would pass it is refused (DiskFull, 507), the request bodies being received counted as their bytes arrive
+(receiving), chunked or not. A finished, failed, cancelled or interrupted job's files are removed
+ATTNSCOPE_JOBS_KEEP_DAYS after it stopped (expire: at start and whenever a job is posted).
 
 The job runs on the CLI's engines (corpus/atlas.py): a local process pool whose workers run at ATTNSCOPE_JOB_NICE,
 or Ray where RAY_ADDRESS is set. The pool's workers die with the server (corpus/engines.py _die_with_parent) and keep
@@ -30,6 +33,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -114,6 +118,7 @@ class _Entry:
         self.cancel = threading.Event()
         self.export = threading.Lock()               # held while its Parquet export is written
         self.started, self.done_at_start = None, 0
+        self.deleted = False                         # deleted while it ran: its run removes its files when it stops
 
 
 class Jobs:
@@ -128,6 +133,9 @@ class Jobs:
         self.threads: list[threading.Thread] = []
         self.closed = False
         self.skipped: list[SkippedJob] = []            # job.json files open() could not read
+        self.stopping: dict[str, _Entry] = {}          # deleted while running: their runs still read their uploads
+        self.bodies: dict[object, int] = {}            # request bodies being received -> their bytes so far
+        self.bodies_lock = threading.Lock()
 
     # ---- on disk -------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -147,9 +155,11 @@ class Jobs:
                 continue
             if record["state"] in ("queued", "running", "cancelling"):
                 record["state"] = "interrupted"
+                record["finished"] = time.time()        # it stopped now: its keep days count from here
                 record["texts_done"] = _partial_texts(path.parent)
                 self._save(record)
             self.jobs[record["id"]] = _Entry(record)
+        self.expire()
         self._remove_unneeded_uploads()
 
     def _stop_strays(self) -> None:
@@ -196,11 +206,35 @@ class Jobs:
 
     def check_disk(self, adding: int = 0) -> None:
         """DiskFull when the folder, with `adding` bytes more, would pass ATTNSCOPE_MAX_JOBS_DISK_MB."""
-        budget, used = self.settings.max_jobs_disk_mb * 2**20, self.disk_used()
+        budget, used = self.settings.max_jobs_disk_mb * 2**20, self.disk_used() + self._receiving()
         if used + adding > budget:
             raise DiskFull(f"the jobs folder holds {used / 2**20:,.1f} MB and this job needs {adding / 2**20:,.1f} MB "
                            f"more, over its {self.settings.max_jobs_disk_mb:,} MB budget (ATTNSCOPE_MAX_JOBS_DISK_MB); "
                            f"free some (finished jobs' folders in ATTNSCOPE_JOBS_DIR) or raise the budget")
+
+    def _receiving(self, but: object = None) -> int:
+        with self.bodies_lock:
+            return sum(n for token, n in self.bodies.items() if token is not but)
+
+    def receiving(self, token: object, size: int, used: int) -> None:
+        """A request body (`token`) has `size` bytes so far (or announced): DiskFull when the folder (`used` bytes
+        when it began) with every body being received would pass the budget. Counted as the bytes arrive, so that
+        chunked uploads at once cannot fill the disk before any is checked. Called on the event loop: no disk."""
+        with self.bodies_lock:
+            self.bodies[token] = size
+            others = sum(n for t, n in self.bodies.items() if t is not token)
+        budget = self.settings.max_jobs_disk_mb * 2**20
+        if used + others + size > budget:
+            self.received(token)
+            raise DiskFull(f"the jobs folder holds {(used + others) / 2**20:,.1f} MB (uploads being received "
+                           f"included) and this upload {size / 2**20:,.1f} MB so far, over its "
+                           f"{self.settings.max_jobs_disk_mb:,} MB budget (ATTNSCOPE_MAX_JOBS_DISK_MB); delete "
+                           f"finished jobs (DELETE /api/jobs/ID) or raise the budget")
+
+    def received(self, token: object) -> None:
+        """The body is in (or refused): no longer counted as one being received."""
+        with self.bodies_lock:
+            self.bodies.pop(token, None)
 
     def incoming(self) -> Path:
         """A new empty file under incoming/ for a request's body (removed by whoever asked for it; a server that
@@ -237,7 +271,8 @@ class Jobs:
 
     def _remove_unneeded_uploads(self) -> None:
         """Remove every upload no job that is not done names."""
-        needed = {n for n in (self._needs(e.record) for e in self.jobs.values()) if n}
+        entries = [*self.jobs.values(), *self.stopping.values()]
+        needed = {n for n in (self._needs(e.record) for e in entries) if n}
         for path in self.uploads.glob("*"):
             if path.is_file() and path.name not in needed and path.name[:16] not in needed:
                 path.unlink(missing_ok=True)
@@ -249,12 +284,13 @@ class Jobs:
         when the job is queued, and is removed otherwise."""
         try:
             with self.lock:
+                self.expire()
                 entry = self.jobs.get(plan.id)
                 if entry is not None and entry.record["state"] not in RESUMABLE:
                     return self._job(entry), False
                 if len(self.queue) >= self.settings.max_jobs_queued:
                     raise QueueFull(f"{len(self.queue)} jobs are waiting to run, the limit "
-                                    f"(ATTNSCOPE_MAX_JOBS_QUEUED); cancel one (DELETE /api/jobs/ID) or post again "
+                                    f"(ATTNSCOPE_MAX_JOBS_QUEUED); cancel one (POST /api/jobs/ID/cancel) or post again "
                                     f"later")
                 if plan.staged is not None:
                     self.check_disk()                    # the staged upload is counted already
@@ -302,6 +338,43 @@ class Jobs:
                 raise Conflict(f"job {job_id} is {state}: only a queued or running job can be cancelled")
             return self._job(entry)
 
+    def delete(self, job_id: str) -> None:
+        """Remove a job: its record, partial sums, results, and its upload when no other job needs it; a GET is
+        then 404. A queued job leaves the queue; a running one is told to stop and its files go when it has."""
+        with self.lock:
+            entry = self._entry(job_id)
+            del self.jobs[job_id]
+            state = entry.record["state"]
+            if state == "queued":
+                self.queue.remove(job_id)
+            if state in ("running", "cancelling"):
+                entry.deleted = True
+                entry.cancel.set()
+                self.stopping[job_id] = entry
+                return
+            self._remove(job_id)
+
+    def _remove(self, job_id: str) -> None:
+        """A deleted or expired job's folder, and the uploads no job needs any more (under the lock)."""
+        shutil.rmtree(self.folder / job_id, ignore_errors=True)
+        self._remove_unneeded_uploads()
+
+    def expire(self) -> None:
+        """Remove the jobs that stopped (done, failed, cancelled, interrupted) more than ATTNSCOPE_JOBS_KEEP_DAYS ago
+        (under the lock, or before any job runs)."""
+        days = self.settings.jobs_keep_days
+        if not days:
+            return
+        cutoff = time.time() - days * 86400
+        for job_id, entry in list(self.jobs.items()):
+            r = entry.record
+            stopped = r.get("finished") or r["created"]
+            if r["state"] in ("done", "failed", "cancelled", "interrupted") and stopped < cutoff:
+                del self.jobs[job_id]
+                log.info("jobs: removed job %s, %s more than %g days ago (ATTNSCOPE_JOBS_KEEP_DAYS)", job_id,
+                         r["state"], days)
+                self._remove(job_id)
+
     def result(self, job_id: str, fmt: str) -> Path:
         entry = self._entry(job_id)
         state = entry.record["state"]
@@ -345,6 +418,17 @@ class Jobs:
             self._run(entry)
 
     def _run(self, entry: _Entry) -> None:
+        try:
+            self._run_one(entry)
+        finally:
+            if entry.deleted:                          # deleted while it ran: its files go now that it stopped
+                with self.lock:
+                    job_id = entry.record["id"]
+                    self.stopping.pop(job_id, None)
+                    if job_id not in self.jobs:        # not posted again meanwhile (that one resumes from them)
+                        self._remove(job_id)
+
+    def _run_one(self, entry: _Entry) -> None:
         plan, st, record = entry.plan, self.settings, entry.record
         first = [True]
 
@@ -390,7 +474,8 @@ class Jobs:
         entry.record["state"] = state
         if state in ("done", "cancelled", "failed", "interrupted"):
             entry.record["finished"] = time.time()
-        self._save(entry.record)
+        if not entry.deleted:                          # its folder is going (or another job of its id has it)
+            self._save(entry.record)
 
     def _job(self, entry: _Entry) -> Job:
         r = entry.record

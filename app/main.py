@@ -13,7 +13,7 @@ from fastapi.staticfiles import StaticFiles
 
 from . import __version__
 from . import errors, openapi as published, pages, routers
-from .middleware import SECURITY_HEADERS, BodyLimit, SecurityHeaders, StartupFailure
+from .middleware import SECURITY_HEADERS, BodyLimit, HeadAsGet, SameOrigin, SecurityHeaders, StartupFailure
 from .service import AttentionService
 from .settings import Settings, get_settings, setup_logging
 from .wire import BINARY
@@ -89,10 +89,12 @@ def create_app(settings: Settings | None = None, background: bool = False) -> Fa
     app.add_middleware(GZipMiddleware, minimum_size=1000, compresslevel=4,
                        exclude_content_types=DEFAULT_EXCLUDED_CONTENT_TYPES + (BINARY, "application/octet-stream"))
     if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["Content-Type", "Accept", "If-None-Match"])
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
                        limits={"/api/jobs": settings.max_upload_bytes})   # an uploaded corpus
+    app.add_middleware(SameOrigin, cors_origins=settings.cors_origins)   # before any body is read
+    app.add_middleware(HeadAsGet)
     app.add_middleware(SecurityHeaders)
     app.add_middleware(StartupFailure)
     return app

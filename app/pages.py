@@ -155,12 +155,20 @@ def docs(request: Request):
     return templates.TemplateResponse(request, "docs.html", {})
 
 
+def etag_matches(if_none_match: str | None, etag: str) -> bool:
+    """If-None-Match by weak comparison (RFC 9110 13.1.2): `*`, or any tag of its list, W/ or not, equal to etag."""
+    if not if_none_match:
+        return False
+    tags = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
+    return "*" in tags or etag.removeprefix("W/") in tags
+
+
 @router.get("/bundle/main.js")
 def main_js(request: Request):
     """The page's script as one module (page_bundle); revalidated by its ETag (a changed file, a new bundle)."""
     text, etag = page_bundle()
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
-    if request.headers.get("if-none-match") == etag:
+    if etag_matches(request.headers.get("if-none-match"), etag):
         return Response(status_code=304, headers=headers)
     return Response(text, media_type="text/javascript", headers=headers)
 

@@ -177,21 +177,29 @@ async def create_job(request: Request, svc: Service, response: Response):
     of what it computes: posting the same request again answers the job as it stands, or resumes a cancelled,
     failed or interrupted one from its finished chunks. An upload is kept only when its job is queued."""
     length = request.headers.get("content-length", "")
-    await anyio.to_thread.run_sync(svc.jobs.check_disk, int(length) if length.isdigit() else 0)
-    body = await anyio.to_thread.run_sync(svc.jobs.incoming)
+    announced, token = int(length) if length.isdigit() else 0, object()
+    used = await anyio.to_thread.run_sync(svc.jobs.disk_used)
+    svc.jobs.receiving(token, announced, used)     # counted with every body being received, as its bytes arrive
     try:
-        with body.open("wb") as f:
-            pieces, held = [], 0
-            async for piece in request.stream():
-                pieces.append(piece)
-                held += len(piece)
-                if held >= FLUSH_BYTES:
-                    await anyio.to_thread.run_sync(f.write, b"".join(pieces))
-                    pieces, held = [], 0
-            await anyio.to_thread.run_sync(f.write, b"".join(pieces))
-        job, queued = await anyio.to_thread.run_sync(svc.post_job, body, limiter=svc.job_posts())
+        body = await anyio.to_thread.run_sync(svc.jobs.incoming)
+        try:
+            with body.open("wb") as f:
+                pieces, held, received = [], 0, 0
+                async for piece in request.stream():
+                    pieces.append(piece)
+                    held += len(piece)
+                    received += len(piece)
+                    svc.jobs.receiving(token, max(announced, received), used)
+                    if held >= FLUSH_BYTES:
+                        await anyio.to_thread.run_sync(f.write, b"".join(pieces))
+                        pieces, held = [], 0
+                await anyio.to_thread.run_sync(f.write, b"".join(pieces))
+            svc.jobs.received(token)                    # from here its staged upload is what counts
+            job, queued = await anyio.to_thread.run_sync(svc.post_job, body, limiter=svc.job_posts())
+        finally:
+            body.unlink(missing_ok=True)
     finally:
-        body.unlink(missing_ok=True)
+        svc.jobs.received(token)
     response.status_code = 202 if queued else 200
     return job
 
@@ -209,12 +217,24 @@ def get_job(job_id: JobId, svc: Service):
     return svc.jobs.get(job_id)
 
 
-@jobs.delete("/api/jobs/{job_id}", response_model=Job, summary="Cancel a queued or running job",
-               responses=JOB_ERRORS)
+@jobs.post("/api/jobs/{job_id}/cancel", response_model=Job, summary="Cancel a queued or running job",
+           responses=JOB_ERRORS)
 def cancel_job(job_id: JobId, svc: Service):
     """A queued job is cancelled at once; a running one stops after the chunk under way (state cancelling, then
-    cancelled), keeping its finished chunks: POST the same request to resume it."""
+    cancelled), keeping its finished chunks: POST the same request to resume it. No body (Content-Type:
+    application/json all the same, as every POST)."""
     return svc.jobs.cancel(job_id)
+
+
+@jobs.delete("/api/jobs/{job_id}", status_code=204, response_class=Response,
+             summary="Delete a job: its record, partial sums, results and upload",
+             responses={404: JOB_ERRORS[404], 422: JOB_ERRORS[422],
+                        204: {"description": "Deleted: a GET is now 404"}})
+def delete_job(job_id: JobId, svc: Service):
+    """A queued job leaves the queue; a running one stops after the chunk under way, and its files go then. Its
+    upload goes when no other job needs it. The disk budget (ATTNSCOPE_MAX_JOBS_DISK_MB) is freed at once."""
+    svc.jobs.delete(job_id)
+    return Response(status_code=204)
 
 
 @jobs.get("/api/jobs/{job_id}/result", summary="Download a finished job's result",

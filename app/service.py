@@ -194,9 +194,11 @@ class AttentionService:
 
         from pydantic import ValidationError
 
-        from .errors import _too_many_digits
+        from .errors import NESTED, _too_many_digits
         try:
             obj = json.loads(body.read_bytes())
+        except RecursionError:      # nested deeper than Python reads (issue 50): the framework's 400 (app/errors.py)
+            raise BadBody(NESTED) from None
         except ValueError as e:
             if _too_many_digits(e):
                 raise Refused("a number in the body has more digits than JSON numbers may have here (4,300); send "

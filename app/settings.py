@@ -169,6 +169,10 @@ class Settings(BaseSettings):
     max_jobs_disk_mb: int = Field(default=4096, ge=1, description="what the jobs folder (uploads, partial sums, "
                                   "results) may hold; a job that would pass it is refused with 507 (checked when "
                                   "it is posted, its upload counted)")
+    jobs_keep_days: float = Field(default=30, ge=0, description="a finished, failed, cancelled or interrupted "
+                                  "job's files (record, results, upload) are removed this many days after it "
+                                  "stopped (checked at start and when a job is posted); 0: kept until deleted "
+                                  "(DELETE /api/jobs/ID)")
     job_workers: int = Field(default=1, ge=1, description="processes of a job's local pool (Ray: actors)")
     job_nice: int = Field(default=10, ge=0, le=19, description="niceness of a job's worker processes: interactive "
                           "requests get the cores first")

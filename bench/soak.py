@@ -215,7 +215,7 @@ class Traffic:
                 self.jobs.append(job_id)
             if self.rng.random() < 0.2:
                 try:
-                    self._count("job cancel", http.delete(f"/api/jobs/{job_id}").status_code)
+                    self._count("job cancel", http.post(f"/api/jobs/{job_id}/cancel", json={}).status_code)
                 except httpx.TransportError as e:
                     self._count("job cancel", f"transport {type(e).__name__}")
 
@@ -415,7 +415,7 @@ def main() -> int:
         with httpx.Client(base_url=url, timeout=60) as http:        # the jobs still queued or running: cancelled
             for job in http.get("/api/jobs").json():
                 if job["state"] in ("queued", "running"):
-                    http.delete(f"/api/jobs/{job['id']}")
+                    http.post(f"/api/jobs/{job['id']}/cancel", json={})
             deadline = time.monotonic() + 120
             while any(j["state"] in ("running", "cancelling") for j in http.get("/api/jobs").json()) and \
                     time.monotonic() < deadline:

@@ -43,6 +43,11 @@ def _check_text(text: str, unit: str, n: int, max_chars: int) -> str | Problem:
         return Problem(unit, n, "empty")
     if len(text) > max_chars:
         return Problem(unit, n, f"{len(text):,} characters, over the limit of {max_chars:,} (--max-chars)")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:   # a JSON escape of half a pair (\ud800): no UTF-8 text holds it
+        return Problem(unit, n, f"not valid UTF-8 (an unpaired surrogate \\u{ord(text[e.start]):04x} at character "
+                                f"{e.start})")
     return text
 
 
@@ -108,6 +113,9 @@ def _read_jsonl(path: Path, column: str, max_chars: int) -> Iterator[tuple[int, 
             continue
         try:
             record = json.loads(line)
+        except RecursionError:
+            yield Problem("line", n, "not valid JSON (nested too deeply)")
+            continue
         except ValueError as e:
             yield Problem("line", n, f"not valid JSON ({str(e).split(':')[0]})")
             continue

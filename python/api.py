@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class Analyses:
-    """The analyses; a subclass supplies `_post`, `_lines`, `_job_post`, `_job_get`, `_job_cancel`, `_job_result`
+    """The analyses; a subclass supplies `_post`, `_lines`, `_job_post`, `_job_get`, `_job_cancel`, `_job_delete`, `_job_result`
     and `model_id` (the model a call without `model=` asks for; None: the server's default)."""
     model_id: str | None = None
 
@@ -99,7 +99,7 @@ class Analyses:
     def atlas(self, *, corpus: str | dict = "bundled", model: str | None = None, **options) -> "AtlasJob":
         """POST /api/jobs: start (or find, or resume) a head atlas over a corpus ("bundled", or an upload
         {"format": "jsonl" | "txt" | ..., "data": ...} as the API takes it); options as AtlasOptions (texts, ...).
-        The answer is the job: .progress(), .cancel(), .wait(), .result()."""
+        The answer is the job: .progress(), .cancel(), .wait(), .result(), .delete()."""
         body = {"kind": "atlas", "corpus": corpus, "options": options}
         from ..analyses.atlas import AtlasJob
 
@@ -125,6 +125,9 @@ class Analyses:
         raise NotImplementedError
 
     def _job_cancel(self, job_id: str) -> dict:
+        raise NotImplementedError
+
+    def _job_delete(self, job_id: str) -> None:
         raise NotImplementedError
 
     def _job_result(self, job_id: str) -> dict:

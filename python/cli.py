@@ -4,7 +4,7 @@
     attnscope export [MODEL ...]
     attnscope attend "The cat sat on the mat." --model minilm --layer 2 --head 5 [--top 3] [--causal]
     attnscope corpus texts.txt --model minilm [--engine local|ray] [--out FILE] [--sample N] [--column NAME]
-    attnscope mcp [--transport stdio|http] [--host H --port P] [--model MODEL ...] [--url URL]
+    attnscope mcp [--transport stdio|http] [--host H --port P] [--token TOKEN] [--model MODEL ...] [--url URL]
 
 MODEL is a zoo id (minilm, smollm2, tiny-gpt, induction), NAME=PATH (a Hugging Face folder or a .gguf file) or
 NAME=hf:ORG/REPO (the local Hugging Face cache), as in ATTNSCOPE_MODELS.
@@ -136,6 +136,9 @@ def main(argv=None) -> int:
     m.add_argument("--model", action="append", default=None, metavar="MODEL",
                    help="a model to load in this process (repeatable); replaces ATTNSCOPE_MODELS")
     m.add_argument("--url", help="answer the tools with a running attnscope server's API instead (no model loaded)")
+    m.add_argument("--token", default=None, metavar="TOKEN",
+                   help="http: every request must send Authorization: Bearer TOKEN (default: ATTNSCOPE_MCP_TOKEN); "
+                        "required for a --host beyond loopback (0.0.0.0, a host name)")
     m.add_argument("--grace", type=float, default=None, metavar="SECONDS",
                    help="http: on SIGTERM, what open sessions and calls in flight get to end before they are "
                         "cancelled, and as long again before the process exits anyway (default: python/agents.py GRACE_S)")
@@ -155,7 +158,8 @@ def main(argv=None) -> int:
         return 0
     if args.cmd == "mcp":      # stdout is the protocol's: logs go to stderr (setup_logging)
         from .agents import main as mcp_main
-        mcp_main("stdio" if args.transport == "stdio" else "http", args.host, args.port, args.url, args.grace)
+        mcp_main("stdio" if args.transport == "stdio" else "http", args.host, args.port, args.url, args.grace,
+                 args.token)
         return 0
     from ..sources import ZOO, ModelUnavailable
     if args.cmd == "export":

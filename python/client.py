@@ -16,6 +16,9 @@ from __future__ import annotations
 import http.client
 import json
 import mmap
+import socket
+import threading
+import time
 import urllib.parse
 
 from ..app.wire import BINARY, NDJSON, from_binary
@@ -34,74 +37,218 @@ def _buffer(n: int):
 
 
 class ApiError(Exception):
+    """Every way a call fails: the server's refusal (its status and message), an answer that is not what was asked
+    (its status, what is wrong), or no answer in time or at all (status 0)."""
+
     def __init__(self, status: int, detail: str):
         super().__init__(f"{status}: {detail}")
         self.status, self.detail = status, detail
 
 
+MAX_ERROR_BYTES = 1 << 16      # a refusal's body: read this much at most
+MAX_LINE_BYTES = 1 << 24       # a line of an NDJSON stream
+
+
 def _refused(resp) -> ApiError:
+    """The server's refusal: its `detail` when the body is the API's {"detail": "..."}, else the start of the body
+    or the status line's reason. The body is read up to MAX_ERROR_BYTES."""
+    raw = resp.read(MAX_ERROR_BYTES)
     try:
-        detail = json.loads(resp.read() or b"{}").get("detail", resp.reason)
-    except ValueError:
-        detail = resp.reason
+        obj = json.loads(raw or b"{}")
+    except (ValueError, RecursionError):
+        obj = None
+    if isinstance(obj, dict) and isinstance(obj.get("detail"), str):
+        detail = obj["detail"]
+    elif obj not in (None, {}):
+        detail = json.dumps(obj)[:500]
+    else:
+        detail = resp.reason or "no message"
     return ApiError(resp.status, detail)
 
 
+class _Deadline:
+    """A call's total time: when it passes, the connection's socket is shut, so that whatever read is under way ends
+    (a socket timeout bounds each read, not the call: a server sending a byte a second never trips it)."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.end, self.passed = seconds, time.monotonic() + seconds, False
+        self._timer = None
+
+    def left(self) -> float:
+        return max(0.001, self.end - time.monotonic())
+
+    def arm(self, conn: http.client.HTTPConnection) -> None:
+        self.disarm()
+        self._timer = threading.Timer(self.left(), self._fire, args=(conn,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self, conn) -> None:
+        self.passed = True
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def error(self) -> ApiError:
+        return ApiError(0, f"no complete answer within the client's timeout of {self.seconds:g} s "
+                           f"(Client(timeout=...))")
+
+
 class Client(Analyses):
-    def __init__(self, base_url: str = "http://127.0.0.1:8000", timeout: float = 120, model: str | None = None):
-        """model: the model a call without `model=` asks for (None: the server's default)."""
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", timeout: float = 120, model: str | None = None,
+                 max_bytes: int = 1 << 32):
+        """model: the model a call without `model=` asks for (None: the server's default). timeout: seconds for a
+        whole call (a stream's: between lines). max_bytes: the largest answer taken; a bigger Content-Length is an
+        ApiError before any memory is reserved. Every failure is an ApiError (status 0: no answer)."""
         url = urllib.parse.urlsplit(base_url)
         self.host, self.port, self.timeout, self.model_id = url.hostname, url.port or 80, timeout, model
+        self.max_bytes = max_bytes
         self._conn: http.client.HTTPConnection | None = None
 
-    def _request(self, method: str, path: str, body: dict | None = None, accept: str = BINARY):
-        """The response to one request (status 200 or 202), its body not yet read; ApiError otherwise."""
-        for attempt in (0, 1):  # one retry on a connection the server closed while idle
+    def _call(self, method: str, path: str, body: dict | None, accept: str, read):
+        """One request and read(response) of its answer (status 200, 202 or 204), all within the timeout; an
+        ApiError otherwise. One retry on a connection the server closed while idle."""
+        deadline = _Deadline(self.timeout)
+        for attempt in (0, 1):
             conn = self._conn or http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
             self._conn = conn
+            conn.timeout = deadline.left()
+            if conn.sock is not None:
+                conn.sock.settimeout(conn.timeout)
+            deadline.arm(conn)
+            sent, resp = False, None
             try:
                 conn.request(method, path, None if body is None else json.dumps(body),
                              {"Content-Type": "application/json", "Accept": accept})
                 resp = conn.getresponse()
-            except (ConnectionError, http.client.HTTPException):
-                conn.close()
-                self._conn = None
-                if attempt:
-                    raise
-                continue
-            if resp.status not in (200, 202):
-                raise _refused(resp)
-            return resp
+                sent = True
+                if resp.status not in (200, 202, 204):
+                    error = _refused(resp)
+                    if not resp.isclosed():           # a refusal's body left unread: the connection is spent
+                        self._drop()
+                    raise error
+                out = read(resp)
+                if deadline.passed:
+                    raise deadline.error()
+                return out
+            except ApiError:
+                if deadline.passed or (resp is not None and not resp.isclosed()):
+                    self._drop()                      # an answer left part-read: the connection is spent
+                if deadline.passed:
+                    raise deadline.error() from None
+                raise
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                self._drop()
+                if deadline.passed:
+                    raise deadline.error() from None
+                if attempt or sent or not isinstance(e, (ConnectionError, http.client.HTTPException)):
+                    raise ApiError(0, f"no complete answer from {self.host}:{self.port} ({type(e).__name__}: "
+                                      f"{e}); is the server running?") from None
+            finally:
+                deadline.disarm()
         raise AssertionError("unreachable")
 
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _length(self, resp) -> int | None:
+        """The answer's Content-Length, checked against max_bytes; None when it has none (chunked)."""
+        value = resp.getheader("Content-Length")
+        if value is None:
+            return None
+        if not value.strip().isdigit():
+            raise ApiError(resp.status, f"the answer's Content-Length is not a number: {value[:40]!r}")
+        n = int(value)
+        if n > self.max_bytes:
+            raise ApiError(resp.status, f"the answer's Content-Length ({n:,} bytes) is over the client's limit of "
+                                        f"{self.max_bytes:,} (Client(max_bytes=...))")
+        return n
+
+    def _body(self, resp) -> bytes:
+        """The whole answer, at most max_bytes (chunked or not)."""
+        n = self._length(resp)
+        data = resp.read(self.max_bytes + 1 if n is None else n)
+        if n is None and len(data) > self.max_bytes:
+            raise ApiError(resp.status, f"the answer is over the client's limit of {self.max_bytes:,} bytes")
+        if n is not None and len(data) < n:
+            raise ApiError(resp.status, "the answer ended early")
+        return data
+
+    def _request(self, method: str, path: str, body: dict | None = None, accept: str = BINARY) -> bytes:
+        """The answer's body (status 200, 202 or 204); ApiError otherwise."""
+        return self._call(method, path, body, accept, self._body)
+
     def _json(self, method: str, path: str, body: dict | None = None):
-        return json.loads(self._request(method, path, body, "application/json").read())
+        def read(resp):
+            data = self._body(resp)
+            try:
+                return json.loads(data)
+            except (ValueError, RecursionError):
+                raise ApiError(resp.status, f"the answer is not JSON ({data[:80]!r})") from None
+        return self._call(method, path, body, "application/json", read)
 
     def _post(self, path: str, body: dict) -> dict:
         """POST in the binary form, read straight into one buffer, decoded (the arrays view the buffer)."""
-        resp = self._request("POST", path, body)
-        buf = _buffer(int(resp.getheader("Content-Length")))
-        view, got = memoryview(buf), 0
-        while got < len(buf):
-            n = resp.readinto(view[got:])
-            if not n:
-                raise ConnectionError("the answer ended early")
-            got += n
-        return from_binary(buf)
+        def read(resp):
+            n = self._length(resp)
+            if n is None:
+                buf = bytearray(self._body(resp))
+            else:
+                buf = _buffer(n)
+                view, got = memoryview(buf), 0
+                while got < n:
+                    k = resp.readinto(view[got:])
+                    if not k:
+                        raise ApiError(resp.status, f"the answer ended early ({got:,} of {n:,} bytes)")
+                    got += k
+            try:
+                return from_binary(buf)
+            except Exception as e:  # noqa: BLE001 - whatever a malformed answer makes the decoder raise
+                raise ApiError(resp.status, f"the answer is not the binary tensor form ({type(e).__name__}: "
+                                            f"{str(e)[:120]})") from None
+        return self._call("POST", path, body, BINARY, read)
 
     def _lines(self, path: str, body: dict):
         """An NDJSON stream's lines as they come, on a connection of its own (closed when the stream ends or the
-        iterator is dropped: the server then stops at the end of the step under way)."""
+        iterator is dropped: the server then stops at the end of the step under way). The timeout bounds the wait
+        for each line; a line is at most MAX_LINE_BYTES."""
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         try:
-            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json", "Accept": NDJSON})
-            resp = conn.getresponse()
+            try:
+                conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json", "Accept": NDJSON})
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException) as e:
+                raise ApiError(0, f"no answer from {self.host}:{self.port} ({type(e).__name__}: {e}); is the "
+                                  f"server running?") from None
             if resp.status != 200:
                 raise _refused(resp)
-            for raw in resp:
-                line = json.loads(raw)
+            while True:
+                try:
+                    raw = resp.readline(MAX_LINE_BYTES + 1)
+                except (OSError, http.client.HTTPException) as e:
+                    raise ApiError(0, f"the stream broke off ({type(e).__name__}: {e})") from None
+                if not raw:
+                    return
+                if len(raw) > MAX_LINE_BYTES:
+                    raise ApiError(resp.status, f"a line of the stream is over {MAX_LINE_BYTES:,} bytes")
+                try:
+                    line = json.loads(raw)
+                except (ValueError, RecursionError):
+                    raise ApiError(resp.status, f"a line of the stream is not JSON ({raw[:80]!r})") from None
+                if not isinstance(line, dict):
+                    raise ApiError(resp.status, f"a line of the stream is not a JSON object ({raw[:80]!r})")
                 if "error" in line:
-                    raise ApiError(line["error"]["status"], line["error"]["detail"])
+                    error = line["error"] if isinstance(line["error"], dict) else {}
+                    raise ApiError(error.get("status", resp.status), str(error.get("detail", line["error"])))
                 yield line
         finally:
             conn.close()
@@ -120,7 +267,10 @@ class Client(Analyses):
         return self._json("GET", f"/api/jobs/{job_id}")
 
     def _job_cancel(self, job_id: str) -> dict:
-        return self._json("DELETE", f"/api/jobs/{job_id}")
+        return self._json("POST", f"/api/jobs/{job_id}/cancel")
+
+    def _job_delete(self, job_id: str) -> None:
+        self._request("DELETE", f"/api/jobs/{job_id}", accept="application/json")
 
     def _job_result(self, job_id: str) -> dict:
         return self._json("GET", f"/api/jobs/{job_id}/result?format=json")

@@ -169,6 +169,12 @@ class Model(Analyses):
         except Exception as e:  # noqa: BLE001
             self._refused(e)
 
+    def _job_delete(self, job_id: str) -> None:
+        try:
+            self._jobs().delete(job_id)
+        except Exception as e:  # noqa: BLE001
+            self._refused(e)
+
     def _job_result(self, job_id: str) -> dict:
         try:
             return json.loads(Path(self._jobs().result(job_id, "json")).read_text())

@@ -1,4 +1,4 @@
-"""The head atlas (issue 27): corpus jobs run by the server (POST/GET/DELETE /api/jobs), their statistics against an
+"""The head atlas (issue 27): corpus jobs run by the server (POST/GET/DELETE /api/jobs, POST /api/jobs/{id}/cancel), their statistics against an
 independent computation from /api/attention's matrices, their top examples against the true top, bad input, a
 restarted server's list, and SmolLM2 over the bundled corpus: progress, cancel, resume, natural-text induction."""
 from __future__ import annotations
@@ -190,7 +190,7 @@ def test_bad_input_gets_a_clear_refusal(tiny):
     r = c.get("/api/jobs/0123456789abcdef")
     assert r.status_code == 404 and "no job" in r.json()["detail"]
     assert c.get("/api/jobs/../../etc").status_code == 404 and c.get("/api/jobs/XYZ").status_code == 422
-    r = c.delete(f"/api/jobs/{job['id']}")
+    r = c.post(f"/api/jobs/{job['id']}/cancel", headers={"Content-Type": "application/json"})
     assert r.status_code == 409 and "is done" in r.json()["detail"]
     again = c.post("/api/jobs", json={"model": "tiny-gpt", "corpus": UPLOAD, "options": {"top": TOP, "per_decile": 1}})
     assert again.status_code == 200 and again.json()["id"] == job["id"] and again.json()["state"] == "done"
@@ -210,7 +210,7 @@ def test_a_restarted_server_lists_its_jobs_and_queues_with_a_limit(tiny):
         assert r.status_code == 429 and "ATTNSCOPE_MAX_JOBS_QUEUED" in r.json()["detail"]
         r = c.get(f"/api/jobs/{first.json()['id']}/result")
         assert r.status_code == 409 and "not done" in r.json()["detail"]
-        assert c.delete(f"/api/jobs/{first.json()['id']}").json()["state"] == "cancelled"
+        assert c.post(f"/api/jobs/{first.json()['id']}/cancel", headers={"Content-Type": "application/json"}).json()["state"] == "cancelled"
 
 
 # ---- SmolLM2 over the bundled corpus: progress, cancel, resume; natural-text induction ---------------------------------
@@ -233,7 +233,7 @@ def smollm2_atlas(live_server_smollm2):
         r = c.post("/api/attention", json={"model": "smollm2", "text": "An interactive request during a job."})
         seen["attention_s"] = time.perf_counter() - t0
         assert r.status_code == 200
-        assert c.delete(f"/api/jobs/{job_id}").json()["state"] in ("cancelling", "cancelled")
+        assert c.post(f"/api/jobs/{job_id}/cancel", headers={"Content-Type": "application/json"}).json()["state"] in ("cancelling", "cancelled")
         seen["cancelled"] = wait(c.get, job_id)
         r = c.post("/api/jobs", json=SMOL)                # the same request resumes it
         assert r.status_code == 202 and r.json()["id"] == job_id

@@ -497,5 +497,5 @@ def test_cors_allow_list_from_the_environment(monkeypatch):
         r = c.post("/api/attention", json={"model": "tiny-gpt", "text": TEXT}, headers={"Origin": "https://b.example"})
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://b.example"
         r = c.post("/api/attention", json={"model": "tiny-gpt", "text": TEXT},
-                   headers={"Origin": "https://evil.example"})
-        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+                   headers={"Origin": "https://evil.example"})   # an origin not listed: refused (issue 50)
+        assert r.status_code == 403 and "access-control-allow-origin" not in r.headers

@@ -400,6 +400,13 @@ def check_job(ex, job, api):
     assert job["id"] in {j["id"] for j in api.get("/api/jobs")}
 
 
+def check_job_cancel(ex, job, api):
+    """The README's job example (its id a hash of what it computes), cancelled: it stays listed, cancelled."""
+    job_id = ex.path.split("/")[3]
+    assert job["id"] == job_id and job["state"] in ("cancelled", "cancelling")
+    assert api.get(f"/api/jobs/{job_id}")["state"] in ("cancelled", "cancelling")
+
+
 def check_jobs(ex, jobs, api):
     assert isinstance(jobs, list) and all(j["state"] in ("queued", "running", "done", "cancelled", "failed",
                                                          "interrupted", "cancelling") for j in jobs)
@@ -411,11 +418,13 @@ CHECKS = {("GET", "/api/models"): check_models, ("POST", "/api/attention"): chec
           ("POST", "/api/path_patching"): check_path_patching,
           ("POST", "/api/qk"): check_qk, ("POST", "/api/lens"): check_lens, ("POST", "/api/circuits"): check_circuits,
           ("POST", "/api/generate"): check_generate, ("GET", "/api/models/{id}/onnx"): check_onnx,
-          ("GET", "/healthz"): check_health, ("POST", "/api/jobs"): check_job, ("GET", "/api/jobs"): check_jobs}
+          ("GET", "/healthz"): check_health, ("POST", "/api/jobs"): check_job, ("GET", "/api/jobs"): check_jobs,
+          ("POST", "/api/jobs/{job_id}/cancel"): check_job_cancel}
 
 
 def route(ex: Example) -> tuple[str, str]:
-    return ex.method, re.sub(r"^/api/models/[^/]+/onnx$", "/api/models/{id}/onnx", ex.path)
+    path = re.sub(r"^/api/models/[^/]+/onnx$", "/api/models/{id}/onnx", ex.path)
+    return ex.method, re.sub(r"^/api/jobs/[0-9a-f]{16}/cancel$", "/api/jobs/{job_id}/cancel", path)
 
 
 # ---- the tests -------------------------------------------------------------------------------------------------------

@@ -178,7 +178,8 @@ def served():
 
 def test_every_route_is_an_analysis_and_every_analysis_a_route_with_an_example(served):
     paths = served.get("/openapi.json").json()["paths"]
-    posted = {p for p, ops in paths.items() if "post" in ops and p != "/api/jobs"}
+    jobs = ("/api/jobs", "/api/jobs/{job_id}/cancel")       # the corpus jobs' own routes: a job is a resource
+    posted = {p for p, ops in paths.items() if "post" in ops and p not in jobs}
     assert posted == {a.path for a in ANALYSES.values()}
     for a in ANALYSES.values():
         op = paths[a.path]["post"]

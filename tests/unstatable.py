@@ -70,9 +70,9 @@ RULES = [
 ]
 REFUSED = re.compile("|".join(f"(?:{rule.pattern})" for rule in RULES))
 
-# And one behaviour schemathesis' stateful check (ST301, "Deleted resource still available") reports, by design:
-# DELETE /api/jobs/{id} cancels a job, which stays listed as cancelled with its finished chunks kept (POSTing the same
-# request resumes it), so its GET still answers 200. No other resource is deleted.
+# Schemathesis' stateful check (ST301, "Deleted resource still available") once reported DELETE /api/jobs/{id}, which
+# cancelled a job that stayed listed; since issue 50 DELETE removes the job (a GET is then 404) and cancelling is
+# POST /api/jobs/{id}/cancel, so no deleted resource may stay: the pattern stays for that check's parsing.
 KEPT_AFTER_DELETE = re.compile(r"/api/jobs/[0-9a-f]+")
 
 

@@ -305,13 +305,8 @@ export async function startJob(body) {
   return (await post("/api/jobs", body, "application/json")).json();
 }
 
-/** DELETE /api/jobs/{id} (JSON): cancel a queued or running job (a running one stops after the chunk under way). */
+/** POST /api/jobs/{id}/cancel (JSON): cancel a queued or running job (a running one stops after the chunk under way;
+ *  DELETE /api/jobs/{id} removes a job and its files). */
 export async function cancelJob(id) {
-  let response;
-  try {
-    response = await fetch(`/api/jobs/${encodeURIComponent(id)}`, { method: "DELETE", headers: { Accept: "application/json" } });
-  } catch (err) {
-    throw new ApiError(0, `could not reach the server (${err.message}); is it still running?`);
-  }
-  return (await checked(response)).json();
+  return (await post(`/api/jobs/${encodeURIComponent(id)}/cancel`, {}, "application/json")).json();
 }
