@@ -223,8 +223,7 @@ def _probe_ids(rt: Runtime) -> tuple[int, ...]:
 
 
 # ---- a long text, layer by layer ----------------------------------------------------------------------------------
-CHECKPOINTS_SHARE = 0.5   # of the result cache one layer-by-layer run's checkpoints may take (checkpoint_spacing): the
-#                           rest of its kept parts (rows, thumbnails, the ends) and other results need the remainder
+CHECKPOINTS_SHARE = 0.5   # of the result cache a long run's checkpoints may take: its other parts need the rest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -459,17 +458,16 @@ class Attention(Answer):
 
 
 def body(text: str, **options) -> dict:
-    """POST /api/attention: per-head attention probabilities [layer, head, query, key] of the asked layers and
-    heads, entropy, summaries; options as the API takes them (layers, heads, causal, mask_tokens, ablate,
-    include, ...)."""
+    """POST /api/attention: per-head attention probabilities [layer, head, query, key] of the asked layers and heads,
+    entropy, summaries; options as the API takes them (layers, heads, causal, mask_tokens, ablate, include, ...)."""
     return {"text": text, **options}
 
 
 def tool(api, text: ToolText, model: ModelId = None,
          statistic: Annotated[str, Field(description="a summary statistic: mean_entropy, first_token_mass, "
-                                                     "previous_token_mass, ... (the API's `summary`)")] =
-         "previous_token_mass",
-         layer: Layer | None = None, head: Head | None = None, top: Top = TOP) -> dict:
+                                                     "previous_token_mass, ... (the API's `summary`)")
+                              ] = "previous_token_mass", layer: Layer | None = None, head: Head | None = None,
+         top: Top = TOP) -> dict:
     if head is not None and layer is None:
         raise ValueError("head needs layer: give layer and head for one head's strongest links, or neither for the "
                          "heads that rank highest on the statistic")
