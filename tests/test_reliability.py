@@ -234,7 +234,8 @@ def test_a_bad_job_file_is_skipped_and_reported_and_old_records_still_read(tmp_p
         if partial is not None:
             (tmp_path / name / "atlas.json.partial.json").write_text(json.dumps(partial))
     good, running = "0123456789abcdef", "1111111111111111"
-    write(good, _record())                                                      # version 1: no `version` field
+    now = time.time()            # done today: ATTNSCOPE_JOBS_KEEP_DAYS ages out what finished long ago, not old formats
+    write(good, _record(created=now, finished=now))                             # version 1: no `version` field
     write(running, _record(id=running, state="running", texts_total=500, texts_done=0, finished=None),
           partial={"sums": {"texts": 128}})
     bad = {"aaaaaaaaaaaaaaaa": {k: v for k, v in _record(id="aaaaaaaaaaaaaaaa").items() if k != "id"},
