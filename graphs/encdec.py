@@ -98,7 +98,7 @@ ATTENTIONS = ("encoder", "decoder", "cross")   # an encoder-decoder's three atte
 def build_graph(model: EncoderDecoder, edits: bool = False) -> onnx.ModelProto:
     """EncoderDecoder.__call__ as one graph. edits: the graph of runs with edits (runtime/encdec.py's interventions),
     model/interventions.forward_encoder_decoder's: for each attention a of ATTENTIONS three more inputs,
-    {a}_knocked [B, L, H, Tq, Tk] bool (a knockout's cells, model/interventions.knockout: MASKED in the layer's mask
+    {a}_knocked [B, L, H, Tq|1, Tk|1] bool (a knockout's cells, model/interventions.knockout: MASKED in the layer's mask
     there, as runtime/interventions.py's knockouts are), {a}_edited [B, L, H, Tq] bool and {a}_edits
     [B, L, H, Tq, dh] (values put into its heads' outputs, hook_z: steps.edited_heads), and one more output,
     {a}_head_output [L, B, H, Tq, dh] (each head's output as the run computed it, edits made)."""
@@ -163,7 +163,10 @@ def build_graph(model: EncoderDecoder, edits: bool = False) -> onnx.ModelProto:
         for a in ATTENTIONS:
             L, Tq = layers[a], queries[a]
             Tk = "target" if a == "decoder" else "source"
-            inputs += [helper.make_tensor_value_info(f"{a}_knocked", onnx.TensorProto.BOOL, ["batch", L, H, Tq, Tk]),
+            # its own query and key axes: [B, L, H, 1, 1] (nothing knocked) broadcasts, so a batch of rows without a
+            # knockout of attention a feeds no [Tq, Tk] cells (runtime/encdec.py _edit_feeds)
+            inputs += [helper.make_tensor_value_info(f"{a}_knocked", onnx.TensorProto.BOOL,
+                                                     ["batch", L, H, f"{a}_knocked_queries", f"{a}_knocked_keys"]),
                        helper.make_tensor_value_info(f"{a}_edited", onnx.TensorProto.BOOL, ["batch", L, H, Tq]),
                        helper.make_tensor_value_info(f"{a}_edits", f, ["batch", L, H, Tq, dh])]
             stacked(heads[a], f"{a}_head_output")

@@ -271,8 +271,9 @@ def _edit_feeds(rt, rows: Sequence[Sequence[Edit]], S: int, T: int) -> dict[str,
     Tq = {"encoder": S, "decoder": T, "cross": T}
     Tk = {"encoder": S, "decoder": T, "cross": S}
     feeds = {}
-    for a in ("encoder", "decoder", "cross"):
-        feeds[f"{a}_knocked"] = np.zeros((B, L[a], H, Tq[a], Tk[a]), bool)
+    knocks = {attention_of(e) for row in rows for e in row if e.site.endswith("masked")}
+    for a in ("encoder", "decoder", "cross"):        # cells only for an attention some row knocks out: else [.., 1, 1]
+        feeds[f"{a}_knocked"] = np.zeros((B, L[a], H, Tq[a], Tk[a]) if a in knocks else (B, L[a], H, 1, 1), bool)
         feeds[f"{a}_edited"] = np.zeros((B, L[a], H, Tq[a]), bool)
         feeds[f"{a}_edits"] = np.zeros((B, L[a], H, Tq[a], dh), COMPUTE)
     for b, row in enumerate(rows):
