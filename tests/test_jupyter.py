@@ -47,8 +47,8 @@ def test_a_view_carries_the_answer_and_the_page_modules(model, monkeypatch):
     v = model.show(a, view="lines", layer=2, head=5, pin=3)
     assert v.state == {"view": "lines", "layer": 2, "head": 5, "pin": 3, "model": "minilm", "text": ""}
     data = v.data()
-    back = wire.from_binary(base64.b64decode(data["answers"]["attention"]["binary"]))
-    np.testing.assert_array_equal(back["attention"], a["attention"])
+    back = jupyter.carried(data["answers"]["attention"]["packed"])
+    np.testing.assert_array_equal(back["attention"], a["attention"].astype(np.float16))    # float16, as labelled
     assert back["tokens"] == a["tokens"] and data["info"]["id"] == "minilm"
     assert v.html().count(pages.page_bundle("embed.js")[0]) == 1
     assert data["boot"]["models"] == model.models() and data["boot"]["views"][0]["id"] == "head"
@@ -86,7 +86,7 @@ def test_an_effects_view_carries_the_maps_it_was_asked_for(local_smollm2):
         "text": clean, "corrupt": corrupt, "target": "␣Mary", "distractor": "␣John", "site": "head_output",
         "direction": "denoise"}
     data = v.data()["answers"]
-    dla = wire.from_binary(base64.b64decode(data["attribution"]["binary"]))     # as the page fetches /api/attention
+    dla = jupyter.carried(data["attribution"]["packed"])     # as the page fetches /api/attention
     assert dla["attribution"]["heads"] == v.answers["attribution"].parts["heads"]
     assert data["patching"]["json"]["recovery"] == json.loads(wire.to_json(v.answers["patching"].data))["recovery"]
     with pytest.raises(ValueError, match="the effects maps and a generation are of a text"):
@@ -115,3 +115,20 @@ def test_a_client_shows_a_servers_answer_with_the_servers_models(live_server):
         assert v.state["view"] == "model" and v.answers["attention"]["attention"].shape[:2] == (6, 12)
     finally:
         api.close()
+
+
+def test_a_256_token_minilm_view_is_at_most_12_mb_with_plotly_js(model):
+    """Issue 50: a 256-token MiniLM output was 25.7 MB (plotly.js and base64 float32). Now its floats travel as float16
+    (each within float16's rounding of the float32 answer), byte-shuffled, deflated and in base 85, and plotly.js
+    packed the same way: the kernel's first output, plotly.js in it, stays <= 12 MB."""
+    text = " ".join(f"In {1900 + i}, the council of {w} voted {i % 7} to {i % 5} on the river bridge's budget."
+                    for i, w in enumerate(["Alder", "Birch", "Cedar", "Dover", "Elm", "Fenwick", "Grange"] * 6))
+    a = model.attention(text)
+    assert len(a.tokens) == 256
+    out = model.show(a).html(plotly=True)
+    assert len(out.encode("utf-8")) <= 12e6, len(out) / 1e6
+    back = jupyter.carried(model.show(a).data()["answers"]["attention"]["packed"])["attention"]
+    exact = a["attention"]
+    assert back.dtype == np.float16
+    np.testing.assert_array_equal(back, exact.astype(np.float16))
+    assert np.all(np.abs(back.astype(np.float64) - exact) <= np.maximum(np.abs(exact) * 2.0 ** -11, 2.0 ** -25))

@@ -13,6 +13,7 @@ import { h, replace, tokenLabel } from "./dom.js";
 import { grownAnswer, grownMeta } from "./matrix.js";
 import { plot, plotlyReady } from "./plot.js";
 import * as state from "./state.js";
+import { unpack } from "./unpack.js";
 import * as effects from "./views/effects.js";
 import * as head from "./views/head.js";
 import * as lens from "./views/lens.js";
@@ -28,11 +29,11 @@ const NEEDS = { head: ["attention"], lines: ["attention"], model: ["attention"],
 const RUN = ["model", "text", "text_pair", "decoder_text", "ablate", "ablation", "causal", "mask_tokens", "attention",
   "corrupt", "target", "distractor", "site", "direction", "receivers", "receiver_input"];
 
-/** A carried answer as api.js gives the page its own: the binary form (base64) decoded, or the JSON form as is. */
-export function decoded({ binary, json }) {
+/** A carried answer as api.js gives the page its own: the binary form (packed, float16) decoded, or the JSON form as
+ *  is. */
+export async function decoded({ packed, json }) {
   if (json) return json;
-  const bytes = Uint8Array.from(atob(binary), (c) => c.charCodeAt(0));
-  return decodeBinary(bytes.buffer);
+  return decodeBinary((await unpack(packed, 2)).buffer);
 }
 
 /** Layers `layers` and heads `heads` (model indices; undefined: all it has) of an /api/attention answer, as the
@@ -85,7 +86,8 @@ function select(label, name, options, value, onchange) {
  *  view has drawn; root.dataset.renders counts the drawings. */
 export async function mount(root, data) {
   const info = data.info;
-  const answers = Object.fromEntries(Object.entries(data.answers).map(([k, v]) => [k, decoded(v)]));
+  const answers = Object.fromEntries(await Promise.all(Object.entries(data.answers)
+    .map(async ([k, v]) => [k, await decoded(v)])));
   const prompt = answers.attention, generation = answers.generation;
   const meta = generation ? grownMeta(prompt, generation.steps, data.state.text) : prompt;
   // the views the carried answers draw and the model can do (its capability record, as the page's tabs)

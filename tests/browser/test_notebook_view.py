@@ -25,7 +25,7 @@ EMBED = ".attnscope-embed"
 def carried(html: str) -> dict:
     """The answer an output carries, decoded by the Python side of the wire form."""
     blob = re.search(r'<script type="application/json" id="[^"]+-data">(.*?)</script>', html, re.S).group(1)
-    return wire.from_binary(base64.b64decode(json.loads(blob)["answers"]["attention"]["binary"]))
+    return jupyter.carried(json.loads(blob)["answers"]["attention"]["packed"])
 
 
 def drawn(page: Page, renders: int) -> dict:
