@@ -65,7 +65,8 @@ class RetrievalRequest(Strict):
     depths: list[Depth] = Field(list(DEPTHS), min_length=1, max_length=11, description="where the needle goes: "
                                 "fractions of the haystack (0 its start, 1 its end), each moved to the nearest "
                                 "sentence start; the scores and probabilities are averaged over them")
-    top: _bounded(1, MAX_TOP) = Field(5, description="how many of the top heads are knocked out together")
+    top: _bounded(1, MAX_TOP) | None = Field(None, description="how many of the top heads are knocked out together; "
+                                             "default 5 (half the model's heads if that is fewer)")
     controls: _bounded(0, 8) = Field(2, description="random draws of as many heads from the same layers (none of the "
                                      "top heads), each knocked out in a run of its own")
     seed: _bounded(0, 2**31 - 1) = Field(0, description="seeds the random draws")
@@ -157,13 +158,13 @@ def place(hay: str, needle: str, depth: float) -> tuple[str, int]:
     return before + needle + ("" if not after or after[0].isspace() else " ") + after, len(before)
 
 
-def probe(rt: Runtime, hay: str, req: RetrievalRequest, depth: float) -> Placed:
+def probe(rt: Runtime, hay: str, req: RetrievalRequest, depth: float, room: int) -> Placed:
     text, at = place(hay, req.needle, depth)
     text = f"{text.rstrip()}\n\n{req.question}{req.answer}"
     enc = rt.vocabulary.encode(text)
     if enc.truncated:
         raise Refused(f"the probe is over {rt.spec.max_tokens} tokens, what model {req.model!r} reads (its "
-                      f"max_tokens): shorten the haystack (tokens)")
+                      f"max_tokens): shorten the haystack to at most about {max(room, 1)} tokens (tokens)")
     a0, n1 = len(text) - len(req.answer), at + len(req.needle)
     real = [i for i, s in enumerate(enc.special) if not s]
     needle = [i for i in real if enc.offsets[i][1] > at and enc.offsets[i][0] < n1]
@@ -279,13 +280,14 @@ def plan(ctx: Context, req: RetrievalRequest, binary: bool) -> RetrievalPlan:
         raise Refused(f"answer {req.answer.strip()[:80]!r} is not in the needle: the answer is what the needle says, "
                       f"copied from it")
     L, H = rt.cfg.n_layers, rt.cfg.n_heads
-    if 2 * req.top > L * H:
-        raise Refused(f"top {req.top} is more than half of model {req.model!r}'s {L * H} heads: the controls draw as "
+    top = min(5, L * H // 2) if req.top is None else req.top
+    if not 1 <= top <= L * H // 2:
+        raise Refused(f"top {top} is more than half of the {L * H} heads of model {req.model!r}: the controls draw as "
                       f"many other heads; ask for at most {L * H // 2}")
     extra = len(rt.vocabulary.encode(f"{req.needle} \n\n{req.question}{req.answer}").ids) + 2
-    hay, n = haystack(rt, req.text, req.tokens, rt.spec.max_tokens - extra)
-    depths = list(dict.fromkeys(req.depths))
-    probes = tuple(probe(rt, hay, req, d) for d in depths)
+    room = rt.spec.max_tokens - extra
+    hay, n = haystack(rt, req.text, req.tokens, room)
+    probes = tuple(probe(rt, hay, req, d, room) for d in dict.fromkeys(req.depths))
     runs = 2 + req.controls
     flop = runs * sum(forward_flop(rt, len(p.encoding.ids)) for p in probes)
     if flop > ctx.settings.work_tflop * 1e12:
@@ -293,12 +295,12 @@ def plan(ctx: Context, req: RetrievalRequest, binary: bool) -> RetrievalPlan:
                       f"{max(len(p.encoding.ids) for p in probes)} tokens), over the {ctx.settings.work_tflop:g} TFLOP "
                       f"a request may take (ATTNSCOPE_WORK_TFLOP): ask fewer depths or controls, or a shorter "
                       f"haystack (tokens)")
-    key = hash_of(["retrieval", req.model, rt.key, [p.text for p in probes], req.needle, req.answer, req.top,
+    key = hash_of(["retrieval", req.model, rt.key, [p.text for p in probes], req.needle, req.answer, top,
                    req.controls, req.seed])
     lw = rt.layerwise(ctx.settings.checkpoint_every, ctx.settings.layerwise_group_mb)
 
     def call(progress, stopped) -> Found:
-        return find(rt, lw, list(probes), req.top, req.controls, req.seed, progress, stopped)
+        return find(rt, lw, list(probes), top, req.controls, req.seed, progress, stopped)
     size = 4000 + sum(len(p.text) + 40 * len(p.answer) for p in probes) + 40 * L * H
     return RetrievalPlan(request=req, runtime=rt, encoding=probes[0].encoding, key=key,
                          etag=etag_of(key, req, binary), binary=binary, size=size, run=Run(key, call, steps=True),
@@ -381,7 +383,7 @@ ANALYSIS = Analysis(
     "retrieval score, and what knocking the top heads out costs", description=" ".join(
         __doc__.split("\n\n")[0].split("\n"))[len("POST /api/retrieval: "):],
     request=RetrievalRequest, response=RetrievalResponse, plan=plan, stream="runs", needs=("predictions", "an LM head"),
-    example={"tokens": 48, "depths": [0.5], "controls": 1, "top": 2},
+    example={"tokens": 48, "depths": [0.5], "controls": 1},
     methods=(Method("retrieval", body, Retrieval),),
     tools=(Tool("retrieval", "Retrieval heads (Wu et al. 2024): a needle sentence placed in a haystack, a question, "
                 "and its answer; the heads whose top key copies the answer from the needle, and the answer's "
