@@ -27,7 +27,7 @@ from ..runtime.errors import Stopped
 from ..runtime.interventions import head_masks
 from ..runtime.layerwise import Want
 from . import checks
-from .answers import Answer, ModelId, heads_map, number, top_heads
+from .answers import Answer, ModelId, heads_map, number
 from .base import Analysis, Computed, Context, ManyRunsPlan, Method, Tool, etag_of, fields, hash_of
 from .errors import Refused
 from .runs import Run
@@ -340,10 +340,6 @@ class Retrieval(Answer):
         L, H = np.shape(self.data["scores"])
         return {"layer": list(range(L)), "head": list(range(H))}
 
-    def top_heads(self, k: int = 5) -> list[tuple[int, int, float]]:
-        """The k heads of the highest retrieval scores: (layer, head, score) (ties in the answer's order: top_heads)."""
-        return top_heads(self.data["scores"], k, by_abs=False)
-
     def figure(self):
         return heads_map(f"{self.data['model']} · retrieval score (needle at depths {self.data['depths']})",
                          self.data["scores"], "retrieval score")
@@ -372,10 +368,11 @@ def tool(api, text: Annotated[str | None, Field(description="the haystack; the b
          tokens: Annotated[int | None, Field(ge=1, description="the haystack's tokens used")] = None,
          top: Annotated[int, Field(ge=1, le=MAX_TOP)] = 5, model: ModelId = None) -> dict:
     a = api.retrieval(text, depths=depths, tokens=tokens, top=top, model=model)
+    p = lambda x: None if x is None else float(f"{x:.4g}")    # noqa: E731 - a probability may be 1e-13
     return {"model": a.model, "depths": a.depths,
             "top_heads": [{"layer": t["layer"], "head": t["head"], "score": number(t["score"])} for t in a.top_heads],
-            "probability": number(a.probability), "knocked_out_probability": number(a.knocked_out["probability"]),
-            "control_probability": number(a.control_probability)}
+            "probability": p(a.probability), "knocked_out_probability": p(a.knocked_out["probability"]),
+            "control_probability": p(a.control_probability)}
 
 
 ANALYSIS = Analysis(
