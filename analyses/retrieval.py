@@ -41,7 +41,7 @@ ANSWER = " marmalade sunrise"
 DEPTHS = (0.1, 0.5, 0.9)
 HAYSTACK_TOKENS = 512        # the bundled haystack's length by default (or what the model reads, if less)
 MAX_TOP = 32
-Depth = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Depth = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False, strict=True)]   # JSON numbers only: no true/false
 
 
 @functools.cache
