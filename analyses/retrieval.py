@@ -57,7 +57,8 @@ class RetrievalRequest(Strict):
     tokens: _bounded(1, MAX_INDEX + 1) | None = Field(
         None, description=f"the haystack's first `tokens` tokens are used; default: the bundled haystack's first "
         f"{HAYSTACK_TOKENS} (fewer where the model reads fewer), the whole of a given text")
-    needle: Text = Field(NEEDLE, description="the sentence placed in the haystack", json_schema_extra={"pattern": r"\S"})
+    needle: Text = Field(NEEDLE, description="the sentence placed in the haystack",
+                         json_schema_extra={"pattern": r"\S"})
     question: Text = Field(QUESTION, description="what follows the haystack (after a blank line), up to the answer",
                            json_schema_extra={"pattern": r"\S"})
     answer: Text = Field(ANSWER, description="the needle's answer, appended after the question and scored (teacher "
