@@ -24,19 +24,24 @@ def serve(runtimes: dict) -> TestClient:
     return TestClient(app)
 
 
-def scores_from_rows(client: TestClient, model: str, answer: dict, layers: list[int]) -> np.ndarray:
+def scores_from_rows(client: TestClient, model: str, answer: dict, layers: list[int]) -> tuple[np.ndarray, ...]:
     """[layer][head] retrieval scores of every head of `layers`, from POST /api/attention's rows of each probe: the
-    share of answer tokens whose row before them has its argmax on the same token inside the needle."""
-    hits = []
+    share of answer tokens whose row before them has its argmax on the same token inside the needle. Two graphs
+    may order keys whose weights are equal to float32 rounding either way: such a row counts as a copy in the upper
+    bound and as none in the lower one (the two bounds are equal unless a row has such a tie)."""
+    low, high = [], []
     for p in answer["probes"]:
         a = client.post("/api/attention", json={"model": model, "text": p["text"], "layers": layers}).json()
         assert len(a["tokens"]) == p["tokens"]
         rows = np.asarray(a["attention"])[:, :, np.asarray(p["answer"]) - 1]          # [layers, H, A, T]
-        top = rows.argmax(-1)
-        ids = np.asarray(a["token_ids"])
-        n0, n1 = p["needle"]
-        hits.append(((top >= n0) & (top < n1) & (ids[top] == ids[p["answer"]])).mean(-1))
-    return np.mean(hits, axis=0)
+        ids, (n0, n1) = np.asarray(a["token_ids"]), p["needle"]
+        copy = np.zeros((len(p["answer"]), rows.shape[-1]), bool)                      # [A, T]: the needle's copies
+        for i, t in enumerate(p["answer"]):
+            copy[i, n0:n1] = ids[n0:n1] == ids[t]
+        near = rows >= rows.max(-1, keepdims=True) - 1e-5                              # the top key, or tied with it
+        high.append((near & copy).any(-1).mean(-1))
+        low.append((~(near & ~copy).any(-1)).mean(-1))
+    return np.mean(low, axis=0), np.mean(high, axis=0)
 
 
 def check(client: TestClient, model: str) -> dict:
@@ -60,7 +65,9 @@ def check(client: TestClient, model: str) -> dict:
     assert k["probability"] < c["probability"] < 1 and k["probability"] < 0.5 * j["probability"]
     # each head's score is the argmax of its attention rows, as /api/attention gives them
     layers = sorted({l for l, _ in top} | {0})
-    assert np.array_equal(scores_from_rows(client, model, j, layers), scores[layers])
+    low, high = scores_from_rows(client, model, j, layers)
+    assert np.all(low - 1e-9 <= scores[layers]) and np.all(scores[layers] <= high + 1e-9)
+    assert np.mean(high - low) < 0.01, "the rows have ties in many places: choose a probe whose heads are decided"
     return j
 
 
@@ -82,3 +89,18 @@ def test_gemma3_retrieval_heads():
     from attnscope.sources import zoo
 
     check(serve({"gemma3": Runtime(zoo.get("gemma3"), cache_dir=CACHE, threads=2)}), "gemma3")
+
+
+def test_the_needle_goes_to_a_sentence_start_and_the_controls_avoid_the_top_heads():
+    from attnscope.analyses.retrieval import controls, place
+
+    hay = "One two. Three four five. Six seven! Eight."
+    assert place(hay, "N.", 0.0) == ("N. " + hay, 0)
+    assert place(hay, "N.", 1.0) == (hay + " N.", len(hay) + 1)
+    text, at = place(hay, "N.", 0.5)
+    assert text == "One two. Three four five. N. Six seven! Eight." and text[at:at + 2] == "N."
+    top = [(1, 0), (1, 1), (1, 2)]             # layer 1 of 4 heads: one other head there, then the nearest layer
+    for seed in range(5):
+        drawn = controls(top, 3, 4, np.random.default_rng(seed))
+        assert drawn[0] == (1, 3) and [l for l, _ in drawn[1:]] == [0, 0] and drawn[1] != drawn[2]
+    assert len({tuple(controls([(5, 0)], 9, 9, np.random.default_rng([0, n]))) for n in range(8)}) > 1
