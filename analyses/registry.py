@@ -16,6 +16,7 @@ MODULES = (
     "patching",
     "path_patching",
     "knockout",
+    "retrieval",
     "qk",
     "lens",
     "circuits",

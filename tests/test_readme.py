@@ -297,6 +297,25 @@ def check_knockout(ex, a, api):
     assert [t["id"] for t in preds] == [t["id"] for t in a["effect"]["next_tokens_before"]]
 
 
+def check_retrieval(ex, a, api):
+    req = ex.body
+    m = api.info[req["model"]]
+    scores = np.asarray(a["scores"])
+    assert scores.shape == (m["layers"], m["heads"]) and a["depths"] == req["depths"]
+    assert a["haystack_tokens"] == req["tokens"] and len(a["controls"]) == req["controls"]
+    top = [(t["layer"], t["head"]) for t in a["top_heads"]]
+    assert [t["score"] for t in a["top_heads"]] == sorted(scores.ravel(), reverse=True)[:len(top)] and top
+    k = a["knocked_out"]["probability"]
+    assert k < a["control_probability"] and k < a["probability"]        # the top heads carry the retrieval
+    # the top head's score is its attention rows' argmax on the needle's copy of each answer token (/api/attention)
+    (p,) = a["probes"]
+    (l, h) = top[0]
+    b = api.post("/api/attention", {"model": req["model"], "text": p["text"], "layers": [l], "heads": [h]})
+    keys = np.asarray(b["attention"])[0, 0][np.asarray(p["answer"]) - 1].argmax(-1)
+    ids, (n0, n1) = np.asarray(b["token_ids"]), p["needle"]
+    assert math.isclose(((keys >= n0) & (keys < n1) & (ids[keys] == ids[p["answer"]])).mean(), scores[l, h])
+
+
 def check_path_patching(ex, a, api):
     """Each head alone as the sender to L23H3's query: a [layer][head] map; a head at or above the receiver's layer has
     no path (the clean metric), and some head below it carries the corruption."""
@@ -415,6 +434,7 @@ def check_jobs(ex, jobs, api):
 CHECKS = {("GET", "/api/models"): check_models, ("POST", "/api/attention"): check_attention,
           ("POST", "/api/stages"): check_stages, ("POST", "/api/importance"): check_importance,
           ("POST", "/api/patching"): check_patching, ("POST", "/api/knockout"): check_knockout,
+          ("POST", "/api/retrieval"): check_retrieval,
           ("POST", "/api/path_patching"): check_path_patching,
           ("POST", "/api/qk"): check_qk, ("POST", "/api/lens"): check_lens, ("POST", "/api/circuits"): check_circuits,
           ("POST", "/api/generate"): check_generate, ("GET", "/api/models/{id}/onnx"): check_onnx,

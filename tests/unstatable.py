@@ -39,6 +39,10 @@ RULES = [
          "the character limit over text and text_pair together: JSON Schema bounds each string alone"),
     Rule(r"^the prompt is (over )?\d+ tokens and \d+ new ones would pass .*'s \d+ \(its max_tokens\)",
          "a generation's prompt tokens and max_new_tokens together within the model's length (a token count)"),
+    Rule(r"^the (needle|answer) reads as no token of model ",
+         "retrieval's needle and answer must tokenise to something: a tokenizer's property"),
+    Rule(r"^the probe is over \d+ tokens, what model .* reads \(its max_tokens\)",
+         "retrieval's probe (haystack, needle, question, answer) within the model's length: a token count"),
     # relations between fields, or sizes that follow from several of them and the text
     Rule(r"^layers \[\d+, \d+\] must be \[first, last\] with first <= last",
          "knockout's layers in order: JSON Schema cannot compare two items of an array"),
@@ -52,6 +56,12 @@ RULES = [
          "a generation's memory: the token count times the model's layers and width"),
     Rule(r"^the attention rows of this generation are \d+ numbers, over the limit of \d+ \(ATTNSCOPE_MAX_JSON_CELLS\)",
          "a generation's attention rows: new tokens x layers x heads x positions"),
+    Rule(r"^answer .* is not in the needle: ", "retrieval's answer is a substring of its needle: a relation between "
+         "two strings"),
+    Rule(r"^top \d+ is more than half of the \d+ heads of model ",
+         "retrieval's top heads at most half of layers x heads: a product the per-model schemas do not bound"),
+    Rule(r"^this retrieval probe is [\d.]+ TFLOP .*ATTNSCOPE_WORK_TFLOP",
+         "retrieval's work: its walks (depths x (2 + controls)) x the probe's token count"),
     Rule(r"^attribution needs `target`",
          "`include` naming attribution requires `target`: a dependency on an array's content"),
     Rule(r"^attribution is of the intact model",
@@ -62,6 +72,8 @@ RULES = [
          "str.strip (the tokenizers' white space) removes"),
     Rule(r"^text_pair is blank: leave it out or give at least one non-blank character$",
          "the same, for text_pair"),
+    Rule(r"^(text|needle|question|answer) is blank: give at least one non-blank character$",
+         "the same, for retrieval's four texts"),
     # what an upload holds is read when it comes
     Rule(r"^the corpus cannot be read: ", "a corpus upload's content (CSV, JSONL) is parsed, not matched"),
     Rule(r"^the corpus has no text to read", "the same: texts found in the upload"),
