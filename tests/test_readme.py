@@ -53,7 +53,7 @@ class Example:
 def parse(command: str) -> Example:
     """curl's arguments: -X, -H, -d, -o and the URL; -s/-N/-f style switches take no value. Anything else is a
     curl option this parser does not know: teach it here rather than skip the example."""
-    args = shlex.split(command)
+    args = shlex.split(command, comments=True)          # a trailing "# ..." is a comment, as in bash
     assert args[0] == "curl", command
     method, headers, body, output, url = None, {}, None, None, None
     i = 1
@@ -420,7 +420,8 @@ def check_job(ex, job, api):
 
 
 def check_job_cancel(ex, job, api):
-    """The README's job example (its id a hash of what it computes), cancelled: it stays listed, cancelled."""
+    """The README's first job example, by the id its POST answers (the README writes ID: a job's id hashes what it
+    computes, the exporter's source among it), cancelled: it stays listed, cancelled."""
     job_id = ex.path.split("/")[3]
     assert job["id"] == job_id and job["state"] in ("cancelled", "cancelling")
     assert api.get(f"/api/jobs/{job_id}")["state"] in ("cancelled", "cancelling")
@@ -444,7 +445,7 @@ CHECKS = {("GET", "/api/models"): check_models, ("POST", "/api/attention"): chec
 
 def route(ex: Example) -> tuple[str, str]:
     path = re.sub(r"^/api/models/[^/]+/onnx$", "/api/models/{id}/onnx", ex.path)
-    return ex.method, re.sub(r"^/api/jobs/[0-9a-f]{16}/cancel$", "/api/jobs/{job_id}/cancel", path)
+    return ex.method, re.sub(r"^/api/jobs/(ID|[0-9a-f]{16})/cancel$", "/api/jobs/{job_id}/cancel", path)
 
 
 # ---- the tests -------------------------------------------------------------------------------------------------------
@@ -465,6 +466,12 @@ def test_readme_curl_example(ex, request, tmp_path):
     # the suite's server serves the quick models; SmolLM2's examples go to the SmolLM2 server, T5's to a tiny T5's
     url = request.getfixturevalue({"smollm2": "live_server_smollm2", "t5": "live_server_t5"}.get(ex.model,
                                                                                                    "live_server"))
+    if route(ex) == ("POST", "/api/jobs/{job_id}/cancel"):       # ID: the README's first job's, as its POST answers
+        first = next(e for e in examples() if route(e) == ("POST", "/api/jobs"))
+        r = httpx.post(url + "/api/jobs", json=first.body, timeout=60)            # 202: started (or already known)
+        assert r.status_code in (200, 202), r.text[:500]
+        job_id = r.json()["id"]
+        ex = parse(ex.command.replace("/api/jobs/ID/", f"/api/jobs/{job_id}/"))
     CHECKS[route(ex)](ex, run(ex, url, tmp_path), Api(url))
 
 
