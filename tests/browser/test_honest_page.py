@@ -174,3 +174,23 @@ def test_generate_hid_in_the_side_panels_own_scroll_box(tab, live_server_smollm2
     tab.wait_for_function("() => { const r = document.getElementById('gen-run').getBoundingClientRect(); "
                           "return r.top >= 0 && r.bottom <= innerHeight; }", timeout=5_000)
     tab.evaluate("(was) => { document.getElementById('generate').open = was; }", was_open)
+
+
+def test_corpus_tab_was_a_dead_end_and_atlas_said_queued_for_good(tab, live_server):
+    """The Corpus tab starts a job here (the Atlas follows it), and shows the command line as code, not as text in
+    backticks. The Atlas' note after Start said the job's state ("queued") and kept saying it after the job was done:
+    it says the job started and leaves its state to the list, kept current. (This server queues jobs and never runs
+    them: the job stays queued.)"""
+    visit(tab, live_server, "corpus", model="minilm")
+    view = tab.locator("#view-corpus")
+    assert "`" not in view.inner_text() and "`" not in tab.locator("#view-help").inner_text()
+    expect(view.locator("code")).to_have_text("attnscope corpus texts.txt --model minilm")
+    tab.locator("#corpus-start").click()
+    wait_drawn(tab, "atlas")
+    rows = tab.locator("#view-atlas .atlas-job[data-state=queued]")
+    expect(rows.first).to_be_visible()
+    tab.locator("#atlas-start").click()
+    note = tab.locator("#atlas-form-note")
+    expect(note).to_contain_text("started")
+    assert "queued" not in note.inner_text()
+    assert tab.errors == []
