@@ -118,9 +118,9 @@ export function absMax(rows) {
 export function divergingRange(rows, st = null, bound = null) {
   const absmax = absMax(rows);
   const fixed = bound !== null && st?.signed === "fixed";
-  const top = fixed ? bound : Math.max(absmax, 1e-9);
+  const top = fixed ? bound : absmax > 0 ? absmax : bound ?? 1;     // all zero: its bound (no scale of 1e-9)
   return { zmin: -top, zmid: 0, zmax: top, absmax, fixed,
-    label: `${fixed ? "fixed" : "fitted"} symmetric scale ${MINUS}${fmtSig(top)} to +${fmtSig(top)}` +
+    label: absmax === 0 && !fixed ? `all 0 (shown on ${MINUS}${fmtSig(top)} to +${fmtSig(top)}, 0 white)` : `${fixed ? "fixed" : "fitted"} symmetric scale ${MINUS}${fmtSig(top)} to +${fmtSig(top)}` +
       `${fixed ? ` (largest |value| ${fmtSig(absmax)})` : " (its largest |value|)"}, 0 white (purple: negative, orange: positive)` };
 }
 

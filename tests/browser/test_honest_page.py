@@ -3,12 +3,13 @@ reads, nothing cut off. Each test is named after the defect it reproduced (seen 
 per server for the module (browser time is the suite's budget)."""
 from __future__ import annotations
 
+import re
 from urllib.parse import urlencode
 
 import pytest
 from playwright.sync_api import expect
 
-from .conftest import wait_drawn
+from .conftest import EXAMPLE, wait_drawn
 
 pytestmark = pytest.mark.browser
 # a 3,000-word article (the issue's): every test model cuts it
@@ -193,4 +194,20 @@ def test_corpus_tab_was_a_dead_end_and_atlas_said_queued_for_good(tab, live_serv
     note = tab.locator("#atlas-form-note")
     expect(note).to_contain_text("started")
     assert "queued" not in note.inner_text()
+    assert tab.errors == []
+
+
+def test_compare_hid_knockout_and_drew_a_blank_map_before_the_knocked_head(tab, live_server):
+    """Compare's empty state asked for knocked-out heads without saying how (Shift+click, said only in a closed help);
+    after a knock-out at layer 2 it drew layer 1 as a blank map with '1n' ticks and no word why."""
+    visit(tab, live_server, "compare", model="tiny-gpt", text=EXAMPLE)
+    note = tab.locator("#view-compare .note")
+    expect(note).to_contain_text("hold Shift and click a head's picture")
+    expect(note.locator("a")).to_have_attribute("href", re.compile(r"view=model"))
+    visit(tab, live_server, "compare", model="tiny-gpt", text=EXAMPLE, layer=1, head=0, ablate="2.1")
+    expect(note).to_contain_text("Layer 1 is not after the knocked-out head (L2H1)")
+    expect(note.locator("a")).to_have_text("Show layer 3")
+    ticks = tab.locator("#view-compare [data-part=d] .cbaxis text, #view-compare [data-part=d] .colorbar text")
+    labels = [t.text_content() or "" for t in ticks.all()]
+    assert labels and not any(t.rstrip().endswith("n") for t in labels), labels
     assert tab.errors == []
