@@ -7,6 +7,19 @@ import { syncLesson } from "./lesson.js";
 import { syncPresent, wirePresent } from "./present.js";
 import * as state from "./state.js";
 
+const SEEN = "attnscope.visited";   // localStorage: this browser has been here before
+/** A first visit to the page (this browser's): "How to read it" starts open, with the view's one-line orientation. */
+const FIRST_VISIT = (() => {
+  try {
+    const first = !localStorage.getItem(SEEN);
+    localStorage.setItem(SEEN, "1");
+    return first;
+  } catch {
+    return false;                    // no storage: say nothing about visits
+  }
+})();
+let helpOpened = false;
+
 /** Show the frame of st's view; views: id -> view module; T: the text's tokens on this model, when a run told. */
 export function syncFrame(st, views, go, T = null) {
   const titles = Object.fromEntries(Object.entries(views).map(([id, v]) => [id, v.title]));
@@ -16,6 +29,13 @@ export function syncFrame(st, views, go, T = null) {
   const view = views[st.view];
   $("view-title").textContent = view.title;
   $("view-help").textContent = view.help;
+  // the view's orientation (what rows, columns and colours mean) in one line; open on a first visit
+  $("orientation").textContent = view.orientation ?? "";
+  $("orientation").hidden = !view.orientation;
+  if (FIRST_VISIT && !helpOpened && !st.present) {
+    helpOpened = true;
+    $("view-help-box").open = true;
+  }
   for (const el of document.querySelectorAll(".view")) el.hidden = el.dataset.view !== st.view;
   document.title = `${view.title} · ${st.text.slice(0, 40)} · attnscope`;
 }

@@ -211,3 +211,30 @@ def test_compare_hid_knockout_and_drew_a_blank_map_before_the_knocked_head(tab, 
     labels = [t.text_content() or "" for t in ticks.all()]
     assert labels and not any(t.rstrip().endswith("n") for t in labels), labels
     assert tab.errors == []
+
+
+def test_no_first_orientation(browser, live_server):
+    """A first visit said what rows and columns mean only in a hover tooltip, with "How to read it" closed; the Lesson
+    began with dot products without saying what a query and a key are. A second visit keeps the help closed."""
+    context = browser.new_context(viewport=SIZES[0], base_url=live_server)
+    page = context.new_page()
+    try:
+        page.goto("/")
+        wait_drawn(page, "head")
+        line = page.locator("#orientation")
+        expect(line).to_be_visible()
+        expect(line).to_have_text(re.compile(r"^Rows: the token looking.*Columns: the tokens it looks at.*Bright: a strong"))
+        assert page.locator("#view-help-box").evaluate("(d) => d.open")
+        box = line.bounding_box()
+        assert box["y"] + box["height"] <= SIZES[0]["height"], box                 # on the first screen
+        page.goto("/?lesson=1")
+        wait_drawn(page)
+        lesson = page.locator("#lesson")
+        expect(lesson.locator("h2")).to_contain_text("Query and key")
+        text = lesson.locator(".lesson-text").inner_text()
+        assert text.index("query") < text.index("dot product") and text.index("key") < text.index("dot product"), text
+        page.goto("/")                                                      # the same browser again
+        wait_drawn(page, "head")
+        assert not page.locator("#view-help-box").evaluate("(d) => d.open")
+    finally:
+        context.close()

@@ -12,6 +12,8 @@ import { AXIS_LINE, color, colourRange, exactString, FILTERED_COLOR, FILTERED_RG
 
 export const title = "Head view";
 
+export const orientation = "Rows: the token looking (its query). Columns: the tokens it looks at (their keys). " +
+  "Bright: a strong look.";
 export const help = "Rows are queries (the token doing the looking), columns are keys (the tokens it looks at). " +
   "Each cell is how much weight the query puts on the key; every row of the model's matrix sums to 1. " +
   "Hover a cell for both tokens and the exact weight; drag a box to zoom in (double-click to zoom out); " +

@@ -6,6 +6,7 @@ import { dividerAt, keysOf, ownMask, pairView, subMatrix, visibleTokens } from "
 import { CAPTION_INK, DARK_TEXT, exactString, fmt, headColor, PAIR_DIVIDER, PAPER, SPECIAL_INK } from "../scale.js";
 
 export const title = "Line view";
+export const orientation = "Left: the token looking. Right: the tokens it looks at. A stronger line: a stronger look.";
 export const help = "Each line joins a query (left) to a key (right); the stronger the weight, the more opaque the line. " +
   "Colours are heads. Hover or focus a token (Tab into the drawing, then the arrow keys) to show only its lines; " +
   "click it to pin it.";
