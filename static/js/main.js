@@ -31,7 +31,7 @@ import { showAblation, wireAblation } from "./ablation.js";
 import * as api from "./api.js";
 import { ableModels, BOOT, can, MODELS, whyNot } from "./boot.js";
 import { clearChips, renderChips, renderChipsLegend } from "./chips.js";
-import { syncControls, wireControls } from "./controls.js";
+import { syncControls, syncHideSpecial, wireControls } from "./controls.js";
 import { $, h, replace } from "./dom.js";
 import { createDraft } from "./draft.js";
 import { clearestHead, syncExamples, wireExamples } from "./first.js";
@@ -140,6 +140,7 @@ function showRun(meta, st, info, view) {
   renderChips($("chips"), meta, st, go, shade, generated);
   renderChipsLegend($("chips-legend"), meta, st, shade, generated);
   showLength($("length-note"), meta, st, MODELS[st.model]);
+  syncHideSpecial(meta);
   renderPredictions($("predictions"), meta, st, view.nextTokenPick?.(st, go));
   showAblation(st, go);
   notices.showTokenInfo(meta, st, info);

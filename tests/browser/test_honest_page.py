@@ -4,6 +4,7 @@ per server for the module (browser time is the suite's budget)."""
 from __future__ import annotations
 
 import re
+import math
 from urllib.parse import urlencode
 
 import pytest
@@ -126,6 +127,7 @@ def test_tabs_refused_at_this_length_in_developer_words(tab, live_server_smollm2
     wait_drawn(tab, "lens", timeout=60_000)
     expect(tab.locator("#view-lens .note.refused")).to_contain_text("not available at this length")
     assert asked == []
+    expect(tab.locator("#hide-special-field")).to_be_hidden()                # SmolLM2's run has no special token
     # the API's words (the issue's messages) in the box a visitor reads: no setting, no endpoint
     detail = ("this text is 3240 tokens: every layer's attention together is 10.6 GiB, so it runs layer by layer "
               "(ATTNSCOPE_LAYERWISE_MB), and the stages of one head come from the graph that holds every layer; ask "
@@ -138,6 +140,8 @@ def test_tabs_refused_at_this_length_in_developer_words(tab, live_server_smollm2
     assert "ATTNSCOPE_" not in shown and "/api/" not in shown and "ask for its probabilities" in shown, shown
     assert tab.locator("#status").inner_text().strip(), "the status line was blanked"
     tab.unroute("**/api/stages")
+    assert [e for e in tab.errors if "status of 422" not in e] == []             # the refusal routed above
+    tab.errors.clear()
 
 
 @pytest.mark.parametrize("server,models,views", [("live_server", ("minilm", "tiny-gpt", "induction"), ("head",)),
@@ -238,3 +242,24 @@ def test_no_first_orientation(browser, live_server):
         assert not page.locator("#view-help-box").evaluate("(d) => d.open")
     finally:
         context.close()
+
+
+def test_smaller_defects(tab, live_server):
+    """Entropy autoscaled to its largest value (0-0.006: noise as spikes); "Computed over all 14 tokens" for the
+    induction score, taken from a random probe; "Hide [CLS] / [SEP]" offered on a model whose run has neither;
+    weights written 0.000002049 beside 3.331e-7."""
+    visit(tab, live_server, "entropy", model="minilm", text=EXAMPLE, layer=0, head=2)
+    rng = tab.locator("#view-entropy [data-part=plot]").evaluate("(gd) => gd._fullLayout.yaxis.range")
+    T = int(tab.evaluate("() => document.querySelectorAll('#chips .chip').length"))
+    assert rng[0] == 0 and rng[1] == pytest.approx(1.05 * math.log(T), rel=1e-6), (rng, T)
+    visit(tab, live_server, "summary", model="minilm", text=EXAMPLE, stat="induction")
+    note = tab.locator("#view-summary .note").first
+    expect(note).to_contain_text("on a probe of random tokens repeated twice, not on this text")
+    expect(tab.locator("#hide-special-field")).to_be_visible()
+    expect(tab.locator("#hide-special-label")).to_have_text("Hide [CLS] / [SEP]")
+    # the pinned row's weights, in one format (an exponent below 1e-4)
+    visit(tab, live_server, model="minilm", text=EXAMPLE, layer=0, head=2, pin=5)
+    cells = [t.strip() for t in tab.locator("#view-head table td.num").all_inner_texts()]
+    weights = [c for c in cells if re.fullmatch(r"[0-9.e−]+", c) and "." in c]
+    assert weights and not [c for c in weights if c.startswith("0.0000")], cells
+    assert tab.errors == []

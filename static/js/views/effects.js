@@ -212,7 +212,7 @@ const headCSV = (z) => [["layer", ...z[0].map((_, hd) => `head ${hd}`)], ...z.ma
 
 function dlaMap(ctx, c, ans, st, info) {
   if (!can(info, "attribution")) return empty(c, `Not available for ${info.title}: ${whyNot(info, "attribution")}.`);
-  if (!ans) return empty(c, "Pick a target: click a token in the next-token panel above (shift+click: a distractor), or type one.");
+  if (!ans) return empty(c, "Pick a target: click a token in the Next token panel (Shift+click: a distractor), or type one.");
   if (ans.error) return empty(c, refusal(ans.error));
   const a = ans.attribution, z = rowsOf(a.heads);
   const diff = a.metric === "logit_difference";
