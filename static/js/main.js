@@ -264,7 +264,9 @@ async function update() {
   const run = runOptions(st, info);
   const opts = { progress: longText(st, info) };          // a long text runs layer by layer: its progress streams first
   // a long run says beforehand about how many tokens and how long (at the rate this page measured, else a guess)
-  progress.start(opts.progress && !sameText(st) ? estimate(info, st, rates[st.model] ?? Math.max(0, ...Object.values(rates))) : null);
+  const guess = opts.progress && !sameText(st) ? estimate(info, st, rates[st.model] ?? Math.max(0, ...Object.values(rates))) : null;
+  if (guess && !live) notices.setStatus(`Running ${guess.text}…`);
+  progress.start(guess);
   try {
     const metaP = api.analysis("attention", firstRequest(st, info, run, opts.progress), opts);
     const able = can(info, st.view);

@@ -14,8 +14,7 @@ export const title = "Head view";
 
 export const orientation = "Rows: the token looking (its query). Columns: the tokens it looks at (their keys). " +
   "Bright: a strong look.";
-export const help = "Rows are queries (the token doing the looking), columns are keys (the tokens it looks at). " +
-  "Each cell is how much weight the query puts on the key; every row of the model's matrix sums to 1. " +
+export const help = "Each cell is how much weight the query puts on the key; every row of the model's matrix sums to 1. " +
   "Hover a cell for both tokens and the exact weight; drag a box to zoom in (double-click to zoom out); " +
   "click a row or a token to pin it, then a cell of the pinned row (or a “Why?” in its list) to see why the head " +
   "attends there.";
