@@ -263,3 +263,20 @@ def test_smaller_defects(tab, live_server):
     weights = [c for c in cells if re.fullmatch(r"[0-9.e−]+", c) and "." in c]
     assert weights and not [c for c in weights if c.startswith("0.0000")], cells
     assert tab.errors == []
+
+
+# every text of the visible view's Plotly figures, by its font size: those under 10 px
+SMALL_TEXT_JS = """() => [...document.querySelectorAll('.view:not([hidden]) svg text')]
+  .filter((t) => t.textContent.trim() && t.getClientRects().length && parseFloat(getComputedStyle(t).fontSize) < 10)
+  .map((t) => `${t.textContent} ${getComputedStyle(t).fontSize}`)"""
+
+
+def test_46_token_head_view_shrank_its_labels(tab, live_server):
+    """At 46 tokens the head view's row labels were ~8 px (the plot fitted to the window); now the rows get 13 px and
+    the page scrolls: no text under 10 px."""
+    words = ("When Mary and John went to the store , John gave a drink to Mary . Then the cat sat on the mat and the "
+             "dog slept by the door while rain fell on the roof of the old house near the river").split()
+    visit(tab, live_server, "head", model="minilm", text=" ".join(words) + " today")
+    assert tab.locator("#chips .chip").count() == 46
+    assert tab.evaluate(SMALL_TEXT_JS) == []
+    assert tab.errors == []

@@ -23,7 +23,9 @@ const LIST_LIMIT = 40;          // pinned rows longer than this list their top w
 const LABEL_CHARS = 14;         // tick labels longer than this are shortened (the hover has the whole token)
 const MAX_CELL = 56;            // short texts: cells no larger than this (px), the plot narrower than the panel
 const IMAGE_CELLS = 320 * 320;  // larger matrices are painted as one image, not sent to Plotly as numbers
-const MIN_TICK_FONT = 8;
+const MIN_TICK_FONT = 10;       // never smaller (issue 51): a taller plot (READ_ROW), or every k-th label
+const READ_ROW = 13;            // px a row gets at least, up to READ_ROWS rows (the page scrolls): labels stay >= 10 px
+const READ_ROWS = 120;
 const TEXT_TOKENS = 600;        // the coloured text shows at most this many keys        // zoomed in: tick labels shrink down to this (px) before some are left out
 
 /** Does the state show a sentence pair? POST /api/qk explains one text. */
@@ -272,8 +274,9 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
   const bar = narrow ? 48 : 86;                                               // the colour bar's share
   const cell = Math.min((width - margin.l - margin.r - bar) / nc, MAX_CELL);
   const plotW = cell * nc;
+  const readable = Math.min(nr, READ_ROWS) * READ_ROW + margin.t + margin.b;     // every row label at 10 px or more
   const height = Math.round(Math.max(narrow ? 300 : 380,
-    Math.min(cell * nr + margin.t + margin.b, window.innerHeight * (narrow ? 0.7 : 0.9))));
+    Math.min(cell * nr + margin.t + margin.b, Math.max(window.innerHeight * (narrow ? 0.7 : 0.9), readable))));
   const figWidth = cell < MAX_CELL ? undefined : Math.round(plotW + margin.l + margin.r + bar);   // short texts
   plot.style.height = `${height}px`;
   const tickFont = font - 1;
