@@ -66,6 +66,16 @@ CUT_JS = """() => {
         cut.push(`plot ${gd.id || gd.parentElement.dataset.part || ""} text "${t.textContent.slice(0, 30)}" outside its plot (${Math.round(b.left - r.left)},${Math.round(b.top - r.top)} ${Math.round(b.width)}x${Math.round(b.height)} in ${Math.round(r.width)}x${Math.round(r.height)})`);
     }
   }
+  // the line view's SVG labels: inside their SVG
+  for (const svg of document.querySelectorAll(".view:not([hidden]) svg.lines-svg, .view:not([hidden]) .lines-svg svg")) {
+    const r = svg.getBoundingClientRect();
+    for (const t of svg.querySelectorAll("text")) {
+      const b = t.getBoundingClientRect();
+      if (!t.textContent.trim() || b.width === 0) continue;
+      if (b.left < r.left - 1 || b.right > r.right + 1 || b.top < r.top - 1 || b.bottom > r.bottom + 1)
+        cut.push(`lines svg text "${t.textContent.slice(0, 20)}" outside its svg`);
+    }
+  }
   // the page itself: nothing sideways past the window
   if (document.documentElement.scrollWidth > innerWidth + 1) cut.push(`page: ${document.documentElement.scrollWidth} px wide in ${innerWidth}`);
   return [...new Set(cut)];
@@ -144,21 +154,29 @@ def test_tabs_refused_at_this_length_in_developer_words(tab, live_server_smollm2
     tab.errors.clear()
 
 
-@pytest.mark.parametrize("server,models,views", [("live_server", ("minilm", "tiny-gpt", "induction"), ("head",)),
-                                                 ("live_server_smollm2", ("smollm2",), ("head", "lens"))])
+IOI = "When Mary and John went to the store, John gave a drink to"
+
+
+@pytest.mark.parametrize("server,models,views", [
+    ("live_server", ("minilm", "tiny-gpt", "induction"), (("head", {}), ("lines", {"large": "1"}))),
+    ("live_server_smollm2", ("smollm2",), (("head", {}), ("lens", {"large": "1"}),
+                                          ("head", {"text": IOI, "layer": 1, "head": 2, "pin": 13, "why": "13,9",
+                                                    "large": "1"})))])
 def test_text_was_cut_off(tab, request, server, models, views):
     """Menus narrower than their choices, a one-row text box showing half a second line, a strip that did not wrap,
-    tick labels under Large text outside their plot: on every test model (Gemma 3 is not served in the suite: its first
-    screens are bench/first_screen.py's), at both window sizes, Large text on and off."""
+    tick labels under Large text outside their plot, the line view's captions and the Why chart's axis title cut with
+    Large text: on every test model (Gemma 3 is not served in the suite: its first screens are bench/first_screen.py's),
+    at both window sizes, Large text on and off (the head view; the others with Large text, where they were cut)."""
     base, cut = request.getfixturevalue(server), {}
     for size in SIZES:
         tab.set_viewport_size(size)
         for model in models:
-            for view in views:
-                for large in (False, True) if view == "head" else (True,):   # the lens: its ticks under Large text
-                    visit(tab, base, view, model=model, **({"large": "1"} if large else {}))
+            for view, extra in views:
+                for large in (False, True) if not extra else (None,):
+                    state = {**extra, **({"large": "1"} if large else {})}
+                    visit(tab, base, view, model=model, **state)
                     if found := tab.evaluate(CUT_JS):
-                        cut[f"{model} {view} {size['width']}x{size['height']}{' large' if large else ''}"] = found
+                        cut[f"{model} {view} {size['width']}x{size['height']} {state}"] = found
     tab.set_viewport_size(SIZES[0])
     assert cut == {}, cut
     assert tab.errors == []

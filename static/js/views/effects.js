@@ -191,7 +191,8 @@ function divergingMap(ctx, c, { z, x, y, xTitle, unit, hover, st, heads, memory 
   const L = z.length;
   ctx.plot(c.plot, [{
     type: "heatmap", z, x, y, colorscale: plotlyDiverging, zmin: range.zmin, zmid: 0, zmax: range.zmax, xgap: 1, ygap: 1,
-    colorbar: { title: { text: unit, side: "right" }, thickness: 12 },
+    // the bar's title in a word (the whole definition is the hover's and the note's): a long one ran off the plot
+    colorbar: { title: { text: unit.split(":")[0], side: "right" }, thickness: 12 },
     hovertemplate: `layer %{y}, ${hover}<br>${unit}: %{z:.4f}<extra>${heads ? "click: its pattern" : ""}</extra>`,
   }], {
     height: Math.max(300, 16 * L + 110), margin: { l: 50, r: 10, t: 20, b: heads ? 45 : 90 },
