@@ -6,6 +6,7 @@
 import { BOOT, MODELS } from "./boot.js";
 import { h, replace } from "./dom.js";
 import { LONG_TOKENS } from "./matrix.js";
+import { fmtBytes } from "./scale.js";
 import * as state from "./state.js";
 
 const CHARS_PER_TOKEN = 4.2;         // English prose, a BPE or WordPiece vocabulary: before a model has read any of it
@@ -96,11 +97,13 @@ export function rateOf(info, meta) {
   return ms > 0 && meta.tokens?.length ? work(info, meta.tokens.length) / (ms / 1000) : null;
 }
 
-/** Before a long run: about how many tokens it reads and how long it takes at `rate` (null: not measured yet). */
-export function estimate(info, st, rate) {
+/** Before a long run: about how many tokens it reads, how long it takes at `rate` (operations a second; null: not
+ *  measured yet) and, once a long run of this model was measured (`perToken`: bytes a token), how much data it brings. */
+export function estimate(info, st, rate, perToken = null) {
   const T = Math.min(info.max_tokens, Math.ceil((st.text.length + (st.text_pair || "").length) / CHARS_PER_TOKEN));
   const seconds = work(info, T) / (rate || DEFAULT_FLOPS);
-  return { tokens: T, seconds, text: `${MODELS[info.id]?.title ?? info.title} on about ${count(T)} tokens: about ${fmtSeconds(seconds)}` };
+  const size = perToken ? ` and ${fmtBytes(perToken * T)}` : "";
+  return { tokens: T, seconds, text: `${MODELS[info.id]?.title ?? info.title} on about ${count(T)} tokens: about ${fmtSeconds(seconds)}${size}` };
 }
 
 export const fmtSeconds = (s) => (s < 60 ? `${Math.max(1, Math.ceil(s))} s` : `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`);

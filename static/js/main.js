@@ -92,6 +92,7 @@ const lessonLink = (() => {
 let measureHead = !lessonLink && !["text", "layer", "head"].some((k) => new URLSearchParams(location.search).has(k));
 const generator = createGeneration({ go, redraw, target: streamTarget });
 const rates = {};                          // model -> its runs' rate on this page (length.js rateOf): a long run's estimate
+const perToken = {};                       // model -> bytes a token of its last long run's answers took (the same)
 let read = null;                           // the last run's text and model, and its tokens: the tabs a length refuses
 const sameText = (st) => read && read.model === st.model && read.text === st.text && read.pair === st.text_pair;
 
@@ -264,7 +265,7 @@ async function update() {
   const run = runOptions(st, info);
   const opts = { progress: longText(st, info) };          // a long text runs layer by layer: its progress streams first
   // a long run says beforehand about how many tokens and how long (at the rate this page measured, else a guess)
-  const guess = opts.progress && !sameText(st) ? estimate(info, st, rates[st.model] ?? Math.max(0, ...Object.values(rates))) : null;
+  const guess = opts.progress && !sameText(st) ? estimate(info, st, rates[st.model] ?? Math.max(0, ...Object.values(rates)), perToken[st.model]) : null;
   if (guess && !live) notices.setStatus(`Running ${guess.text}…`);
   progress.start(guess);
   try {
@@ -315,7 +316,11 @@ async function update() {
     if (!await draw(view, container, data, st, info, gen)) return;
     if (live) notices.setStatus(`Generating: ${steps.length} new tokens…`);
     else if (cancelledTo === location.search) notices.setStatus(`Cancelled: the run stopped; shown again is what was drawn before it (${info.title}).`);
-    else notices.showDrawn(info, meta, results, started);
+    else {
+      notices.showDrawn(info, meta, results, started);
+      // a long run's data per token, for the next long run's estimate of its size (length.js estimate)
+      if (opts.progress) perToken[st.model] = [meta, ...results].reduce((s, r) => s + (r.bytes || 0), 0) / meta.tokens.length;
+    }
     showExports(drawn.exports);
   } catch (err) {
     if (gen !== generation) return;
