@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from playwright.sync_api import Page, expect
 
-from .conftest import EXAMPLE, PLOT_BOX_JS, SMALL_SCREEN, assert_plot_on_screen, screenshot, wait_drawn
+from .conftest import EXAMPLE, SMALL_SCREEN, assert_plot_on_screen, assert_plot_seen, screenshot, wait_drawn
 
 pytestmark = pytest.mark.browser
 TEXT = "When Mary and John went to the store, John gave a drink to"
@@ -66,8 +66,7 @@ def test_view_on_screen_while_generating(page: Page, live_server_smollm2, consol
     page.locator("#gen-run").click()     # the page scrolls to it (the side panel scrolls with the page: issue 51)
     page.wait_for_function("() => document.getElementById('generate').dataset.state === 'running' "
                            "&& Number(document.getElementById('generate').dataset.tokens) >= 3", timeout=60_000)
-    box = page.evaluate(PLOT_BOX_JS)     # the head view grows where it is seen: still 200 px of it on screen
-    assert box and min(box["bottom"], box["viewport"]) - max(box["top"], 0) >= 200, box
+    assert_plot_seen(page)               # the head view grows where it is seen: still 200 px of it on screen
     screenshot(page, "layout-generating", full_page=False)
     expect(page.locator("#generate")).to_have_attribute("data-state", "done", timeout=60_000)
     wait_drawn(page)
