@@ -10,7 +10,9 @@ import { fmtBytes } from "./scale.js";
 import * as state from "./state.js";
 
 const CHARS_PER_TOKEN = 4.2;         // English prose, a BPE or WordPiece vocabulary: before a model has read any of it
-const DEFAULT_FLOPS = 2e10;          // floating-point operations a second, until this page has timed a run
+const DEFAULT_FLOPS = 4e10;          // operations a second, until this page has timed a long enough run (SmolLM2 on
+//                                      3,240 tokens, a 2-core machine under load: 4.2e10)
+const TIMED_TOKENS = 64;             // a shorter run's time is mostly overhead: it says nothing of the rate
 const count = (n) => Math.round(n).toLocaleString("en-US");
 
 /** Where the text's first segment stops being read: the characters the tokens cover, of how many. */
@@ -94,7 +96,7 @@ const work = (info, T) => 2 * (info.capabilities?.parameters || 0) * T + 4 * inf
 /** A finished run's rate (operations a second), from its answer's time. */
 export function rateOf(info, meta) {
   const ms = meta.timing_ms?.model;
-  return ms > 0 && meta.tokens?.length ? work(info, meta.tokens.length) / (ms / 1000) : null;
+  return ms > 0 && meta.tokens?.length >= TIMED_TOKENS ? work(info, meta.tokens.length) / (ms / 1000) : null;
 }
 
 /** Before a long run: about how many tokens it reads, how long it takes at `rate` (operations a second; null: not
