@@ -298,3 +298,16 @@ def test_46_token_head_view_shrank_its_labels(tab, live_server):
     assert tab.locator("#chips .chip").count() == 46
     assert tab.evaluate(SMALL_TEXT_JS) == []
     assert tab.errors == []
+
+
+def test_key_labels_below_the_fold_at_1440(tab, live_server):
+    """At 1440x900 the head view's picture ran to 90 % of the window's height below its top: its key labels (the x
+    axis) were below the first screen. Where the first screen has room, the picture ends there."""
+    tab.set_viewport_size(SIZES[1])
+    try:
+        visit(tab, live_server, "head", model="minilm", text=EXAMPLE)
+        bottoms = tab.evaluate("""() => [...document.querySelectorAll('#view-head .xtick text')]
+          .map((t) => t.getBoundingClientRect().bottom)""")
+        assert bottoms and max(bottoms) <= 900, bottoms
+    finally:
+        tab.set_viewport_size(SIZES[0])

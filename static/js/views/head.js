@@ -275,8 +275,12 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
   const cell = Math.min((width - margin.l - margin.r - bar) / nc, MAX_CELL);
   const plotW = cell * nc;
   const readable = Math.min(nr, READ_ROWS) * READ_ROW + margin.t + margin.b;     // every row label at 10 px or more
+  // where the first screen has room for the whole picture (1440x900), it ends there, its key labels in view; else as
+  // tall as most of the window (the page scrolls)
+  const room = window.innerHeight - (plot.getBoundingClientRect().top + window.scrollY) - 8;
+  const screen = !narrow && room >= 380 ? room : window.innerHeight * (narrow ? 0.7 : 0.9);
   const height = Math.round(Math.max(narrow ? 300 : 380,
-    Math.min(cell * nr + margin.t + margin.b, Math.max(window.innerHeight * (narrow ? 0.7 : 0.9), readable))));
+    Math.min(cell * nr + margin.t + margin.b, Math.max(screen, readable))));
   const figWidth = cell < MAX_CELL ? undefined : Math.round(plotW + margin.l + margin.r + bar);   // short texts
   plot.style.height = `${height}px`;
   const tickFont = font - 1;
