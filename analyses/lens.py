@@ -104,6 +104,10 @@ def plan(ctx: Context, req: LensRequest, binary: bool) -> LensPlan:
         checks.select("layers", req.head_lens[:1], rt.cfg.n_layers)
         checks.select("heads", req.head_lens[1:], rt.cfg.n_heads)
     run = checks.traced(ctx, rt, enc, "the logit lens")
+    caps = rt.capabilities                    # what else its record refuses (tiny-gpt: it predicts no next token)
+    if not caps.allows("lens"):
+        raise Refused(f"the logit lens reads next-token predictions out of the residual stream, and model "
+                      f"{rt.spec.id!r} makes none: {caps.short.get('lens') or caps.reasons.get('lens')}")
     k, L, T = req.top, rt.cfg.n_layers, len(enc.ids)
 
     def call(trace: Trace) -> Lensed:

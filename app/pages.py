@@ -97,7 +97,9 @@ def index(request: Request):
     models = svc.models()
     boot = boot_block([m.model_dump() for m in models], default_model=svc.settings.default_model,
                       max_chars=svc.max_chars, max_new_tokens=svc.settings.max_new_tokens,
-                      architectures=architectures(svc.runtimes.values()))
+                      architectures=architectures(svc.runtimes.values()),
+                      limits={"patching_tokens": svc.settings.max_patching_tokens,
+                              "stacked_mb": svc.settings.layerwise_mb})
     return templates.TemplateResponse(request, "index.html", {"models": models, "boot": boot, "views": VIEWS,
                                                               "view_groups": VIEW_GROUPS, "labels": dict(VIEWS),
                                                               "loading": loading, "wait": None})
@@ -126,12 +128,15 @@ def capability_record(caps) -> dict:
 
 
 def boot_block(models: list[dict], *, default_model: str | None, max_chars: int | None = None,
-               max_new_tokens: int | None = None, architectures: dict | None = None) -> dict:
+               max_new_tokens: int | None = None, architectures: dict | None = None, limits: dict | None = None) -> dict:
     """The page's boot block (static/js/boot.js reads it): the served models (GET /api/models' entries), the views,
     statistics, head roles and the menus' choices. A view drawn outside the page (python/jupyter.py) carries it too."""
     return {"models": models, "default_model": default_model,
             "example_text": EXAMPLE_TEXT, "max_chars": max_chars,
             "max_new_tokens": max_new_tokens,   # the Generate control's limit (ATTNSCOPE_MAX_NEW_TOKENS)
+            # the lengths the server's analyses take (static/js/length.js: tabs that would refuse, disabled beforehand):
+            # patching_tokens (ATTNSCOPE_MAX_PATCHING_TOKENS), stacked_mb (ATTNSCOPE_LAYERWISE_MB)
+            "limits": limits or {},
             "views": [{"id": v, "label": label} for v, label in VIEWS],
             "attentions": [{"id": a, "label": label} for a, label in ATTENTIONS],
             "stats": catalogue(),

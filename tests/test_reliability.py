@@ -43,7 +43,7 @@ def storm_requests(i: int) -> dict[str, tuple[str, dict]]:
                                        "target": "the", "per_position": True}),
         "knockout": ("/api/knockout", {"model": "induction", "text": text, "queries": [5], "keys": [1, 2]}),
         "qk": ("/api/qk", {"model": "tiny-gpt", "text": text, "layer": 2, "head": 1, "query": 6, "key": 2}),
-        "lens": ("/api/lens", {"model": "tiny-gpt", "text": text, "head_lens": [1, 0]}),
+        "lens": ("/api/lens", {"model": "induction", "text": text, "head_lens": [1, 0]}),
         "circuits": ("/api/circuits", {"model": "tiny-gpt" if i % 2 else "induction"}),
         "generate": ("/api/generate", {"model": "induction", "text": text, "max_new_tokens": 8, "seed": abs(i)}),
     }

@@ -10,12 +10,25 @@ import { BOOT } from "./boot.js";
 export const BINARY = "application/vnd.attnscope.tensors";
 export const NDJSON = "application/x-ndjson";
 
+/** An API's refusal as the page says it: `detail` in a visitor's words (plainWords), `api` the answer's own. */
 export class ApiError extends Error {
   constructor(status, detail) {
-    super(detail);
+    super(plainWords(detail));
     this.status = status;
-    this.detail = detail;
+    this.detail = plainWords(detail);
+    this.api = detail;
   }
+}
+
+const SETTING = /ATTNSCOPE_\w+/, ENDPOINT = /\/api\/[\w/{}.-]*[\w}]/;
+/** The API's message without the names a program's author needs (its settings, ATTNSCOPE_*, and endpoints, /api/...):
+ *  a parenthesis that names one goes, "ask /api/attention for" becomes "ask for", any other name a plain word. */
+export function plainWords(detail) {
+  return String(detail)
+    .replace(new RegExp(String.raw`\s*\([^()]*(?:${SETTING.source}|${ENDPOINT.source})[^()]*\)`, "g"), "")
+    .replace(new RegExp(String.raw`\b(ask|use) ${ENDPOINT.source} for`, "g"), "$1 for")
+    .replace(new RegExp(ENDPOINT.source, "g"), "another request")
+    .replace(new RegExp(SETTING.source, "g"), "a server setting");
 }
 
 /** A decoded n-d tensor (C order): floats held as Float32Array whatever the wire dtype, int32 as Int32Array. */

@@ -12,6 +12,14 @@ import * as state from "./state.js";
 /** The views whose difference or score maps take the signed-scale choice (state.signed). */
 const SIGNED_VIEWS = new Set(["compare", "circuits"]);
 
+/** The "Hide special tokens" box names the run's own special tokens ([CLS] / [SEP], <bos>...), and is not offered
+ *  when the run has none. */
+export function syncHideSpecial(meta) {
+  const names = [...new Set(meta.tokens.filter((_, i) => meta.special?.[i]))];
+  $("hide-special-field").hidden = !names.length;
+  $("hide-special-label").textContent = `Hide ${names.slice(0, 3).join(" / ")}${names.length > 3 ? " …" : ""}`;
+}
+
 /** Statistics that need a sentence pair: disabled in the menu for a single text. */
 const PAIR_STATS = new Set(BOOT.stats.filter((x) => x.pair_only).map((x) => x.id));
 

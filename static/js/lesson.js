@@ -10,11 +10,13 @@ const TINY = { model: "tiny-gpt", text: "the cat sat on the mat and then the cat
 const INDUCTION = { model: "induction", text: "Harry Potter met Ron Weasley at school. Then Harry Potter", view: "head" };
 
 export const LESSON = [
-  { title: "Dot products", state: { ...TINY, step: 5 },
-    text: "Attention starts by comparing tokens. Each token's query (a row of Q) is multiplied with every token's key " +
-      "(a column of Kᵀ), number by number, and the products are added up: a dot product. A big score means a good " +
-      "match. Click any number to see all its products. This head (tiny-gpt, layer 0, head 0) is built so that each " +
-      "query matches the key of the token just before it." },
+  { title: "Query and key: dot products", state: { ...TINY, step: 5 },
+    text: "Each token asks and offers. Its query (a row of Q) is what it is looking for; its key (a column of Kᵀ) is " +
+      "what it offers to the others. Attention starts by comparing them: each query is multiplied with every key, " +
+      "number by number, and the products are added up: a dot product. A big score means a good match, and later a " +
+      "bright cell: the row of the token looking, the column of the token it looks at. Click any number to see all " +
+      "its products. This head (tiny-gpt, layer 0, head 0) is built so that each query matches the key of the token " +
+      "just before it." },
   { title: "Scaling", state: { ...TINY, step: 6 },
     text: "The scores are multiplied by 1/√d_head = 1/√32 ≈ 0.18. Dot products of longer vectors are bigger; scaling " +
       "keeps them in the range where the softmax can still spread its weight." },

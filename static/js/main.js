@@ -31,14 +31,15 @@ import { showAblation, wireAblation } from "./ablation.js";
 import * as api from "./api.js";
 import { ableModels, BOOT, can, MODELS, whyNot } from "./boot.js";
 import { clearChips, renderChips, renderChipsLegend } from "./chips.js";
-import { syncControls, wireControls } from "./controls.js";
+import { syncControls, syncHideSpecial, wireControls } from "./controls.js";
 import { $, h, replace } from "./dom.js";
 import { createDraft } from "./draft.js";
 import { clearestHead, syncExamples, wireExamples } from "./first.js";
 import { isEncDec, stackAnswer, stackMeta } from "./encdec.js";
 import { showExports, wireExports } from "./exporting.js";
-import { syncFrame, wireFrame } from "./frame.js";
+import { syncFrame, syncTabs, wireFrame } from "./frame.js";
 import { createGeneration, generatedFrom } from "./generate.js";
+import { estimate, rateOf, showLength, tooLong } from "./length.js";
 import { lessonState } from "./lesson.js";
 import { grownAnswer, grownMeta, longText, runOptions } from "./matrix.js";
 import * as notices from "./notices.js";
@@ -90,6 +91,10 @@ const lessonLink = (() => {
 // names
 let measureHead = !lessonLink && !["text", "layer", "head"].some((k) => new URLSearchParams(location.search).has(k));
 const generator = createGeneration({ go, redraw, target: streamTarget });
+const rates = {};                          // model -> its runs' rate on this page (length.js rateOf): a long run's estimate
+const perToken = {};                       // model -> bytes a token of its last long run's answers took (the same)
+let read = null;                           // the last run's text and model, and its tokens: the tabs a length refuses
+const sameText = (st) => read && read.model === st.model && read.text === st.text && read.pair === st.text_pair;
 
 // ---- the update loop --------------------------------------------------------------------------------
 function fetchAll(reqs, run, opts) {
@@ -135,6 +140,8 @@ function showRun(meta, st, info, view) {
   const shade = surprisal(meta), generated = generatedFrom(meta, st);
   renderChips($("chips"), meta, st, go, shade, generated);
   renderChipsLegend($("chips-legend"), meta, st, shade, generated);
+  showLength($("length-note"), meta, st, MODELS[st.model]);
+  syncHideSpecial(meta);
   renderPredictions($("predictions"), meta, st, view.nextTokenPick?.(st, go));
   showAblation(st, go);
   notices.showTokenInfo(meta, st, info);
@@ -197,15 +204,18 @@ async function draw(view, container, data, st, info, gen) {
   return true;
 }
 
-/** A view the model cannot do (its capability record, boot.js can): the short reason where its picture would be, and
- *  links to the served models that can; nothing is asked of the server for it. */
-function drawRefused(container, st, info) {
+/** A view the model cannot do (its capability record, boot.js can), or cannot do for a text this long (length.js
+ *  tooLong): the reason where its picture would be, and links to the served models that can; nothing is asked of the
+ *  server for it. */
+function drawRefused(container, st, info, long = "") {
   for (const el of container.querySelectorAll(".js-plotly-plot")) window.Plotly.purge(el);
   const able = ableModels(st.view);
-  replace(container, h("p", { class: "note refused", "data-feature": st.view },
-    `${VIEWS[st.view].title} is not available for ${info.title}: ${whyNot(info, st.view)}. `,
-    able.length ? "Served models that can: " : "No served model can.",
-    able.map((m, k) => [k ? ", " : "", h("a", { href: state.href({ model: m.id }), text: m.title })])));
+  replace(container, long
+    ? h("p", { class: "note refused", "data-feature": st.view, text: `${VIEWS[st.view].title} is not available at this length: ${long}.` })
+    : h("p", { class: "note refused", "data-feature": st.view },
+      `${VIEWS[st.view].title} is not available for ${info.title}: ${whyNot(info, st.view)}. `,
+      able.length ? "Served models that can: " : "No served model can.",
+      able.map((m, k) => [k ? ", " : "", h("a", { href: state.href({ model: m.id }), text: m.title })])));
   drawn = { id: st.view, view: VIEWS[st.view], container, st, ctx: null, exports: null };
   container.dataset.renders = String(Number(container.dataset.renders || 0) + 1);
   container.dataset.state = drawnSearch = location.search;
@@ -234,7 +244,7 @@ async function update() {
   draft.sync(st);
   syncControls(st, info);
   syncExamples(info);
-  syncFrame(st, VIEWS, go);
+  syncFrame(st, VIEWS, go, sameText(st) ? read.T : null);
   const live = generator.live(st);         // a generation streaming from this text: its tokens so far grow the answer
   const steps = live?.steps.slice();
   const view = VIEWS[st.view];
@@ -244,20 +254,27 @@ async function update() {
     generator.sync(st, info);
     clearChips($("chips"));
     notices.showNoText();
+    $("length-note").hidden = true;
     return;
   }
   notices.clearError();
   generator.sync(st, info);                // after clearError: a generation's refusal stays shown
   $("view-area").setAttribute("aria-busy", "true");
   notices.setStatus(live ? `Generating: ${steps.length} new tokens…` : "Running the model…");
-  progress.start();
   const started = performance.now();
   const run = runOptions(st, info);
   const opts = { progress: longText(st, info) };          // a long text runs layer by layer: its progress streams first
+  // a long run says beforehand about how many tokens and how long (at the rate this page measured, else a guess)
+  const guess = opts.progress && !sameText(st) ? estimate(info, st, rates[st.model] ?? Math.max(0, ...Object.values(rates)), perToken[st.model]) : null;
+  if (guess && !live) notices.setStatus(`Running ${guess.text}…`);
+  progress.start(guess);
   try {
     const metaP = api.analysis("attention", firstRequest(st, info, run, opts.progress), opts);
     const able = can(info, st.view);
-    let dataP = !able || view.needsMeta || opts.progress ? null : fetchAll(view.requests(st, info, null), run, opts);
+    // a view a length may refuse waits for the tokens when the text could be that long (a token has a character at
+    // least): it is never asked for what it would refuse
+    const mayRefuse = tooLong(info, st.view, sameText(st) ? read.T : st.text.length + (st.text_pair || "").length + 4);
+    let dataP = !able || mayRefuse || view.needsMeta || opts.progress ? null : fetchAll(view.requests(st, info, null), run, opts);
     dataP?.catch(() => {});
     const answer = await metaP;
     if (gen !== generation) return;
@@ -268,12 +285,19 @@ async function update() {
       if (best && state.go({ layer: best.layer, head: best.head }, { replace: true })) return;
     }
     const meta = isEncDec(info) ? stackMeta(answer, st.attention) : answer;
+    if (!isEncDec(info)) {
+      read = { model: st.model, text: st.text, pair: st.text_pair, T: meta.tokens.length };
+      const rate = rateOf(info, meta);
+      if (rate) rates[st.model] = rate;
+      syncTabs(st, read.T);
+    }
+    const long = isEncDec(info) ? "" : tooLong(info, st.view, meta.tokens.length);
     const shown = live ? grownMeta(meta, steps, st.text) : meta;
     showRun(shown, st, info, view);
-    if (!able) {
+    if (!able || long) {
       await plotlyReady();
       if (gen !== generation) return;
-      drawRefused(container, st, info);
+      drawRefused(container, st, info, long);
       notices.showDrawn(info, meta, [], started);
       showExports(null);
       return;
@@ -292,7 +316,11 @@ async function update() {
     if (!await draw(view, container, data, st, info, gen)) return;
     if (live) notices.setStatus(`Generating: ${steps.length} new tokens…`);
     else if (cancelledTo === location.search) notices.setStatus(`Cancelled: the run stopped; shown again is what was drawn before it (${info.title}).`);
-    else notices.showDrawn(info, meta, results, started);
+    else {
+      notices.showDrawn(info, meta, results, started);
+      // a long run's data per token, for the next long run's estimate of its size (length.js estimate)
+      if (opts.progress) perToken[st.model] = [meta, ...results].reduce((s, r) => s + (r.bytes || 0), 0) / meta.tokens.length;
+    }
     showExports(drawn.exports);
   } catch (err) {
     if (gen !== generation) return;

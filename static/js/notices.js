@@ -15,7 +15,7 @@ export function showError(err) {
     ? `The server refused: ${err.detail}` + (err.status ? ` (HTTP ${err.status})` : "")
     : `Something went wrong: ${err.message}`;
   box.hidden = false;
-  setStatus("");
+  setStatus("Not drawn: the reason is below.");
 }
 
 export function clearError() {

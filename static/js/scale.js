@@ -118,9 +118,9 @@ export function absMax(rows) {
 export function divergingRange(rows, st = null, bound = null) {
   const absmax = absMax(rows);
   const fixed = bound !== null && st?.signed === "fixed";
-  const top = fixed ? bound : Math.max(absmax, 1e-9);
+  const top = fixed ? bound : absmax > 0 ? absmax : bound ?? 1;     // all zero: its bound (no scale of 1e-9)
   return { zmin: -top, zmid: 0, zmax: top, absmax, fixed,
-    label: `${fixed ? "fixed" : "fitted"} symmetric scale ${MINUS}${fmtSig(top)} to +${fmtSig(top)}` +
+    label: absmax === 0 && !fixed ? `all 0 (shown on ${MINUS}${fmtSig(top)} to +${fmtSig(top)}, 0 white)` : `${fixed ? "fixed" : "fitted"} symmetric scale ${MINUS}${fmtSig(top)} to +${fmtSig(top)}` +
       `${fixed ? ` (largest |value| ${fmtSig(absmax)})` : " (its largest |value|)"}, 0 white (purple: negative, orange: positive)` };
 }
 
@@ -205,15 +205,17 @@ export function fmt(v, digits = 4) {
   return s.replace(/-/g, MINUS);
 }
 
-/** v to `digits` significant digits (3-4 on the page), in plain decimals (no exponent down to 1e-6), a true minus
- *  sign: 0.1482, 12.35, 0.0004127. Plotly's hover and tick formats use d3's ".4r", the same rule. */
+/** v to `digits` significant digits (3-4 on the page), in plain decimals down to 1e-4 and with an exponent below (as
+ *  Python's %g), a true minus sign: 0.1482, 12.35, 0.0004127, 2.049e−6. Plotly's hover and tick formats use d3's
+ *  ".4r" (decimals throughout). */
 export function fmtSig(v, digits = 4) {
   if (v === null || v === undefined || Number.isNaN(v)) return "–";
   if (isMinusInf(v)) return MINUS + "∞";
   if (!Number.isFinite(v)) return v > 0 ? "∞" : MINUS + "∞";
   if (v === 0) return "0";
   const r = Number(v.toPrecision(digits));
-  const s = Math.abs(r) < 1e-6 ? r.toExponential(digits - 1) : String(r);   // JS writes 1e-6 and up in decimals
+  // one format for a list of weights: an exponent below 1e-4 (Python's %g rule), so 2.049e-6 sits beside 3.331e-7
+  const s = Math.abs(r) < 1e-4 ? r.toExponential(digits - 1).replace(/\.?0+e/, "e") : String(r);
   return s.replace(/-/g, MINUS);
 }
 export const SIG_FORMAT = ".4r";   // d3-format: 4 significant digits, decimal notation (fmtSig's rule)

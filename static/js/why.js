@@ -81,7 +81,8 @@ export function renderWhy(box, ans, st, ctx, meta) {
     hovertemplate: "%{y}<br>%{x:.4f}" + (ans.score ? " (%{customdata:.1f} % of the score)" : "") + "<extra></extra>",
   }], {
     height: Math.max(220, 26 * n + 90), margin: { l: 10, r: 20, t: 10, b: 50 },
-    xaxis: { title: { text: "share of the scaled pre-softmax score (orange: raises it, purple: lowers it)" },
+    // short enough to stay in the chart under Large text; the colours are said in the note
+    xaxis: { title: { text: "share of the scaled score" },
       zeroline: true, zerolinewidth: 2, fixedrange: true, automargin: true },
     yaxis: { type: "category", autorange: "reversed", automargin: true, fixedrange: true },
     bargap: 0.25,
@@ -89,7 +90,8 @@ export function renderWhy(box, ans, st, ctx, meta) {
   const qs = argmaxAbs(ans.query_sums), ks = argmaxAbs(ans.key_sums);
   note.textContent = `Layer ${ans.layer}, head ${ans.head}${ans.kv_head !== ans.head ? ` (key/value head ${ans.kv_head})` : ""}: ` +
     `its pre-softmax score at this cell, the query's vector times the key's (scaled by 1/√d_head), splits into pairs: ` +
-    `a part of the residual stream at the query (what wrote it) times a part at the key. The pairs add up to the score ` +
+    `a part of the residual stream at the query (what wrote it) times a part at the key (a bar: orange raises the ` +
+    `score, purple lowers it). The pairs add up to the score ` +
     `${fmt(ans.score, 4)}; the model's own scaled score is ${fmt(ans.scaled, 4)}. ` +
     (ans.visible ? `The head's weight on this key is ${fmt(ans.probability, 4)}. `
       : "This key is masked for this query: its weight is 0 whatever the score. ") +

@@ -106,6 +106,14 @@ PLOT_BOX_JS = """() => {
 SMALL_SCREEN = {"width": 1280, "height": 720}
 
 
+def assert_plot_seen(page, visible: float = 200) -> dict:
+    """At least `visible` px of the active view's picture on screen, however far the page is scrolled (clicking
+    Generate scrolls the page to it: the side panel scrolls with the page, issue 51)."""
+    box = page.evaluate(PLOT_BOX_JS)
+    assert box is not None and min(box["bottom"], box["viewport"]) - max(box["top"], 0) >= visible, box
+    return box
+
+
 def assert_plot_on_screen(page, visible: float = 200) -> dict:
     """The active view's picture starts inside the viewport, unscrolled, with at least `visible` px of it on screen."""
     box = page.evaluate(PLOT_BOX_JS)

@@ -83,7 +83,7 @@ def test_lesson_link_showed_minilm_under_the_lesson(page: Page, console_errors, 
     assert (st.get("layer"), st.get("head")) == ("0", "0")                 # the lesson's head, not a measured one
     assert ("present" in link) == (st.get("present") == "1")
     expect(page.locator("#model")).to_have_value("tiny-gpt")
-    expect(page.locator("#lesson")).to_contain_text("Dot products")
+    expect(page.locator("#lesson")).to_contain_text("Query and key: dot products")
     assert console_errors == []
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from playwright.sync_api import Page, expect
 
-from .conftest import EXAMPLE, SMALL_SCREEN, assert_plot_on_screen, screenshot, wait_drawn
+from .conftest import EXAMPLE, SMALL_SCREEN, assert_plot_on_screen, assert_plot_seen, screenshot, wait_drawn
 
 pytestmark = pytest.mark.browser
 TEXT = "When Mary and John went to the store, John gave a drink to"
@@ -63,13 +63,14 @@ def test_view_on_screen_while_generating(page: Page, live_server_smollm2, consol
     wait_drawn(page)
     assert_plot_on_screen(page)
     expect(page.locator("#generate")).to_have_attribute("open", "")
-    page.locator("#gen-run").click()
+    page.locator("#gen-run").click()     # the page scrolls to it (the side panel scrolls with the page: issue 51)
     page.wait_for_function("() => document.getElementById('generate').dataset.state === 'running' "
                            "&& Number(document.getElementById('generate').dataset.tokens) >= 3", timeout=60_000)
-    assert_plot_on_screen(page)          # the head view grows where it is seen
+    assert_plot_seen(page)               # the head view grows where it is seen: still 200 px of it on screen
     screenshot(page, "layout-generating", full_page=False)
     expect(page.locator("#generate")).to_have_attribute("data-state", "done", timeout=60_000)
     wait_drawn(page)
+    page.evaluate("scrollTo(0, 0)")
     assert_plot_on_screen(page)
     assert console_errors == []
 

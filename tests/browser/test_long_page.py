@@ -66,7 +66,8 @@ def test_long_text_progress_model_head_zoom_and_lines(page: Page, live_server_sm
     assert any(a.startswith(NDJSON) for a, _ in bodies)
     assert int(page.locator("#run-progress").get_attribute("data-shown") or 0) >= 1
     seen = page.evaluate("window.__progress")
-    assert any(re.fullmatch(r"Running the model: layer \d+ of 30", s) for s in seen), seen[-5:]
+    # each layer done, and the time left from the layers so far (issue 51)
+    assert any(re.fullmatch(r"Running the model: layer \d+ of 30 · about \d+ (s|min \d+ s) left", s) for s in seen), seen[-5:]
     expect(page.locator("#run-progress")).to_be_hidden()
 
     # model view: every head, from 64 x 64 blocks of about 32 tokens

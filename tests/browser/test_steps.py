@@ -192,12 +192,12 @@ def test_lesson_pages_open_and_the_head_menu_lists_roles(page: Page, console_err
     wait_drawn(page, "stages")
     lesson = page.locator("#lesson")
     expect(lesson).to_contain_text("Lesson · 1 of 9")
-    expect(lesson.locator("h2")).to_have_text("Dot products")
+    expect(lesson.locator("h2")).to_have_text("Query and key: dot products")
     assert "lesson=1" in page.url and "model=tiny-gpt" in page.url and "step=5" in page.url
     expect(page.locator("#view-stages [data-stage]")).to_have_count(1)      # the page's one step: the scores
     expect(page.locator("#view-stages [data-stage=scores]")).to_be_visible()
     screenshot(page, "lesson-1")
-    titles = ["Dot products", "Scaling", "Masking", "Softmax", "Weights × values", "Heads differ",
+    titles = ["Query and key: dot products", "Scaling", "Masking", "Softmax", "Weights × values", "Heads differ",
               "Induction, part 1: the previous-token head", "Induction, part 2: the induction head"]
     views = ["stages"] * 5 + ["model", "head", "head"]
     for k in range(2, 9):

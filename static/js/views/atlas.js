@@ -154,7 +154,7 @@ function jobForm(panel, st, ctx) {
     note.textContent = "Starting…";
     try {
       const job = await api.startJob(body);
-      note.textContent = `Job ${job.id}: ${job.state}.`;
+      note.textContent = `Job ${job.id} started: its progress is in the list below.`;   // (its state there, kept current)
       ctx.memory.refresh?.();                        // the latest render's: the list polled from now on
     } catch (err) {
       note.textContent = `The server refused: ${err.detail || err.message}`;

@@ -5,7 +5,7 @@ import { colourRange, divergingRange, fmtSig, plotlyDiverging, plotlyScale, SIG_
 
 export const title = "Compare";
 export const help = "One head in two runs, side by side, and the difference A − B (purple: A lower, orange: A " +
-  "higher). B is the run with every head kept when heads are knocked out (shift+click in the model view), or a " +
+  "higher). B is the run with every head kept when heads are knocked out (Shift+click a head in the Model view), or a " +
   "second text typed below. Texts of different lengths are compared over their common first tokens.";
 
 /** A: the page's run (with its knocked-out heads); B: a second text, or the intact run. */
@@ -52,7 +52,9 @@ export function render(container, { results }, st, ctx) {
   container.dataset.layer = st.layer;
   container.dataset.head = st.head;
   if (!B) {
-    note.textContent = "Nothing to compare yet: type a text B above, or knock heads out in the model view.";
+    replace(note, "Nothing to compare yet. Type a text B above, or knock a head out: in the ",
+      h("a", { href: ctx.href({ view: "model" }), text: "Model view" }), ", hold Shift and click a head's picture " +
+      "(again to bring it back). The page then runs without that head, and here B is the run with every head kept.");
     replace(grid);
     return { name: `attnscope-${st.model}-compare` };
   }
@@ -66,6 +68,17 @@ export function render(container, { results }, st, ctx) {
     `Largest |A − B| = ${fmtSig(worst)}` + (za.length !== zb.length ? `; compared over the first ${n} tokens.` : ".") +
     ` A − B colours: ${range.label}.`;
   container.dataset.maxDiff = String(worst);
+  // a layer up to the first knocked-out head's: nothing can differ there (a head's output changes only the layers
+  // after it; its own layer's patterns are computed before it)
+  const first = Math.min(...st.ablate.map((x) => Number(x.split(".")[0])));
+  if (!st.text_b.trim() && st.ablate.length && st.layer <= first) {
+    const after = first + 1 < ctx.info.layers ? first + 1 : null;
+    replace(note, `Layer ${st.layer} is not after the knocked-out head${st.ablate.length > 1 ? "s" : ""} ` +
+      `(${st.ablate.map((x) => `L${x.replace(".", "H")}`).join(", ")}): a head's output changes only what the layers ` +
+      "after it compute, so A and B are the same here and A − B is 0 everywhere. ",
+    after === null ? "It is the last layer: nothing comes after it." : h("a", { href: ctx.href({ layer: after }), text: `Show layer ${after}` }));
+    container.dataset.before = "1";
+  } else delete container.dataset.before;
   const [pa, pb, pd] = ["a", "b", "d"].map((k) => part(grid, k, "div", { class: "plot compare-plot", role: "figure" }));
   const peak = (z) => Math.max(0, ...z.flat());
   heat(ctx, pa, za, A.tokens, A.tokens, "A", false, colourRange(st, peak(za)));

@@ -1,12 +1,14 @@
 // Corpus view: a result file of `attnscope corpus` (opened here, read in the browser, never uploaded): one
 // statistic per head averaged over the whole corpus, and the heads clustered by their Jensen–Shannon distance. The
 // opened file is kept in this browser's storage (localStorage, KEPT), so a reload opens it again; Close forgets it.
+import * as api from "../api.js";
 import { h, part, replace } from "../dom.js";
 import { colourRange, fixedTop, fmt, plotlyScale } from "../scale.js";
 
 export const title = "Corpus";
-export const help = "Per-head statistics over a whole corpus (Clark et al. 2019), from a file written by " +
-  "`attnscope corpus INPUT --model ID`. Open the .json file below: it is read in this browser, not uploaded. " +
+export const help = "Per-head statistics over a whole corpus (Clark et al. 2019): start a corpus job on this server " +
+  "(it runs in the Atlas tab, which follows it and opens its result), or open a .json result file of the command " +
+  "line's attnscope corpus below: it is read in this browser, not uploaded. " +
   "Left: the chosen statistic for every head; right: the heads' Jensen–Shannon distances, in cluster order.";
 
 export function requests() {
@@ -64,6 +66,27 @@ function distanceMap(ctx, el, job) {
   });
 }
 
+/** The button that starts a corpus job on the bundled corpus for the page's model, as the Atlas' form does, and
+ *  opens the Atlas on it (which follows its progress and opens it when done); its refusal said beside it. */
+function startJob(st, ctx) {
+  const said = h("span", { class: "hint", id: "corpus-start-note", role: "status" });
+  const able = ctx.info.capabilities?.features?.jobs !== false;
+  const button = h("button", { type: "button", id: "corpus-start", disabled: !able,
+    text: `Start a corpus job for ${ctx.info.title} here`,
+    title: able ? "per-head statistics over 200 texts of the bundled corpus (Python docstrings), computed on this server"
+      : `not for ${ctx.info.title}: ${ctx.info.capabilities.short?.jobs ?? "no corpus jobs"}`,
+    onclick: async () => {
+      said.textContent = " Starting…";
+      try {
+        const job = await api.startJob({ kind: "atlas", model: st.model, corpus: "bundled", options: { texts: 200 } });
+        ctx.go({ view: "atlas", job: "" });              // its row in the jobs list: Open once done
+      } catch (err) {
+        said.textContent = ` The server refused: ${err.detail || err.message}`;
+      }
+    } });
+  return [button, said];
+}
+
 /** ctx.memory holds the opened result (loaded: page memory only, a file is not a link) and its statistic on show
  *  (picked: one of the file's own names). */
 export function render(container, _data, st, ctx) {
@@ -98,7 +121,8 @@ export function render(container, _data, st, ctx) {
     render(container, _data, st, ctx);
   };
   if (!loaded) {
-    note.textContent = "No corpus opened yet. Run `attnscope corpus texts.txt --model minilm` and open its .json here.";
+    replace(note, "No corpus opened yet. ", startJob(st, ctx), " Or open a result file of the command line's ",
+      h("code", { text: `attnscope corpus texts.txt --model ${st.model}` }), " here.");
     replace(grid);
     return { name: "attnscope-corpus" };
   }

@@ -191,7 +191,8 @@ function divergingMap(ctx, c, { z, x, y, xTitle, unit, hover, st, heads, memory 
   const L = z.length;
   ctx.plot(c.plot, [{
     type: "heatmap", z, x, y, colorscale: plotlyDiverging, zmin: range.zmin, zmid: 0, zmax: range.zmax, xgap: 1, ygap: 1,
-    colorbar: { title: { text: unit, side: "right" }, thickness: 12 },
+    // the bar's title in a word (the whole definition is the hover's and the note's): a long one ran off the plot
+    colorbar: { title: { text: unit.split(":")[0], side: "right" }, thickness: 12 },
     hovertemplate: `layer %{y}, ${hover}<br>${unit}: %{z:.4f}<extra>${heads ? "click: its pattern" : ""}</extra>`,
   }], {
     height: Math.max(300, 16 * L + 110), margin: { l: 50, r: 10, t: 20, b: heads ? 45 : 90 },
@@ -212,7 +213,7 @@ const headCSV = (z) => [["layer", ...z[0].map((_, hd) => `head ${hd}`)], ...z.ma
 
 function dlaMap(ctx, c, ans, st, info) {
   if (!can(info, "attribution")) return empty(c, `Not available for ${info.title}: ${whyNot(info, "attribution")}.`);
-  if (!ans) return empty(c, "Pick a target: click a token in the next-token panel above (shift+click: a distractor), or type one.");
+  if (!ans) return empty(c, "Pick a target: click a token in the Next token panel (Shift+click: a distractor), or type one.");
   if (ans.error) return empty(c, refusal(ans.error));
   const a = ans.attribution, z = rowsOf(a.heads);
   const diff = a.metric === "logit_difference";

@@ -48,11 +48,16 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
       hovertemplate: `head ${ans.heads[k]} · query %{customdata[1]} “%{customdata[0]}”<br>normalised %{y:${SIG_FORMAT}}<extra></extra>` });
   }
   const pinPos = st.pin === null ? -1 : idx.indexOf(st.pin);
+  // on its own scale by default, 0 to ln(keys) (uniform over every key): noise of a focused head stays near 0 instead
+  // of filling the plot; "fitted" colours (the page's Colours menu) fit it to its largest value
+  const top = Math.log(Math.max(meta.tokens.length, 2));
+  const own = st.scale === "fixed";
   ctx.plot(plot, traces, {
     title: `Entropy per token · layer ${st.layer} · head ${st.head}`,
     margin: { l: 70, r: 20, t: 50, b: 110 }, showlegend: st.all_heads, legend: { orientation: "h", y: 1.08 },
     xaxis: { anchor: "y2", tickmode: "array", tickvals: ticks, ticktext: ticks.map((p) => labels[p]), tickangle: -60, zeroline: false },
-    yaxis: { title: { text: "entropy (nats)" }, rangemode: "tozero", zeroline: false, domain: [0.55, 1], anchor: "x" },
+    yaxis: { title: { text: own ? `entropy (nats, 0–ln ${meta.tokens.length})` : "entropy (nats)" }, zeroline: false,
+      domain: [0.55, 1], anchor: "x", ...(own ? { range: [0, top * 1.05] } : { rangemode: "tozero" }) },
     yaxis2: { title: { text: "normalised (0–1)" }, range: [0, 1.05], zeroline: false, domain: [0, 0.45], anchor: "x" },
     shapes: pinPos < 0 ? [] : [{ type: "line", xref: "x", yref: "paper", x0: pinPos, x1: pinPos, y0: 0, y1: 1,
       line: { color: HIGHLIGHT, width: 2, dash: "dot" } }],

@@ -12,8 +12,9 @@ import { AXIS_LINE, color, colourRange, exactString, FILTERED_COLOR, FILTERED_RG
 
 export const title = "Head view";
 
-export const help = "Rows are queries (the token doing the looking), columns are keys (the tokens it looks at). " +
-  "Each cell is how much weight the query puts on the key; every row of the model's matrix sums to 1. " +
+export const orientation = "Rows: the token looking (its query). Columns: the tokens it looks at (their keys). " +
+  "Bright: a strong look.";
+export const help = "Each cell is how much weight the query puts on the key; every row of the model's matrix sums to 1. " +
   "Hover a cell for both tokens and the exact weight; drag a box to zoom in (double-click to zoom out); " +
   "click a row or a token to pin it, then a cell of the pinned row (or a “Why?” in its list) to see why the head " +
   "attends there.";
@@ -22,7 +23,9 @@ const LIST_LIMIT = 40;          // pinned rows longer than this list their top w
 const LABEL_CHARS = 14;         // tick labels longer than this are shortened (the hover has the whole token)
 const MAX_CELL = 56;            // short texts: cells no larger than this (px), the plot narrower than the panel
 const IMAGE_CELLS = 320 * 320;  // larger matrices are painted as one image, not sent to Plotly as numbers
-const MIN_TICK_FONT = 8;
+const MIN_TICK_FONT = 10;       // never smaller (issue 51): a taller plot (READ_ROW), or every k-th label
+const READ_ROW = 13;            // px a row gets at least, up to READ_ROWS rows (the page scrolls): labels stay >= 10 px
+const READ_ROWS = 120;
 const TEXT_TOKENS = 600;        // the coloured text shows at most this many keys        // zoomed in: tick labels shrink down to this (px) before some are left out
 
 /** Does the state show a sentence pair? POST /api/qk explains one text. */
@@ -271,8 +274,13 @@ export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
   const bar = narrow ? 48 : 86;                                               // the colour bar's share
   const cell = Math.min((width - margin.l - margin.r - bar) / nc, MAX_CELL);
   const plotW = cell * nc;
+  const readable = Math.min(nr, READ_ROWS) * READ_ROW + margin.t + margin.b;     // every row label at 10 px or more
+  // where the first screen has room for the whole picture (1440x900), it ends there, its key labels in view; else as
+  // tall as most of the window (the page scrolls)
+  const room = window.innerHeight - (plot.getBoundingClientRect().top + window.scrollY) - 8;
+  const screen = !narrow && room >= 380 ? room : window.innerHeight * (narrow ? 0.7 : 0.9);
   const height = Math.round(Math.max(narrow ? 300 : 380,
-    Math.min(cell * nr + margin.t + margin.b, window.innerHeight * (narrow ? 0.7 : 0.9))));
+    Math.min(cell * nr + margin.t + margin.b, Math.max(screen, readable))));
   const figWidth = cell < MAX_CELL ? undefined : Math.round(plotW + margin.l + margin.r + bar);   // short texts
   plot.style.height = `${height}px`;
   const tickFont = font - 1;

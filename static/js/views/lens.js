@@ -146,10 +146,11 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
     ...(annotate ? { text, texttemplate: "%{text}", textfont: { size: Math.max(8, font - 4) } } : {}),
     colorbar: { title: { text: next ? "p(next token)" : "p(top token)", side: "right" }, thickness: 12, tickfont: { size: font - 2 } },
   }], {
-    height, margin: { l: 60, r: 10, t: 10, b: 100 },
-    xaxis: { title: { text: "position (token)" }, tickmode: "array", tickvals: xv, ticktext: xv.map((p) => `${p} ${short(ans.tokens[p], 12)}`),
+    // margins grow with the font (Large text), and with the tick labels (automargin): nothing outside the plot
+    height, margin: { l: Math.round(60 * font / 13), r: 10, t: 10, b: Math.round(100 * font / 13) },
+    xaxis: { automargin: true, title: { text: "position (token)" }, tickmode: "array", tickvals: xv, ticktext: xv.map((p) => `${p} ${short(ans.tokens[p], 12)}`),
       tickangle: -60, showgrid: false, zeroline: false, fixedrange: false },
-    yaxis: { title: { text: "residual stream after" }, tickmode: "array", tickvals: yv, ticktext: yv.map((r) => ans.rows[r]),
+    yaxis: { automargin: true, title: { text: "residual stream after" }, tickmode: "array", tickvals: yv, ticktext: yv.map((r) => ans.rows[r]),
       showgrid: false, zeroline: false, fixedrange: false },
     shapes: layerRow(st.layer) >= 0 ? [{ type: "rect", xref: "paper", yref: "y", x0: 0, x1: 1, y0: layerRow(st.layer) - 0.5,
       y1: layerRow(st.layer) + 0.5, line: { color: HIGHLIGHT, width: 2 }, fillcolor: TRANSPARENT }] : [],

@@ -6,6 +6,7 @@ import { dividerAt, keysOf, ownMask, pairView, subMatrix, visibleTokens } from "
 import { CAPTION_INK, DARK_TEXT, exactString, fmt, headColor, PAIR_DIVIDER, PAPER, SPECIAL_INK } from "../scale.js";
 
 export const title = "Line view";
+export const orientation = "Left: the token looking. Right: the tokens it looks at. A stronger line: a stronger look.";
 export const help = "Each line joins a query (left) to a key (right); the stronger the weight, the more opaque the line. " +
   "Colours are heads. Hover or focus a token (Tab into the drawing, then the arrow keys) to show only its lines; " +
   "click it to pin it.";
@@ -125,7 +126,7 @@ export function render(container, { meta, results }, st, ctx) {
   const aside = part(wrap, "focus", "div", { class: "side focus-list", "aria-live": "polite" });
 
   const rh = ctx.large ? 28 : 20, fs = ctx.large ? 18 : 13;
-  const colW = ctx.large ? 190 : 150, pad = 24;
+  const colW = ctx.large ? 190 : 150, pad = fs + 12;          // room above the first row for the captions
   const gap = Math.max(80, Math.min(240, (container.clientWidth || 800) - 2 * colW - 24));   // narrow screens: closer
   const W = colW * 2 + gap, H = n * rh + pad * 2;
   const xl = colW, xr = colW + gap;
@@ -177,8 +178,8 @@ export function render(container, { meta, results }, st, ctx) {
     "aria-label": `Attention lines of layer ${st.layer}, heads ${heads.join(", ")}: ${rows.length} queries on the left, ${cols.length} keys on the right`,
   },
   svg("rect", { x: 0, y: 0, width: W, height: H, fill: PAPER }),
-  svg("text", { x: xl - 4, y: pad / 2, "text-anchor": "end", "font-size": fs - 2, fill: CAPTION_INK, "font-family": "system-ui, sans-serif" }, meta.stack?.query ?? "query"),
-  svg("text", { x: xr + 4, y: pad / 2, "font-size": fs - 2, fill: CAPTION_INK, "font-family": "system-ui, sans-serif" }, meta.stack?.key ?? "key"),
+  svg("text", { x: xl - 4, y: pad - 8, "text-anchor": "end", "font-size": fs - 2, fill: CAPTION_INK, "font-family": "system-ui, sans-serif" }, meta.stack?.query ?? "query"),
+  svg("text", { x: xr + 4, y: pad - 8, "font-size": fs - 2, fill: CAPTION_INK, "font-family": "system-ui, sans-serif" }, meta.stack?.key ?? "key"),
   overview, focusG, svg("g", {}, dividers), svg("g", {}, qLabels), svg("g", {}, kLabels));
   replace(scroller, drawing);
 

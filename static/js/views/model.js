@@ -7,6 +7,8 @@ import { colourRange, exactString, fmt, fmtExact, FRAME_LINE, LABEL_INK, LUT, lu
 import { toggledHead } from "../state.js";
 
 export const title = "Model view";
+export const orientation = "Each picture is one head: rows, the token looking; columns, the tokens it looks at; " +
+  "bright, a strong look. Click one to open it; Shift+click to knock it out.";
 export const help = "Every head of every layer at once: rows are layers, columns are heads, each thumbnail is that " +
   "head's query × key matrix (queries down, keys across). Hover one for the tokens and the value under the mouse; " +
   "click it (or focus it and press Enter) to open it in the head view. Shift+click (or K) knocks a head out: every " +

@@ -50,7 +50,10 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   let max = 0;
   for (const r of z) for (const v of r) max = Math.max(max, v);
   const range = colourRange(st, max, fixedTop(st.stat, T, norm !== 1));
-  note.textContent = `${explain} Computed over all ${T} tokens, special ones included. Colours: ${range.label}` +
+  // the induction score is the API's own probe's (random tokens repeated twice), not this text's
+  const over = st.stat === "induction" ? "Computed on a probe of random tokens repeated twice, not on this text."
+    : `Computed over all ${T} tokens of this text, special ones included.`;
+  note.textContent = `${explain} ${over} Colours: ${range.label}` +
     (st.stat === "mean_entropy" ? ` (ln ${T} = ${fmt(Math.log(T), 2)} nats: uniform over every key).` : ".");
 
   const big = ctx.large;
