@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..model.precision import COMPUTE, INDEX, scalar
+from ..model.precision import COMPUTE, INDEX, STORAGE, scalar
 from ..model.quantized import Blocks
 from ..model.transformer import RMSNorm
 
@@ -39,9 +39,12 @@ class Graph:
     names: each model array's name by its identity (id(array) -> name: runtime/binding.py's names), so that a graph
     input is named as the model names the array it reads, whatever graph reads it."""
 
-    def __init__(self, names: dict[int, str] | None = None):
+    def __init__(self, names: dict[int, str] | None = None, wide: bool = False):
+        """wide: the model's narrower float arrays (bfloat16, float16) are read as compute-type inputs, no Cast: a
+        run binds their widened copies (runtime/tensors.Weights.widening: widened once per layer per run, where a
+        run multiplies by the same layer's weights many times)."""
         self.nodes, self.inits, self._n = [], [], 0
-        self.names = names or {}
+        self.names, self.wide = names or {}, wide
         self.inputs: list[onnx.ValueInfoProto] = []   # the model arrays' graph inputs...
         self.feeds: dict[str, np.ndarray] = {}         # ...and the arrays that feed them
         self._widened: dict[str, str] = {}             # a narrow input -> its Cast to the compute type
@@ -68,7 +71,8 @@ class Graph:
         value = np.asarray(value)
         name = self.names.get(id(value), hint)
         if name not in self.feeds:
-            self.inputs.append(helper.make_tensor_value_info(name, onnx_type(value.dtype), list(value.shape)))
+            kind = FLOAT if self.wide and value.dtype in STORAGE.values() else onnx_type(value.dtype)
+            self.inputs.append(helper.make_tensor_value_info(name, kind, list(value.shape)))
             self.feeds[name] = value
         elif self.feeds[name] is not value:
             raise ValueError(f"two arrays named {name!r} in one graph")
@@ -78,7 +82,7 @@ class Graph:
         """x in the compute type (model/precision.widen's node): x itself, or a Cast where x is a model array stored
         narrower, or a part of one (`of`: the array a Gather or Slice read x from, whose type x has)."""
         source = of or x
-        if source not in self.feeds or self.feeds[source].dtype == COMPUTE:
+        if source not in self.feeds or self.feeds[source].dtype == COMPUTE or self.wide:
             return x
         if x not in self._widened:
             self._widened[x] = self.op("Cast", x, to=FLOAT, hint=f"{x}.widened")
