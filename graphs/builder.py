@@ -19,7 +19,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..model.precision import COMPUTE, INDEX, scalar
+from ..model.precision import COMPUTE, INDEX, STORAGE, scalar
+from ..model.quantized import Blocks
 from ..model.transformer import RMSNorm
 
 OPSET = 17
@@ -38,12 +39,16 @@ class Graph:
     names: each model array's name by its identity (id(array) -> name: runtime/binding.py's names), so that a graph
     input is named as the model names the array it reads, whatever graph reads it."""
 
-    def __init__(self, names: dict[int, str] | None = None):
+    def __init__(self, names: dict[int, str] | None = None, wide: bool = False):
+        """wide: the model's narrower float arrays (bfloat16, float16) are read as compute-type inputs, no Cast: a
+        run binds their widened copies (runtime/tensors.Weights.widening: widened once per layer per run, where a
+        run multiplies by the same layer's weights many times)."""
         self.nodes, self.inits, self._n = [], [], 0
-        self.names = names or {}
+        self.names, self.wide = names or {}, wide
         self.inputs: list[onnx.ValueInfoProto] = []   # the model arrays' graph inputs...
         self.feeds: dict[str, np.ndarray] = {}         # ...and the arrays that feed them
         self._widened: dict[str, str] = {}             # a narrow input -> its Cast to the compute type
+        self.blocks: dict[str, tuple[Blocks, dict[str, str]]] = {}   # a quantised weight's name -> it, its parts' inputs
 
     def name(self, hint: str) -> str:
         self._n += 1
@@ -58,10 +63,16 @@ class Graph:
         """A model array (a weight, a position table): a graph input named as `names` names it (else `hint`), in its
         stored type, fed at every run (runtime/binding.py). Returns its name as stored: `widen` it for arithmetic,
         after a Gather or Slice where only part of it is read."""
+        if isinstance(value, Blocks):                  # each part an input "<name>.<part>"; the name stands for them
+            parts = {part: self.param(a, f"{hint}.{part}") for part, a in value.parts().items()}
+            name = parts["codes"].rsplit(".", 1)[0]
+            self.blocks.setdefault(name, (value, parts))
+            return name
         value = np.asarray(value)
         name = self.names.get(id(value), hint)
         if name not in self.feeds:
-            self.inputs.append(helper.make_tensor_value_info(name, onnx_type(value.dtype), list(value.shape)))
+            kind = FLOAT if self.wide and value.dtype in STORAGE.values() else onnx_type(value.dtype)
+            self.inputs.append(helper.make_tensor_value_info(name, kind, list(value.shape)))
             self.feeds[name] = value
         elif self.feeds[name] is not value:
             raise ValueError(f"two arrays named {name!r} in one graph")
@@ -71,7 +82,7 @@ class Graph:
         """x in the compute type (model/precision.widen's node): x itself, or a Cast where x is a model array stored
         narrower, or a part of one (`of`: the array a Gather or Slice read x from, whose type x has)."""
         source = of or x
-        if source not in self.feeds or self.feeds[source].dtype == COMPUTE:
+        if source not in self.feeds or self.feeds[source].dtype == COMPUTE or self.wide:
             return x
         if x not in self._widened:
             self._widened[x] = self.op("Cast", x, to=FLOAT, hint=f"{x}.widened")
@@ -99,10 +110,67 @@ class Graph:
 
     def linear(self, x: str, weight: np.ndarray, bias: np.ndarray | None, hint: str) -> str:
         """x @ W^T + b, as functional.linear. Weights arrive [out, in] as stored (widened first where narrower):
-        onnxruntime folds the Transpose into the MatMul (FusedMatMul transB), so nothing is copied per run."""
-        w = self.op("Transpose", self.weight(weight, hint + ".weight"), perm=[1, 0])
-        y = self.op("MatMul", x, w, hint=hint)
+        onnxruntime folds the Transpose into the MatMul (FusedMatMul transB), so nothing is copied per run. A
+        quantised weight (model/quantized.Blocks) is multiplied in its blocks (`times`)."""
+        if isinstance(weight, Blocks):
+            y = self.times(x, self.param(weight, hint + ".weight"))
+        else:
+            y = self.op("MatMul", x, self.op("Transpose", self.weight(weight, hint + ".weight"), perm=[1, 0]), hint=hint)
         return y if bias is None else self.op("Add", y, self.weight(bias, hint + ".bias"), hint=hint)
+
+    def times(self, x: str, W: str, rows: tuple[int, int] | None = None) -> str:
+        """x @ W[rows]^T for a quantised W (a name `param` gave a Blocks weight; rows: a range of its rows, all when
+        None): onnxruntime's MatMulNBits on the codes (float32 arithmetic: accuracy_level 0), plus, where the format
+        has per-block offsets, their share: the sums of x over each block times the offsets, [.., K / block] @
+        [K / block, N]."""
+        blocks, parts = self.blocks[W]
+        (N, K), nb = blocks.shape, blocks.shape[1] // blocks.block
+        inputs = [parts[p] for p in ("codes", "scales", "zero_points")]
+        if rows is not None:
+            inputs, N = [self.slice(i, rows[0], rows[1], 0) for i in inputs], min(rows[1], N) - rows[0]
+        codes, scales, zero = inputs
+        y = self.op("MatMulNBits", x, codes, scales, self.op("Reshape", zero, self.const(np.array([-1]))),
+                    domain="com.microsoft", K=K, N=N, bits=blocks.bits, block_size=blocks.block, accuracy_level=0)
+        if "offsets" not in parts:
+            return y
+        offsets = parts["offsets"] if rows is None else self.slice(parts["offsets"], rows[0], rows[1], 0)
+        lead = self.slice(self.op("Shape", x), 0, -1, 0)
+        sums = self.op("ReduceSum", self.op("Reshape", x, self.op("Concat", lead, self.const(np.array([nb, -1])),
+                                                                         axis=0)),
+                       self.const(np.array([-1])), keepdims=0)                       # [.., K / block]
+        return self.op("Add", y, self.op("MatMul", sums, self.op("Transpose", offsets, perm=[1, 0])))
+
+    def gather(self, W: str, index: str) -> str:
+        """W[index] in the compute type (an embedding lookup, a row per token): a Gather, widened after it (only the
+        rows read are widened); a quantised W's rows de-quantised in the graph from their gathered codes."""
+        if W not in self.blocks:
+            return self.widen(self.op("Gather", W, index), of=W)
+        blocks, parts = self.blocks[W]
+        (N, K), nb, bits = blocks.shape, blocks.shape[1] // blocks.block, blocks.bits
+        rows = {p: self.op("Gather", name, index) for p, name in parts.items()}
+        codes = self._unpacked(rows["codes"], bits, 2, [nb, blocks.block])               # [.., nb, block]
+        zero = self._unpacked(rows["zero_points"], bits, 1, [-1])                         # [.., >= nb]
+        zero = self.op("Unsqueeze", self.slice(zero, 0, nb, -1), self.const(np.array([-1])))
+        w = self.op("Mul", self.op("Unsqueeze", rows["scales"], self.const(np.array([-1]))), self.op("Sub", codes, zero))
+        if "offsets" in rows:
+            w = self.op("Add", w, self.op("Unsqueeze", rows["offsets"], self.const(np.array([-1]))))
+        lead = self.slice(self.op("Shape", w), 0, -2, 0)
+        return self.op("Reshape", w, self.op("Concat", lead, self.const(np.array([K])), axis=0))
+
+    def _unpacked(self, packed: str, bits: int, axes: int, shape: list[int]) -> str:
+        """uint8 bytes holding 8 / bits codes each, low first -> the codes as float32, packed's last `axes` axes
+        reshaped to `shape` (exact: small integers, split by floor division)."""
+        c = self.op("Cast", packed, to=FLOAT)
+        if bits < 8:
+            digits = []
+            for i in range(8 // bits):
+                shifted = self.op("Floor", self.op("Mul", c, self.const(scalar(2.0 ** (-bits * i)))))
+                upper = self.op("Floor", self.op("Mul", c, self.const(scalar(2.0 ** (-bits * (i + 1))))))
+                digits.append(self.op("Unsqueeze", self.op("Sub", shifted, self.op(
+                    "Mul", upper, self.const(scalar(2.0 ** bits)))), self.const(np.array([-1]))))
+            c = self.op("Concat", *digits, axis=-1)
+        lead = self.slice(self.op("Shape", packed), 0, -axes, 0)
+        return self.op("Reshape", c, self.op("Concat", lead, self.const(np.array(shape)), axis=0))
 
     def norm(self, x: str, module, hint: str) -> str:
         return self.rms_norm(x, module, hint) if isinstance(module, RMSNorm) else self.layer_norm(x, module, hint)
@@ -169,7 +237,8 @@ def model_proto(g: Graph, inputs: list, outputs: list, name: str) -> onnx.ModelP
     with _BUILT_LOCK:
         BUILT[name] += 1
     graph = helper.make_graph(g.nodes, name, inputs, outputs, g.inits)
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+    domains = [helper.make_opsetid("com.microsoft", 1)] if any(n.domain == "com.microsoft" for n in g.nodes) else []
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), *domains],
                               producer_name="attnscope", doc_string="attnscope: attention, exactly")
     proto.ir_version = IR_VERSION
     return proto

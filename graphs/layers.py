@@ -39,18 +39,19 @@ def build_final(model: Transformer) -> onnx.ModelProto:
     return pruned(model_proto(g, inputs + g.inputs, final_outputs(model.cfg), "attnscope-final"))
 
 
-def _halves(model: Transformer, i: int) -> tuple[Graph, Graph]:
-    """Block i's attention inputs and its output, each as a graph reading the block's arrays as "block.*" inputs."""
+def _halves(model: Transformer, i: int, wide: bool = False) -> tuple[Graph, Graph]:
+    """Block i's attention inputs and its output, each as a graph reading the block's arrays as "block.*" inputs
+    (wide: narrower float ones bound widened, builder.Graph's `wide`)."""
     cfg, f = model.cfg, FLOAT
     heads = ["batch", cfg.n_heads, "tokens", cfg.d_head]
     names = identities(block_arrays(model, i))
-    first = Graph(names)
+    first = Graph(names, wide)
     first.input("x", f, ["batch", "tokens", cfg.d_model])
     T = first.slice(first.op("Shape", "x"), 1, 2, 0, hint="T")
     _, qkv = attention_inputs(first, model.blocks[i], cfg, "block", "x", rope_tables(first, model, T, layer=i))
     for name, value in zip("qkv", qkv):
         first.op("Identity", value, out=name)
-    second = Graph(names)
+    second = Graph(names, wide)
     for name, shape in (("x", ["batch", "tokens", cfg.d_model]), ("ctx", heads), ("head_mask", ["batch", cfg.n_heads]),
                         ("head_mean", ["batch", cfg.n_heads])):
         second.input(name, f, shape)
@@ -62,10 +63,11 @@ def _halves(model: Transformer, i: int) -> tuple[Graph, Graph]:
     return first, second
 
 
-def build_block_halves(model: Transformer) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+def build_block_halves(model: Transformer, wide: bool = False) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """The block before its attention (x -> q, k, v [B, H, T, dh]) and after it (x, ctx, head_mask, head_mean
-    [B, H], lengths -> x_next), for every layer: bind model/weights.block_arrays(model, i) for layer i."""
-    first, second = _halves(model, 0)
+    [B, H], lengths -> x_next), for every layer: bind model/weights.block_arrays(model, i) for layer i (wide: its
+    bfloat16 or float16 arrays as float32 inputs, bound widened: runtime/tensors.Weights.widening)."""
+    first, second = _halves(model, 0, wide)
     f, heads = FLOAT, ["batch", model.cfg.n_heads, "tokens", model.cfg.d_head]
     return (pruned(model_proto(first, first.inputs, [helper.make_tensor_value_info(n, f, heads) for n in "qkv"],
                            "attnscope-block-in")),

@@ -41,7 +41,7 @@ def embed(g: Graph, model: Transformer, start: str | None = None) -> tuple[str, 
     position, a 1-element int64 tensor (None: 0)."""
     T = g.slice(g.op("Shape", "input_ids"), 1, 2, 0, hint="T")
     wte = g.param(model.wte, "wte")
-    x = g.widen(g.op("Gather", wte, "input_ids"), of=wte)                 # only the rows read are widened
+    x = g.gather(wte, "input_ids")                                         # only the rows read are widened
     if model.cfg.embed_scale != 1.0:                                       # Gemma: times sqrt(d_model)
         x = g.op("Mul", x, g.const(scalar(model.cfg.embed_scale), "embed_scale"))
     if model.wpe is not None:
@@ -317,10 +317,10 @@ def lm_outputs(g: Graph, model: Transformer, W: str) -> None:
     first = g.slice("input_ids", 0, 1, 1)
     following = g.op("Concat", g.slice("input_ids", 1, np.iinfo(np.int64).max, 1),
                      g.op("Mul", first, g.const(np.int64(0))), axis=1)                     # x_{t+1}, [B, T]
-    target = g.op("ReduceSum", g.op("Mul", "hidden", g.widen(g.op("Gather", W, following), of=W)),
+    target = g.op("ReduceSum", g.op("Mul", "hidden", g.gather(W, following)),
                   g.const(np.array([-1])), keepdims=0, hint="target_logit")               # [B, T]
     target = soft_cap(g, target, cap)
-    chunks = [g.logsumexp(soft_cap(g, g.op("MatMul", "hidden", g.op("Transpose", _rows(g, W, v, V))), cap), 1)
+    chunks = [g.logsumexp(soft_cap(g, _times_rows(g, "hidden", W, v, V), cap), 1)
               for v in range(0, V, VOCAB_CHUNK)]                                          # each [B, T, 1]
     lse = g.logsumexp(g.op("Concat", *chunks, axis=-1), 0)                                 # [B, T]
     logp_next = g.op("Min", g.op("Sub", target, lse), g.const(scalar(0.0)))
@@ -333,13 +333,19 @@ def _rows(g: Graph, W: str, v: int, V: int) -> str:
     return g.widen(g.slice(W, v, min(v + VOCAB_CHUNK, V), 0), of=W)
 
 
+def _times_rows(g: Graph, x: str, W: str, v: int, V: int) -> str:
+    """x @ W[v:v+VOCAB_CHUNK]^T: those rows widened, or a quantised W's rows multiplied in their blocks."""
+    if W in g.blocks:
+        return g.times(x, W, (v, min(v + VOCAB_CHUNK, V)))
+    return g.op("MatMul", x, g.op("Transpose", _rows(g, W, v, V)))
+
+
 def logits(g: Graph, model: Transformer, x: str, W: str) -> str:
     """transformer.logits: x @ W^T [..., V], soft-capped where the model caps. A W stored narrower is widened
     VOCAB_CHUNK rows at a time (never whole in the compute type); a float32 one is read in one MatMul."""
     V = model.cfg.vocab_size
-    if g.feeds[W].dtype == COMPUTE:
+    if W not in g.blocks and g.feeds[W].dtype == COMPUTE:
         y = g.op("MatMul", x, g.op("Transpose", W))
     else:
-        y = g.op("Concat", *[g.op("MatMul", x, g.op("Transpose", _rows(g, W, v, V))) for v in range(0, V, VOCAB_CHUNK)],
-                 axis=-1)
+        y = g.op("Concat", *[_times_rows(g, x, W, v, V) for v in range(0, V, VOCAB_CHUNK)], axis=-1)
     return soft_cap(g, y, model.cfg.final_softcap)

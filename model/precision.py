@@ -46,7 +46,10 @@ def compute_array(value) -> np.ndarray:
 
 
 def widen(weight: np.ndarray) -> np.ndarray:
-    """A stored weight in the compute type: itself when it is float32, else an exact widened copy."""
+    """A stored weight in the compute type: itself when it is float32, else an exact widened copy (quantised blocks,
+    model/quantized.Blocks: de-quantised, exactly as gguf de-quantises them)."""
+    if hasattr(weight, "dequantize"):
+        return weight.dequantize()
     return weight if weight.dtype == COMPUTE else weight.astype(COMPUTE)
 
 

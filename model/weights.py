@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .precision import compute_array, storage_name
+from .quantized import Blocks, expand
 from .transformer import Linear, Transformer
 
 
@@ -54,7 +55,7 @@ def arrays(model) -> dict[str, np.ndarray]:
     """Every array a graph of this model reads, by the name of the graph input that reads it (graphs/builder.py): the
     weights, as state_dict names them, and the position tables computed from the config (RoPE's cos and sin; the
     local layers' own; Marian's sinusoids). runtime/tensors.Weights binds them by these names at every run."""
-    out = dict(state_dict(model))
+    out = expand(state_dict(model))            # a quantised weight: its parts, "<name>.codes" ... (model/quantized.py)
     if getattr(model, "sinusoids", None) is not None:          # model/encdec.py: Marian
         out["sinusoids"] = model.sinusoids
     for names, tables in ((ROPE, getattr(model, "rope", None)), (ROPE_LOCAL, getattr(model, "rope_local", None))):
@@ -68,7 +69,8 @@ def block_arrays(model: Transformer, layer: int) -> dict[str, np.ndarray]:
     "block." + each weight's name within its block, and the RoPE tables this layer rotates by (Transformer.rope_for).
     Views of the model's arrays, no copies."""
     prefix = f"blocks.{layer}."
-    out = {"block." + name[len(prefix):]: value for name, value in state_dict(model).items() if name.startswith(prefix)}
+    out = {"block." + name[len(prefix):]: value for name, value in expand(state_dict(model)).items()
+           if name.startswith(prefix)}
     tables = model.rope_for(layer)
     return out if tables is None else out | dict(zip(ROPE, tables))
 
@@ -80,7 +82,9 @@ def identities(named: dict[str, np.ndarray]) -> dict[int, str]:
 
 def stored(value) -> np.ndarray:
     """A weight as the model keeps it: the array itself (no copy: a view of its file stays one) when its type is a
-    storage type (model/precision.py), else in the compute type."""
+    storage type (model/precision.py), else in the compute type. Quantised blocks stay blocks."""
+    if isinstance(value, Blocks):
+        return value
     value = np.asarray(value)
     try:
         storage_name(value.dtype)

@@ -26,6 +26,7 @@ from ..model.masks import MASKED
 from ..model.functional import soft_cap
 from ..model.precision import COMPUTE, widen
 from ..model.transformer import LM_OUTPUTS, logits
+from .capabilities import SHARE
 from .errors import InputError, Stopped
 from .results import Encoding
 from .tensors import Held
@@ -122,8 +123,17 @@ class Interventions:
         whose first edits are at different layers, run from the earliest (the others' unedited layers computed
         again, in the batch); default: on a GPU."""
         self.rt, self.lw = rt, rt.layerwise()
+        # a model stored narrower than float32 runs its blocks' wide graphs: each layer's weights widened once for
+        # the runs `widening` spans (every batch of rows reads every layer again), not at each run
+        self.wide = "wide_" if rt.capabilities.precision.storage != "float32" else ""
         self.batch = int(batch) if rt.weights.device == "cpu" else max(int(batch), GPU_BATCH)
         self.merge = rt.weights.device != "cpu" if merge is None else bool(merge)
+
+    def widening(self):
+        """The span over which the blocks' narrower weights are widened once each (runtime/tensors.Weights.widening):
+        as much of them as fits what the memory budget leaves beside the model's weights."""
+        caps = self.rt.capabilities
+        return self.rt.weights.widening(max(0, int(SHARE * caps.memory_bytes) - caps.stored_bytes))
 
     # ---- the clean run ---------------------------------------------------------------------------------------------
     def trace(self, enc: Encoding, *, causal: bool | None = None, mask_tokens=None, pattern: bool = False,
@@ -138,7 +148,7 @@ class Interventions:
         inputs = rt.feeds(np.array([enc.ids]), np.array([enc.type_ids]), mask, [T])
         names = tuple(keep) + (("pattern",) if pattern else ())
         sites = {name: [] for name in names}
-        with lw.busy:
+        with lw.busy, self.widening():
             x = lw.run_graph("embed", inputs, ["x"])["x"]
             for layer in range(L):
                 q, k, v = self._qkv(layer, x)
@@ -178,7 +188,7 @@ class Interventions:
         order = sorted(range(len(rows)), key=lambda b: first[b])
         size = self.batch if reuse else 1
         out: dict[str, list] = {}
-        with self.lw.busy:
+        with self.lw.busy, self.widening():
             n = 0
             if progress is not None:
                 progress(0, len(order))          # the batches start now: the rate (and the time left) counts from here
@@ -262,7 +272,7 @@ class Interventions:
 
     # ---- the graphs ------------------------------------------------------------------------------------------------
     def _qkv(self, layer: int, x: np.ndarray | Held):
-        out = self.lw.run_graph("block_in", {"x": x}, list("qkv"), layer=layer, keep=tuple("qkv"))
+        out = self.lw.run_graph(self.wide + "block_in", {"x": x}, list("qkv"), layer=layer, keep=tuple("qkv"))
         return out["q"], out["k"], out["v"]
 
     def _attend(self, layer: int, q, k, v, mask, heads) -> dict[str, np.ndarray]:
@@ -277,7 +287,7 @@ class Interventions:
         (B, T, _), H = x.shape, self.rt.cfg.n_heads
         feeds = {"x": x, "ctx": z, "lengths": np.full(B, T, np.int64),
                  "head_mask": np.ones((B, H), COMPUTE), "head_mean": np.zeros((B, H), COMPUTE)}
-        return self.lw.run_graph("block_out", feeds, ["x_next"], layer=layer, keep=("x_next",))["x_next"]
+        return self.lw.run_graph(self.wide + "block_out", feeds, ["x_next"], layer=layer, keep=("x_next",))["x_next"]
 
     def _final(self, x: np.ndarray | Held, ids: np.ndarray) -> dict[str, np.ndarray]:
         feeds = {"x": x, "input_ids": ids, "lengths": np.full(x.shape[0], x.shape[1], np.int64)}

@@ -197,10 +197,8 @@ class Layerwise:
                     proto = layers.build_embed(model)
                 elif which == "final":
                     proto = layers.build_final(model)
-                elif which == "block_in":
-                    proto = layers.build_block_halves(model)[0]
-                elif which == "block_out":
-                    proto = layers.build_block_halves(model)[1]
+                elif which in ("block_in", "block_out", "wide_block_in", "wide_block_out"):   # wide_: widened once
+                    proto = layers.build_block_halves(model, which.startswith("wide_"))[which.endswith("out")]
                 else:                     # ("attend" or "layer", outputs, causal)
                     build = layers.build_attend if which[0] == "attend" else layers.build_layer
                     proto = build(model, which[1], which[2])
@@ -225,7 +223,8 @@ class Layerwise:
         if self.fused:                  # the walk's blocks as one graph each (interventions still run the three)
             exact += [("layer", *which[1:]) for which in exact[:5]]
             supersets += [("layer", *which[1:]) for which in supersets]
-        return ["embed", "block_in", "block_out", "final", *dict.fromkeys(exact + supersets)]
+        wide = ["wide_block_in", "wide_block_out"] if self.rt.capabilities.precision.storage != "float32" else []
+        return ["embed", "block_in", "block_out", *wide, "final", *dict.fromkeys(exact + supersets)]
 
     def open(self, step: Callable[[int, int], None] | None = None) -> None:
         """Build and open every graph in `needed` (in memory, a fraction of a second each), so that no run waits

@@ -73,12 +73,13 @@ def patch(rt, clean: Encoding, corrupt: Encoding, metric: Metric, *, site: str =
                          f"corrupt {len(corrupt.ids)}")
     t0 = time.perf_counter()
     iv = Interventions(rt) if batch is None else Interventions(rt, batch)
-    traces = {name: iv.trace(enc, pattern=site == "pattern") for name, enc in (("clean", clean), ("corrupt", corrupt))}
-    base, source = (traces["corrupt"], traces["clean"]) if direction == "denoise" else \
-        (traces["clean"], traces["corrupt"])
-    rows, shape = rows_of(site, per_position, source, rt.cfg.n_layers, rt.cfg.n_heads)
-    patched = iv.run(base, rows, "logits", reuse=reuse, metric=metric, progress=progress,
-                     stop=stop)["metric"].reshape(shape)
+    with iv.widening():                          # the traces and the patched runs widen each layer once in all
+        traces = {name: iv.trace(enc, pattern=site == "pattern") for name, enc in (("clean", clean), ("corrupt", corrupt))}
+        base, source = (traces["corrupt"], traces["clean"]) if direction == "denoise" else \
+            (traces["clean"], traces["corrupt"])
+        rows, shape = rows_of(site, per_position, source, rt.cfg.n_layers, rt.cfg.n_heads)
+        patched = iv.run(base, rows, "logits", reuse=reuse, metric=metric, progress=progress,
+                         stop=stop)["metric"].reshape(shape)
     c, k = (float(metric(traces[name].logits)) for name in ("clean", "corrupt"))
     return Patching(clean.tokens, site, direction, metric, c, k, patched, recovery(patched, c, k), time.perf_counter() - t0)
 

@@ -61,6 +61,7 @@ class Session:
         self.weights = weights
         self.inputs = {i.name for i in self.ort.get_inputs()}
         self.bound = sorted(n for n in self.inputs if weights is not None and weights.binds(n))
+        self.wide = {i.name for i in self.ort.get_inputs() if i.name in self.bound and i.type == "tensor(float)"}
         self.declared = {o.name: o for o in self.ort.get_outputs()}
         self.device = device_of(providers)
         self.fetched = 0                              # bytes of outputs handed back by this session's runs
@@ -118,7 +119,7 @@ class Session:
                 else:
                     binding.bind_cpu_input(key, np.ascontiguousarray(value))
         for name in self.bound:
-            binding.bind_ortvalue_input(name, self.weights.value(name, layer))
+            binding.bind_ortvalue_input(name, self.weights.value(name, layer, name in self.wide))
         for name in names:
             out = self.declared[name]
             shape = [d if isinstance(d, int) else axes.get(d) for d in (out.shape or [None])]

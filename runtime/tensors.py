@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..model.precision import COMPUTE, INDEX
+from ..model.precision import COMPUTE, INDEX, widen
 from ..model.weights import ROPE, arrays, block_arrays
 
 
@@ -45,6 +45,8 @@ class Weights:
         self._values: dict[tuple[str, int | None], object] = {}
         self._placed: dict[int, object] = {}          # id(array) -> its OrtValue (the model keeps the arrays alive)
         self._lock = threading.Lock()
+        self._wide: dict[tuple[str, int | None], object] = {}   # widened copies kept for the runs `widening` spans
+        self._wide_bytes, self._widening, self._budget = 0, 0, 0
 
     def layer(self, layer: int) -> dict[str, np.ndarray]:
         """Layer `layer`'s arrays under the layer graphs' names."""
@@ -63,9 +65,13 @@ class Weights:
             raise ValueError(f"{name} is a layer graph's weight: name the layer whose weights to bind")
         return self.named[name]
 
-    def value(self, name: str, layer: int | None = None):
-        """The OrtValue bound to input `name` (of layer `layer` in a layer graph)."""
+    def value(self, name: str, layer: int | None = None, wide: bool = False):
+        """The OrtValue bound to input `name` (of layer `layer` in a layer graph); wide: a bfloat16 or float16 array
+        widened to float32 (graphs/builder.Graph's `wide` inputs): kept while `widening` spans the runs, as its
+        budget allows, else made for this run alone."""
         key = (name, layer if name.startswith("block.") or name in ROPE else None)
+        if wide and self.array(*key).dtype != COMPUTE:
+            return self._widened(key)
         v = self._values.get(key)
         if v is None:
             with self._lock:
@@ -76,6 +82,35 @@ class Weights:
                     if v is None:
                         v = self._placed[id(a)] = ort_value(a, self.device)
                     self._values[key] = v
+        return v
+
+    @contextmanager
+    def widening(self, budget_bytes: int):
+        """While this lasts (runs that multiply by the same layers' weights many times: a patching request's batches),
+        the widened copies that wide graphs bind are made once each and kept, up to budget_bytes in all (past it,
+        each run widens its own). Re-entrant; the copies are dropped when the outermost one ends."""
+        with self._lock:
+            self._widening += 1
+            self._budget = max(self._budget, int(budget_bytes))
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._widening -= 1
+                if not self._widening:
+                    self._wide.clear()
+                    self._wide_bytes = self._budget = 0
+
+    def _widened(self, key):
+        v = self._wide.get(key)
+        if v is not None:
+            return v
+        a = self.array(*key)
+        v = ort_value(widen(a), self.device)
+        with self._lock:
+            if self._widening and key not in self._wide and self._wide_bytes + a.size * COMPUTE.itemsize <= self._budget:
+                v = self._wide.setdefault(key, v)
+                self._wide_bytes += a.size * COMPUTE.itemsize
         return v
 
     def place(self) -> int:

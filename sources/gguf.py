@@ -1,4 +1,4 @@
-"""Llama-family and Gemma 3 models from GGUF files (llama.cpp's format): config, de-quantised weights, tokenizer.
+"""Llama-family and Gemma 3 models from GGUF files (llama.cpp's format): config, weights kept in their blocks, tokenizer.
 
     model = load_gguf(path, cache=folder)      # de-quantised once (progress bar), then read from the cache
     tokenizer = gguf_tokenizer(path, cache=folder)
@@ -11,9 +11,11 @@ undoes them (transformers/modeling_gguf_pytorch_utils.py, LlamaTensorProcessor):
   - tensor shapes are listed fastest axis first (ne0, ne1); `dequantize` already returns [out, in];
   - llama.cpp's converter permutes the rows of attn_q / attn_k for its interleaved RoPE (pairs 2i,
     2i+1); transformers' rotate-half pairs (i, i + d/2), so the rows are put back (`unpermute`).
-The de-quantised weights are cached as one .safetensors file in a folder the caller passes in,
-under a key made of the GGUF file's bytes and this module's source, so a later start reads ~0.5 GB
-of float32 instead of parsing and de-quantising again.
+Quantised tensors are kept in their blocks (model/quantized.Blocks, onnxruntime's MatMulNBits layout, exact:
+sources/gguf_blocks.py): graphs multiply by them as they are, the NumPy reference de-quantises what it reads. They are
+cached, re-laid out, as one .safetensors file (codes, scales, zero points and offsets per weight: about the GGUF
+file's size, no float32 copy) in a folder the caller passes in, under a key made of the GGUF file's bytes and this
+module's source, so a later start maps that file instead of parsing the blocks again.
 
 Gemma 3 (general.architecture "gemma3"), as transformers' GGUF loader reads it (Gemma2TensorProcessor): no row
 permutation (llama.cpp rotates Gemma's q/k in the rotate-half layout already); its norms are stored as 1 + weight,
@@ -34,10 +36,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .safetensors import read_header, read_tensor
+from .gguf_blocks import expressible, to_blocks
+from .safetensors import DTYPES, read_header
+from .store import mapped
 from .spec import MAX_POSITIONS, Generation
 from .tokens import bytes_to_unicode
 from ..model.precision import scalar
+from ..model.quantized import PARTS, Blocks, expand
 from ..model.transformer import Transformer, TransformerConfig
 from ..model.weights import load_state_dict
 
@@ -204,23 +209,44 @@ def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def read_weights(reader, cfg: TransformerConfig, progress=None) -> dict[str, np.ndarray]:
-    """Every tensor de-quantised to float32, renamed to our flat names, q/k rows un-permuted."""
+def read_tensor_of(t: GGUFTensor) -> np.ndarray | Blocks:
+    """One GGUF tensor as the model keeps it: a 2-D quantised one in its blocks (sources/gguf_blocks.py: MatMulNBits'
+    layout, exact), float32 and float16 as they are, anything else (1-D blocks, a format Blocks cannot express, BF16)
+    de-quantised to float32, that tensor alone."""
     import gguf
 
+    if t.tensor_type.name in ("F32", "F16"):
+        return np.asarray(t.data)
+    if t.data.ndim == 2 and expressible(t.tensor_type):
+        return to_blocks(t.data, t.tensor_type)
+    return np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)   # [out, in]
+
+
+def _rows_unpermuted(w, n_heads: int):
+    """unpermute on a weight's rows, in its blocks for a quantised one (rows are independent of the blocks along K)."""
+    if isinstance(w, Blocks):
+        p = w.parts()
+        return Blocks(*(None if p.get(k) is None else np.ascontiguousarray(unpermute(p[k], n_heads)) for k in PARTS),
+                      w.bits, w.block)
+    return unpermute(w, n_heads)
+
+
+def read_weights(reader, cfg: TransformerConfig, progress=None) -> dict[str, np.ndarray | Blocks]:
+    """Every tensor as the model keeps it (read_tensor_of: quantised ones in their blocks), renamed to our flat
+    names, q/k rows un-permuted."""
     sd = {}
     gemma = cfg.mlp == "geglu"                  # Gemma 3: its own names, no q/k permutation
     block_names = GEMMA3_BLOCK_NAMES if gemma else BLOCK_NAMES
     for t in reader.tensors:
-        w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)   # [out, in]
+        w = read_tensor_of(t)
         if t.name.startswith("blk."):
             _, layer, rest = t.name.split(".", 2)
             if rest not in block_names:
                 raise ValueError(f"unexpected tensor {t.name} in a {'Gemma 3' if gemma else 'Llama'} GGUF file")
             if rest == "attn_q.weight" and not gemma:
-                w = unpermute(w, cfg.n_heads)
+                w = _rows_unpermuted(w, cfg.n_heads)
             elif rest == "attn_k.weight" and not gemma:
-                w = unpermute(w, cfg.n_kv_heads)
+                w = _rows_unpermuted(w, cfg.n_kv_heads)
             sd[f"blocks.{layer}.{block_names[rest]}"] = w
         elif t.name in TOP_NAMES:
             sd[TOP_NAMES[t.name]] = w
@@ -246,7 +272,7 @@ def cache_key(path) -> str:
 
 @functools.cache
 def _cache_key(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256(Path(__file__).read_bytes())
+    h = hashlib.sha256(Path(__file__).read_bytes() + (Path(__file__).parent / "gguf_blocks.py").read_bytes())
     h.update(str(size).encode())
     with open(path, "rb") as f:
         h.update(f.read(KEY_BYTES))
@@ -285,8 +311,18 @@ def file_config(path, cache: str | Path | None = None) -> TransformerConfig:
     return gguf_config(GGUFFile(path))
 
 
+def _from_cache(cached: Path, quantised: dict[str, list[int]]) -> dict[str, np.ndarray | Blocks]:
+    """The weights load_gguf cached, each a view of the mapped file: quantised ones (`quantised`: name -> [bits,
+    block]) put together from their parts ("<name>.codes", ...)."""
+    views = {name: mapped(t.path).view(t.start, t.end, np.uint8 if t.dtype == "U8" else DTYPES[t.dtype], t.shape)
+             for name, t in read_header(cached).items()}
+    sd = {name: Blocks(*(views.pop(f"{name}.{part}", None) for part in PARTS), bits, block)
+          for name, (bits, block) in quantised.items()}
+    return sd | views
+
+
 def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) -> Transformer:
-    """A Transformer from a Llama-family GGUF file. With a cache folder, the de-quantised weights are
+    """A Transformer from a Llama-family GGUF file. With a cache folder, the weights (in their blocks) are
     written to <cache>/<file name>-<key>.safetensors on the first call, and afterwards the model reads them from
     there as views of the mapped file (sources/store.py: nothing copied, pages read when used)."""
     from safetensors import safe_open
@@ -299,20 +335,23 @@ def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) ->
         try:
             with safe_open(cached, "np") as f:
                 cfg = TransformerConfig(**json.loads(f.metadata()["config"]))
-            sd = {name: read_tensor(t) for name, t in read_header(cached).items()}
+                quantised = json.loads(f.metadata().get("blocks", "{}"))
+            sd = _from_cache(cached, quantised)
         except Exception:  # noqa: BLE001 - a truncated or foreign file: build it again below
             cached.unlink(missing_ok=True)
             sd = None
     if sd is None:
         reader = GGUFFile(path)
         cfg = gguf_config(reader)
-        with tqdm(total=len(reader.tensors), desc=f"{desc or path.stem}: de-quantising GGUF", unit="tensor",
+        with tqdm(total=len(reader.tensors), desc=f"{desc or path.stem}: reading GGUF blocks", unit="tensor",
                   leave=False) as bar:
             sd = read_weights(reader, cfg, progress=bar.update)
         if cached is not None:
-            _write_atomically(cached, lambda tmp: save_file(sd, tmp, metadata={"config": json.dumps(asdict(cfg))}),
-                              stale=f"{path.stem}-*.safetensors")   # 0.5 GB each: keep only the current one
-            sd = {name: read_tensor(t) for name, t in read_header(cached).items()}   # the views, not the copies
+            quantised = {name: [w.bits, w.block] for name, w in sd.items() if isinstance(w, Blocks)}
+            meta = {"config": json.dumps(asdict(cfg)), "blocks": json.dumps(quantised)}
+            _write_atomically(cached, lambda tmp: save_file(expand(sd), tmp, metadata=meta),
+                              stale=f"{path.stem}-*.safetensors")   # keep only the current one
+            sd = _from_cache(cached, quantised)                      # the views, not the copies
     return load_state_dict(Transformer(cfg, seed=None), sd)
 
 

@@ -1,0 +1,130 @@
+"""Quantised weights kept in their blocks: W [N, K] as integer codes with a float scale (and an integer zero point,
+and optionally a float offset) per block of `block` consecutive values along K.
+
+    W[n, k] = scales[n, b] * (code[n, k] - zero_point[n, b]) + offsets[n, b],   b = k // block
+
+This is onnxruntime's com.microsoft.MatMulNBits layout (codes of 2, 4 or 8 bits packed low-first along K, one float
+scale and one packed integer zero point per block), plus the offsets that formats with a per-block minimum need (GGUF's
+Q4_1, Q5_1 and the K-quants' mins): a graph multiplies by the codes with MatMulNBits and adds the offsets' share as a
+small product of block sums (graphs/builder.Graph.linear). sources/gguf_blocks.py makes them from GGUF blocks.
+
+The NumPy reference de-quantises (`dequantize`, or a part of the rows: `blocks[rows]`): it is the reference, and the
+order of its float32 operations is gguf's own (scale times code, then plus offset), so it equals
+gguf.quants.dequantize bit for bit (tests/test_gguf_blocks.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .precision import COMPUTE
+
+PARTS = ("codes", "scales", "zero_points", "offsets")   # a Blocks weight's arrays, under "<weight name>.<part>"
+
+
+def pack(values: np.ndarray, bits: int) -> np.ndarray:
+    """Integer values < 2**bits [..., n] -> uint8 [..., ceil(n * bits / 8)], packed low-first (value i of a byte in
+    bits [i * bits, (i + 1) * bits)); a last byte is padded with zeros."""
+    per = 8 // bits
+    v = np.asarray(values, np.uint8)
+    pad = -v.shape[-1] % per
+    if pad:
+        v = np.concatenate([v, np.zeros((*v.shape[:-1], pad), np.uint8)], axis=-1)
+    v = v.reshape(*v.shape[:-1], -1, per)
+    out = np.zeros(v.shape[:-1], np.uint8)
+    for i in range(per):
+        out |= v[..., i] << np.uint8(bits * i)
+    return out
+
+
+def unpack(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
+    """The inverse of `pack`: uint8 [..., bytes] -> uint8 [..., n]."""
+    per, mask = 8 // bits, np.uint8((1 << bits) - 1)
+    parts = [(packed >> np.uint8(bits * i)) & mask for i in range(per)]
+    return np.stack(parts, axis=-1).reshape(*packed.shape[:-1], -1)[..., :n]
+
+
+class Blocks:
+    """One quantised [N, K] weight (see the module's docstring). Arrays, each with N rows:
+    codes uint8 [N, K / block, block * bits / 8]; scales float32 [N, K / block]; zero_points uint8
+    [N, ceil(K / block * bits / 8)] (packed as codes are); offsets float32 [N, K / block] or None.
+    `shape` and `dtype` are those of the weight it stands for (float32 values); `nbytes` is what it holds."""
+
+    def __init__(self, codes, scales, zero_points, offsets, bits: int, block: int):
+        self.codes, self.scales, self.zero_points, self.offsets = codes, scales, zero_points, offsets
+        self.bits, self.block = int(bits), int(block)
+        if self.bits not in (2, 4, 8) or self.block < 16 or self.block & (self.block - 1):
+            raise ValueError(f"MatMulNBits takes 2, 4 or 8 bits in blocks of a power of two >= 16; got {bits} bits, "
+                             f"block {block}")
+        self.shape = (codes.shape[0], scales.shape[1] * self.block)
+        self.dtype, self.ndim = COMPUTE, 2
+
+    @property
+    def size(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.parts().values())
+
+    def parts(self) -> dict[str, np.ndarray]:
+        """Its arrays by part name (PARTS), offsets only where it has them."""
+        out = dict(codes=self.codes, scales=self.scales, zero_points=self.zero_points, offsets=self.offsets)
+        return {k: v for k, v in out.items() if v is not None}
+
+    def rows(self, index) -> Blocks:
+        """Rows `index` (a slice or integer array) as Blocks of their own (views where NumPy's indexing makes them)."""
+        pick = lambda a: None if a is None else a[index]   # noqa: E731
+        return Blocks(pick(self.codes), pick(self.scales), pick(self.zero_points), pick(self.offsets), self.bits,
+                      self.block)
+
+    def dequantize(self) -> np.ndarray:
+        """The weight in float32 [N, K]: scale * (code - zero point) (+ offset), in gguf's order of operations."""
+        N, K = self.shape
+        nb = K // self.block
+        codes = unpack(self.codes.reshape(N, -1), self.bits, K).reshape(N, nb, self.block)
+        zero = unpack(self.zero_points, self.bits, nb)[:, :, None]
+        w = self.scales[:, :, None] * (codes.astype(COMPUTE) - zero.astype(COMPUTE))
+        if self.offsets is not None:
+            w = w + self.offsets[:, :, None]
+        return w.reshape(N, K)
+
+    # the NumPy reference's reads (model/precision.widen, W[rows], np.asarray(W)): de-quantised, only what is read
+    def __getitem__(self, key):
+        if isinstance(key, tuple):                      # rows first, then the rest of the key on what they are
+            rows = self[key[0]]
+            return rows[(slice(None),) * (rows.ndim - 1) + key[1:]]
+        index = np.asarray(key) if not isinstance(key, slice) else key
+        if isinstance(index, np.ndarray) and index.ndim != 1:
+            return self.rows(index.reshape(-1)).dequantize().reshape(*index.shape, self.shape[1])
+        if isinstance(index, np.ndarray) and index.ndim == 0:
+            return self.rows(index.reshape(1)).dequantize()[0]
+        return self.rows(index).dequantize()
+
+    def __array__(self, dtype=None, copy=None):
+        w = self.dequantize()
+        return w if dtype is None else w.astype(dtype)
+
+    @property
+    def T(self) -> np.ndarray:
+        return self.dequantize().T
+
+    def astype(self, dtype) -> np.ndarray:
+        return self.dequantize().astype(dtype)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return (f"Blocks(shape={self.shape}, bits={self.bits}, block={self.block}, "
+                f"offsets={self.offsets is not None}, nbytes={self.nbytes})")
+
+
+def expand(named: dict) -> dict[str, np.ndarray]:
+    """A name -> array dict with each Blocks weight replaced by its parts, "<name>.<part>" (what graphs bind)."""
+    out = {}
+    for name, value in named.items():
+        if isinstance(value, Blocks):
+            out |= {f"{name}.{part}": a for part, a in value.parts().items()}
+        else:
+            out[name] = value
+    return out

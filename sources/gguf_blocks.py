@@ -1,0 +1,110 @@
+"""GGUF's block formats as MatMulNBits blocks (model/quantized.Blocks): W = scale * (code - zero point) + offset per
+sub-block, exactly as gguf.quants.dequantize computes it.
+
+Every format here is affine in its codes within a sub-block, with a float32 scale and offset that gguf computes
+exactly (a float16 times a small integer):
+  Q4_0  d * (q - 8)                      4-bit codes, block 32, zero point 8
+  Q4_1  d * q + m                        4-bit codes, block 32, offset m
+  Q5_0  d * (q - 16)                     5-bit codes held as 8-bit, block 32, zero point 16
+  Q5_1  d * q + m                        8-bit codes (5 used), block 32, offset m
+  Q8_0  d * q, q int8                    8-bit codes q + 128, block 32, zero point 128
+  Q2_K  d*sc * q - dmin*m                2-bit codes, block 16 (the super-block's sub-blocks), offset -dmin*m
+  Q3_K  d*(sc - 32) * (q - 4)            4-bit codes (3 used), block 16, zero point 4
+  Q4_K  d*sc * q - dmin*m                4-bit codes, block 32, offset -dmin*m
+  Q5_K  d*sc * q - dmin*m                8-bit codes (5 used), block 32, offset -dmin*m
+  Q6_K  d*sc * (q - 32)                  8-bit codes (6 used), block 16, zero point 32
+The codes, scales and offsets are read by gguf's own de-quantiser on patched copies of the blocks (`_probe`), not by a
+second implementation of each bit layout: with the scale fields set to 1 and the mins to 0 it returns code - zero
+point; with every code set to zero point + 1 and the mins to 0, the scale; with every code at the zero point, the
+offset. Each is exact (small integers, or one float32 product), so scale * (code - zero point) + offset is gguf's value
+bit for bit (tests/test_gguf_blocks.py checks every format on random blocks). Another format (IQ*, TQ*) is not
+expressible this way: `to_blocks` returns None and the caller de-quantises that tensor alone.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..model.precision import COMPUTE
+from ..model.quantized import Blocks, pack
+
+ONE, ZERO = np.float16(1).tobytes(), b"\0\0"   # a float16 1 and 0, little-endian
+
+
+class Format(NamedTuple):
+    bits: int                # the MatMulNBits code width the format's codes fit
+    block: int               # values per scale (a sub-block for the K-quants)
+    zero: int                # the zero point
+    offsets: bool            # whether it has a per-block offset (a min)
+    unit: dict               # byte range -> bytes: scale 1, min 0 (the probe for codes)
+    step: dict               # every code at zero point + 1, mins 0 (the probe for scales)
+    base: dict               # every code at the zero point (the probe for offsets)
+
+
+def _f(bits, block, zero, offsets, unit, step, base=None):
+    return Format(bits, block, zero, offsets, unit, step, base or {})
+
+
+FORMATS = {   # byte ranges within one block of the format (gguf.GGML_QUANT_SIZES), gguf's layouts
+    "Q4_0": _f(4, 32, 8, False, {(0, 2): ONE}, {(2, 18): b"\x99"}),
+    "Q4_1": _f(4, 32, 0, True, {(0, 2): ONE, (2, 4): ZERO}, {(2, 4): ZERO, (4, 20): b"\x11"}, {(4, 20): b"\0"}),
+    "Q5_0": _f(8, 32, 16, False, {(0, 2): ONE}, {(2, 6): b"\xff", (6, 22): b"\x11"}),
+    "Q5_1": _f(8, 32, 0, True, {(0, 2): ONE, (2, 4): ZERO}, {(2, 4): ZERO, (4, 8): b"\0", (8, 24): b"\x11"},
+               {(4, 8): b"\0", (8, 24): b"\0"}),
+    "Q8_0": _f(8, 32, 128, False, {(0, 2): ONE}, {(2, 34): b"\x01"}),
+    "Q2_K": _f(2, 16, 0, True, {(0, 16): b"\x01", (80, 82): ONE, (82, 84): ZERO},
+               {(16, 80): b"\x55", (82, 84): ZERO}, {(16, 80): b"\0"}),
+    "Q3_K": _f(4, 16, 4, False, {(96, 104): b"\x11", (104, 108): b"\xaa", (108, 110): ONE},
+               {(0, 32): b"\xff", (32, 96): b"\x55"}),
+    "Q4_K": _f(4, 32, 0, True, {(0, 2): ONE, (2, 4): ZERO, (4, 8): b"\x01", (8, 12): b"\0", (12, 16): b"\x01"},
+               {(2, 4): ZERO, (16, 144): b"\x11"}, {(16, 144): b"\0"}),
+    "Q5_K": _f(8, 32, 0, True, {(0, 2): ONE, (2, 4): ZERO, (4, 8): b"\x01", (8, 12): b"\0", (12, 16): b"\x01"},
+               {(2, 4): ZERO, (16, 48): b"\0", (48, 176): b"\x11"}, {(16, 48): b"\0", (48, 176): b"\0"}),
+    "Q6_K": _f(8, 16, 32, False, {(192, 208): b"\x01", (208, 210): ONE}, {(0, 128): b"\x11", (128, 192): b"\xaa"}),
+}
+CHUNK = 1 << 22   # values de-quantised per probe at a time (16 MB of float32): memory stays flat for any tensor
+
+
+def expressible(kind) -> bool:
+    """Whether a ggml type's blocks become Blocks (FORMATS), else it is de-quantised."""
+    return getattr(kind, "name", str(kind)) in FORMATS
+
+
+def _probe(blocks: np.ndarray, patch: dict, kind) -> np.ndarray:
+    """gguf's de-quantisation of a copy of `blocks` [rows, n_blocks, type_size] with the byte ranges of every block
+    set as `patch` says -> float32 [rows, n_blocks * block_size]."""
+    import gguf
+
+    b = blocks.copy()
+    for (lo, hi), value in patch.items():
+        b[..., lo:hi] = np.frombuffer(value * ((hi - lo) // len(value)), np.uint8)
+    return np.asarray(gguf.quants.dequantize(b.reshape(b.shape[0], -1), kind), COMPUTE)
+
+
+def to_blocks(data: np.ndarray, kind) -> Blocks | None:
+    """A GGUF tensor's bytes (GGUFFile's view: [N, row bytes]) as Blocks with N rows, or None for a format they
+    cannot express. Rows are read CHUNK values at a time."""
+    import gguf
+
+    fmt = FORMATS.get(kind.name)
+    if fmt is None:
+        return None
+    block_size, type_size = gguf.GGML_QUANT_SIZES[kind]
+    data = np.asarray(data).reshape(data.shape[0], -1, type_size)
+    N, n_gguf = data.shape[:2]
+    K = n_gguf * block_size
+    nb = K // fmt.block
+    codes = np.empty((N, nb, fmt.block * fmt.bits // 8), np.uint8)
+    scales = np.empty((N, nb), COMPUTE)
+    offsets = np.empty((N, nb), COMPUTE) if fmt.offsets else None
+    step = max(1, CHUNK // K)
+    for r in range(0, N, step):
+        part = np.ascontiguousarray(data[r:r + step])
+        q = _probe(part, fmt.unit, kind) + COMPUTE.type(fmt.zero)             # code values, exact integers
+        codes[r:r + step] = pack(q.astype(np.uint8).reshape(len(part), nb, fmt.block), fmt.bits)
+        scales[r:r + step] = _probe(part, fmt.step, kind)[:, ::fmt.block]
+        if offsets is not None:
+            offsets[r:r + step] = _probe(part, fmt.base, kind)[:, ::fmt.block]
+    zero_points = np.broadcast_to(pack(np.full((1, nb), fmt.zero, np.uint8), fmt.bits), (N, -(-nb * fmt.bits // 8)))
+    return Blocks(codes, scales, np.ascontiguousarray(zero_points), offsets, fmt.bits, fmt.block)

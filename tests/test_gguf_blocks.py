@@ -1,0 +1,141 @@
+"""GGUF's block formats kept in their blocks (sources/gguf_blocks.py, model/quantized.py), format by format, against
+gguf's own de-quantiser (gguf.quants.dequantize) on random blocks:
+  - the NumPy reference's de-quantisation equals gguf's bit for bit;
+  - the graph's product (onnxruntime's MatMulNBits, plus the offsets' share) by the identity returns gguf's values
+    exactly (one float32 rounding each, the same as gguf's; only a zero's sign may differ), and by random inputs agrees with float64 within
+    float32's bound for a K-term dot product;
+  - the graph's embedding lookup (rows gathered and de-quantised in the graph) and a range of rows (the LM head's
+    vocabulary chunks) equal the reference.
+And the zoo's GGUF models load in their blocks: no float32 copy of their weights in the cache, and a server process
+after loading holds less than their float32 weights.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from onnx import helper
+
+gguf = pytest.importorskip("gguf")
+ort = pytest.importorskip("onnxruntime")
+
+from attnscope.graphs.builder import FLOAT, INT, Graph, model_proto  # noqa: E402
+from attnscope.model.quantized import Blocks, expand  # noqa: E402
+from attnscope.model.weights import identities  # noqa: E402
+from attnscope.sources.gguf_blocks import FORMATS, to_blocks  # noqa: E402
+
+EPS = float(np.finfo(np.float32).eps)
+
+
+def random_blocks(name: str, rows: int, n_blocks: int, seed: int = 0) -> np.ndarray:
+    """[rows, n_blocks * type_size] random bytes in `name`'s format, its float16 fields (d, dmin, m) finite."""
+    kind = gguf.GGMLQuantizationType[name]
+    _, type_size = gguf.GGML_QUANT_SIZES[kind]
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, (rows, n_blocks, type_size)).astype(np.uint8)
+    f16 = {(0, 2), (2, 4)} if name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else \
+        {(0, 2)} if name in ("Q4_0", "Q5_0", "Q8_0") else {"Q2_K": {(80, 82), (82, 84)}, "Q3_K": {(108, 110)},
+                                                           "Q6_K": {(208, 210)}}[name]
+    for lo, hi in f16:
+        b[..., lo:hi] = (rng.standard_normal((rows, n_blocks)) * 0.02).astype(np.float16)[..., None].view(np.uint8)
+    return b.reshape(rows, -1)
+
+
+def session(g: Graph, inputs, outputs):
+    proto = model_proto(g, inputs + g.inputs, outputs, "blocks_test")
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def product_graph(w: Blocks, rows=None):
+    names = identities(expand({"w": w}))
+    g = Graph(names)
+    W = g.param(w, "w")
+    y = g.times("x", W, rows) if rows else g.linear("x", w, None, "lin")
+    g.op("Identity", y, out="y")
+    g.op("Identity", g.gather(W, "ids"), out="rows")
+    return session(g, [helper.make_tensor_value_info("x", FLOAT, ["M", w.shape[1]]),
+                       helper.make_tensor_value_info("ids", INT, ["B", "T"])],
+                   [helper.make_tensor_value_info("y", FLOAT, ["M", "N"]),
+                    helper.make_tensor_value_info("rows", FLOAT, ["B", "T", w.shape[1]])]), g.feeds
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_blocks_equal_gguf_dequantisation(name):
+    kind = gguf.GGMLQuantizationType[name]
+    data = random_blocks(name, 24, 2 if name.endswith("_K") else 8)          # 512 values a row
+    ref = gguf.quants.dequantize(data, kind)                                  # [24, 512] float32
+    w = to_blocks(data, kind)
+    assert w.shape == ref.shape and w.bits == FORMATS[name].bits
+    assert np.array_equal(w.dequantize().view(np.uint32), ref.view(np.uint32))   # the NumPy reference, bit for bit
+
+    sess, feeds = product_graph(w)
+    K = w.shape[1]
+    ids = np.array([[3, 0, 23, 3], [7, 7, 1, 12]])
+    y, rows = sess.run(None, {"x": np.eye(K, dtype=np.float32), "ids": ids, **feeds})
+    assert np.array_equal(y.T, ref)               # MatMulNBits by I: gguf's values exactly (a zero's sign may differ)
+    assert np.array_equal(rows, ref[ids])         # the in-graph embedding lookup too
+
+    x = np.random.default_rng(1).standard_normal((5, K)).astype(np.float32)
+    y = sess.run(["y"], {"x": x, "ids": ids, **feeds})[0]
+    exact = x.astype(np.float64) @ ref.astype(np.float64).T
+    bound = 2 * K * EPS * (np.abs(x).astype(np.float64) @ np.abs(ref.astype(np.float64)).T) + 1e-30
+    assert np.all(np.abs(y - exact) <= bound)
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q4_K"])
+def test_a_range_of_rows_is_multiplied_in_its_blocks(name):
+    """The LM head's vocabulary chunks: rows [5, 19) of the weight, by MatMulNBits on the parts' slices."""
+    kind = gguf.GGMLQuantizationType[name]
+    data = random_blocks(name, 24, 1 if name.endswith("_K") else 8, seed=2)
+    ref = gguf.quants.dequantize(data, kind)
+    sess, feeds = product_graph(to_blocks(data, kind), rows=(5, 19))
+    y = sess.run(["y"], {"x": np.eye(ref.shape[1], dtype=np.float32), "ids": np.zeros((1, 1), np.int64), **feeds})[0]
+    assert np.array_equal(y.T, ref[5:19])
+
+
+def test_reading_rows_and_columns_dequantises_only_them():
+    """The NumPy reference reads parts of a weight (W[ids], W[:, cols], W[i]) as gguf de-quantises them."""
+    data = random_blocks("Q4_K", 10, 2, seed=3)
+    ref = gguf.quants.dequantize(data, gguf.GGMLQuantizationType.Q4_K)
+    w = to_blocks(data, gguf.GGMLQuantizationType.Q4_K)
+    ids = np.array([[1, 9], [0, 0]])
+    assert np.array_equal(w[ids], ref[ids]) and np.array_equal(w[:, 30:70], ref[:, 30:70])
+    assert np.array_equal(w[4], ref[4]) and np.array_equal(w[2:5], ref[2:5]) and np.array_equal(np.asarray(w), ref)
+
+
+@pytest.mark.parametrize("model_id", ["smollm2", "gemma3"])
+def test_zoo_gguf_models_are_served_from_their_blocks(model_id, tmp_path):
+    """Loaded in their blocks (every projection a Blocks), with no float32 copy of the weights in the cache folder, and
+    a process that has loaded the model and answered once holds less memory than the float32 weights alone."""
+    from attnscope.model.weights import state_dict
+    from attnscope.sources import zoo
+
+    from .conftest import CACHE
+
+    try:
+        model = zoo.get(model_id).load_model(CACHE)
+    except zoo.ModelUnavailable as e:
+        pytest.skip(str(e))
+    sd = state_dict(model)
+    quantised = [n for n, w in sd.items() if isinstance(w, Blocks)]
+    assert all(isinstance(sd[n], Blocks) for n in sd if n.endswith(("proj.weight", "up.weight", "gate.weight",
+                                                                       "down.weight")))
+    f32_bytes = 4 * sum(w.size for w in sd.values())
+    stem = {"smollm2": zoo.SMOLLM2_FILE, "gemma3": zoo.GEMMA3_FILE}[model_id].rsplit(".", 1)[0]
+    cached = sorted(CACHE.glob(f"{stem}-*.safetensors"))
+    from attnscope.sources.safetensors import read_header
+    floats = sum(t.end - t.start for p in cached for t in read_header(p).values() if t.dtype == "F32")
+    assert cached and quantised and floats < f32_bytes / 4          # scales, offsets and norms only
+
+    script = (f"import resource, numpy as np; from attnscope.runtime.runtime import Runtime; "
+              f"from attnscope.sources import zoo; rt = Runtime(zoo.get({model_id!r}), cache_dir={str(CACHE)!r}); "
+              f"rt.run('The quick brown fox jumps over the lazy dog.'); "
+              f"print(int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0]) * 1024)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rss = int(out.stdout.split()[-1])
+    assert rss < f32_bytes, f"RSS {rss / 2**20:.0f} MB after loading, float32 weights {f32_bytes / 2**20:.0f} MB"
