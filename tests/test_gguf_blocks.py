@@ -108,11 +108,16 @@ def test_reading_rows_and_columns_dequantises_only_them():
 
 
 @pytest.mark.parametrize("model_id", ["smollm2", "gemma3"])
-def test_zoo_gguf_models_are_served_from_their_blocks(model_id, tmp_path):
+def test_zoo_gguf_models_are_served_from_their_blocks(model_id, tmp_path, monkeypatch):
     """Loaded in their blocks (every projection a Blocks), with no float32 copy of the weights in the cache folder, and
-    a process that has loaded the model and answered once holds less memory than the float32 weights alone."""
+    a process that has loaded the model and answered once holds less memory than the float32 weights alone. (Models
+    this small keep float32 in memory by default, sources/gguf.F32_IN_MEMORY_BYTES, for speed: here it is 0, as for a
+    model too big for that.)"""
     from attnscope.model.weights import state_dict
+    from attnscope.sources import gguf as gguf_source
     from attnscope.sources import zoo
+
+    monkeypatch.setattr(gguf_source, "F32_IN_MEMORY_BYTES", 0)
 
     from .conftest import CACHE
 
@@ -132,6 +137,7 @@ def test_zoo_gguf_models_are_served_from_their_blocks(model_id, tmp_path):
     assert cached and quantised and floats < f32_bytes / 4          # scales, offsets and norms only
 
     script = (f"import resource, numpy as np; from attnscope.runtime.runtime import Runtime; "
+              f"import attnscope.sources.gguf as g; g.F32_IN_MEMORY_BYTES = 0; "
               f"from attnscope.sources import zoo; rt = Runtime(zoo.get({model_id!r}), cache_dir={str(CACHE)!r}); "
               f"rt.run('The quick brown fox jumps over the lazy dog.'); "
               f"print(int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0]) * 1024)")
