@@ -55,7 +55,7 @@ class KeyMasks:
     @classmethod
     def plain(cls, cfg, B: int, t: int, P: int) -> KeyMasks:
         """The full cache: causal, nothing evicted, no votes."""
-        return cls(np.ascontiguousarray(np.broadcast_to(causal_mask(t, P + t, start=P), (B, 1, t, P + t))),
+        return cls(np.broadcast_to(causal_mask(t, P + t, start=P), (B, 1, t, P + t)).copy(),
                    np.zeros((B, cfg.n_layers, cfg.n_kv_heads, P + t), COMPUTE), np.zeros((B, t), COMPUTE))
 
 
