@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Annotated, Iterator, Literal, Union
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from ..model import kv_policies
 from ..runtime import Encoding, Runtime
@@ -34,9 +34,13 @@ class Interventions(Strict):
         "in the prompt's run and in every step, as `ablate` with `ablation` zero on /api/attention")
 
 
-Budget = Union[Annotated[int, Field(ge=1, le=1_000_000)], Annotated[list[Annotated[int, Field(ge=1, le=1_000_000)]],
-                                                                   Field(min_length=1, max_length=1024)]]
-BUDGET = ("keys each key/value head keeps (its own query's key aside): one number for every layer, or one per layer")
+BUDGET = "keys each key/value head keeps, in every layer (its own query's key aside)"
+
+
+def _odd(n: int) -> int:
+    if n % 2 == 0:
+        raise ValueError(f"kernel must be odd (a pooling centred on each key); got {n}")
+    return n
 
 
 class FullCache(Strict):
@@ -57,7 +61,7 @@ class H2OCache(Strict):
     each step the cache cut to `budget` keys: the last `recent` positions and the budget - recent keys with the most
     attention received so far (summed over every query and the query heads sharing the key/value head)."""
     policy: Literal["h2o"]
-    budget: Budget = Field(description=BUDGET)
+    budget: _bounded(1, 1_000_000) = Field(description=BUDGET)
     recent: _bounded(0, 1_000_000) = Field(description="the last positions always kept (at most budget)")
 
 
@@ -66,9 +70,10 @@ class SnapKVCache(Strict):
     with their attention on the earlier keys, the votes pooled along the keys (`kernel`, stride 1), and each key/value
     head keeps the budget - window best-voted keys and the window; generated tokens are never evicted."""
     policy: Literal["snapkv"]
-    budget: Budget = Field(description=BUDGET + " of the prompt")
+    budget: _bounded(1, 1_000_000) = Field(description=BUDGET + " of the prompt")
     window: _bounded(1, 1_000_000) = Field(32, description="the observation window: the last prompt queries, who vote")
-    kernel: _bounded(1, 1001) = Field(7, description="the pooling's width, odd")
+    kernel: Annotated[_bounded(1, 1001), AfterValidator(_odd)] = Field(
+        7, description="the pooling's width, odd", json_schema_extra={"not": {"multipleOf": 2}})
     pooling: Literal["avg", "max"] = Field("avg", description="avg_pool1d or max_pool1d over the votes")
 
 
@@ -252,7 +257,7 @@ def plan(ctx: Context, req: GenerateRequest) -> GeneratePlan:
                       f"ones would pass {rt.spec.id}'s {room} (its max_tokens): ask for at most "
                       f"{max(room - T, 0)} new tokens, or shorten the prompt")
     cfg = rt.cfg
-    policy = cache_policy(req.kv_cache, cfg.n_layers)
+    policy = cache_policy(req.kv_cache)
     rows = 1 if isinstance(policy, kv_policies.Full) else 2     # a policy runs the full cache alongside
     cache = rows * cfg.n_layers * 2 * cfg.n_kv_heads * cfg.d_head * 4 * (T + req.max_new_tokens)
     if cache > st.layerwise_mb * 2**20:
@@ -279,30 +284,21 @@ def plan(ctx: Context, req: GenerateRequest) -> GeneratePlan:
                         int(st.layerwise_group_mb * 2**20), policy)
 
 
-def cache_policy(kv_cache, n_layers: int):
-    """The request's kv_cache as a model/kv_policies.py policy, its budgets checked against the model (422s)."""
+def cache_policy(kv_cache):
+    """The request's kv_cache as a model/kv_policies.py policy, its fields checked against each other (422s)."""
     if kv_cache is None or kv_cache.policy == "full":
         return kv_policies.Full()
     if kv_cache.policy == "streaming":
         return kv_policies.Streaming(kv_cache.sinks, kv_cache.window)
-    budget = kv_cache.budget
-    if isinstance(budget, list):
-        if len(budget) != n_layers:
-            raise Refused(f"kv_cache.budget has {len(budget)} numbers; this model has {n_layers} layers: give one "
-                          f"per layer, or one number for all")
-        budget = tuple(budget)
-    least = min(budget) if isinstance(budget, tuple) else budget
     if kv_cache.policy == "h2o":
-        if kv_cache.recent > least:
-            raise Refused(f"kv_cache.recent ({kv_cache.recent}) is over the budget ({least}): the recent window is "
-                          f"part of the budget")
-        return kv_policies.H2O(budget, kv_cache.recent)
-    if kv_cache.window >= least:
-        raise Refused(f"kv_cache.window ({kv_cache.window}) must be under the budget ({least}): SnapKV keeps the "
-                      f"observation window and budget - window voted keys")
-    if kv_cache.kernel % 2 == 0:
-        raise Refused(f"kv_cache.kernel must be odd (a pooling centred on each key); got {kv_cache.kernel}")
-    return kv_policies.SnapKV(budget, kv_cache.window, kv_cache.kernel, kv_cache.pooling)
+        if kv_cache.recent > kv_cache.budget:
+            raise Refused(f"kv_cache.recent ({kv_cache.recent}) is over the budget ({kv_cache.budget}): the recent "
+                          f"window is part of the budget")
+        return kv_policies.H2O(kv_cache.budget, kv_cache.recent)
+    if kv_cache.window >= kv_cache.budget:
+        raise Refused(f"kv_cache.window ({kv_cache.window}) must be under the budget ({kv_cache.budget}): SnapKV "
+                      f"keeps the observation window and budget - window voted keys")
+    return kv_policies.SnapKV(kv_cache.budget, kv_cache.window, kv_cache.kernel, kv_cache.pooling)
 
 
 def generated(plan, token, text: str) -> dict:
