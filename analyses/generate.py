@@ -73,14 +73,14 @@ class SnapKVCache(Strict):
     budget: _bounded(1, 1_000_000) = Field(description=BUDGET + " of the prompt")
     window: _bounded(1, 1_000_000) = Field(32, description="the observation window: the last prompt queries, who vote")
     kernel: Annotated[_bounded(1, 1001), AfterValidator(_odd)] = Field(
-        7, description="the pooling's width, odd", json_schema_extra={"not": {"multipleOf": 2}})
+        5, description="the pooling's width, odd", json_schema_extra={"not": {"multipleOf": 2}})
     pooling: Literal["avg", "max"] = Field("avg", description="avg_pool1d or max_pool1d over the votes")
 
 
 KVCache = Annotated[Union[FullCache, StreamingCache, H2OCache, SnapKVCache], Field(discriminator="policy")]
 KV_EXAMPLES = [{"policy": "full"}, {"policy": "streaming", "sinks": 4, "window": 256},
                {"policy": "h2o", "budget": 256, "recent": 128},
-               {"policy": "snapkv", "budget": 256, "window": 32, "kernel": 7}]
+               {"policy": "snapkv", "budget": 256, "window": 32, "kernel": 5}]
 
 
 class GenerateRequest(Strict):

@@ -22,7 +22,8 @@ snapkv      SnapKV (Li et al. 2024, "SnapKV: LLM Knows What You Are Looking for 
             padding kernel // 2, the average counting the padding as torch does), and each key/value head keeps the
             budget - window best-voted prefix keys and the window itself; a prompt of fewer than `budget` tokens is
             kept whole. Generated tokens are never evicted. The first new token is the full cache's.
-Budgets count keys per key/value head; one number for every layer, or one per layer. Ties go to the earlier position
+Budgets count keys per key/value head; one number for every layer, or one per layer (the API takes one number).
+Defaults: H2O none (the paper splits the budget evenly, recent = budget / 2); SnapKV window 32, kernel 5, avg. Ties go to the earlier position
 (a stable sort), where torch.topk's order is unspecified. Grouped-query heads share their key/value head's choice (the
 scores summed over the group; the original H2O and SnapKV were written for one key/value head per query head).
 
@@ -66,7 +67,7 @@ class H2O:
 class SnapKV:
     budget: int | tuple[int, ...]
     window: int = 32
-    kernel: int = 7
+    kernel: int = 5
     pooling: str = "avg"
     name = "snapkv"
 

@@ -14,7 +14,8 @@ Sampling follows transformers' order (temperature, then top-k, then top-p), in f
 the model's own distribution and the one sampled from.
 
 Under a cache policy (`policy`, model/kv_policies.py: streaming, h2o, snapkv) each step runs twice: under the policy
-(its keys masked, positions unchanged) and with the full cache, fed the same tokens (the policy's). Two runs of one
+(its keys masked, positions unchanged) and with the full cache, fed the same tokens (the policy's); once while the
+policy has hidden nothing (H2O's and SnapKV's prompt), the two caches then one. Two runs of one
 row, not one run of two rows (about 1.2x faster a token on SmolLM2): onnxruntime's products are not bit-equal across
 batch sizes, and this way a policy that keeps every key is plain generation bit for bit, and the full run is plain
 generation of the same tokens. Each token then carries `kv_cache` (CacheView): what the policy did in the step that
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..analysis.effects import log_softmax
 from ..model.precision import COMPUTE
 from ..graphs.decoding import cache_names
 from ..model import decoding
@@ -108,12 +110,6 @@ class CacheView:
     head_change: np.ndarray
 
 
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    z = np.asarray(x, np.float64)
-    z = z - z.max()
-    return z - np.log(np.exp(z).sum())
-
-
 def compare(visible: np.ndarray, before: np.ndarray, logits: np.ndarray, full: np.ndarray, z: np.ndarray,
             z_full: np.ndarray, token: int) -> CacheView:
     """CacheView of a step: visible [L, Hkv, S] the keys its query saw, before [L, Hkv, S' <= S] the previous
@@ -174,7 +170,9 @@ class Generator:
     (its output is zero) in the prompt's run and every step; layers, heads: whose attention rows each token carries;
     stop: texts that end the generation once the continuation contains one; deadline: time.monotonic() past which
     no further step runs; chunk_bytes: the prompt runs in chunks whose attention (heads x chunk x tokens float32)
-    stays within it; policy: a cache policy (model/kv_policies.py; None or Full: the full cache, one row)."""
+    stays within it; policy: a cache policy (model/kv_policies.py; None or Full: the full cache, one run a step);
+    forced: tokens taken in order instead of chosen (teacher forcing: a given answer's probability, token by token,
+    bench/kv_policies.py), the generation's own choices after them."""
     rt: object
     ids: list[int]
     sampling: Sampling
@@ -187,6 +185,7 @@ class Generator:
     chunk_bytes: int = GROUP_MB * 2**20
     engine: str = "onnx"
     policy: object = None
+    forced: tuple[int, ...] = ()
     new_ids: list[int] = field(default_factory=list)
     views: list[CacheView] = field(default_factory=list)     # under a policy: each token's CacheView
     stop_reason: str | None = None
@@ -217,11 +216,12 @@ class Generator:
             return step
         hidden, kept, votes = self._eviction.masks(t, start)
         masks = KeyMasks.plain(self.rt.cfg, 1, t, start)
+        same = self._full is self._cache and not hidden.any() and kept.all()   # nothing evicted yet: one run
         masks.attention[0, 0] = combine(masks.attention[0, 0], hidden)
         masks.keys[0], masks.votes[0] = to_additive(~kept), votes
         step = decode(self.rt, np.array([ids], np.int64), self._cache, self.keep, self.engine, masks)
-        full = decode(self.rt, np.array([ids], np.int64), self._full, self.keep, self.engine,
-                      KeyMasks.plain(self.rt.cfg, 1, t, start))
+        full = step if same else decode(self.rt, np.array([ids], np.int64), self._full, self.keep, self.engine,
+                                        KeyMasks.plain(self.rt.cfg, 1, t, start))
         self._cache, self._full, self._logits = step.cache, full.cache, step.logits[0]
         # what the step's last query saw, then the policy's eviction
         self._view = (kept & ~hidden[-1], full.logits[0], step.head_outputs[:, 0], full.head_outputs[:, 0])
@@ -242,7 +242,9 @@ class Generator:
         if self._cache is None:
             self.prefill()
         p, q = distributions(self._logits, self.sampling)
-        if self.sampling.greedy:
+        if len(self.new_ids) < len(self.forced):
+            token = int(self.forced[len(self.new_ids)])
+        elif self.sampling.greedy:
             token = int(np.argmax(self._logits))
         else:
             cdf = np.cumsum(q)
