@@ -50,7 +50,7 @@ def hf_greedy_masked(hf, ids: list[int], n: int, hidden, window: int = 0, dtype=
     dtype = dtype or next(hf.parameters()).dtype
 
     def additive(m):
-        return torch.where(torch.tensor(m)[None, None], torch.finfo(dtype).min, 0.0).to(dtype)
+        return torch.zeros(m.shape, dtype=dtype).masked_fill(torch.tensor(m), torch.finfo(dtype).min)[None, None]
 
     def masks(T: int, rows: slice):
         distance = np.subtract.outer(np.arange(T), np.arange(T))[rows]
@@ -64,11 +64,12 @@ def hf_greedy_masked(hf, ids: list[int], n: int, hidden, window: int = 0, dtype=
         for _ in range(n):
             T = len(seq)
             if window:
-                out = hf(input_ids=torch.tensor([seq]), attention_mask=masks(T, slice(None)), use_cache=False)
+                out = hf(input_ids=torch.tensor([seq]), attention_mask=masks(T, slice(None)), use_cache=False,
+                         logits_to_keep=1)
             else:
                 new = seq if cache is None else seq[-1:]
                 out = hf(input_ids=torch.tensor([new]), attention_mask=masks(T, slice(T - len(new), T)),
-                         past_key_values=cache, use_cache=True)
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
                 cache = out.past_key_values
             logits = out.logits[0, -1]
             rows.append(logits.double().numpy())
