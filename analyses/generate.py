@@ -1,17 +1,20 @@
 """POST /api/generate: text token by token, streamed with each token's probabilities (and, asked, its attention rows).
 Each new token costs one position (a key/value cache, runtime/generation.py), and each step waits for a run slot like
 any other run, so generations take turns with the rest. Heads in `interventions.ablate` stay knocked out in every
-step. The stream stops when the client goes away, at the end of the step under way."""
+step. `kv_cache` generates under a cache eviction policy (StreamingLLM, H2O, SnapKV: model/kv_policies.py), the
+full cache run alongside, and each token's line says what the policy kept and what it changed. The stream stops when
+the client goes away, at the end of the step under way."""
 from __future__ import annotations
 
 import html
 import time
 from dataclasses import dataclass
-from typing import Annotated, Iterator, Literal
+from typing import Annotated, Iterator, Literal, Union
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
+from ..model import kv_policies
 from ..runtime import Encoding, Runtime
 from ..runtime.generation import Generator, Sampling
 from ..runtime.interventions import head_masks
@@ -29,6 +32,55 @@ class Interventions(Strict):
         default_factory=list, max_length=4096, examples=[[[17, 4]]],
         description="heads to knock out, as [layer, head] pairs: their output (before the output projection) is zero "
         "in the prompt's run and in every step, as `ablate` with `ablation` zero on /api/attention")
+
+
+BUDGET = "keys each key/value head keeps, in every layer (its own query's key aside)"
+
+
+def _odd(n: int) -> int:
+    if n % 2 == 0:
+        raise ValueError(f"kernel must be odd (a pooling centred on each key); got {n}")
+    return n
+
+
+class FullCache(Strict):
+    """Every key kept: plain generation (the default)."""
+    policy: Literal["full"]
+
+
+class StreamingCache(Strict):
+    """StreamingLLM (Xiao et al. 2023): key j is kept for query i iff j < sinks or i - j < window, the prompt's
+    queries too, the same keys in every layer and head."""
+    policy: Literal["streaming"]
+    sinks: _bounded(0, 1_000_000) = Field(4, description="the first positions, always kept (attention sinks)")
+    window: _bounded(1, 1_000_000) = Field(description="the recent positions kept, the query's own included")
+
+
+class H2OCache(Strict):
+    """H2O (Zhang et al. 2023) as its real-drop cache runs: the prompt with the full cache, then after the prompt and
+    each step the cache cut to `budget` keys: the last `recent` positions and the budget - recent keys with the most
+    attention received so far (summed over every query and the query heads sharing the key/value head)."""
+    policy: Literal["h2o"]
+    budget: _bounded(1, 1_000_000) = Field(description=BUDGET)
+    recent: _bounded(0, 1_000_000) = Field(description="the last positions always kept (at most budget)")
+
+
+class SnapKVCache(Strict):
+    """SnapKV (Li et al. 2024): the prompt compressed once, after it has run: the last `window` prompt queries vote
+    with their attention on the earlier keys, the votes pooled along the keys (`kernel`, stride 1), and each key/value
+    head keeps the budget - window best-voted keys and the window; generated tokens are never evicted."""
+    policy: Literal["snapkv"]
+    budget: _bounded(1, 1_000_000) = Field(description=BUDGET + " of the prompt")
+    window: _bounded(1, 1_000_000) = Field(32, description="the observation window: the last prompt queries, who vote")
+    kernel: Annotated[_bounded(1, 1001), AfterValidator(_odd)] = Field(
+        5, description="the pooling's width, odd", json_schema_extra={"not": {"multipleOf": 2}})
+    pooling: Literal["avg", "max"] = Field("avg", description="avg_pool1d or max_pool1d over the votes")
+
+
+KVCache = Annotated[Union[FullCache, StreamingCache, H2OCache, SnapKVCache], Field(discriminator="policy")]
+KV_EXAMPLES = [{"policy": "full"}, {"policy": "streaming", "sinks": 4, "window": 256},
+               {"policy": "h2o", "budget": 256, "recent": 128},
+               {"policy": "snapkv", "budget": 256, "window": 32, "kernel": 5}]
 
 
 class GenerateRequest(Strict):
@@ -59,13 +111,18 @@ class GenerateRequest(Strict):
                                        "carries; all when omitted")
     heads: list[Index] | None = Field(None, description="with `attention`: the heads whose rows each token "
                                       "carries; all when omitted")
+    kv_cache: KVCache | None = Field(None, examples=KV_EXAMPLES, description="a key/value-cache eviction policy: "
+        "`full` (the default), `streaming`, `h2o` or `snapkv`. Evicted keys are masked (positions unchanged) and the "
+        "full cache runs alongside; each token's line then carries `kv_cache` (KVCacheStep)")
     include: list[Literal["attention", "candidates"]] = Field(
         default=["candidates"], description="what each token's line carries: `candidates`, the step's most "
         "probable tokens with their probability before and after temperature, top-k and top-p; `attention`, the "
         "new token's attention row over every position so far, [layer][head][key]")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"model": "smollm2", "text": "The quick brown fox", "max_new_tokens": 16, "greedy": True}]})
+        {"model": "smollm2", "text": "The quick brown fox", "max_new_tokens": 16, "greedy": True},
+        {"model": "smollm2", "text": "The quick brown fox", "max_new_tokens": 16, "greedy": True,
+         "kv_cache": {"policy": "streaming", "sinks": 4, "window": 8}}]})
 
 
 class Candidate(BaseModel):
@@ -73,6 +130,20 @@ class Candidate(BaseModel):
     id: int
     probability: float = Field(description="its probability under the model (softmax of the logits)")
     sampling_probability: float = Field(description="after temperature, top-k and top-p: what it is drawn with")
+
+
+class KVCacheStep(BaseModel):
+    """Under a cache policy, what it did in the step that chose the token (the query one position before it)."""
+    kept: list[list[int]] = Field(description="keys that query saw, [layer][key/value head], its own included")
+    evicted: list[list[list[int]]] = Field(description="positions evicted since the previous token's query, "
+                                           "[layer][key/value head][...]; the first token's: every position its "
+                                           "query did not see")
+    kl: float = Field(description="KL(full || policy) of the next-token distributions, in nats")
+    top1_agree: bool = Field(description="the policy's and the full cache's most probable tokens are the same")
+    full_probability: float = Field(description="the token's probability under the full cache")
+    full_token: dict = Field(description="the full cache's most probable token: {id, token}")
+    head_change: list[list[float]] = Field(description="each head's output change ||z_policy - z_full|| / ||z_full||, "
+                                           "[layer][head] (z: blocks.{l}.attn.hook_z at that query)")
 
 
 class GeneratedToken(BaseModel):
@@ -86,6 +157,7 @@ class GeneratedToken(BaseModel):
     candidates: list[Candidate] | None = Field(None, description="with `candidates`: the step's most probable tokens")
     attention: list | None = Field(None, description="with `attention`: its attention row, [layer][head][key] over "
                                    "positions 0..index")
+    kv_cache: KVCacheStep | None = Field(None, description="with a `kv_cache` policy other than full")
 
 
 class GenerateDone(BaseModel):
@@ -103,6 +175,8 @@ class GenerateDone(BaseModel):
     layers: list[int] | None = Field(None, description="with `attention`: the layers of each row")
     heads: list[int] | None = Field(None, description="with `attention`: the heads of each row")
     ablate: list[list[int]] = Field(description="the heads knocked out")
+    kv_cache: dict | None = Field(None, description="with a policy other than full: the policy, and over the tokens "
+                                  "kl_mean and top1_agreement (the fraction that agreed)")
     timing_ms: dict[str, float] = Field(description="prompt (its run), total, and per_token (the mean step)")
     tokens_per_second: float
 
@@ -120,13 +194,14 @@ class GeneratePlan:
     heads: tuple[int, ...]
     seconds: float
     chunk_bytes: int
+    policy: object = None
 
     def generator(self) -> Generator:
         L, H = self.runtime.cfg.n_layers, self.runtime.cfg.n_heads
         keep = head_masks(self.ablate, "zero", L, H)[0]
         return Generator(self.runtime, list(self.encoding.ids), self.sampling, self.request.max_new_tokens, keep,
                          tuple(self.request.stop), self.layers, self.heads, time.monotonic() + self.seconds,
-                         self.chunk_bytes)
+                         self.chunk_bytes, policy=self.policy)
 
     async def lines(self, runner: Runner, started: float):
         """A line per new token ({"token": ...}), then {"done": ...}; a client that goes away stops it between two
@@ -182,7 +257,9 @@ def plan(ctx: Context, req: GenerateRequest) -> GeneratePlan:
                       f"ones would pass {rt.spec.id}'s {room} (its max_tokens): ask for at most "
                       f"{max(room - T, 0)} new tokens, or shorten the prompt")
     cfg = rt.cfg
-    cache = cfg.n_layers * 2 * cfg.n_kv_heads * cfg.d_head * 4 * (T + req.max_new_tokens)
+    policy = cache_policy(req.kv_cache)
+    rows = 1 if isinstance(policy, kv_policies.Full) else 2     # a policy runs the full cache alongside
+    cache = rows * cfg.n_layers * 2 * cfg.n_kv_heads * cfg.d_head * 4 * (T + req.max_new_tokens)
     if cache > st.layerwise_mb * 2**20:
         raise Refused(f"this generation's key/value cache would hold {cache / 2**20:.0f} MB ({T} + "
                       f"{req.max_new_tokens} tokens), over ATTNSCOPE_LAYERWISE_MB ({st.layerwise_mb:g} MB): "
@@ -204,7 +281,24 @@ def plan(ctx: Context, req: GenerateRequest) -> GeneratePlan:
     seed = req.seed if req.seed is not None else int(np.random.default_rng().integers(2**32))
     sampling = Sampling(req.greedy, req.temperature, req.top_k, req.top_p, seed)
     return GeneratePlan(req, rt, enc, sampling, sorted(set(ablate)), layers, heads, st.max_generate_seconds,
-                        int(st.layerwise_group_mb * 2**20))
+                        int(st.layerwise_group_mb * 2**20), policy)
+
+
+def cache_policy(kv_cache):
+    """The request's kv_cache as a model/kv_policies.py policy, its fields checked against each other (422s)."""
+    if kv_cache is None or kv_cache.policy == "full":
+        return kv_policies.Full()
+    if kv_cache.policy == "streaming":
+        return kv_policies.Streaming(kv_cache.sinks, kv_cache.window)
+    if kv_cache.policy == "h2o":
+        if kv_cache.recent > kv_cache.budget:
+            raise Refused(f"kv_cache.recent ({kv_cache.recent}) is over the budget ({kv_cache.budget}): the recent "
+                          f"window is part of the budget")
+        return kv_policies.H2O(kv_cache.budget, kv_cache.recent)
+    if kv_cache.window >= kv_cache.budget:
+        raise Refused(f"kv_cache.window ({kv_cache.window}) must be under the budget ({kv_cache.budget}): SnapKV "
+                      f"keeps the observation window and budget - window voted keys")
+    return kv_policies.SnapKV(kv_cache.budget, kv_cache.window, kv_cache.kernel, kv_cache.pooling)
 
 
 def generated(plan, token, text: str) -> dict:
@@ -216,6 +310,12 @@ def generated(plan, token, text: str) -> dict:
                                "sampling_probability": c.sampling_probability} for c in token.candidates]
     if token.attention is not None:
         line["attention"] = token.attention
+    view = token.kv_cache
+    if view is not None:
+        line["kv_cache"] = {"kept": view.kept.tolist(), "evicted": view.evicted, "kl": view.kl,
+                            "top1_agree": view.top1, "full_probability": view.full_probability,
+                            "full_token": {"id": view.full_top, "token": plan.runtime.token_string(view.full_top)},
+                            "head_change": view.head_change.tolist()}
     return {"token": line}
 
 
@@ -228,6 +328,9 @@ def generation_done(plan, gen, timing_ms: dict) -> dict:
         "sequence": rt.tokenizer.decode(list(plan.encoding.ids) + gen.new_ids, skip_special_tokens=False),
         "stop_reason": gen.stop_reason, "seed": plan.sampling.seed, "layers": list(gen.layers) or None,
         "heads": list(gen.heads) or None, "ablate": [list(p) for p in plan.ablate], "timing_ms": timing_ms,
+        "kv_cache": None if not gen.views else {
+            "policy": plan.request.kv_cache.model_dump(), "kl_mean": float(np.mean([v.kl for v in gen.views])),
+            "top1_agreement": float(np.mean([v.top1 for v in gen.views]))},
         "tokens_per_second": n / max(timing_ms["total"] - timing_ms["prompt"], 1e-9) * 1000}}
 
 
@@ -274,15 +377,23 @@ class Generation:
 def body(text: str, **options) -> dict:
     """POST /api/generate: an iterator of the new tokens (each the stream's token line), as they are made;
     `.done` holds the last line once it has ended. Options as the API takes them (max_new_tokens, greedy,
-    temperature, top_k, top_p, seed, stop, chat, interventions, attention)."""
+    temperature, top_k, top_p, seed, stop, chat, interventions, kv_cache, attention)."""
     return {"text": text, **options}
 
 
 def tool(api, text: ToolText, max_new_tokens: Annotated[int, Field(ge=1, le=256)] = 16, greedy: bool = True,
-         model: ModelId = None) -> dict:
-    g = api.generate(text, max_new_tokens=max_new_tokens, greedy=greedy, model=model)
-    tokens = [{"token": t["token"], "probability": number(t["probability"])} for t in g]
-    return {"text": g.done["text"], "tokens": tokens, "stop_reason": g.done["stop_reason"]}
+         model: ModelId = None, kv_cache: KVCache | None = None) -> dict:
+    options = {} if kv_cache is None else {"kv_cache": kv_cache.model_dump()}
+    g = api.generate(text, max_new_tokens=max_new_tokens, greedy=greedy, model=model, **options)
+    tokens = []
+    for t in g:
+        tokens.append({"token": t["token"], "probability": number(t["probability"])})
+        if t.get("kv_cache"):     # under a policy: its divergence from the full cache at this token
+            c = t["kv_cache"]
+            tokens[-1] |= {"kl": number(c["kl"]), "full_token": c["full_token"]["token"],
+                           "full_probability": number(c["full_probability"])}
+    out = {"text": g.done["text"], "tokens": tokens, "stop_reason": g.done["stop_reason"]}
+    return out | ({"kv_cache": g.done["kv_cache"]} if g.done.get("kv_cache") else {})
 
 
 ANALYSIS = Analysis(
@@ -291,7 +402,8 @@ ANALYSIS = Analysis(
     request=GenerateRequest, response=None, plan=lambda ctx, req, binary: plan(ctx, req), stream="tokens",
     needs=("predictions", "an LM head"), example={"text": EXAMPLE_TEXT, "max_new_tokens": 8},
     methods=(Method("generate", body, Generation, lines=True),),
-    tools=(Tool("generate", "Generate text from a prompt (greedy by default); each new token with its probability.",
-                tool),),
+    tools=(Tool("generate", "Generate text from a prompt (greedy by default); each new token with its probability. "
+                "kv_cache replays it under a key/value-cache eviction policy (streaming, h2o, snapkv): each token "
+                "then says how far the policy's next-token distribution is from the full cache's (KL).", tool),),
     page=("model", "text", "max_new_tokens", "greedy", "temperature", "top_k", "top_p", "seed", "stop", "chat",
           "interventions", "layers", "heads", "include"))

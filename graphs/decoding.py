@@ -3,8 +3,12 @@ the grown key/value cache out, every layer in one run (runtime/generation.py run
 
 Inputs:  input_ids [B, t] int64 (the new tokens, at positions P..P+t-1), past.{l}.key and past.{l}.value
          [B, Hkv, P, d_head] for every layer l (P = 0 for the prompt), attention_mask [B, 1, t, P+t] (additive),
-         head_mask [B, L, H] (1 keeps a head, 0 makes its output zero)
+         head_mask [B, L, H] (1 keeps a head, 0 makes its output zero), key_mask [B, L, Hkv, P+t] (additive: the
+         keys a cache policy has evicted from each layer's key/value heads, model/kv_policies.py; zeros keep all),
+         votes [B, t] (each new query's weight in `received`)
 Outputs: next_token_logits [B, V] after the last new token, attentions [L, B, H, P+t] (its attention rows),
+         received [L, B, Hkv, P+t] (the attention each key got, summed over the voting queries and the query heads
+         of its key/value head), head_outputs [L, B, H, d_head] (the last new token's z, hook_z),
          present.{l}.key and present.{l}.value [B, Hkv, P+t, d_head]
 The weights are graph inputs, as in every graph (graphs/builder.py), bound at each step from the weight store (with
 them as initializers onnxruntime packed each matrix once, 27 ms a SmolLM2 token against 31-32 with them as inputs,
@@ -19,6 +23,7 @@ from onnx import helper
 
 from ..model.transformer import Transformer
 from ..model.weights import arrays, identities
+from ..model.precision import MASKED
 from .builder import FLOAT, INT, Graph, model_proto, pruned, save_checked
 from .steps import embed, logits, rope_tables, sliding_window_mask, transformer_block
 
@@ -39,10 +44,14 @@ def build_decode(model: Transformer) -> onnx.ModelProto:
     for layer in range(cfg.n_layers):
         inputs += [helper.make_tensor_value_info(name, f, cache) for name in cache_names(layer)[:2]]
     inputs += [helper.make_tensor_value_info("attention_mask", f, ["batch", 1, "tokens", "keys"]),
-               helper.make_tensor_value_info("head_mask", f, ["batch", cfg.n_layers, cfg.n_heads])]
+               helper.make_tensor_value_info("head_mask", f, ["batch", cfg.n_layers, cfg.n_heads]),
+               helper.make_tensor_value_info("key_mask", f, ["batch", cfg.n_layers, cfg.n_kv_heads, "keys"]),
+               helper.make_tensor_value_info("votes", f, ["batch", "tokens"])]
     P = g.slice(g.op("Shape", "past.0.key"), 2, 3, 0, hint="P")
+    group = cfg.n_heads // cfg.n_kv_heads
+    votes = g.op("Unsqueeze", "votes", g.const(np.array([1, 3])))                     # [B, 1, t, 1]
     x, wte, T = embed(g, model, start=P)                                             # [B, t, D]
-    ropes, masks, rows = {}, {}, []   # RoPE tables (local layers may have their own) and masks (by window)
+    ropes, masks, rows, received, z = {}, {}, [], [], []   # RoPE tables (local layers may have their own), masks
     for i, block in enumerate(model.blocks):
         p, (past_k, past_v, present_k, present_v) = f"blocks.{i}", cache_names(i)
         tables = model.rope_for(i)
@@ -53,9 +62,17 @@ def build_decode(model: Transformer) -> onnx.ModelProto:
                 if block.window else "attention_mask"
         rope = None if tables is None else ropes[id(tables[0])]
         keep = g.op("Gather", "head_mask", g.const(np.array(i, np.int64)), axis=1)    # [B, H]
-        x, st = transformer_block(g, block, cfg, p, x, masks[block.window], keep, rope=rope, past=(past_k, past_v),
+        evicted = g.op("Unsqueeze", g.op("Gather", "key_mask", g.const(np.array(i, np.int64)), axis=1),
+                       g.const(np.array([2])))                                          # [B, Hkv, 1, P+t]
+        evicted = repeat_kv_mask(g, evicted, group, cfg.n_heads)                        # [B, H, 1, P+t]
+        mask = g.op("Max", g.op("Add", masks[block.window], evicted), g.const(MASKED), hint=f"{p}.kept_keys")
+        x, st = transformer_block(g, block, cfg, p, x, mask, keep, rope=rope, past=(past_k, past_v),
                                   present=(present_k, present_v))                     # probs [B, H, t, P+t]
         rows.append(g.op("Gather", st["attentions"], g.const(np.array(-1, np.int64)), axis=2))   # [B, H, P+t]
+        summed = g.op("ReduceSum", g.op("Mul", st["attentions"], votes), g.const(np.array([2])), keepdims=0)
+        received.append(g.op("ReduceSum", g.op("Reshape", summed, g.const(np.array([0, cfg.n_kv_heads, group, -1]))),
+                             g.const(np.array([2])), keepdims=0))                      # [B, Hkv, P+t]
+        z.append(g.op("Gather", st["ctx"], g.const(np.array(-1, np.int64)), axis=2))   # [B, H, dh]
     last = g.op("Gather", x, g.const(np.array(-1, np.int64)), axis=1)                 # [B, D]
     if model.ln_f is not None:
         last = g.norm(last, model.ln_f, "ln_f")
@@ -63,12 +80,25 @@ def build_decode(model: Transformer) -> onnx.ModelProto:
     g.op("Identity", logits(g, model, last, W), out="next_token_logits")             # [B, V]
     axis0 = g.const(np.array([0]))
     g.op("Concat", *[g.op("Unsqueeze", r, axis0) for r in rows], axis=0, out="attentions")
+    g.op("Concat", *[g.op("Unsqueeze", r, axis0) for r in received], axis=0, out="received")
+    g.op("Concat", *[g.op("Unsqueeze", r, axis0) for r in z], axis=0, out="head_outputs")
     present = ["batch", cfg.n_kv_heads, "keys", cfg.d_head]
     outputs = [helper.make_tensor_value_info("next_token_logits", f, ["batch", cfg.vocab_size]),
-               helper.make_tensor_value_info("attentions", f, [cfg.n_layers, "batch", cfg.n_heads, "keys"])]
+               helper.make_tensor_value_info("attentions", f, [cfg.n_layers, "batch", cfg.n_heads, "keys"]),
+               helper.make_tensor_value_info("received", f, [cfg.n_layers, "batch", cfg.n_kv_heads, "keys"]),
+               helper.make_tensor_value_info("head_outputs", f, [cfg.n_layers, "batch", cfg.n_heads, cfg.d_head])]
     for layer in range(cfg.n_layers):
         outputs += [helper.make_tensor_value_info(name, f, present) for name in cache_names(layer)[2:]]
     return pruned(model_proto(g, inputs + g.inputs, outputs, "attnscope-decode"))
+
+
+def repeat_kv_mask(g: Graph, mask: str, group: int, n_heads: int) -> str:
+    """functional.repeat_kv on a key/value head's mask [B, Hkv, 1, S] -> [B, H, 1, S]: query head h reads kv head
+    h // group's."""
+    if group == 1:
+        return mask
+    return g.op("Reshape", g.op("Expand", g.op("Unsqueeze", mask, g.const(np.array([2]))),
+                                g.const(np.array([1, 1, group, 1, 1]))), g.const(np.array([0, n_heads, 1, -1])))
 
 
 def export(model: Transformer, path, desc: str = "export") -> None:

@@ -37,3 +37,42 @@ def scaled_dot_product_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
         raise ValueError(f"temperature must be > 0; got {temperature}")
     probs = attention_stages(q, k, mask, score_scale(SimpleNamespace(d_head=q.shape[-1], temperature=temperature))).probs
     return probs @ v, probs
+
+
+def hf_greedy_masked(hf, ids: list[int], n: int, hidden, window: int = 0, dtype=None):
+    """transformers' eager model generating n tokens greedily with the keys `hidden(T)` hides ([T, T] bool, True =
+    hidden) masked by a 4-D additive attention mask. With window 0, the prompt once and then a token at a time on
+    transformers' DynamicCache, each step's mask its query's row; window > 0 (a model with local layers, Gemma 3:
+    their cache keeps only the window) the whole sequence run again for each token, with a mask per layer type, the
+    local layers' with their sliding window added. Returns (tokens, the logits [n, V] that chose them)."""
+    import torch
+
+    dtype = dtype or next(hf.parameters()).dtype
+
+    def additive(m):
+        return torch.zeros(m.shape, dtype=dtype).masked_fill(torch.tensor(m), torch.finfo(dtype).min)[None, None]
+
+    def masks(T: int, rows: slice):
+        distance = np.subtract.outer(np.arange(T), np.arange(T))[rows]
+        masked = hidden(T)[rows] | (distance < 0)
+        if not window:
+            return additive(masked)
+        return {"full_attention": additive(masked), "sliding_attention": additive(masked | (distance >= window))}
+
+    seq, tokens, rows, cache = list(ids), [], [], None
+    with torch.inference_mode():
+        for _ in range(n):
+            T = len(seq)
+            if window:
+                out = hf(input_ids=torch.tensor([seq]), attention_mask=masks(T, slice(None)), use_cache=False,
+                         logits_to_keep=1)
+            else:
+                new = seq if cache is None else seq[-1:]
+                out = hf(input_ids=torch.tensor([new]), attention_mask=masks(T, slice(T - len(new), T)),
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                cache = out.past_key_values
+            logits = out.logits[0, -1]
+            rows.append(logits.double().numpy())
+            tokens.append(int(logits.argmax()))
+            seq.append(tokens[-1])
+    return tokens, np.stack(rows)

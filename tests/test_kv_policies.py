@@ -1,0 +1,190 @@
+"""Generation under key/value-cache eviction policies (issue 52): each published rule on hand-built attention (the key
+it must pick), `full` and a streaming window that covers the text bit-equal to plain generation, streaming against
+transformers with the same keys hidden by a 4-D attention mask, the ONNX step against the NumPy reference under H2O
+and SnapKV on three models (the same kept keys, the logits within 1e-5), and /api/generate's kv_cache (its lines, its
+refusals, the MCP tool). The full-size transformers comparison (a ~600-token prompt, window 256, 32 tokens, SmolLM2
+and Gemma 3) is bench/kv_policies.py --parity; Gemma 3's short one is in tests/test_gemma3_zoo.py."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from attnscope.model.kv_policies import H2O, Eviction, Full, SnapKV, Streaming, pool
+from attnscope.runtime import Runtime
+from attnscope.runtime.generation import Generator, Sampling
+from attnscope.sources import resolve
+
+from .conftest import CACHE
+from .references import hf_greedy_masked
+from .test_checkpoints import build_checkpoint
+
+TEXT = ("The harbour master kept a ledger of every ship. On Monday the Alba came in with salt, on Tuesday the "
+        "Brisa with figs, and on Wednesday the Corvo with nothing at all. The ledger said")
+
+
+def run(rt, ids, n, policy=None, engine="onnx"):
+    """A greedy generation under `policy`: the generator, its tokens, and the logits that chose each token."""
+    gen = Generator(rt, ids, Sampling(greedy=True), n, policy=policy, engine=engine)
+    gen.prefill()
+    tokens, logits = [], []
+    for _ in range(n):
+        logits.append(gen._logits.copy())
+        tokens.append(next(gen))
+        if gen.stop_reason:
+            break
+    return gen, tokens, np.stack(logits)
+
+
+# ---- each rule picks the key its paper says --------------------------------------------------------------------------
+def test_streaming_keeps_sinks_and_window():
+    hidden = Streaming(sinks=2, window=3).hidden(1, 10, 9)[0]          # the query at position 9 over keys 0..9
+    assert np.flatnonzero(~hidden).tolist() == [0, 1, 7, 8, 9]
+
+
+def test_h2o_keeps_the_heavy_hitters_and_the_recent_window():
+    ev = Eviction(H2O(budget=3, recent=1), n_layers=1, n_kv_heads=1, prompt_length=6)
+    ev.masks(6, 0)
+    ev.observe(np.array([[[0.1, 0.5, 3.0, 0.2, 1.0, 0.3]]]))           # the prompt's attention received per key
+    assert np.flatnonzero(ev.kept[0, 0]).tolist() == [2, 4, 5]         # heavy hitters 2 and 4, the recent 5
+    _, kept, votes = ev.masks(1, 6)                                     # the first step sees them and itself
+    assert np.flatnonzero(kept[0, 0]).tolist() == [2, 4, 5, 6] and votes.tolist() == [1.0]
+    ev.observe(np.array([[[0, 0, 0.1, 0, 0.05, 0.2, 0.4]]]))           # 2: 3.1, 4: 1.05, 5: 0.5 -> 5 leaves
+    assert np.flatnonzero(ev.kept[0, 0]).tolist() == [2, 4, 6]
+
+
+def test_snapkv_keeps_the_pooled_vote_winner_and_the_window():
+    """Votes on 2, 4 and 6, 6 the highest: pooled over 3 keys, 5 (between 4 and 6, itself unvoted) wins."""
+    ev = Eviction(SnapKV(budget=3, window=2, kernel=3), n_layers=1, n_kv_heads=1, prompt_length=10)
+    _, _, votes = ev.masks(10, 0)
+    assert votes.tolist() == [0] * 8 + [1, 1]                          # the observation window votes
+    received = np.array([[[0, 0, 2.0, 0, 2.0, 0, 2.5, 0, 9, 9]]])
+    assert int(np.argmax(pool(received[0, :, :8], 3, "avg"))) == 5
+    ev.observe(received)
+    assert np.flatnonzero(ev.kept[0, 0]).tolist() == [5, 8, 9]
+    _, kept, votes = ev.masks(1, 10)                                   # generated tokens stay, nothing votes
+    assert np.flatnonzero(kept[0, 0]).tolist() == [5, 8, 9, 10] and votes.tolist() == [0.0]
+
+
+def test_grouped_heads_share_their_key_value_heads_choice(runtimes):
+    """SmolLM2: 9 query heads on 3 key/value heads. Under H2O each key/value head keeps its own keys, and every query
+    head of its group puts exactly zero on the others."""
+    rt = runtimes["smollm2"]
+    ids = rt.encode(TEXT).ids
+    layers = (3, 20)
+    gen = Generator(rt, ids, Sampling(greedy=True), 3, policy=H2O(16, 4), layers=layers, heads=tuple(range(9)))
+    tokens = list(gen)
+    row = tokens[-2].attention                      # its query is the one the last token's view describes
+    view = gen.views[-1]
+    for i, layer in enumerate(layers):
+        hidden = [sorted(set().union(*(v.evicted[layer][kv] for v in gen.views))) for kv in range(3)]
+        assert hidden[0] != hidden[1] or hidden[1] != hidden[2]        # the key/value heads chose differently
+        for head in range(9):
+            assert (row[i, head, hidden[head // 3]] == 0).all()
+            assert row[i, head].size - len(hidden[head // 3]) == view.kept[layer, head // 3] == 17   # budget + itself
+
+
+# ---- a policy keeping every key is plain generation ----------------------------------------------------------------
+def test_full_and_an_all_covering_window_equal_plain_generation(runtimes):
+    rt = runtimes["smollm2"]
+    ids = rt.encode(TEXT).ids
+    plain, plain_tokens, plain_logits = run(rt, ids, 8)
+    full, full_tokens, full_logits = run(rt, ids, 8, Full())
+    wide, wide_tokens, wide_logits = run(rt, ids, 8, Streaming(sinks=0, window=len(ids) + 8))
+    assert plain.new_ids == full.new_ids == wide.new_ids
+    assert np.array_equal(plain_logits, full_logits) and np.array_equal(plain_logits, wide_logits)   # bit for bit
+    assert [t.probability for t in plain_tokens] == [t.probability for t in wide_tokens]
+    assert all(v.kl == 0 and v.top1 and not any(sum(v.evicted, [])) for v in wide.views)
+    assert all((v.head_change == 0).all() for v in wide.views)
+
+
+# ---- streaming against transformers with the same keys masked ------------------------------------------------------
+def test_streaming_equals_transformers_with_the_keys_masked(runtimes, hf_smollm2):
+    """A 168-token prompt, sinks 4, window 64 (the issue's 600 and 256, scaled; the full size is
+    bench/kv_policies.py --parity), 12 greedy tokens: token for token, logits within 1e-4."""
+    rt = runtimes["smollm2"]
+    ids = rt.encode(" ".join([TEXT] * 4)).ids
+    policy = Streaming(sinks=4, window=64)
+    gen, _, ours = run(rt, ids, 12, policy)
+    theirs, logits = hf_greedy_masked(hf_smollm2, ids, 12, lambda T: policy.hidden(T, T, 0))
+    assert len(ids) > 2 * 64 and gen.new_ids == theirs
+    np.testing.assert_allclose(ours, logits, atol=1e-4, rtol=0)
+    assert max(v.kl for v in gen.views) > 1e-3          # the window changed the model: the comparison means something
+
+
+# ---- the ONNX step equals the NumPy reference ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory):
+    """A Qwen2 checkpoint with wide random weights (peaked attention): 2 key/value heads, q/k/v biases, bfloat16."""
+    folder = build_checkpoint("qwen2", tmp_path_factory.mktemp("kv") / "qwen2")
+    return Runtime(resolve(f"qwen2={folder}", cache=CACHE), cache_dir=CACHE, threads=2)
+
+
+H2O_ = H2O(budget=12, recent=4)
+SNAP = SnapKV(budget=14, window=4, kernel=3)
+SNAP_MAX = SnapKV(budget=14, window=4, kernel=5, pooling="max")
+
+
+@pytest.mark.parametrize("name, policy", [("induction", H2O_), ("induction", SNAP_MAX), ("qwen2", H2O_),
+                                          ("qwen2", SNAP), ("smollm2", H2O_), ("smollm2", SNAP)], ids=str)
+def test_onnx_equals_the_numpy_reference(name, policy, runtimes, request):
+    """The same kept keys in every layer and key/value head, the logits within 1e-5 (of their size, at least 1)."""
+    rt = request.getfixturevalue("qwen2") if name == "qwen2" else runtimes[name]
+    ids = rt.encode(TEXT).ids[:32] if name != "qwen2" else list(range(3, 35))
+    onnx, _, a = run(rt, ids, 4, policy)
+    numpy, _, b = run(rt, ids, 4, policy, engine="numpy")
+    assert onnx.new_ids == numpy.new_ids
+    for x, y in zip(onnx.views, numpy.views):
+        assert np.array_equal(x.kept, y.kept) and x.evicted == y.evicted
+        np.testing.assert_allclose(x.head_change, y.head_change, atol=1e-4)
+    np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, np.abs(b).max()), rtol=0)
+    assert np.array_equal(onnx._eviction.kept, numpy._eviction.kept)
+    assert any(sum(v.evicted, []) for v in onnx.views)               # the policy evicted something
+
+
+# ---- /api/generate -------------------------------------------------------------------------------------------------
+def test_api_streams_the_policy_and_refuses_bad_budgets():
+    from fastapi.testclient import TestClient
+
+    from attnscope.app.main import create_app
+    from attnscope.app.settings import Settings
+
+    app = create_app(Settings(models=["induction", "minilm"], default_model="induction", cache=CACHE))
+    with TestClient(app) as c:
+        body = {"model": "induction", "text": TEXT, "max_new_tokens": 3, "greedy": True}
+
+        def lines(kv):
+            r = c.post("/api/generate", json=body | {"kv_cache": kv})
+            assert r.status_code == 200, r.text
+            return [json.loads(x) for x in r.text.splitlines()]
+        plain = lines({"policy": "full"})
+        assert "kv_cache" not in plain[0]["token"] and plain[-1]["done"]["kv_cache"] is None
+        out = lines({"policy": "streaming", "sinks": 2, "window": 6})
+        first = out[0]["token"]["kv_cache"]
+        assert first["kept"] == [[8], [8]] and first["evicted"][0][0] == list(range(2, len(out[-1]["done"]
+                                                                                       ["prompt_tokens"]) - 6))
+        assert set(first) >= {"kl", "top1_agree", "full_probability", "full_token", "head_change"}
+        assert out[-1]["done"]["kv_cache"]["policy"] == {"policy": "streaming", "sinks": 2, "window": 6}
+        for kv, words in (({"policy": "h2o", "budget": 8, "recent": 9}, "recent (9) is over the budget"),
+                          ({"policy": "snapkv", "budget": 10, "window": 3, "kernel": 4}, "kernel must be odd"),
+                          ({"policy": "snapkv", "budget": 10, "window": 10}, "must be under the budget"),
+                          ({"policy": "h2o", "budget": 0, "recent": 0}, "greater than or equal to 1"),
+                          ({"policy": "lru"}, "does not match any of the expected tags")):
+            r = c.post("/api/generate", json=body | {"kv_cache": kv})
+            assert r.status_code == 422 and words in r.json()["detail"], (kv, r.text)
+        r = c.post("/api/generate", json=body | {"model": "minilm", "kv_cache": {"policy": "streaming", "window": 4}})
+        assert r.status_code == 422 and "no LM head" in r.json()["detail"]
+
+
+def test_the_python_api_and_the_mcp_tool_take_kv_cache(local_smollm2):
+    from attnscope.analyses.generate import H2OCache, tool
+
+    kv = {"policy": "h2o", "budget": 8, "recent": 2}
+    g = local_smollm2.generate(TEXT, max_new_tokens=3, greedy=True, kv_cache=kv)
+    done = g.result()
+    assert done["kv_cache"]["policy"] == kv and len(g.tokens) == 3 and "kv_cache" in g.tokens[1]
+    out = tool(local_smollm2, TEXT, max_new_tokens=3, kv_cache=H2OCache(**kv))
+    assert out["kv_cache"]["top1_agreement"] == done["kv_cache"]["top1_agreement"] and "kl" in out["tokens"][0]
