@@ -359,8 +359,7 @@ def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) ->
 # holds the blocks, never a float32 copy): onnxruntime's CPU MatMulNBits ran SmolLM2's forward at half the float32
 # rate (2.2 s against 1.0 s at 380 tokens, measured on this project's 2-core machine; its 8-bit codes at 61-81 GFLOP/s
 # against a float32 MatMul's 136-153), and a small model's float32 copy costs little. A bigger one multiplies its
-# blocks (an 8B Q4_K_M: 4.9 GB in blocks against 32 GB in float32). tests/test_gguf_blocks.py serves the zoo's from
-# their blocks with this at 0.
+# blocks (an 8B Q4_K_M: 4.9 GB in blocks against 32 GB). tests/test_gguf_blocks.py serves the zoo's so, with this at 0.
 F32_IN_MEMORY_BYTES = 2 << 30
 
 
