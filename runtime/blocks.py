@@ -28,11 +28,12 @@ from ..model.precision import COMPUTE, MASKED
 from .errors import InputError
 
 BLOCK = 64            # queries: blocks are multiples of this (and at least this), but for the text's last
+SHORT = 256           # tokens: a head's [T, T] is at most 256 KB, never run in blocks
 
 
 def blocked(T: int, budget_bytes: float) -> bool:
-    """Whether a layer runs in blocks of queries: one head's [T, T] passes the budget, and T is more than a block."""
-    return T > BLOCK and T * T * COMPUTE.itemsize > budget_bytes
+    """Whether a layer runs in blocks of queries: one head's [T, T] passes the budget, and the text is not short."""
+    return T > SHORT and T * T * COMPUTE.itemsize > budget_bytes
 
 
 def key_range(q0: int, q1: int, T: int, causal: bool, window: int) -> tuple[int, int]:
