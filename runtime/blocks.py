@@ -20,12 +20,16 @@ by a key range), recomputed from the run's checkpoint of that layer (`exact_rows
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..analysis.statistics import TextKeys, sentences
 from ..model.precision import COMPUTE, MASKED
 from .errors import InputError
+
+if TYPE_CHECKING:
+    from .sessions import Session
 
 BLOCK = 64            # queries: blocks are multiples of this (and at least this), but for the text's last
 SHORT = 256           # tokens: a head's [T, T] is at most 256 KB, never run in blocks
@@ -263,3 +267,30 @@ def exact_parts(lw, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, hea
                     part[n, a - qa:b - qa, c - kc:d - kc] = p[:, c - k0:d - k0]
         out["tile"] = part
     return out
+
+
+# ---- which layers a walk keeps and runs ----
+def checkpoint_spacing(cfg, T: int, every: int, budget_bytes: float) -> int:
+    """How many layers apart a walk over T tokens keeps its checkpoints: `every` (ATTNSCOPE_CHECKPOINT_EVERY), or
+    further apart where that many [T, D] float32 checkpoints would pass `budget_bytes` -- the share of the result
+    cache a run's checkpoints may take (analyses/attention.py CHECKPOINTS_SHARE: half): a run whose kept parts pass the cache is not kept at
+    all, and every head asked after it runs the whole walk again instead of a few blocks (Llama 3.1 8B's shape at
+    4,096 tokens: 32 x 64 MB = 2.1 GB of checkpoints against a 768 MB cache; spaced 6 apart, 384 MB)."""
+    fit = int(budget_bytes // (T * cfg.d_model * COMPUTE.itemsize))       # checkpoints the budget holds
+    return max(every, math.ceil(cfg.n_layers / max(fit, 1)))
+
+
+def _walk(needed: list[int], checkpoints: list[int]) -> list[tuple[int, bool]]:
+    """The blocks to run to reach every layer in `needed`: (layer, start from its checkpoint). Goes on from the layer
+    before when no checkpoint lies between; a checkpoint, when reached, is always used (it holds the first run's x)."""
+    steps: list[tuple[int, bool]] = []
+    at = None                                                  # the layer whose input x is in hand
+    for target in needed:
+        c = max(l for l in checkpoints if l <= target)
+        start = at is None or not (c < at <= target)
+        if start:
+            at = c
+        while at <= target:
+            steps.append((at, start))
+            start, at = False, at + 1
+    return steps

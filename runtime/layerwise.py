@@ -11,18 +11,15 @@ a text. Here the same model runs as a chain of graphs, the steps of the stacked 
     final                   x -> hidden, next-token logits, token log-probs               layers.build_final
 
 The weights are graph inputs, so one small graph serves every layer: layer i binds its own arrays (views of the
-weight store, runtime/tensors.Weights; nothing is exported or copied per layer, and the graphs build in memory in a
-fraction of a second). The attention graph returns, instead of its probabilities p [h, T, T], reductions of them computed where
-they are (graphs/reductions.py): the statistics registry's rows (analysis/statistics.py ROWS: entropy, max weight,
-the weight on the first/last/own/previous/next key, the distance; the other sentence's weight for a pair), block-averaged thumbnails (analysis/thumbnails.py's blocks); p itself leaves the graph only for the heads a
-request asks for, or as their top-k keys per query. A layer's heads run in groups whose [h, T, T] float32 stays within group_mb, one group after the
-other, so a run holds one group's scores and probabilities at a time (about three such buffers at the peak). A
-run keeps
+weight store, runtime/tensors.Weights; nothing is exported or copied per layer). The attention graph returns, instead
+of its probabilities p [h, T, T], reductions of them computed where they are (graphs/reductions.py): the registry's
+rows (analysis/statistics.py ROWS), block-averaged thumbnails; p itself leaves the graph only for the heads a request
+asks for, or as their top-k keys per query. A layer's heads run in groups whose [h, T, T] float32 stays within
+group_mb; a text whose one head passes it runs each head in blocks of queries over the keys they see (runtime/blocks.py:
+memory linear in T). A run keeps
 
     checkpoints   x entering every k-th layer [1, T, D] (k = checkpoint_every), kept where the sessions compute
-                  (Held: on a GPU in its memory, never copied to the host): a head asked for later is recomputed
-                  by running at most k blocks from the nearest one -- the same graphs on the same inputs, so the
-                  same numbers as in the first run
+                  (Held): a head, rows or a tile asked later are recomputed from the nearest one (the same graphs)
     rows          the registry's rows (ROWS; PAIR_ROWS too for a pair): [L, H, T] (previous, next: T-1)
     thumbnails    [H, R, R] per layer, for each resolution computed
     outputs       final hidden states, next-token logits, token log-probs
@@ -48,7 +45,8 @@ from ..graphs.reductions import key_input
 from ..model.transformer import LM_OUTPUTS
 from .results import Encoded, Encoding, NextToken
 from ..sources.store import release
-from .blocks import BlockedLayer, blocked, exact_parts, head_groups, hidden_keys, run_axes, unread_inputs, visible_counts
+from .blocks import (BlockedLayer, _walk, blocked, checkpoint_spacing, exact_parts, head_groups,  # noqa: F401
+                     hidden_keys, run_axes, unread_inputs, visible_counts)
 from .options import GROUP_MB
 from .sessions import Session
 from .tensors import Held, hold
@@ -59,16 +57,6 @@ ROWS = tuple(dict.fromkeys(["entropy", "max_weight"] + [s.row for s in STATISTIC
                                                          if s.needs == "probabilities"]))
 PAIR_ROWS = tuple(s.row for s in STATISTICS.values() if s.needs == "pair")
 Progress = Callable[[int, int], None]   # (blocks done, blocks in this run)
-
-
-def checkpoint_spacing(cfg, T: int, every: int, budget_bytes: float) -> int:
-    """How many layers apart a walk over T tokens keeps its checkpoints: `every` (ATTNSCOPE_CHECKPOINT_EVERY), or
-    further apart where that many [T, D] float32 checkpoints would pass `budget_bytes` -- the share of the result
-    cache a run's checkpoints may take (analyses/attention.py CHECKPOINTS_SHARE: half): a run whose kept parts pass the cache is not kept at
-    all, and every head asked after it runs the whole walk again instead of a few blocks (Llama 3.1 8B's shape at
-    4,096 tokens: 32 x 64 MB = 2.1 GB of checkpoints against a 768 MB cache; spaced 6 apart, 384 MB)."""
-    fit = int(budget_bytes // (T * cfg.d_model * COMPUTE.itemsize))       # checkpoints the budget holds
-    return max(every, math.ceil(cfg.n_layers / max(fit, 1)))
 
 
 def thumbnail_output(T: int, resolution: int) -> str:
@@ -508,19 +496,3 @@ def _keep(asked: Asked, layer: int, out: dict[str, np.ndarray]) -> None:
     for name, value in out.items():
         value = value[0]
         getattr(asked, name)[layer] = value.astype(np.int32) if name == "top_keys" else value
-
-
-def _walk(needed: list[int], checkpoints: list[int]) -> list[tuple[int, bool]]:
-    """The blocks to run to reach every layer in `needed`: (layer, start from its checkpoint). Goes on from the layer
-    before when no checkpoint lies between; a checkpoint, when reached, is always used (it holds the first run's x)."""
-    steps: list[tuple[int, bool]] = []
-    at = None                                                  # the layer whose input x is in hand
-    for target in needed:
-        c = max(l for l in checkpoints if l <= target)
-        start = at is None or not (c < at <= target)
-        if start:
-            at = c
-        while at <= target:
-            steps.append((at, start))
-            start, at = False, at + 1
-    return steps
