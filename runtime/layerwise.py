@@ -309,7 +309,9 @@ class Layerwise:
         qkv = self.run_graph("block_in", {"x": x}, list("qkv"), release, layer, keep=tuple("qkv"))
         exact = exact and {name: value[None] for name, value in exact_parts(
             self, layer, *(qkv[n].host() for n in "qkv"), heads, causal, *exact).items()}   # (hidden, queries, tile)
-        if blocks is not None:                       # a long text: blocks of queries (runtime/blocks.py)
+        if not (outputs or next_x):                  # rows or a tile alone: no other attention to compute
+            out = {"ctx": None}
+        elif blocks is not None:                     # a long text: blocks of queries (runtime/blocks.py)
             out = blocks(layer).run(*(qkv[n].host() for n in "qkv"), outputs, heads, int(top_k[0]))
         else:
             out = self._groups(layer, qkv, outputs, causal, extra, masks, heads, top_k, groups, release)
