@@ -68,16 +68,32 @@ def block_mask(q0: int, q1: int, k0: int, k1: int, causal: bool, window: int, hi
                ) -> np.ndarray:
     """The additive mask [1, 1, Tq, Tk] of these queries over these keys, as Runtime.build_mask and the layer's band
     (TransformerBlock.local_mask) make it for the whole text: a later key (causal), a key window or more back (a
-    local layer), a key the request masks (hidden [T] bool: hidden from every query but itself)."""
-    d = np.arange(q0, q1)[:, None] - np.arange(k0, k1)[None, :]
-    out = np.zeros(d.shape, bool)
-    if causal:
-        out |= d < 0
-    if window:
-        out |= d >= window
+    local layer), a key the request masks (hidden [T] bool: hidden from every query but itself). Only the columns
+    where a query may lose a key are computed: the causal edge's last Tq, the window's first Tq."""
+    out = np.zeros((1, 1, q1 - q0, k1 - k0), COMPUTE)
+
+    def band(a: int, b: int) -> None:             # keys k0 + a .. k0 + b - 1
+        a, b = max(0, a), min(k1 - k0, b)
+        if a >= b:
+            return
+        d = np.arange(q0, q1)[:, None] - np.arange(k0 + a, k0 + b)[None, :]
+        hide = np.zeros(d.shape, bool)
+        if causal:
+            hide |= d < 0
+        if window:
+            hide |= d >= window
+        out[0, 0, :, a:b][hide] = MASKED
+
     if hidden is not None and hidden[k0:k1].any():
-        out |= hidden[None, k0:k1] & (d != 0)
-    return np.where(out, MASKED, np.float32(0))[None, None].astype(COMPUTE, copy=False)
+        band(0, k1 - k0)
+        d = np.arange(q0, q1)[:, None] - np.arange(k0, k1)[None, :]
+        out[0, 0][hidden[None, k0:k1] & (d != 0)] = MASKED
+        return out
+    if causal:
+        band(q0 - k0, k1 - k0)
+    if window:
+        band(0, q1 - window - k0 + 1)
+    return out
 
 
 def visible_counts(T: int, causal: bool, hidden: np.ndarray | None) -> np.ndarray:
