@@ -130,7 +130,8 @@ class BlockedLayer:
 
     def __init__(self, lw, layer: int, T: int, causal: bool, hidden: np.ndarray | None, keys: TextKeys,
                  pool: np.ndarray | None = None):
-        self.lw, self.layer, self.T, self.causal, self.hidden, self.keys, self.pool = lw, layer, T, causal, hidden, keys, pool
+        self.lw, self.layer, self.T, self.causal = lw, layer, T, causal
+        self.hidden, self.keys, self.pool = hidden, keys, pool
         self.window = lw.rt.model.blocks[layer].window or 0
         self.blocks = query_blocks(T, causal, self.window, lw.group_mb * 2**20)
         self.edges = None if pool is None else np.r_[0, np.cumsum((pool > 0).sum(0))]   # each cell's first token

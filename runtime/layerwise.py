@@ -416,8 +416,8 @@ class Layerwise:
             self.done_with(None)
         res = LayerwiseResult(
             rt.spec.id, "onnx", self.session("final").get_providers()[0], causal, enc, final["hidden"][0], rows,
-            visible_counts(T, causal, hidden_keys(T, mask_tokens)) if blocks else visible_keys(mask[0, 0]), checkpoints, {thumbs: thumbnails} if thumbs else {},
-            {k: inputs[k] for k in ("head_mask", "head_mean")},
+            visible_counts(T, causal, hidden_keys(T, mask_tokens)) if blocks else visible_keys(mask[0, 0]),
+            checkpoints, {thumbs: thumbnails} if thumbs else {}, {k: inputs[k] for k in ("head_mask", "head_mean")},
             sorted(set(mask_tokens)) if mask_tokens else [], time.perf_counter() - t0,
             asked=asked if want.block_outputs() or want.exact() else None)
         if cfg.lm_head:
