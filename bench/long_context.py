@@ -142,7 +142,7 @@ def reference(model_id: str, saved: Path) -> tuple[float, bool]:
                                                               attn_implementation="rows", dtype=torch.float32)
     model = model.eval().double()
     with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([ids]), logits_to_keep=1).logits[0, -1]
+        logits = model(input_ids=torch.from_numpy(np.asarray(ids, np.int64)[None]), logits_to_keep=1).logits[0, -1]
     diff = max(float(np.abs(got[f"rows_{layer}"] - kept[layer]).max()) for layer in layers)
     return diff, int(logits.argmax()) == int(got["top"])
 
