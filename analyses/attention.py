@@ -19,7 +19,7 @@ from ..runtime import Encoding, Runtime
 from ..runtime.encdec import EncoderDecoderRuntime
 from ..runtime.interventions import head_masks
 from ..runtime.layerwise import LayerwiseResult, Want, checkpoint_spacing
-from . import attribution as attributing, checks, encoder_decoder
+from . import attribution as attributing, checks, encoder_decoder, exact
 from .attribution import Attribution
 from .answers import TOP, Answer, Head, Indexed, Layer, ModelId, Top, ToolText, number, top_heads, top_of
 from .base import Analysis, Computed, Context, Method, Plan, Tool, etag_of, hash_of
@@ -29,13 +29,11 @@ from .runs import Run, Runner, RunProgress
 from .schemas import EXAMPLE_TEXT, Effect, Index, Matrix, NextToken, RunOptions, Text, Tokens, _bounded
 
 UP_TO_LAYER = {"attention", "entropy", "summary", "scores"}   # of the asked layers alone: a run stops at the last
-
-
-#                                                               stops at the last (Runtime.depth_of)
+#                                                               (Runtime.depth_of)
 PROBE_TOKENS = 50   # the induction probe: this many random tokens, repeated once
 
 
-class AttentionRequest(RunOptions):
+class AttentionRequest(RunOptions, exact.ExactRequest):
     layers: list[Index] | None = Field(None, description="layers to return (0-based); all when omitted. Each must "
                                        "be below the chosen model's `layers` (GET /api/models)", examples=[[0, 5]])
     heads: list[Index] | None = Field(None, description="heads to return (0-based); all when omitted. Each must be "
@@ -72,11 +70,13 @@ class AttentionRequest(RunOptions):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"model": "minilm", "text": EXAMPLE_TEXT, "layers": [4], "heads": [3]},
+        {"model": "minilm", "text": EXAMPLE_TEXT, "layers": [4], "heads": [3], "include": ["summary"], "queries": [0, 3],
+         "tile": {"queries": [0, 8], "keys": [0, 8]}},
         {"model": "t5-small", "text": "translate English to German: The house is wonderful.",
          "decoder_text": "Das Haus ist", "layers": [0], "heads": [0, 1]}]})
 
 
-class AttentionResponse(Tokens):
+class AttentionResponse(Tokens, exact.ExactAnswer):
     layers: list[int] = Field(description="the layers in `attention`, in order")
     heads: list[int] = Field(description="the heads in `attention`, in order")
     attention: list[list[Matrix]] | None = Field(
@@ -123,8 +123,7 @@ class AttentionResponse(Tokens):
 # ---- the plans ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class AttentionPlan(Plan):
-    """One forward pass of the stacked graph (or the NumPy reference), and the extra runs the answer needs: the
-    intact run an ablation is compared with ("baseline"), the induction probe ("probe")."""
+    """One forward pass of the stacked graph (or the NumPy reference), and the extra runs the answer needs (extras)."""
     layers: list[int]
     heads: list[int]
     run: Run
@@ -162,9 +161,12 @@ def plan(ctx: Context, req: AttentionRequest, binary: bool) -> Plan:
     if req.engine == "numpy":
         checks.capable(rt, "numpy", "the NumPy reference (engine: numpy)")
     T = len(enc.ids)
+    checks.long_text(rt, T)                  # what one run fits here (422 naming the longest text that fits)
     if req.position is not None:
         checks.position("position", req.position, T)
     cells, size = attention_size(req, len(layers), len(heads), T, binary)
+    extra = exact.check(req, T, len(layers), len(heads))                                  # exact rows and a tile
+    cells, size = cells + extra, size + extra * (4 if binary else (req.precision or 9) + 3)
     key = checks.run_key(req, rt, False)
     common = dict(request=req, runtime=rt, encoding=enc, key=key, etag=etag_of(key, req, binary), binary=binary,
                   size=size, layers=layers, heads=heads)
@@ -180,8 +182,7 @@ def plan(ctx: Context, req: AttentionRequest, binary: bool) -> Plan:
 
 def _walks(ctx: Context, req: AttentionRequest, rt: Runtime, want: Want, depth: int | None, T: int) -> bool:
     """Whether a text the stacked graph takes runs layer by layer all the same (ATTNSCOPE_PREFER_LAYERWISE): the
-    stacked run would fetch every layer's matrices for an answer that holds fewer -- some layers' matrices, or
-    none (statistics, thumbnails, top-k keys: the walk computes them in the graph) -- and the walk gives it all."""
+    stacked run would fetch every layer's matrices for an answer that holds fewer (the walk gives it all)."""
     prefer = ctx.settings.prefer_layerwise
     prefer = rt.weights.device != "cpu" if prefer is None else prefer
     matrices = "attention" in req.include and not req.top_k and not (req.resolution and T > req.resolution)
@@ -191,8 +192,7 @@ def _walks(ctx: Context, req: AttentionRequest, rt: Runtime, want: Want, depth: 
 
 
 def _extras(ctx: Context, req: AttentionRequest, rt: Runtime, enc: Encoding) -> dict[str, Run]:
-    """The runs an answer compares its run with: the text intact (`effect` of an ablation), the induction probe
-    (`scores`)."""
+    """The runs an answer compares its run with: the text intact (`effect` of an ablation), the probe (`scores`)."""
     extras = {}
     if "effect" in req.include and req.ablate:
         intact = req.model_copy(update={"ablate": []})
@@ -277,7 +277,7 @@ class LayerwisePlan(Plan):
 def _lacks(base: LayerwiseResult, want: Want) -> bool:
     """Whether a run's kept parts miss something `want` asks for (its heads' parts are never kept)."""
     thumbs = base.thumbnails.get(want.resolution, {})
-    return bool(want.block_outputs()) or bool(want.resolution and any(l not in thumbs for l in want.layers))
+    return bool(want.block_outputs()) or want.exact() or bool(want.resolution and any(l not in thumbs for l in want.layers))
 
 
 def _layerwise(ctx: Context, req: AttentionRequest, rt: Runtime, enc: Encoding, cells: int, common: dict
@@ -302,7 +302,7 @@ def _layerwise(ctx: Context, req: AttentionRequest, rt: Runtime, enc: Encoding, 
     thumbnails = attention and bool(req.resolution) and T > req.resolution
     want = Want(tuple(common["layers"]), tuple(common["heads"]), attention=attention and not thumbnails,
                 top_k=req.top_k if "attention" in include and req.top_k else 0, duplicate="scores" in include,
-                resolution=req.resolution if thumbnails else 0)
+                resolution=req.resolution if thumbnails else 0, **exact.want(req))
     every = checkpoint_spacing(rt.cfg, T, ctx.settings.checkpoint_every,
                                ctx.settings.cache_mb * 2**20 * CHECKPOINTS_SHARE)
     group_mb = ctx.settings.layerwise_group_mb
@@ -334,6 +334,7 @@ def layerwise_payload(plan, computed) -> dict:
             out["blocks"] = blocks(T, req.resolution)
         else:
             out["attention"] = np.stack([r.asked.attention[layer] for layer in layers])
+    out |= exact.from_run(req, r.asked, layers)
     rows = {name: values[sel] for name, values in r.rows.items()}                  # [l, h, T]
     if "scores" in req.include:                     # computed for the asked heads only
         rows["duplicate"] = np.stack([r.asked.duplicate[layer] for layer in layers])
@@ -359,6 +360,7 @@ def payload(plan, computed) -> dict:
             out["blocks"] = blocks(T, req.resolution)
         else:
             out["attention"] = probs
+    out |= exact.from_matrices(req, probs)
     keys = stats.TextKeys.of(r.encoding)
     rows = stats.rows(probs, keys, _rows_asked(req, keys))                              # [l, h, T'] each
     out |= _row_statistics(plan, rows, keys, stats.visible_keys(r.mask), computed)
@@ -381,8 +383,7 @@ def _rows_asked(req, keys: stats.TextKeys) -> list[str]:
 
 
 def _row_statistics(plan, rows: dict, keys: stats.TextKeys, visible: np.ndarray, computed) -> dict:
-    """Row outputs, summaries and scores from the registry's rows: those the stacked path computed from the
-    matrices, or those a layer-by-layer run computed in its graphs."""
+    """Row outputs, summaries and scores from the registry's rows (the stacked path's, or a layer-by-layer run's)."""
     req, out = plan.request, {}
     if "entropy" in req.include:
         out |= {"entropy": rows["entropy"], "normalized_entropy": stats.normalize_entropy(rows["entropy"], visible),
@@ -424,8 +425,7 @@ def scores(plan, text_scores: dict, probe) -> dict:
 
 # ---- Python: the answer, the method, the MCP tool -------------------------------------------------------------------
 class Attention(Answer):
-    """POST /api/attention: the asked layers' and heads' attention probabilities [layer, head, query, key], entropy
-    and the other per-query rows [layer, head, query], and each summary statistic [layer, head]."""
+    """POST /api/attention: the asked heads' attention probabilities [layer, head, query, key], rows and summaries."""
     VIEW = ("attention", "binary")   # a notebook's view draws it (python/jupyter.py)
     DIMS = {"attention": ("layer", "head", "query", "key"), "entropy": ("layer", "head", "query"),
             "normalized_entropy": ("layer", "head", "query"), "max_weight": ("layer", "head", "query")}
@@ -440,8 +440,7 @@ class Attention(Answer):
                           "results name them (analysis/figures.py draws them)")
 
     def figure(self, layer: int | None = None, head: int | None = None):
-        """One head's matrix (layer and head as the model numbers them; the first asked when only one was), or
-        every asked head as the model grid."""
+        """One head's matrix (layer and head as the model numbers them; the first asked when only one was), or all."""
         from ..analysis import figures
 
         layers, heads = self.data["layers"], self.data["heads"]
@@ -453,13 +452,13 @@ class Attention(Answer):
 
     def summary(self) -> str:
         a, d = self.data.get("attention"), self.data
-        return (f"{d.get('model')}: {len(d.get('tokens', []))} tokens, layers {d.get('layers')}, heads {d.get('heads')}"
-                + ("" if a is None else f", attention {list(np.shape(a))}"))
+        return f"{d.get('model')}: {len(d.get('tokens', []))} tokens, layers {d.get('layers')}, heads {d.get('heads')}" \
+            + ("" if a is None else f", attention {list(np.shape(a))}")
 
 
 def body(text: str, **options) -> dict:
     """POST /api/attention: per-head attention probabilities [layer, head, query, key] of the asked layers and heads,
-    entropy, summaries; options as the API takes them (layers, heads, causal, mask_tokens, ablate, include, ...)."""
+    entropy, summaries; options as the API takes them (layers, heads, include, queries, tile, ...)."""
     return {"text": text, **options}
 
 
@@ -490,9 +489,10 @@ ANALYSIS = Analysis(
     name="attention", tag="attention", summary="Attention weights, entropy and per-head statistics for a text",
     description="Weights are [layer][head][query][key]; `entropy` is [layer][head][query] in nats. JSON by "
     "default; the binary tensor form when `Accept` names application/vnd.attnscope.tensors; progress lines then the "
-    "JSON answer when it names application/x-ndjson.\n\nLong texts (SmolLM2 reads 4096 tokens by default) run layer "
-    "by layer: ask for `resolution` thumbnails of every head, the full matrices of a few heads, or `top_k` keys per "
-    "query; `rollout` and the NumPy engine are refused there.",
+    "JSON answer when it names application/x-ndjson.\n\nLong texts (up to each model's trained context: Gemma 3 32,768 "
+    "tokens, SmolLM2 8,192) run layer by layer, attention in blocks of queries: ask for `resolution` overviews of every "
+    "head, exact `rows` of chosen `queries` and a `tile`, the full matrices of a few heads, or `top_k` keys per query; "
+    "`rollout` and the NumPy engine are refused there.",
     request=AttentionRequest, response=AttentionResponse, plan=plan, stream="layers", form="binary",
     example={"text": EXAMPLE_TEXT},
     methods=(Method("attention", body, Attention), attributing.METHOD),

@@ -128,6 +128,21 @@ def fits_stacked(ctx: Context, rt: Runtime, tokens: int) -> bool:
     return stacked_bytes(rt, tokens) <= ctx.settings.layerwise_mb * 2**20
 
 
+def long_text(rt: Runtime, T: int) -> None:
+    """A text within what one run of the model fits here (Capabilities.long_tokens: memory and work), else a 422
+    naming the limit and the longest text that fits."""
+    from ..model.weights import state_dict
+    from ..runtime.capabilities import forward_flop, walk_bytes
+    caps, cfg = rt.capabilities, rt.cfg
+    if not caps.long_tokens or T <= caps.long_tokens:
+        return
+    blocks = sum(int(a.size) for name, a in state_dict(rt.model).items() if name.startswith("blocks."))
+    raise Refused(f"this text is {T:,} tokens; a run of model {rt.spec.id!r} over it takes ~"
+                  f"{forward_flop(cfg, blocks, T) / 1e12:.1f} TFLOP and ~{walk_bytes(cfg, T) / 2**30:.1f} GB besides "
+                  f"its weights, more than this server allows (ATTNSCOPE_WORK_TFLOP, ATTNSCOPE_MEMORY_MB): the longest "
+                  f"text that fits is {caps.long_tokens:,} tokens. Shorten the text, or raise those limits")
+
+
 def cells(ctx: Context, n: int, binary: bool) -> None:
     """An answer's attention values within its wire form's limit."""
     limit = ctx.settings.max_binary_cells if binary else ctx.settings.max_json_cells

@@ -31,6 +31,9 @@ class ModelCapabilities(BaseModel):
                                         examples=["float32"])
     memory_budget_bytes: int = Field(description="the memory budget the features were decided against "
                                      "(ATTNSCOPE_MEMORY_MB)")
+    longest_text_tokens: int | None = Field(None, description="the longest text (in tokens, at most max_tokens) one "
+                                            "run of its attention fits here, priced against the memory budget and "
+                                            "ATTNSCOPE_WORK_TFLOP: a longer text is refused (422) naming this number")
     features: dict[str, bool] = Field(description="what the model can do here, one entry per feature "
                                       "(runtime/capabilities.py FEATURES, and the page's views: app/pages.py "
                                       "VIEW_NEEDS). By size: stacked (one run holds the whole "

@@ -197,7 +197,7 @@ class Settings(BaseSettings):
 
     def chars_limit(self, max_tokens: list[int]) -> int:
         """The character limit: ATTNSCOPE_MAX_CHARS, else CHARS_PER_TOKEN for each token the longest-reading model
-        served reads, within [MIN_CHARS, MAX_CHARS] (SmolLM2's 4096 tokens: 40,960 characters)."""
+        served reads, within [MIN_CHARS, MAX_CHARS] (Gemma 3's 32,768 tokens: 327,680 characters)."""
         if self.max_chars is not None:
             return self.max_chars
         return min(MAX_CHARS, max(MIN_CHARS, CHARS_PER_TOKEN * max(max_tokens, default=0)))

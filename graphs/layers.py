@@ -81,10 +81,10 @@ def _check(outputs) -> None:
         raise ValueError(f"unknown attention outputs {sorted(unknown)}; known: {', '.join(OUTPUTS)}")
 
 
-def _reductions(g: Graph, st: dict[str, str], outputs, causal: bool) -> dict[str, str]:
+def _reductions(g: Graph, st: dict[str, str], outputs, causal: bool, block: bool = False) -> dict[str, str]:
     """ctx and the reductions.OUTPUTS asked of the probabilities of an attention's stages st (steps.attend's)."""
     T = g.slice(g.op("Shape", st["q"]), 2, 3, 0, hint="T")
-    r = Reductions(g, st["attentions"], st["masked"], T, causal, needed_columns(outputs, causal))
+    r = Reductions(g, st["attentions"], st["masked"], T, causal, needed_columns(outputs, causal), block)
     return {"ctx": st["ctx"]} | reduce(r, outputs)
 
 
@@ -94,17 +94,22 @@ def _outputs(g: Graph, made: dict[str, str], names) -> list:
     return [helper.make_tensor_value_info(n, INT if n == "top_keys" else FLOAT, None) for n in names]
 
 
-def build_attend(model: Transformer, outputs, causal: bool) -> onnx.ModelProto:
+def build_attend(model: Transformer, outputs, causal: bool, block: bool = False) -> onnx.ModelProto:
     """The attention of a group of heads: q, k, v [B, h, T, dh], attention_mask -> ctx [B, h, T, dh] and the
     reductions.OUTPUTS asked, nothing else (onnxruntime runs every node of a graph, asked for or not). `causal`: the
     run's mask hides every later key (a cheaper distance). A local layer's mask arrives with its band
-    (TransformerBlock.local_mask, Layerwise.layer_mask): one graph serves every layer."""
+    (TransformerBlock.local_mask, Layerwise.layer_mask): one graph serves every layer. block: q holds a block of
+    queries and k, v the keys they may see, the mask [B, 1, Tq, Tk] those rows and columns of the layer's; the
+    reductions are those of the whole text's rows (graphs/reductions.py, input offsets; runtime/blocks.py)."""
     cfg, g = model.cfg, Graph()
     _check(outputs)
+    if block and "thumbnail_even" in outputs:
+        raise ValueError("a block of queries pools with the general thumbnail (pool and pool_keys)")
     for name in "qkv":
-        g.input(name, FLOAT, ["batch", "heads", "tokens", cfg.d_head])
-    g.input("attention_mask", FLOAT, ["batch", "mask_heads", "tokens", "tokens"])
-    made = _reductions(g, attend(g, model.blocks[0].attn, "attend", "q", "k", "v", "attention_mask"), outputs, causal)
+        g.input(name, FLOAT, ["batch", "heads", "queries" if block and name == "q" else "tokens", cfg.d_head])
+    g.input("attention_mask", FLOAT, ["batch", "mask_heads", "queries" if block else "tokens", "tokens"])
+    made = _reductions(g, attend(g, model.blocks[0].attn, "attend", "q", "k", "v", "attention_mask"), outputs, causal,
+                       block)
     return pruned(model_proto(g, g.inputs, _outputs(g, made, ("ctx",) + tuple(outputs)), "attnscope-attend"))
 
 

@@ -4,6 +4,10 @@ so that a layer-by-layer run keeps these and never p itself:
     rows         the registry's per-query rows (analysis/statistics.py GRAPH_ROWS): each row's `reduce(r)` calls one
                  method of Reductions below, so the graph computes exactly what the row's NumPy form computes
     thumbnail    block means of every head [B, h, R, R] (analysis/thumbnails.downsample): pool^T p pool
+    a block of queries (`block`: runtime/blocks.py): p is [B, h, Tq, Tk], the rows of queries q0.. over keys k0..
+                 (input offsets [2] = q0, k0; input total [1] = T); every row is that of the whole text's p (a key
+                 outside the block has weight 0 for these queries), the thumbnail a part to add (pool [Tq, Rq] and
+                 pool_keys [Tk, Rk]: the pooling matrix's rows and cells these queries and keys touch)
     attention    the probabilities of the heads asked (input heads [n], indices in this group) [B, n, T, T]
     top_weights  the k largest weights of each row of those heads (input top_k [1]) [B, n, T, k]
     top_keys     their key indices [B, n, T, k]
@@ -47,10 +51,16 @@ class Reductions:
     `columns` names the key vectors that p is multiplied with, all in one MatMul made when the first is used:
     "pool" [T, R] (thumbnails), "positions" (a causal distance), "punctuation" [T] (a graph input)."""
 
-    def __init__(self, g: Graph, probs: str, masked: str, T: str, causal: bool, columns: tuple[str, ...] = ()):
+    def __init__(self, g: Graph, probs: str, masked: str, T: str, causal: bool, columns: tuple[str, ...] = (),
+                 block: bool = False):
         self.g, self.probs, self.masked, self.T, self.causal = g, probs, masked, T, causal
-        self.columns, self._product, self._cache = tuple(columns), None, {}
+        self.columns, self._product, self._cache, self.block = tuple(columns), None, {}, block
         self.last_axis = g.const(np.array([-1]))
+        if block:
+            offsets = g.input("offsets", INT, [2])
+            self.q0, self.k0 = g.slice(offsets, 0, 1, 0), g.slice(offsets, 1, 2, 0)
+            self.total = g.input("total", INT, [1])
+            self.Tk = g.op("Shape", probs, start=3, end=4)
 
     def _once(self, key, make):
         if key not in self._cache:
@@ -73,13 +83,20 @@ class Reductions:
 
     def column(self, key: int) -> str:
         """p[:, key] for every query (key -1: the last)."""
+        if self.block:
+            g = self.g
+            at = g.const(np.array([key])) if key >= 0 else g.op("Sub", self.total, g.const(np.array([1])))
+            return self._at(g.op("Expand", at, self.T))
         end = key + 1 if key >= 0 else LAST
         return self.g.op("Squeeze", self.g.slice(self.probs, key, end, 3), self.g.const(np.array([3])))
 
     def diagonal(self, offset: int) -> str:
         """p[i, i + offset] for the queries that have that key: a strided slice of the flattened p, whose (i, i + d)
-        entry is at i (T + 1) + d."""
+        entry is at i (T + 1) + d. A block's: [B, h, Tq], 0 where the query has no such key (runtime/blocks.py
+        cuts those queries off)."""
         g, T = self.g, self.T
+        if self.block:
+            return self._at(g.op("Add", self._query_ints(), g.const(np.array([offset]))))
         flat = self._once("flat", lambda: g.op("Reshape", self.probs, g.const(np.array([0, 0, -1]))))  # [B, h, T*T]
         TT = self._once("TT", lambda: g.op("Mul", T, T))
         if offset >= 0:
@@ -95,10 +112,10 @@ class Reductions:
         product away."""
         g = self.g
         if self.causal:
-            return g.op("Sub", self._positions(), self._part("positions"))
-        pos = self._positions()
+            return g.op("Sub", self._query_positions(), self._part("positions"))
         one, zero = g.const(np.array([1])), g.const(np.array([0]))
-        apart = g.op("Abs", g.op("Sub", g.op("Unsqueeze", pos, one), g.op("Unsqueeze", pos, zero)))     # [T, T]
+        apart = g.op("Abs", g.op("Sub", g.op("Unsqueeze", self._query_positions(), one),
+                                 g.op("Unsqueeze", self._positions(), zero)))                        # [Tq, Tk]
         return g.op("ReduceSum", g.op("Mul", self.probs, apart), self.last_axis, keepdims=0)
 
     def marked(self, keyset: str) -> str:
@@ -114,6 +131,19 @@ class Reductions:
         """analysis.thumbnails.downsample: block means, pool^T p pool (pool[t, r] = 1/|block r| on block r's tokens)."""
         pool = self.g.input("pool", FLOAT, ["tokens", "cells"])
         return self.g.op("MatMul", self.g.op("Transpose", pool, perm=[1, 0]), self._part("pool"))
+
+    def _at(self, keys: str) -> str:
+        """A block's p[i, keys[i]] for each query i (keys [Tq] int64, positions in the text): 0 where that key is
+        outside the block's keys (so hidden from the query: its weight is 0 in the whole text's p too)."""
+        g = self.g
+        rel = g.op("Sub", keys, self.k0)
+        inside = g.cast_float(g.op("And", g.op("GreaterOrEqual", rel, g.const(np.array([0]))),
+                                   g.op("Less", rel, self.Tk)))
+        rel = g.op("Min", g.op("Max", rel, g.const(np.array([0]))), g.op("Sub", self.Tk, g.const(np.array([1]))))
+        rows = g.op("Range", g.const(np.int64(0)), g.op("Squeeze", self.T, g.const(np.array([0]))), g.const(np.int64(1)))
+        flat = self._once("flat_block", lambda: g.op("Reshape", self.probs, g.const(np.array([0, 0, -1]))))
+        picked = g.op("Gather", flat, g.op("Add", g.op("Mul", rows, self.Tk), rel), axis=2)         # [B, h, Tq]
+        return g.op("Mul", picked, inside)
 
     def thumbnail_even(self) -> str:
         """The same when R divides T: each key block is b tokens, and p pool a sum over a reshape (no product)."""
@@ -132,7 +162,7 @@ class Reductions:
             g = self.g
             heads = g.input("heads", INT, ["asked"])
             return Reductions(g, g.op("Gather", self.probs, heads, axis=1), g.op("Gather", self.masked, heads, axis=1),
-                              self.T, self.causal)
+                              self.T, self.causal, block=self.block)
         return self._once("asked", make)
 
     def top_k(self) -> tuple[str, str]:
@@ -148,9 +178,26 @@ class Reductions:
         return self._once("top", lambda: self.g.op("ReduceMax", self.probs, axes=[-1], keepdims=1))   # [B, h, T, 1]
 
     def _positions(self) -> str:
+        """The keys' positions in the text, float [Tk] (a block's start at k0)."""
         g = self.g
+        if self.block:
+            return self._once("positions", lambda: g.cast_float(g.op("Range", g.op("Squeeze", self.k0, g.const(
+                np.array([0]))), g.op("Squeeze", g.op("Add", self.k0, self.Tk), g.const(np.array([0]))),
+                g.const(np.int64(1)))))
         return self._once("positions", lambda: g.cast_float(g.op(
             "Range", g.const(np.int64(0)), g.op("Squeeze", self.T, g.const(np.array([0]))), g.const(np.int64(1)))))
+
+    def _query_positions(self) -> str:
+        """The queries' positions in the text, float [Tq]: the keys' (a square p), or a block's from q0."""
+        if not self.block:
+            return self._positions()
+        return self._once("query_positions", lambda: self.g.cast_float(self._query_ints()))
+
+    def _query_ints(self) -> str:
+        """A block's query positions, int64 [Tq]."""
+        g, zero = self.g, self.g.const(np.array([0]))
+        return self._once("query_ints", lambda: g.op("Range", g.op("Squeeze", self.q0, zero), g.op(
+            "Squeeze", g.op("Add", self.q0, self.T), zero), g.const(np.int64(1))))
 
     def _part(self, column: str) -> str:
         """probs times one of `columns`, from the one product of them all: [B, h, T, R] for the pool, [B, h, T]
@@ -158,7 +205,7 @@ class Reductions:
         g, n = self.g, len(self.columns)
         if self._product is None:
             one = g.const(np.array([1]))
-            make = {"pool": lambda: g.input("pool", FLOAT, ["tokens", "cells"]),
+            make = {"pool": lambda: g.input("pool_keys" if self.block else "pool", FLOAT, ["tokens", "cells"]),
                     "positions": lambda: g.op("Unsqueeze", self._positions(), one),
                     "punctuation": lambda: g.op("Unsqueeze", g.input(key_input("punctuation"), FLOAT, ["tokens"]), one)}
             parts = [make[c]() for c in self.columns]

@@ -16,7 +16,7 @@ circuits and importance over all heads are priced in floating-point operations a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..model.precision import COMPUTE, Precision
 from ..model.transformer import SQUARE_STAGES
@@ -49,6 +49,7 @@ class Capabilities:
     compute_bytes: int                    # the same in the compute type (float32)
     precision: Precision
     memory_bytes: int                     # the budget it was decided against
+    long_tokens: int = 0                  # the longest text one run of its attention fits here (0: not priced)
     reasons: dict[str, str] = field(default_factory=dict)   # a feature it lacks -> why, naming the limit
     short: dict[str, str] = field(default_factory=dict)     # every feature it lacks, in a few words
 
@@ -78,15 +79,18 @@ class Capabilities:
         length for the size features, in `reasons`; in a few words for every refused feature, in `short`)."""
         return {"parameters": self.parameters, "weights_bytes": self.stored_bytes, "dtype": self.precision.storage,
                 "compute_dtype": self.precision.compute, "memory_budget_bytes": self.memory_bytes,
+                "longest_text_tokens": self.long_tokens or None,
                 "features": {f: self.allows(f) for f in FEATURES}, "reasons": dict(self.reasons),
                 "short": {f: self.short[f] for f in FEATURES if f in self.short}}
 
     @classmethod
     def of(cls, model, memory_bytes: int, work_flop: float, source: str = "zoo",
-           stages_tokens: int | None = None, compute_dtype: str = "float32") -> Capabilities:
+           stages_tokens: int | None = None, compute_dtype: str = "float32", max_tokens: int | None = None
+           ) -> Capabilities:
         """source: where the model came from (sources/): corpus jobs build zoo models only. stages_tokens: the most
         tokens a run of the stages graph takes (the planner's limit); None: the stages graph is priced at the
-        model's positions. compute_dtype: what its sessions' matrix products run in (model/precision.py)."""
+        model's positions. compute_dtype: what its sessions' matrix products run in (model/precision.py). max_tokens:
+        the longest text it reads (its spec's limit): `long_tokens` is the most of those one run fits (long_tokens)."""
         weights = list(state_dict(model).values())
         n = sum(int(w.size) for w in weights)
         stored = sum(int(w.nbytes) for w in weights)
@@ -123,6 +127,10 @@ class Capabilities:
                                      f"{', and the logits over the vocabulary' if cfg.lm_head else ''}) besides "
                                      f"{whole}: more than the {gb(memory_bytes)} memory budget (ATTNSCOPE_MEMORY_MB); "
                                      f"its graph is not built")
+            if max_tokens:
+                blocks = sum(int(a.size) for name, a in state_dict(model).items() if name.startswith("blocks."))
+                caps = replace(caps, long_tokens=long_tokens(cfg, blocks, max_tokens, memory_bytes - (
+                    0 if "stacked" in reasons else stored), work_flop))
         caps.short.update(_kind(model, source, reasons))
         return caps
 
@@ -210,3 +218,40 @@ def stages_bytes(cfg, tokens: int) -> int:
     rows = L * T * (cfg.d_model + 4 * H * cfg.d_head)
     logits = 2 * T * cfg.vocab_size if cfg.lm_head else 0
     return COMPUTE.itemsize * (square + rows + logits)
+
+
+def attended_keys(cfg, T: int, layer: int) -> int:
+    """The query-key pairs one head of `layer` scores over T tokens under the causal mask (and a local layer's
+    window), or all T^2 (an encoder): what a layer-by-layer run computes (runtime/blocks.py)."""
+    if not cfg.causal:
+        return T * T
+    w = cfg.window(layer) or T
+    return (min(T, w) * (min(T, w) + 1)) // 2 + max(0, T - w) * w
+
+
+def forward_flop(cfg, block_parameters: int, T: int) -> float:
+    """A forward pass over T tokens: 2 FLOP per block weight and token, each head's scores and weighted values
+    (4 d_head per query-key pair), and with an LM head the logits of every position (token_logprobs: 2 T V D)."""
+    attention = sum(4.0 * cfg.n_heads * cfg.d_head * attended_keys(cfg, T, layer) for layer in range(cfg.n_layers))
+    return 2.0 * block_parameters * T + attention + (2.0 * T * cfg.vocab_size * cfg.d_model if cfg.lm_head else 0)
+
+
+def walk_bytes(cfg, T: int, group_mb: float = 8) -> int:
+    """What a layer-by-layer run over T tokens holds at its peak besides the weights, float32: every layer's
+    checkpoint [T, D] (the most a run keeps), the stream, q, k, v, the heads' outputs and the MLP's activations of the
+    layer it runs, the LM head's chunk of logits, every head's kept rows, and three block buffers (runtime/blocks.py)."""
+    from ..model.transformer import VOCAB_CHUNK
+    per_token = (cfg.n_layers + 3) * cfg.d_model + 4 * cfg.n_heads * cfg.d_head + 3 * cfg.d_ff \
+        + (2 * VOCAB_CHUNK if cfg.lm_head else 0) + 12 * cfg.n_layers * cfg.n_heads
+    return COMPUTE.itemsize * T * per_token + int(3 * group_mb * 2**20)
+
+
+def long_tokens(cfg, block_parameters: int, max_tokens: int, memory_bytes: float, work_flop: float) -> int:
+    """The most tokens (up to max_tokens) whose layer-by-layer run fits memory_bytes and work_flop."""
+    fits = lambda T: walk_bytes(cfg, T) <= memory_bytes and forward_flop(cfg, block_parameters, T) <= work_flop  # noqa: E731
+    lo, hi = 0, max_tokens
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+

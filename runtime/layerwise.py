@@ -11,18 +11,15 @@ a text. Here the same model runs as a chain of graphs, the steps of the stacked 
     final                   x -> hidden, next-token logits, token log-probs               layers.build_final
 
 The weights are graph inputs, so one small graph serves every layer: layer i binds its own arrays (views of the
-weight store, runtime/tensors.Weights; nothing is exported or copied per layer, and the graphs build in memory in a
-fraction of a second). The attention graph returns, instead of its probabilities p [h, T, T], reductions of them computed where
-they are (graphs/reductions.py): the statistics registry's rows (analysis/statistics.py ROWS: entropy, max weight,
-the weight on the first/last/own/previous/next key, the distance; the other sentence's weight for a pair), block-averaged thumbnails (analysis/thumbnails.py's blocks); p itself leaves the graph only for the heads a
-request asks for, or as their top-k keys per query. A layer's heads run in groups whose [h, T, T] float32 stays within group_mb, one group after the
-other, so a run holds one group's scores and probabilities at a time (about three such buffers at the peak). A
-run keeps
+weight store, runtime/tensors.Weights; nothing is exported or copied per layer). The attention graph returns, instead
+of its probabilities p [h, T, T], reductions of them computed where they are (graphs/reductions.py): the registry's
+rows (analysis/statistics.py ROWS), block-averaged thumbnails; p itself leaves the graph only for the heads a request
+asks for, or as their top-k keys per query. A layer's heads run in groups whose [h, T, T] float32 stays within
+group_mb; a text whose one head passes it runs each head in blocks of queries over the keys they see (runtime/blocks.py:
+memory linear in T). A run keeps
 
     checkpoints   x entering every k-th layer [1, T, D] (k = checkpoint_every), kept where the sessions compute
-                  (Held: on a GPU in its memory, never copied to the host): a head asked for later is recomputed
-                  by running at most k blocks from the nearest one -- the same graphs on the same inputs, so the
-                  same numbers as in the first run
+                  (Held): a head, rows or a tile asked later are recomputed from the nearest one (the same graphs)
     rows          the registry's rows (ROWS; PAIR_ROWS too for a pair): [L, H, T] (previous, next: T-1)
     thumbnails    [H, R, R] per layer, for each resolution computed
     outputs       final hidden states, next-token logits, token log-probs
@@ -48,6 +45,8 @@ from ..graphs.reductions import key_input
 from ..model.transformer import LM_OUTPUTS
 from .results import Encoded, Encoding, NextToken
 from ..sources.store import release
+from .blocks import (BlockedLayer, _walk, blocked, checkpoint_spacing, exact_parts, head_groups,  # noqa: F401
+                     hidden_keys, run_axes, unread_inputs, visible_counts)
 from .options import GROUP_MB
 from .sessions import Session
 from .tensors import Held, hold
@@ -58,16 +57,6 @@ ROWS = tuple(dict.fromkeys(["entropy", "max_weight"] + [s.row for s in STATISTIC
                                                          if s.needs == "probabilities"]))
 PAIR_ROWS = tuple(s.row for s in STATISTICS.values() if s.needs == "pair")
 Progress = Callable[[int, int], None]   # (blocks done, blocks in this run)
-
-
-def checkpoint_spacing(cfg, T: int, every: int, budget_bytes: float) -> int:
-    """How many layers apart a walk over T tokens keeps its checkpoints: `every` (ATTNSCOPE_CHECKPOINT_EVERY), or
-    further apart where that many [T, D] float32 checkpoints would pass `budget_bytes` -- the share of the result
-    cache a run's checkpoints may take (analyses/attention.py CHECKPOINTS_SHARE: half): a run whose kept parts pass the cache is not kept at
-    all, and every head asked after it runs the whole walk again instead of a few blocks (Llama 3.1 8B's shape at
-    4,096 tokens: 32 x 64 MB = 2.1 GB of checkpoints against a 768 MB cache; spaced 6 apart, 384 MB)."""
-    fit = int(budget_bytes // (T * cfg.d_model * COMPUTE.itemsize))       # checkpoints the budget holds
-    return max(every, math.ceil(cfg.n_layers / max(fit, 1)))
 
 
 def thumbnail_output(T: int, resolution: int) -> str:
@@ -106,6 +95,12 @@ class Want:
     duplicate: bool = False
     resolution: int = 0
     ends: bool = True
+    queries: tuple[int, ...] = ()                      # full rows of these queries, of `heads` at `layers`
+    tile: tuple[tuple[int, int], tuple[int, int]] | None = None   # ([qa, qb), [kc, kd)): a tile of those heads
+
+    def exact(self) -> bool:
+        """Whether it asks rows or a tile: recomputed exactly from q, k, v (runtime/blocks.exact_parts)."""
+        return bool(self.queries) or self.tile is not None
 
     def block_outputs(self) -> tuple[str, ...]:
         """The attend-graph outputs these heads need (graphs/reductions.py OUTPUTS)."""
@@ -121,6 +116,8 @@ class Asked:
     top_weights: dict[int, np.ndarray] = field(default_factory=dict)   # [n, T, k]
     top_keys: dict[int, np.ndarray] = field(default_factory=dict)      # [n, T, k] int32
     duplicate: dict[int, np.ndarray] = field(default_factory=dict)     # [n, T]
+    rows: dict[int, np.ndarray] = field(default_factory=dict)          # [n, Q, T]: Want.queries' full rows
+    tile: dict[int, np.ndarray] = field(default_factory=dict)          # [n, qb - qa, kd - kc]
 
 
 @dataclass
@@ -199,6 +196,8 @@ class Layerwise:
                     proto = layers.build_final(model)
                 elif which in ("block_in", "block_out", "wide_block_in", "wide_block_out"):   # wide_: widened once
                     proto = layers.build_block_halves(model, which.startswith("wide_"))[which.endswith("out")]
+                elif which[0] == "attend_block":
+                    proto = layers.build_attend(model, which[1], which[2], block=True)
                 else:                     # ("attend" or "layer", outputs, causal)
                     build = layers.build_attend if which[0] == "attend" else layers.build_layer
                     proto = build(model, which[1], which[2])
@@ -223,6 +222,9 @@ class Layerwise:
         if self.fused:                  # the walk's blocks as one graph each (interventions still run the three)
             exact += [("layer", *which[1:]) for which in exact[:5]]
             supersets += [("layer", *which[1:]) for which in supersets]
+        exact += [("attend_block", ROWS, causal), ("attend_block", ROWS + ("thumbnail",), causal)]   # a long text's
+        supersets += [superset(("attend_block", thumbnail, c)) for c in (causal, not causal)
+                      for thumbnail in ((), ("thumbnail",))]
         wide = ["wide_block_in", "wide_block_out"] if self.rt.capabilities.precision.storage != "float32" else []
         return ["embed", "block_in", "block_out", *wide, "final", *dict.fromkeys(exact + supersets)]
 
@@ -257,6 +259,20 @@ class Layerwise:
             feeds = feeds | unread_inputs(sess, missing, axes["tokens"])
         return dict(zip(outputs, sess.run(outputs, feeds, layer=layer, release=release, keep=keep, axes=axes)))
 
+    def run_block(self, which, feeds: dict[str, np.ndarray], outputs: list[str], ctx: np.ndarray) -> list:
+        """One block of queries through a block attend graph (runtime/blocks.py): its heads' outputs written into
+        ctx (a view of the layer's); a superset's inputs this run does not read get neutral values of the block's
+        shapes."""
+        sess = self.session(which)
+        missing = sess.inputs - set(sess.bound) - feeds.keys()
+        if missing:
+            tq, tk = feeds["q"].shape[2], feeds["k"].shape[2]
+            neutral = {"heads": np.zeros(0, np.int64), "top_k": np.ones(1, np.int64),
+                       "pool": np.zeros((tq, 1), COMPUTE), "pool_keys": np.zeros((tk, 1), COMPUTE),
+                       "keys_punctuation": np.zeros(tk, COMPUTE)}
+            feeds = feeds | {n: neutral.get(n, np.zeros((tq, tk), COMPUTE)) for n in missing}
+        return self.session(which).run(outputs, feeds, into={"ctx": ctx})
+
     def masks(self, mask: np.ndarray) -> Callable[[int], Held]:
         """layer -> the mask it attends with (layer_mask), placed on the device once per window for the whole walk."""
         placed: dict[int | None, Held] = {}
@@ -270,7 +286,8 @@ class Layerwise:
 
     def _block(self, layer: int, x: np.ndarray | Held, inputs: dict, outputs: tuple[str, ...], causal: bool,
                extra: dict, masks: Callable[[int], Held], heads=(), top_k: int = 0, next_x: bool = True,
-               release: bool = False) -> dict[str, np.ndarray | Held]:
+               release: bool = False, blocks: Callable[[int], BlockedLayer] | None = None, exact: tuple = ()
+               ) -> dict[str, np.ndarray | Held]:
         """Block `layer` on x [1, T, D]: the attention outputs asked, group of heads by group (one group's
         probabilities exist at a time), and with next_x the residual stream after the block, "x_next" (Held: on the
         device). The per-head outputs are those of `heads` (none: empty), in their order. extra: the attend graph's
@@ -281,7 +298,7 @@ class Layerwise:
                  "head_mean": np.ascontiguousarray(inputs["head_mean"][:, layer])}          # block_out's inputs
         top_k = np.array([min(max(top_k, 1), T)], np.int64)
         groups = head_groups(H, self.groups(T))      # one on a GPU: q, k, v and ctx never leave it
-        if self.fused and len(groups) == 1:          # the block as one graph: one run
+        if self.fused and len(groups) == 1 and blocks is None and not exact:  # the block as one graph
             out = self.run_graph(("layer", outputs, causal), {"x": x, "attention_mask": masks(layer), "heads": heads,
                                                               "top_k": top_k, **extra, **after},
                                  ["x_next", *outputs], release, layer, keep=("x_next",))
@@ -289,6 +306,23 @@ class Layerwise:
                 del out["x_next"]
             return out
         qkv = self.run_graph("block_in", {"x": x}, list("qkv"), release, layer, keep=tuple("qkv"))
+        exact = exact and {name: value[None] for name, value in exact_parts(
+            self, layer, *(qkv[n].host() for n in "qkv"), heads, causal, *exact).items()}   # (hidden, queries, tile)
+        if not (outputs or next_x):                  # rows or a tile alone: no other attention to compute
+            out = {"ctx": None}
+        elif blocks is not None:                     # a long text: blocks of queries (runtime/blocks.py)
+            out = blocks(layer).run(*(qkv[n].host() for n in "qkv"), outputs, heads, int(top_k[0]))
+        else:
+            out = self._groups(layer, qkv, outputs, causal, extra, masks, heads, top_k, groups, release)
+        out |= exact or {}
+        if next_x:
+            out["x_next"] = self.run_graph("block_out", {"x": x, "ctx": out["ctx"], **after}, ["x_next"], release,
+                                           layer, keep=("x_next",))["x_next"]
+        del out["ctx"]
+        return out
+
+    def _groups(self, layer, qkv, outputs, causal, extra, masks, heads, top_k, groups, release) -> dict:
+        """A layer's attention group of heads by group: ctx and the outputs asked, the asked heads in their order."""
         parts, order = {name: [] for name in ("ctx",) + outputs}, []
         for n, (a, b) in enumerate(groups):
             mine = heads[(heads >= a) & (heads < b)]
@@ -307,10 +341,6 @@ class Layerwise:
             back = [order.index(h) for h in heads.tolist()]
             out |= {name: out[name][:, back] for name in ("attention", "top_weights", "top_keys", "duplicate")
                     if name in out}
-        if next_x:
-            out["x_next"] = self.run_graph("block_out", {"x": x, "ctx": out["ctx"], **after}, ["x_next"], release,
-                                           layer, keep=("x_next",))["x_next"]
-        del out["ctx"]
         return out
 
     def done_with(self, layer: int | None) -> None:
@@ -323,6 +353,20 @@ class Layerwise:
         w = self.rt.weights
         release(w.layer(layer).values() if layer is not None else
                 [a for name, a in w.named.items() if not name.startswith("blocks.")])
+
+    def _walk_inputs(self, T: int, causal: bool, mask_tokens, keys: TextKeys, thumbs: int, rows):
+        """What a walk's attention reads besides q, k, v: (the run's mask [1, 1, T, T], the attend graphs' other
+        inputs placed once, layer -> its mask, None) for the groups of heads; for a text long enough for blocks of
+        queries (runtime/blocks.py), no [T, T] at all: (None, {}, None, layer -> its BlockedLayer)."""
+        rt = self.rt
+        if blocked(T, self.group_mb * 2**20):
+            hidden = hidden_keys(T, mask_tokens)
+            pool = thumbnails_.pooling_matrix(T, thumbs) if thumbs else None
+            return None, {}, None, lambda layer: BlockedLayer(self, layer, T, causal, hidden, keys, pool)
+        mask = rt.build_mask([T], causal, [mask_tokens] if mask_tokens else None)
+        extra = ({"pool": thumbnails_.pooling_matrix(T, thumbs)} if thumbs else {}) | key_feeds(keys, T, rows)
+        extra = {name: hold(value, rt.weights.device) for name, value in extra.items()}   # once, for every layer
+        return mask, extra, self.masks(mask), None
 
     # ---- running ----------------------------------------------------------------------------
     # A walk over the layers (forward, recompute) runs the same attention graph for every layer and group of heads
@@ -339,15 +383,12 @@ class Layerwise:
         causal = cfg.causal if causal is None else bool(causal)
         L, H, T = cfg.n_layers, cfg.n_heads, len(enc.ids)
         ids, types = np.array([enc.ids], np.int64), np.array([enc.type_ids], np.int64)
-        mask = rt.build_mask([T], causal, [mask_tokens] if mask_tokens else None)
-        inputs = rt.feeds(ids, types, mask, [T], head_mask, head_mean)     # validated; head masks [1, L, H]
         thumbs = want.resolution if want.resolution and T > want.resolution else 0
         keys = TextKeys.of(enc)
         kept = kept_rows(keys)
-        extra = ({"pool": thumbnails_.pooling_matrix(T, thumbs)} if thumbs else {}) | key_feeds(keys, T, kept + (
+        mask, extra, masks, blocks = self._walk_inputs(T, causal, mask_tokens, keys, thumbs, kept + (
             ("duplicate",) if want.duplicate else ()))
-        extra = {name: hold(value, rt.weights.device) for name, value in extra.items()}   # once, for every layer
-        masks = self.masks(mask)
+        inputs = rt.feeds(ids, types, mask, [T], head_mask, head_mean)     # validated; head masks [1, L, H]
         outputs = kept + ((thumbnail_output(T, thumbs),) if thumbs else ()) + want.block_outputs()
         rows = {name: np.empty((L, H, T - 1 if name in ("previous", "next") else T), COMPUTE) for name in kept}
         checkpoints, thumbnails, asked = {}, {}, Asked(tuple(want.heads))
@@ -358,7 +399,7 @@ class Layerwise:
                     checkpoints[layer] = x          # stays where it is: the next block writes a new x
                 heads = want.heads if layer in want.layers else ()
                 out = self._block(layer, x, inputs, outputs, causal, extra, masks, heads, want.top_k,
-                                  release=layer == L - 1)
+                                  release=layer == L - 1, blocks=blocks, exact=heads and _exact(want, T, mask_tokens))
                 x = out.pop("x_next")
                 self.done_with(layer)
                 for name in kept:
@@ -374,10 +415,10 @@ class Layerwise:
             self.done_with(None)
         res = LayerwiseResult(
             rt.spec.id, "onnx", self.session("final").get_providers()[0], causal, enc, final["hidden"][0], rows,
-            visible_keys(mask[0, 0]), checkpoints, {thumbs: thumbnails} if thumbs else {},
-            {k: inputs[k] for k in ("head_mask", "head_mean")},
+            visible_counts(T, causal, hidden_keys(T, mask_tokens)) if blocks else visible_keys(mask[0, 0]),
+            checkpoints, {thumbs: thumbnails} if thumbs else {}, {k: inputs[k] for k in ("head_mask", "head_mean")},
             sorted(set(mask_tokens)) if mask_tokens else [], time.perf_counter() - t0,
-            asked=asked if want.block_outputs() else None)
+            asked=asked if want.block_outputs() or want.exact() else None)
         if cfg.lm_head:
             logits = final["next_token_logits"][0]
             res.next_token_logits, res.next_tokens = logits, rt.top_tokens(logits, top_k)
@@ -393,15 +434,13 @@ class Layerwise:
         R = want.resolution if want.resolution and T > want.resolution else 0
         have = base.thumbnails.get(R, {})
         thumb_layers = {l for l in want.layers if l not in have} if R else set()
-        head_layers = set(want.layers) if want.block_outputs() else set()
+        head_layers = set(want.layers) if want.block_outputs() or want.exact() else set()
         steps = _walk(sorted(thumb_layers | head_layers), sorted(base.checkpoints))
-        mask = rt.build_mask([T], base.causal, [base.mask_tokens] if base.mask_tokens else None)
+        mask, extra, masks, blocks = self._walk_inputs(T, base.causal, base.mask_tokens, TextKeys.of(enc),
+                                                       R if thumb_layers else 0,
+                                                       ("duplicate",) if want.duplicate else ())
         inputs = rt.feeds(np.array([enc.ids]), np.array([enc.type_ids]), mask, [T], base.inputs["head_mask"],
                           base.inputs["head_mean"])
-        extra = ({"pool": thumbnails_.pooling_matrix(T, R)} if thumb_layers else {}) | key_feeds(
-            TextKeys.of(enc), T, ("duplicate",) if want.duplicate else ())
-        extra = {name: hold(value, rt.weights.device) for name, value in extra.items()}
-        masks = self.masks(mask)
         thumb = thumbnail_output(T, R) if thumb_layers else None
         outputs = ((thumb,) if thumb else ()) + want.block_outputs()
         asked, thumbnails = Asked(tuple(want.heads)), dict(have)
@@ -413,7 +452,8 @@ class Layerwise:
                 heads = want.heads if layer in head_layers else ()
                 goes_on = n + 1 < len(steps) and not steps[n + 1][1]      # the next step starts from this x_next
                 out = self._block(layer, x, inputs, outputs, base.causal, extra, masks, heads, want.top_k,
-                                  next_x=goes_on, release=n == len(steps) - 1)
+                                  next_x=goes_on, release=n == len(steps) - 1, blocks=blocks,
+                                  exact=heads and _exact(want, T, base.mask_tokens))
                 x = out.pop("x_next", None)
                 self.done_with(layer)
                 if thumb:                  # every layer the walk visits: cheap, and kept for later requests
@@ -423,7 +463,7 @@ class Layerwise:
                 if progress:
                     progress(n + 1, len(steps))
         return replace(base, thumbnails=base.thumbnails | ({R: thumbnails} if R else {}),
-                       asked=asked if want.block_outputs() else None, seconds=time.perf_counter() - t0)
+                       asked=asked if want.block_outputs() or want.exact() else None, seconds=time.perf_counter() - t0)
 
 # What any request may ask of an attend graph beyond its rows (graphs/reductions.py OUTPUTS): a superset graph
 # computes them all, for the asked heads (none: empty), and a run reads the outputs it asked for.
@@ -438,6 +478,8 @@ def superset(which: tuple) -> tuple:
     thumbnail = tuple(name for name in ("thumbnail", "thumbnail_even") if name in outputs)
     if len(thumbnail) > 1:
         raise ValueError("an attend graph has one kind of thumbnail output")
+    if kind == "attend_block":        # a block of queries pools one way (runtime/blocks.py)
+        thumbnail = thumbnail and ("thumbnail",)
     served = ROWS + PAIR_ROWS + thumbnail + ASKABLE
     unknown = set(outputs) - set(served)
     if unknown:
@@ -445,33 +487,9 @@ def superset(which: tuple) -> tuple:
     return (kind, served, causal)
 
 
-def run_axes(feeds: dict) -> dict[str, int]:
-    """The named axes of a layer graph's run (batch, tokens), read off its stream or query input: its outputs are then
-    sized by Session.run, each in memory of its own (on the CPU, a kept x, q, k, v is a NumPy buffer of its own, not
-    a view that pins onnxruntime's arena: a checkpoint lives as long as its cached result)."""
-    for name, axis in (("x", 1), ("input_ids", 1), ("q", 2)):
-        if name in feeds:
-            shape = feeds[name].shape
-            return {"batch": shape[0], "tokens": shape[axis]}
-    return {}
-
-
-def unread_inputs(sess: Session, names, T: int) -> dict[str, np.ndarray]:
-    """Neutral values for a graph's inputs that feed only outputs the run does not read: no asked heads, k 1, zero
-    key sets (each at its declared shape, its token axes T long)."""
-    out = {}
-    for i in sess.get_inputs():
-        if i.name in names:
-            shape = [0 if d == "asked" else T if d == "tokens" else d if isinstance(d, int) else 1 for d in i.shape]
-            out[i.name] = (np.ones(shape, np.int64) if i.name == "top_k" else
-                           np.zeros(shape, np.int64 if "int64" in i.type else COMPUTE))
-    return out
-
-
-def head_groups(H: int, groups: int) -> list[tuple[int, int]]:
-    """[first, end) heads of each of `groups` consecutive groups, as even as can be."""
-    edges = np.linspace(0, H, min(groups, H) + 1).astype(int)
-    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+def _exact(want: Want, T: int, mask_tokens) -> tuple:
+    """What runtime/blocks.exact_parts needs besides a layer's q, k, v: (hidden keys, queries, tile); () for none."""
+    return (hidden_keys(T, mask_tokens), want.queries, want.tile) if want.exact() else ()
 
 
 def _keep(asked: Asked, layer: int, out: dict[str, np.ndarray]) -> None:
@@ -479,19 +497,3 @@ def _keep(asked: Asked, layer: int, out: dict[str, np.ndarray]) -> None:
     for name, value in out.items():
         value = value[0]
         getattr(asked, name)[layer] = value.astype(np.int32) if name == "top_keys" else value
-
-
-def _walk(needed: list[int], checkpoints: list[int]) -> list[tuple[int, bool]]:
-    """The blocks to run to reach every layer in `needed`: (layer, start from its checkpoint). Goes on from the layer
-    before when no checkpoint lies between; a checkpoint, when reached, is always used (it holds the first run's x)."""
-    steps: list[tuple[int, bool]] = []
-    at = None                                                  # the layer whose input x is in hand
-    for target in needed:
-        c = max(l for l in checkpoints if l <= target)
-        start = at is None or not (c < at <= target)
-        if start:
-            at = c
-        while at <= target:
-            steps.append((at, start))
-            start, at = False, at + 1
-    return steps

@@ -75,7 +75,7 @@ class Runtime:
             cfg = self.cfg
             tokens = min(tokens, int((stacked_mb * 2**20 / (cfg.n_layers * cfg.n_heads * COMPUTE.itemsize)) ** 0.5))
         self.capabilities = Capabilities.of(self.model, memory, work_tflop * 1e12, spec.source, tokens,
-                                            compute_dtype)
+                                            compute_dtype, max_tokens=spec.max_tokens)
         self.threads = threads
         self.stop_early_mb = stop_early_mb
         self._sessions: dict[bool | str, object] = {}

@@ -9,11 +9,13 @@ from tokenizers import Tokenizer
 
 from ..model.transformer import Transformer
 
-MAX_TOKENS = 4096      # a model folder's or GGUF file's input cap, as SmolLM2's: past it one text's attention
-#                        outgrows a server's memory (the layer-by-layer run then bounds it)
-MAX_POSITIONS = 16384  # the most positions a model folder's or GGUF file's RoPE tables hold, so the most
-#                        ATTNSCOPE_MAX_TOKENS can raise its limit to (within its config's): one head's attention at
-#                        16384 tokens is 1 GiB of float32, and a layer-by-layer run holds about three such at a time
+MAX_TOKENS = 131072    # a model folder's or GGUF file's input cap (Llama 3.1's context): it reads up to its own
+#                        max_position_embeddings, a long text layer by layer in blocks of queries (runtime/blocks.py),
+#                        memory linear in the tokens; what one run fits here is priced by its capability record
+#                        (Capabilities.long_tokens: ATTNSCOPE_MEMORY_MB, ATTNSCOPE_WORK_TFLOP) and a longer text refused
+MAX_POSITIONS = 131072  # the most positions a model folder's or GGUF file's RoPE tables hold (so the most
+#                         ATTNSCOPE_MAX_TOKENS can raise its limit to, within its config's): 64 MB of float32 tables at
+#                         131072 positions of 64 dims
 
 
 class ModelUnavailable(RuntimeError):

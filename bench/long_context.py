@@ -1,0 +1,190 @@
+"""Attention at the lengths models read (issue 48): time and peak memory of a long text's layer-by-layer run, as a
+fraction of this machine's FLOP bound (numpy's sgemm measured in the same run), and the time of a question asked
+after it (exact rows, a tile), each length in a fresh process.
+
+    .venv/bin/python bench/long_context.py                                   # gemma3 4k..32k, smollm2 4k and 8k
+    .venv/bin/python bench/long_context.py --models gemma3 --lengths 30000   # the issue's 30,000-token request
+    .venv/bin/python bench/long_context.py --models gemma3 --lengths 30000 --reference   # + float64 rows (minutes)
+
+Each run is the issue's request on the model's runtime (runtime/layerwise.py, what POST /api/attention runs for a
+long text): every head's rows (the summaries), every head's overview at resolution 512, and the full rows of 6
+queries of 4 layers (local and global ones on Gemma 3), in a fresh process whose peak resident memory (VmHWM) is
+reported. work: runtime/capabilities.forward_flop (block weights, each head's visible query-key pairs, the LM head
+over every position); bound: that work at the sgemm rate (4096^3, float32, measured before each run with the same
+threads); fraction = bound / time. rows / tile: a question after the run, recomputed from its checkpoints (every
+layer's kept): the full rows of one query of a global layer's every head, and a 256 x 256 tile.
+--reference: transformers' Gemma 3 from the same GGUF in float64, its attention replaced (RECIPES.md 15) by one that
+computes the same rows one block of queries at a time (no [T, T]), logits at the last position only: the largest
+difference of the rows and whether the next-token top-1 agrees. Not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+LAYERS = {"gemma3": (0, 5, 8, 17), "smollm2": (0, 10, 20, 29)}      # gemma3: 5 and 17 global, 0 and 8 local
+DEFAULT = [("gemma3", 4096), ("gemma3", 8192), ("gemma3", 16384), ("gemma3", 32768),
+           ("smollm2", 4096), ("smollm2", 8192)]
+
+
+def sgemm_rate(threads: int) -> float:
+    """FLOP/s of a 4096^3 float32 product (numpy's BLAS, `threads` threads), best of 3."""
+    n = 4096
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    a @ a
+    best = min(_timed(lambda: a @ a) for _ in range(3))
+    return 2 * n ** 3 / best
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def ids_of(rt, T: int) -> list[int]:
+    """T token ids of English text (bench.common's words, in turn)."""
+    from bench.common import WORDS
+    ids = rt.encode(" ".join(WORDS[i % len(WORDS)] for i in range(T))).ids
+    assert len(ids) >= T, (len(ids), T)
+    return ids[:T]
+
+
+def queries_of(T: int) -> tuple[int, ...]:
+    return (0, 1, T // 3, T // 2, T - 2, T - 1)
+
+
+def child(model_id: str, T: int, out: Path | None) -> None:
+    """One run in this (fresh) process; prints a JSON line."""
+    from attnscope.model.weights import state_dict
+    from attnscope.runtime import Runtime
+    from attnscope.runtime.capabilities import forward_flop
+    from attnscope.runtime.layerwise import Want
+    from attnscope.sources import zoo
+    from bench.common import CACHE
+
+    rt = Runtime(zoo.get(model_id), cache_dir=CACHE, threads=int(os.environ.get("THREADS", "2")))
+    lw = rt.layerwise(checkpoint_every=1)
+    lw.open()
+    enc = rt.encode_ids(ids_of(rt, T))
+    H, layers = rt.cfg.n_heads, LAYERS[model_id]
+    want = Want(layers, tuple(range(H)), resolution=512, queries=queries_of(T))
+    t0 = time.perf_counter()
+    res = lw.forward(enc, want=want)
+    seconds = time.perf_counter() - t0
+    glob = next(layer for layer in layers if not rt.model.blocks[layer].window)
+    rows_s = _timed(lambda: lw.recompute(res, Want((glob,), tuple(range(H)), queries=(T // 2,))))
+    tile_s = _timed(lambda: lw.recompute(res, Want((glob,), tuple(range(H)), tile=((T - 256, T), (T - 512, T - 256)))))
+    blocks = sum(int(a.size) for name, a in state_dict(rt.model).items() if name.startswith("blocks."))
+    hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) * 1024
+    if out is not None:
+        np.savez(out, ids=np.asarray(enc.ids), top=res.next_tokens[0].id,
+                 **{f"rows_{layer}": res.asked.rows[layer] for layer in layers})
+    print(json.dumps({"model": model_id, "T": T, "seconds": seconds, "flop": forward_flop(rt.cfg, blocks, T),
+                      "peak": hwm, "rows_s": rows_s, "tile_s": tile_s, "top": res.next_tokens[0].id}))
+
+
+def reference(model_id: str, saved: Path) -> tuple[float, bool]:
+    """transformers' model from the same GGUF in float64, its attention computed one block of queries at a time
+    (RECIPES.md 15), keeping the saved queries' rows; (largest row difference, top-1 agrees)."""
+    import torch
+    import transformers
+    from transformers import AttentionInterface
+
+    from attnscope.sources import zoo
+    from bench.common import CACHE
+
+    torch.set_num_threads(int(os.environ.get("THREADS", "2")))
+    got = np.load(saved)
+    ids, layers = got["ids"], LAYERS[model_id]
+    T = len(ids)
+    queries = list(queries_of(T))
+    kept: dict[int, np.ndarray] = {}
+
+    def rows(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, softcap=None,
+             **kw):
+        B, H, _, D = query.shape
+        rep = H // key.shape[1]
+        key, value = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
+        out = torch.empty(B, T, H, D, dtype=query.dtype)
+        layer = module.layer_idx
+        for q0 in range(0, T, 256):
+            q1 = min(T, q0 + 256)
+            s = query[:, :, q0:q1] @ key.transpose(-1, -2) * scaling
+            if softcap:
+                s = softcap * torch.tanh(s / softcap)
+            i, j = torch.arange(q0, q1)[:, None], torch.arange(T)[None, :]
+            hide = j > i
+            if sliding_window:
+                hide |= i - j >= sliding_window
+            p = torch.softmax(s.masked_fill(hide, float("-inf")), -1)
+            out[:, q0:q1] = (p @ value).transpose(1, 2)
+            if layer in layers:
+                for n, q in enumerate(queries):
+                    if q0 <= q < q1:
+                        kept.setdefault(layer, np.zeros((H, len(queries), T)))[:, n] = p[0, :, q - q0].numpy()
+        return out, None
+
+    AttentionInterface.register("rows", rows)
+    path = zoo.gemma3_path(None, CACHE) if model_id == "gemma3" else zoo.smollm2_path(None)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                              attn_implementation="rows", dtype=torch.float32)
+    model = model.eval().double()
+    with torch.inference_mode():
+        logits = model(input_ids=torch.from_numpy(np.asarray(ids, np.int64)[None]), logits_to_keep=1).logits[0, -1]
+    diff = max(float(np.abs(got[f"rows_{layer}"] - kept[layer]).max()) for layer in layers)
+    return diff, int(logits.argmax()) == int(got["top"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="*", default=None)
+    ap.add_argument("--lengths", nargs="*", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reference", action="store_true", help="float64 rows from transformers (minutes at 30k)")
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--save", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args.child[0], int(args.child[1]), args.save)
+    runs = [(m, T) for m, T in DEFAULT if (args.models is None or m in args.models)]
+    if args.lengths:
+        runs = [(m, T) for m in dict.fromkeys(m for m, _ in runs) for T in args.lengths]
+    os.environ["THREADS"] = str(args.threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    print(f"load: {os.getloadavg()[0]:.2f} (1 min), {args.threads} threads")
+    print(f"{'model':8} {'tokens':>7} {'time s':>8} {'TFLOP':>7} {'sgemm GF/s':>10} {'of bound':>8} {'peak GB':>8} "
+          f"{'rows s':>7} {'tile s':>7}")
+    for model_id, T in runs:
+        rate = sgemm_rate(args.threads)
+        with tempfile.TemporaryDirectory() as tmp:
+            saved = Path(tmp) / "rows.npz"
+            cmd = [sys.executable, __file__, "--child", model_id, str(T)] + (["--save", str(saved)] if args.reference
+                                                                            else [])
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            if out.returncode != 0:
+                print(f"{model_id} {T}: failed\n{out.stderr[-3000:]}")
+                continue
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"{model_id:8} {T:>7} {r['seconds']:>8.1f} {r['flop'] / 1e12:>7.2f} {rate / 1e9:>10.0f} "
+                  f"{r['flop'] / r['seconds'] / rate:>8.0%} {r['peak'] / 2**30:>8.2f} {r['rows_s']:>7.2f} "
+                  f"{r['tile_s']:>7.2f}", flush=True)
+            if args.reference:
+                diff, top = reference(model_id, saved)
+                print(f"  float64 reference: rows within {diff:.2e}, next-token top-1 {'equal' if top else 'DIFFERS'}")
+    print(f"load after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,313 @@
+"""A layer's attention in blocks of queries, for texts whose [h, T, T] would not fit (runtime/layerwise.py): memory
+linear in T.
+
+At 32,768 tokens one head's probabilities are 4 GiB of float32; a model's whole attention terabytes. Here a layer's
+heads run one at a time, and each head's queries in blocks [q0, q1) over the keys they may see, [k0, k1): the causal
+mask ends them at q1, a local layer's window (Gemma 3's 512 keys) starts them at q1 - window. Every row is the whole
+text's row exactly: a softmax over all of a query's visible keys (a key outside [k0, k1) is hidden from the block's
+queries, weight exactly 0, in the whole text's p as here). The block's scores and probabilities [Tq, Tk] stay within
+the group budget (ATTNSCOPE_LAYERWISE_GROUP_MB), and the attend graph (graphs/layers.build_attend, block=True)
+reduces them before they are dropped: the registry's rows for these queries, the thumbnail's part (pool^T p pool over
+the cells the block touches), the asked heads' top-k keys, and the heads' outputs, written into the layer's ctx.
+
+    blocks = query_blocks(T, causal, window, budget_bytes)      # [(q0, q1, k0, k1), ...]
+    mask = block_mask(q0, q1, k0, k1, causal, window, hidden)   # [1, 1, Tq, Tk] additive
+    rows = exact_rows(lw, checkpoint, layer, queries)           # full rows of chosen queries, recomputed
+
+The same block plan serves a question asked after the run: the full rows of chosen queries and a tile (a query range
+by a key range), recomputed from the run's checkpoint of that layer (`exact_rows`, `tile`).
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..analysis.statistics import TextKeys, sentences
+from ..model.precision import COMPUTE, MASKED
+from .errors import InputError
+
+if TYPE_CHECKING:
+    from .sessions import Session
+
+BLOCK = 64            # queries: blocks are multiples of this (and at least this), but for the text's last
+SHORT = 256           # tokens: a head's [T, T] is at most 256 KB, never run in blocks
+
+
+def blocked(T: int, budget_bytes: float) -> bool:
+    """Whether a layer runs in blocks of queries: one head's [T, T] passes the budget, and the text is not short."""
+    return T > SHORT and T * T * COMPUTE.itemsize > budget_bytes
+
+
+def key_range(q0: int, q1: int, T: int, causal: bool, window: int) -> tuple[int, int]:
+    """The keys queries q0..q1-1 may see: up to q1 under a causal mask; from q0 - window + 1 on a local layer (its
+    band hides key j from query i when i - j >= window: model/masks.sliding_window_mask)."""
+    return (max(0, q0 - window + 1) if window else 0), (q1 if causal else T)
+
+
+def query_blocks(T: int, causal: bool, window: int, budget_bytes: float) -> list[tuple[int, int, int, int]]:
+    """(q0, q1, k0, k1) of each block: the most queries (a multiple of BLOCK) whose [Tq, Tk] float32 stays within
+    the budget, at least BLOCK."""
+    n = budget_bytes / COMPUTE.itemsize
+    out, q0 = [], 0
+    while q0 < T:
+        k0, _ = key_range(q0, q0 + 1, T, causal, window)
+        if causal:                            # Tq (Tq + q0 - k0) <= n
+            c = q0 - k0
+            tq = (-c + math.sqrt(c * c + 4 * n)) / 2
+        else:
+            tq = n / (T - k0)
+        tq = min(T - q0, max(BLOCK, int(tq) // BLOCK * BLOCK))
+        out.append((q0, q0 + tq, *key_range(q0, q0 + tq, T, causal, window)))
+        q0 += tq
+    return out
+
+
+def block_mask(q0: int, q1: int, k0: int, k1: int, causal: bool, window: int, hidden: np.ndarray | None
+               ) -> np.ndarray:
+    """The additive mask [1, 1, Tq, Tk] of these queries over these keys, as Runtime.build_mask and the layer's band
+    (TransformerBlock.local_mask) make it for the whole text: a later key (causal), a key window or more back (a
+    local layer), a key the request masks (hidden [T] bool: hidden from every query but itself). Only the columns
+    where a query may lose a key are computed: the causal edge's last Tq, the window's first Tq."""
+    out = np.zeros((1, 1, q1 - q0, k1 - k0), COMPUTE)
+
+    def band(a: int, b: int) -> None:             # keys k0 + a .. k0 + b - 1
+        a, b = max(0, a), min(k1 - k0, b)
+        if a >= b:
+            return
+        d = np.arange(q0, q1)[:, None] - np.arange(k0 + a, k0 + b)[None, :]
+        hide = np.zeros(d.shape, bool)
+        if causal:
+            hide |= d < 0
+        if window:
+            hide |= d >= window
+        out[0, 0, :, a:b][hide] = MASKED
+
+    if hidden is not None and hidden[k0:k1].any():
+        band(0, k1 - k0)
+        d = np.arange(q0, q1)[:, None] - np.arange(k0, k1)[None, :]
+        out[0, 0][hidden[None, k0:k1] & (d != 0)] = MASKED
+        return out
+    if causal:
+        band(q0 - k0, k1 - k0)
+    if window:
+        band(0, q1 - window - k0 + 1)
+    return out
+
+
+def visible_counts(T: int, causal: bool, hidden: np.ndarray | None) -> np.ndarray:
+    """How many keys each query may see under the run's mask (statistics.visible_keys of Runtime.build_mask's), [T]."""
+    i = np.arange(T)
+    seen = i + 1 if causal else np.full(T, T)
+    if hidden is None or not hidden.any():
+        return seen
+    before = np.cumsum(hidden) if causal else np.full(T, hidden.sum())      # masked keys each query would see
+    return seen - before + hidden                                         # ... but itself
+
+
+def key_set(keys: TextKeys, keyset: str, q0: int, q1: int, k0: int, k1: int) -> np.ndarray:
+    """Rows q0..q1-1, columns k0..k1-1 of TextKeys.mask(keyset) (float), without the [T, T]."""
+    if keyset == "punctuation":
+        return np.asarray(keys.punctuation[k0:k1], COMPUTE)
+    if keyset == "other_sentence":
+        s = sentences(keys.segments)
+        return (s[q0:q1, None] != s[None, k0:k1]).astype(COMPUTE)
+    if keyset == "same_token_before":
+        ids = np.asarray(keys.token_ids)
+        before = np.arange(q0, q1)[:, None] > np.arange(k0, k1)[None, :]
+        return ((ids[q0:q1, None] == ids[None, k0:k1]) & before).astype(COMPUTE)
+    raise KeyError(f"no block form of key set {keyset!r}")
+
+
+KEY_INPUTS = {"cross_sentence": "other_sentence", "duplicate": "same_token_before", "punctuation": "punctuation"}
+DIAGONALS = {"previous": -1, "next": 1}
+
+
+class BlockedLayer:
+    """One layer's attention over a text, head by head and block by block (see the module docstring). The walk
+    (runtime/layerwise.py) makes one per layer; `run` returns what Layerwise._block's groups return, whole."""
+
+    def __init__(self, lw, layer: int, T: int, causal: bool, hidden: np.ndarray | None, keys: TextKeys,
+                 pool: np.ndarray | None = None):
+        self.lw, self.layer, self.T, self.causal = lw, layer, T, causal
+        self.hidden, self.keys, self.pool = hidden, keys, pool
+        self.window = lw.rt.model.blocks[layer].window or 0
+        self.blocks = query_blocks(T, causal, self.window, lw.group_mb * 2**20)
+        self.edges = None if pool is None else np.r_[0, np.cumsum((pool > 0).sum(0))]   # each cell's first token
+
+    def cells(self, a: int, b: int) -> tuple[int, int]:
+        """The thumbnail cells tokens a..b-1 touch."""
+        return int(np.searchsorted(self.edges, a, "right") - 1), int(np.searchsorted(self.edges, b - 1, "right"))
+
+    def run(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, outputs: tuple[str, ...], heads=(), top_k: int = 0,
+            ) -> dict[str, np.ndarray]:
+        """q, k, v [1, H, T, dh] -> ctx [1, H, T, dh] and each of `outputs` for the whole text: rows [1, H, T]
+        (previous, next: T - 1), the thumbnail [1, H, R, R], the asked heads' attention [1, n, T, T], top_weights
+        and top_keys [1, n, T, k], duplicate [1, n, T]."""
+        T, H, dh = self.T, q.shape[1], q.shape[3]
+        heads = [int(h) for h in heads]
+        thumb = next((o for o in outputs if o.startswith("thumbnail")), None)
+        graph_outputs = tuple("thumbnail" if o == thumb else o for o in outputs)
+        rows = [o for o in outputs if o not in ("attention", "top_weights", "top_keys") and o != thumb]
+        ctx = np.empty((1, H, T, dh), COMPUTE)
+        out = {o: np.zeros((1, len(heads) if o == "duplicate" else H, T), COMPUTE) for o in rows}
+        if thumb:
+            R = self.pool.shape[1]
+            out[thumb] = np.zeros((1, H, R, R), COMPUTE)
+        n = len(heads)
+        if "attention" in outputs:
+            out["attention"] = np.zeros((1, n, T, T), COMPUTE)
+        k_top = min(max(top_k, 1), T)
+        if "top_weights" in outputs:
+            out["top_weights"] = np.zeros((1, n, T, k_top), COMPUTE)
+            out["top_keys"] = np.zeros((1, n, T, k_top), np.int64)
+        which = ("attend_block", graph_outputs, self.causal)
+        for q0, q1, k0, k1 in self.blocks:
+            feeds = {"attention_mask": block_mask(q0, q1, k0, k1, self.causal, self.window, self.hidden),
+                     "offsets": np.array([q0, k0], np.int64), "total": np.array([T], np.int64),
+                     "top_k": np.array([min(k_top, k1 - k0)], np.int64)}
+            for name, keyset in KEY_INPUTS.items():
+                if name in graph_outputs:
+                    feeds[f"keys_{keyset}"] = key_set(self.keys, keyset, q0, q1, k0, k1)
+            if thumb:
+                (a, b), (c, d) = self.cells(q0, q1), self.cells(k0, k1)
+                feeds["pool"] = np.ascontiguousarray(self.pool[q0:q1, a:b])
+                feeds["pool_keys"] = np.ascontiguousarray(self.pool[k0:k1, c:d])
+            for h in range(H):
+                asked = h in heads
+                feeds |= {"q": q[:, h:h + 1, q0:q1], "k": k[:, h:h + 1, k0:k1], "v": v[:, h:h + 1, k0:k1],
+                          "heads": np.array([0] if asked else [], np.int64)}
+                names = ["ctx", *graph_outputs]
+                got = dict(zip(names, self.lw.run_block(which, feeds, names, ctx[:, h:h + 1, q0:q1])))
+                for o in rows:
+                    if o == "duplicate":
+                        if asked:
+                            out[o][0, heads.index(h), q0:q1] = got[o][0, 0]
+                    else:
+                        out[o][0, h, q0:q1] = got[o][0, 0]
+                if thumb:
+                    out[thumb][0, h, a:b, c:d] += got["thumbnail"][0, 0]
+                if asked:
+                    i = heads.index(h)
+                    if "attention" in outputs:
+                        out["attention"][0, i, q0:q1, k0:k1] = got["attention"][0, 0]
+                    if "top_weights" in outputs:
+                        kk = got["top_keys"].shape[-1]
+                        out["top_weights"][0, i, q0:q1, :kk] = got["top_weights"][0, 0]
+                        out["top_keys"][0, i, q0:q1, :kk] = got["top_keys"][0, 0] + k0
+        for o, offset in DIAGONALS.items():          # the queries that have that key
+            if o in out:
+                out[o] = out[o][..., 1:] if offset < 0 else out[o][..., :-1]
+        out["ctx"] = ctx
+        return out
+
+
+def hidden_keys(T: int, mask_tokens) -> np.ndarray | None:
+    """The keys a request masks, [T] bool (None: none), checked as Runtime.build_mask checks them."""
+    if not mask_tokens:
+        return None
+    out = np.zeros(T, bool)
+    for j in mask_tokens:
+        if not 0 <= j < T:
+            raise InputError(f"mask_tokens index {j} is out of range: this text has {T} tokens (0..{T - 1})")
+        out[j] = True
+    return out
+
+
+# ---- how a layer's attention is split and fed: groups of heads, a run's axes, the inputs it does not read ----
+def run_axes(feeds: dict) -> dict[str, int]:
+    """The named axes of a layer graph's run (batch, tokens), read off its stream or query input: its outputs are then
+    sized by Session.run, each in memory of its own (on the CPU, a kept x, q, k, v is a NumPy buffer of its own, not
+    a view that pins onnxruntime's arena: a checkpoint lives as long as its cached result)."""
+    for name, axis in (("x", 1), ("input_ids", 1), ("q", 2)):
+        if name in feeds:
+            shape = feeds[name].shape
+            return {"batch": shape[0], "tokens": shape[axis]}
+    return {}
+
+
+def unread_inputs(sess: Session, names, T: int) -> dict[str, np.ndarray]:
+    """Neutral values for a graph's inputs that feed only outputs the run does not read: no asked heads, k 1, zero
+    key sets (each at its declared shape, its token axes T long)."""
+    out = {}
+    for i in sess.get_inputs():
+        if i.name in names:
+            shape = [0 if d == "asked" else T if d == "tokens" else d if isinstance(d, int) else 1 for d in i.shape]
+            out[i.name] = (np.ones(shape, np.int64) if i.name == "top_k" else
+                           np.zeros(shape, np.int64 if "int64" in i.type else COMPUTE))
+    return out
+
+
+def head_groups(H: int, groups: int) -> list[tuple[int, int]]:
+    """[first, end) heads of each of `groups` consecutive groups, as even as can be."""
+    edges = np.linspace(0, H, min(groups, H) + 1).astype(int)
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def exact_parts(lw, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, heads, causal: bool,
+                hidden: np.ndarray | None, queries=(), tile=None) -> dict[str, np.ndarray]:
+    """Full rows of chosen queries ("rows" [n, Q, T]) and a tile ("tile" [n, qb - qa, kd - kc]) of the asked heads of
+    one layer, from its q, k, v [1, H, T, dh]: each query's row over all its visible keys (the block attend graph on
+    that query alone, or on the tile's queries in blocks), so exact whatever the text's length."""
+    T, heads = q.shape[2], [int(h) for h in heads]
+    window = lw.rt.model.blocks[layer].window or 0
+    which = ("attend_block", ("attention",), causal)
+    out = {}
+
+    def block(q0, q1, k0, k1, h):
+        feeds = {"attention_mask": block_mask(q0, q1, k0, k1, causal, window, hidden), "q": q[:, h:h + 1, q0:q1],
+                 "k": k[:, h:h + 1, k0:k1], "v": v[:, h:h + 1, k0:k1], "heads": np.array([0], np.int64),
+                 "offsets": np.array([q0, k0], np.int64), "total": np.array([T], np.int64)}
+        scratch = np.empty((1, 1, q1 - q0, q.shape[3]), COMPUTE)
+        return lw.run_block(which, feeds, ["ctx", "attention"], scratch)[1][0, 0]
+
+    if queries:
+        rows = np.zeros((len(heads), len(queries), T), COMPUTE)
+        for n, h in enumerate(heads):
+            for i, query in enumerate(queries):
+                k0, k1 = key_range(query, query + 1, T, causal, window)
+                rows[n, i, k0:k1] = block(query, query + 1, k0, k1, h)[0]
+        out["rows"] = rows
+    if tile is not None:
+        (qa, qb), (kc, kd) = tile
+        part = np.zeros((len(heads), qb - qa, kd - kc), COMPUTE)
+        for q0, q1, k0, k1 in query_blocks(T, causal, window, lw.group_mb * 2**20):
+            a, b = max(q0, qa), min(q1, qb)
+            if a >= b:
+                continue
+            k0, k1 = key_range(a, b, T, causal, window)
+            c, d = max(k0, kc), min(k1, kd)
+            for n, h in enumerate(heads):
+                p = block(a, b, k0, k1, h)
+                if c < d:
+                    part[n, a - qa:b - qa, c - kc:d - kc] = p[:, c - k0:d - k0]
+        out["tile"] = part
+    return out
+
+
+# ---- which layers a walk keeps and runs ----
+def checkpoint_spacing(cfg, T: int, every: int, budget_bytes: float) -> int:
+    """How many layers apart a walk over T tokens keeps its checkpoints: `every` (ATTNSCOPE_CHECKPOINT_EVERY), or
+    further apart where that many [T, D] float32 checkpoints would pass `budget_bytes` -- the share of the result
+    cache a run's checkpoints may take (analyses/attention.py CHECKPOINTS_SHARE: half): a run whose kept parts pass the cache is not kept at
+    all, and every head asked after it runs the whole walk again instead of a few blocks (Llama 3.1 8B's shape at
+    4,096 tokens: 32 x 64 MB = 2.1 GB of checkpoints against a 768 MB cache; spaced 6 apart, 384 MB)."""
+    fit = int(budget_bytes // (T * cfg.d_model * COMPUTE.itemsize))       # checkpoints the budget holds
+    return max(every, math.ceil(cfg.n_layers / max(fit, 1)))
+
+
+def _walk(needed: list[int], checkpoints: list[int]) -> list[tuple[int, bool]]:
+    """The blocks to run to reach every layer in `needed`: (layer, start from its checkpoint). Goes on from the layer
+    before when no checkpoint lies between; a checkpoint, when reached, is always used (it holds the first run's x)."""
+    steps: list[tuple[int, bool]] = []
+    at = None                                                  # the layer whose input x is in hand
+    for target in needed:
+        c = max(l for l in checkpoints if l <= target)
+        start = at is None or not (c < at <= target)
+        if start:
+            at = c
+        while at <= target:
+            steps.append((at, start))
+            start, at = False, at + 1
+    return steps

@@ -1,0 +1,178 @@
+"""Attention at the lengths models read (issue 48): a layer's attention in blocks of queries (runtime/blocks.py), exact
+rows and tiles recomputed from a run's checkpoints (analyses/exact.py), memory linear in the text, and the limit a
+text past what fits is refused at.
+
+The blocks' numbers are held to two independent ones: the layer's rows in float64 from the same q and k (each row's
+softmax over every key its mask leaves it: causal, and on Gemma 3's local layers the 512-key window), and the
+unblocked walk's full matrices, which tests/test_long.py holds to the stacked graph and tests/test_gemma3_zoo.py and
+test_smollm2.py to transformers. Lengths are past the old stacked limit but modest: the 30,000-token run is
+bench/long_context.py's."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from attnscope.runtime.blocks import block_mask, key_range, query_blocks
+from attnscope.runtime.layerwise import Layerwise, Want
+
+from .conftest import CACHE
+
+ATOL = 1e-5          # float32 blocks against the unblocked walk (the same products, other shapes and orders)
+ROW_ATOL = 1e-4      # against float64 rows from the same q, k
+
+
+def words(n: int) -> str:
+    """About n tokens of English words (bench.common's list, in turn)."""
+    from bench.common import WORDS
+    return " ".join(WORDS[i % len(WORDS)] for i in range(n))
+
+
+def text_ids(rt, n: int) -> list[int]:
+    """Exactly n token ids of an English text."""
+    ids = rt.encode(words(n)).ids
+    assert len(ids) >= n
+    return ids[:n]
+
+
+def float64_rows(rt, lw: Layerwise, res, layer: int, heads, queries) -> np.ndarray:
+    """[n, Q, T] rows in float64 from layer `layer`'s q and k (block_in on the run's checkpoint), under the layer's
+    mask (causal, its window) built independently of runtime/blocks.py."""
+    qkv = lw.run_graph("block_in", {"x": res.checkpoints[layer]}, list("qk"), layer=layer, keep=("q", "k"))
+    q, k = (qkv[n].host()[0].astype(np.float64) for n in "qk")                  # [H, T, dh]
+    T, window = q.shape[1], rt.model.blocks[layer].window
+    scale = float(rt.model.blocks[layer].attn.scale)
+    out = []
+    for h in heads:
+        s = q[h, queries] @ k[h].T * scale                                       # [Q, T]
+        j, i = np.arange(T)[None, :], np.asarray(queries)[:, None]
+        s = np.where((j <= i) & ((i - j < window) if window else True), s, -np.inf)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        out.append(s / s.sum(-1, keepdims=True))
+    return np.stack(out)
+
+
+def test_block_plan_covers_every_visible_key():
+    """Each block's keys are exactly those its queries may see; blocks tile the queries; the mask is the whole text's."""
+    from attnscope.model.attention import attention_mask
+    T, window = 1000, 100
+    for causal in (True, False):
+        blocks = query_blocks(T, causal, window, 64 * 300 * 4)
+        assert blocks[0][0] == 0 and blocks[-1][1] == T
+        assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+        whole = attention_mask(None, T, T, causal=causal, window=window)[0, 0]
+        for q0, q1, k0, k1 in blocks:
+            assert (k0, k1) == key_range(q0, q1, T, causal, window)
+            visible = whole[q0:q1] == 0
+            assert not visible[:, :k0].any() and not visible[:, k1:].any()
+            np.testing.assert_array_equal(block_mask(q0, q1, k0, k1, causal, window, None)[0, 0], whole[q0:q1, k0:k1])
+
+
+@pytest.mark.parametrize("model_id, n, layers", [("gemma3", 700, (0, 5)),     # a local layer (window 512), a global
+                                                 ("smollm2", 400, (3,))])
+def test_blocked_rows_equal_float64_and_the_stacked_graph(runtimes, model_id, n, layers):
+    """A walk in blocks of queries (a small group budget forces them) equals the stacked graph (the registry's rows,
+    top-k keys, the next-token prediction); rows of chosen queries and a tile, recomputed from the checkpoints, equal
+    float64 rows and the stacked graph's matrices, and the tile equals the rows."""
+    from attnscope.analysis import statistics as stats
+
+    rt = runtimes[model_id]
+    enc = rt.encode_ids(text_ids(rt, n))
+    T, H = len(enc.ids), rt.cfg.n_heads
+    heads = (0, H - 1)
+    [full] = rt.forward([enc])                                      # [L, H, T, T]
+    lw = Layerwise(rt, group_mb=0.1, graphs=rt.layerwise())
+    assert len(query_blocks(T, True, 0, 0.1 * 2**20)) > 4
+    res = lw.forward(enc, want=Want(layers, heads, top_k=4))
+    for name in ("entropy", "first", "previous", "distance"):
+        np.testing.assert_allclose(res.rows[name], stats.ROWS[name].numpy(full.attentions), rtol=0,
+                                   atol=(50 if name == "entropy" else T if name == "distance" else 1) * ATOL,
+                                   err_msg=name)
+    assert res.next_tokens[0].id == full.next_tokens[0].id
+
+    queries = (0, 600 if T > 600 else T // 2, T - 1)
+    later = lw.recompute(res, Want(layers, heads, queries=queries, tile=((queries[1], queries[1] + 1), (0, T))))
+    for layer in layers:
+        A = full.attentions[layer][list(heads)]
+        top = np.take_along_axis(A, res.asked.top_keys[layer].astype(np.int64), -1)
+        np.testing.assert_allclose(res.asked.top_weights[layer], top, atol=ATOL, rtol=0)
+        rows = later.asked.rows[layer]
+        np.testing.assert_allclose(rows, A[:, list(queries)], atol=ATOL, rtol=0)
+        np.testing.assert_array_equal(later.asked.tile[layer][:, 0], rows[:, 1])
+        np.testing.assert_allclose(rows, float64_rows(rt, lw, res, layer, heads, queries), atol=ROW_ATOL, rtol=0)
+        if rt.model.blocks[layer].window:          # far keys of a local layer: exactly 0
+            assert not rows[:, 1, :queries[1] - 511].any() and rows[:, 1, queries[1] - 511:queries[1] + 1].all()
+
+
+PEAK = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    import numpy as np
+    from attnscope.analysis.statistics import TextKeys
+    from attnscope.runtime import Runtime
+    from attnscope.runtime.layerwise import ROWS
+    from attnscope.sources import zoo
+    T, cache = int(sys.argv[1]), Path(sys.argv[2])
+    rt = Runtime(zoo.get("gemma3"), cache_dir=cache, threads=2)
+    lw = rt.layerwise()
+    enc = rt.encode_ids([2] + [(i * 7919) % 200000 + 1000 for i in range(T - 1)])
+    mask, extra, masks, blocks = lw._walk_inputs(T, True, None, TextKeys.of(enc), 512, ROWS)
+    inputs = rt.feeds(np.array([enc.ids]), np.array([enc.type_ids]), mask, [T])
+    x = lw.run_graph("embed", inputs, ["x"], keep=("x",))["x"]
+    for layer in (4, 5):                                   # a local layer, then a global one (every earlier key)
+        x = lw._block(layer, x, inputs, ROWS + ("thumbnail",), True, extra, masks, blocks=blocks)["x_next"]
+    print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) * 1024)
+""")
+
+
+def peak_bytes(T: int) -> int:
+    """A fresh process's peak resident memory (VmHWM: onnxruntime's arena is in it, which tracemalloc cannot see)
+    after loading Gemma 3 and running its layers 4 (local) and 5 (global) over T tokens, with their rows and
+    thumbnails."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", PEAK, str(T), str(CACHE)], capture_output=True, text=True,
+                         timeout=600, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return int(out.stdout.split()[-1])
+
+
+@pytest.mark.slow
+def test_memory_grows_linearly_in_the_text():
+    """What a run adds to a process over a 256-token one, on Gemma 3's global layer: at 16,384 tokens at most 2.3x
+    what it adds at 8,192 (linear: 2x; a [T, T] per head would be 4x, 1 GB against 256 MB). Measured ~1.9x."""
+    base, small, large = peak_bytes(256), peak_bytes(8192), peak_bytes(16384)
+    assert large - base <= 2.3 * (small - base), (base, small, large)
+
+
+def test_a_text_past_what_fits_is_refused_naming_the_limit(runtimes, local_smollm2):
+    """A text longer than the capability record prices as fitting (memory, ATTNSCOPE_WORK_TFLOP: SmolLM2's 8,192
+    tokens take more than the default 4 TFLOP) is a 422 that names the limit and the longest text that fits, before
+    any work; rows and a tile of a short text come from its matrices."""
+    from attnscope.model.weights import state_dict
+    from attnscope.python.client import ApiError
+    from attnscope.runtime.capabilities import forward_flop
+    model, rt = local_smollm2, runtimes["smollm2"]
+    longest = next(m for m in model.models() if m["id"] == "smollm2")["capabilities"]["longest_text_tokens"]
+    blocks = sum(int(a.size) for name, a in state_dict(rt.model).items() if name.startswith("blocks."))
+    assert forward_flop(rt.cfg, blocks, longest) <= 4e12 < forward_flop(rt.cfg, blocks, longest + 1)
+    assert 4096 < longest < rt.spec.max_tokens == 8192
+    text = words(longest + 20)
+    assert longest < len(rt.encode(text).ids) <= 8192
+    with pytest.raises(ApiError) as refused:
+        model.attention(text, model="smollm2", include=["summary"])
+    assert refused.value.status == 422
+    assert f"the longest text that fits is {longest:,} tokens" in refused.value.detail
+    assert "ATTNSCOPE_WORK_TFLOP" in refused.value.detail
+    a = model.attention("Hello there.", model="smollm2", queries=[1], tile={"queries": [0, 2], "keys": [0, 3]},
+                        layers=[0], heads=[0])
+    A = np.asarray(a["attention"])[0, 0]
+    assert list(a["queries"]) == [1]
+    np.testing.assert_array_equal(np.asarray(a["rows"])[0, 0, 0], A[1])
+    np.testing.assert_array_equal(np.asarray(a["tile"])[0, 0], A[0:2, 0:3])
+    with pytest.raises(ApiError) as refused:
+        model.attention("Hello there.", model="smollm2", tile={"queries": [0, 99], "keys": [0, 3]})
+    assert refused.value.status == 422 and "this text's token count" in refused.value.detail
