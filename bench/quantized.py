@@ -32,6 +32,8 @@ from attnscope.python.local import load
 from attnscope.model.weights import state_dict
 from attnscope.model.quantized import Blocks
 model_id, cache = sys.argv[1], sys.argv[2]
+import attnscope.sources.gguf as gguf_source
+gguf_source.F32_IN_MEMORY_BYTES = int(sys.argv[3])            # 0: served from the blocks, whatever the model's size
 def status(key):
     for line in open('/proc/self/status'):
         if line.startswith(key):
@@ -67,9 +69,10 @@ def sgemm_gflops(n: int = 4096, repeats: int = 3) -> float:
     return 2 * n ** 3 * repeats / (time.perf_counter() - t) / 1e9
 
 
-def child(model_id: str, cache: Path) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, model_id, str(cache)], capture_output=True, text=True,
-                         timeout=3600)
+def child(model_id: str, cache: Path, in_memory: int = 0) -> dict:
+    """One process: load, then summaries; in_memory: sources/gguf.F32_IN_MEMORY_BYTES there (0: the blocks)."""
+    out = subprocess.run([sys.executable, "-c", CHILD, model_id, str(cache), str(in_memory)], capture_output=True,
+                         text=True, timeout=3600)
     if out.returncode:
         raise SystemExit(f"{model_id}: {out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -80,6 +83,7 @@ def main():
     ap.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
     args = ap.parse_args()
     from attnscope.sources import zoo
+    from attnscope.sources.gguf import F32_IN_MEMORY_BYTES
 
     gflops = sgemm_gflops()
     print(f"sgemm (NumPy, 4096^3 float32): {gflops:.0f} GFLOP/s")
@@ -89,6 +93,7 @@ def main():
             cold = child(model_id, Path(tmp))
             cached = sum(p.stat().st_size for p in Path(tmp).glob("*.safetensors"))
             warm = child(model_id, Path(tmp))
+            dense = child(model_id, Path(tmp), F32_IN_MEMORY_BYTES)     # the default for a model this small
         f32 = 4 * warm["params"]
         bound = 2 * warm["params"] * warm["tokens"] / (gflops * 1e9)
         mb = lambda b: f"{b / 2**20:,.0f} MB"   # noqa: E731
@@ -100,6 +105,10 @@ def main():
         print(f"  summaries of all heads, {warm['tokens']} tokens: {warm['summaries_s'] * 1e3:.0f} ms (first request "
               f"{warm['first_s'] * 1e3:.0f} ms); FLOP bound {bound * 1e3:.1f} ms: {bound / warm['summaries_s']:.0%} "
               f"of it")
+        print(f"  the same de-quantised in memory at load (the default for float32 weights <= "
+              f"{F32_IN_MEMORY_BYTES / 2**30:.0f} GiB): RSS after requests {mb(dense['rss_after'])}, summaries "
+              f"{dense['summaries_s'] * 1e3:.0f} ms: {bound / dense['summaries_s']:.0%} of the FLOP bound; the blocks "
+              f"take {warm['summaries_s'] / dense['summaries_s']:.2f}x as long")
 
 
 if __name__ == "__main__":
