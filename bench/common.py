@@ -138,3 +138,16 @@ DRAWN_JS = """(view) => {
   return !!v && v.dataset.view === view && v.dataset.state === location.search
     && document.getElementById('view-area').getAttribute('aria-busy') === 'false';
 }"""
+
+
+def sgemm_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """This machine's float32 matrix product rate now, GFLOP/s (NumPy, its threads, n x n): what a bench's times are
+    relative to."""
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    a @ a
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        a @ a
+    return 2 * n ** 3 * repeats / (time.perf_counter() - t0) / 1e9

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from bench.common import server  # noqa: E402
+from bench.common import server, sgemm_gflops  # noqa: E402
 
 CLEAN = "When Mary and John went to the store, John gave a drink to"
 CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
@@ -56,17 +56,6 @@ def round_of(url: str, model: str, k: int) -> dict:
     for t in threads:
         t.join()
     return out
-
-
-def sgemm_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """This machine's float32 matrix product rate now (NumPy, its threads): what the times above are relative to."""
-    import numpy as np
-    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
-    a @ a
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        a @ a
-    return 2 * n ** 3 * repeats / (time.perf_counter() - t0) / 1e9
 
 
 def main(argv=None) -> None:

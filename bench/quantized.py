@@ -17,12 +17,12 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import sgemm_gflops  # noqa: E402
 
 TOKENS = 128
 CHILD = r"""
@@ -60,15 +60,6 @@ print(json.dumps(dict(load_s=load_s, rss_load=rss_load, rss_after=status('VmRSS:
 """
 
 
-def sgemm_gflops(n: int = 4096, repeats: int = 3) -> float:
-    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
-    a @ a
-    t = time.perf_counter()
-    for _ in range(repeats):
-        a @ a
-    return 2 * n ** 3 * repeats / (time.perf_counter() - t) / 1e9
-
-
 def child(model_id: str, cache: Path, in_memory: int = 0) -> dict:
     """One process: load, then summaries; in_memory: sources/gguf.F32_IN_MEMORY_BYTES there (0: the blocks)."""
     out = subprocess.run([sys.executable, "-c", CHILD, model_id, str(cache), str(in_memory)], capture_output=True,
@@ -85,7 +76,7 @@ def main():
     from attnscope.sources import zoo
     from attnscope.sources.gguf import F32_IN_MEMORY_BYTES
 
-    gflops = sgemm_gflops()
+    gflops = sgemm_gflops(4096, 3)
     print(f"sgemm (NumPy, 4096^3 float32): {gflops:.0f} GFLOP/s")
     for model_id in args.models:
         gguf_file = zoo.smollm2_path() if model_id == "smollm2" else zoo.gemma3_path()

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from onnx import helper
 
-gguf = pytest.importorskip("gguf")
-ort = pytest.importorskip("onnxruntime")
+import gguf  # noqa: E402 - installed by the set-up (a dependency): never skipped
 
 from attnscope.graphs.builder import FLOAT, INT, Graph, model_proto  # noqa: E402
 from attnscope.model.quantized import Blocks, expand  # noqa: E402
 from attnscope.model.weights import identities  # noqa: E402
+from attnscope.runtime.options import default_providers, open_session  # noqa: E402
 from attnscope.sources.gguf_blocks import FORMATS, to_blocks  # noqa: E402
 
 EPS = float(np.finfo(np.float32).eps)
@@ -45,9 +45,7 @@ def random_blocks(name: str, rows: int, n_blocks: int, seed: int = 0) -> np.ndar
 
 def session(g: Graph, inputs, outputs):
     proto = model_proto(g, inputs + g.inputs, outputs, "blocks_test")
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return open_session(proto.SerializeToString(), default_providers(), 2)   # the app's options (CUDA: no TF32)
 
 
 def product_graph(w: Blocks, rows=None):
@@ -121,10 +119,7 @@ def test_zoo_gguf_models_are_served_from_their_blocks(model_id, tmp_path, monkey
 
     from .conftest import CACHE
 
-    try:
-        model = zoo.get(model_id).load_model(CACHE)
-    except zoo.ModelUnavailable as e:
-        pytest.skip(str(e))
+    model = zoo.get(model_id).load_model(CACHE)         # the set-up installs both zoo GGUF packages: never skipped
     sd = state_dict(model)
     quantised = [n for n, w in sd.items() if isinstance(w, Blocks)]
     assert all(isinstance(sd[n], Blocks) for n in sd if n.endswith(("proj.weight", "up.weight", "gate.weight",
