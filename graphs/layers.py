@@ -48,7 +48,8 @@ def _halves(model: Transformer, i: int, wide: bool = False) -> tuple[Graph, Grap
     first = Graph(names, wide)
     first.input("x", f, ["batch", "tokens", cfg.d_model])
     T = first.slice(first.op("Shape", "x"), 1, 2, 0, hint="T")
-    _, qkv = attention_inputs(first, model.blocks[i], cfg, "block", "x", rope_tables(first, model, T, layer=i))
+    start = first.input("start", INT, [1])            # x's first position (a long text's run of tokens; fed 0 else)
+    _, qkv = attention_inputs(first, model.blocks[i], cfg, "block", "x", rope_tables(first, model, T, start, layer=i))
     for name, value in zip("qkv", qkv):
         first.op("Identity", value, out=name)
     second = Graph(names, wide)
@@ -64,7 +65,8 @@ def _halves(model: Transformer, i: int, wide: bool = False) -> tuple[Graph, Grap
 
 
 def build_block_halves(model: Transformer, wide: bool = False) -> tuple[onnx.ModelProto, onnx.ModelProto]:
-    """The block before its attention (x -> q, k, v [B, H, T, dh]) and after it (x, ctx, head_mask, head_mean
+    """The block before its attention (x, start -> q, k, v [B, H, T, dh]: x holds positions start.. of the text, whose
+    RoPE turns q and k; a model without RoPE has no input start) and after it (x, ctx, head_mask, head_mean
     [B, H], lengths -> x_next), for every layer: bind model/weights.block_arrays(model, i) for layer i (wide: its
     bfloat16 or float16 arrays as float32 inputs, bound widened: runtime/tensors.Weights.widening)."""
     first, second = _halves(model, 0, wide)

@@ -26,7 +26,9 @@ import numpy as np
 
 from ..analysis.statistics import TextKeys, sentences
 from ..model.precision import COMPUTE, MASKED
+from ..model.transformer import VOCAB_CHUNK
 from .errors import InputError
+from .tensors import hold
 
 if TYPE_CHECKING:
     from .sessions import Session
@@ -213,6 +215,67 @@ def hidden_keys(T: int, mask_tokens) -> np.ndarray | None:
             raise InputError(f"mask_tokens index {j} is out of range: this text has {T} tokens (0..{T - 1})")
         out[j] = True
     return out
+
+
+# ---- a long text's per-token graphs, in runs of tokens ----
+TOKEN_AXIS = {"x": 1, "input_ids": 1, "token_type_ids": 1, "ctx": 2, "q": 2, "k": 2, "v": 2, "x_next": 1,
+              "hidden": 1, "token_logprobs": 1}      # the token axis of their inputs and outputs
+
+
+def tokenwise(lw, T: int, final: bool = False) -> list[tuple[int, int]] | None:
+    """The runs of tokens (token_chunks) a walk over T tokens takes its per-token graphs in, their intermediates
+    [n, width] within the group budget (a block's widest: the MLP's, the heads'; the LM head's: VOCAB_CHUNK): on the
+    CPU, for a text long enough for blocks of queries; None: in one run."""
+    if lw.rt.weights.device != "cpu" or not blocked(T, lw.group_mb * 2**20):
+        return None
+    cfg = lw.rt.cfg
+    width = VOCAB_CHUNK if final else max(cfg.d_ff, cfg.n_heads * (cfg.d_head or cfg.d_model // cfg.n_heads),
+                                          cfg.d_model)
+    return token_chunks(T, width, lw.group_mb * 2**20)
+
+
+def token_chunks(T: int, width: int, budget_bytes: float) -> list[tuple[int, int]]:
+    """[a, b) of each run of tokens a per-token graph takes over a long text: the most tokens (a multiple of BLOCK,
+    at least BLOCK) whose [n, width] float32 intermediates stay within the budget."""
+    n = max(BLOCK, int(budget_bytes / (width * COMPUTE.itemsize)) // BLOCK * BLOCK)
+    return [(a, min(a + n, T)) for a in range(0, T, n)]
+
+
+def by_tokens(lw, which: str, feeds: dict, names: list[str], chunks, layer: int | None = None,
+              release: bool = False) -> dict:
+    """A graph whose every token is computed alone (block_in, block_out without a mean ablation, final: norms,
+    projections, MLPs, RoPE at the positions fed as `start`) over a long text in runs of tokens (token_chunks): its
+    intermediates then take a run's memory, not the text's ([T, d_ff] floats of the MLP, [T, 4096] of each chunk of
+    the LM head's vocabulary; onnxruntime's arenas keep their peak for good, and grow by powers of two). The
+    whole text's outputs, as the graph run once would give them: q, k, v and x_next as Held (on the CPU), hidden and
+    token_logprobs whole, next_token_logits the last token's. A log-prob reads the token before its own: each
+    run of `final` starts one token early. chunks None: one run (the block graphs' outputs kept where it runs)."""
+    if not chunks:
+        return lw.run_graph(which, feeds, names, release, layer, keep=() if which == "final" else tuple(names))
+    out: dict[str, np.ndarray] = {}
+    for n, (a, b) in enumerate(chunks):
+        lo = max(a - 1, 0) if which == "final" else a
+        part = {name: cut(value, lo, b, TOKEN_AXIS[name]) if name in TOKEN_AXIS else value
+                for name, value in feeds.items()}
+        part |= {"lengths": np.array([b - lo], np.int64), "start": np.array([lo], np.int64)}
+        got = lw.run_graph(which, part, names, release and n == len(chunks) - 1, layer)
+        for name, value in got.items():
+            if name == "next_token_logits":
+                out[name] = value
+                continue
+            axis = TOKEN_AXIS[name]
+            if name not in out:
+                shape = list(value.shape)
+                shape[axis] = chunks[-1][1]
+                out[name] = np.empty(shape, value.dtype)
+            out[name][(slice(None),) * axis + (slice(a, b),)] = cut(value, a - lo, b - lo, axis)
+    return {name: hold(value, "cpu") if name in ("q", "k", "v", "x_next") else value for name, value in out.items()}
+
+
+def cut(value, a: int, b: int, axis: int) -> np.ndarray:
+    """Tokens a..b-1 of an array (or a Held one, on the CPU) along its token axis, contiguous."""
+    array = value.array if hasattr(value, "array") else value
+    return np.ascontiguousarray(array[(slice(None),) * axis + (slice(a, b),)])
 
 
 # ---- how a layer's attention is split and fed: groups of heads, a run's axes, the inputs it does not read ----

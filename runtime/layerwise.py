@@ -45,8 +45,8 @@ from ..graphs.reductions import key_input
 from ..model.transformer import LM_OUTPUTS
 from .results import Encoded, Encoding, NextToken
 from ..sources.store import release
-from .blocks import (BlockedLayer, _walk, blocked, checkpoint_spacing, exact_parts, head_groups,  # noqa: F401
-                     hidden_keys, run_axes, unread_inputs, visible_counts)
+from .blocks import (BlockedLayer, _walk, blocked, by_tokens, checkpoint_spacing, exact_parts,  # noqa: F401
+                     head_groups, hidden_keys, run_axes, tokenwise, unread_inputs, visible_counts)
 from .options import GROUP_MB
 from .sessions import Session
 from .tensors import Held, hold
@@ -305,7 +305,8 @@ class Layerwise:
             if not next_x:
                 del out["x_next"]
             return out
-        qkv = self.run_graph("block_in", {"x": x}, list("qkv"), release, layer, keep=tuple("qkv"))
+        chunks = blocks and tokenwise(self, T)                  # per-token graphs in runs of tokens
+        qkv = by_tokens(self, "block_in", {"x": x}, list("qkv"), chunks, layer, release)
         exact = exact and {name: value[None] for name, value in exact_parts(
             self, layer, *(qkv[n].host() for n in "qkv"), heads, causal, *exact).items()}   # (hidden, queries, tile)
         if not (outputs or next_x):                  # rows or a tile alone: no other attention to compute
@@ -315,9 +316,9 @@ class Layerwise:
         else:
             out = self._groups(layer, qkv, outputs, causal, extra, masks, heads, top_k, groups, release)
         out |= exact or {}
-        if next_x:
-            out["x_next"] = self.run_graph("block_out", {"x": x, "ctx": out["ctx"], **after}, ["x_next"], release,
-                                           layer, keep=("x_next",))["x_next"]
+        if next_x:                                   # a mean ablation's mean is over every token: in one run
+            out["x_next"] = by_tokens(self, "block_out", {"x": x, "ctx": out["ctx"], **after}, ["x_next"], None if
+                                      after["head_mean"].any() else chunks, layer, release)["x_next"]
         del out["ctx"]
         return out
 
@@ -410,8 +411,8 @@ class Layerwise:
                     _keep(asked, layer, out)
                 if progress:
                     progress(layer + 1, L)
-            final = self.run_graph("final", inputs | {"x": x}, ["hidden"] + (list(LM_OUTPUTS) if cfg.lm_head else []),
-                                   release=True)
+            names, chunks = ["hidden"] + (list(LM_OUTPUTS) if cfg.lm_head else []), tokenwise(self, T, final=True)
+            final = by_tokens(self, "final", inputs | {"x": x}, names, chunks, release=True)
             self.done_with(None)
         res = LayerwiseResult(
             rt.spec.id, "onnx", self.session("final").get_providers()[0], causal, enc, final["hidden"][0], rows,
