@@ -96,8 +96,19 @@ def child(model_id: str, T: int, out: Path | None) -> None:
 
 
 def reference(model_id: str, saved: Path) -> tuple[float, bool]:
+    """transformers' model from the same GGUF in float64 (reference_rows) against a run's saved rows: (largest row
+    difference, top-1 agrees)."""
+    got = np.load(saved)
+    layers, T = LAYERS[model_id], len(got["ids"])
+    kept, logits = reference_rows(model_id, got["ids"], layers, queries_of(T))
+    diff = max(float(np.abs(got[f"rows_{layer}"] - kept[layer]).max()) for layer in layers)
+    return diff, int(logits.argmax()) == int(got["top"])
+
+
+def reference_rows(model_id: str, ids, layers, queries, block: int = 256) -> tuple[dict[int, np.ndarray], np.ndarray]:
     """transformers' model from the same GGUF in float64, its attention computed one block of queries at a time
-    (RECIPES.md 15), keeping the saved queries' rows; (largest row difference, top-1 agrees)."""
+    (RECIPES.md 15: no [T, T]; each block over the keys its queries may see), keeping the rows of `queries` at `layers` ({layer: [H, Q, T]}), and the next-token
+    logits at the last position [V]. tests/test_long_context.py holds a long run to it at a short length."""
     import torch
     import transformers
     from transformers import AttentionInterface
@@ -106,10 +117,7 @@ def reference(model_id: str, saved: Path) -> tuple[float, bool]:
     from bench.common import CACHE
 
     torch.set_num_threads(int(os.environ.get("THREADS", "2")))
-    got = np.load(saved)
-    ids, layers = got["ids"], LAYERS[model_id]
-    T = len(ids)
-    queries = list(queries_of(T))
+    T, queries = len(ids), list(queries)
     kept: dict[int, np.ndarray] = {}
 
     def rows(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, softcap=None,
@@ -119,21 +127,22 @@ def reference(model_id: str, saved: Path) -> tuple[float, bool]:
         key, value = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
         out = torch.empty(B, T, H, D, dtype=query.dtype)
         layer = module.layer_idx
-        for q0 in range(0, T, 256):
-            q1 = min(T, q0 + 256)
-            s = query[:, :, q0:q1] @ key.transpose(-1, -2) * scaling
+        for q0 in range(0, T, block):
+            q1 = min(T, q0 + block)
+            k0 = max(0, q0 - sliding_window + 1) if sliding_window else 0     # keys before k0 or from q1: weight 0
+            s = query[:, :, q0:q1] @ key[:, :, k0:q1].transpose(-1, -2) * scaling
             if softcap:
                 s = softcap * torch.tanh(s / softcap)
-            i, j = torch.arange(q0, q1)[:, None], torch.arange(T)[None, :]
+            i, j = torch.arange(q0, q1)[:, None], torch.arange(k0, q1)[None, :]
             hide = j > i
             if sliding_window:
                 hide |= i - j >= sliding_window
             p = torch.softmax(s.masked_fill(hide, float("-inf")), -1)
-            out[:, q0:q1] = (p @ value).transpose(1, 2)
+            out[:, q0:q1] = (p @ value[:, :, k0:q1]).transpose(1, 2)
             if layer in layers:
                 for n, q in enumerate(queries):
                     if q0 <= q < q1:
-                        kept.setdefault(layer, np.zeros((H, len(queries), T)))[:, n] = p[0, :, q - q0].numpy()
+                        kept.setdefault(layer, np.zeros((H, len(queries), T)))[:, n, k0:q1] = p[0, :, q - q0].numpy()
         return out, None
 
     AttentionInterface.register("rows", rows)
@@ -143,8 +152,7 @@ def reference(model_id: str, saved: Path) -> tuple[float, bool]:
     model = model.eval().double()
     with torch.inference_mode():
         logits = model(input_ids=torch.from_numpy(np.asarray(ids, np.int64)[None]), logits_to_keep=1).logits[0, -1]
-    diff = max(float(np.abs(got[f"rows_{layer}"] - kept[layer]).max()) for layer in layers)
-    return diff, int(logits.argmax()) == int(got["top"])
+    return kept, logits.numpy()
 
 
 def main() -> None:

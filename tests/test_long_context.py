@@ -188,3 +188,23 @@ def test_a_text_past_what_fits_is_refused_naming_the_limit(runtimes, local_smoll
     with pytest.raises(ApiError) as refused:
         model.attention("Hello there.", model="smollm2", tile={"queries": [0, 99], "keys": [0, 3]})
     assert refused.value.status == 422 and "this text's token count" in refused.value.detail
+
+
+@pytest.mark.slow
+def test_a_long_run_equals_transformers_in_float64(runtimes):
+    """The issue's request at a short length, on the long path (a small group budget: attention in blocks of queries,
+    the per-token graphs in runs of tokens): every head's full rows of 6 queries at 4 layers (local 0 and 8, global 5
+    and 17), past the local layers' 512-key window, equal transformers' Gemma 3 from the same GGUF in float64
+    (bench/long_context.reference_rows: its attention one block of queries at a time) within 1e-4, and the next-token
+    top-1 is the same. bench/long_context.py --reference runs the same at 30,000 tokens."""
+    from bench.long_context import LAYERS, queries_of, reference_rows
+    rt = runtimes["gemma3"]
+    enc = rt.encode_ids(text_ids(rt, 1100))
+    T, H, layers = len(enc.ids), rt.cfg.n_heads, LAYERS["gemma3"]
+    lw = Layerwise(rt, group_mb=1, graphs=rt.layerwise())
+    assert len(query_blocks(T, True, 0, 2**20)) >= 4 and len(tokenwise(lw, T)) > 4
+    res = lw.forward(enc, want=Want(layers, tuple(range(H)), queries=queries_of(T)))
+    rows, logits = reference_rows("gemma3", enc.ids, layers, queries_of(T))
+    for layer in layers:
+        np.testing.assert_allclose(res.asked.rows[layer], rows[layer], atol=ROW_ATOL, rtol=0, err_msg=str(layer))
+    assert res.next_tokens[0].id == int(logits.argmax())
