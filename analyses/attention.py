@@ -1,7 +1,7 @@
-"""POST /api/attention: every asked head's attention probabilities [layer][head][query][key], their row statistics
-and per-head summaries, and what `include` adds (predictions, head-finding scores, an ablation's effect, direct logit
-attribution). A text whose every layer's attention fits the stacked graph runs in one pass (AttentionPlan); a longer
-one layer by layer (LayerwisePlan); an encoder-decoder's three attentions in one run (analyses/encoder_decoder.py)."""
+"""POST /api/attention: every asked head's attention probabilities [layer][head][query][key], their row statistics,
+summaries and what `include` adds (predictions, scores, an ablation's effect, direct logit attribution). A text the
+stacked graph fits runs in one pass (AttentionPlan), a longer one layer by layer (LayerwisePlan), an encoder-decoder's
+three attentions in one run (analyses/encoder_decoder.py)."""
 from __future__ import annotations
 
 import functools
@@ -28,8 +28,7 @@ from .payloads import predictions, select, tokens
 from .runs import Run, Runner, RunProgress
 from .schemas import EXAMPLE_TEXT, Effect, Index, Matrix, NextToken, RunOptions, Text, Tokens, _bounded
 
-UP_TO_LAYER = {"attention", "entropy", "summary", "scores"}   # of the asked layers alone: a run stops at the last
-#                                                               (Runtime.depth_of)
+UP_TO_LAYER = {"attention", "entropy", "summary", "scores"}   # of the asked layers alone: Runtime.depth_of
 PROBE_TOKENS = 50   # the induction probe: this many random tokens, repeated once
 
 
@@ -183,12 +182,11 @@ def plan(ctx: Context, req: AttentionRequest, binary: bool) -> Plan:
 def _walks(ctx: Context, req: AttentionRequest, rt: Runtime, want: Want, depth: int | None, T: int) -> bool:
     """Whether a text the stacked graph takes runs layer by layer all the same (ATTNSCOPE_PREFER_LAYERWISE): the
     stacked run would fetch every layer's matrices for an answer that holds fewer (the walk gives it all)."""
-    prefer = ctx.settings.prefer_layerwise
-    prefer = rt.weights.device != "cpu" if prefer is None else prefer
+    prefer = rt.weights.device != "cpu" if ctx.settings.prefer_layerwise is None else ctx.settings.prefer_layerwise
     matrices = "attention" in req.include and not req.top_k and not (req.resolution and T > req.resolution)
     held = len(want.layers) if matrices else 0                  # layers whose full matrices the answer holds
-    return (prefer and depth is None and held < rt.cfg.n_layers and req.engine == "onnx"
-            and not {"rollout", "attribution"} & set(req.include))
+    return exact.walks(req) or (prefer and depth is None and held < rt.cfg.n_layers and req.engine == "onnx"
+                                and not {"rollout", "attribution"} & set(req.include))
 
 
 def _extras(ctx: Context, req: AttentionRequest, rt: Runtime, enc: Encoding) -> dict[str, Run]:
@@ -282,9 +280,11 @@ def _lacks(base: LayerwiseResult, want: Want) -> bool:
 
 def _layerwise(ctx: Context, req: AttentionRequest, rt: Runtime, enc: Encoding, cells: int, common: dict
                ) -> LayerwisePlan:
-    """A text whose stacked attention would pass ATTNSCOPE_LAYERWISE_MB runs layer by layer; what such a run
-    cannot give is refused here, before any work."""
+    """A text whose stacked attention would pass ATTNSCOPE_LAYERWISE_MB (or whose answer _walks) runs layer by layer;
+    what such a run cannot give is refused here, before any work."""
     T = len(enc.ids)
+    if rt.capabilities.stacked and checks.fits_stacked(ctx, rt, T):   # its key's runs are the stacked graph's
+        common = common | {"key": hash_of([common["key"], "layer by layer"])}
     why = (f"this text is {T} tokens: every layer's attention together is "
            f"{checks.stacked_bytes(rt, T) / 2**30:.1f} GiB, so it runs layer by layer (ATTNSCOPE_LAYERWISE_MB)"
            if rt.capabilities.stacked else f"model {rt.spec.id!r} runs layer by layer: "

@@ -5,9 +5,12 @@ from its matrices; a long one recomputes them from the run's checkpoints (runtim
 layers' q, k, v, each query's row over all its visible keys), never stored."""
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 from pydantic import BaseModel, Field
 
+from ..runtime.blocks import VIEWS
 from .errors import Refused
 from .schemas import Index, Matrix, Strict
 
@@ -32,6 +35,11 @@ class ExactRequest(BaseModel):
         None, description="an exact tile of every asked head: the weights of queries [first, end) on keys [first, "
         "end), in `tile` [layer][head][query][key]; what a zoomed overview draws. Each weight is the whole row's "
         "softmax, not renormalised over the tile", examples=[{"queries": [0, 8], "keys": [0, 8]}])
+    view: Literal[tuple(VIEWS)] = Field(
+        "weights", description="what `rows` and `tile` hold: `weights`, the attention weights; `value_weighted`, "
+        "each weight times the norm of what its key writes through the head, ||v_j W_O^h||, normalised per row "
+        "(Kobayashi et al. 2020: a sink key with a small value vector costs little). Computed from the layers' q, k, "
+        "v (the layer-by-layer run, at any length)")
 
 
 class ExactAnswer(BaseModel):
@@ -60,8 +68,14 @@ def check(req, T: int, layers: int, heads: int) -> int:
 
 def want(req) -> dict:
     """runtime/layerwise.Want's fields for them."""
-    return {"queries": tuple(req.queries or ()),
+    return {"queries": tuple(req.queries or ()), "view": req.view,
             "tile": None if req.tile is None else (tuple(req.tile.queries), tuple(req.tile.keys))}
+
+
+def walks(req) -> bool:
+    """Whether they need the layer-by-layer run whatever the text's length: a view of the rows or tile other than
+    the weights (the stacked graph gives the weights alone)."""
+    return req.view != "weights" and (bool(req.queries) or req.tile is not None)
 
 
 def from_matrices(req, probs: np.ndarray) -> dict:

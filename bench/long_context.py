@@ -107,7 +107,8 @@ def reference(model_id: str, saved: Path) -> tuple[float, bool]:
 
 def reference_rows(model_id: str, ids, layers, queries, block: int = 256) -> tuple[dict[int, np.ndarray], np.ndarray]:
     """transformers' model from the same GGUF in float64, its attention computed one block of queries at a time
-    (RECIPES.md 15: no [T, T]; each block over the keys its queries may see), keeping the rows of `queries` at `layers` ({layer: [H, Q, T]}), and the next-token
+    (RECIPES.md 15: no [T, T]; each block over the keys its queries may see), keeping the rows of `queries` at
+    `layers` ({layer: [H, Q, T]}), and the next-token
     logits at the last position [V]. tests/test_long_context.py holds a long run to it at a short length."""
     import torch
     import transformers

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..analysis.statistics import TextKeys, sentences
-from ..model.precision import COMPUTE, MASKED
+from ..model.precision import COMPUTE, MASKED, widen
 from ..model.transformer import VOCAB_CHUNK
 from .errors import InputError
 from .tensors import hold
@@ -308,14 +308,29 @@ def head_groups(H: int, groups: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
 
 
+VIEWS = {"weights": "the attention weights alpha_ij", "value_weighted": "value-weighted attention (Kobayashi et al. "
+         "2020, 'Attention is not only a weight'): alpha_ij ||v_j W_O^h||, normalised to sum to 1 over each row"}
+
+
+def value_norms(block, v: np.ndarray) -> np.ndarray:
+    """||v_j W_O^h|| of every head h and key j [H, T]: the size of what key j writes into the residual stream through
+    head h, per unit of weight (v [1, H, T, dh] as each query head reads it; W_O^h: the head's d_head columns of the
+    output projection, model/transformer.TransformerBlock.head_output)."""
+    W, dh = widen(block.attn.out_projection()[0]), v.shape[3]                  # [D, H * dh]
+    return np.stack([np.linalg.norm(v[0, h] @ W[:, h * dh:(h + 1) * dh].T, axis=-1)
+                     for h in range(v.shape[1])]).astype(COMPUTE)
+
+
 def exact_parts(lw, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, heads, causal: bool,
-                hidden: np.ndarray | None, queries=(), tile=None) -> dict[str, np.ndarray]:
+                hidden: np.ndarray | None, queries=(), tile=None, view: str = "weights") -> dict[str, np.ndarray]:
     """Full rows of chosen queries ("rows" [n, Q, T]) and a tile ("tile" [n, qb - qa, kd - kc]) of the asked heads of
     one layer, from its q, k, v [1, H, T, dh]: each query's row over all its visible keys (the block attend graph on
-    that query alone, or on the tile's queries in blocks), so exact whatever the text's length."""
+    that query alone, or on the tile's queries in blocks), so exact whatever the text's length; in a view of VIEWS
+    (value_weighted: each whole row times its keys' value_norms, normalised)."""
     T, heads = q.shape[2], [int(h) for h in heads]
     window = lw.rt.model.blocks[layer].window or 0
     which = ("attend_block", ("attention",), causal)
+    norms = value_norms(lw.rt.model.blocks[layer], v) if view == "value_weighted" else None
     out = {}
 
     def block(q0, q1, k0, k1, h):
@@ -323,7 +338,11 @@ def exact_parts(lw, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, hea
                  "k": k[:, h:h + 1, k0:k1], "v": v[:, h:h + 1, k0:k1], "heads": np.array([0], np.int64),
                  "offsets": np.array([q0, k0], np.int64), "total": np.array([T], np.int64)}
         scratch = np.empty((1, 1, q1 - q0, q.shape[3]), COMPUTE)
-        return lw.run_block(which, feeds, ["ctx", "attention"], scratch)[1][0, 0]
+        p = lw.run_block(which, feeds, ["ctx", "attention"], scratch)[1][0, 0]
+        if norms is None:
+            return p
+        p = p * norms[h, k0:k1]                                  # every visible key of these rows: exact sums
+        return p / p.sum(-1, keepdims=True)
 
     if queries:
         rows = np.zeros((len(heads), len(queries), T), COMPUTE)

@@ -51,8 +51,7 @@ from .options import GROUP_MB
 from .sessions import Session
 from .tensors import Held, hold
 
-# The rows every run keeps for every head: what the API's row outputs and summaries read (statistics.STATISTICS
-# computed from the probabilities), for one text; a pair keeps its PAIR_ROWS too.
+# The rows every run keeps for every head (the API's row outputs and summaries: statistics.STATISTICS); a pair's too.
 ROWS = tuple(dict.fromkeys(["entropy", "max_weight"] + [s.row for s in STATISTICS.values()
                                                          if s.needs == "probabilities"]))
 PAIR_ROWS = tuple(s.row for s in STATISTICS.values() if s.needs == "pair")
@@ -97,6 +96,7 @@ class Want:
     ends: bool = True
     queries: tuple[int, ...] = ()                      # full rows of these queries, of `heads` at `layers`
     tile: tuple[tuple[int, int], tuple[int, int]] | None = None   # ([qa, qb), [kc, kd)): a tile of those heads
+    view: str = "weights"                              # the rows' and tile's: runtime/blocks.VIEWS
 
     def exact(self) -> bool:
         """Whether it asks rows or a tile: recomputed exactly from q, k, v (runtime/blocks.exact_parts)."""
@@ -308,7 +308,7 @@ class Layerwise:
         chunks = blocks and tokenwise(self, T)                  # per-token graphs in runs of tokens
         qkv = by_tokens(self, "block_in", {"x": x}, list("qkv"), chunks, layer, release)
         exact = exact and {name: value[None] for name, value in exact_parts(
-            self, layer, *(qkv[n].host() for n in "qkv"), heads, causal, *exact).items()}   # (hidden, queries, tile)
+            self, layer, *(qkv[n].host() for n in "qkv"), heads, causal, *exact).items()}   # (hidden, ..., view)
         if not (outputs or next_x):                  # rows or a tile alone: no other attention to compute
             out = {"ctx": None}
         elif blocks is not None:                     # a long text: blocks of queries (runtime/blocks.py)
@@ -489,8 +489,8 @@ def superset(which: tuple) -> tuple:
 
 
 def _exact(want: Want, T: int, mask_tokens) -> tuple:
-    """What runtime/blocks.exact_parts needs besides a layer's q, k, v: (hidden keys, queries, tile); () for none."""
-    return (hidden_keys(T, mask_tokens), want.queries, want.tile) if want.exact() else ()
+    """What runtime/blocks.exact_parts needs besides a layer's q, k, v: (hidden keys, queries, tile, view); ()."""
+    return (hidden_keys(T, mask_tokens), want.queries, want.tile, want.view) if want.exact() else ()
 
 
 def _keep(asked: Asked, layer: int, out: dict[str, np.ndarray]) -> None:

@@ -208,3 +208,62 @@ def test_a_long_run_equals_transformers_in_float64(runtimes):
     for layer in layers:
         np.testing.assert_allclose(res.asked.rows[layer], rows[layer], atol=ROW_ATOL, rtol=0, err_msg=str(layer))
     assert res.next_tokens[0].id == int(logits.argmax())
+
+
+class ValueWeighted:
+    """transformers' eager SmolLM2 as a module whose output is one layer's value-weighted attention [B, H, T, T]
+    (Kobayashi et al. 2020): its attention weights alpha [B, H, T, T] times ||v_j W_O^h|| (its v_proj's output per key
+    head, repeated per query head, through the head's d_head columns of o_proj), normalised over each row."""
+
+    def __new__(cls, hf, layer: int):
+        import torch
+
+        class Module(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.hf = hf
+
+            def forward(self, input_ids):
+                attn, seen = self.hf.model.layers[layer].self_attn, {}
+                hook = attn.v_proj.register_forward_hook(lambda m, i, o: seen.setdefault("v", o))
+                try:
+                    alpha = self.hf(input_ids=input_ids, output_attentions=True).attentions[layer]
+                finally:
+                    hook.remove()
+                B, H, T, _ = alpha.shape
+                W = attn.o_proj.weight                                     # [D, H dh]
+                dh = W.shape[1] // H
+                v = seen["v"].view(B, T, -1, dh).transpose(1, 2).repeat_interleave(H // (seen["v"].shape[-1] // dh), 1)
+                written = v @ W.view(W.shape[0], H, dh).permute(1, 2, 0)   # [B, H, T, D]: v_j W_O^h
+                norms = (written * written).sum(-1).sqrt()                 # [B, H, T]
+                w = alpha * norms[:, :, None, :]
+                return w / w.sum(-1, keepdim=True)
+        return Module()
+
+
+@pytest.mark.slow
+def test_value_weighted_rows_and_tile_equal_transformers(local_smollm2, hf_smollm2):
+    """`view: value_weighted` answers rows and a tile of alpha_ij ||v_j W_O^h||, normalised per row, equal to the same
+    computed from transformers' eager attention weights, value states and o_proj (ValueWeighted) within float32
+    bounds derived against float64 (tests/float32.py); a short text runs layer by layer for it, and its weights view
+    is the stacked graph's. A first-token sink, whose value vector is small, weighs less value-weighted."""
+    import torch
+
+    from .float32 import assert_within, float32_bound
+    model, layer, heads = local_smollm2, 3, [0, 4, 8]
+    text = "The quick brown fox jumps over the lazy dog. Then the dog sleeps in the warm sun all afternoon."
+    got = model.attention(text, model="smollm2", layers=[layer], heads=heads, include=["summary"],
+                          queries=[5, 20], tile={"queries": [10, 20], "keys": [0, 12]}, view="value_weighted")
+    plain = model.attention(text, model="smollm2", layers=[layer], heads=heads, include=["summary"], queries=[5, 20])
+    T = len(got["tokens"])
+    ids = model.runtime.encode(text).ids
+    exact, bound = float32_bound(ValueWeighted(hf_smollm2, layer), lambda o: o[:, heads], samples=16,
+                                 input_ids=torch.tensor([ids]))      # 16 copies: a wider bound, a quarter the work
+    rows, tile = np.asarray(got["rows"])[0], np.asarray(got["tile"])[0]
+    assert rows.shape == (3, 2, T)
+    assert_within(rows, exact[:, [5, 20]], bound[:, [5, 20]], "rows")
+    assert_within(tile, exact[:, 10:20, 0:12], bound[:, 10:20, 0:12], "tile")
+    np.testing.assert_allclose(rows.sum(-1), 1, atol=1e-5)
+    weights = np.asarray(plain["rows"])[0]
+    assert not np.allclose(rows, weights, atol=1e-3)
+    assert (rows[..., 0] < weights[..., 0]).mean() > 0.5        # the sink's value is small (arXiv 2410.10781)
