@@ -248,6 +248,7 @@ class LayerwisePlan(Plan):
 
     async def compute(self, runner: Runner) -> Computed:
         base = runner.cache.get(self.key)
+        base = None if base is not None and self.want.logprobs and base.token_logprobs is None else base   # again
         try:
             if base is not None and not _lacks(base, self.want):
                 result, hit = base, True
@@ -264,9 +265,8 @@ class LayerwisePlan(Plan):
         req, lw = self.request, self.runtime.layerwise(self.every, self.group_mb)
         if base is not None:
             return lambda: lw.recompute(base, self.want, progress.update)
-        return lambda: lw.forward(self.encoding, causal=req.causal, mask_tokens=req.mask_tokens or None,
-                                  head_mask=self.head_mask, head_mean=self.head_mean, want=self.want,
-                                  progress=progress.update)
+        return lambda: lw.forward(self.encoding, causal=req.causal, mask_tokens=req.mask_tokens or None, want=self.want,
+                                  head_mask=self.head_mask, head_mean=self.head_mean, progress=progress.update)
 
     def payload(self, computed: Computed) -> dict:
         return layerwise_payload(self, computed)
@@ -280,8 +280,7 @@ def _lacks(base: LayerwiseResult, want: Want) -> bool:
 
 def _layerwise(ctx: Context, req: AttentionRequest, rt: Runtime, enc: Encoding, cells: int, common: dict
                ) -> LayerwisePlan:
-    """A text whose stacked attention would pass ATTNSCOPE_LAYERWISE_MB (or whose answer _walks) runs layer by layer;
-    what such a run cannot give is refused here, before any work."""
+    """A text past ATTNSCOPE_LAYERWISE_MB (or whose answer _walks) runs layer by layer; what it cannot give: 422."""
     T = len(enc.ids)
     if rt.capabilities.stacked and checks.fits_stacked(ctx, rt, T):   # its key's runs are the stacked graph's
         common = common | {"key": hash_of([common["key"], "layer by layer"])}
@@ -302,7 +301,8 @@ def _layerwise(ctx: Context, req: AttentionRequest, rt: Runtime, enc: Encoding, 
     thumbnails = attention and bool(req.resolution) and T > req.resolution
     want = Want(tuple(common["layers"]), tuple(common["heads"]), attention=attention and not thumbnails,
                 top_k=req.top_k if "attention" in include and req.top_k else 0, duplicate="scores" in include,
-                resolution=req.resolution if thumbnails else 0, **exact.want(req))
+                resolution=req.resolution if thumbnails else 0, **exact.want(req),
+                logprobs=rt.cfg.lm_head and bool({"predictions", "effect"} & include))     # else the last position's
     every = checkpoint_spacing(rt.cfg, T, ctx.settings.checkpoint_every,
                                ctx.settings.cache_mb * 2**20 * CHECKPOINTS_SHARE)
     group_mb = ctx.settings.layerwise_group_mb

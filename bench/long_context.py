@@ -9,8 +9,8 @@ after it (exact rows, a tile), each length in a fresh process.
 Each run is the issue's request on the model's runtime (runtime/layerwise.py, what POST /api/attention runs for a
 long text): every head's rows (the summaries), every head's overview at resolution 512, and the full rows of 6
 queries of 4 layers (local and global ones on Gemma 3), in a fresh process whose peak resident memory (VmHWM) is
-reported. work: runtime/capabilities.forward_flop (block weights, each head's visible query-key pairs, the LM head
-over every position); bound: that work at the sgemm rate (4096^3, float32, measured before each run with the same
+reported. work: runtime/capabilities.forward_flop (block weights, each head's visible query-key pairs), the LM head
+at the last position only (the request asks no predictions: runtime/blocks.final_parts); bound: that work at the sgemm rate (4096^3, float32, measured before each run with the same
 threads); fraction = bound / time. rows / tile: a question after the run, recomputed from its checkpoints (every
 layer's kept): the full rows of one query of a global layer's every head, and a 256 x 256 tile.
 --reference: transformers' Gemma 3 from the same GGUF in float64, its attention replaced (RECIPES.md 15) by one that
@@ -79,7 +79,7 @@ def child(model_id: str, T: int, out: Path | None) -> None:
     lw.open()
     enc = rt.encode_ids(ids_of(rt, T))
     H, layers = rt.cfg.n_heads, LAYERS[model_id]
-    want = Want(layers, tuple(range(H)), resolution=512, queries=queries_of(T))
+    want = Want(layers, tuple(range(H)), resolution=512, queries=queries_of(T), logprobs=False)   # no predictions
     t0 = time.perf_counter()
     res = lw.forward(enc, want=want)
     seconds = time.perf_counter() - t0
@@ -91,7 +91,8 @@ def child(model_id: str, T: int, out: Path | None) -> None:
     if out is not None:
         np.savez(out, ids=np.asarray(enc.ids), top=res.next_tokens[0].id,
                  **{f"rows_{layer}": res.asked.rows[layer] for layer in layers})
-    print(json.dumps({"model": model_id, "T": T, "seconds": seconds, "flop": forward_flop(rt.cfg, blocks, T),
+    flop = forward_flop(rt.cfg, blocks, T) - 2.0 * (T - 1) * rt.cfg.vocab_size * rt.cfg.d_model   # LM head: last only
+    print(json.dumps({"model": model_id, "T": T, "seconds": seconds, "flop": flop,
                       "peak": hwm, "rows_s": rows_s, "tile_s": tile_s, "top": res.next_tokens[0].id}))
 
 

@@ -30,13 +30,15 @@ def build_embed(model: Transformer) -> onnx.ModelProto:
     return model_proto(g, token_inputs(model) + g.inputs, out, "attnscope-embed")
 
 
-def build_final(model: Transformer) -> onnx.ModelProto:
-    """The final norm and LM head as a graph: x, input_ids, lengths -> hidden (and LM outputs)."""
+def build_final(model: Transformer, lm: bool = True) -> onnx.ModelProto:
+    """The final norm and LM head as a graph: x, input_ids, lengths -> hidden (and LM outputs); lm False: the final
+    norm alone, x -> hidden (the LM head's nodes pruned)."""
     g = Graph(identities(arrays(model)))
     final(g, model, "x", g.param(model.wte, "wte") if model.cfg.lm_head and model.lm_head is None else "")
     inputs = [helper.make_tensor_value_info("x", FLOAT, ["batch", "tokens", model.cfg.d_model]),
               *token_inputs(model)[:1], helper.make_tensor_value_info("lengths", INT, ["batch"])]
-    return pruned(model_proto(g, inputs + g.inputs, final_outputs(model.cfg), "attnscope-final"))
+    outputs = final_outputs(model.cfg) if lm else final_outputs(model.cfg)[:1]
+    return pruned(model_proto(g, inputs + g.inputs, outputs, "attnscope-final"))
 
 
 def _halves(model: Transformer, i: int, wide: bool = False) -> tuple[Graph, Graph]:

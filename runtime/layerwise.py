@@ -42,11 +42,10 @@ from ..analysis import thumbnails as thumbnails_
 from ..analysis.statistics import STATISTICS, TextKeys, visible_keys
 from ..graphs import layers
 from ..graphs.reductions import key_input
-from ..model.transformer import LM_OUTPUTS
 from .results import Encoded, Encoding, NextToken
 from ..sources.store import release
 from .blocks import (BlockedLayer, _walk, blocked, by_tokens, checkpoint_spacing, exact_parts,  # noqa: F401
-                     head_groups, hidden_keys, run_axes, tokenwise, unread_inputs, visible_counts)
+                     final_parts, head_groups, hidden_keys, run_axes, tokenwise, unread_inputs, visible_counts)
 from .options import GROUP_MB
 from .sessions import Session
 from .tensors import Held, hold
@@ -97,6 +96,7 @@ class Want:
     queries: tuple[int, ...] = ()                      # full rows of these queries, of `heads` at `layers`
     tile: tuple[tuple[int, int], tuple[int, int]] | None = None   # ([qa, qb), [kc, kd)): a tile of those heads
     view: str = "weights"                              # the rows' and tile's: runtime/blocks.VIEWS
+    logprobs: bool = True                              # every token's log-prob: the LM head at every position
 
     def exact(self) -> bool:
         """Whether it asks rows or a tile: recomputed exactly from q, k, v (runtime/blocks.exact_parts)."""
@@ -192,8 +192,8 @@ class Layerwise:
                 model = self.rt.model
                 if which == "embed":
                     proto = layers.build_embed(model)
-                elif which == "final":
-                    proto = layers.build_final(model)
+                elif which in ("final", "final_norm"):
+                    proto = layers.build_final(model, which == "final")
                 elif which in ("block_in", "block_out", "wide_block_in", "wide_block_out"):   # wide_: widened once
                     proto = layers.build_block_halves(model, which.startswith("wide_"))[which.endswith("out")]
                 elif which[0] == "attend_block":
@@ -226,7 +226,7 @@ class Layerwise:
         supersets += [superset(("attend_block", thumbnail, c)) for c in (causal, not causal)
                       for thumbnail in ((), ("thumbnail",))]
         wide = ["wide_block_in", "wide_block_out"] if self.rt.capabilities.precision.storage != "float32" else []
-        return ["embed", "block_in", "block_out", *wide, "final", *dict.fromkeys(exact + supersets)]
+        return ["embed", "block_in", "block_out", *wide, "final", "final_norm", *dict.fromkeys(exact + supersets)]
 
     def open(self, step: Callable[[int, int], None] | None = None) -> None:
         """Build and open every graph in `needed` (in memory, a fraction of a second each), so that no run waits
@@ -411,8 +411,7 @@ class Layerwise:
                     _keep(asked, layer, out)
                 if progress:
                     progress(layer + 1, L)
-            names, chunks = ["hidden"] + (list(LM_OUTPUTS) if cfg.lm_head else []), tokenwise(self, T, final=True)
-            final = by_tokens(self, "final", inputs | {"x": x}, names, chunks, release=True)
+            final = final_parts(self, x, inputs, tokenwise(self, T, final=True), want.logprobs)
             self.done_with(None)
         res = LayerwiseResult(
             rt.spec.id, "onnx", self.session("final").get_providers()[0], causal, enc, final["hidden"][0], rows,
@@ -423,7 +422,8 @@ class Layerwise:
         if cfg.lm_head:
             logits = final["next_token_logits"][0]
             res.next_token_logits, res.next_tokens = logits, rt.top_tokens(logits, top_k)
-            res.token_logprobs = [None] + final["token_logprobs"][0, 1:].astype(float).tolist()
+            res.token_logprobs = ([None] + final["token_logprobs"][0, 1:].astype(float).tolist() if want.logprobs
+                                  else None)
         return res
 
     def recompute(self, base: LayerwiseResult, want: Want, progress: Progress | None = None) -> LayerwiseResult:

@@ -267,3 +267,24 @@ def test_value_weighted_rows_and_tile_equal_transformers(local_smollm2, hf_smoll
     weights = np.asarray(plain["rows"])[0]
     assert not np.allclose(rows, weights, atol=1e-3)
     assert (rows[..., 0] < weights[..., 0]).mean() > 0.5        # the sink's value is small (arXiv 2410.10781)
+
+
+def test_a_run_without_predictions_runs_the_lm_head_at_the_last_position(runtimes, local_smollm2):
+    """A long run that asks no log-probs (Want.logprobs False: the API's answer without `predictions` or `effect`)
+    runs the final norm at every position and the LM head at the last alone (runtime/blocks.final_parts): the same
+    hidden states, next-token logits and top tokens as the stacked graph, no token_logprobs. The API's next request
+    on the same text that asks `predictions` runs it again with them, its kept parts replaced."""
+    rt = runtimes["gemma3"]
+    enc = rt.encode_ids(text_ids(rt, 700))
+    [full] = rt.forward([enc])
+    res = Layerwise(rt, group_mb=1, graphs=rt.layerwise()).forward(enc, want=Want(logprobs=False))
+    assert res.token_logprobs is None and [t.id for t in res.next_tokens] == [t.id for t in full.next_tokens]
+    np.testing.assert_allclose(res.hidden, full.hidden, atol=ATOL * np.abs(full.hidden).max(), rtol=0)
+    np.testing.assert_allclose(res.next_token_logits, full.next_token_logits, atol=10 * ATOL, rtol=0)
+
+    text = words(700)                                   # SmolLM2's 30 x 9 heads at ~700 tokens: layer by layer
+    plain = local_smollm2.attention(text, model="smollm2", include=["summary"], layers=[0], heads=[0])
+    assert "token_logprobs" not in plain.data and len(plain["tokens"]) > 600
+    asked = local_smollm2.attention(text, model="smollm2", include=["summary", "predictions"], layers=[0], heads=[0])
+    logprobs = asked["token_logprobs"]
+    assert len(logprobs) == len(asked["tokens"]) and logprobs[0] is None and all(v <= 0 for v in logprobs[1:])
