@@ -15,7 +15,9 @@ the cells the block touches), the asked heads' top-k keys, and the heads' output
     rows = exact_rows(lw, checkpoint, layer, queries)           # full rows of chosen queries, recomputed
 
 The same block plan serves a question asked after the run: the full rows of chosen queries and a tile (a query range
-by a key range), recomputed from the run's checkpoint of that layer (`exact_rows`, `tile`).
+by a key range), recomputed from the run's checkpoint of that layer (`exact_parts`), as the weights or value-weighted
+(VIEWS). The walk's per-token graphs (block_in, block_out, final) run over such a text in runs of tokens
+(`by_tokens`), so that their intermediates ([T, d_ff], [T, VOCAB_CHUNK]) take a run's memory, not the text's.
 """
 from __future__ import annotations
 
