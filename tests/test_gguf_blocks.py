@@ -140,3 +140,35 @@ def test_zoo_gguf_models_are_served_from_their_blocks(model_id, tmp_path, monkey
     assert out.returncode == 0, out.stderr[-2000:]
     rss = int(out.stdout.split()[-1])
     assert rss < f32_bytes, f"RSS {rss / 2**20:.0f} MB after loading, float32 weights {f32_bytes / 2**20:.0f} MB"
+
+
+def test_layer_by_layer_runs_serve_layers_of_different_block_formats(monkeypatch):
+    """Gemma 3's Q4_K_M file holds mlp.down in Q4_K in some layers and in Q6_K in others (other bits and block
+    sizes): a layer-by-layer run in blocks builds one layer graph per layout (model/weights.block_layouts), the three
+    graphs a block and the fused one alike, and gives the float32 model's stacked answer (the same weights,
+    de-quantised in memory at load)."""
+    from attnscope.runtime.layerwise import Layerwise, Want
+    from attnscope.runtime.runtime import Runtime
+    from attnscope.sources import gguf as gguf_source
+    from attnscope.sources import zoo
+
+    from .conftest import CACHE
+
+    text = "The quick brown fox jumps over the lazy dog, and the dog sleeps on."
+    f32 = Runtime(zoo.get("gemma3"), cache_dir=CACHE)
+    ref = f32(text)
+    del f32
+    monkeypatch.setattr(gguf_source, "F32_IN_MEMORY_BYTES", 0)
+    rt = Runtime(zoo.get("gemma3"), cache_dir=CACHE)
+    assert isinstance(rt.model.blocks[0].mlp.down.weight, Blocks)
+    layouts = sorted(set(Layerwise(rt).layouts))
+    assert len(layouts) > 1
+    assert {rt.model.blocks[i].mlp.down.weight.bits for i in layouts} == {4, 8}
+    L, H = rt.cfg.n_layers, rt.cfg.n_heads
+    for fused in (False, True):
+        lw = Layerwise(rt, graphs=rt.layerwise(), fused=fused).forward(
+            rt.encode(text), want=Want(layers=tuple(range(L)), heads=tuple(range(H)), attention=True))
+        got = np.stack([lw.asked.attention[layer].reshape(ref.attentions[layer].shape) for layer in range(L)])
+        np.testing.assert_allclose(got, ref.attentions, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(lw.next_token_logits, ref.next_token_logits, atol=1e-4, rtol=0)
+    assert sum(1 for key in rt.layerwise()._sessions if key[0] == "block_in") == len(layouts)
