@@ -461,7 +461,7 @@ def gguf_tokenizer(path, cache: str | Path | None = None):
         raise ValueError(f"only byte-level BPE GGUF tokenizers (tokenizer.ggml.model 'gpt2') and Gemma 3's "
                          f"are supported; this file's is {kind!r}")
     else:
-        tok = build_tokenizer(tokens, reader.fields.get("tokenizer.ggml.merges"), types,
+        tok = build_tokenizer(tokens, reader.fields.get("tokenizer.ggml.merges", []), types,   # none: bytes alone
                               reader.fields.get("tokenizer.ggml.pre"))
     if reader.fields.get("tokenizer.ggml.add_bos_token"):
         if arch != "gemma3":
