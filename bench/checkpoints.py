@@ -342,3 +342,35 @@ def llama_gguf(path: str | Path, name: str, seed: int = 0, progress=None) -> Pat
     w.close()
     path.with_suffix(".tmp").replace(path)
     return path
+
+
+def dequantised_llama(path, shape: dict, layers: int | None = None, ids=None, dtype: str = "float64"):
+    """transformers' LlamaForCausalLM (eager attention, in `dtype`) on gguf's de-quantisation of a Llama GGUF file's
+    tensors, q/k rows un-permuted by transformers' own GGUF tensor processor; layers: the first this many only; ids:
+    the embedding's rows for these token ids only (a vocabulary of len(ids), token i = ids[i]: an 8B file's full
+    embedding is 2 GB of float32), and no LM head."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    import gguf
+
+    shape = dict(shape) | ({"num_hidden_layers": layers} if layers else {}) | (
+        {"vocab_size": len(ids), "tie_word_embeddings": False} if ids is not None else {})
+    model = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="eager")).to(getattr(torch, dtype)).eval()
+    heads = LlamaTensorProcessor(config={"num_attention_heads": shape["num_attention_heads"],
+                                         "num_key_value_heads": shape["num_key_value_heads"]})
+    names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+             "output.weight": "lm_head.weight"} | {f"blk.{i}.{g}.weight": f"model.layers.{i}.{hf}.weight"
+                                                   for i in range(shape["num_hidden_layers"])
+                                                   for hf, g in GGUF_NAMES.items()}
+    sd = {}
+    for t in gguf.GGUFReader(path).tensors:
+        if t.name not in names or (ids is not None and t.name == "output.weight"):
+            continue
+        data = t.data[np.asarray(ids)] if ids is not None and t.name == "token_embd.weight" else t.data
+        w = heads.process(gguf.quants.dequantize(data, t.tensor_type), t.name).weights
+        sd[names[t.name]] = torch.from_numpy(np.array(w, dtype))
+    missing = model.load_state_dict(sd, strict=False).missing_keys
+    assert set(missing) <= {"lm_head.weight"} if ids is not None else not missing, missing
+    return model

@@ -174,38 +174,6 @@ def test_layer_by_layer_runs_serve_layers_of_different_block_formats(monkeypatch
     assert sum(1 for key in rt.layerwise()._sessions if key[0] == "block_in") == len(layouts)
 
 
-def dequantised_llama(path, shape: dict, layers: int | None = None, ids=None):
-    """transformers' LlamaForCausalLM (eager attention, float64) on gguf's de-quantisation of a Llama GGUF file's
-    tensors, q/k rows un-permuted by transformers' own GGUF tensor processor; layers: the first this many only; ids:
-    the embedding's rows for these token ids only (a vocabulary of len(ids), token i = ids[i]: an 8B file's full
-    embedding is 2 GB of float32), and no LM head."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
-
-    from bench.checkpoints import GGUF_NAMES
-
-    shape = dict(shape) | ({"num_hidden_layers": layers} if layers else {}) | (
-        {"vocab_size": len(ids), "tie_word_embeddings": False} if ids is not None else {})
-    model = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="eager")).to(torch.float64).eval()
-    heads = LlamaTensorProcessor(config={"num_attention_heads": shape["num_attention_heads"],
-                                         "num_key_value_heads": shape["num_key_value_heads"]})
-    names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-             "output.weight": "lm_head.weight"} | {f"blk.{i}.{g}.weight": f"model.layers.{i}.{hf}.weight"
-                                                   for i in range(shape["num_hidden_layers"])
-                                                   for hf, g in GGUF_NAMES.items()}
-    sd = {}
-    for t in gguf.GGUFReader(path).tensors:
-        if t.name not in names or (ids is not None and t.name == "output.weight"):
-            continue
-        data = t.data[np.asarray(ids)] if ids is not None and t.name == "token_embd.weight" else t.data
-        w = heads.process(gguf.quants.dequantize(data, t.tensor_type), t.name).weights
-        sd[names[t.name]] = torch.from_numpy(np.array(w, np.float64))
-    missing = model.load_state_dict(sd, strict=False).missing_keys
-    assert set(missing) <= {"lm_head.weight"} if ids is not None else not missing, missing
-    return model
-
-
 def test_a_random_q4_k_m_llama_file_equals_transformers(tmp_path, monkeypatch):
     """bench/checkpoints.llama_gguf's file, the 8B bench's family at a small size (Q4_K, and Q6_K for attn_v and
     ffn_down where llama.cpp's Q4_K_M puts it: layers of two layouts), served from its blocks, whole and layer by
@@ -218,7 +186,7 @@ def test_a_random_q4_k_m_llama_file_equals_transformers(tmp_path, monkeypatch):
     from attnscope.sources import gguf as gguf_source
     from attnscope.sources import resolve
 
-    from bench.checkpoints import SHAPES, llama_gguf, text
+    from bench.checkpoints import SHAPES, dequantised_llama, llama_gguf, text
 
     path = llama_gguf(tmp_path / "tiny.gguf", "tiny")
     kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
