@@ -8,6 +8,7 @@
     python bench/quantized.py                      # smollm2 gemma3
     python bench/quantized.py --models smollm2
     python bench/quantized.py --l8b                # an 8B Q4_K_M file of random blocks (flock /work/wt/heavy.lock)
+    python bench/quantized.py --l8b --warm --memory-mb 12000   # the same, warm, layer by layer (a smaller budget)
 
 --l8b: a Q4_K_M GGUF of random blocks in Llama 3.1 8B's shape (bench/checkpoints.llama_gguf: Q4_K, and Q6_K where
 llama.cpp's Q4_K_M puts it; 4.9 GB, written once under --folder, set-up time printed), served from its blocks by
@@ -154,9 +155,10 @@ def run(script: str, *args) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def l8b(folder: Path, memory_mb: float, shape: str = "l8b") -> None:
+def l8b(folder: Path, memory_mb: float, shape: str = "l8b", warm: bool = False) -> None:
     """The 8B Q4_K_M file: set-up, serving, speed against the FLOP bound, memory, and the first two layers against
-    transformers (see the module's docstring). shape: another of bench/checkpoints.SHAPES ("tiny": a dry run)."""
+    transformers (see the module's docstring). shape: another of bench/checkpoints.SHAPES ("tiny": a dry run); warm:
+    the cached blocks kept, served warm only, no check."""
     path = folder / f"{shape}-q4_k_m.gguf"
     t0 = time.perf_counter()
     fresh = not path.is_file()
@@ -165,9 +167,9 @@ def l8b(folder: Path, memory_mb: float, shape: str = "l8b") -> None:
     print(f"{shape} Q4_K_M GGUF: {path.stat().st_size / 2**30:.2f} GiB, "
           + (f"written in {time.perf_counter() - t0:.0f} s" if fresh else "already written"), flush=True)
     cache = folder / f"{shape}-q4_k_m-cache"
-    for f in cache.glob("*.safetensors"):
+    for f in () if warm else cache.glob("*.safetensors"):
         f.unlink()
-    for start in ("first", "warm"):
+    for start in ("warm",) if warm else ("first", "warm"):
         r = run(L8B_SERVE, path, cache, memory_mb)
         gflops = statistics.median(r["rates"])        # sgemm before and after each request, in the serving process
         bound = 2 * r["multiplied"] * r["tokens"] / (gflops * 1e9)
@@ -182,6 +184,8 @@ def l8b(folder: Path, memory_mb: float, shape: str = "l8b") -> None:
               f"({r['multiplied'] / 1e9:.2f}e9 multiplied parameters): {bound / median:.0%} of it; peak RSS "
               f"{gb(r['hwm'])}", flush=True)
     print(f"  blocks cache {sum(f.stat().st_size for f in cache.glob('*.safetensors')) / 2**30:.2f} GiB", flush=True)
+    if warm:
+        return
     c = run(L8B_CHECK, path, cache, shape)
     print(f"  first two layers against transformers (float32, gguf's de-quantisation): attention {c['attention']:.1e} "
           f"(mean row max {c['peaked']:.2f}), stream after layer 1 {c['stream']:.1e} (|x| up to "
@@ -196,9 +200,10 @@ def main():
                     help="where the 8B file and its blocks are written (~11 GB)")
     ap.add_argument("--memory-mb", type=float, default=0, help="the 8B server's memory budget (0: the default)")
     ap.add_argument("--shape", default="l8b", help="with --l8b: another shape of bench/checkpoints.py (tiny: a dry run)")
+    ap.add_argument("--warm", action="store_true", help="with --l8b: keep the cached blocks, serve warm only, no check")
     args = ap.parse_args()
     if args.l8b:
-        return l8b(args.folder, args.memory_mb, args.shape)
+        return l8b(args.folder, args.memory_mb, args.shape, args.warm)
     from attnscope.sources import zoo
     from attnscope.sources.gguf import F32_IN_MEMORY_BYTES
 

@@ -7,7 +7,9 @@ gguf's own de-quantiser (gguf.quants.dequantize) on random blocks:
   - the graph's embedding lookup (rows gathered and de-quantised in the graph) and a range of rows (the LM head's
     vocabulary chunks) equal the reference.
 And the zoo's GGUF models load in their blocks: no float32 copy of their weights in the cache, and a server process
-after loading holds less than their float32 weights.
+after loading holds less than their float32 weights; Gemma 3's layers of two block layouts run layer by layer (one
+layer graph per layout) as the float32 model does; and a random Q4_K_M Llama file written with gguf's GGUFWriter
+(bench/checkpoints.llama_gguf, the 8B bench's family at a small size) equals transformers on gguf's de-quantisation.
 """
 from __future__ import annotations
 
