@@ -213,3 +213,29 @@ def test_a_random_q4_k_m_llama_file_equals_transformers(tmp_path, monkeypatch):
     logits = out.logits[0, -1].numpy()
     np.testing.assert_allclose(res.next_token_logits, logits, atol=1e-4, rtol=0)
     np.testing.assert_allclose(lw.next_token_logits, logits, atol=1e-4, rtol=0)
+
+
+def test_the_blocks_cache_is_written_one_tensor_at_a_time(tmp_path):
+    """sources/safetensors.write_streamed (the GGUF cache's writer): arrays of mixed item sizes and odd lengths, given
+    one at a time, read back equal by the safetensors package and by our reader, each aligned to its item size (so
+    views need no copy), the metadata asked for after the last one."""
+    import ml_dtypes
+    from safetensors import safe_open
+
+    from attnscope.sources.safetensors import read_header, write_streamed
+
+    rng = np.random.default_rng(0)
+    arrays = {"codes": rng.integers(0, 256, (3, 5), dtype=np.uint8), "scales": rng.standard_normal((7, 3), np.float32),
+              "half": rng.standard_normal(5).astype(np.float16), "more": rng.integers(0, 256, 9, dtype=np.uint8),
+              "bf": rng.standard_normal((2, 3)).astype(ml_dtypes.bfloat16)}
+    seen = []
+    path = tmp_path / "w.safetensors"
+    write_streamed(path, ((n, seen.append(n) or a) for n, a in arrays.items()), lambda: {"n": str(len(seen))})
+    assert not list(tmp_path.glob("w.safetensors.*"))                # the side files are gone
+    with safe_open(path, "np") as f:
+        assert f.metadata() == {"n": "5"}
+        assert all(np.array_equal(f.get_tensor(n), a) for n, a in arrays.items() if n != "bf")
+    data = path.read_bytes()
+    for name, t in read_header(path).items():
+        assert t.start % arrays[name].dtype.itemsize == 0
+        assert data[t.start:t.end] == arrays[name].tobytes()
