@@ -38,6 +38,10 @@ SHAPES = {
                 rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                   original_max_position_embeddings=8192)),
     # Llama 3.1 8B (meta-llama/Llama-3.1-8B): untied LM head, RoPE scaling llama3 (factor 8 from 8192)
+    # a small model of the same family, for tests of the GGUF writer's files (K-quants: dimensions multiples of 256)
+    "tiny": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=768, vocab_size=384, tie_word_embeddings=False, rope_theta=500000.0,
+                 max_position_embeddings=8192, rms_norm_eps=1e-5, head_dim=64, rope_scaling=None),
     "l8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                 intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False, rope_theta=500000.0,
                 max_position_embeddings=131072, rms_norm_eps=1e-5, head_dim=128,
@@ -225,3 +229,148 @@ def widened(source: str | Path, folder: str | Path) -> Path:
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     done.write_text(str(source.resolve()))
     return folder
+
+
+# ---- GGUF files of random blocks (issue 49) --------------------------------------------------------------------------
+GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
+def q4_k_m_type(name: str, layers: int) -> str:
+    """The ggml type llama.cpp's Q4_K_M gives a Llama tensor (llama-quant.cpp, llama_tensor_get_type): norms F32;
+    the output Q6_K; attn_v and ffn_down Q6_K in the layers where it "uses more bits" (the first and last eighth, and
+    every third between), else Q4_K; everything else (token_embd too) Q4_K."""
+    if name.endswith("norm.weight"):
+        return "F32"
+    if name == "output.weight":
+        return "Q6_K"
+    if name.endswith(("attn_v.weight", "ffn_down.weight")):
+        i = int(name.split(".")[1])
+        more = i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2
+        return "Q6_K" if more else "Q4_K"
+    return "Q4_K"
+
+
+def random_k_blocks(kind: str, rows: int, cols: int, std: float, rng) -> np.ndarray:
+    """[rows, cols / 256 * type size] random but sane blocks of a K-quant whose values have about this standard
+    deviation and mean 0: random codes, small finite float16 scales (each super-block's d jittered by exp(0.2 N)).
+      Q4_K  w = d * sc * q - dmin * m, q uniform in 0..15; every sub-block's sc = 8 and m = 15 (the 12 scale bytes
+            8 x 4, 15 x 4, 8 | 15 << 4 x 4), dmin = 4 d: w = d (8 q - 60), std 36.9 d
+      Q6_K  w = d * sc * (q - 32), q uniform in 0..63 (std 18.5), sc int8 uniform in 8..23 (rms 16.2)"""
+    import gguf
+
+    _, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
+    n = rows * (cols // 256)
+    b = np.frombuffer(rng.bytes(n * size), np.uint8).reshape(n, size).copy()
+    spread = 36.9 if kind == "Q4_K" else 18.5 * 16.2
+    d = (std / spread * np.exp(0.2 * rng.standard_normal(n))).astype(np.float16)
+    if kind == "Q4_K":
+        b[:, 0:2] = d.view(np.uint8).reshape(n, 2)
+        b[:, 2:4] = (d * np.float16(4)).view(np.uint8).reshape(n, 2)
+        b[:, 4:8], b[:, 8:12], b[:, 12:16] = 8, 15, 8 | 15 << 4
+    elif kind == "Q6_K":
+        b[:, 192:208] = rng.integers(8, 24, (n, 16), dtype=np.uint8)
+        b[:, 208:210] = d.view(np.uint8).reshape(n, 2)
+    else:
+        raise ValueError(f"random blocks of {kind} are not written here")
+    return b.reshape(rows, -1)
+
+
+def llama_gguf(path: str | Path, name: str, seed: int = 0, progress=None) -> Path:
+    """A Q4_K_M GGUF file of random blocks in SHAPES[name]'s shapes (Llama metadata, a byte-level vocabulary as
+    byte_tokenizer's: no merges, no BOS added), written with gguf's GGUFWriter one tensor at a time (an 8B file's
+    4.9 GB never sit in memory). Types as llama.cpp's Q4_K_M (q4_k_m_type); standard deviations as std_of's (queries
+    and keys wide: peaked attention); norms 1 + N(0, 0.1^2). No RoPE scaling (GGUF files carry Llama 3.1's as a
+    rope_freqs tensor, which sources/gguf.py refuses). Written once: an existing file is kept. progress(name) after
+    each tensor."""
+    import gguf
+
+    from attnscope.sources.tokens import bytes_to_unicode
+
+    path = Path(path)
+    if path.is_file():
+        return path
+    shape = SHAPES[name]
+    L, d, V = shape["num_hidden_layers"], shape["hidden_size"], shape["vocab_size"]
+    hf = tensors(shape)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    for hf_name in hf:
+        if hf_name.startswith("model.layers."):
+            i, rest = hf_name.split(".")[2], hf_name.split(".", 3)[3].rsplit(".", 1)[0]
+            names[hf_name] = f"blk.{i}.{GGUF_NAMES[rest]}.weight"
+    bos, eos = (BOS, EOS) if V > EOS else (V - 2, V - 1)
+    alphabet = bytes_to_unicode()
+    tokens = [alphabet[b] for b in range(256)] + [f"<unused_{i}>" for i in range(256, V)]
+    tokens[bos], tokens[eos] = "<|begin_of_text|>", "<|end_of_text|>"
+    w = gguf.GGUFWriter(path.with_suffix(".tmp"), "llama")
+    w.add_block_count(L)
+    w.add_context_length(shape["max_position_embeddings"])
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(shape["intermediate_size"])
+    w.add_head_count(shape["num_attention_heads"])
+    w.add_head_count_kv(shape["num_key_value_heads"])
+    w.add_rope_dimension_count(shape["head_dim"])
+    w.add_rope_freq_base(shape["rope_theta"])
+    w.add_layer_norm_rms_eps(shape["rms_norm_eps"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if i in (bos, eos) else 1 for i in range(V)])
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(False)
+    kinds = {hf_name: q4_k_m_type(g_name, L) for hf_name, g_name in names.items()}
+    for hf_name, size in hf.items():
+        kind = gguf.GGMLQuantizationType[kinds[hf_name]]
+        block, type_size = gguf.GGML_QUANT_SIZES[kind]
+        nbytes = int(np.prod(size)) // block * type_size
+        w.add_tensor_info(names[hf_name], size, np.dtype(np.float32), nbytes, raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for hf_name, size in hf.items():
+        h = int.from_bytes(hashlib.sha256(f"{seed}:{hf_name}".encode()).digest()[:8], "little")
+        rng = np.random.default_rng(h)
+        if kinds[hf_name] == "F32":
+            w.write_tensor_data((1 + 0.1 * rng.standard_normal(size)).astype(np.float32))
+        else:
+            w.write_tensor_data(random_k_blocks(kinds[hf_name], *size, std_of(hf_name, d), rng))
+        if progress:
+            progress(names[hf_name])
+    w.close()
+    path.with_suffix(".tmp").replace(path)
+    return path
+
+
+def dequantised_llama(path, shape: dict, layers: int | None = None, ids=None, dtype: str = "float64"):
+    """transformers' LlamaForCausalLM (eager attention, in `dtype`) on gguf's de-quantisation of a Llama GGUF file's
+    tensors, q/k rows un-permuted by transformers' own GGUF tensor processor; layers: the first this many only; ids:
+    the embedding's rows for these token ids only (a vocabulary of len(ids), token i = ids[i]: an 8B file's full
+    embedding is 2 GB of float32), and no LM head."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    import gguf
+
+    shape = dict(shape) | ({"num_hidden_layers": layers} if layers else {}) | (
+        {"vocab_size": len(ids), "tie_word_embeddings": False} if ids is not None else {})
+    model = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="eager")).to(getattr(torch, dtype)).eval()
+    heads = LlamaTensorProcessor(config={"num_attention_heads": shape["num_attention_heads"],
+                                         "num_key_value_heads": shape["num_key_value_heads"]})
+    names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+             "output.weight": "lm_head.weight"} | {f"blk.{i}.{g}.weight": f"model.layers.{i}.{hf}.weight"
+                                                   for i in range(shape["num_hidden_layers"])
+                                                   for hf, g in GGUF_NAMES.items()}
+    sd = {}
+    for t in gguf.GGUFReader(path).tensors:
+        if t.name not in names or (ids is not None and t.name == "output.weight"):
+            continue
+        data = t.data[np.asarray(ids)] if ids is not None and t.name == "token_embd.weight" else t.data
+        w = heads.process(gguf.quants.dequantize(data, t.tensor_type), t.name).weights
+        sd[names[t.name]] = torch.from_numpy(np.array(w, dtype))
+    missing = model.load_state_dict(sd, strict=False).missing_keys
+    assert set(missing) <= {"lm_head.weight"} if ids is not None else not missing, missing
+    return model

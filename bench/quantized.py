@@ -7,22 +7,35 @@
 
     python bench/quantized.py                      # smollm2 gemma3
     python bench/quantized.py --models smollm2
+    python bench/quantized.py --l8b                # an 8B Q4_K_M file of random blocks (flock /work/wt/heavy.lock)
+    python bench/quantized.py --l8b --warm --memory-mb 12000   # the same, warm, layer by layer (a smaller budget)
 
-Not done here (issue 49, left open): the 8B Q4_K_M file of random blocks in Llama 3.1 8B's shape.
+--l8b: a Q4_K_M GGUF of random blocks in Llama 3.1 8B's shape (bench/checkpoints.llama_gguf: Q4_K, and Q6_K where
+llama.cpp's Q4_K_M puts it; 4.9 GB, written once under --folder, set-up time printed), served from its blocks by
+the Python API in a process of its own: load (first: the blocks re-laid out and cached; then warm), the summaries of
+all 1,024 heads at 128 tokens (median of 3 fresh texts) as a ratio to the FLOP bound (2 x the multiplied parameters,
+the embedding lookup left out, x 128 tokens at the sgemm rate measured in the serving process before and after
+each request: the median), the peak RSS (VmHWM).
+And in another process its first two layers against transformers' Llama on gguf's de-quantisation of those layers
+(float32; the embedding's rows of the text's tokens only): the largest attention and residual-stream differences.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import sgemm_gflops  # noqa: E402
+from bench.checkpoints import llama_gguf  # noqa: E402
 
 TOKENS = 128
 CHILD = r"""
@@ -69,10 +82,128 @@ def child(model_id: str, cache: Path, in_memory: int = 0) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+L8B_SERVE = r"""
+import json, sys, time, statistics
+t0 = time.perf_counter()
+path, cache, memory_mb = sys.argv[1], sys.argv[2], float(sys.argv[3])
+from attnscope.app.settings import Settings
+from attnscope.python.local import Model
+from attnscope.model.weights import state_dict
+from bench.checkpoints import text
+from bench.common import sgemm_gflops
+def status(key):
+    for line in open('/proc/self/status'):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+m = Model(settings=Settings(models=[f"l8b={path}"], default_model="l8b", cache=cache,
+                            **({"memory_mb": memory_mb} if memory_mb else {})))
+rt = m.runtime
+load_s, rss_load, hwm_load = time.perf_counter() - t0, status('VmRSS:'), status('VmHWM:')
+sd = state_dict(rt.model)
+multiplied = sum(int(w.size) for name, w in sd.items() if name != "wte")
+times, rates = [], [sgemm_gflops(4096, 3)]                 # the machine's rate next to each request (shared)
+for i in range(4):                                           # a fresh text each time (the result cache)
+    t = text(128 + 7 * i)[7 * i:]
+    s = time.perf_counter()
+    a = m.attention(text=t, include=["summary"])
+    times.append(time.perf_counter() - s)
+    rates.append(sgemm_gflops(4096, 3))
+print(json.dumps(dict(load_s=load_s, rss_load=rss_load, hwm_load=hwm_load, hwm=status('VmHWM:'), multiplied=multiplied,
+                      rates=rates,
+                      tokens=len(rt.encode(t).ids), times=times, whole=rt.capabilities.stacked,
+                      layouts=len(set(rt.layerwise().layouts)))))
+"""
+L8B_CHECK = r"""
+import gc, json, sys
+import numpy as np, torch
+path, cache, shape = sys.argv[1], sys.argv[2], sys.argv[3]
+from attnscope.runtime.layerwise import Layerwise, Want
+from attnscope.runtime.runtime import Runtime
+from attnscope.sources import resolve
+from bench.checkpoints import SHAPES, dequantised_llama, text
+torch.set_num_threads(2)
+rt = Runtime(resolve(f"l8b={path}", cache=cache), cache_dir=cache)
+enc = rt.encode(text(128))
+H = rt.cfg.n_heads
+lw = Layerwise(rt, graphs=rt.layerwise()).forward(enc, want=Want((0, 1), tuple(range(H)), attention=True))
+ours = [lw.asked.attention[i].reshape(H, len(enc.ids), -1) for i in (0, 1)]
+stream = np.array(lw.checkpoints[2].array[0])                   # x entering layer 2: after the first two
+del lw, rt
+gc.collect()
+ids = sorted(set(enc.ids))
+ref = dequantised_llama(path, dict(SHAPES[shape], rope_scaling=None), layers=2, ids=ids, dtype="float32")
+kept = {}
+ref.model.layers[1].register_forward_hook(lambda mod, args, out: kept.setdefault("x", out[0] if isinstance(out, tuple) else out))
+with torch.no_grad():
+    out = ref(torch.tensor([[ids.index(i) for i in enc.ids]]), output_attentions=True)
+theirs = [out.attentions[i][0].numpy() for i in (0, 1)]
+print(json.dumps(dict(attention=max(float(np.abs(a - b).max()) for a, b in zip(ours, theirs)),
+                      stream=float(np.abs(stream - kept["x"][0].numpy()).max()),
+                      stream_scale=float(np.abs(stream).max()),
+                      peaked=float(np.mean([a.max(-1).mean() for a in theirs])))))
+"""
+
+
+def run(script: str, *args) -> dict:
+    """A child process (the bench's folder on its path): its last line's JSON."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(Path(__file__).resolve().parents[1])]))
+    out = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
+                         timeout=7200, env=env)
+    if out.returncode:
+        raise SystemExit(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def l8b(folder: Path, memory_mb: float, shape: str = "l8b", warm: bool = False) -> None:
+    """The 8B Q4_K_M file: set-up, serving, speed against the FLOP bound, memory, and the first two layers against
+    transformers (see the module's docstring). shape: another of bench/checkpoints.SHAPES ("tiny": a dry run); warm:
+    the cached blocks kept, served warm only, no check."""
+    path = folder / f"{shape}-q4_k_m.gguf"
+    t0 = time.perf_counter()
+    fresh = not path.is_file()
+    folder.mkdir(parents=True, exist_ok=True)
+    llama_gguf(path, shape)
+    print(f"{shape} Q4_K_M GGUF: {path.stat().st_size / 2**30:.2f} GiB, "
+          + (f"written in {time.perf_counter() - t0:.0f} s" if fresh else "already written"), flush=True)
+    cache = folder / f"{shape}-q4_k_m-cache"
+    for f in () if warm else cache.glob("*.safetensors"):
+        f.unlink()
+    for start in ("warm",) if warm else ("first", "warm"):
+        r = run(L8B_SERVE, path, cache, memory_mb)
+        gflops = statistics.median(r["rates"])        # sgemm before and after each request, in the serving process
+        bound = 2 * r["multiplied"] * r["tokens"] / (gflops * 1e9)
+        median = statistics.median(r["times"][1:])
+        print(f"  sgemm (NumPy, 4096^3 float32) around the requests: "
+              f"{', '.join(f'{g:.0f}' for g in r['rates'])} GFLOP/s, median {gflops:.0f}", flush=True)
+        gb = lambda b: f"{b / 2**30:.2f} GB"   # noqa: E731
+        print(f"  {start} load {r['load_s']:.0f} s (peak RSS {gb(r['hwm_load'])}, RSS {gb(r['rss_load'])}); run "
+              f"{'whole' if r['whole'] else 'layer by layer'}, {r['layouts']} layer layouts; summaries of all heads, "
+              f"{r['tokens']} tokens: {median:.1f} s (first {r['times'][0]:.1f} s; all "
+              f"{', '.join(f'{t:.1f}' for t in r['times'])}); FLOP bound {bound:.1f} s "
+              f"({r['multiplied'] / 1e9:.2f}e9 multiplied parameters): {bound / median:.0%} of it; peak RSS "
+              f"{gb(r['hwm'])}", flush=True)
+    print(f"  blocks cache {sum(f.stat().st_size for f in cache.glob('*.safetensors')) / 2**30:.2f} GiB", flush=True)
+    if warm:
+        return
+    c = run(L8B_CHECK, path, cache, shape)
+    print(f"  first two layers against transformers (float32, gguf's de-quantisation): attention {c['attention']:.1e} "
+          f"(mean row max {c['peaked']:.2f}), stream after layer 1 {c['stream']:.1e} (|x| up to "
+          f"{c['stream_scale']:.1f})", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
+    ap.add_argument("--l8b", action="store_true", help="the 8B Q4_K_M file instead of the zoo's")
+    ap.add_argument("--folder", type=Path, default=Path.home() / ".cache" / "attnscope-bench",
+                    help="where the 8B file and its blocks are written (~11 GB)")
+    ap.add_argument("--memory-mb", type=float, default=0, help="the 8B server's memory budget (0: the default)")
+    ap.add_argument("--shape", default="l8b", help="with --l8b: another shape of bench/checkpoints.py (tiny: a dry run)")
+    ap.add_argument("--warm", action="store_true", help="with --l8b: keep the cached blocks, serve warm only, no check")
     args = ap.parse_args()
+    if args.l8b:
+        return l8b(args.folder, args.memory_mb, args.shape, args.warm)
     from attnscope.sources import zoo
     from attnscope.sources.gguf import F32_IN_MEMORY_BYTES
 

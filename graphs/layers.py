@@ -41,6 +41,15 @@ def build_final(model: Transformer, lm: bool = True) -> onnx.ModelProto:
     return pruned(model_proto(g, inputs + g.inputs, outputs, "attnscope-final"))
 
 
+BLOCK_HALVES = ("block_in", "block_out", "wide_block_in", "wide_block_out")   # runtime/layerwise.py's names
+
+
+def weighted(which) -> bool:
+    """Whether a layer-by-layer graph (runtime/layerwise.Layerwise.session's name for it) binds a block's weights: one
+    graph per layout (model/weights.block_layouts)."""
+    return which in BLOCK_HALVES or (isinstance(which, tuple) and which[0] == "layer")
+
+
 def _halves(model: Transformer, i: int, wide: bool = False) -> tuple[Graph, Graph]:
     """Block i's attention inputs and its output, each as a graph reading the block's arrays as "block.*" inputs
     (wide: narrower float ones bound widened, builder.Graph's `wide`)."""
@@ -66,12 +75,14 @@ def _halves(model: Transformer, i: int, wide: bool = False) -> tuple[Graph, Grap
     return first, second
 
 
-def build_block_halves(model: Transformer, wide: bool = False) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+def build_block_halves(model: Transformer, wide: bool = False, layer: int = 0
+                       ) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """The block before its attention (x, start -> q, k, v [B, H, T, dh]: x holds positions start.. of the text, whose
-    RoPE turns q and k; a model without RoPE has no input start) and after it (x, ctx, head_mask, head_mean
-    [B, H], lengths -> x_next), for every layer: bind model/weights.block_arrays(model, i) for layer i (wide: its
-    bfloat16 or float16 arrays as float32 inputs, bound widened: runtime/tensors.Weights.widening)."""
-    first, second = _halves(model, 0, wide)
+    RoPE turns q and k; a model without RoPE has no input start) and after it (x, ctx, head_mask, head_mean [B, H],
+    lengths -> x_next), for every layer of `layer`'s layout (model/weights.block_layouts: one graph per
+    layout): bind model/weights.block_arrays(model, i) for layer i (wide: its bfloat16 or float16 arrays as float32
+    inputs, bound widened: runtime/tensors.Weights.widening)."""
+    first, second = _halves(model, layer, wide)
     f, heads = FLOAT, ["batch", model.cfg.n_heads, "tokens", model.cfg.d_head]
     return (pruned(model_proto(first, first.inputs, [helper.make_tensor_value_info(n, f, heads) for n in "qkv"],
                            "attnscope-block-in")),
@@ -117,22 +128,39 @@ def build_attend(model: Transformer, outputs, causal: bool, block: bool = False)
     return pruned(model_proto(g, g.inputs, _outputs(g, made, ("ctx",) + tuple(outputs)), "attnscope-attend"))
 
 
-def build_layer(model: Transformer, outputs, causal: bool) -> onnx.ModelProto:
+def build_layer(model: Transformer, outputs, causal: bool, layer: int = 0) -> onnx.ModelProto:
     """A whole block in one graph, the three above joined where a run's heads are one group (on a GPU, where each
     run costs a launch and a synchronisation: one run a layer instead of three): x [B, T, D], attention_mask,
     head_mask, head_mean [B, H], lengths -> x_next and the reductions.OUTPUTS asked of all heads: the one block
     builder's (steps.transformer_block), the same steps as block_in's, build_attend's, then block_out's, in the same
-    order (the same numbers: runtime/layerwise.py's fused walk)."""
+    order (the same numbers: runtime/layerwise.py's fused walk). Built from block `layer`: it serves the blocks of
+    its layout (model/weights.block_layouts)."""
     cfg, f = model.cfg, FLOAT
     _check(outputs)
-    g = Graph(identities(block_arrays(model, 0)))
+    g = Graph(identities(block_arrays(model, layer)))
     g.input("x", f, ["batch", "tokens", cfg.d_model])
     g.input("attention_mask", FLOAT, ["batch", "mask_heads", "tokens", "tokens"])
     for name in ("head_mask", "head_mean"):
         g.input(name, f, ["batch", cfg.n_heads])
     g.input("lengths", INT, ["batch"])
     T = g.slice(g.op("Shape", "x"), 1, 2, 0, hint="T")
-    x_next, st = transformer_block(g, model.blocks[0], cfg, "block", "x", "attention_mask", "head_mask", "head_mean",
-                                   position_weights(g, T), rope_tables(g, model, T, layer=0))
+    x_next, st = transformer_block(g, model.blocks[layer], cfg, "block", "x", "attention_mask", "head_mask",
+                                   "head_mean", position_weights(g, T), rope_tables(g, model, T, layer=layer))
     made = _reductions(g, st, outputs, causal) | {"x_next": x_next}
     return pruned(model_proto(g, g.inputs, _outputs(g, made, ("x_next",) + tuple(outputs)), "attnscope-layer"))
+
+
+def build(model: Transformer, which, layer: int = 0) -> onnx.ModelProto:
+    """The layer-by-layer graph runtime/layerwise.Layerwise.session names `which`: "embed", "final", "final_norm", a
+    BLOCK_HALVES name, or ("attend" | "attend_block" | "layer", outputs, causal); a graph binding a block's weights
+    (`weighted`) built from block `layer`, for the blocks of its layout."""
+    if which == "embed":
+        return build_embed(model)
+    if which in ("final", "final_norm"):              # final_norm: without the LM head (runtime/blocks.final_parts)
+        return build_final(model, which == "final")
+    if which in BLOCK_HALVES:                          # wide_: bfloat16 or float16 weights bound widened once
+        return build_block_halves(model, which.startswith("wide_"), layer)[which.endswith("out")]
+    kind, outputs, causal = which
+    if kind == "layer":
+        return build_layer(model, outputs, causal, layer)
+    return build_attend(model, outputs, causal, block=kind == "attend_block")

@@ -41,7 +41,9 @@ from ..model.precision import COMPUTE
 from ..analysis import thumbnails as thumbnails_
 from ..analysis.statistics import STATISTICS, TextKeys, visible_keys
 from ..graphs import layers
+from ..graphs.layers import weighted
 from ..graphs.reductions import key_input
+from ..model.weights import block_layouts
 from .results import Encoded, Encoding, NextToken
 from ..sources.store import release
 from .blocks import (BlockedLayer, _walk, blocked, by_tokens, checkpoint_spacing, exact_parts,  # noqa: F401
@@ -156,12 +158,13 @@ class Layerwise:
             raise ValueError(f"checkpoint_every must be >= 1; got {checkpoint_every}")
         self.rt, self.every, self.group_mb = rt, int(checkpoint_every), float(group_mb)
         self.fused = rt.weights.device != "cpu" if fused is None else bool(fused)
+        self.layouts = block_layouts(rt.model)    # layer -> the first layer of its layout (its graphs' key)
         if graphs is not None:
             self._sessions, self._lock, self.busy = graphs._sessions, graphs._lock, graphs.busy
             self.opened = graphs.opened
             return
         self.opened = False            # every graph a run may use is open (`open`): none is built after
-        self._sessions: dict[tuple[str, ...] | str, Session] = {}
+        self._sessions: dict[tuple | str, Session] = {}
         self._lock = threading.Lock()
         self.busy = threading.Lock()   # one layer-by-layer run of this model at a time: its memory is the bound
 
@@ -176,35 +179,29 @@ class Layerwise:
             return 1
         return min(H, max(1, math.ceil(H * T * T * COMPUTE.itemsize / (self.group_mb * 2**20))))
 
-    def session(self, which: str | tuple) -> Session:
+    def session(self, which: str | tuple, layer: int | None = None) -> Session:
         """"embed", "block_in", "block_out", "final", ("attend", outputs, causal) or ("layer", outputs, causal) (a
         whole block); built in memory on first use (the graphs are small: their weights are inputs), or, once `open`
         has run (a server's start), the open graph that serves it: an attend or layer graph not opened then is served
-        by the superset opened for it (`superset`), so no run builds a graph. Sessions take turns: none keeps a
-        planned memory block."""
-        sess = self._sessions.get(which)
+        by the superset opened for it (`superset`), so no run builds a graph. A graph binding a block's weights serves
+        one layout (model/weights.block_layouts): `layer`'s; layer None opens every layout's and returns layer 0's.
+        Sessions take turns: none keeps a planned memory block."""
+        if weighted(which) and layer is None:
+            for first in sorted(set(self.layouts)):
+                self.session(which, first)
+        key = (which, self.layouts[layer or 0]) if weighted(which) else which
+        sess = self._sessions.get(key)
         if sess is not None:
             return sess
         if self.opened and isinstance(which, tuple) and superset(which) != which:
-            return self.session(superset(which))
+            return self.session(superset(which), layer)
         with self._lock:
-            if which not in self._sessions:
-                model = self.rt.model
-                if which == "embed":
-                    proto = layers.build_embed(model)
-                elif which in ("final", "final_norm"):
-                    proto = layers.build_final(model, which == "final")
-                elif which in ("block_in", "block_out", "wide_block_in", "wide_block_out"):   # wide_: widened once
-                    proto = layers.build_block_halves(model, which.startswith("wide_"))[which.endswith("out")]
-                elif which[0] == "attend_block":
-                    proto = layers.build_attend(model, which[1], which[2], block=True)
-                else:                     # ("attend" or "layer", outputs, causal)
-                    build = layers.build_attend if which[0] == "attend" else layers.build_layer
-                    proto = build(model, which[1], which[2])
-                self._sessions[which] = Session(proto.SerializeToString(), self.rt.providers, self.rt.threads,
-                                                self.rt.weights, mem_pattern=False, arena=self.rt.capabilities.arena,
-                                                compute_dtype=self.rt.compute_dtype)
-            return self._sessions[which]
+            if key not in self._sessions:
+                proto = layers.build(self.rt.model, which, key[1] if weighted(which) else 0)
+                self._sessions[key] = Session(proto.SerializeToString(), self.rt.providers, self.rt.threads,
+                                              self.rt.weights, mem_pattern=False, arena=self.rt.capabilities.arena,
+                                              compute_dtype=self.rt.compute_dtype)
+            return self._sessions[key]
 
     def needed(self) -> list[str | tuple]:
         """The graphs every run of this model uses, opened at a server's start (`open`): the walk's own, the attend
@@ -253,7 +250,7 @@ class Layerwise:
         memory arena back afterwards; keep: outputs the walk feeds to its next graph, left on the device (Held:
         the residual stream, q, k, v, the heads' outputs). A superset's inputs that this run does not read get
         neutral values (unread)."""
-        sess, axes = self.session(which), run_axes(feeds)
+        sess, axes = self.session(which, layer), run_axes(feeds)
         missing = sess.inputs - set(sess.bound) - feeds.keys()
         if missing:
             feeds = feeds | unread_inputs(sess, missing, axes["tokens"])
@@ -465,6 +462,7 @@ class Layerwise:
                     progress(n + 1, len(steps))
         return replace(base, thumbnails=base.thumbnails | ({R: thumbnails} if R else {}),
                        asked=asked if want.block_outputs() or want.exact() else None, seconds=time.perf_counter() - t0)
+
 
 # What any request may ask of an attend graph beyond its rows (graphs/reductions.py OUTPUTS): a superset graph
 # computes them all, for the asked heads (none: empty), and a run reads the outputs it asked for.

@@ -37,8 +37,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .gguf_blocks import expressible, to_blocks
-from .safetensors import DTYPES, read_header
-from .store import mapped
+from .safetensors import DTYPES, read_header, write_streamed
+from .store import mapped, release
 from .spec import MAX_POSITIONS, Generation
 from .tokens import bytes_to_unicode
 from ..model.precision import scalar
@@ -231,10 +231,10 @@ def _rows_unpermuted(w, n_heads: int):
     return unpermute(w, n_heads)
 
 
-def read_weights(reader, cfg: TransformerConfig, progress=None) -> dict[str, np.ndarray | Blocks]:
+def read_weights(reader, cfg: TransformerConfig):
     """Every tensor as the model keeps it (read_tensor_of: quantised ones in their blocks), renamed to our flat
-    names, q/k rows un-permuted."""
-    sd = {}
+    names, q/k rows un-permuted: (name, weight) pairs, made one at a time, each tensor's pages of the file given back
+    once it is read (an 8B file's 4.9 GB are never in memory at once)."""
     gemma = cfg.mlp == "geglu"                  # Gemma 3: its own names, no q/k permutation
     block_names = GEMMA3_BLOCK_NAMES if gemma else BLOCK_NAMES
     for t in reader.tensors:
@@ -243,20 +243,16 @@ def read_weights(reader, cfg: TransformerConfig, progress=None) -> dict[str, np.
             _, layer, rest = t.name.split(".", 2)
             if rest not in block_names:
                 raise ValueError(f"unexpected tensor {t.name} in a {'Gemma 3' if gemma else 'Llama'} GGUF file")
-            if rest == "attn_q.weight" and not gemma:
-                w = _rows_unpermuted(w, cfg.n_heads)
-            elif rest == "attn_k.weight" and not gemma:
-                w = _rows_unpermuted(w, cfg.n_kv_heads)
-            sd[f"blocks.{layer}.{block_names[rest]}"] = w
+            if rest in ("attn_q.weight", "attn_k.weight") and not gemma:
+                w = _rows_unpermuted(w, cfg.n_heads if rest == "attn_q.weight" else cfg.n_kv_heads)
+            yield f"blocks.{layer}.{block_names[rest]}", w
         elif t.name in TOP_NAMES:
-            sd[TOP_NAMES[t.name]] = w
+            yield TOP_NAMES[t.name], w
         else:   # e.g. rope_freqs (Llama 3's scaled RoPE): not supported in GGUF files, and never silently dropped
             raise ValueError(f"unexpected tensor {t.name} in a Llama GGUF file" + (
                 " (Llama 3.x RoPE scaling: supported from a Hugging Face folder's rope_parameters, not from GGUF "
                 "files yet)" if t.name.startswith("rope_freqs") else ""))
-        if progress:
-            progress(1)
-    return sd
+        release([t.data])                       # a view of it (F32) reads its pages again when touched
 
 
 KEY_BYTES = 1 << 24   # the cache key reads this many bytes at each end of a GGUF file, and its size
@@ -326,7 +322,6 @@ def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) ->
     written to <cache>/<file name>-<key>.safetensors on the first call, and afterwards the model reads them from
     there as views of the mapped file (sources/store.py: nothing copied, pages read when used)."""
     from safetensors import safe_open
-    from safetensors.numpy import save_file
     from tqdm import tqdm
 
     path = Path(path)
@@ -339,27 +334,32 @@ def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) ->
             sd = _from_cache(cached, quantised)
         except Exception:  # noqa: BLE001 - a truncated or foreign file: build it again below
             cached.unlink(missing_ok=True)
-            sd = None
     if sd is None:
         reader = GGUFFile(path)
-        cfg = gguf_config(reader)
-        with tqdm(total=len(reader.tensors), desc=f"{desc or path.stem}: reading GGUF blocks", unit="tensor",
-                  leave=False) as bar:
-            sd = read_weights(reader, cfg, progress=bar.update)
-        if cached is not None:
-            quantised = {name: [w.bits, w.block] for name, w in sd.items() if isinstance(w, Blocks)}
-            meta = {"config": json.dumps(asdict(cfg)), "blocks": json.dumps(quantised)}
-            _write_atomically(cached, lambda tmp: save_file(expand(sd), tmp, metadata=meta),
-                              stale=f"{path.stem}-*.safetensors")   # keep only the current one
-            sd = _from_cache(cached, quantised)                      # the views, not the copies
+        cfg, quantised = gguf_config(reader), {}
+        bar = tqdm(total=len(reader.tensors), desc=f"{desc or path.stem}: reading GGUF blocks", unit="tensor",
+                   leave=False)
+
+        def parts():                                 # each weight's arrays, written as it is read, then dropped
+            for name, w in read_weights(reader, cfg):
+                quantised.update({name: [w.bits, w.block]} if isinstance(w, Blocks) else {})
+                yield from expand({name: w}).items()
+                bar.update(1)
+        with bar:
+            if cached is None:
+                sd = dict(read_weights(reader, cfg))
+            else:
+                meta = lambda: {"config": json.dumps(asdict(cfg)), "blocks": json.dumps(quantised)}   # noqa: E731
+                _write_atomically(cached, lambda tmp: write_streamed(tmp, parts(), meta),
+                                  stale=f"{path.stem}-*.safetensors")   # keep only the current one
+                sd = _from_cache(cached, quantised)                      # views of the file
     return load_state_dict(Transformer(cfg, seed=None), in_memory(sd))
 
 
 # A GGUF model whose float32 weights come to at most this keeps them de-quantised in memory (once, at load; the cache
-# holds the blocks, never a float32 copy): onnxruntime's CPU MatMulNBits ran SmolLM2's forward at half the float32
-# rate (2.2 s against 1.0 s at 380 tokens, measured on this project's 2-core machine; its 8-bit codes at 61-81 GFLOP/s
-# against a float32 MatMul's 136-153), and a small model's float32 copy costs little. A bigger one multiplies its
-# blocks (an 8B Q4_K_M: 4.9 GB in blocks against 32 GB). tests/test_gguf_blocks.py serves the zoo's so, with this at 0.
+# holds the blocks, never a float32 copy): onnxruntime's CPU MatMulNBits is slower than a float32 MatMul (SmolLM2's
+# summaries at 128 tokens 3.8x: bench/quantized.py), and a small model's float32 copy costs little. A bigger one
+# multiplies its blocks (an 8B Q4_K_M: 6 GB in blocks against 32 GB). tests/test_gguf_blocks.py serves the zoo's so.
 F32_IN_MEMORY_BYTES = 2 << 30
 
 
@@ -461,7 +461,7 @@ def gguf_tokenizer(path, cache: str | Path | None = None):
         raise ValueError(f"only byte-level BPE GGUF tokenizers (tokenizer.ggml.model 'gpt2') and Gemma 3's "
                          f"are supported; this file's is {kind!r}")
     else:
-        tok = build_tokenizer(tokens, reader.fields.get("tokenizer.ggml.merges"), types,
+        tok = build_tokenizer(tokens, reader.fields.get("tokenizer.ggml.merges", []), types,   # none: bytes alone
                               reader.fields.get("tokenizer.ggml.pre"))
     if reader.fields.get("tokenizer.ggml.add_bos_token"):
         if arch != "gemma3":

@@ -89,3 +89,39 @@ def weight_files(folder: Path) -> list[Path]:
     found = f"found only {', '.join(others[:3])}; attnscope reads safetensors" if others else "found no weights"
     raise ModelUnavailable(f"no model.safetensors in {folder} ({found}); fix: save it with "
                            f"model.save_pretrained(folder) (safetensors is its default)")
+
+
+def write_streamed(path: Path, named, metadata) -> None:
+    """A .safetensors file from (name, array) pairs made one at a time (an 8B GGUF file's blocks: GBs that are never
+    in memory at once). Each array goes to a side file of its item size as it comes; then the header (which names
+    every offset, and `metadata()`, called once every pair is written) is written, and the side files joined after
+    it, widest items first, so that every tensor starts aligned to its item size and the data has no holes."""
+    import shutil
+
+    names = {dtype: name for name, dtype in DTYPES.items()} | {np.dtype(np.uint8): "U8"}
+    sides, entries = {}, {}
+    try:
+        for name, a in named:
+            a = np.ascontiguousarray(a)
+            side = sides.get(a.dtype.itemsize)
+            if side is None:
+                side = sides[a.dtype.itemsize] = open(path.with_name(f"{path.name}.{a.dtype.itemsize}"), "w+b")
+            entries[name] = (a.dtype.itemsize, side.tell(), names[a.dtype], list(a.shape))
+            a.reshape(-1).view(np.uint8).tofile(side)
+        starts, at = {}, 0
+        for size in sorted(sides, reverse=True):
+            starts[size], at = at, at + sides[size].tell()
+        header = {"__metadata__": metadata()} | {name: {"dtype": dtype, "shape": shape, "data_offsets": [
+            starts[size] + offset, starts[size] + offset + math.prod(shape) * size]}
+            for name, (size, offset, dtype, shape) in entries.items()}
+        blob = json.dumps(header, separators=(",", ":")).encode()
+        blob += b" " * (-len(blob) % 8)
+        with open(path, "wb") as out:
+            out.write(len(blob).to_bytes(8, "little") + blob)
+            for size in sorted(sides, reverse=True):
+                sides[size].seek(0)
+                shutil.copyfileobj(sides[size], out, 1 << 24)
+    finally:
+        for size, side in sides.items():
+            side.close()
+            Path(side.name).unlink(missing_ok=True)

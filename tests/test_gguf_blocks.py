@@ -7,7 +7,9 @@ gguf's own de-quantiser (gguf.quants.dequantize) on random blocks:
   - the graph's embedding lookup (rows gathered and de-quantised in the graph) and a range of rows (the LM head's
     vocabulary chunks) equal the reference.
 And the zoo's GGUF models load in their blocks: no float32 copy of their weights in the cache, and a server process
-after loading holds less than their float32 weights.
+after loading holds less than their float32 weights; Gemma 3's layers of two block layouts run layer by layer (one
+layer graph per layout) as the float32 model does; and a random Q4_K_M Llama file written with gguf's GGUFWriter
+(bench/checkpoints.llama_gguf, the 8B bench's family at a small size) equals transformers on gguf's de-quantisation.
 """
 from __future__ import annotations
 
@@ -140,3 +142,100 @@ def test_zoo_gguf_models_are_served_from_their_blocks(model_id, tmp_path, monkey
     assert out.returncode == 0, out.stderr[-2000:]
     rss = int(out.stdout.split()[-1])
     assert rss < f32_bytes, f"RSS {rss / 2**20:.0f} MB after loading, float32 weights {f32_bytes / 2**20:.0f} MB"
+
+
+def test_layer_by_layer_runs_serve_layers_of_different_block_formats(monkeypatch):
+    """Gemma 3's Q4_K_M file holds mlp.down in Q4_K in some layers and in Q6_K in others (other bits and block
+    sizes): a layer-by-layer run in blocks builds one layer graph per layout (model/weights.block_layouts), the three
+    graphs a block and the fused one alike, and gives the float32 model's stacked answer (the same weights,
+    de-quantised in memory at load)."""
+    from attnscope.runtime.layerwise import Layerwise, Want
+    from attnscope.runtime.runtime import Runtime
+    from attnscope.sources import gguf as gguf_source
+    from attnscope.sources import zoo
+
+    from .conftest import CACHE
+
+    text = "The quick brown fox jumps over the lazy dog, and the dog sleeps on."
+    f32 = Runtime(zoo.get("gemma3"), cache_dir=CACHE)
+    ref = f32(text)
+    del f32
+    monkeypatch.setattr(gguf_source, "F32_IN_MEMORY_BYTES", 0)
+    rt = Runtime(zoo.get("gemma3"), cache_dir=CACHE)
+    assert isinstance(rt.model.blocks[0].mlp.down.weight, Blocks)
+    layouts = sorted(set(Layerwise(rt).layouts))
+    assert len(layouts) > 1
+    assert {rt.model.blocks[i].mlp.down.weight.bits for i in layouts} == {4, 8}
+    L, H = rt.cfg.n_layers, rt.cfg.n_heads
+    for fused in (False, True):
+        lw = Layerwise(rt, graphs=rt.layerwise(), fused=fused).forward(
+            rt.encode(text), want=Want(layers=tuple(range(L)), heads=tuple(range(H)), attention=True))
+        got = np.stack([lw.asked.attention[layer].reshape(ref.attentions[layer].shape) for layer in range(L)])
+        np.testing.assert_allclose(got, ref.attentions, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(lw.next_token_logits, ref.next_token_logits, atol=1e-4, rtol=0)
+    assert sum(1 for key in rt.layerwise()._sessions if key[0] == "block_in") == len(layouts)
+
+
+def test_a_random_q4_k_m_llama_file_equals_transformers(tmp_path, monkeypatch):
+    """bench/checkpoints.llama_gguf's file, the 8B bench's family at a small size (Q4_K, and Q6_K for attn_v and
+    ffn_down where llama.cpp's Q4_K_M puts it: layers of two layouts), served from its blocks, whole and layer by
+    layer: every layer's attention and the next-token logits equal transformers' Llama on gguf's de-quantisation
+    (float64) within 1e-4, with peaked attention."""
+    import torch
+
+    from attnscope.runtime.layerwise import Layerwise, Want
+    from attnscope.runtime.runtime import Runtime
+    from attnscope.sources import gguf as gguf_source
+    from attnscope.sources import resolve
+
+    from bench.checkpoints import SHAPES, dequantised_llama, llama_gguf, text
+
+    path = llama_gguf(tmp_path / "tiny.gguf", "tiny")
+    kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert kinds["blk.2.ffn_down.weight"] == kinds["blk.3.attn_v.weight"] == kinds["output.weight"] == "Q6_K"
+    assert kinds["blk.0.ffn_down.weight"] == kinds["blk.1.attn_q.weight"] == kinds["token_embd.weight"] == "Q4_K"
+    monkeypatch.setattr(gguf_source, "F32_IN_MEMORY_BYTES", 0)
+    rt = Runtime(resolve(f"tiny={path}", cache=tmp_path), cache_dir=tmp_path)
+    assert isinstance(rt.model.blocks[2].mlp.down.weight, Blocks) and rt.model.blocks[2].mlp.down.weight.bits == 8
+    enc = rt.encode(text(60))
+    res = rt(text(60))
+    L, H = rt.cfg.n_layers, rt.cfg.n_heads
+    lw = Layerwise(rt, graphs=rt.layerwise()).forward(enc, want=Want(tuple(range(L)), tuple(range(H)), attention=True))
+
+    ref = dequantised_llama(path, SHAPES["tiny"])
+    with torch.no_grad():
+        out = ref(torch.tensor([enc.ids]), output_attentions=True)
+    want = np.stack([a[0].numpy() for a in out.attentions])                      # [L, H, T, T]
+    assert want.max(-1).mean() >= 0.5                                             # peaked: the check means something
+    np.testing.assert_allclose(res.attentions.reshape(want.shape), want, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(np.stack([lw.asked.attention[i].reshape(want.shape[1:]) for i in range(L)]), want,
+                               atol=1e-4, rtol=0)
+    logits = out.logits[0, -1].numpy()
+    np.testing.assert_allclose(res.next_token_logits, logits, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(lw.next_token_logits, logits, atol=1e-4, rtol=0)
+
+
+def test_the_blocks_cache_is_written_one_tensor_at_a_time(tmp_path):
+    """sources/safetensors.write_streamed (the GGUF cache's writer): arrays of mixed item sizes and odd lengths, given
+    one at a time, read back equal by the safetensors package and by our reader, each aligned to its item size (so
+    views need no copy), the metadata asked for after the last one."""
+    import ml_dtypes
+    from safetensors import safe_open
+
+    from attnscope.sources.safetensors import read_header, write_streamed
+
+    rng = np.random.default_rng(0)
+    arrays = {"codes": rng.integers(0, 256, (3, 5), dtype=np.uint8), "scales": rng.standard_normal((7, 3), np.float32),
+              "half": rng.standard_normal(5).astype(np.float16), "more": rng.integers(0, 256, 9, dtype=np.uint8),
+              "bf": rng.standard_normal((2, 3)).astype(ml_dtypes.bfloat16)}
+    seen = []
+    path = tmp_path / "w.safetensors"
+    write_streamed(path, ((n, seen.append(n) or a) for n, a in arrays.items()), lambda: {"n": str(len(seen))})
+    assert not list(tmp_path.glob("w.safetensors.*"))                # the side files are gone
+    with safe_open(path, "np") as f:
+        assert f.metadata() == {"n": "5"}
+        assert all(np.array_equal(f.get_tensor(n), a) for n, a in arrays.items() if n != "bf")
+    data = path.read_bytes()
+    for name, t in read_header(path).items():
+        assert t.start % arrays[name].dtype.itemsize == 0
+        assert data[t.start:t.end] == arrays[name].tobytes()
