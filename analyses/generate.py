@@ -254,8 +254,9 @@ def plan(ctx: Context, req: GenerateRequest) -> GeneratePlan:
     T, room = len(enc.ids), rt.spec.max_tokens
     if enc.truncated or T + req.max_new_tokens > room:
         raise Refused(f"the prompt is {'over ' if enc.truncated else ''}{T} tokens and {req.max_new_tokens} new "
-                      f"ones would pass {rt.spec.id}'s {room} (its max_tokens): ask for at most "
-                      f"{max(room - T, 0)} new tokens, or shorten the prompt")
+                      f"ones would pass {rt.spec.id}'s {room} (its max_tokens; it has {rt.cfg.max_positions} "
+                      f"positions): ask for at most {max(room - T, 0)} new tokens, or shorten the prompt")
+    checks.long_text(rt, T)                  # the prompt's run fits here (422 naming the longest prompt that fits)
     cfg = rt.cfg
     policy = cache_policy(req.kv_cache)
     rows = 1 if isinstance(policy, kv_policies.Full) else 2     # a policy runs the full cache alongside

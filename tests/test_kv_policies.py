@@ -188,3 +188,25 @@ def test_the_python_api_and_the_mcp_tool_take_kv_cache(local_smollm2):
     assert done["kv_cache"]["policy"] == kv and len(g.tokens) == 3 and "kv_cache" in g.tokens[1]
     out = tool(local_smollm2, TEXT, max_new_tokens=3, kv_cache=H2OCache(**kv))
     assert out["kv_cache"]["top1_agreement"] == done["kv_cache"]["top1_agreement"] and "kl" in out["tokens"][0]
+
+
+def test_generation_refuses_a_prompt_past_the_checkpoints_positions(tmp_path):
+    """A Mistral folder with 24 positions (max_position_embeddings 24, no sliding window): the prompt and the new
+    tokens past them are a 422 naming 24, under a policy too, checked before any run; at the limit it generates."""
+    from .conftest import serving
+    from .test_checkpoints import edit_config
+
+    folder = build_checkpoint("mistral", tmp_path / "mistral")
+    edit_config(folder, max_position_embeddings=24, sliding_window=None)
+    with serving({"m24": folder}) as c:
+        T = len(c.app.state.service.runtimes["m24"].encode("The fox").ids)
+        for kv in (None, {"policy": "streaming", "sinks": 1, "window": 4}, {"policy": "h2o", "budget": 4, "recent": 2}):
+            body = {"model": "m24", "text": "The fox", "greedy": True} | ({"kv_cache": kv} if kv else {})
+            r = c.post("/api/generate", json=body | {"max_new_tokens": 24 - T + 1})
+            assert r.status_code == 422, r.text
+            assert f"m24's 24 (its max_tokens; it has 24 positions): ask for at most {24 - T} new" in r.json()["detail"]
+            r = c.post("/api/generate", json=body | {"max_new_tokens": 24 - T})
+            assert r.status_code == 200 and json.loads(r.text.splitlines()[-1])["done"]["stop_reason"] == "max_new_tokens"
+        r = c.post("/api/generate", json={"model": "m24", "text": "The fox " * 20, "max_new_tokens": 1})
+        assert r.status_code == 422 and "the prompt is over 24 tokens" in r.json()["detail"]
+        assert c.get("/healthz").status_code == 200
