@@ -210,3 +210,57 @@ def test_generation_refuses_a_prompt_past_the_checkpoints_positions(tmp_path):
         r = c.post("/api/generate", json={"model": "m24", "text": "The fox " * 20, "max_new_tokens": 1})
         assert r.status_code == 422 and "the prompt is over 24 tokens" in r.json()["detail"]
         assert c.get("/healthz").status_code == 200
+
+
+# ---- budgets per layer and per key/value head ----------------------------------------------------------------------
+@pytest.mark.parametrize("make", [lambda b: H2O(b, recent=3), lambda b: SnapKV(b, window=4, kernel=3)],
+                         ids=["h2o", "snapkv"])
+def test_a_budget_per_layer_or_head_keeps_what_each_number_keeps(make, qwen2):
+    """Qwen2 here: 2 layers of 2 key/value heads. After the prompt (both rules then read the full cache's attention)
+    each layer, and each key/value head, keeps under a budget per layer / per head what its own number keeps when it
+    is every layer's budget; the ONNX path and the NumPy reference keep the same sets through 4 steps."""
+    ids = list(range(3, 35))
+
+    def kept_after_prompt(budget):
+        gen = Generator(qwen2, ids, Sampling(greedy=True), 4, policy=make(budget))
+        gen.prefill()
+        return gen._eviction.kept
+    single = {b: kept_after_prompt(b) for b in (6, 9, 12, 20)}
+    per_layer = kept_after_prompt((9, 20))
+    assert np.array_equal(per_layer[0], single[9][0]) and np.array_equal(per_layer[1], single[20][1])
+    per_head = kept_after_prompt(((6, 12), (20, 9)))
+    for (layer, h), b in np.ndenumerate(np.array([[6, 12], [20, 9]])):
+        assert np.array_equal(per_head[layer, h], single[b][layer, h])
+        assert per_head[layer, h].sum() == b
+    onnx, _, a = run(qwen2, ids, 4, make(((6, 12), (20, 9))))
+    numpy, _, b = run(qwen2, ids, 4, make(((6, 12), (20, 9))), engine="numpy")
+    assert onnx.new_ids == numpy.new_ids and np.array_equal(onnx._eviction.kept, numpy._eviction.kept)
+    assert all(np.array_equal(x.kept, y.kept) for x, y in zip(onnx.views, numpy.views))
+    np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, np.abs(b).max()), rtol=0)
+
+
+def test_api_takes_budgets_per_layer_and_head_and_refuses_wrong_shapes():
+    """induction: 2 layers, 1 key/value head. A per-layer budget's line keeps per layer what it says; wrong lengths are
+    422s naming the model's layers and key/value heads."""
+    from fastapi.testclient import TestClient
+
+    from attnscope.app.main import create_app
+    from attnscope.app.settings import Settings
+
+    with TestClient(create_app(Settings(models=["induction"], default_model="induction", cache=CACHE))) as c:
+        body = {"model": "induction", "text": TEXT, "max_new_tokens": 2, "greedy": True}
+        r = c.post("/api/generate", json=body | {"kv_cache": {"policy": "h2o", "budget": [[5], [9]], "recent": 2}})
+        assert r.status_code == 200, r.text
+        lines = [json.loads(x) for x in r.text.splitlines()]
+        assert lines[1]["token"]["kv_cache"]["kept"] == [[6], [10]]          # budget + its own query's key
+        for kv, words in (({"policy": "h2o", "budget": [8, 8, 8], "recent": 2}, "budget has 3 entries; this model "
+                           "has 2 layers: give one number, 2 numbers (one per layer) or 2 lists of 1"),
+                          ({"policy": "snapkv", "budget": [[8], [8, 9]], "window": 2}, "budget[1] has 2 numbers; "
+                           "this model has 1 key/value heads per layer"),
+                          ({"policy": "h2o", "budget": [8, 3], "recent": 4}, "recent (4) is over the smallest "
+                           "budget (3)"),
+                          ({"policy": "snapkv", "budget": [[8], [4]], "window": 4}, "window (4) must be under the "
+                           "smallest budget (4)"),
+                          ({"policy": "h2o", "budget": [8, 0], "recent": 0}, "greater than or equal to 1")):
+            r = c.post("/api/generate", json=body | {"kv_cache": kv})
+            assert r.status_code == 422 and words in r.json()["detail"], (kv, r.text)
