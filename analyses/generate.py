@@ -66,7 +66,7 @@ class H2OCache(Strict):
     each step the cache cut to `budget` keys: the last `recent` positions and the budget - recent keys with the most
     attention received so far (summed over every query and the query heads sharing the key/value head)."""
     policy: Literal["h2o"]
-    budget: Budget = Field(description=BUDGET, examples=[256, [128, 512]])
+    budget: Budget = Field(description=BUDGET, examples=[256])
     recent: _bounded(0, 1_000_000) = Field(description="the last positions always kept (at most budget)")
 
 
@@ -75,7 +75,7 @@ class SnapKVCache(Strict):
     with their attention on the earlier keys, the votes pooled along the keys (`kernel`, stride 1), and each key/value
     head keeps the budget - window best-voted keys and the window; generated tokens are never evicted."""
     policy: Literal["snapkv"]
-    budget: Budget = Field(description=BUDGET + "; of the prompt", examples=[256, [128, 512]])
+    budget: Budget = Field(description=BUDGET + "; of the prompt", examples=[256])
     window: _bounded(1, 1_000_000) = Field(32, description="the observation window: the last prompt queries, who vote")
     kernel: Annotated[_bounded(1, 1001), AfterValidator(_odd)] = Field(
         5, description="the pooling's width, odd", json_schema_extra={"not": {"multipleOf": 2}})

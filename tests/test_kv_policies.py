@@ -264,3 +264,60 @@ def test_api_takes_budgets_per_layer_and_head_and_refuses_wrong_shapes():
                           ({"policy": "h2o", "budget": [8, 0], "recent": 0}, "greater than or equal to 1")):
             r = c.post("/api/generate", json=body | {"kv_cache": kv})
             assert r.status_code == 422 and words in r.json()["detail"], (kv, r.text)
+        schema = c.get("/openapi.json").json()["components"]["schemas"]["GenerateRequest.induction"]
+        h2o = next(p for p in schema["properties"]["kv_cache"]["anyOf"][0]["oneOf"]
+                   if p["properties"]["policy"]["const"] == "h2o")
+        number, per_layer, per_head = h2o["properties"]["budget"]["anyOf"]      # the per-model schema states them
+        assert (per_layer["minItems"], per_layer["maxItems"], per_head["items"]["maxItems"]) == (2, 2, 1)
+        r = c.post("/api/kv_compare", json={"model": "induction", "text": TEXT, "budgets": [8, 12], "snapkv_window": 4,
+                                            "max_new_tokens": 2}, headers={"Accept": "application/x-ndjson"})
+        lines = [json.loads(x) for x in r.text.splitlines()]        # a comparison's progress: its runs done of all
+        runs = [(x["progress"]["runs"], x["progress"]["runs_total"]) for x in lines[:-1]]
+        assert runs and runs == sorted(runs) and runs[-1] == (7, 7)          # (shown as the stream polls)
+        assert lines[-1]["result"]["rows"][0]["policy"] == "full" and len(lines[-1]["result"]["rows"]) == 7
+
+
+# ---- /api/kv_compare: policies x budgets on one prompt -----------------------------------------------------------
+def test_compare_equals_generate_run_per_policy(local_smollm2):
+    """Each row of the comparison (the full cache's greedy continuation, teacher-forced under each policy) is what
+    /api/generate with that row's kv_cache computes: the same KL, top-1 agreement and token probabilities at every
+    step up to where the policy's own greedy choice leaves the continuation (there the inputs part), and the full
+    row is plain greedy generation."""
+    a = local_smollm2.kv_compare(TEXT, [8], max_new_tokens=4, snapkv_window=4)
+    assert a.answer_source == "greedy" and [r["policy"] for r in a.rows] == ["full", "streaming", "h2o", "snapkv"]
+    plain = local_smollm2.generate(TEXT, max_new_tokens=4, greedy=True)
+    plain.result()
+    assert [t["token"] for t in plain.tokens] == a.answer_tokens
+    assert [t["probability"] for t in plain.tokens] == a.rows[0]["probabilities"]
+    parted = 0
+    for r in a.rows[1:]:
+        g = local_smollm2.generate(TEXT, max_new_tokens=4, greedy=True, kv_cache=r["kv_cache"])
+        g.result()
+        for k, (line, forced) in enumerate(zip(g.tokens, a.answer_tokens)):
+            c = line["kv_cache"]
+            assert (c["kl"], c["top1_agree"]) == (r["kl"][k], r["top1"][k]), (r["kv_cache"], k)
+            assert line["candidates"][0]["token"] == r["top_tokens"][k]
+            same = [x["probability"] for x in line["candidates"] if x["token"] == forced]
+            assert same == [r["probabilities"][k]] or not same
+            if line["token"] != forced:
+                parted += 1
+                break
+        assert r["answer_probability"] == pytest.approx(np.prod(r["probabilities"]), rel=1e-12)
+        assert r["kl_mean"] == pytest.approx(np.mean(r["kl"])) and r["kl_max"] == max(r["kl"])
+    assert parted and any(r["kl_max"] > 1e-3 for r in a.rows)      # some policy changed the model
+
+
+def test_compare_scores_a_given_answer_and_refuses_bad_grids(local_smollm2):
+    from attnscope.analyses.kv_compare import tool
+
+    a = local_smollm2.kv_compare(TEXT, [16], answer=" the Brisa", policies=["h2o"])
+    out = tool(local_smollm2, TEXT, [16], answer=" the Brisa", policies=["h2o"])
+    assert out["rows"][1]["kl_max"] == round(a.rows[1]["kl_max"], 6) and out["answer"] == "".join(a.answer_tokens)
+    assert a.answer_source == "answer" and "".join(a.answer_tokens).replace("␣", " ") == " the Brisa"
+    assert len(a.rows) == 2 and a.rows[1]["kv_cache"] == {"policy": "h2o", "budget": 16, "recent": 8}
+    for options, words in (({"budgets": [4], "policies": ["streaming"]}, "sinks (4) must be under every budget"),
+                           ({"budgets": [16, 8]}, "snapkv_window (32) must be under every budget (the smallest is 8)"),
+                           ({"budgets": [16], "policies": ["h2o"], "recent": 20}, "recent (20) is over the smallest")):
+        with pytest.raises(Exception) as e:
+            local_smollm2.kv_compare(TEXT, **options)
+        assert words in str(e.value), (options, e.value)
