@@ -434,4 +434,4 @@ ANALYSIS = Analysis(
                 "kv_cache replays it under a key/value-cache eviction policy (streaming, h2o, snapkv): each token "
                 "then says how far the policy's next-token distribution is from the full cache's (KL).", tool),),
     page=("model", "text", "max_new_tokens", "greedy", "temperature", "top_k", "top_p", "seed", "stop", "chat",
-          "interventions", "layers", "heads", "include"))
+          "interventions", "layers", "heads", "include", "kv_cache"))

@@ -253,6 +253,8 @@ ANALYSIS = Analysis(
     "answer's probability, KL and top-1 agreement against budget", description=__doc__.split("\n", 1)[1]
     .replace("\n", " ").strip(), request=CompareRequest, response=CompareResponse, plan=plan, stream="runs",
     needs=("predictions", "an LM head"), example={k: v for k, v in EXAMPLE.items()},
+    page=("model", "text", "answer", "max_new_tokens", "policies", "budgets", "sinks", "recent", "snapkv_window",
+          "kernel", "pooling"),
     methods=(Method("kv_compare", body, KVComparison),),
     tools=(Tool("kv_compare", "Compare key/value-cache eviction policies (streaming, h2o, snapkv) at several budgets "
                 "on one prompt: per policy and budget the answer's probability (a given answer, or the full cache's "

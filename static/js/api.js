@@ -302,6 +302,16 @@ export async function generate(body, onToken, { signal } = {}) {
   return done;
 }
 
+/** POST /api/generate for a view (views/cache.js), cached by its body like an analysis: {tokens (its token lines),
+ *  done (its last line)}. A greedy generation is a function of its body. */
+export function generation(body) {
+  const a = described("generate");
+  return cached(a.path, only(body, a.fields), () => {
+    const tokens = [];
+    return generate(body, (t) => tokens.push(t)).then((done) => ({ tokens, done }));
+  });
+}
+
 /** GET /api/jobs (JSON, never cached: jobs move on): every corpus job, newest first. */
 export function jobs() {
   return getJSON("/api/jobs");
