@@ -278,6 +278,11 @@ function described(name) {
  *  from the server's cache. */
 export function analysis(name, body, { progress = false } = {}) {
   const a = described(name);
+  if (a.stream === "tokens") {                  // a generation a view draws (views/cache.js): {tokens, done}, cached
+    const tokens = [];
+    return cached(a.path, only(body, a.fields), (path, sent) => generate(sent, (t) => tokens.push(t))
+      .then((done) => ({ tokens, done })));
+  }
   const load = a.form === "binary" ? fetchBinary : fetchJSON;
   const streamed = a.stream === "runs" || (a.stream === "layers" && progress);
   return cached(a.path, a.fields.length ? only(body, a.fields) : body,
@@ -300,16 +305,6 @@ export async function generate(body, onToken, { signal } = {}) {
   log.push({ path: a.path, body, stream: true, ms: performance.now() - started, end: performance.now() });
   if (!done) throw new ApiError(0, "the generation's stream ended before its last line; is the server still running?");
   return done;
-}
-
-/** POST /api/generate for a view (views/cache.js), cached by its body like an analysis: {tokens (its token lines),
- *  done (its last line)}. A greedy generation is a function of its body. */
-export function generation(body) {
-  const a = described("generate");
-  return cached(a.path, only(body, a.fields), () => {
-    const tokens = [];
-    return generate(body, (t) => tokens.push(t)).then((done) => ({ tokens, done }));
-  });
 }
 
 /** GET /api/jobs (JSON, never cached: jobs move on): every corpus job, newest first. */

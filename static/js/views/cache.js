@@ -39,7 +39,7 @@ export function requests(st) {
   const budget = Math.max(BUDGETS[0], st.kv_budget);
   return [
     { endpoint: "kv_compare", max_new_tokens: st.max_new_tokens, ...compareOptions(budget) },
-    { endpoint: "generation", max_new_tokens: st.max_new_tokens, greedy: true, kv_cache: kvCache(st.kv_policy, budget) },
+    { endpoint: "generate", max_new_tokens: st.max_new_tokens, greedy: true, kv_cache: kvCache(st.kv_policy, budget) },
   ];
 }
 
