@@ -178,6 +178,9 @@ def plan(ctx: Context, req: CompareRequest, binary: bool) -> ComparePlan:
                           "boundary): start the answer where a token starts, e.g. with a space")
         answer, enc = list(whole.ids[len(ids):]), whole
     n = len(answer) if answer else req.max_new_tokens
+    if n > ctx.settings.max_new_tokens:
+        raise Refused(f"the answer is {n} tokens, over the limit of {ctx.settings.max_new_tokens} new tokens "
+                      f"(ATTNSCOPE_MAX_NEW_TOKENS)")
     T, room = len(ids), rt.spec.max_tokens
     if enc.truncated or T + n > room:
         raise Refused(f"the prompt is {T} tokens and the answer {n}, past {rt.spec.id}'s {room} (its max_tokens; "

@@ -72,6 +72,8 @@ RULES = [
          "SnapKV's observation window under its budget: the same"),
     Rule(r"^the prompt is \d+ tokens and the answer \d+, past .*'s \d+ \(its max_tokens",
          "kv_compare's prompt and answer (or max_new_tokens) within the model's length: a token count"),
+    Rule(r"^the answer is \d+ tokens, over the limit of \d+ new tokens \(ATTNSCOPE_MAX_NEW_TOKENS\)",
+         "kv_compare's answer text within the new-token limit: a token count"),
     Rule(r"^the answer changes how the prompt's last tokens are read",
          "kv_compare's answer tokenised after the prompt as alone: a tokenizer's property"),
     Rule(r"^(sinks|recent|snapkv_window) \(\d+\) (must be under every|is over the smallest) budget",

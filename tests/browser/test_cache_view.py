@@ -15,7 +15,7 @@ from .conftest import wait_drawn
 
 pytestmark = pytest.mark.browser
 TEXT = "the cat sat on the mat and the dog sat on the rug and the cat sat on the"
-STATE = {"model": "induction", "text": TEXT, "view": "cache", "max_new_tokens": 4, "layer": 1, "head": 0}
+STATE = {"model": "induction", "text": TEXT, "view": "cache", "kv_steps": 4, "layer": 1, "head": 0}
 PLOT_JS = "(sel) => { const el = document.querySelector(sel); return el.data.map((t) => ({z: t.z, y: t.y, x: t.x})); }"
 
 

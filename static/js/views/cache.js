@@ -6,6 +6,7 @@
 // same tokens).
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { exactString, fmtExact, headColor, plotlyScale, SIG_FORMAT } from "../scale.js";
+import { GENERATION } from "../state.js";
 
 export const title = "KV cache";
 export const help = "A key/value-cache eviction policy keeps only some keys per key/value head (the budget) while " +
@@ -18,6 +19,10 @@ export const help = "A key/value-cache eviction policy keeps only some keys per 
 export const POLICIES = [["streaming", "StreamingLLM (sinks + window)"], ["h2o", "H2O (heavy hitters)"],
   ["snapkv", "SnapKV (prompt votes)"]];
 export const BUDGETS = [8, 16, 32, 64, 128, 256, 512, 1024, 2048];
+export const STEPS = [4, 8, 16, 32];
+/** The state's budget and new tokens, each one of the chooser's. */
+const chosen = (st) => ({ budget: BUDGETS.includes(st.kv_budget) ? st.kv_budget : 16,
+  steps: Math.min(STEPS.includes(st.kv_steps) ? st.kv_steps : 8, GENERATION.max_new_tokens) });
 const SINKS = 4;
 
 /** The comparison's options for a budget (as POST /api/kv_compare takes them): sinks 4, H2O's recent window half
@@ -36,10 +41,10 @@ export function kvCache(policy, budget) {
 }
 
 export function requests(st) {
-  const budget = Math.max(BUDGETS[0], st.kv_budget);
+  const { budget, steps } = chosen(st);
   return [
-    { endpoint: "kv_compare", max_new_tokens: st.max_new_tokens, ...compareOptions(budget) },
-    { endpoint: "generate", max_new_tokens: st.max_new_tokens, greedy: true, kv_cache: kvCache(st.kv_policy, budget) },
+    { endpoint: "kv_compare", max_new_tokens: steps, ...compareOptions(budget) },
+    { endpoint: "generate", max_new_tokens: steps, greedy: true, kv_cache: kvCache(st.kv_policy, budget) },
   ];
 }
 
@@ -59,11 +64,15 @@ function chooser(container, st, ctx) {
   const form = part(container, "controls", "div", { class: "view-controls", role: "group", "aria-label": "Cache policy" });
   const select = (id, options, value, go) => h("select", { id, onchange: (e) => go(e.target.value) },
     options.map(([v, text]) => h("option", { value: v, text, selected: String(v) === String(value) })));
+  const { budget, steps } = chosen(st);
   replace(form,
     h("label", {}, "Policy ", select("kv-policy", POLICIES, st.kv_policy, (v) => ctx.go({ kv_policy: v }))),
-    h("label", {}, " Budget ", select("kv-budget", BUDGETS.map((b) => [b, `${b} keys`]), st.kv_budget,
+    h("label", {}, " Budget ", select("kv-budget", BUDGETS.map((b) => [b, `${b} keys`]), budget,
       (v) => ctx.go({ kv_budget: Number(v) }))),
-    h("span", { class: "hint", text: ` per key/value head · ${st.max_new_tokens} new tokens (the Generate control's)` }));
+    h("span", { class: "hint", text: " per key/value head " }),
+    h("label", {}, " New tokens ", select("kv-steps", STEPS.filter((n) => n <= GENERATION.max_new_tokens)
+      .map((n) => [n, String(n)]), steps,
+      (v) => ctx.go({ kv_steps: Number(v) }))));
 }
 
 export function render(container, { meta, results: [cmp, gen] }, st, ctx) {
@@ -72,7 +81,7 @@ export function render(container, { meta, results: [cmp, gen] }, st, ctx) {
   const steps = gen.tokens, tokens = [...meta.tokens, ...steps.map((s) => s.token)];
   const note = part(container, "note", "p", { class: "note" });
   note.textContent = `Layer ${st.layer}, head ${st.head} (key/value head ${kvHead}): the keys each step's query saw ` +
-    `under ${st.kv_policy} at ${st.kv_budget} keys, while it generated “${gen.done.text}”. ` +
+    `under ${st.kv_policy} at ${chosen(st).budget} keys, while it generated “${gen.done.text}”. ` +
     `The full cache continues “${cmp.answer_tokens.map(tokenLabel).join("")}”.`;
 
   const map = part(container, "map", "div", { class: "plot cache-map", role: "figure" });
@@ -82,7 +91,7 @@ export function render(container, { meta, results: [cmp, gen] }, st, ctx) {
   const ys = z.map((_, k) => `${k} ${plotlyText(tokenLabel(tokens[k]))}`);
   ctx.plot(map, [{ type: "heatmap", z, x: xs, y: ys, colorscale: plotlyScale, zmin: 0, zmax: 1, showscale: false,
     xgap: 1, hovertemplate: "step %{x}<br>key %{y}<br>%{z}<extra>1 kept · 0 evicted</extra>" }], {
-    title: `Kept keys · layer ${st.layer} · key/value head ${kvHead} · ${st.kv_policy} ${st.kv_budget}`,
+    title: `Kept keys · layer ${st.layer} · key/value head ${kvHead} · ${st.kv_policy} ${chosen(st).budget}`,
     margin: { l: 110, r: 10, t: 40, b: 90 }, xaxis: { type: "category", tickangle: -60, title: { text: "step (the token it chose)" } },
     yaxis: { type: "category", autorange: "reversed", automargin: true },
   });
@@ -113,7 +122,7 @@ export function render(container, { meta, results: [cmp, gen] }, st, ctx) {
   container.dataset.head = st.head;
   return {
     plot: curve,
-    name: `attnscope-${st.model}-cache-${st.kv_policy}-${st.kv_budget}`,
+    name: `attnscope-${st.model}-cache-${st.kv_policy}-${chosen(st).budget}`,
     csv: () => [["policy", "budget", "step", "token", "kl", "top1_agree", "probability"],
       ...rows.flatMap((r) => cmp.answer_tokens.map((t, i) => [r.policy, r.budget, i, t, r.kl[i], r.top1[i], r.probabilities[i]]))],
     json: () => ({ model: st.model, text: st.text, comparison: cmp, kept: z, layer: st.layer, kv_head: kvHead }),
