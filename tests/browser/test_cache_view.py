@@ -11,7 +11,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from .conftest import wait_drawn
+from .conftest import screenshot, wait_drawn
 
 pytestmark = pytest.mark.browser
 TEXT = "the cat sat on the mat and the dog sat on the rug and the cat sat on the"
@@ -67,4 +67,5 @@ def test_cache_tab_draws_the_apis_values(page, live_server, console_errors):
     wait_drawn(page, "cache", timeout=60_000)
     drawn = page.evaluate(PLOT_JS, "#view-cache [data-part=map]")
     assert drawn[0]["z"] == kept(live_server, {"policy": "streaming", "sinks": 4, "window": 4}, 1, kv_head)
+    screenshot(page, "cache-view")
     assert console_errors == []

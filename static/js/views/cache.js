@@ -116,8 +116,9 @@ export function render(container, { meta, results: [cmp, gen] }, st, ctx) {
       h("td", { class: "num", text: i }), h("td", { class: "tok", text: tokenLabel(t) }),
       ...rows.map((r) => h("td", { class: r.top1[i] ? "tok" : "tok parted", "data-policy": r.policy,
         "data-kl": exactString(r.kl[i]), "data-top": r.top_tokens[i],
-        text: `${tokenLabel(r.top_tokens[i])} (${fmtExact(r.probabilities[i])})` })))))),
-    h("p", { class: "hint", text: "Marked: the policy's most probable token is not the full cache's (they part)." }));
+        text: `${r.top1[i] ? "" : "≠ "}${tokenLabel(r.top_tokens[i])} (${fmtExact(r.probabilities[i])})` })))))),
+    h("p", { class: "hint", text: "≠: the policy's most probable token is not the full cache's (they part there); in " +
+      "brackets, the policy's probability of the full cache's token." }));
   container.dataset.layer = st.layer;
   container.dataset.head = st.head;
   return {
