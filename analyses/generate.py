@@ -34,7 +34,12 @@ class Interventions(Strict):
         "in the prompt's run and in every step, as `ablate` with `ablation` zero on /api/attention")
 
 
-BUDGET = "keys each key/value head keeps, in every layer (its own query's key aside)"
+BUDGET = ("keys each key/value head keeps (its own query's key aside): one number for every layer and head, a list "
+          "of one per layer, or [layer][kv_head]; a grouped-query model's query heads share their key/value head's")
+Keys = _bounded(1, 1_000_000)
+Budget = Union[Keys, Annotated[list[Keys], Field(min_length=1, max_length=1024)],
+               Annotated[list[Annotated[list[Keys], Field(min_length=1, max_length=1024)]],
+                         Field(min_length=1, max_length=1024)]]
 
 
 def _odd(n: int) -> int:
@@ -61,7 +66,7 @@ class H2OCache(Strict):
     each step the cache cut to `budget` keys: the last `recent` positions and the budget - recent keys with the most
     attention received so far (summed over every query and the query heads sharing the key/value head)."""
     policy: Literal["h2o"]
-    budget: _bounded(1, 1_000_000) = Field(description=BUDGET)
+    budget: Budget = Field(description=BUDGET, examples=[256])
     recent: _bounded(0, 1_000_000) = Field(description="the last positions always kept (at most budget)")
 
 
@@ -70,7 +75,7 @@ class SnapKVCache(Strict):
     with their attention on the earlier keys, the votes pooled along the keys (`kernel`, stride 1), and each key/value
     head keeps the budget - window best-voted keys and the window; generated tokens are never evicted."""
     policy: Literal["snapkv"]
-    budget: _bounded(1, 1_000_000) = Field(description=BUDGET + " of the prompt")
+    budget: Budget = Field(description=BUDGET + "; of the prompt", examples=[256])
     window: _bounded(1, 1_000_000) = Field(32, description="the observation window: the last prompt queries, who vote")
     kernel: Annotated[_bounded(1, 1001), AfterValidator(_odd)] = Field(
         5, description="the pooling's width, odd", json_schema_extra={"not": {"multipleOf": 2}})
@@ -254,10 +259,11 @@ def plan(ctx: Context, req: GenerateRequest) -> GeneratePlan:
     T, room = len(enc.ids), rt.spec.max_tokens
     if enc.truncated or T + req.max_new_tokens > room:
         raise Refused(f"the prompt is {'over ' if enc.truncated else ''}{T} tokens and {req.max_new_tokens} new "
-                      f"ones would pass {rt.spec.id}'s {room} (its max_tokens): ask for at most "
-                      f"{max(room - T, 0)} new tokens, or shorten the prompt")
+                      f"ones would pass {rt.spec.id}'s {room} (its max_tokens; it has {rt.cfg.max_positions} "
+                      f"positions): ask for at most {max(room - T, 0)} new tokens, or shorten the prompt")
+    checks.long_text(rt, T)                  # the prompt's run fits here (422 naming the longest prompt that fits)
     cfg = rt.cfg
-    policy = cache_policy(req.kv_cache)
+    policy = cache_policy(req.kv_cache, cfg)
     rows = 1 if isinstance(policy, kv_policies.Full) else 2     # a policy runs the full cache alongside
     cache = rows * cfg.n_layers * 2 * cfg.n_kv_heads * cfg.d_head * 4 * (T + req.max_new_tokens)
     if cache > st.layerwise_mb * 2**20:
@@ -284,21 +290,43 @@ def plan(ctx: Context, req: GenerateRequest) -> GeneratePlan:
                         int(st.layerwise_group_mb * 2**20), policy)
 
 
-def cache_policy(kv_cache):
-    """The request's kv_cache as a model/kv_policies.py policy, its fields checked against each other (422s)."""
+def cache_policy(kv_cache, cfg, name: str = "kv_cache"):
+    """The request's kv_cache as a model/kv_policies.py policy, its fields checked against each other and its budget
+    against the model's layers and key/value heads (422s)."""
     if kv_cache is None or kv_cache.policy == "full":
         return kv_policies.Full()
     if kv_cache.policy == "streaming":
         return kv_policies.Streaming(kv_cache.sinks, kv_cache.window)
+    budget = budget_of(kv_cache.budget, cfg, name)
+    least = int(np.min(budget))
+    which = "" if isinstance(budget, int) else "smallest "
     if kv_cache.policy == "h2o":
-        if kv_cache.recent > kv_cache.budget:
-            raise Refused(f"kv_cache.recent ({kv_cache.recent}) is over the budget ({kv_cache.budget}): the recent "
+        if kv_cache.recent > least:
+            raise Refused(f"{name}.recent ({kv_cache.recent}) is over the {which}budget ({least}): the recent "
                           f"window is part of the budget")
-        return kv_policies.H2O(kv_cache.budget, kv_cache.recent)
-    if kv_cache.window >= kv_cache.budget:
-        raise Refused(f"kv_cache.window ({kv_cache.window}) must be under the budget ({kv_cache.budget}): SnapKV "
+        return kv_policies.H2O(budget, kv_cache.recent)
+    if kv_cache.window >= least:
+        raise Refused(f"{name}.window ({kv_cache.window}) must be under the {which}budget ({least}): SnapKV "
                       f"keeps the observation window and budget - window voted keys")
-    return kv_policies.SnapKV(kv_cache.budget, kv_cache.window, kv_cache.kernel, kv_cache.pooling)
+    return kv_policies.SnapKV(budget, kv_cache.window, kv_cache.kernel, kv_cache.pooling)
+
+
+def budget_of(budget, cfg, name: str = "kv_cache"):
+    """A budget as the policy holds it (a number, or tuples: per layer, or per layer and key/value head), its
+    lengths the model's layers and key/value heads (422 naming them)."""
+    if isinstance(budget, int):
+        return budget
+    L, Hkv = cfg.n_layers, cfg.n_kv_heads
+    shapes = f"one number, {L} numbers (one per layer) or {L} lists of {Hkv} (one per key/value head)"
+    if len(budget) != L:
+        raise Refused(f"{name}.budget has {len(budget)} entries; this model has {L} layers: give {shapes}")
+    if isinstance(budget[0], int):
+        return tuple(budget)
+    bad = [i for i, b in enumerate(budget) if len(b) != Hkv]
+    if bad:
+        raise Refused(f"{name}.budget[{bad[0]}] has {len(budget[bad[0]])} numbers; this model has {Hkv} key/value "
+                      f"heads per layer: give {shapes}")
+    return tuple(tuple(b) for b in budget)
 
 
 def generated(plan, token, text: str) -> dict:
@@ -406,4 +434,4 @@ ANALYSIS = Analysis(
                 "kv_cache replays it under a key/value-cache eviction policy (streaming, h2o, snapkv): each token "
                 "then says how far the policy's next-token distribution is from the full cache's (KL).", tool),),
     page=("model", "text", "max_new_tokens", "greedy", "temperature", "top_k", "top_p", "seed", "stop", "chat",
-          "interventions", "layers", "heads", "include"))
+          "interventions", "layers", "heads", "include", "kv_cache"))

@@ -21,6 +21,7 @@ MODULES = (
     "lens",
     "circuits",
     "generate",
+    "kv_compare",
 )
 
 ANALYSES: dict[str, Analysis] = {a.name: a for a in (import_module(f"{__package__}.{m}").ANALYSIS for m in MODULES)}

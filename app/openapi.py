@@ -125,6 +125,8 @@ def _variant(generic: dict, analysis, m: ModelInfo, max_mask_tokens: int, max_ne
         props["interventions"] = {"anyOf": [inline, {"type": "null"}], "default": None,
                                   "description": props["interventions"].get("description", "")}
     _bound_pairs(props, m)
+    if "kv_cache" in props:                  # inline, to give a budget per layer (and key/value head) this model's
+        props["kv_cache"] = _bound_budgets(props["kv_cache"], m, schemas)
     if "max_new_tokens" in props:
         props["max_new_tokens"]["maximum"] = top = max(1, min(max_new_tokens, m.max_tokens - 1))
         props["max_new_tokens"]["default"] = min(props["max_new_tokens"].get("default", top), top)
@@ -154,6 +156,24 @@ def _bound_pairs(props: dict, m: ModelInfo) -> None:
     for pair in pairs:
         index = pair.pop("items")
         pair["prefixItems"] = [index | {"maximum": m.layers - 1}, index | {"maximum": m.heads - 1}]
+
+
+def _bound_budgets(node, m: ModelInfo, schemas: dict):
+    """kv_cache's policies inlined (their discriminator's mapping names the generic ones), each list of a budget as
+    long as this model's layers, and each inner list as its key/value heads."""
+    if isinstance(node, list):
+        return [_bound_budgets(n, m, schemas) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        return _bound_budgets(copy.deepcopy(schemas[node["$ref"].rsplit("/", 1)[-1]]), m, schemas)
+    node = {k: _bound_budgets(v, m, schemas) for k, v in node.items() if k != "discriminator"}
+    for shape in node.get("properties", {}).get("budget", {}).get("anyOf", []):
+        if shape.get("type") == "array":
+            shape |= {"minItems": m.layers, "maxItems": m.layers}
+            if shape["items"].get("type") == "array":
+                shape["items"] |= {"minItems": m.kv_heads, "maxItems": m.kv_heads}
+    return node
 
 
 def _example(analysis, m: ModelInfo) -> dict:

@@ -24,11 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]   # the attnscope package: static/ an
 # The page's views, in tab order (id, tab label): the tabs, the view panels and static/js/main.js follow this list.
 VIEWS = [("head", "Head"), ("lines", "Lines"), ("model", "Model"), ("summary", "Head summary"),
          ("entropy", "Entropy"), ("compare", "Compare"), ("stages", "Causal mask & steps"), ("circuits", "Circuits"),
-         ("effects", "Effects"), ("lens", "Logit lens"), ("corpus", "Corpus"), ("atlas", "Atlas")]
+         ("effects", "Effects"), ("lens", "Logit lens"), ("cache", "KV cache"), ("corpus", "Corpus"), ("atlas", "Atlas")]
 # The tab bar groups the views by the question each answers, in VIEWS' order.
 VIEW_GROUPS = [("Where heads look", ("head", "lines", "model", "summary", "entropy", "compare")),
                ("Why", ("stages", "circuits")),
-               ("What they do", ("effects", "lens")),
+               ("What they do", ("effects", "lens", "cache")),
                ("Over a corpus", ("corpus", "atlas"))]
 assert [v for _, ids in VIEW_GROUPS for v in ids] == [v for v, _ in VIEWS]
 # What each view needs of a model: features of its capability record (runtime/capabilities.py FEATURES). Each view is a
@@ -36,7 +36,8 @@ assert [v for _, ids in VIEW_GROUPS for v in ids] == [v for v, _ in VIEWS]
 # its view needs gets the tab disabled with that feature's short reason (static/js/main.js).
 VIEW_NEEDS = {"head": (), "lines": (), "model": ("summary",), "summary": ("summary",), "entropy": ("summary",),
               "compare": ("summary",), "stages": ("stages",), "circuits": ("circuits",),
-              "effects": ("summary", "patching", "knockout"), "lens": ("lens",), "corpus": ("summary",), "atlas": ("jobs",)}
+              "effects": ("summary", "patching", "knockout"), "lens": ("lens",), "cache": ("generate",),
+              "corpus": ("summary",), "atlas": ("jobs",)}
 assert list(VIEW_NEEDS) == [v for v, _ in VIEWS]
 # The attentions an encoder-decoder's answer holds (the page's "Attention" control: static/js/encdec.js).
 ATTENTIONS = [("encoder", "Encoder self-attention"), ("decoder", "Decoder self-attention"),

@@ -22,7 +22,9 @@ snapkv      SnapKV (Li et al. 2024, "SnapKV: LLM Knows What You Are Looking for 
             padding kernel // 2, the average counting the padding as torch does), and each key/value head keeps the
             budget - window best-voted prefix keys and the window itself; a prompt of fewer than `budget` tokens is
             kept whole. Generated tokens are never evicted. The first new token is the full cache's.
-Budgets count keys per key/value head; one number for every layer, or one per layer (the API takes one number).
+Budgets count keys per key/value head: one number for every layer and head, one per layer, or one per layer and
+key/value head ([layer][kv_head]); a head's rule runs on its own budget alone, so a per-layer budget keeps, in each
+layer, what that layer's number would keep everywhere, until the layers' different evictions change later queries.
 Defaults: H2O none (the paper splits the budget evenly, recent = budget / 2); SnapKV window 32, kernel 5, avg. Ties go to the earlier position
 (a stable sort), where torch.topk's order is unspecified. Grouped-query heads share their key/value head's choice (the
 scores summed over the group; the original H2O and SnapKV were written for one key/value head per query head).
@@ -58,22 +60,24 @@ class Streaming:
 
 @dataclass(frozen=True)
 class H2O:
-    budget: int | tuple[int, ...]
+    budget: int | tuple   # one number, a tuple per layer, or tuples per layer of one per key/value head
     recent: int
     name = "h2o"
 
 
 @dataclass(frozen=True)
 class SnapKV:
-    budget: int | tuple[int, ...]
+    budget: int | tuple   # one number, a tuple per layer, or tuples per layer of one per key/value head
     window: int = 32
     kernel: int = 5
     pooling: str = "avg"
     name = "snapkv"
 
 
-def per_layer(budget, n_layers: int) -> np.ndarray:
-    return np.full(n_layers, budget, np.int64) if np.isscalar(budget) else np.asarray(budget, np.int64)
+def budgets(budget, n_layers: int, n_kv_heads: int) -> np.ndarray:
+    """A budget as [L, Hkv] keys: one number for every key/value head, a list per layer, or [layer][kv_head]."""
+    b = np.asarray(budget, np.int64)
+    return np.broadcast_to(b.reshape(b.shape + (1,) * (2 - b.ndim)), (n_layers, n_kv_heads))
 
 
 def top(scores: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
@@ -130,21 +134,18 @@ class Eviction:
             self.scores += received
             if S < self.P:
                 return
-            for layer, budget in enumerate(per_layer(p.budget, self.L)):
-                for h in range(self.Hkv):
-                    kept = self.kept[layer, h]
-                    if kept.sum() <= budget:
-                        continue
-                    old = kept & (np.arange(S) < S - p.recent)
-                    self.kept[layer, h] = top(self.scores[layer, h], old, budget - p.recent) | (np.arange(S) >= S - p.recent)
-        elif isinstance(p, SnapKV) and S == self.P:
-            prefix = self.P - p.window
-            for layer, budget in enumerate(per_layer(p.budget, self.L)):
-                if self.P < budget:
+            for (layer, h), budget in np.ndenumerate(budgets(p.budget, self.L, self.Hkv)):
+                kept = self.kept[layer, h]
+                if kept.sum() <= budget:
                     continue
-                pooled = pool(received[layer, :, :prefix], p.kernel, p.pooling)        # [Hkv, prefix]
-                for h in range(self.Hkv):
-                    self.kept[layer, h, :prefix] = top(pooled[h], np.ones(prefix, bool), budget - p.window)
+                old = kept & (np.arange(S) < S - p.recent)
+                self.kept[layer, h] = top(self.scores[layer, h], old, budget - p.recent) | (np.arange(S) >= S - p.recent)
+        elif isinstance(p, SnapKV) and S == self.P and self.P > p.window:
+            prefix = self.P - p.window
+            pooled = pool(received[:, :, :prefix], p.kernel, p.pooling)                   # [L, Hkv, prefix]
+            for (layer, h), budget in np.ndenumerate(budgets(p.budget, self.L, self.Hkv)):
+                if self.P >= budget:
+                    self.kept[layer, h, :prefix] = top(pooled[layer, h], np.ones(prefix, bool), budget - p.window)
 
     def visible(self, query: int) -> np.ndarray:
         """The keys the query at `query` (< S) attends to under the policy: [L, Hkv, query + 1] bool."""

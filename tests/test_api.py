@@ -181,10 +181,10 @@ def test_models_onnx_and_health(client):
     no_lm, no_unembedding = "an encoder: it predicts no next token", "no unembedding: no tokens can be read out of its stream"
     assert caps["short"] == {"effects": no_lm, "lens": no_unembedding, "head_lens": no_unembedding,
                              "attribution": no_lm, "patching": no_lm, "knockout": no_lm, "predictions": no_lm,
-                             "generate": no_lm}
+                             "generate": no_lm, "cache": no_lm}
     assert caps["features"] == {"stacked": True, "numpy": True, "circuits": True, "importance": True,
                                 "head": True, "lines": True, "model": True, "summary": True, "entropy": True,
-                                "stages": True, "compare": True, "corpus": True, "effects": False, "lens": False,
+                                "stages": True, "compare": True, "corpus": True, "effects": False, "lens": False, "cache": False,
                                 "atlas": True, "why": True, "head_lens": False, "attribution": False,
                                 "patching": False, "knockout": False, "predictions": False, "generate": False,
                                 "jobs": True}

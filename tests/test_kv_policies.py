@@ -188,3 +188,136 @@ def test_the_python_api_and_the_mcp_tool_take_kv_cache(local_smollm2):
     assert done["kv_cache"]["policy"] == kv and len(g.tokens) == 3 and "kv_cache" in g.tokens[1]
     out = tool(local_smollm2, TEXT, max_new_tokens=3, kv_cache=H2OCache(**kv))
     assert out["kv_cache"]["top1_agreement"] == done["kv_cache"]["top1_agreement"] and "kl" in out["tokens"][0]
+
+
+def test_generation_refuses_a_prompt_past_the_checkpoints_positions(tmp_path):
+    """A Mistral folder with 24 positions (max_position_embeddings 24, no sliding window): the prompt and the new
+    tokens past them are a 422 naming 24, under a policy too, checked before any run; at the limit it generates."""
+    from .conftest import serving
+    from .test_checkpoints import edit_config
+
+    folder = build_checkpoint("mistral", tmp_path / "mistral")
+    edit_config(folder, max_position_embeddings=24, sliding_window=None)
+    with serving({"m24": folder}) as c:
+        T = len(c.app.state.service.runtimes["m24"].encode("The fox").ids)
+        for kv in (None, {"policy": "streaming", "sinks": 1, "window": 4}, {"policy": "h2o", "budget": 4, "recent": 2}):
+            body = {"model": "m24", "text": "The fox", "greedy": True} | ({"kv_cache": kv} if kv else {})
+            r = c.post("/api/generate", json=body | {"max_new_tokens": 24 - T + 1})
+            assert r.status_code == 422, r.text
+            assert f"m24's 24 (its max_tokens; it has 24 positions): ask for at most {24 - T} new" in r.json()["detail"]
+            r = c.post("/api/generate", json=body | {"max_new_tokens": 24 - T})
+            assert r.status_code == 200 and json.loads(r.text.splitlines()[-1])["done"]["stop_reason"] == "max_new_tokens"
+        r = c.post("/api/generate", json={"model": "m24", "text": "The fox " * 20, "max_new_tokens": 1})
+        assert r.status_code == 422 and "the prompt is over 24 tokens" in r.json()["detail"]
+        assert c.get("/healthz").status_code == 200
+
+
+# ---- budgets per layer and per key/value head ----------------------------------------------------------------------
+@pytest.mark.parametrize("make", [lambda b: H2O(b, recent=3), lambda b: SnapKV(b, window=4, kernel=3)],
+                         ids=["h2o", "snapkv"])
+def test_a_budget_per_layer_or_head_keeps_what_each_number_keeps(make, qwen2):
+    """Qwen2 here: 2 layers of 2 key/value heads. After the prompt (both rules then read the full cache's attention)
+    each layer, and each key/value head, keeps under a budget per layer / per head what its own number keeps when it
+    is every layer's budget; the ONNX path and the NumPy reference keep the same sets through 4 steps."""
+    ids = list(range(3, 35))
+
+    def kept_after_prompt(budget):
+        gen = Generator(qwen2, ids, Sampling(greedy=True), 4, policy=make(budget))
+        gen.prefill()
+        return gen._eviction.kept
+    single = {b: kept_after_prompt(b) for b in (6, 9, 12, 20)}
+    per_layer = kept_after_prompt((9, 20))
+    assert np.array_equal(per_layer[0], single[9][0]) and np.array_equal(per_layer[1], single[20][1])
+    per_head = kept_after_prompt(((6, 12), (20, 9)))
+    for (layer, h), b in np.ndenumerate(np.array([[6, 12], [20, 9]])):
+        assert np.array_equal(per_head[layer, h], single[b][layer, h])
+        assert per_head[layer, h].sum() == b
+    onnx, _, a = run(qwen2, ids, 4, make(((6, 12), (20, 9))))
+    numpy, _, b = run(qwen2, ids, 4, make(((6, 12), (20, 9))), engine="numpy")
+    assert onnx.new_ids == numpy.new_ids and np.array_equal(onnx._eviction.kept, numpy._eviction.kept)
+    assert all(np.array_equal(x.kept, y.kept) for x, y in zip(onnx.views, numpy.views))
+    np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, np.abs(b).max()), rtol=0)
+
+
+def test_api_takes_budgets_per_layer_and_head_and_refuses_wrong_shapes():
+    """induction: 2 layers, 1 key/value head. A per-layer budget's line keeps per layer what it says; wrong lengths are
+    422s naming the model's layers and key/value heads."""
+    from fastapi.testclient import TestClient
+
+    from attnscope.app.main import create_app
+    from attnscope.app.settings import Settings
+
+    with TestClient(create_app(Settings(models=["induction"], default_model="induction", cache=CACHE))) as c:
+        body = {"model": "induction", "text": TEXT, "max_new_tokens": 2, "greedy": True}
+        r = c.post("/api/generate", json=body | {"kv_cache": {"policy": "h2o", "budget": [[5], [9]], "recent": 2}})
+        assert r.status_code == 200, r.text
+        lines = [json.loads(x) for x in r.text.splitlines()]
+        assert lines[1]["token"]["kv_cache"]["kept"] == [[6], [10]]          # budget + its own query's key
+        for kv, words in (({"policy": "h2o", "budget": [8, 8, 8], "recent": 2}, "budget has 3 entries; this model "
+                           "has 2 layers: give one number, 2 numbers (one per layer) or 2 lists of 1"),
+                          ({"policy": "snapkv", "budget": [[8], [8, 9]], "window": 2}, "budget[1] has 2 numbers; "
+                           "this model has 1 key/value heads per layer"),
+                          ({"policy": "h2o", "budget": [8, 3], "recent": 4}, "recent (4) is over the smallest "
+                           "budget (3)"),
+                          ({"policy": "snapkv", "budget": [[8], [4]], "window": 4}, "window (4) must be under the "
+                           "smallest budget (4)"),
+                          ({"policy": "h2o", "budget": [8, 0], "recent": 0}, "greater than or equal to 1")):
+            r = c.post("/api/generate", json=body | {"kv_cache": kv})
+            assert r.status_code == 422 and words in r.json()["detail"], (kv, r.text)
+        schema = c.get("/openapi.json").json()["components"]["schemas"]["GenerateRequest.induction"]
+        h2o = next(p for p in schema["properties"]["kv_cache"]["anyOf"][0]["oneOf"]
+                   if p["properties"]["policy"]["const"] == "h2o")
+        number, per_layer, per_head = h2o["properties"]["budget"]["anyOf"]      # the per-model schema states them
+        assert (per_layer["minItems"], per_layer["maxItems"], per_head["items"]["maxItems"]) == (2, 2, 1)
+        r = c.post("/api/kv_compare", json={"model": "induction", "text": TEXT, "budgets": [8, 12], "snapkv_window": 4,
+                                            "max_new_tokens": 2}, headers={"Accept": "application/x-ndjson"})
+        lines = [json.loads(x) for x in r.text.splitlines()]        # a comparison's progress: its runs done of all
+        runs = [(x["progress"]["runs"], x["progress"]["runs_total"]) for x in lines[:-1]]
+        assert runs and runs == sorted(runs) and runs[-1] == (7, 7)          # (shown as the stream polls)
+        assert lines[-1]["result"]["rows"][0]["policy"] == "full" and len(lines[-1]["result"]["rows"]) == 7
+
+
+# ---- /api/kv_compare: policies x budgets on one prompt -----------------------------------------------------------
+def test_compare_equals_generate_run_per_policy(local_smollm2):
+    """Each row of the comparison (the full cache's greedy continuation, teacher-forced under each policy) is what
+    /api/generate with that row's kv_cache computes: the same KL, top-1 agreement and token probabilities at every
+    step up to where the policy's own greedy choice leaves the continuation (there the inputs part), and the full
+    row is plain greedy generation."""
+    a = local_smollm2.kv_compare(TEXT, [8], max_new_tokens=4, snapkv_window=4)
+    assert a.answer_source == "greedy" and [r["policy"] for r in a.rows] == ["full", "streaming", "h2o", "snapkv"]
+    plain = local_smollm2.generate(TEXT, max_new_tokens=4, greedy=True)
+    plain.result()
+    assert [t["token"] for t in plain.tokens] == a.answer_tokens
+    assert [t["probability"] for t in plain.tokens] == a.rows[0]["probabilities"]
+    parted = 0
+    for r in a.rows[1:]:
+        g = local_smollm2.generate(TEXT, max_new_tokens=4, greedy=True, kv_cache=r["kv_cache"])
+        g.result()
+        for k, (line, forced) in enumerate(zip(g.tokens, a.answer_tokens)):
+            c = line["kv_cache"]
+            assert (c["kl"], c["top1_agree"]) == (r["kl"][k], r["top1"][k]), (r["kv_cache"], k)
+            assert line["candidates"][0]["token"] == r["top_tokens"][k]
+            same = [x["probability"] for x in line["candidates"] if x["token"] == forced]
+            assert same == [r["probabilities"][k]] or not same
+            if line["token"] != forced:
+                parted += 1
+                break
+        assert r["answer_probability"] == pytest.approx(np.prod(r["probabilities"]), rel=1e-12)
+        assert r["kl_mean"] == pytest.approx(np.mean(r["kl"])) and r["kl_max"] == max(r["kl"])
+    assert parted and any(r["kl_max"] > 1e-3 for r in a.rows)      # some policy changed the model
+
+
+def test_compare_scores_a_given_answer_and_refuses_bad_grids(local_smollm2):
+    from attnscope.analyses.kv_compare import tool
+
+    a = local_smollm2.kv_compare(TEXT, [16], answer=" the Brisa", policies=["h2o"])
+    out = tool(local_smollm2, TEXT, [16], answer=" the Brisa", policies=["h2o"])
+    assert out["rows"][1]["kl_max"] == round(a.rows[1]["kl_max"], 6) and out["answer"] == "".join(a.answer_tokens)
+    assert a.answer_source == "answer" and "".join(a.answer_tokens).replace("␣", " ") == " the Brisa"
+    assert len(a.rows) == 2 and a.rows[1]["kv_cache"] == {"policy": "h2o", "budget": 16, "recent": 8}
+    for options, words in (({"budgets": [4], "policies": ["streaming"]}, "sinks (4) must be under every budget"),
+                           ({"budgets": [16, 8]}, "snapkv_window (32) must be under every budget (the smallest is 8)"),
+                           ({"budgets": [16], "policies": ["h2o"], "recent": 20}, "recent (20) is over the smallest")):
+        with pytest.raises(Exception) as e:
+            local_smollm2.kv_compare(TEXT, **options)
+        assert words in str(e.value), (options, e.value)

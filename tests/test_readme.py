@@ -107,6 +107,11 @@ class Api:
         assert r.status_code == 200, (path, body, r.text[:500])
         return r.json()
 
+    def post_lines(self, path: str, body: dict) -> list[dict]:
+        r = httpx.post(self.url + path, json=body, timeout=120)
+        assert r.status_code == 200, (path, body, r.text[:500])
+        return [json.loads(line) for line in r.text.splitlines()]
+
     def get(self, path: str):
         r = httpx.get(self.url + path, timeout=60)
         assert r.status_code == 200, (path, r.text[:500])
@@ -396,6 +401,24 @@ def check_generate(ex, lines, api):
     assert done["sequence"].startswith(req["text"]) and done["stop_reason"] in ("max_new_tokens", "eos")
 
 
+def check_kv_compare(ex, a, api):
+    """Rows: the full cache, then each policy at each budget; the full row is plain greedy generation's
+    probabilities, and every row's summaries are its per-step values'."""
+    req = ex.body
+    assert [(r["policy"], r["budget"]) for r in a["rows"]] == [("full", None)] + [
+        (p, b) for p in req.get("policies", ["streaming", "h2o", "snapkv"]) for b in sorted(set(req["budgets"]))]
+    lines = api.post_lines("/api/generate", {"model": req["model"], "text": req["text"], "greedy": True,
+                                             "max_new_tokens": req["max_new_tokens"]})
+    assert [t["token"]["token"] for t in lines[:-1]] == a["answer_tokens"]
+    assert [t["token"]["probability"] for t in lines[:-1]] == a["rows"][0]["probabilities"]
+    for r in a["rows"]:
+        assert np.isclose(r["answer_probability"], np.prod(r["probabilities"]), rtol=1e-9, atol=0)
+        assert r["kl_max"] == max(r["kl"]) and np.isclose(r["kl_mean"], np.mean(r["kl"]))
+        assert r["top1_agreement"] == np.mean(r["top1"]) and all(0 <= p <= 1 for p in r["probabilities"])
+    full = a["rows"][0]
+    assert all(full["top1"]) and full["kl_max"] == 0
+
+
 def check_onnx(ex, model, api):
     import onnx
     onnx.checker.check_model(model)
@@ -438,7 +461,8 @@ CHECKS = {("GET", "/api/models"): check_models, ("POST", "/api/attention"): chec
           ("POST", "/api/retrieval"): check_retrieval,
           ("POST", "/api/path_patching"): check_path_patching,
           ("POST", "/api/qk"): check_qk, ("POST", "/api/lens"): check_lens, ("POST", "/api/circuits"): check_circuits,
-          ("POST", "/api/generate"): check_generate, ("GET", "/api/models/{id}/onnx"): check_onnx,
+          ("POST", "/api/generate"): check_generate, ("POST", "/api/kv_compare"): check_kv_compare,
+          ("GET", "/api/models/{id}/onnx"): check_onnx,
           ("GET", "/healthz"): check_health, ("POST", "/api/jobs"): check_job, ("GET", "/api/jobs"): check_jobs,
           ("POST", "/api/jobs/{job_id}/cancel"): check_job_cancel}
 

@@ -61,9 +61,10 @@ import * as effects from "./views/effects.js";
 import * as lens from "./views/lens.js";
 import * as circuits from "./views/circuits.js";
 import * as atlas from "./views/atlas.js";
+import * as cache from "./views/cache.js";
 
 // ---- the views the server offers, and what the page keeps ------------------------------------------------
-const MODULES = { head, lines, model, summary, entropy, stages, compare, corpus, effects, lens, circuits, atlas };
+const MODULES = { head, lines, model, summary, entropy, stages, compare, corpus, effects, lens, circuits, atlas, cache };
 const VIEWS = Object.fromEntries(BOOT.views.map((v) => [v.id, MODULES[v.id]]));
 state.configure({ model: BOOT.default_model, text: BOOT.example_text },
   { views: BOOT.views.map((v) => v.id), stats: BOOT.stats.filter((s) => !s.corpus_only).map((s) => s.id), ablations: BOOT.ablations.map((a) => a.id),

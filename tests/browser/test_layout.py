@@ -41,7 +41,7 @@ def test_view_on_screen_after_load_and_model_switch(page: Page, live_server, con
         "Where heads look", "Why", "What they do", "Over a corpus"]
     assert [groups.nth(i).locator("a").evaluate_all("as => as.map(a => a.dataset.view)")
             for i in range(groups.count())] == [["head", "lines", "model", "summary", "entropy", "compare"],
-                                                 ["stages", "circuits"], ["effects", "lens"], ["corpus", "atlas"]]
+                                                 ["stages", "circuits"], ["effects", "lens", "cache"], ["corpus", "atlas"]]
     for model in ("induction", "tiny-gpt"):
         page.select_option("#model", model)
         page.wait_for_function("(m) => location.search.includes('model=' + m)", arg=model)
