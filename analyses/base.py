@@ -147,6 +147,11 @@ class Plan:
         return getattr(self.request, "dtype", "float32")
 
     @property
+    def kept(self) -> bool:
+        """Whether its binary answer is kept on disk (app/kept.py): a long run's, worth minutes to run again."""
+        return False
+
+    @property
     def precision(self) -> int | None:
         return getattr(self.request, "precision", None)
 
