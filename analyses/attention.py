@@ -241,10 +241,6 @@ class LayerwisePlan(Plan):
     head_mean: np.ndarray | None
 
     @property
-    def kept(self) -> bool:
-        return True
-
-    @property
     def walk_key(self) -> str:
         """The key of the run that computes this plan's asked parts (the kept parts' key is `key`)."""
         return hash_of([self.key, repr(self.want), self.every])

@@ -148,8 +148,9 @@ class Plan:
 
     @property
     def kept(self) -> bool:
-        """Whether its binary answer is kept on disk (app/kept.py): a long run's, worth minutes to run again."""
-        return False
+        """Whether its binary answer is kept on disk (app/kept.py): a long text's, run layer by layer (its plan has a
+        walk_key: analyses/attention.LayerwisePlan), worth minutes to run again."""
+        return hasattr(type(self), "walk_key")
 
     @property
     def precision(self) -> int | None:
