@@ -14,9 +14,10 @@ export const help = "Every head of every layer at once: rows are layers, columns
   "click it (or focus it and press Enter) to open it in the head view. Shift+click (or K) knocks a head out: every " +
   "view then shows the model without it, and the next-token panel what changed.";
 
-// Each head's numbers under its thumbnail, where the run's summary has them (issue 48): its attention-sink mass, and
-// the local-window, retrieval and value-weighted numbers once the API gives them (the summary's keys named here).
-const GRID_NUMBERS = [["sink_mass", "sink"], ["local_mass", "local"], ["retrieval_score", "retrieval"],
+// Each head's numbers under its thumbnail, where the run's summary has them (issue 48): its attention-sink mass (the
+// average weight on the first token), and the local-window, retrieval and value-weighted numbers once the API's summary
+// gives them (under the keys named here; it does not yet).
+const GRID_NUMBERS = [["first_token_mass", "sink"], ["local_mass", "local"], ["retrieval_score", "retrieval"],
   ["value_sink_mass", "value-weighted sink"]];
 
 export const RESOLUTION = 64;    // 2048 tokens: blocks of 32 (the model-view request of docs/long-inputs.md)
