@@ -23,7 +23,7 @@ BODY = {"model": "tiny-gpt", "text": TEXT, "include": ["attention", "summary"], 
 def test_a_long_answer_is_kept_and_sent_again_without_a_run(tmp_path):
     answers = {}
     for server in ("first", "restarted"):
-        with serving(kept_dir=tmp_path, layerwise_mb=0.01) as c:
+        with serving(kept_dir=tmp_path, kept_mb=64, layerwise_mb=0.01) as c:
             ran = c.get("/healthz").json()["runs_computed"]
             lines = c.post("/api/attention", json=BODY, headers={"Accept": NDJSON, "Prefer": "return=minimal"})
             r = c.post("/api/attention", json=BODY, headers={"Accept": BINARY})
