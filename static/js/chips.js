@@ -3,7 +3,7 @@
 // "m" always toggles the mask, "p" always pins.
 import { h, replace, rove, SPACE_MARK, tokenLabel } from "./dom.js";
 
-const VIRTUAL_TOKENS = 2000;      // more tokens than this: only the strip's rows in view are in the page
+const VIRTUAL_TOKENS = 4096;      // more tokens than this (past the whole-matrix head view): only the rows in view are in the page
 
 function toggled(list, i) {
   return list.includes(i) ? list.filter((x) => x !== i) : [...list, i].sort((a, b) => a - b);
