@@ -147,6 +147,12 @@ class Plan:
         return getattr(self.request, "dtype", "float32")
 
     @property
+    def kept(self) -> bool:
+        """Whether its binary answer is kept on disk (app/kept.py): a long text's, run layer by layer (its plan has a
+        walk_key: analyses/attention.LayerwisePlan), worth minutes to run again."""
+        return hasattr(type(self), "walk_key")
+
+    @property
     def precision(self) -> int | None:
         return getattr(self.request, "precision", None)
 

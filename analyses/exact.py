@@ -12,21 +12,24 @@ from pydantic import BaseModel, Field
 
 from ..runtime.blocks import VIEWS
 from .errors import Refused
-from .schemas import Index, Matrix, Strict
+from .schemas import _bounded, Matrix, Strict
 
 MAX_QUERIES = 64     # rows one request may ask for (each is T numbers per asked head)
+# a position in the longest text a model reads (Llama 3.1's 131,072 tokens): MAX_INDEX (8,191) refused a tile past
+# SmolLM2's length on Gemma 3's 32k text; the text's own length is checked in check()
+Position = _bounded(0, 131_071)
 
 
 class Tile(Strict):
-    queries: list[Index] = Field(min_length=2, max_length=2, description="[first, end) query positions: 0-based, "
+    queries: list[Position] = Field(min_length=2, max_length=2, description="[first, end) query positions: 0-based, "
                                  "first < end <= the text's token count", examples=[[0, 8]])
-    keys: list[Index] = Field(min_length=2, max_length=2, description="[first, end) key positions, likewise",
+    keys: list[Position] = Field(min_length=2, max_length=2, description="[first, end) key positions, likewise",
                               examples=[[0, 8]])
 
 
 class ExactRequest(BaseModel):
     """The request's fields for exact rows and a tile (AttentionRequest has them)."""
-    queries: list[Index] | None = Field(
+    queries: list[Position] | None = Field(
         None, max_length=MAX_QUERIES, description="query positions (0-based, below the text's token count) whose "
         "full rows the answer holds in `rows` [layer][head][query][key], each over all T keys and exact at any "
         "length (a long text's are recomputed from its run's checkpoints), beside the rest of the answer; at most "

@@ -46,7 +46,8 @@ def tokens(plan, r: AttentionResult) -> dict:
     return {"model": r.model, "engine": r.engine, "provider": r.provider, "compute_dtype": dtype, "causal": r.causal,
             "truncated": e.truncated, "tokens": e.tokens, "token_ids": e.ids, "offsets": [list(o) for o in e.offsets],
             "special": e.special, "segments": e.segments, "mask_tokens": r.mask_tokens,
-            "warnings": warnings(plan.runtime.spec, r, dtype)}
+            "warnings": warnings(plan.runtime.spec, r, dtype),
+            **({"text_tokens": e.text_tokens} if e.text_tokens is not None else {})}
 
 
 def predictions(r: AttentionResult) -> dict:

@@ -153,6 +153,7 @@ class Runner:
         self._started: set[asyncio.Future] = set()       # pending runs that hold a slot
         self._progress: dict[str, RunProgress] = {}      # layer-by-layer runs under way (or about to be), by run key
         self._stops: dict[asyncio.Future, threading.Event] = {}   # runs of many (Run.steps): set when abandoned
+        self.computed = 0                                 # runs computed since start (not answered from a cache)
 
     async def result(self, run: Run) -> tuple[object, bool]:
         """The run's result and whether it was shared (the cache, or an identical run under way)."""
@@ -232,6 +233,7 @@ class Runner:
         """The run itself and what its result holds (nbytes, measured here in the worker thread, off the event
         loop). A run of many reports its progress under its key (watch) and stops when `stop` is set."""
         result = run.call(self.watch(run.key).update, stop.is_set) if run.steps else run.call()
+        self.computed += 1
         return result, nbytes(result)
 
     def _done(self, key: str, task: asyncio.Future) -> None:
@@ -255,4 +257,5 @@ class Runner:
     def counts(self) -> dict[str, int]:
         """Model runs in flight, requests waiting for a slot, and what the result cache holds (/healthz shows them)."""
         return {"running": self._running, "waiting": self._waiting, "max_inflight": self.max_inflight,
-                "max_queue": self.max_queue, "cache_bytes": self.cache.bytes, "cache_max_bytes": self.cache.max_bytes}
+                "max_queue": self.max_queue, "cache_bytes": self.cache.bytes, "cache_max_bytes": self.cache.max_bytes,
+                "runs_computed": self.computed}

@@ -136,6 +136,8 @@ class Tokens(BaseModel):
                                         "the NumPy engine always float32", examples=["float32"])
     causal: bool = Field(description="whether the look-ahead mask was applied")
     truncated: bool = Field(description="the input was longer than max_tokens and was cut")
+    text_tokens: int | None = Field(None, description="with `truncated`, for a single text: how many tokens the "
+                                    "whole text is (the model read the first max_tokens of them)")
     tokens: list[str] = Field(description="the model's tokens, [CLS]/[SEP] included")
     token_ids: list[int] = Field(description="the tokenizer's id of each token (exact, for any downstream use)")
     offsets: list[list[int]] = Field(description=(

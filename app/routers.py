@@ -61,7 +61,9 @@ STREAM_END = (" A refusal that comes once the stream has begun is the line `{\"e
               "(refusals found before it come as usual, with their status). With `Prefer: return=minimal` (RFC 7240) "
               "the last line is `{\"done\": {\"status\": 200, \"tokens\": n}}` instead of the result: the run is "
               "cached, so the same request with the binary Accept then fetches the answer as tensors (what the "
-              "page does).")
+              "page does). A long text's binary answer is also kept on disk (ATTNSCOPE_KEPT_MB): asked again, even "
+              "after a restart, it is sent from there (`X-Cache: kept`) and the stream's only line is `{\"done\": "
+              "{\"status\": 200, \"tokens\": n, \"kept\": true}}`.")
 GENERATE_200 = {
     "content": {wire.NDJSON: NDJSON | {
         "example": '{"token": {"index": 4, "id": 314, "token": "␣jumps", "text": " jumps", "probability": 0.61, '
@@ -258,4 +260,4 @@ async def healthz(svc: Service):
     is doing until `status` is ok), on the event loop itself, so it stays prompt while long runs are in flight."""
     return Health(status="ok" if svc.loaded.is_set() else "loading", models={m.id: m.provider for m in svc.models()},
                   loading=svc.loading, graphs_built=built(), version=__version__, jobs_skipped=svc.jobs.skipped,
-                  **svc.runner.counts())
+                  kept_hits=svc.sending.kept.hits, **svc.runner.counts())

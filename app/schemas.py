@@ -116,6 +116,10 @@ class Health(BaseModel):
     max_queue: int = Field(description="waiting requests beyond which the answer is 503 (ATTNSCOPE_MAX_QUEUE)")
     cache_bytes: int = Field(description="what the result cache holds now, each result charged its true size")
     cache_max_bytes: int = Field(description="the result cache's budget (ATTNSCOPE_CACHE_MB)")
+    runs_computed: int = Field(0, description="model runs this server has computed since it started (answers from "
+                               "the result cache or the kept answers are not counted)")
+    kept_hits: int = Field(0, description="long texts' answers sent from the answers kept on disk (ATTNSCOPE_KEPT_MB) "
+                           "since start, without running the model")
     jobs_skipped: list[SkippedJob] = Field(default_factory=list, description="job records found at start-up that "
                                            "this server could not read, and why (they are not listed in /api/jobs)")
 

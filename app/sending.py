@@ -10,6 +10,7 @@ reservation is returned when the last byte is handed over or the client has gone
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import anyio
 import numpy as np
@@ -20,6 +21,7 @@ from ..runtime.sessions import to_float16
 from ..analyses.payloads import rounded, timed
 from . import wire
 from .errors import refusal
+from .kept import KeptAnswers
 from ..analyses.base import Computed, Plan
 from ..analyses.runs import Runner
 
@@ -114,8 +116,9 @@ async def _while_connected(request: Request, work):
 class Sending:
     """The sending budget and the worker threads that encode answers, for the whole server."""
 
-    def __init__(self, max_bytes: int, max_renders: int):
+    def __init__(self, max_bytes: int, max_renders: int, kept: KeptAnswers | None = None):
         self.budget = ByteBudget(max_bytes)
+        self.kept = kept or KeptAnswers(Path(), 0)        # long runs' answers on disk (app/kept.py)
         self.max_renders = max_renders
         self._render: anyio.CapacityLimiter | None = None
 
@@ -133,6 +136,10 @@ class Sending:
         """Run, build and send one answer (JSON or binary, as planned)."""
         if if_none_match == plan.etag:
             return Response(status_code=304, headers={"ETag": plan.etag})
+        keeps = plan.binary and plan.kept
+        if keeps and (data := await anyio.to_thread.run_sync(self.kept.get, plan.etag)) is not None:
+            return Response(data, media_type=wire.BINARY, headers={
+                "ETag": plan.etag, "X-Cache": "kept", "Cache-Control": "private, max-age=3600", "Vary": "Accept"})
         reserved = plan.size if plan.size >= SLICE else 0          # small answers need no reservation
         if reserved and await _while_connected(request, self.budget.acquire(reserved)) is None:
             return Response(status_code=CLIENT_GONE)
@@ -146,6 +153,8 @@ class Sending:
                 await release()
                 return Response(status_code=CLIENT_GONE)
             body = await self._encode(plan, computed, started)
+            if keeps:
+                await anyio.to_thread.run_sync(self.kept.put, plan.etag, body)
         except BaseException:
             await release()
             raise
@@ -182,6 +191,11 @@ class Sending:
         """A progress line whenever another layer is done (the last one always), then the answer (`{"done": ...}`
         alone when `minimal`) or the refusal. A client that goes away stops the lines; its run is shared and cached
         like any other (one already under way finishes, one still queued is dropped)."""
+        if minimal and plan.binary and plan.kept:          # kept on disk: the answer's fetch reads it there
+            data = await anyio.to_thread.run_sync(self.kept.get, plan.etag, False)   # counted when it is sent
+            if data is not None:
+                yield wire.to_json({"done": {"status": 200, "tokens": self.kept.tokens(data), "kept": True}}) + b"\n"
+                return
         progress = plan.progress(runner)
         run = asyncio.ensure_future(plan.compute(runner))
         shown, reserved = None, 0

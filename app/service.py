@@ -35,6 +35,7 @@ from .errors import StartupError
 from .jobs import Jobs
 from .pages import capability_record
 from .schemas import Job, ModelInfo
+from .kept import KeptAnswers
 from .sending import Sending
 from .settings import Settings
 
@@ -48,7 +49,8 @@ class AttentionService:
         self.states: dict[str, str] = {}             # every configured model -> its state while it loads, then "ready"
         self.loaded = threading.Event()              # every model is loaded
         self.runner = Runner(settings.max_inflight, settings.max_queue, settings.cache_mb * 2**20)
-        self.sending = Sending(settings.max_sending_mb * 2**20, settings.max_renders)
+        self.sending = Sending(settings.max_sending_mb * 2**20, settings.max_renders,
+                               KeptAnswers(settings.kept_folder(), settings.kept_mb * 2**20))
         self.context = Context(self.runtimes, settings, self.states)   # what planning reads
         self.plans = Plans(self.context)             # svc.plans.<analysis>(req, binary)
         self.jobs = Jobs(settings)

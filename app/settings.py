@@ -178,6 +178,12 @@ class Settings(BaseSettings):
                           "requests get the cores first")
     jobs_dir: Path | None = Field(default=None, description="where jobs, their uploads and results live; default "
                                   "CACHE/jobs. A restarted server lists the jobs it finds there")
+    # long runs' answers on disk (app/kept.py)
+    kept_mb: int = Field(default=1024, ge=0, description="the finished binary answers of long texts (those run "
+                         "layer by layer) kept on disk, so a page reloaded after a long run shows it again without "
+                         "running the model: at most this many MB, the least recently read removed first; 0 keeps "
+                         "none")
+    kept_dir: Path | None = Field(default=None, description="where those answers live; default CACHE/answers")
     # where files live
     cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "attnscope",
                         description="exported ONNX graphs and converted weights")
@@ -201,6 +207,9 @@ class Settings(BaseSettings):
         if self.max_chars is not None:
             return self.max_chars
         return min(MAX_CHARS, max(MIN_CHARS, CHARS_PER_TOKEN * max(max_tokens, default=0)))
+
+    def kept_folder(self) -> Path:
+        return self.kept_dir or self.cache / "answers"
 
     def jobs_folder(self) -> Path:
         return self.jobs_dir or self.cache / "jobs"

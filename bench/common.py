@@ -99,7 +99,10 @@ def server(env: dict[str, str] | None = None, timeout: float = 180):
     yields (base_url, pid); always stopped. `timeout`: seconds to wait for it to answer /healthz."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "attnscope", "serve", "--host", "127.0.0.1", "--port", str(port),
-                             "--log-level", "warning"], cwd=ROOT, env={**os.environ, **(env or {})})
+                             "--log-level", "warning"], cwd=ROOT,
+                            # no answers kept on disk (app/kept.py) unless asked: a bench's repeated long run, or a
+                            # test's, would otherwise be read back from an earlier session's files
+                            env={"ATTNSCOPE_KEPT_MB": "0", **os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_up(url, proc, timeout)

@@ -26,6 +26,7 @@ class Encoding:
     segments: list[int]              # 0 first text, 1 second text, -1 special token
     truncated: bool
     punctuation: list[bool]          # tokens whose characters are all punctuation (statistics.is_punctuation)
+    text_tokens: int | None = None   # a cut single text: the tokens of all of it (the page's length banner)
 
 
 class NextToken(NamedTuple):

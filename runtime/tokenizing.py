@@ -42,8 +42,12 @@ class Vocabulary:
         punctuation = [not sp and is_punctuation(own[s or 0][a:b])
                        for sp, s, (a, b) in zip(special, enc.sequence_ids, enc.offsets)]
         tokens = [readable(t) for t in enc.tokens] if self.byte_level else enc.tokens
+        # a cut single text: every token of it, from the overflowing pieces the tokenizer made in the same pass (each
+        # with the template's special tokens again: counted once)
+        whole = (sum(enc.special_tokens_mask) + sum(len(x.ids) - sum(x.special_tokens_mask) for x in [enc, *enc.overflowing])
+                 if enc.overflowing and pair is None else None)
         return Encoding(enc.ids, enc.type_ids, tokens, [tuple(o) for o in enc.offsets], special,
-                        [-1 if s is None else s for s in enc.sequence_ids], bool(enc.overflowing), punctuation)
+                        [-1 if s is None else s for s in enc.sequence_ids], bool(enc.overflowing), punctuation, whole)
 
     def encode_ids(self, ids: Sequence[int]) -> Encoding:
         """An Encoding of token ids given directly (a probe of random tokens, say): no text, no offsets."""

@@ -20,6 +20,9 @@ CACHE = Path(os.environ.setdefault("ATTNSCOPE_CACHE", str(ROOT / ".cache" / "onn
 # The suite's servers and in-process apps serve the quick models; SmolLM2 (30 layers, 0.5 GB, ~9 s to open) has
 # its own tests and its own live server (live_server_smollm2). An ATTNSCOPE_MODELS already set wins.
 os.environ.setdefault("ATTNSCOPE_MODELS", "minilm,tiny-gpt,induction")
+# No long answers kept on disk (app/kept.py) by the suite's servers and apps: a long run read back from an earlier
+# session's files would skip the progress and cancel the tests watch; the tests of kept answers ask for them.
+os.environ.setdefault("ATTNSCOPE_KEPT_MB", "0")
 
 from attnscope.runtime.options import default_providers, device_of  # noqa: E402 (after the environment)
 

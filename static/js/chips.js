@@ -3,6 +3,8 @@
 // "m" always toggles the mask, "p" always pins.
 import { h, replace, rove, SPACE_MARK, tokenLabel } from "./dom.js";
 
+const VIRTUAL_TOKENS = 4096;      // more tokens than this (past the whole-matrix head view): only the rows in view are in the page
+
 function toggled(list, i) {
   return list.includes(i) ? list.filter((x) => x !== i) : [...list, i].sort((a, b) => a - b);
 }
@@ -23,8 +25,8 @@ export function renderChips(container, meta, st, go, shade = null, generated = n
     if (how === "mask") go({ mask_tokens: toggled(st.mask_tokens, i) });
     else go({ pin: st.pin === i ? null : i });
   };
-  const chips = meta.tokens.map((tok, i) => {
-    const special = meta.special[i], isMasked = masked.has(i), pinned = st.pin === i;
+  const chip = (i) => {
+    const tok = meta.tokens[i], special = meta.special[i], isMasked = masked.has(i), pinned = st.pin === i;
     const states = [special && "special token", isMasked && "masked", pinned && "pinned",
       generated !== null && i >= generated && "generated"].filter(Boolean);
     return h("button", {
@@ -39,12 +41,8 @@ export function renderChips(container, meta, st, go, shade = null, generated = n
       tabindex: i === focusIndex ? "0" : "-1",
       onclick: () => act(i, st.click),
     }, h("span", { class: "tok", text: tokenLabel(tok) }), h("span", { class: "idx", "aria-hidden": "true", text: i }));
-  });
-  replace(container, chips);
-  container.onkeydown = (e) => {
-    const i = Number(e.target.dataset?.index);
-    if (Number.isNaN(i)) return;
-    if (rove(e, chips, i)) return;
+  };
+  const keys = (e, chips, i) => {
     if (e.key === "m" || e.key === "M") {
       e.preventDefault();
       act(i, "mask");
@@ -53,7 +51,90 @@ export function renderChips(container, meta, st, go, shade = null, generated = n
       act(i, "pin");
     }
   };
+  if (meta.tokens.length > VIRTUAL_TOKENS) {
+    virtualChips(container, meta, chip, focusIndex, hadFocus, keys);
+    return;
+  }
+  container.classList.remove("virtual");
+  delete container.dataset.virtual;
+  container.onscroll = null;
+  const chips = meta.tokens.map((_, i) => chip(i));
+  replace(container, chips);
+  container.onkeydown = (e) => {
+    const i = Number(e.target.dataset?.index);
+    if (Number.isNaN(i)) return;
+    if (rove(e, chips, i)) return;
+    keys(e, chips, i);
+  };
   if (hadFocus !== null && chips[hadFocus]) chips[hadFocus].focus();
+}
+
+/** A long text's chips (issue 48: 32,768 tokens), virtualised: the tokens are packed into rows of the strip's width
+ *  (each chip's width measured on a canvas in the chips' font), the strip scrolls over all the rows, and only the rows
+ *  in view (and a few either side) are in the page; they are drawn again as it scrolls. The keys move through every
+ *  token, bringing its row into view. */
+function virtualChips(container, meta, chip, focusIndex, hadFocus, keys) {
+  container.classList.add("virtual");
+  container.dataset.virtual = "1";
+  const probe = chip(0);
+  replace(container, probe);
+  const cs = getComputedStyle(probe), rowH = probe.offsetHeight + 4;
+  const g = document.createElement("canvas").getContext("2d");
+  g.font = `${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+  const tokPx = (i) => g.measureText(tokenLabel(meta.tokens[i])).width;
+  const idx = probe.querySelector(".idx"), idxFont = parseFloat(getComputedStyle(idx).fontSize);
+  const extra = probe.offsetWidth - probe.querySelector(".tok").offsetWidth - idx.offsetWidth;   // padding, gap, border
+  const room = Math.max(200, container.clientWidth - 10);
+  const starts = [0];                                       // the first token of each row
+  for (let i = 0, x = 0; i < meta.tokens.length; i++) {
+    const w = tokPx(i) * 1.06 + String(i).length * idxFont * 0.62 + extra + 4;
+    if (x > 0 && x + w > room) { starts.push(i); x = 0; }
+    x += w;
+  }
+  const rowOf = (i) => { let lo = 0, hi = starts.length - 1;
+    while (lo < hi) { const mid = (lo + hi + 1) >> 1; if (starts[mid] <= i) lo = mid; else hi = mid - 1; } return lo; };
+  const spacer = h("div", { class: "chips-spacer", style: `height:${starts.length * rowH}px` });
+  replace(container, spacer);
+  container.dataset.rows = String(starts.length);
+  let shown = "";
+  const draw = () => {
+    const first = Math.max(0, Math.floor(container.scrollTop / rowH) - 4);
+    const last = Math.min(starts.length, Math.ceil((container.scrollTop + container.clientHeight) / rowH) + 4);
+    if (shown === `${first}-${last}`) return;
+    shown = `${first}-${last}`;
+    replace(spacer, [...Array(last - first).keys()].map((k) => {
+      const r = first + k, end = r + 1 < starts.length ? starts[r + 1] : meta.tokens.length;
+      return h("div", { class: "chip-row", style: `top:${r * rowH}px` },
+        [...Array(end - starts[r]).keys()].map((j) => chip(starts[r] + j)));
+    }));
+  };
+  const focus = (i) => {
+    const r = rowOf(i);
+    if (r * rowH < container.scrollTop || (r + 1) * rowH > container.scrollTop + container.clientHeight) {
+      container.scrollTop = Math.max(0, r * rowH - container.clientHeight / 2);
+    }
+    draw();
+    const el = container.querySelector(`.chip[data-index="${i}"]`);
+    container.querySelectorAll('.chip[tabindex="0"]').forEach((c) => c.setAttribute("tabindex", "-1"));
+    el?.setAttribute("tabindex", "0");
+    el?.focus();
+  };
+  container.onscroll = draw;
+  container.onkeydown = (e) => {
+    const i = Number(e.target.dataset?.index);
+    if (Number.isNaN(i)) return;
+    const n = meta.tokens.length, step = { ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1 }[e.key];
+    const to = e.key === "Home" ? 0 : e.key === "End" ? n - 1 : step ? i + step : null;
+    if (to !== null) {
+      e.preventDefault();
+      focus(Math.max(0, Math.min(n - 1, to)));
+      return;
+    }
+    keys(e, null, i);
+  };
+  draw();
+  if (hadFocus !== null) focus(hadFocus);
+  else if (focusIndex > 0) container.scrollTop = Math.max(0, rowOf(focusIndex) * rowH - container.clientHeight / 2);
 }
 
 /** The legend of every mark the chips carry for this answer: the space mark always, then those present (the

@@ -24,9 +24,10 @@ function covered(meta, st) {
   return { end, chars: st.text.length };
 }
 
-/** About how many tokens the whole text is, from the share of its characters a cut run read (the same tokenizer's
- *  rate over the part it read). */
+/** How many tokens the whole text is: the server's count (text_tokens: it tokenised all of a cut single text), else
+ *  about how many, from the share of its characters a cut run read (the same tokenizer's rate over the part it read). */
 export function totalTokens(meta, st) {
+  if (meta.truncated && meta.text_tokens) return meta.text_tokens;
   const { end, chars } = covered(meta, st);
   if (!meta.truncated || end <= 0) return meta.tokens.length;
   return Math.max(meta.tokens.length + 1, Math.round(meta.tokens.length * chars / end));
@@ -52,12 +53,14 @@ export function showLength(box, meta, st, info) {
     .sort((a, b) => b.max_tokens - a.max_tokens);
   const pct = Math.max(1, Math.floor(100 * end / Math.max(chars, 1)));
   replace(box,
-    h("strong", { text: `Read ${count(T)} of about ${count(total)} tokens. ` }),
+    h("strong", { text: meta.text_tokens ? `Read ${count(T)} of ${count(total)} tokens. `
+      : `Read ${count(T)} of about ${count(total)} tokens (an estimate from the characters read). ` }),
     `${info.title} reads at most ${count(info.max_tokens)}: every view shows the first ${pct} % of the text ` +
       `(${count(end)} of ${count(chars)} characters); the rest was not run. `,
     more.length ? readsMore(more, total) : "No served model reads more.");
   box.dataset.read = String(T);
   box.dataset.total = String(total);
+  box.dataset.exact = String(Boolean(meta.text_tokens));
   box.hidden = false;
 }
 

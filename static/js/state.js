@@ -97,9 +97,29 @@ function parsePair(s) {
   return m ? [Number(m[1]), Number(m[2])] : null;
 }
 
+// A text too long for an address the server takes (ATTNSCOPE_MAX_URL_BYTES, 65,000 bytes: ~13,000 English tokens; a
+// 32k-token text is ~130,000 characters) is kept in this tab's sessionStorage, and the address names it (textref=its
+// hash): a reload, back and forward find it there (issue 48: a long run survives a reload). A link copied to another
+// browser does not carry such a text.
+const URL_TEXT_CHARS = 30_000;
+const TEXT_KEY = "attnscope:text:";
+const stored = new Set();     // names already written this session (links are made many times a render)
+
+/** A short, stable name for a text (FNV-1a, 32 bits, and its length). */
+function textName(text) {
+  let x = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) x = Math.imul(x ^ text.charCodeAt(i), 0x01000193) >>> 0;
+  return `${x.toString(16)}-${text.length}`;
+}
+
 /** State object from a query string. Unknown or malformed values fall back to defaults. */
 export function parse(search = location.search) {
   const q = new URLSearchParams(search);
+  if (!q.has("text") && q.has("textref")) {
+    let kept = null;
+    try { kept = sessionStorage.getItem(TEXT_KEY + q.get("textref")); } catch { /* storage off: the default text */ }
+    if (kept !== null) q.set("text", kept);
+  }
   const st = {};
   for (const [k, , kind] of FIELDS) {
     const d = defaults[k];
@@ -137,6 +157,16 @@ export function serialize(st) {
     if (kind === "tri" || kind === "bool") q.set(k, v ? "1" : "0");
     else if (Array.isArray(v)) q.set(k, v.join(","));
     else q.set(k, String(v));
+  }
+  const text = q.get("text");
+  if (text && text.length > URL_TEXT_CHARS) {
+    const name = textName(text);
+    try {
+      if (!stored.has(name)) sessionStorage.setItem(TEXT_KEY + name, text);
+      stored.add(name);
+      q.delete("text");
+      q.set("textref", name);
+    } catch { /* storage full or off: the text stays in the address */ }
   }
   return "?" + q.toString();
 }

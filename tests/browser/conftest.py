@@ -50,6 +50,19 @@ def update_docs_screenshot() -> bool:
     return os.environ.get("ATTNSCOPE_UPDATE_SCREENSHOT") == "1"
 
 
+@pytest.fixture(scope="session")
+def live_server_gemma3():
+    """A real uvicorn serving Gemma 3 270M alone (its 18 layers with local ones, 4 heads): the control-text test
+    (test_honest_page.py) covers every zoo model. Loading it takes seconds once its graphs are in the suite's cache."""
+    import tempfile
+
+    from bench.common import server
+
+    with tempfile.TemporaryDirectory() as jobs, server({"ATTNSCOPE_MODELS": "gemma3", "ATTNSCOPE_DEFAULT_MODEL": "gemma3",
+                                                        "ATTNSCOPE_JOBS_DIR": jobs}, timeout=600) as (url, _pid):
+        yield url
+
+
 @pytest.fixture
 def api(live_server):
     """POST /api/attention (JSON) with the page's defaults; returns the decoded answer."""

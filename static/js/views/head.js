@@ -7,6 +7,7 @@
 import { can, whyNot } from "../boot.js";
 import { h, part, plotlyText, replace, tokenLabel } from "../dom.js";
 import { dividerAt, keysOf, localWindow, longText, maskRule, matrixCells, ownMask, pairView, sentences, ticksIn, visibleTokens } from "../matrix.js";
+import { leaveOverview, OVERVIEW_TOKENS, overviewRequest, renderOverview } from "../overview.js";
 import { renderWhy, WHY_TOP } from "../why.js";
 import { AXIS_LINE, color, colourRange, exactString, FILTERED_COLOR, FILTERED_RGB, fmt, fmtExact, fmtSig, HIGHLIGHT, LUT, lutIndex, MASKED_COLOR, MASKED_RGB, PAIR_DIVIDER, plotlyScale, textOn, TRANSPARENT } from "../scale.js";
 
@@ -34,7 +35,8 @@ const shownPair = (st, info) => info.pair && Boolean(st.text_pair);
 /** What to fetch: only this layer and head, float32 (about 0.25 MB at 256 tokens); a long text's matrix in
  *  float16 (8 MB at 2048 tokens, 32 MB at 4096). With a cell asked about (why), its QK attribution: a refusal (an
  *  index past the text's end) is shown in its panel. */
-export function requests(st, info) {
+export function requests(st, info, meta) {
+  if (meta && meta.tokens.length > OVERVIEW_TOKENS && !meta.stack) return [overviewRequest(st)];   // overview.js
   const out = [{ endpoint: "attention", layers: [st.layer], heads: [st.head], include: ["attention"],
     ...(longText(st, info) ? { dtype: "float16" } : {}) }];
   if (st.why && !shownPair(st, info) && can(info, "why")) {
@@ -220,6 +222,8 @@ export function sketch({ meta }, st) {
 }
 
 export function render(container, { meta, results: [ans, whyAns] }, st, ctx) {
+  if (ans.blocks) return renderOverview(container, meta, ans, st, ctx);     // past OVERVIEW_TOKENS: overview.js
+  leaveOverview(container);
   const keys = keysOf(meta);                         // the queries' own tokens, or (cross-attention) the encoder's
   const idx = visibleTokens(meta, st.hide_special), keyIdx = visibleTokens(keys, st.hide_special);
   const renorm = st.hide_special && keys.special.some(Boolean);

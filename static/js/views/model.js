@@ -14,6 +14,12 @@ export const help = "Every head of every layer at once: rows are layers, columns
   "click it (or focus it and press Enter) to open it in the head view. Shift+click (or K) knocks a head out: every " +
   "view then shows the model without it, and the next-token panel what changed.";
 
+// Each head's numbers under its thumbnail, where the run's summary has them (issue 48): its attention-sink mass (the
+// average weight on the first token), and the local-window, retrieval and value-weighted numbers once the API's summary
+// gives them (under the keys named here; it does not yet).
+const GRID_NUMBERS = [["first_token_mass", "sink"], ["local_mass", "local"], ["retrieval_score", "retrieval"],
+  ["value_sink_mass", "value-weighted sink"]];
+
 export const RESOLUTION = 64;    // 2048 tokens: blocks of 32 (the model-view request of docs/long-inputs.md)
 
 export function requests() {
@@ -152,7 +158,8 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
       canvases.push({ canvas, l, hd, li, hi, rows, max });
       const current = l === st.layer && hd === st.head;
       const out = knocked.has(`${l}.${hd}`);
-      items.push(h("a", {
+      const nums = GRID_NUMBERS.filter(([k]) => meta.summary?.[k]?.[l]?.[hd] !== undefined);
+      items.push(h("div", { class: "thumb-cell" }, h("a", {
         class: "thumb" + (current ? " current" : "") + (out ? " ablated" : ""),
         href: ctx.href({ view: "head", layer: l, head: hd }), title: out ? "knocked out (shift+click or K restores it)" : null,
         "data-layer": l, "data-head": hd, "data-max": exactString(max), "data-k": canvases.length - 1,
@@ -172,7 +179,9 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
           e.preventDefault();
           ctx.go({ ablate: toggledHead(st.ablate, l, hd) });
         },
-      }, canvas));
+      }, canvas), nums.length ? h("span", { class: "thumb-nums", "data-layer": l, "data-head": hd,
+        title: nums.map(([k, name]) => `${name}: ${fmtExact(meta.summary[k][l][hd])}`).join("; "),
+        text: nums.map(([k, name]) => `${name} ${fmt(meta.summary[k][l][hd], 2)}`).join(" · ") }) : null));
     });
   });
   replace(grid, items);
