@@ -294,9 +294,13 @@ def test_smaller_defects(tab, live_server):
 
 
 # every text of the visible view's Plotly figures, by its font size: those under 10 px
+# the size a reader sees: the computed font size times the SVG's scale on screen (a plot drawn at one size and then
+# scaled down by a viewBox or a transform keeps its computed font size)
 SMALL_TEXT_JS = """() => [...document.querySelectorAll('.view:not([hidden]) svg text')]
-  .filter((t) => t.textContent.trim() && t.getClientRects().length && parseFloat(getComputedStyle(t).fontSize) < 10)
-  .map((t) => `${t.textContent} ${getComputedStyle(t).fontSize}`)"""
+  .filter((t) => t.textContent.trim() && t.getClientRects().length)
+  .map((t) => { const m = t.getScreenCTM();
+                return [t.textContent, parseFloat(getComputedStyle(t).fontSize) * Math.sqrt(Math.abs(m.a * m.d - m.b * m.c))]; })
+  .filter(([, px]) => px < 10).map(([text, px]) => `${text} ${px.toFixed(1)}px`)"""
 
 
 def test_46_token_head_view_shrank_its_labels(tab, live_server):
