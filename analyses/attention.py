@@ -282,11 +282,11 @@ def _layerwise(ctx: Context, req: AttentionRequest, rt: Runtime, enc: Encoding, 
                ) -> LayerwisePlan:
     """A text past ATTNSCOPE_LAYERWISE_MB (or whose answer _walks) runs layer by layer; what it cannot give: 422."""
     T = len(enc.ids)
-    if rt.capabilities.stacked and checks.fits_stacked(ctx, rt, T):   # its key's runs are the stacked graph's
-        common = common | {"key": hash_of([common["key"], "layer by layer"])}
-    why = (f"this text is {T} tokens: every layer's attention together is "
-           f"{checks.stacked_bytes(rt, T) / 2**30:.1f} GiB, so it runs layer by layer (ATTNSCOPE_LAYERWISE_MB)"
-           if rt.capabilities.stacked else f"model {rt.spec.id!r} runs layer by layer: "
+    if short := rt.capabilities.stacked and checks.fits_stacked(ctx, rt, T):   # walks for its view (exact.walks)
+        common = common | {"key": hash_of([common["key"], "layer by layer"])}   # (the stacked graph's key is its own)
+    why = (f"`view: {req.view}` is computed layer by layer" if short else f"this text is {T} tokens: every layer's "
+           f"attention together is {checks.stacked_bytes(rt, T) / 2**30:.1f} GiB, so it runs layer by layer "
+           f"(ATTNSCOPE_LAYERWISE_MB)" if rt.capabilities.stacked else f"model {rt.spec.id!r} runs layer by layer: "
            f"{rt.capabilities.refusal('stacked')}")
     if req.engine == "numpy":
         raise Refused(f"{why} on the onnx engine only; leave `engine` out")

@@ -267,6 +267,11 @@ def test_value_weighted_rows_and_tile_equal_transformers(local_smollm2, hf_smoll
     weights = np.asarray(plain["rows"])[0]
     assert not np.allclose(rows, weights, atol=1e-3)
     assert (rows[..., 0] < weights[..., 0]).mean() > 0.5        # the sink's value is small (arXiv 2410.10781)
+    # what the layer-by-layer run cannot give a short text is refused for its view, not for a length it does not have
+    from attnscope.python.client import ApiError
+    with pytest.raises(ApiError, match="`view: value_weighted` is computed layer by layer, and rollout") as e:
+        model.attention(text, model="smollm2", layers=[layer], include=["rollout"], queries=[5], view="value_weighted")
+    assert e.value.status == 422 and "tokens" not in str(e.value)
 
 
 def test_a_run_without_predictions_runs_the_lm_head_at_the_last_position(runtimes, local_smollm2):
