@@ -85,9 +85,8 @@ def parity(args) -> None:
 
     from attnscope.model.kv_policies import Streaming
     from attnscope.runtime import Runtime
-    from attnscope.runtime.generation import Generator, Sampling
     from attnscope.sources import zoo
-    from tests.references import hf_greedy_masked
+    from tests.references import greedy_under_policy, hf_greedy_masked
 
     torch.set_num_threads(args.threads)
     policy = Streaming(4, 256)
@@ -95,13 +94,7 @@ def parity(args) -> None:
         rt = Runtime(zoo.get(name), threads=args.threads)
         text, _ = haystack(rt, None, 600, 0.5)
         ids = rt.encode(text).ids
-        gen = Generator(rt, ids, Sampling(greedy=True), 32, policy=policy)
-        gen.prefill()
-        ours = []
-        for _ in range(32):
-            ours.append(gen._logits.astype(np.float64))
-            next(gen)
-            gen.stop_reason = None           # past an end-of-text token too: 32 tokens compared, as transformers runs
+        gen, ours = greedy_under_policy(rt, ids, 32, policy)     # past an end-of-text token too, as transformers runs
         path = zoo.smollm2_path() if name == "smollm2" else zoo.gemma3_path(None, rt.cache_dir)
         file = path.name
         hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=file, attn_implementation="eager",
@@ -111,7 +104,7 @@ def parity(args) -> None:
         started = time.perf_counter()
         theirs, logits = hf_greedy_masked(hf, ids, len(ours), lambda T: policy.hidden(T, T, 0),
                                           window=rt.cfg.sliding_window if rt.cfg.local_layers else 0)
-        worst = float(np.abs(np.stack(ours) - logits).max())
+        worst = float(np.abs(ours - logits).max())
         kl = max(v.kl for v in gen.views)
         print(f"{name}: prompt {len(ids)} tokens, streaming sinks 4 window 256, {len(ours)} greedy tokens: tokens "
               f"{'equal' if gen.new_ids == theirs else 'DIFFER'}; largest logit difference {worst:.2e} "

@@ -7,7 +7,7 @@
 
     python bench/quantized.py                      # smollm2 gemma3
     python bench/quantized.py --models smollm2
-    python bench/quantized.py --l8b                # an 8B Q4_K_M file of random blocks (flock /work/wt/heavy.lock)
+    python bench/quantized.py --l8b                # an 8B Q4_K_M file of random blocks (~11 GB on disk)
     python bench/quantized.py --l8b --warm --memory-mb 12000   # the same, warm, layer by layer (a smaller budget)
 
 --l8b: a Q4_K_M GGUF of random blocks in Llama 3.1 8B's shape (bench/checkpoints.llama_gguf: Q4_K, and Q6_K where

@@ -160,7 +160,7 @@ class BlockedLayer:
             R = self.pool.shape[1]
             out[thumb] = np.zeros((1, H, R, R), COMPUTE)
         n = len(heads)
-        if "attention" in outputs:
+        if "attention" in outputs:       # the asked heads' whole matrices are the answer, within analyses/checks.cells
             out["attention"] = np.zeros((1, n, T, T), COMPUTE)
         k_top = min(max(top_k, 1), T)
         if "top_weights" in outputs:

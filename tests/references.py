@@ -39,6 +39,22 @@ def scaled_dot_product_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
     return probs @ v, probs
 
 
+def greedy_under_policy(rt, ids: list[int], n: int, policy):
+    """Our side of a KV-policy parity check: n greedy tokens after ids under `policy` (runtime/generation.Generator),
+    past an end-of-text token too (n tokens, as transformers runs them) -> (the generator, each step's next-token
+    logits [n, vocab] in float64)."""
+    from attnscope.runtime.generation import Generator, Sampling
+
+    gen = Generator(rt, ids, Sampling(greedy=True), n, policy=policy)
+    gen.prefill()
+    logits = []
+    for _ in range(n):
+        logits.append(gen._logits.astype(np.float64))
+        next(gen)
+        gen.stop_reason = None
+    return gen, np.stack(logits)
+
+
 def hf_greedy_masked(hf, ids: list[int], n: int, hidden, window: int = 0, dtype=None):
     """transformers' eager model generating n tokens greedily with the keys `hidden(T)` hides ([T, T] bool, True =
     hidden) masked by a 4-D additive attention mask. With window 0, the prompt once and then a token at a time on

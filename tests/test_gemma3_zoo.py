@@ -128,19 +128,13 @@ def test_streaming_generation_equals_transformers_with_the_keys_masked(gemma3, h
     the same keys hidden by a 4-D mask per layer type (float64): token for token, logits within 1e-4 of their size.
     The issue's full size (a ~600-token prompt, window 256, 32 tokens) is bench/kv_policies.py --parity."""
     from attnscope.model.kv_policies import Streaming
-    from attnscope.runtime.generation import Generator, Sampling
 
-    from .references import hf_greedy_masked
+    from .references import greedy_under_policy, hf_greedy_masked
 
     ids = gemma3.encode(LONG).ids
     policy = Streaming(sinks=4, window=64)
-    gen = Generator(gemma3, ids, Sampling(greedy=True), 6, policy=policy)
-    gen.prefill()
-    ours = []
-    for _ in range(6):
-        ours.append(gen._logits.astype(np.float64))
-        next(gen)
+    gen, ours = greedy_under_policy(gemma3, ids, 6, policy)
     theirs, logits = hf_greedy_masked(hf[1], ids, 6, lambda T: policy.hidden(T, T, 0), window=512)
     assert len(ids) > 512 and gen.new_ids == theirs
-    np.testing.assert_allclose(np.stack(ours), logits, atol=1e-4 * max(1.0, np.abs(logits).max()), rtol=0)
+    np.testing.assert_allclose(ours, logits, atol=1e-4 * max(1.0, np.abs(logits).max()), rtol=0)
     assert max(v.kl for v in gen.views) > 1e-3          # the window changed the model: the comparison means something
