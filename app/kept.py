@@ -10,9 +10,7 @@ reader never sees half of one; an unreadable file is a miss.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import struct
 import threading
 from pathlib import Path
 
@@ -42,11 +40,6 @@ class KeptAnswers:
             return None
         self.hits += count
         return data
-
-    def tokens(self, data: bytes) -> int:
-        """The token count a kept binary answer's header states (for a stream's `done` line)."""
-        n = struct.unpack_from("<I", data, 4)[0]
-        return len(json.loads(data[8:8 + n])["tokens"])
 
     def put(self, etag: str, buffers: list) -> None:
         """Keep an answer (a list of buffers, as encoded), then drop the least recently read past the budget."""

@@ -194,7 +194,8 @@ class Sending:
         if minimal and plan.binary and plan.kept:          # kept on disk: the answer's fetch reads it there
             data = await anyio.to_thread.run_sync(self.kept.get, plan.etag, False)   # counted when it is sent
             if data is not None:
-                yield wire.to_json({"done": {"status": 200, "tokens": self.kept.tokens(data), "kept": True}}) + b"\n"
+                tokens = len(wire.from_binary(data)["tokens"])
+                yield wire.to_json({"done": {"status": 200, "tokens": tokens, "kept": True}}) + b"\n"
                 return
         progress = plan.progress(runner)
         run = asyncio.ensure_future(plan.compute(runner))
