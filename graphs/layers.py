@@ -41,7 +41,7 @@ def build_final(model: Transformer, lm: bool = True) -> onnx.ModelProto:
     return pruned(model_proto(g, inputs + g.inputs, outputs, "attnscope-final"))
 
 
-BLOCK_HALVES = ("block_in", "block_out", "wide_block_in", "wide_block_out")   # runtime/layerwise.py's names
+BLOCK_HALVES = ("block_in", "block_kv", "block_out", "wide_block_in", "wide_block_out")   # runtime/layerwise.py's names
 
 
 def weighted(which) -> bool:
@@ -75,16 +75,18 @@ def _halves(model: Transformer, i: int, wide: bool = False) -> tuple[Graph, Grap
     return first, second
 
 
-def build_block_halves(model: Transformer, wide: bool = False, layer: int = 0
+def build_block_halves(model: Transformer, wide: bool = False, layer: int = 0, first_outputs: str = "qkv"
                        ) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """The block before its attention (x, start -> q, k, v [B, H, T, dh]: x holds positions start.. of the text, whose
     RoPE turns q and k; a model without RoPE has no input start) and after it (x, ctx, head_mask, head_mean [B, H],
     lengths -> x_next), for every layer of `layer`'s layout (model/weights.block_layouts: one graph per
     layout): bind model/weights.block_arrays(model, i) for layer i (wide: its bfloat16 or float16 arrays as float32
-    inputs, bound widened: runtime/tensors.Weights.widening)."""
+    inputs, bound widened: runtime/tensors.Weights.widening). first_outputs "kv": the first graph without the query
+    projection ("block_kv": the keys and values of rows asked after a run, runtime/blocks.exact_qkv)."""
     first, second = _halves(model, layer, wide)
     f, heads = FLOAT, ["batch", model.cfg.n_heads, "tokens", model.cfg.d_head]
-    return (pruned(model_proto(first, first.inputs, [helper.make_tensor_value_info(n, f, heads) for n in "qkv"],
+    return (pruned(model_proto(first, first.inputs, [helper.make_tensor_value_info(n, f, heads)
+                                                     for n in first_outputs],
                            "attnscope-block-in")),
             pruned(model_proto(second, second.inputs, [helper.make_tensor_value_info(
                 "x_next", f, ["batch", "tokens", model.cfg.d_model])], "attnscope-block-out")))
@@ -109,13 +111,15 @@ def _outputs(g: Graph, made: dict[str, str], names) -> list:
     return [helper.make_tensor_value_info(n, INT if n == "top_keys" else FLOAT, None) for n in names]
 
 
-def build_attend(model: Transformer, outputs, causal: bool, block: bool = False) -> onnx.ModelProto:
+def build_attend(model: Transformer, outputs, causal: bool, block: bool = False, ctx: bool = True
+                 ) -> onnx.ModelProto:
     """The attention of a group of heads: q, k, v [B, h, T, dh], attention_mask -> ctx [B, h, T, dh] and the
     reductions.OUTPUTS asked, nothing else (onnxruntime runs every node of a graph, asked for or not). `causal`: the
     run's mask hides every later key (a cheaper distance). A local layer's mask arrives with its band
     (TransformerBlock.local_mask, Layerwise.layer_mask): one graph serves every layer. block: q holds a block of
     queries and k, v the keys they may see, the mask [B, 1, Tq, Tk] those rows and columns of the layer's; the
-    reductions are those of the whole text's rows (graphs/reductions.py, input offsets; runtime/blocks.py)."""
+    reductions are those of the whole text's rows (graphs/reductions.py, input offsets; runtime/blocks.py). ctx
+    False: the outputs alone, no ctx (nor v): a block's weights, for exact rows and tiles (runtime/blocks.exact_parts)."""
     cfg, g = model.cfg, Graph()
     _check(outputs)
     if block and "thumbnail_even" in outputs:
@@ -125,7 +129,8 @@ def build_attend(model: Transformer, outputs, causal: bool, block: bool = False)
     g.input("attention_mask", FLOAT, ["batch", "mask_heads", "queries" if block else "tokens", "tokens"])
     made = _reductions(g, attend(g, model.blocks[0].attn, "attend", "q", "k", "v", "attention_mask"), outputs, causal,
                        block)
-    return pruned(model_proto(g, g.inputs, _outputs(g, made, ("ctx",) + tuple(outputs)), "attnscope-attend"))
+    names = ("ctx",) * ctx + tuple(outputs)
+    return pruned(model_proto(g, g.inputs, _outputs(g, made, names), "attnscope-attend"))
 
 
 def build_layer(model: Transformer, outputs, causal: bool, layer: int = 0) -> onnx.ModelProto:
@@ -152,15 +157,17 @@ def build_layer(model: Transformer, outputs, causal: bool, layer: int = 0) -> on
 
 def build(model: Transformer, which, layer: int = 0) -> onnx.ModelProto:
     """The layer-by-layer graph runtime/layerwise.Layerwise.session names `which`: "embed", "final", "final_norm", a
-    BLOCK_HALVES name, or ("attend" | "attend_block" | "layer", outputs, causal); a graph binding a block's weights
-    (`weighted`) built from block `layer`, for the blocks of its layout."""
+    BLOCK_HALVES name, or ("attend" | "attend_block" | "weights_block" | "layer", outputs, causal) (weights_block:
+    an attend_block without ctx); a graph binding a block's weights (`weighted`) built from block `layer`, for the
+    blocks of its layout."""
     if which == "embed":
         return build_embed(model)
     if which in ("final", "final_norm"):              # final_norm: without the LM head (runtime/blocks.final_parts)
         return build_final(model, which == "final")
     if which in BLOCK_HALVES:                          # wide_: bfloat16 or float16 weights bound widened once
-        return build_block_halves(model, which.startswith("wide_"), layer)[which.endswith("out")]
+        return build_block_halves(model, which.startswith("wide_"), layer,
+                                  "kv" if which.endswith("_kv") else "qkv")[which.endswith("out")]
     kind, outputs, causal = which
     if kind == "layer":
         return build_layer(model, outputs, causal, layer)
-    return build_attend(model, outputs, causal, block=kind == "attend_block")
+    return build_attend(model, outputs, causal, block=kind != "attend", ctx=kind != "weights_block")

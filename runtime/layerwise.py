@@ -46,7 +46,7 @@ from ..graphs.reductions import key_input
 from ..model.weights import block_layouts
 from .results import Encoded, Encoding, NextToken
 from ..sources.store import release
-from .blocks import (BlockedLayer, _walk, blocked, by_tokens, checkpoint_spacing, exact_parts,  # noqa: F401
+from .blocks import (BlockedLayer, _walk, blocked, by_tokens, checkpoint_spacing, exact_parts, exact_qkv,  # noqa: F401
                      final_parts, head_groups, hidden_keys, run_axes, tokenwise, unread_inputs, visible_counts)
 from .options import GROUP_MB
 from .sessions import Session
@@ -222,8 +222,10 @@ class Layerwise:
         exact += [("attend_block", ROWS, causal), ("attend_block", ROWS + ("thumbnail",), causal)]   # a long text's
         supersets += [superset(("attend_block", thumbnail, c)) for c in (causal, not causal)
                       for thumbnail in ((), ("thumbnail",))]
+        exact += [("weights_block", ("attention",), c) for c in (causal, not causal)]   # rows and tiles asked later
         wide = ["wide_block_in", "wide_block_out"] if self.rt.capabilities.precision.storage != "float32" else []
-        return ["embed", "block_in", "block_out", *wide, "final", "final_norm", *dict.fromkeys(exact + supersets)]
+        return ["embed", "block_in", "block_kv", "block_out", *wide, "final", "final_norm",
+                *dict.fromkeys(exact + supersets)]
 
     def open(self, step: Callable[[int, int], None] | None = None) -> None:
         """Build and open every graph in `needed` (in memory, a fraction of a second each), so that no run waits
@@ -256,10 +258,11 @@ class Layerwise:
             feeds = feeds | unread_inputs(sess, missing, axes["tokens"])
         return dict(zip(outputs, sess.run(outputs, feeds, layer=layer, release=release, keep=keep, axes=axes)))
 
-    def run_block(self, which, feeds: dict[str, np.ndarray], outputs: list[str], ctx: np.ndarray) -> list:
+    def run_block(self, which, feeds: dict[str, np.ndarray], outputs: list[str], ctx: np.ndarray | None = None
+                  ) -> list:
         """One block of queries through a block attend graph (runtime/blocks.py): its heads' outputs written into
-        ctx (a view of the layer's); a superset's inputs this run does not read get neutral values of the block's
-        shapes."""
+        ctx (a view of the layer's; None: not asked); a superset's inputs this run does not read get neutral values
+        of the block's shapes."""
         sess = self.session(which)
         missing = sess.inputs - set(sess.bound) - feeds.keys()
         if missing:
@@ -268,7 +271,7 @@ class Layerwise:
                        "pool": np.zeros((tq, 1), COMPUTE), "pool_keys": np.zeros((tk, 1), COMPUTE),
                        "keys_punctuation": np.zeros(tk, COMPUTE)}
             feeds = feeds | {n: neutral.get(n, np.zeros((tq, tk), COMPUTE)) for n in missing}
-        return self.session(which).run(outputs, feeds, into={"ctx": ctx})
+        return self.session(which).run(outputs, feeds, into=None if ctx is None else {"ctx": ctx})
 
     def masks(self, mask: np.ndarray) -> Callable[[int], Held]:
         """layer -> the mask it attends with (layer_mask), placed on the device once per window for the whole walk."""
@@ -303,9 +306,13 @@ class Layerwise:
                 del out["x_next"]
             return out
         chunks = blocks and tokenwise(self, T)                  # per-token graphs in runs of tokens
-        qkv = by_tokens(self, "block_in", {"x": x}, list("qkv"), chunks, layer, release)
+        if exact and not (outputs or next_x):        # rows or a tile alone: q at their queries, k, v to their keys
+            qkv, arrays = None, exact_qkv(self, layer, x, chunks, causal, *exact[1:3], release)
+        else:
+            qkv = by_tokens(self, "block_in", {"x": x}, list("qkv"), chunks, layer, release)
+            arrays = exact and tuple(qkv[n].host() for n in "qkv")
         exact = exact and {name: value[None] for name, value in exact_parts(
-            self, layer, *(qkv[n].host() for n in "qkv"), heads, causal, *exact).items()}   # (hidden, ..., view)
+            self, layer, *arrays, heads, causal, *exact).items()}   # (hidden, ..., view)
         if not (outputs or next_x):                  # rows or a tile alone: no other attention to compute
             out = {"ctx": None}
         elif blocks is not None:                     # a long text: blocks of queries (runtime/blocks.py)
@@ -474,6 +481,8 @@ def superset(which: tuple) -> tuple:
     and the thumbnail output asked (the two kinds read their pool input differently: one superset each); a layer
     graph's likewise."""
     kind, outputs, causal = which
+    if kind == "weights_block":       # the weights alone (runtime/blocks.exact_parts): opened as they are
+        return which
     thumbnail = tuple(name for name in ("thumbnail", "thumbnail_even") if name in outputs)
     if len(thumbnail) > 1:
         raise ValueError("an attend graph has one kind of thumbnail output")

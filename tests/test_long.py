@@ -217,6 +217,23 @@ def test_recompute_equals_first_run(runtimes, every, fused):
     assert first.asked.attention.keys() == {1} and later.rows is first.rows   # the kept rows are shared, not copied
 
 
+@pytest.mark.parametrize("model_id", ["tiny-gpt", "minilm"])
+def test_rows_and_a_tile_asked_alone_equal_the_stacked_graph(runtimes, model_id):
+    """Rows and a tile asked after a run (runtime/blocks.exact_qkv: k and v up to the last key they read, q at their
+    queries alone) equal the stacked graph's matrices, for queries out of order and inside the tile, causal or not."""
+    rt = runtimes[model_id]
+    enc = rt.encode(TEXT)
+    T = len(enc.ids)
+    lw = Layerwise(rt, graphs=rt.layerwise())
+    first = lw.forward(enc, want=Want((1,), ()))
+    queries, tile = (T // 2, 2, T // 2 - 1), ((T // 2 - 3, T // 2 + 1), (0, T))
+    later = lw.recompute(first, Want((1,), (1, 0), queries=queries, tile=tile))
+    [full] = rt.run([TEXT])
+    A = full.attentions[1][[1, 0]]
+    np.testing.assert_allclose(later.asked.rows[1], A[:, list(queries)], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(later.asked.tile[1], A[:, T // 2 - 3:T // 2 + 1], atol=ATOL, rtol=0)
+
+
 def test_walk_runs_each_asked_layer_from_its_nearest_checkpoint():
     # (layer, start from its checkpoint): layers 1 and 2 from checkpoint 0, then 5 from checkpoint 3
     assert _walk([1, 2, 5], [0, 3]) == [(0, True), (1, False), (2, False), (3, True), (4, False), (5, False)]
