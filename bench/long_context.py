@@ -106,11 +106,13 @@ def reference(model_id: str, saved: Path) -> tuple[float, bool]:
     return diff, int(logits.argmax()) == int(got["top"])
 
 
-def reference_rows(model_id: str, ids, layers, queries, block: int = 256) -> tuple[dict[int, np.ndarray], np.ndarray]:
+def reference_rows(model_id: str, ids, layers, queries, block: int = 256, model=None
+                   ) -> tuple[dict[int, np.ndarray], np.ndarray]:
     """transformers' model from the same GGUF in float64, its attention computed one block of queries at a time
     (RECIPES.md 15: no [T, T]; each block over the keys its queries may see), keeping the rows of `queries` at
-    `layers` ({layer: [H, Q, T]}), and the next-token
-    logits at the last position [V]. tests/test_long_context.py holds a long run to it at a short length."""
+    `layers` ({layer: [H, Q, T]}), and the next-token logits at the last position [V]. model: transformers' reading
+    of the file already loaded (its attention is replaced); None: read here. tests/test_long_context.py holds a long
+    run to it at a short length."""
     import torch
     import transformers
     from transformers import AttentionInterface
@@ -148,9 +150,11 @@ def reference_rows(model_id: str, ids, layers, queries, block: int = 256) -> tup
         return out, None
 
     AttentionInterface.register("rows", rows)
-    path = zoo.gemma3_path(None, CACHE) if model_id == "gemma3" else zoo.smollm2_path(None)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                              attn_implementation="rows", dtype=torch.float32)
+    if model is None:
+        path = zoo.gemma3_path(None, CACHE) if model_id == "gemma3" else zoo.smollm2_path(None)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                                  dtype=torch.float32)
+    model.set_attn_implementation("rows")
     model = model.eval().double()
     with torch.inference_mode():
         logits = model(input_ids=torch.from_numpy(np.asarray(ids, np.int64)[None]), logits_to_keep=1).logits[0, -1]

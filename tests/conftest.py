@@ -63,32 +63,13 @@ def runtimes():
 
 @pytest.fixture(scope="session")
 def hf_smollm2():
-    """transformers' own reading of SmolLM2's GGUF (~15 s: it de-quantises the file again), eager attention, float32:
-    the independent reference of every SmolLM2 test, loaded once per session. The first session keeps what
-    transformers read (its state dict and config, written by safetensors and transformers: our code touches none of
-    it; transformers' save_pretrained refuses a GGUF-loaded model) in the suite's cache, so the suite's later pytest
-    processes read it in a fraction of a second; read back, its logits and attentions equal the GGUF-read model's
-    bit for bit."""
-    import torch
-    import transformers
+    """transformers' own reading of SmolLM2's GGUF, eager attention, float32 (tests/references.hf_from_gguf: kept in
+    the suite's cache after the first session's read): the independent reference of every SmolLM2 test, loaded once
+    per session."""
     from attnscope.sources import zoo
 
-    gguf = zoo.smollm2_path()
-    kept = CACHE / f"hf-{gguf.stem}-{gguf.stat().st_size}"
-    if (kept / "model.safetensors").exists():
-        return transformers.AutoModelForCausalLM.from_pretrained(kept, attn_implementation="eager",
-                                                                 dtype=torch.float32).eval()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=zoo.SMOLLM2_FILE, attn_implementation="eager", dtype=torch.float32)
-    with contextlib.suppress(OSError):      # a read-only cache: every session reads the GGUF
-        from safetensors.torch import save_file
-        tmp = Path(tempfile.mkdtemp(dir=CACHE, prefix=".hf-"))
-        model.config.save_pretrained(tmp)
-        tied = model.config.tie_word_embeddings
-        save_file({k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")},
-                  tmp / "model.safetensors", metadata={"format": "pt"})
-        tmp.rename(kept)
-    return model.eval()
+    from .references import hf_from_gguf
+    return hf_from_gguf(zoo.smollm2_path(), CACHE)
 
 
 @pytest.fixture(scope="session")

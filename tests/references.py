@@ -92,3 +92,52 @@ def hf_greedy_masked(hf, ids: list[int], n: int, hidden, window: int = 0, dtype=
             tokens.append(int(logits.argmax()))
             seq.append(tokens[-1])
     return tokens, np.stack(rows)
+
+
+def hf_from_gguf(gguf, cache, tokenizer: bool = False):
+    """transformers' own reading of a GGUF file (its GGUF loader parses the file with gguf's reader for the config,
+    the weights and the tokenizer: ~15 s each on 2 cores, one parse shared here), eager attention, float32: the
+    independent reference of the zoo's GGUF models. The first reader keeps what transformers read (its state dict and
+    config written by safetensors and transformers, its tokenizer by save_pretrained: our code touches none of it;
+    transformers' save_pretrained refuses a GGUF-loaded model) in `cache`, so the suite's later readers and pytest
+    processes read it in a fraction of a second; read back, its logits and attentions equal the GGUF-read model's bit
+    for bit. -> the model, or (tokenizer, model) with `tokenizer`."""
+    import contextlib
+    import tempfile
+    from pathlib import Path
+
+    import gguf as gguf_
+    import torch
+    import transformers
+
+    gguf, cache = Path(gguf), Path(cache)
+    kept = cache / f"transformers-{gguf.stem}-{gguf.stat().st_size}"
+    if (kept / "model.safetensors").exists():
+        model = transformers.AutoModelForCausalLM.from_pretrained(kept, attn_implementation="eager",
+                                                                  dtype=torch.float32).eval()
+        return (transformers.AutoTokenizer.from_pretrained(kept), model) if tokenizer else model
+    read, parsed = gguf_.GGUFReader, {}
+
+    def read_once(file, *args, **kwargs):
+        key = (str(file), args, tuple(sorted(kwargs.items())))
+        if key not in parsed:
+            parsed[key] = read(file, *args, **kwargs)
+        return parsed[key]
+
+    gguf_.GGUFReader = read_once
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                                  attn_implementation="eager", dtype=torch.float32)
+    finally:
+        gguf_.GGUFReader = read
+    with contextlib.suppress(OSError):      # a read-only cache: every reader parses the GGUF
+        from safetensors.torch import save_file
+        tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".hf-"))
+        model.config.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        tied = model.config.tie_word_embeddings
+        save_file({k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")},
+                  tmp / "model.safetensors", metadata={"format": "pt"})
+        tmp.rename(kept)
+    return (tok, model.eval()) if tokenizer else model.eval()

@@ -19,6 +19,7 @@ from attnscope.runtime import Runtime
 from attnscope.sources import zoo
 
 from .conftest import CACHE
+from .references import hf_from_gguf
 
 torch.set_num_threads(2)
 ATOL = 1e-4
@@ -39,28 +40,10 @@ def gemma3():
 
 @pytest.fixture(scope="module")
 def hf(gemma3):
-    """transformers' tokenizer and model from the file, by its GGUF loader, which parses the file with gguf's reader
-    three times (the config, the weights, the tokenizer; ~15 s each on 2 cores): here, once, the one parse shared."""
-    import gguf
-
-    path = zoo.gemma3_path(None, CACHE)               # the file the runtime assembled
-    read, parsed = gguf.GGUFReader, {}
-
-    def read_once(file, *args, **kwargs):
-        key = (str(file), args, tuple(sorted(kwargs.items())))
-        if key not in parsed:
-            parsed[key] = read(file, *args, **kwargs)
-        return parsed[key]
-
-    gguf.GGUFReader = read_once
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                                  attn_implementation="eager", dtype=torch.float32)
-    finally:
-        gguf.GGUFReader = read
-    assert len(parsed) == 1
-    return tok, model.eval().double()             # float64: see the module's docstring
+    """transformers' tokenizer and model from the file the runtime assembled, by its GGUF loader
+    (tests/references.hf_from_gguf: one parse of the file, kept in the suite's cache after the first read)."""
+    tok, model = hf_from_gguf(zoo.gemma3_path(None, CACHE), CACHE, tokenizer=True)
+    return tok, model.double()             # float64: see the module's docstring
 
 
 def test_the_spec_and_the_file(gemma3):

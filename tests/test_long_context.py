@@ -18,8 +18,10 @@ import pytest
 
 from attnscope.runtime.blocks import block_mask, key_range, query_blocks, tokenwise
 from attnscope.runtime.layerwise import Layerwise, Want
+from attnscope.sources import zoo
 
 from .conftest import CACHE
+from .references import hf_from_gguf
 
 ATOL = 1e-5          # float32 blocks against the unblocked walk (the same products, other shapes and orders)
 ROW_ATOL = 1e-4      # against float64 rows from the same q, k
@@ -204,7 +206,8 @@ def test_a_long_run_equals_transformers_in_float64(runtimes):
     lw = Layerwise(rt, group_mb=1, graphs=rt.layerwise())
     assert len(query_blocks(T, True, 0, 2**20)) >= 4 and len(tokenwise(lw, T)) > 4
     res = lw.forward(enc, want=Want(layers, tuple(range(H)), queries=queries_of(T)))
-    rows, logits = reference_rows("gemma3", enc.ids, layers, queries_of(T))
+    rows, logits = reference_rows("gemma3", enc.ids, layers, queries_of(T),
+                                  model=hf_from_gguf(zoo.gemma3_path(None, CACHE), CACHE))
     for layer in layers:
         np.testing.assert_allclose(res.asked.rows[layer], rows[layer], atol=ROW_ATOL, rtol=0, err_msg=str(layer))
     assert res.next_tokens[0].id == int(logits.argmax())
