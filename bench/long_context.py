@@ -5,14 +5,19 @@ after it (exact rows, a tile), each length in a fresh process.
     .venv/bin/python bench/long_context.py                                   # gemma3 4k..32k, smollm2 4k and 8k
     .venv/bin/python bench/long_context.py --models gemma3 --lengths 30000   # the issue's 30,000-token request
     .venv/bin/python bench/long_context.py --models gemma3 --lengths 30000 --reference   # + float64 rows (minutes)
+    .venv/bin/python bench/long_context.py --models l1b --lengths 32768     # Llama 3.2 1B's shape, bf16 (~30 min)
 
 Each run is the issue's request on the model's runtime (runtime/layerwise.py, what POST /api/attention runs for a
 long text): every head's rows (the summaries), every head's overview at resolution 512, and the full rows of 6
 queries of 4 layers (local and global ones on Gemma 3), in a fresh process whose peak resident memory (VmHWM) is
 reported. work: runtime/capabilities.forward_flop (block weights, each head's visible query-key pairs), the LM head
 at the last position only (the request asks no predictions: runtime/blocks.final_parts); bound: that work at the sgemm rate (4096^3, float32, measured before each run with the same
-threads); fraction = bound / time. rows / tile: a question after the run, recomputed from its checkpoints (every
-layer's kept): the full rows of one query of a global layer's every head, and a 256 x 256 tile.
+threads); fraction = bound / time. Checkpoints are kept as a server keeps them (runtime/blocks.checkpoint_spacing
+against half its default result cache: e.g. every layer's at 4k on Gemma 3, one in 16 layers at 32k on l1b).
+rows / tile: a question after the run, recomputed from its nearest checkpoint: the full rows of one query of a
+global layer's every head, and a 256 x 256 tile.
+l1b: a random checkpoint of Llama 3.2 1B's exact shape in bfloat16 (bench/checkpoints.llama, written once into
+ATTNSCOPE_CACHE/checkpoints/l1b-bfloat16, 2.5 GB), its byte tokenizer reading the same English words.
 --reference: transformers' Gemma 3 from the same GGUF in float64, its attention replaced (RECIPES.md 15) by one that
 computes the same rows one block of queries at a time (no [T, T]), logits at the last position only: the largest
 difference of the rows and whether the next-token top-1 agrees. Not a test.
@@ -33,9 +38,29 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-LAYERS = {"gemma3": (0, 5, 8, 17), "smollm2": (0, 10, 20, 29)}      # gemma3: 5 and 17 global, 0 and 8 local
+LAYERS = {"gemma3": (0, 5, 8, 17), "smollm2": (0, 10, 20, 29), "l1b": (0, 5, 10, 15)}  # gemma3: 5, 17 global
 DEFAULT = [("gemma3", 4096), ("gemma3", 8192), ("gemma3", 16384), ("gemma3", 32768),
-           ("smollm2", 4096), ("smollm2", 8192)]
+           ("smollm2", 4096), ("smollm2", 8192), ("l1b", 4096), ("l1b", 32768)]
+
+
+def spec_of(model_id: str):
+    """The zoo's model, or l1b: the random Llama 3.2 1B-shaped bf16 folder (written once)."""
+    from attnscope.sources import zoo
+    from attnscope.sources.resolve import resolve
+    from bench.common import CACHE
+    if model_id != "l1b":
+        return zoo.get(model_id)
+    from bench.checkpoints import llama
+    return resolve(f"l1b={llama(CACHE / 'checkpoints' / 'l1b-bfloat16', 'l1b', 'bfloat16')}")
+
+
+def server_spacing(cfg, T: int) -> int:
+    """How many layers apart a server with default settings keeps a T-token run's checkpoints."""
+    from attnscope.analyses.attention import CHECKPOINTS_SHARE
+    from attnscope.app.settings import Settings
+    from attnscope.runtime.blocks import checkpoint_spacing
+    st = Settings()
+    return checkpoint_spacing(cfg, T, st.checkpoint_every, st.cache_mb * 2**20 * CHECKPOINTS_SHARE)
 
 
 def sgemm_rate(threads: int) -> float:
@@ -71,11 +96,11 @@ def child(model_id: str, T: int, out: Path | None) -> None:
     from attnscope.runtime import Runtime
     from attnscope.runtime.capabilities import forward_flop
     from attnscope.runtime.layerwise import Want
-    from attnscope.sources import zoo
     from bench.common import CACHE
 
-    rt = Runtime(zoo.get(model_id), cache_dir=CACHE, threads=int(os.environ.get("THREADS", "2")))
-    lw = rt.layerwise(checkpoint_every=1)
+    rt = Runtime(spec_of(model_id), cache_dir=CACHE, threads=int(os.environ.get("THREADS", "2")))
+    every = server_spacing(rt.cfg, T)
+    lw = rt.layerwise(checkpoint_every=every)
     lw.open()
     enc = rt.encode_ids(ids_of(rt, T))
     H, layers = rt.cfg.n_heads, LAYERS[model_id]
@@ -93,7 +118,8 @@ def child(model_id: str, T: int, out: Path | None) -> None:
                  **{f"rows_{layer}": res.asked.rows[layer] for layer in layers})
     flop = forward_flop(rt.cfg, blocks, T) - 2.0 * (T - 1) * rt.cfg.vocab_size * rt.cfg.d_model   # LM head: last only
     print(json.dumps({"model": model_id, "T": T, "seconds": seconds, "flop": flop,
-                      "peak": hwm, "rows_s": rows_s, "tile_s": tile_s, "top": res.next_tokens[0].id}))
+                      "peak": hwm, "rows_s": rows_s, "tile_s": tile_s, "top": res.next_tokens[0].id,
+                      "every": every}))
 
 
 def reference(model_id: str, saved: Path) -> tuple[float, bool]:
@@ -175,7 +201,7 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     print(f"load: {os.getloadavg()[0]:.2f} (1 min), {args.threads} threads")
     print(f"{'model':8} {'tokens':>7} {'time s':>8} {'TFLOP':>7} {'sgemm GF/s':>10} {'of bound':>8} {'peak GB':>8} "
-          f"{'rows s':>7} {'tile s':>7}")
+          f"{'rows s':>7} {'tile s':>7} {'every':>5}")
     for model_id, T in runs:
         rate = sgemm_rate(args.threads)
         with tempfile.TemporaryDirectory() as tmp:
@@ -189,7 +215,7 @@ def main() -> None:
             r = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"{model_id:8} {T:>7} {r['seconds']:>8.1f} {r['flop'] / 1e12:>7.2f} {rate / 1e9:>10.0f} "
                   f"{r['flop'] / r['seconds'] / rate:>8.0%} {r['peak'] / 2**30:>8.2f} {r['rows_s']:>7.2f} "
-                  f"{r['tile_s']:>7.2f}", flush=True)
+                  f"{r['tile_s']:>7.2f} {r['every']:>5}", flush=True)
             if args.reference:
                 diff, top = reference(model_id, saved)
                 print(f"  float64 reference: rows within {diff:.2e}, next-token top-1 {'equal' if top else 'DIFFERS'}")
