@@ -5,7 +5,7 @@ after it (exact rows, a tile), each length in a fresh process.
     .venv/bin/python bench/long_context.py                                   # gemma3 4k..32k, smollm2 4k and 8k
     .venv/bin/python bench/long_context.py --models gemma3 --lengths 30000   # the issue's 30,000-token request
     .venv/bin/python bench/long_context.py --models gemma3 --lengths 30000 --reference   # + float64 rows (minutes)
-    .venv/bin/python bench/long_context.py --models l1b --lengths 32768     # Llama 3.2 1B's shape, bf16 (~30 min)
+    .venv/bin/python bench/long_context.py --models l1b --lengths 32768 --resolution 0   # l1b's summaries (~40 min)
 
 Each run is the issue's request on the model's runtime (runtime/layerwise.py, what POST /api/attention runs for a
 long text): every head's rows (the summaries), every head's overview at resolution 512, and the full rows of 6
@@ -18,6 +18,9 @@ rows / tile: a question after the run, recomputed from its nearest checkpoint: t
 global layer's every head, and a 256 x 256 tile.
 l1b: a random checkpoint of Llama 3.2 1B's exact shape in bfloat16 (bench/checkpoints.llama, written once into
 ATTNSCOPE_CACHE/checkpoints/l1b-bfloat16, 2.5 GB), its byte tokenizer reading the same English words.
+pool TFLOP: the overview's pooling products (pool_flop), which the work leaves out; +pool: the fraction with them.
+With 64-wide heads at resolution 512 they are more than the attention's own work (l1b at 32k: ~190 TFLOP against a
+134 TFLOP forward): --resolution 0 measures the summaries alone.
 --reference: transformers' Gemma 3 from the same GGUF in float64, its attention replaced (RECIPES.md 15) by one that
 computes the same rows one block of queries at a time (no [T, T]), logits at the last position only: the largest
 difference of the rows and whether the next-token top-1 agrees. Not a test.
@@ -63,6 +66,28 @@ def server_spacing(cfg, T: int) -> int:
     return checkpoint_spacing(cfg, T, st.checkpoint_every, st.cache_mb * 2**20 * CHECKPOINTS_SHARE)
 
 
+def pool_flop(rt, T: int, R: int, group_mb: float) -> float:
+    """The overview's pooling in a run's attend graphs (graphs/reductions.py thumbnail: each block's probabilities
+    times the pooling columns of the cells its keys touch, [Tq, Tk] x [Tk, d - c], then the cells of its queries
+    times that): work forward_flop does not count. At resolution 512 on 64-wide heads it is ~4x the attention's own
+    (2 R against 4 d_head FLOP a visible query-key pair)."""
+    from attnscope.analysis.thumbnails import block_edges
+    from attnscope.runtime.blocks import blocked, query_blocks
+    if not R or T <= R:
+        return 0.0
+    edges, cfg = np.asarray(block_edges(T, R)), rt.cfg
+    cells = lambda a, b: (int(np.searchsorted(edges, a, "right") - 1), int(np.searchsorted(edges, b - 1, "right")))  # noqa: E731
+    total = 0
+    for layer in range(cfg.n_layers):
+        window = rt.model.blocks[layer].window or 0
+        plan = (query_blocks(T, cfg.causal, window, group_mb * 2**20) if blocked(T, group_mb * 2**20)
+                else [(0, T, 0, T)])
+        for q0, q1, k0, k1 in plan:
+            (a, b), (c, d) = cells(q0, q1), cells(k0, k1)
+            total += 2 * (q1 - q0) * (d - c) * ((k1 - k0) + (b - a))
+    return float(total * cfg.n_heads)
+
+
 def sgemm_rate(threads: int) -> float:
     """FLOP/s of a 4096^3 float32 product (numpy's BLAS, `threads` threads), best of 3."""
     n = 4096
@@ -104,7 +129,8 @@ def child(model_id: str, T: int, out: Path | None) -> None:
     lw.open()
     enc = rt.encode_ids(ids_of(rt, T))
     H, layers = rt.cfg.n_heads, LAYERS[model_id]
-    want = Want(layers, tuple(range(H)), resolution=512, queries=queries_of(T), logprobs=False)   # no predictions
+    R = int(os.environ.get("RESOLUTION", "512"))
+    want = Want(layers, tuple(range(H)), resolution=R, queries=queries_of(T), logprobs=False)   # no predictions
     t0 = time.perf_counter()
     res = lw.forward(enc, want=want)
     seconds = time.perf_counter() - t0
@@ -119,7 +145,7 @@ def child(model_id: str, T: int, out: Path | None) -> None:
     flop = forward_flop(rt.cfg, blocks, T) - 2.0 * (T - 1) * rt.cfg.vocab_size * rt.cfg.d_model   # LM head: last only
     print(json.dumps({"model": model_id, "T": T, "seconds": seconds, "flop": flop,
                       "peak": hwm, "rows_s": rows_s, "tile_s": tile_s, "top": res.next_tokens[0].id,
-                      "every": every}))
+                      "every": every, "pool": pool_flop(rt, T, R, lw.group_mb)}))
 
 
 def reference(model_id: str, saved: Path) -> tuple[float, bool]:
@@ -188,6 +214,9 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=None)
     ap.add_argument("--lengths", nargs="*", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--resolution", type=int, default=512, help="every head's overview at this resolution (0: none, "
+                    "the summaries alone): its pooling is a [Tq, Tk] x [Tk, R] product per block, which the work "
+                    "column does not count")
     ap.add_argument("--reference", action="store_true", help="float64 rows from transformers (minutes at 30k)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--save", type=Path, help=argparse.SUPPRESS)
@@ -197,11 +226,11 @@ def main() -> None:
     runs = [(m, T) for m, T in DEFAULT if (args.models is None or m in args.models)]
     if args.lengths:
         runs = [(m, T) for m in dict.fromkeys(m for m, _ in runs) for T in args.lengths]
-    os.environ["THREADS"] = str(args.threads)
+    os.environ["THREADS"], os.environ["RESOLUTION"] = str(args.threads), str(args.resolution)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    print(f"load: {os.getloadavg()[0]:.2f} (1 min), {args.threads} threads")
+    print(f"load: {os.getloadavg()[0]:.2f} (1 min), {args.threads} threads, overview at resolution {args.resolution}")
     print(f"{'model':8} {'tokens':>7} {'time s':>8} {'TFLOP':>7} {'sgemm GF/s':>10} {'of bound':>8} {'peak GB':>8} "
-          f"{'rows s':>7} {'tile s':>7} {'every':>5}")
+          f"{'rows s':>7} {'tile s':>7} {'every':>5} {'pool TFLOP':>10} {'+pool':>6}")
     for model_id, T in runs:
         rate = sgemm_rate(args.threads)
         with tempfile.TemporaryDirectory() as tmp:
@@ -215,7 +244,8 @@ def main() -> None:
             r = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"{model_id:8} {T:>7} {r['seconds']:>8.1f} {r['flop'] / 1e12:>7.2f} {rate / 1e9:>10.0f} "
                   f"{r['flop'] / r['seconds'] / rate:>8.0%} {r['peak'] / 2**30:>8.2f} {r['rows_s']:>7.2f} "
-                  f"{r['tile_s']:>7.2f} {r['every']:>5}", flush=True)
+                  f"{r['tile_s']:>7.2f} {r['every']:>5} {r['pool'] / 1e12:>10.2f} "
+                  f"{(r['flop'] + r['pool']) / r['seconds'] / rate:>6.0%}", flush=True)
             if args.reference:
                 diff, top = reference(model_id, saved)
                 print(f"  float64 reference: rows within {diff:.2e}, next-token top-1 {'equal' if top else 'DIFFERS'}")
