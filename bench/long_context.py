@@ -2,10 +2,10 @@
 fraction of this machine's FLOP bound (numpy's sgemm measured in the same run), and the time of a question asked
 after it (exact rows, a tile), each length in a fresh process.
 
-    .venv/bin/python bench/long_context.py                                   # gemma3 4k..32k, smollm2 4k and 8k
+    .venv/bin/python bench/long_context.py                          # gemma3 4k..32k, smollm2 and l1b 4k and 8k
     .venv/bin/python bench/long_context.py --models gemma3 --lengths 30000   # the 30,000-token request
     .venv/bin/python bench/long_context.py --models gemma3 --lengths 30000 --reference   # + float64 rows (minutes)
-    .venv/bin/python bench/long_context.py --models l1b --lengths 32768 --resolution 0   # l1b's summaries (~40 min)
+    .venv/bin/python bench/long_context.py --models l1b --lengths 32768 --resolution 0   # 134 TFLOP: tens of min
 
 Each run is the issue's request on the model's runtime (runtime/layerwise.py, what POST /api/attention runs for a
 long text): every head's rows (the summaries), every head's overview at resolution 512, and the full rows of 6
@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 LAYERS = {"gemma3": (0, 5, 8, 17), "smollm2": (0, 10, 20, 29), "l1b": (0, 5, 10, 15)}  # gemma3: 5, 17 global
 DEFAULT = [("gemma3", 4096), ("gemma3", 8192), ("gemma3", 16384), ("gemma3", 32768),
-           ("smollm2", 4096), ("smollm2", 8192), ("l1b", 4096), ("l1b", 32768)]
+           ("smollm2", 4096), ("smollm2", 8192), ("l1b", 4096), ("l1b", 8192)]     # l1b at 32k: the line above
 
 
 def spec_of(model_id: str):
