@@ -2,17 +2,25 @@
 fraction of this machine's FLOP bound (numpy's sgemm measured in the same run), and the time of a question asked
 after it (exact rows, a tile), each length in a fresh process.
 
-    .venv/bin/python bench/long_context.py                                   # gemma3 4k..32k, smollm2 4k and 8k
+    .venv/bin/python bench/long_context.py                          # gemma3 4k..32k, smollm2 and l1b 4k and 8k
     .venv/bin/python bench/long_context.py --models gemma3 --lengths 30000   # the issue's 30,000-token request
     .venv/bin/python bench/long_context.py --models gemma3 --lengths 30000 --reference   # + float64 rows (minutes)
+    .venv/bin/python bench/long_context.py --models l1b --lengths 32768 --resolution 0   # 134 TFLOP: tens of min
 
 Each run is the issue's request on the model's runtime (runtime/layerwise.py, what POST /api/attention runs for a
 long text): every head's rows (the summaries), every head's overview at resolution 512, and the full rows of 6
 queries of 4 layers (local and global ones on Gemma 3), in a fresh process whose peak resident memory (VmHWM) is
 reported. work: runtime/capabilities.forward_flop (block weights, each head's visible query-key pairs), the LM head
 at the last position only (the request asks no predictions: runtime/blocks.final_parts); bound: that work at the sgemm rate (4096^3, float32, measured before each run with the same
-threads); fraction = bound / time. rows / tile: a question after the run, recomputed from its checkpoints (every
-layer's kept): the full rows of one query of a global layer's every head, and a 256 x 256 tile.
+threads); fraction = bound / time. Checkpoints are kept as a server keeps them (runtime/blocks.checkpoint_spacing
+against half its default result cache: e.g. every layer's at 4k on Gemma 3, one in 16 layers at 32k on l1b).
+rows / tile: a question after the run, recomputed from its nearest checkpoint: the full rows of one query of a
+global layer's every head, and a 256 x 256 tile.
+l1b: a random checkpoint of Llama 3.2 1B's exact shape in bfloat16 (bench/checkpoints.llama, written once into
+ATTNSCOPE_CACHE/checkpoints/l1b-bfloat16, 2.5 GB), its byte tokenizer reading the same English words.
+pool TFLOP: the overview's pooling products (pool_flop), which the work leaves out; +pool: the fraction with them.
+With 64-wide heads at resolution 512 they are more than the attention's own work (l1b at 32k: ~190 TFLOP against a
+134 TFLOP forward): --resolution 0 measures the summaries alone.
 --reference: transformers' Gemma 3 from the same GGUF in float64, its attention replaced (RECIPES.md 15) by one that
 computes the same rows one block of queries at a time (no [T, T]), logits at the last position only: the largest
 difference of the rows and whether the next-token top-1 agrees. Not a test.
@@ -33,9 +41,51 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-LAYERS = {"gemma3": (0, 5, 8, 17), "smollm2": (0, 10, 20, 29)}      # gemma3: 5 and 17 global, 0 and 8 local
+LAYERS = {"gemma3": (0, 5, 8, 17), "smollm2": (0, 10, 20, 29), "l1b": (0, 5, 10, 15)}  # gemma3: 5, 17 global
 DEFAULT = [("gemma3", 4096), ("gemma3", 8192), ("gemma3", 16384), ("gemma3", 32768),
-           ("smollm2", 4096), ("smollm2", 8192)]
+           ("smollm2", 4096), ("smollm2", 8192), ("l1b", 4096), ("l1b", 8192)]     # l1b at 32k: the line above
+
+
+def spec_of(model_id: str):
+    """The zoo's model, or l1b: the random Llama 3.2 1B-shaped bf16 folder (written once)."""
+    from attnscope.sources import zoo
+    from attnscope.sources.resolve import resolve
+    from bench.common import CACHE
+    if model_id != "l1b":
+        return zoo.get(model_id)
+    from bench.checkpoints import llama
+    return resolve(f"l1b={llama(CACHE / 'checkpoints' / 'l1b-bfloat16', 'l1b', 'bfloat16')}")
+
+
+def server_spacing(cfg, T: int) -> int:
+    """How many layers apart a server with default settings keeps a T-token run's checkpoints."""
+    from attnscope.analyses.attention import CHECKPOINTS_SHARE
+    from attnscope.app.settings import Settings
+    from attnscope.runtime.blocks import checkpoint_spacing
+    st = Settings()
+    return checkpoint_spacing(cfg, T, st.checkpoint_every, st.cache_mb * 2**20 * CHECKPOINTS_SHARE)
+
+
+def pool_flop(rt, T: int, R: int, group_mb: float) -> float:
+    """The overview's pooling in a run's attend graphs (graphs/reductions.py thumbnail: each block's probabilities
+    times the pooling columns of the cells its keys touch, [Tq, Tk] x [Tk, d - c], then the cells of its queries
+    times that): work forward_flop does not count. At resolution 512 on 64-wide heads it is ~4x the attention's own
+    (2 R against 4 d_head FLOP a visible query-key pair)."""
+    from attnscope.analysis.thumbnails import block_edges
+    from attnscope.runtime.blocks import blocked, query_blocks
+    if not R or T <= R:
+        return 0.0
+    edges, cfg = np.asarray(block_edges(T, R)), rt.cfg
+    cells = lambda a, b: (int(np.searchsorted(edges, a, "right") - 1), int(np.searchsorted(edges, b - 1, "right")))  # noqa: E731
+    total = 0
+    for layer in range(cfg.n_layers):
+        window = rt.model.blocks[layer].window or 0
+        plan = (query_blocks(T, cfg.causal, window, group_mb * 2**20) if blocked(T, group_mb * 2**20)
+                else [(0, T, 0, T)])
+        for q0, q1, k0, k1 in plan:
+            (a, b), (c, d) = cells(q0, q1), cells(k0, k1)
+            total += 2 * (q1 - q0) * (d - c) * ((k1 - k0) + (b - a))
+    return float(total * cfg.n_heads)
 
 
 def sgemm_rate(threads: int) -> float:
@@ -71,15 +121,16 @@ def child(model_id: str, T: int, out: Path | None) -> None:
     from attnscope.runtime import Runtime
     from attnscope.runtime.capabilities import forward_flop
     from attnscope.runtime.layerwise import Want
-    from attnscope.sources import zoo
     from bench.common import CACHE
 
-    rt = Runtime(zoo.get(model_id), cache_dir=CACHE, threads=int(os.environ.get("THREADS", "2")))
-    lw = rt.layerwise(checkpoint_every=1)
+    rt = Runtime(spec_of(model_id), cache_dir=CACHE, threads=int(os.environ.get("THREADS", "2")))
+    every = server_spacing(rt.cfg, T)
+    lw = rt.layerwise(checkpoint_every=every)
     lw.open()
     enc = rt.encode_ids(ids_of(rt, T))
     H, layers = rt.cfg.n_heads, LAYERS[model_id]
-    want = Want(layers, tuple(range(H)), resolution=512, queries=queries_of(T), logprobs=False)   # no predictions
+    R = int(os.environ.get("RESOLUTION", "512"))
+    want = Want(layers, tuple(range(H)), resolution=R, queries=queries_of(T), logprobs=False)   # no predictions
     t0 = time.perf_counter()
     res = lw.forward(enc, want=want)
     seconds = time.perf_counter() - t0
@@ -93,7 +144,8 @@ def child(model_id: str, T: int, out: Path | None) -> None:
                  **{f"rows_{layer}": res.asked.rows[layer] for layer in layers})
     flop = forward_flop(rt.cfg, blocks, T) - 2.0 * (T - 1) * rt.cfg.vocab_size * rt.cfg.d_model   # LM head: last only
     print(json.dumps({"model": model_id, "T": T, "seconds": seconds, "flop": flop,
-                      "peak": hwm, "rows_s": rows_s, "tile_s": tile_s, "top": res.next_tokens[0].id}))
+                      "peak": hwm, "rows_s": rows_s, "tile_s": tile_s, "top": res.next_tokens[0].id,
+                      "every": every, "pool": pool_flop(rt, T, R, lw.group_mb)}))
 
 
 def reference(model_id: str, saved: Path) -> tuple[float, bool]:
@@ -166,6 +218,9 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=None)
     ap.add_argument("--lengths", nargs="*", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--resolution", type=int, default=512, help="every head's overview at this resolution (0: none, "
+                    "the summaries alone): its pooling is a [Tq, Tk] x [Tk, R] product per block, which the work "
+                    "column does not count")
     ap.add_argument("--reference", action="store_true", help="float64 rows from transformers (minutes at 30k)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--save", type=Path, help=argparse.SUPPRESS)
@@ -175,11 +230,11 @@ def main() -> None:
     runs = [(m, T) for m, T in DEFAULT if (args.models is None or m in args.models)]
     if args.lengths:
         runs = [(m, T) for m in dict.fromkeys(m for m, _ in runs) for T in args.lengths]
-    os.environ["THREADS"] = str(args.threads)
+    os.environ["THREADS"], os.environ["RESOLUTION"] = str(args.threads), str(args.resolution)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    print(f"load: {os.getloadavg()[0]:.2f} (1 min), {args.threads} threads")
+    print(f"load: {os.getloadavg()[0]:.2f} (1 min), {args.threads} threads, overview at resolution {args.resolution}")
     print(f"{'model':8} {'tokens':>7} {'time s':>8} {'TFLOP':>7} {'sgemm GF/s':>10} {'of bound':>8} {'peak GB':>8} "
-          f"{'rows s':>7} {'tile s':>7}")
+          f"{'rows s':>7} {'tile s':>7} {'every':>5} {'pool TFLOP':>10} {'+pool':>6}")
     for model_id, T in runs:
         rate = sgemm_rate(args.threads)
         with tempfile.TemporaryDirectory() as tmp:
@@ -193,7 +248,8 @@ def main() -> None:
             r = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"{model_id:8} {T:>7} {r['seconds']:>8.1f} {r['flop'] / 1e12:>7.2f} {rate / 1e9:>10.0f} "
                   f"{r['flop'] / r['seconds'] / rate:>8.0%} {r['peak'] / 2**30:>8.2f} {r['rows_s']:>7.2f} "
-                  f"{r['tile_s']:>7.2f}", flush=True)
+                  f"{r['tile_s']:>7.2f} {r['every']:>5} {r['pool'] / 1e12:>10.2f} "
+                  f"{(r['flop'] + r['pool']) / r['seconds'] / rate:>6.0%}", flush=True)
             if args.reference:
                 diff, top = reference(model_id, saved)
                 print(f"  float64 reference: rows within {diff:.2e}, next-token top-1 {'equal' if top else 'DIFFERS'}")

@@ -113,6 +113,34 @@ def test_blocked_rows_equal_float64_and_the_stacked_graph(runtimes, model_id, n,
             assert not rows[:, 1, :queries[1] - 511].any() and rows[:, 1, queries[1] - 511:queries[1] + 1].all()
 
 
+def test_spaced_checkpoints_keep_rows_and_tiles_exact(runtimes):
+    """A long run keeps its checkpoints as a server spaces them (runtime/blocks.checkpoint_spacing: at 32,768 tokens
+    l1b keeps one in 16 layers, bench/long_context.py): rows and a tile of a layer between checkpoints, asked after the
+    run, walk to it from the nearest checkpoint below (blocks of queries, per-token graphs in runs of tokens) and are
+    bit for bit the rows the run computed in its pass, and within ATOL of a run that kept every layer's."""
+    from bench.long_context import server_spacing
+
+    class L1B:                                             # Llama 3.2 1B's stream: 16 layers of 2048 floats a token
+        n_layers, d_model = 16, 2048
+    # half the default 768 MB result cache: one 256 MB checkpoint at 32,768 tokens (every layer's: 4 GB), 8 at 4,096
+    assert server_spacing(L1B, 32768) == 16 and server_spacing(L1B, 4096) == 2
+
+    rt = runtimes["smollm2"]
+    enc = rt.encode_ids(text_ids(rt, 400))
+    T, H, layer = len(enc.ids), rt.cfg.n_heads, 6
+    heads, queries, tile = (0, H - 1), (0, 200, T - 1), ((150, 260), (100, 230))
+    spaced = Layerwise(rt, checkpoint_every=4, group_mb=0.1, graphs=rt.layerwise())
+    want = Want((layer,), heads, queries=queries, tile=tile)
+    res = spaced.forward(enc, want=want)
+    assert sorted(res.checkpoints) == list(range(0, rt.cfg.n_layers, 4)) and len(tokenwise(spaced, T)) > 1
+    later = spaced.recompute(res, want)                    # blocks 4, 5, 6 from layer 4's checkpoint
+    np.testing.assert_array_equal(later.asked.rows[layer], res.asked.rows[layer])
+    np.testing.assert_array_equal(later.asked.tile[layer], res.asked.tile[layer])
+    every = Layerwise(rt, group_mb=0.1, graphs=rt.layerwise()).forward(enc, want=want)
+    np.testing.assert_allclose(later.asked.rows[layer], every.asked.rows[layer], atol=ATOL, rtol=0)
+    np.testing.assert_array_equal(later.asked.tile[layer][:, 200 - 150], later.asked.rows[layer][:, 1, 100:230])
+
+
 PEAK = textwrap.dedent("""
     import ctypes
     import sys
