@@ -125,6 +125,25 @@ def test_long_text_was_cut_silently(tab, live_server):
     assert tab.errors == []
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("server,model,title,reads", [
+    ("live_server_smollm2", "smollm2", "SmolLM2-135M-Instruct", 8_192), ("live_server_gemma3", "gemma3", "Gemma 3 270M", 32_768)])
+def test_long_text_read_whole_says_so(tab, request, server, model, title, reads):
+    """The same 3,000 words on the zoo models that read all of it (SmolLM2 8,192 tokens, Gemma 3 32,768): the banner says
+    on screen that all of it was read, how many tokens that is, and how many the model reads (one long run each)."""
+    base = request.getfixturevalue(server)
+    tab.goto(base + "/?" + urlencode({"model": model, "text": ARTICLE}))
+    wait_drawn(tab, None, timeout=600_000)
+    note = tab.locator("#length-note")
+    expect(note).to_be_visible()
+    read, total = int(note.get_attribute("data-read")), int(note.get_attribute("data-total"))
+    assert read == total and 2_500 < read < 9_000, note.inner_text()
+    expect(note).to_contain_text(f"Read all {read:,} tokens of the text ({title} reads up to {reads:,}).")
+    box = note.bounding_box()
+    assert box and box["y"] + box["height"] < 720, box                           # on the first screen
+    assert tab.errors == []
+
+
 def test_tabs_refused_at_this_length_in_developer_words(tab, live_server_smollm2):
     """~300 tokens on SmolLM2: the logit lens and effects take at most 256. Their tabs are disabled before they are
     asked, in plain words; opened, the view says so and asks the server nothing. A refusal the server does send is
