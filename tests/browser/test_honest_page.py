@@ -125,6 +125,25 @@ def test_long_text_was_cut_silently(tab, live_server):
     assert tab.errors == []
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("server,model,title,reads", [
+    ("live_server_smollm2", "smollm2", "SmolLM2-135M-Instruct", 8_192), ("live_server_gemma3", "gemma3", "Gemma 3 270M", 32_768)])
+def test_long_text_read_whole_says_so(tab, request, server, model, title, reads):
+    """The same 3,000 words on the zoo models that read all of it (SmolLM2 8,192 tokens, Gemma 3 32,768): the banner says
+    on screen that all of it was read, how many tokens that is, and how many the model reads (one long run each)."""
+    base = request.getfixturevalue(server)
+    tab.goto(base + "/?" + urlencode({"model": model, "text": ARTICLE}))
+    wait_drawn(tab, None, timeout=600_000)
+    note = tab.locator("#length-note")
+    expect(note).to_be_visible()
+    read, total = int(note.get_attribute("data-read")), int(note.get_attribute("data-total"))
+    assert read == total and 2_500 < read < 9_000, note.inner_text()
+    expect(note).to_contain_text(f"Read all {read:,} tokens of the text ({title} reads up to {reads:,}).")
+    box = note.bounding_box()
+    assert box and box["y"] + box["height"] < 720, box                           # on the first screen
+    assert tab.errors == []
+
+
 def test_tabs_refused_at_this_length_in_developer_words(tab, live_server_smollm2):
     """~300 tokens on SmolLM2: the logit lens and effects take at most 256. Their tabs are disabled before they are
     asked, in plain words; opened, the view says so and asks the server nothing. A refusal the server does send is
@@ -343,11 +362,48 @@ def test_minilm_heads_9_to_11_hid_behind_sideways_scrolling_at_1280(tab, live_se
     assert tab.errors == []
 
 
+# The numbers a heatmap writes in its cells, as a reader sees them: each number's text box on screen against its cell
+# (the mean distance between neighbouring rows' and columns' centres less the trace's gap, times the SVG's scale on screen). A number
+# taller or wider than its cell runs into its neighbours: the font size alone (11 px) did not show it. Returns
+# {count, cut: numbers that do not fit, in words}.
+CELL_TEXT_JS = """() => {
+  const out = {count: 0, cut: []};
+  for (const gd of document.querySelectorAll('.view:not([hidden]) .js-plotly-plot')) {
+    const tr = (gd._fullData || []).find((t) => t.type === 'heatmap' && t.texttemplate);
+    const labels = [...gd.querySelectorAll('.heatmap-label text')].filter((t) => t.textContent.trim() && t.getClientRects().length);
+    if (!tr || !labels.length) continue;
+    out.count += labels.length;
+    const m = gd.querySelector('.main-svg').getScreenCTM(), s = Math.sqrt(Math.abs(m.a * m.d - m.b * m.c));
+    const boxes = labels.map((t) => [t.textContent, t.getBoundingClientRect()]);
+    const pitch = (key) => { const c = [...new Set(boxes.map(([, b]) => Math.round(key(b))))].sort((a, b) => a - b);
+      return c.length > 1 ? (c[c.length - 1] - c[0]) / (c.length - 1) : Infinity; };   // rows (columns) evenly spaced
+    const cellW = pitch((b) => b.left + b.width / 2) - (tr.xgap || 0) * s, cellH = pitch((b) => b.top + b.height / 2) - (tr.ygap || 0) * s;
+    for (const [text, b] of boxes)
+      if (b.height > cellH + 0.5 || b.width > cellW + 0.5)
+        out.cut.push(`"${text}" ${b.width.toFixed(1)}x${b.height.toFixed(1)} px in a ${cellW.toFixed(1)}x${cellH.toFixed(1)} px cell`);
+  }
+  out.cut = [...new Set(out.cut)];
+  return out;
+}"""
+
+
 def test_head_summary_put_270_numbers_in_350_px(tab, live_server_smollm2):
-    """SmolLM2's Head summary (30 layers x 9 heads) wrote its numbers at ~7 px to fit ~350 px: now none of its text is
-    under 10 px (the plot grows and the page scrolls)."""
-    visit(tab, live_server_smollm2, "summary", model="smollm2", text=EXAMPLE)
-    assert tab.evaluate(SMALL_TEXT_JS) == []
+    """SmolLM2's Head summary (30 layers x 9 heads) wrote its 270 numbers at 11 px in a map of ~350 px: 12 px a row, a
+    cell 10 px tall under a 13 px line of text (digits ~8 px high, each row's numbers against the next's); with Large
+    text 15 px numbers in 17 x 10 px cells, unreadable. Now every number fits its cell at 10 px or more, at 1280x720 and
+    1440x900, Large text on and off: the map grows (the page scrolls) and makes room beside or above the ranking."""
+    try:
+        for size in SIZES:
+            tab.set_viewport_size(size)
+            for large in (False, True):
+                visit(tab, live_server_smollm2, "summary", model="smollm2", text=EXAMPLE, **({"large": "1"} if large else {}))
+                where = (size["width"], "large" if large else "normal")
+                cells = tab.evaluate(CELL_TEXT_JS)
+                assert cells["count"] == 270, (where, cells["count"])          # every number written, none left out
+                assert cells["cut"] == [], (where, cells["cut"][:5], len(cells["cut"]))
+                assert tab.evaluate(SMALL_TEXT_JS) == [], where
+    finally:
+        tab.set_viewport_size(SIZES[0])
     assert tab.errors == []
 
 

@@ -22,6 +22,53 @@ function sortButton(key, label, st, ctx) {
       title: `Sort by ${label}` }, label, h("span", { "aria-hidden": "true", text: on ? (desc ? " ▼" : " ▲") : " ⇅" })));
 }
 
+// The numbers in the cells (issue 51: SmolLM2's 270 were drawn 11 px high in cells 10 px high, ~350 px for 30
+// layers; with Large text 15 px in 17 x 10 px cells). They keep their size, never under 10 px: each row gets ROW_EM
+// of it (the map grows and the page scrolls), and where a cell beside the ranking is too narrow for them the map
+// stands above the ranking, the panel's whole width. Narrower still (many heads), the cells have none: the ranking
+// and the hover have every number.
+const GAP = 2;                  // px between cells
+const ROW_EM = 1.6;             // a row's height, in the numbers' font size (their line box is ~1.2)
+let measure = null;             // a canvas context that measures text as Plotly's SVG draws it
+
+function textWidth(texts, px) {
+  measure ??= document.createElement("canvas").getContext("2d");
+  measure.font = `${px}px system-ui, sans-serif`;                            // the plots' font (plot.js withBase)
+  return Math.max(0, ...texts.map((t) => measure.measureText(t).width));
+}
+
+/** The colour bar's share of the plot's width: its title (Plotly's ~1.2 em), or its tick labels, the bar and pads. */
+function barWidth(title, font) {
+  return Math.max(textWidth(title ? title.split("<br>") : [], Math.round(font * 1.25)), textWidth(["0.00"], font)) + 30;
+}
+
+/** The colour bar's title in lines of at most 13 characters (or its longest word): a narrow bar leaves the cells
+ *  room for their numbers beside the ranking ("cross-sentence<br>mass", "mean entropy<br>(nats)"). */
+function barLines(unit) {
+  const words = unit.split(" "), most = Math.max(13, ...words.map((w) => w.length)), lines = [];
+  for (const w of words) {
+    if (lines.length && `${lines.at(-1)} ${w}`.length <= most) lines[lines.length - 1] += ` ${w}`;
+    else lines.push(w);
+  }
+  return lines.join("<br>");
+}
+
+/** Whether the cells can hold their numbers at their size (px), and the map's layout and height for them. */
+function numbersFit(layout, plot, z, digits, { H, L, large, font, margin, barTitle }) {
+  const px = large ? 15 : H > 12 ? 10 : 11;
+  const needW = textWidth([...new Set(z.flat().map((v) => v.toFixed(digits)))], px) + 2 + GAP;   // a px each side
+  const needH = Math.ceil(px * ROW_EM) + GAP;
+  const bar = barWidth(barTitle, font);
+  const cell = (w) => (w - margin.l - margin.r - bar) / H;
+  layout.classList.remove("stacked");
+  plot.style.height = "";
+  if (cell(plot.clientWidth || 800) < needW && cell(layout.clientWidth) >= needW) layout.classList.add("stacked");
+  const numbers = cell(plot.clientWidth || 800) >= needW;
+  const tall = L * needH + margin.t + margin.b;
+  if (numbers && tall > plot.clientHeight) plot.style.height = `${tall}px`;
+  return { numbers, px };
+}
+
 export function render(container, { meta, results: [ans] }, st, ctx) {
   const info = ctx.boot.stats.find((x) => x.id === st.stat);
   const { label, help: explain } = info;
@@ -56,20 +103,21 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
   note.textContent = `${explain} ${over} Colours: ${range.label}` +
     (st.stat === "mean_entropy" ? ` (ln ${T} = ${fmt(Math.log(T), 2)} nats: uniform over every key).` : ".");
 
-  const big = ctx.large;
   const digits = st.stat === "mean_distance" && norm === 1 ? 1 : 2;
-  const cellPx = ((layout.clientWidth || 800) * (layout.clientWidth < 900 ? 1 : 0.6) - 140) / H;
   const narrow = layout.clientWidth < 600;
+  const barTitle = narrow ? "" : barLines(unit);
+  const margin = narrow ? { l: 44, r: 4, t: 36, b: 44 } : { l: 56, r: 10, t: 44, b: 50 };
+  const fit = numbersFit(layout, plot, z, digits, { H, L, large: ctx.large, font: ctx.font, margin, barTitle });
   ctx.plot(plot, [{
-    type: "heatmap", z, x: ans.heads, y: ans.layers, colorscale: plotlyScale, xgap: 2, ygap: 2,
+    type: "heatmap", z, x: ans.heads, y: ans.layers, colorscale: plotlyScale, xgap: GAP, ygap: GAP,
     zmin: range.zmin, zmax: range.zmax,
-    colorbar: { title: { text: narrow ? "" : unit.replace(" (", "<br>(") }, thickness: narrow ? 8 : 12 },
+    colorbar: { title: { text: barTitle }, thickness: narrow ? 8 : 12 },
     // the numbers in the cells only where they fit (the ranking has them all)
-    texttemplate: cellPx >= (big ? 44 : 30) ? `%{z:.${digits}f}` : "", textfont: { size: big ? 15 : H > 12 ? 9 : 11 },
+    texttemplate: fit.numbers ? `%{z:.${digits}f}` : "", textfont: { size: fit.px },
     hovertemplate: `layer %{y}, head %{x}<br>${unit}: %{z:.6f}<extra>click to open</extra>`,
   }], {
     title: narrow ? unit : `${unit} per head`,
-    margin: narrow ? { l: 44, r: 4, t: 36, b: 44 } : { l: 56, r: 10, t: 44, b: 50 },
+    margin,
     xaxis: { title: { text: "head" }, tickmode: "array", tickvals: ans.heads, showgrid: false, zeroline: false, fixedrange: true },
     yaxis: { title: { text: "layer" }, tickmode: "array", tickvals: ans.layers, autorange: "reversed", showgrid: false, zeroline: false, fixedrange: true },
     shapes: [{ type: "rect", x0: st.head - 0.5, x1: st.head + 0.5, y0: st.layer - 0.5, y1: st.layer + 0.5,
