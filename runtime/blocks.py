@@ -384,18 +384,19 @@ def exact_parts(lw, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, hea
 
 def exact_qkv(lw, layer: int, x, chunks, causal: bool, queries=(), tile=None, release: bool = False
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """q, k, v [1, H, T, dh] for rows or a tile asked alone (exact_parts after a run: Layerwise.recompute): k and v of
-    the keys up to the last one they read (causal; every key else), from the block's first graph without its query
-    projection (block_kv), and q at the asked queries alone, zero elsewhere (never read). Gemma 3 at 30,000 tokens:
-    ~20 of the layer's 60 GFLOP of q, k, v. chunks: the runs of tokens of the per-token graphs (None: one run)."""
+    """q, k, v [1, H, T, dh] for rows or a tile asked alone over a long text (exact_parts after a run:
+    Layerwise.recompute), in the run's own runs of tokens (chunks: tokenwise's), so the same bits as the run's: k and v
+    of the runs up to the last key they read (causal; every run else), from the block's first graph without its query
+    projection (block_kv), and q of the runs that hold an asked query alone, zero elsewhere (never read). Gemma 3 at
+    30,000 tokens: ~20 of the layer's 60 GFLOP of q, k, v."""
     T = x.shape[1]
-    spans = sorted({(i, i + 1) for i in queries} | ({tuple(tile[0])} if tile is not None else set()))
+    spans = [(i, i + 1) for i in queries] + ([tuple(tile[0])] if tile is not None else [])
     last = max(b for _, b in spans) if causal else T
-    runs = chunks and [(a, min(b, last)) for a, b in chunks if a < last]
-    kv = by_tokens(lw, "block_kv", {"x": cut(x, 0, last, 1)}, ["k", "v"], runs, layer, release)
-    asked = by_tokens(lw, "block_in", {"x": x}, ["q"], spans, layer)["q"].host()     # each span at its position
-    q = np.zeros(asked.shape[:2] + (T,) + asked.shape[3:], asked.dtype)
-    for a, b in spans:
+    kv = by_tokens(lw, "block_kv", {"x": x}, ["k", "v"], [(a, b) for a, b in chunks if a < last], layer, release)
+    runs = [(a, b) for a, b in chunks if any(a < d and c < b for c, d in spans)]
+    asked = by_tokens(lw, "block_in", {"x": x}, ["q"], runs, layer)["q"].host()
+    q = np.zeros(asked.shape[:2] + (T,) + asked.shape[3:], asked.dtype)      # calloc: untouched pages cost nothing
+    for a, b in runs:
         q[:, :, a:b] = asked[:, :, a:b]
     return q, kv["k"].host(), kv["v"].host()
 

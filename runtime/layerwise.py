@@ -306,7 +306,7 @@ class Layerwise:
                 del out["x_next"]
             return out
         chunks = blocks and tokenwise(self, T)                  # per-token graphs in runs of tokens
-        if exact and not (outputs or next_x):        # rows or a tile alone: q at their queries, k, v to their keys
+        if exact and chunks and not (outputs or next_x):     # rows or a tile alone: q at theirs, k, v to their keys
             qkv, arrays = None, exact_qkv(self, layer, x, chunks, causal, *exact[1:3], release)
         else:
             qkv = by_tokens(self, "block_in", {"x": x}, list("qkv"), chunks, layer, release)
