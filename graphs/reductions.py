@@ -12,6 +12,8 @@ so that a layer-by-layer run keeps these and never p itself:
     top_weights  the k largest weights of each row of those heads (input top_k [1]) [B, n, T, k]
     top_keys     their key indices [B, n, T, k]
     ASKED_ROWS   rows computed for the asked heads only (the duplicate-token score's), [B, n, T]
+    run rows     local (input local_window [1]: the keys |i - j| < w) and value_weighted_first (input value_norms
+                 [B, h, Tk], each key's ||v_j W_O^h||, unless the graph computes them: a whole layer's, build_layer)
 
 Written for speed over a layer's T^2 numbers (bench/long_input.py measures it): every full pass costs, Log most, so
 entropy is -sum p log p through log p_ij = m_ij - lse_i without a Log per entry, the diagonals are strided slices of
