@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field
 from ..analysis import rollout, scores as head_scores, statistics as stats, thumbnails
 from ..analysis.effects import effect
 from ..analysis.scores import probe_ids
-from ..analysis.statistics import HEAD_STATS, PAIR_STATS, SCORE_INFO
+from ..analysis.statistics import HEAD_STATS, PAIR_STATS, RUN_STATS, SCORE_INFO
 from ..runtime import Encoding, Runtime
 from ..runtime.encdec import EncoderDecoderRuntime
 from ..runtime.interventions import head_masks
@@ -93,8 +93,8 @@ class AttentionResponse(Tokens, exact.ExactAnswer):
         "(0 when one key is visible)")
     max_weight: list[list[list[float]]] | None = Field(None, description="[layer][head][query] largest weight")
     summary: dict[str, list[list[float]]] | None = Field(
-        None, description=f"per-head statistics [layer][head]: {', '.join(HEAD_STATS)}; for a sentence pair also "
-        f"{', '.join(PAIR_STATS)}")
+        None, description=f"per-head statistics [layer][head]: {', '.join(HEAD_STATS + RUN_STATS)} (the last where "
+        f"the run computes the keys' value norms); for a sentence pair also {', '.join(PAIR_STATS)}")
     rollout: Matrix | None = Field(None, description="attention rollout over all layers [query][key]")
     next_tokens: list[NextToken] | None = Field(None, description="with `predictions`: the 10 most probable "
                                                 "tokens after the last one")
@@ -322,7 +322,7 @@ def _layerwise(ctx: Context, req: AttentionRequest, rt: Runtime, enc: Encoding, 
 def layerwise_payload(plan, computed) -> dict:
     """payload() for a long text's run: the same fields, from the rows, thumbnails and asked heads it kept."""
     r, req, layers, heads = computed.result, plan.request, plan.layers, plan.heads
-    T, sel, keys = len(r.tokens), np.ix_(layers, heads), stats.TextKeys.of(r.encoding)
+    T, sel, keys = len(r.tokens), np.ix_(layers, heads), stats.TextKeys.of(r.encoding, plan.runtime.cfg)
     out = tokens(plan, r) | {"layers": layers, "heads": heads}
     if "attention" in req.include:
         if req.top_k:
@@ -361,7 +361,8 @@ def payload(plan, computed) -> dict:
         else:
             out["attention"] = probs
     out |= exact.from_matrices(req, probs)
-    keys = stats.TextKeys.of(r.encoding)
+    norms = None if r.value_norms is None else r.value_norms[np.ix_(layers, heads)]            # [l, h, T]
+    keys = stats.TextKeys.of(r.encoding, plan.runtime.cfg, norms)
     rows = stats.rows(probs, keys, _rows_asked(req, keys))                              # [l, h, T'] each
     out |= _row_statistics(plan, rows, keys, stats.visible_keys(r.mask), computed)
     if "rollout" in req.include:
@@ -375,8 +376,7 @@ def _rows_asked(req, keys: stats.TextKeys) -> list[str]:
     if "entropy" in req.include:
         names |= {"entropy", "max_weight"}
     if "summary" in req.include:
-        names |= {s.row for s in stats.STATISTICS.values() if s.needs == "probabilities" or (s.needs == "pair" and
-                                                                                            keys.pair)}
+        names |= stats.summary_rows(keys)
     if "scores" in req.include:
         names |= set(head_scores.score_rows())
     return [name for name in stats.ROWS if name in names]

@@ -15,13 +15,12 @@ the page's list of statistics all read the tables below; tests hold the two form
 """
 from __future__ import annotations
 
-import functools
-import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..model.masks import MASKED
+from .keysets import induction_targets, is_punctuation, same_token_keys, sentences  # noqa: F401 (the registry's)
 
 
 def _float(p) -> np.ndarray:
@@ -30,53 +29,26 @@ def _float(p) -> np.ndarray:
     return p if np.issubdtype(p.dtype, np.floating) else p.astype(np.float64)
 
 
-# ---- what a text marks: the key sets some rows need ---------------------------------------------------------
-@functools.lru_cache(maxsize=1 << 16)    # a vocabulary's pieces: every request asks about its tokens again
-def is_punctuation(piece: str) -> bool:
-    """A token whose characters (spaces aside) are all Unicode punctuation (categories P*)."""
-    piece = piece.strip()
-    return bool(piece) and all(unicodedata.category(c).startswith("P") for c in piece)
-
-
-def sentences(segments) -> np.ndarray:
-    """Sentence (0 = A, 1 = B) of each token from the tokenizer's segments (0, 1, -1 for an added special token):
-    a special token belongs to the sentence before it, [CLS] to A. [T]"""
-    out, current = [], 0
-    for s in segments:
-        current = s if s >= 0 else current
-        out.append(current)
-    return np.asarray(out, np.int64)
-
-
-def same_token_keys(token_ids) -> np.ndarray:
-    """[Tq, Tk] True where key j < i holds query i's own token."""
-    ids = np.asarray(token_ids)
-    return (ids[:, None] == ids[None, :]) & np.tri(len(ids), k=-1, dtype=bool)
-
-
-def induction_targets(token_ids) -> np.ndarray:
-    """[Tq, Tk] True at key j + 1 where an earlier key j < i - 1 holds query i's own token: the token that followed
-    the earlier occurrence, the key an induction head reads ([A][B] ... [A] -> [B]). The occurrence just before i
-    (j = i - 1) is left out: its follower is the query itself."""
-    same = same_token_keys(token_ids)
-    out = np.zeros_like(same)
-    out[:, 1:] = same[:, :-1]
-    return out & np.tri(len(same), k=-1, dtype=bool)
-
-
+# ---- what a text marks: the key sets some rows need (analysis/keysets.py) -----------------------------------
 @dataclass(frozen=True)
 class TextKeys:
-    """What one text marks among its tokens, for the rows that need it (runtime.Encoding has all three):
+    """What one text marks among its tokens, for the rows that need it (runtime.Encoding has the first three):
     punctuation [T] bool (None: not known, the row is NaN), the sentence pair's segments (None: one text) and the
-    token ids (None: not known)."""
+    token ids (None: not known); and what the run gives besides the probabilities (the "run" statistics): the
+    local window in keys (local_window; 0: not known) and each key's value norm ||v_j W_O^h|| [..., T] for the heads
+    p holds (the run's value_norms; None: not computed). A row whose input is not known is NaN."""
     punctuation: np.ndarray | None = None
     segments: list[int] | None = None
     token_ids: list[int] | None = None
+    window: int = 0
+    value_norms: np.ndarray | None = None
 
     @classmethod
-    def of(cls, encoding) -> "TextKeys":
-        """A runtime.Encoding's (or a LayerwiseResult's) key sets."""
-        return cls(np.asarray(encoding.punctuation, bool), list(encoding.segments), list(encoding.ids))
+    def of(cls, encoding, cfg=None, value_norms: np.ndarray | None = None) -> "TextKeys":
+        """A runtime.Encoding's (or a LayerwiseResult's) key sets; given the model's config, its local_window; the
+        keys' value norms where the run has them."""
+        return cls(np.asarray(encoding.punctuation, bool), list(encoding.segments), list(encoding.ids),
+                   local_window(cfg) if cfg is not None else 0, value_norms)
 
     @property
     def pair(self) -> bool:
@@ -113,6 +85,10 @@ class Row:
 
     def counted(self, n: int, keys: TextKeys = NO_KEYS) -> np.ndarray:
         return np.ones(n, bool)
+
+    def given(self, keys: TextKeys) -> bool:
+        """Whether `keys` holds what this row reads besides p (else it is NaN)."""
+        return True
 
 
 @dataclass(frozen=True)
@@ -179,6 +155,43 @@ class Sink(Column):
 
 
 @dataclass(frozen=True)
+class ValueWeighted(Column):
+    """Value-weighted attention's weight on one key (Kobayashi et al. 2020, 'Attention is not only a weight'): the
+    share of the row's sum_j p_ij ||v_j W_O^h|| that key writes, p_i,key n_key / sum_j p_ij n_j, with n the keys'
+    value norms (TextKeys.value_norms). runtime/blocks.VIEWS' value_weighted rows, at one key."""
+    def numpy(self, p, keys=NO_KEYS):
+        n = keys.value_norms
+        if n is None:
+            return np.full(p.shape[:-1], np.nan, p.dtype)
+        n = np.asarray(n, p.dtype)
+        return p[..., :, self.key] * n[..., None, self.key] / np.einsum("...qk,...k->...q", p, n)
+
+    def given(self, keys: TextKeys) -> bool:
+        return keys.value_norms is not None
+
+    def reduce(self, r):
+        return r.value_weighted(self.key)
+
+
+@dataclass(frozen=True)
+class Local(Row):
+    """sum_j p_ij over the keys fewer than w tokens away, |i - j| < w (w: TextKeys.window): under a causal mask the
+    query's last w keys, its own included, the keys a local layer of window w sees (model/masks.sliding_window_mask)."""
+    def numpy(self, p, keys=NO_KEYS):
+        if not keys.window:
+            return np.full(p.shape[:-1], np.nan, p.dtype)
+        idx = np.arange(p.shape[-1])
+        near = np.abs(idx[:, None] - idx[None, :]) < keys.window
+        return np.einsum("...qk,qk->...q", p, near.astype(p.dtype))
+
+    def given(self, keys: TextKeys) -> bool:
+        return keys.window > 0
+
+    def reduce(self, r):
+        return r.local()
+
+
+@dataclass(frozen=True)
 class Diagonal(Row):
     """The weight on key i + offset, for the queries that have one: itself (0), the one before (-1), after (+1)."""
     offset: int = 0
@@ -235,6 +248,13 @@ class Induction(Marked):
 
 
 INDUCTION_FLOOR = 0.01    # a target's weight below this counts as 0 (natural-text induction; docs/atlas.md)
+LOCAL_WINDOW = 64         # keys: local_mass's window in a model without local layers (a few sentences back: what
+#                           previous-token, n-gram and syntax heads read; a text under 64 tokens is all within it)
+
+
+def local_window(cfg) -> int:
+    """local_mass's window for a model: its local layers' sliding window (Gemma 3: 512), else LOCAL_WINDOW."""
+    return int(getattr(cfg, "sliding_window", 0) or LOCAL_WINDOW)
 
 ROWS: dict[str, Row] = {
     "entropy": Entropy("-sum_j p_ij log p_ij, in nats"),
@@ -246,6 +266,9 @@ ROWS: dict[str, Row] = {
     "next": Diagonal("p_i,i+1: the weight on the key after, queries i < T-1", offset=1),
     "distance": Distance("sum_j p_ij |i - j|: the mean distance to the keys, in tokens"),
     "distance_variance": DistanceVariance("sum_j p_ij (|i - j| - d_i)^2: the variance of the distance to the keys"),
+    "local": Local("sum_j p_ij over |i - j| < w: the weight within the local window of w keys"),
+    "value_weighted_first": ValueWeighted("p_i0 n_0 / sum_j p_ij n_j, n_j = ||v_j W_O^h||: the value-weighted "
+                                          "weight on the first key (Kobayashi et al. 2020)", key=0),
     "sink": Sink("p_i0 for queries i >= 1: the weight on the first key", key=0),
     "induction": Induction("the weight on key j+1 for each earlier j < i-1 holding query i's token (each such "
                            f"weight counted where >= {INDUCTION_FLOOR}), queries that have one",
@@ -267,7 +290,8 @@ class Statistic:
     a sentence "pair" (the API's summary of a pair), or the "text" (which tokens are punctuation: the corpus job,
     which reads each text's tokens; the API's summary is a function of the probabilities and a pair's segments);
     "corpus": reported over a corpus only (the corpus job and the atlas), computed in NumPy from the probabilities
-    and the token ids."""
+    and the token ids; "run": the API's summary, from the probabilities and what that run gives besides them (the
+    model's local window, the keys' value norms: TextKeys), reported where the run has them."""
     name: str
     row: str
     label: str
@@ -299,6 +323,17 @@ STATISTICS: dict[str, Statistic] = {s.name: s for s in [
     Statistic("cross_sentence_mass", "cross_sentence", "cross-sentence mass", "Sentence pairs only: average weight "
               "a token puts on the other sentence ([CLS] and the first [SEP] count as sentence A, the last [SEP] as "
               "B).", needs="pair"),
+    # of one run: from the probabilities and what the run gives besides them (TextKeys.window, .value_norms)
+    Statistic("local_mass", "local", "local-window mass", "Average weight on the keys within the local window, the "
+              "query's own included: the model's sliding window where it has local layers (Gemma 3: 512 keys), "
+              f"else the last {LOCAL_WINDOW} keys. 1 on a local layer itself; on a global layer, how much of its "
+              "attention a local window would have kept (1: it reads nothing further back).", needs="run"),
+    Statistic("value_weighted_first_token_mass", "value_weighted_first", "value-weighted first-token mass",
+              "Average share of the first token in each row of value-weighted attention, alpha_i0 ||v_0 W_O|| / "
+              "sum_j alpha_ij ||v_j W_O|| (Kobayashi et al. 2020): how much of what the head writes comes from the "
+              "first token, not how much it looks there. Beside first-token mass it tells an idle sink from a "
+              "working one: a head that parks 0.9 of its weight on a first token whose value is near zero scores "
+              "near 0 here, and costs the residual stream little.", needs="run"),
     # over a corpus (the corpus job and the atlas): HeadVis' distribution metrics besides those above
     Statistic("distance_variance", "distance_variance", "distance variance (tokens²)", "How spread the distances "
               "to the attended keys are, averaged over the queries: 0 = every key at the same distance. Over a "
@@ -314,6 +349,7 @@ HEAD_STATS = tuple(n for n, s in STATISTICS.items() if s.needs == "probabilities
 PAIR_STATS = tuple(n for n, s in STATISTICS.items() if s.needs == "pair")            # a sentence pair's too
 TEXT_STATS = tuple(n for n, s in STATISTICS.items() if s.needs == "text")            # a corpus's too
 CORPUS_STATS = tuple(n for n, s in STATISTICS.items() if s.needs == "corpus")        # a corpus's only
+RUN_STATS = tuple(n for n, s in STATISTICS.items() if s.needs == "run")              # the API's summary, where known
 STAT_INFO = {n: (s.label, s.meaning) for n, s in STATISTICS.items()}
 
 
@@ -378,6 +414,13 @@ def mean(values: np.ndarray, counted: np.ndarray | None = None) -> np.ndarray:
     if counted is not None and not counted.all():
         values = values[..., counted]
     return values.mean(axis=-1) if values.shape[-1] else np.zeros(values.shape[:-1], values.dtype)
+
+
+def summary_rows(keys: TextKeys) -> set[str]:
+    """The rows the API's summary of a text reads: HEAD_STATS', a pair's PAIR_STATS', and RUN_STATS' whose inputs
+    the run gives (Row.given)."""
+    return {s.row for s in STATISTICS.values() if s.needs == "probabilities" or (s.needs == "pair" and keys.pair)
+            or (s.needs == "run" and ROWS[s.row].given(keys))}
 
 
 def summarize(row_values: dict[str, np.ndarray], keys: TextKeys = NO_KEYS) -> dict[str, np.ndarray]:

@@ -16,9 +16,9 @@ from onnx import helper
 from ..model.transformer import Transformer
 from ..model.weights import arrays, block_arrays, identities
 from .builder import FLOAT, INT, Graph, model_proto, pruned
-from .reductions import OUTPUTS, Reductions, needed_columns, reduce
+from .reductions import OUTPUTS, VALUE_ROW, Reductions, needed_columns, reduce
 from .steps import (attend, attention_inputs, block_output, embed, final, final_outputs, position_weights, rope_tables,
-                    token_inputs, transformer_block)
+                    token_inputs, transformer_block, value_norms)
 
 
 def build_embed(model: Transformer) -> onnx.ModelProto:
@@ -98,10 +98,12 @@ def _check(outputs) -> None:
         raise ValueError(f"unknown attention outputs {sorted(unknown)}; known: {', '.join(OUTPUTS)}")
 
 
-def _reductions(g: Graph, st: dict[str, str], outputs, causal: bool, block: bool = False) -> dict[str, str]:
-    """ctx and the reductions.OUTPUTS asked of the probabilities of an attention's stages st (steps.attend's)."""
+def _reductions(g: Graph, st: dict[str, str], outputs, causal: bool, block: bool = False,
+                values: str | None = None) -> dict[str, str]:
+    """ctx and the reductions.OUTPUTS asked of the probabilities of an attention's stages st (steps.attend's); values:
+    the keys' value norms where this graph computes them (else an input, Reductions.value_weighted)."""
     T = g.slice(g.op("Shape", st["q"]), 2, 3, 0, hint="T")
-    r = Reductions(g, st["attentions"], st["masked"], T, causal, needed_columns(outputs, causal), block)
+    r = Reductions(g, st["attentions"], st["masked"], T, causal, needed_columns(outputs, causal), block, values)
     return {"ctx": st["ctx"]} | reduce(r, outputs)
 
 
@@ -151,7 +153,8 @@ def build_layer(model: Transformer, outputs, causal: bool, layer: int = 0) -> on
     T = g.slice(g.op("Shape", "x"), 1, 2, 0, hint="T")
     x_next, st = transformer_block(g, model.blocks[layer], cfg, "block", "x", "attention_mask", "head_mask",
                                    "head_mean", position_weights(g, T), rope_tables(g, model, T, layer=layer))
-    made = _reductions(g, st, outputs, causal) | {"x_next": x_next}
+    values = value_norms(g, model.blocks[layer].attn, cfg, "block.attn", st["v"]) if VALUE_ROW in outputs else None
+    made = _reductions(g, st, outputs, causal, values=values) | {"x_next": x_next}
     return pruned(model_proto(g, g.inputs, _outputs(g, made, ("x_next",) + tuple(outputs)), "attnscope-layer"))
 
 

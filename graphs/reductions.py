@@ -12,6 +12,8 @@ so that a layer-by-layer run keeps these and never p itself:
     top_weights  the k largest weights of each row of those heads (input top_k [1]) [B, n, T, k]
     top_keys     their key indices [B, n, T, k]
     ASKED_ROWS   rows computed for the asked heads only (the duplicate-token score's), [B, n, T]
+    run rows     local (input local_window [1]: the keys |i - j| < w) and value_weighted_first (input value_norms
+                 [B, h, Tk], each key's ||v_j W_O^h||, unless the graph computes them: a whole layer's, build_layer)
 
 Written for speed over a layer's T^2 numbers (bench/long_input.py measures it): every full pass costs, Log most, so
 entropy is -sum p log p through log p_ij = m_ij - lse_i without a Log per entry, the diagonals are strided slices of
@@ -34,6 +36,7 @@ EXTRAS = {
     "top_keys": "their key indices [B, n, T, k]",
 }
 ASKED_ROWS = ("duplicate",)            # its key set is a [T, T] input: computed for the asked heads only
+VALUE_ROW = "value_weighted_first"     # the row that reads the keys' value norms (input value_norms [B, h, Tk])
 OUTPUTS = {name: row.meaning + (" (the asked heads)" if name in ASKED_ROWS else "")
            for name, row in GRAPH_ROWS.items()} \
     | EXTRAS
@@ -52,8 +55,9 @@ class Reductions:
     "pool" [T, R] (thumbnails), "positions" (a causal distance), "punctuation" [T] (a graph input)."""
 
     def __init__(self, g: Graph, probs: str, masked: str, T: str, causal: bool, columns: tuple[str, ...] = (),
-                 block: bool = False):
+                 block: bool = False, values: str | None = None):
         self.g, self.probs, self.masked, self.T, self.causal = g, probs, masked, T, causal
+        self.values = values                   # the keys' value norms [B, h, Tk] where the graph computes them
         self.columns, self._product, self._cache, self.block = tuple(columns), None, {}, block
         self.last_axis = g.const(np.array([-1]))
         if block:
@@ -113,10 +117,26 @@ class Reductions:
         g = self.g
         if self.causal:
             return g.op("Sub", self._query_positions(), self._part("positions"))
-        one, zero = g.const(np.array([1])), g.const(np.array([0]))
-        apart = g.op("Abs", g.op("Sub", g.op("Unsqueeze", self._query_positions(), one),
-                                 g.op("Unsqueeze", self._positions(), zero)))                        # [Tq, Tk]
-        return g.op("ReduceSum", g.op("Mul", self.probs, apart), self.last_axis, keepdims=0)
+        return g.op("ReduceSum", g.op("Mul", self.probs, self._apart()), self.last_axis, keepdims=0)
+
+    def local(self) -> str:
+        """sum_j p_ij over |i - j| < w, the window w an input (local_window [1]: statistics.local_window)."""
+        g = self.g
+        w = g.cast_float(g.input("local_window", INT, [1]))
+        near = g.cast_float(g.op("Less", self._apart(), w))                                         # [Tq, Tk]
+        return g.op("ReduceSum", g.op("Mul", self.probs, near), self.last_axis, keepdims=0)
+
+    def value_weighted(self, key: int) -> str:
+        """p_i,key n_key / sum_j p_ij n_j, n the keys' value norms ||v_j W_O^h|| [B, h, Tk] (`values`: computed in
+        this graph, graphs/steps.value_norms; else the input value_norms); the first key only (a block's k0 > 0:
+        its p_i0 is 0, so the norm gathered at its first key multiplies 0)."""
+        if key != 0:
+            raise ValueError("value-weighted rows are computed in the graphs at the first key only")
+        g = self.g
+        n = self.values or g.input("value_norms", FLOAT, ["batch", "heads", "tokens"])
+        three = g.const(np.array([3]))
+        total = g.op("Squeeze", g.op("MatMul", self.probs, g.op("Unsqueeze", n, three)), three)   # [B, h, Tq]
+        return g.op("Div", g.op("Mul", self.column(0), g.op("Gather", n, g.const(np.array([0])), axis=2)), total)
 
     def marked(self, keyset: str) -> str:
         """sum_j p_ij over the keys the text marks: a key vector (punctuation) rides on the shared product; a
@@ -186,6 +206,12 @@ class Reductions:
                 g.const(np.int64(1)))))
         return self._once("positions", lambda: g.cast_float(g.op(
             "Range", g.const(np.int64(0)), g.op("Squeeze", self.T, g.const(np.array([0]))), g.const(np.int64(1)))))
+
+    def _apart(self) -> str:
+        """|i - j| of each query and key, float [Tq, Tk]."""
+        g, one, zero = self.g, self.g.const(np.array([1])), self.g.const(np.array([0]))
+        return self._once("apart", lambda: g.op("Abs", g.op("Sub", g.op("Unsqueeze", self._query_positions(), one),
+                                                            g.op("Unsqueeze", self._positions(), zero))))
 
     def _query_positions(self) -> str:
         """The queries' positions in the text, float [Tq]: the keys' (a square p), or a block's from q0."""

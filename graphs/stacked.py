@@ -7,7 +7,8 @@ Inputs:  input_ids [B, T] int64, (token_type_ids [B, T] int64), attention_mask [
 Outputs: hidden [B, T, D], attentions [L, B, H, T, T]; with an LM head also next_token_logits [B, V]
          (after each text's last token) and token_logprobs [B, T]; with stages=True also the teaching
          intermediates (transformer.STAGES): x [L, B, T, D], q, k, v, ctx [L, B, H, T, d_head] and
-         scores, scaled, masked [L, B, H, T, T].
+         scores, scaled, masked [L, B, H, T, T]; with the attentions, each key's value norms ||v_j W_O^h||
+         value_norms [L, B, H, T] (TransformerBlock.value_norms; not where W_O is kept in quantised blocks).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ..model.transformer import SQUARE_STAGES, STAGES, Transformer
 from ..model.weights import arrays, identities
 from .builder import FLOAT, INT, Graph, model_proto, pruned, save_checked
 from .steps import (embed, final, final_outputs, position_weights, rope_tables, sliding_window_mask, token_inputs,
-                    transformer_block)
+                    transformer_block, value_norms)
 
 
 def build_graph(model: Transformer, stages: bool = False, progress=None, attentions: bool = True,
@@ -41,6 +42,7 @@ def build_graph(model: Transformer, stages: bool = False, progress=None, attenti
     weights = position_weights(g, T)
     ropes, masks = {}, {}   # RoPE tables by their array (local layers may have their own), masks by window
     collected = {name: [] for name in ("attentions",) + STAGES}
+    norms = []              # each block's value norms [B, H, T] (value-weighted statistics), None in quantised blocks
     for i, block in enumerate(model.blocks[:depth]):
         layer = g.const(np.array(i, np.int64))
         keep, mean = (g.op("Gather", name, layer, axis=1) for name in ("head_mask", "head_mean"))   # [B, H]
@@ -54,6 +56,7 @@ def build_graph(model: Transformer, stages: bool = False, progress=None, attenti
                                   None if tables is None else ropes[id(tables[0])])
         for name in collected:
             collected[name].append(st[name])
+        norms.append(value_norms(g, block.attn, cfg, f"blocks.{i}.attn", st["v"]))
         if progress:
             progress(1)
     if depth is None:
@@ -63,13 +66,20 @@ def build_graph(model: Transformer, stages: bool = False, progress=None, attenti
     if depth:   # each block's probabilities are an output of their own, in layer order: the runtime binds them to the
         outputs = [helper.make_tensor_value_info(t, FLOAT, Ls[1:] + ["tokens"])   # slices of one [depth, B, H, T,
                    for t in collected["attentions"]]                        # T] buffer, no copy
+        if None not in norms:                                               # and their value norms, "value_norms.i"
+            outputs += [helper.make_tensor_value_info(g.op("Identity", n, out=f"value_norms.{i}"), FLOAT, Ls[1:])
+                        for i, n in enumerate(norms)]
         return pruned(model_proto(g, inputs + g.inputs, outputs, "attnscope"))
     axis0 = g.const(np.array([0]), "axis0")
-    names = (("attentions",) if attentions else ()) + (STAGES if stages else ())
+    if attentions and None not in norms:
+        collected["value_norms"] = norms
+    names = (("attentions",) if attentions else ()) + (STAGES if stages else ()) + tuple(
+        n for n in ("value_norms",) if n in collected)
     for name in names:
         g.op("Concat", *[g.op("Unsqueeze", t, axis0) for t in collected[name]], axis=0, out=name)
     dims = {n: Ls + (["tokens"] if n in ("attentions",) + SQUARE_STAGES else [dh]) for n in names}
     dims["x"] = ["layers", "batch", "tokens", cfg.d_model]
+    dims["value_norms"] = Ls
     outputs = final_outputs(cfg) + [helper.make_tensor_value_info(n, FLOAT, dims[n]) for n in names]
     proto = model_proto(g, inputs + g.inputs, outputs, "attnscope")
     return proto if attentions else pruned(proto)

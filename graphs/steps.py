@@ -234,6 +234,18 @@ def soft_cap(g: Graph, x: str, cap: float, hint: str | None = None) -> str:
     return g.op("Mul", c, g.op("Tanh", g.op("Div", x, c)), hint=hint)
 
 
+def value_norms(g: Graph, attn, cfg, p: str, v: str) -> str | None:
+    """TransformerBlock.value_norms: ||v_j W_O^h|| of each head and key, v [B, H, S, dh] -> [B, H, S], from W_O
+    [D, H * dh] read as [H, dh, D] (one product per head, [B, H, S, D] at a time: the stacked graph's and a whole
+    layer's texts are short). None where W_O is kept in quantised blocks (model/quantized.Blocks: no head's columns)."""
+    W = attn.out_projection()[0]
+    if hasattr(W, "dequantize"):
+        return None
+    per_head = g.op("Transpose", g.op("Reshape", g.weight(W, p + ".out.weight"),
+                                      g.const(np.array([W.shape[0], cfg.n_heads, cfg.d_head]))), perm=[1, 2, 0])
+    return g.op("ReduceL2", g.op("MatMul", v, per_head), axes=[-1], keepdims=0, hint=p + ".value_norms")
+
+
 def out_projection(g: Graph, attn, cfg, p: str, ctx: str) -> str:
     """The end of model/attention.attention: the heads' outputs z [B, H, T, dh] concatenated, through W_O (+ b_O)."""
     merged = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const(np.array([0, 0, cfg.n_heads * cfg.d_head])))

@@ -311,6 +311,19 @@ class TransformerBlock:
         W, dh = self.attn.out_projection()[0], ctx.shape[-1]
         return ctx @ widen(W[:, head * dh:(head + 1) * dh]).T
 
+    def value_norms(self, v: np.ndarray, tokens: int = 4096) -> np.ndarray:
+        """||v_j W_O^h|| of each head h and key j, v [..., H, T, dh] (as each query head reads it) -> [..., H, T] float32:
+        the size of what key j writes into the residual stream through head h per unit of weight (its head_output),
+        the norms of value-weighted attention (Kobayashi et al. 2020). Computed `tokens` keys at a time (a key's
+        [D] vector is all it needs): memory [tokens, D], whatever T. Mirrored by graphs/steps.value_norms."""
+        v, W = np.asarray(v), widen(self.attn.out_projection()[0])               # W_O [D, H * dh], widened once
+        dh, out = v.shape[-1], np.empty(v.shape[:-1], COMPUTE)
+        for h in range(v.shape[-3]):
+            W_h = W[:, h * dh:(h + 1) * dh].T                                         # head_output's columns
+            for a in range(0, v.shape[-2], tokens):
+                out[..., h, a:a + tokens] = np.linalg.norm(v[..., h, a:a + tokens, :] @ W_h, axis=-1)
+        return out
+
 
 @dataclass
 class TransformerOutput:
@@ -319,6 +332,16 @@ class TransformerOutput:
     stages: dict[str, np.ndarray] | None = field(default=None)  # name -> [L, B, H, T, T|d_head], x [L, B, T, D]
     next_token_logits: np.ndarray | None = None   # [B, V] after each text's last token (LM head only)
     token_logprobs: np.ndarray | None = None      # [B, T] log p(token_t | tokens before t); 0 at t = 0
+    value_norms: np.ndarray | None = None         # [L, B, H, T] ||v_j W_O^h|| (TransformerBlock.value_norms)
+
+
+def _values(seen: dict):
+    """A block hook that keeps the value site (each query head's values) in `seen` and changes nothing."""
+    def hook(site, value):
+        if site == "value":
+            seen[site] = value
+        return value
+    return hook
 
 
 class Transformer:
@@ -395,16 +418,18 @@ class Transformer:
         lengths = np.full(B, T) if lengths is None else np.asarray(lengths, np.int64)
         per_layer = self.head_masks(head_mask, head_mean, lengths, B, T)
         x = self.embed(input_ids, token_type_ids)
-        probs, seen = [], []
+        probs, seen, norms = [], [], []
         for i, block in enumerate(self.blocks):
             seen.append({})
             x, p, _ = block(x, attention_mask, None if per_layer is None else per_layer[i],
-                            hook=seen[-1].setdefault if stages else None)
+                            hook=seen[-1].setdefault if stages else _values(seen[-1]))
             probs.append(p)
+            norms.append(block.value_norms(seen[-1]["value"]))
         st = {name: [s[site] for s in seen] for name, site in STAGE_SITES.items()} if stages else {}
         if self.ln_f is not None:
             x = self.ln_f(x)
-        out = TransformerOutput(x, np.stack(probs), {k: np.stack(v) for k, v in st.items()} if stages else None)
+        out = TransformerOutput(x, np.stack(probs), {k: np.stack(v) for k, v in st.items()} if stages else None,
+                                value_norms=np.stack(norms))
         if self.cfg.lm_head:
             out.next_token_logits, out.token_logprobs = self.lm_outputs(x, input_ids, lengths)
         return out

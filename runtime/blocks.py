@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..analysis.statistics import TextKeys, sentences
-from ..model.precision import COMPUTE, MASKED, widen
+from ..graphs.reductions import VALUE_ROW
+from ..model.precision import COMPUTE, MASKED
 from ..model.transformer import LM_OUTPUTS, VOCAB_CHUNK
 from .errors import InputError
 from .tensors import Held, hold
@@ -167,10 +168,12 @@ class BlockedLayer:
             out["top_weights"] = np.zeros((1, n, T, k_top), COMPUTE)
             out["top_keys"] = np.zeros((1, n, T, k_top), np.int64)
         which = ("attend_block", graph_outputs, self.causal)
+        norms = self.lw.rt.model.blocks[self.layer].value_norms(v[0]) if VALUE_ROW in outputs else None   # [H, T]
         for q0, q1, k0, k1 in self.blocks:
             feeds = {"attention_mask": block_mask(q0, q1, k0, k1, self.causal, self.window, self.hidden),
                      "offsets": np.array([q0, k0], np.int64), "total": np.array([T], np.int64),
-                     "top_k": np.array([min(k_top, k1 - k0)], np.int64)}
+                     "top_k": np.array([min(k_top, k1 - k0)], np.int64),
+                     "local_window": np.array([self.keys.window], np.int64)}     # read where "local" is asked
             for name, keyset in KEY_INPUTS.items():
                 if name in graph_outputs:
                     feeds[f"keys_{keyset}"] = key_set(self.keys, keyset, q0, q1, k0, k1)
@@ -182,6 +185,8 @@ class BlockedLayer:
                 asked = h in heads
                 feeds |= {"q": q[:, h:h + 1, q0:q1], "k": k[:, h:h + 1, k0:k1], "v": v[:, h:h + 1, k0:k1],
                           "heads": np.array([0] if asked else [], np.int64)}
+                if norms is not None:
+                    feeds["value_norms"] = norms[None, h:h + 1, k0:k1]
                 names = ["ctx", *graph_outputs]
                 got = dict(zip(names, self.lw.run_block(which, feeds, names, ctx[:, h:h + 1, q0:q1])))
                 for o in rows:
@@ -328,25 +333,16 @@ VIEWS = {"weights": "the attention weights alpha_ij", "value_weighted": "value-w
          "2020, 'Attention is not only a weight'): alpha_ij ||v_j W_O^h||, normalised to sum to 1 over each row"}
 
 
-def value_norms(block, v: np.ndarray) -> np.ndarray:
-    """||v_j W_O^h|| of every head h and key j [H, T]: the size of what key j writes into the residual stream through
-    head h, per unit of weight (v [1, H, T, dh] as each query head reads it; W_O^h: the head's d_head columns of the
-    output projection, model/transformer.TransformerBlock.head_output)."""
-    W, dh = widen(block.attn.out_projection()[0]), v.shape[3]                  # [D, H * dh]
-    return np.stack([np.linalg.norm(v[0, h] @ W[:, h * dh:(h + 1) * dh].T, axis=-1)
-                     for h in range(v.shape[1])]).astype(COMPUTE)
-
-
 def exact_parts(lw, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, heads, causal: bool,
                 hidden: np.ndarray | None, queries=(), tile=None, view: str = "weights") -> dict[str, np.ndarray]:
     """Full rows of chosen queries ("rows" [n, Q, T]) and a tile ("tile" [n, qb - qa, kd - kc]) of the asked heads of
     one layer, from its q, k, v [1, H, T, dh]: each query's row over all its visible keys (the block attend graph on
     that query alone, or on the tile's queries in blocks), so exact whatever the text's length; in a view of VIEWS
-    (value_weighted: each whole row times its keys' value_norms, normalised)."""
+    (value_weighted: each whole row times its keys' value norms, TransformerBlock.value_norms, normalised)."""
     T, heads = q.shape[2], [int(h) for h in heads]
     window = lw.rt.model.blocks[layer].window or 0
     which = ("weights_block", ("attention",), causal)         # the weights alone: no ctx, no reductions
-    norms = value_norms(lw.rt.model.blocks[layer], v) if view == "value_weighted" else None
+    norms = lw.rt.model.blocks[layer].value_norms(v[0]) if view == "value_weighted" else None
     out = {}
 
     def block(q0, q1, k0, k1, h):

@@ -46,15 +46,16 @@ from ..graphs.reductions import key_input
 from ..model.weights import block_layouts
 from .results import Encoded, Encoding, NextToken
 from ..sources.store import release
-from .blocks import (BlockedLayer, _walk, blocked, by_tokens, checkpoint_spacing, exact_parts, exact_qkv,  # noqa: F401
-                     final_parts, head_groups, hidden_keys, run_axes, tokenwise, unread_inputs, visible_counts)
+from .blocks import (VALUE_ROW, BlockedLayer, _walk, blocked, by_tokens, checkpoint_spacing, exact_parts,  # noqa: F401
+                     exact_qkv, final_parts, head_groups, hidden_keys, run_axes, tokenwise, unread_inputs, visible_counts)
 from .options import GROUP_MB
 from .sessions import Session
 from .tensors import Held, hold
+from .wants import Asked, Want
 
 # The rows every run keeps for every head (the API's row outputs and summaries: statistics.STATISTICS); a pair's too.
 ROWS = tuple(dict.fromkeys(["entropy", "max_weight"] + [s.row for s in STATISTICS.values()
-                                                         if s.needs == "probabilities"]))
+                                                         if s.needs in ("probabilities", "run")]))
 PAIR_ROWS = tuple(s.row for s in STATISTICS.values() if s.needs == "pair")
 Progress = Callable[[int, int], None]   # (blocks done, blocks in this run)
 
@@ -70,56 +71,15 @@ def kept_rows(keys: TextKeys) -> tuple[str, ...]:
 
 
 def key_feeds(keys: TextKeys, T: int, rows) -> dict[str, np.ndarray]:
-    """The attend graph's key-set inputs for these rows (graphs/reductions.py Reductions.marked)."""
-    feeds = {}
+    """The attend graph's key-set inputs for these rows (graphs/reductions.py Reductions.marked), and the local
+    window (Reductions.local; TextKeys.window)."""
+    feeds = {"local_window": np.array([keys.window], np.int64)} if "local" in rows else {}
     if "punctuation" in rows:
         feeds[key_input("punctuation")] = np.asarray(keys.punctuation, COMPUTE)
     for name, keyset in (("cross_sentence", "other_sentence"), ("duplicate", "same_token_before")):
         if name in rows:
             feeds[key_input(keyset)] = keys.mask(keyset, T).astype(COMPUTE)
     return feeds
-
-
-@dataclass(frozen=True)
-class Want:
-    """What leaves the device for a request, on either path (issue 38): for `layers` x `heads`, the full
-    probabilities (attention), their top_k keys per query, or the per-query duplicate-token mass (head scores); and
-    thumbnails of every head of `layers` at `resolution` (0: none); beyond the rows every layer-by-layer run keeps.
-    ends: the run's final hidden states and LM outputs; without them the stacked graph stops after the last of
-    `layers` and hands back those blocks' attentions alone (Runtime.depth_of; a walk always goes to the end, its
-    checkpoints serving later requests)."""
-    layers: tuple[int, ...] = ()
-    heads: tuple[int, ...] = ()
-    attention: bool = False
-    top_k: int = 0
-    duplicate: bool = False
-    resolution: int = 0
-    ends: bool = True
-    queries: tuple[int, ...] = ()                      # full rows of these queries, of `heads` at `layers`
-    tile: tuple[tuple[int, int], tuple[int, int]] | None = None   # ([qa, qb), [kc, kd)): a tile of those heads
-    view: str = "weights"                              # the rows' and tile's: runtime/blocks.VIEWS
-    logprobs: bool = True                              # every token's log-prob: the LM head at every position
-
-    def exact(self) -> bool:
-        """Whether it asks rows or a tile: recomputed exactly from q, k, v (runtime/blocks.exact_parts)."""
-        return bool(self.queries) or self.tile is not None
-
-    def block_outputs(self) -> tuple[str, ...]:
-        """The attend-graph outputs these heads need (graphs/reductions.py OUTPUTS)."""
-        return ((("attention",) if self.attention else ()) + (("top_weights", "top_keys") if self.top_k else ())
-                + (("duplicate",) if self.duplicate else ()))
-
-
-@dataclass
-class Asked:
-    """The per-head parts a request asked for: layer -> [n heads, ...] for `heads`, in order."""
-    heads: tuple[int, ...]
-    attention: dict[int, np.ndarray] = field(default_factory=dict)     # [n, T, T]
-    top_weights: dict[int, np.ndarray] = field(default_factory=dict)   # [n, T, k]
-    top_keys: dict[int, np.ndarray] = field(default_factory=dict)      # [n, T, k] int32
-    duplicate: dict[int, np.ndarray] = field(default_factory=dict)     # [n, T]
-    rows: dict[int, np.ndarray] = field(default_factory=dict)          # [n, Q, T]: Want.queries' full rows
-    tile: dict[int, np.ndarray] = field(default_factory=dict)          # [n, qb - qa, kd - kc]
 
 
 @dataclass
@@ -158,6 +118,8 @@ class Layerwise:
             raise ValueError(f"checkpoint_every must be >= 1; got {checkpoint_every}")
         self.rt, self.every, self.group_mb = rt, int(checkpoint_every), float(group_mb)
         self.fused = rt.weights.device != "cpu" if fused is None else bool(fused)
+        self.fused &= not any(hasattr(b.attn.out_projection()[0], "dequantize") for b in rt.model.blocks)  # no
+        #            value norms in a graph where W_O is kept in quantised blocks (graphs/steps.value_norms)
         self.layouts = block_layouts(rt.model)    # layer -> the first layer of its layout (its graphs' key)
         if graphs is not None:
             self._sessions, self._lock, self.busy = graphs._sessions, graphs._lock, graphs.busy
@@ -267,7 +229,8 @@ class Layerwise:
         missing = sess.inputs - set(sess.bound) - feeds.keys()
         if missing:
             tq, tk = feeds["q"].shape[2], feeds["k"].shape[2]
-            neutral = {"heads": np.zeros(0, np.int64), "top_k": np.ones(1, np.int64),
+            neutral = {"heads": np.zeros(0, np.int64), "top_k": np.ones(1, np.int64), "local_window": np.ones(1, np.int64),
+                       "value_norms": np.ones((1, 1, tk), COMPUTE),
                        "pool": np.zeros((tq, 1), COMPUTE), "pool_keys": np.zeros((tk, 1), COMPUTE),
                        "keys_punctuation": np.zeros(tk, COMPUTE)}
             feeds = feeds | {n: neutral.get(n, np.zeros((tq, tk), COMPUTE)) for n in missing}
@@ -311,6 +274,8 @@ class Layerwise:
         else:
             qkv = by_tokens(self, "block_in", {"x": x}, list("qkv"), chunks, layer, release)
             arrays = exact and tuple(qkv[n].host() for n in "qkv")
+        if VALUE_ROW in outputs and blocks is None:  # each key's value norm [1, H, T] (a block's: BlockedLayer.run)
+            extra = extra | {"value_norms": self.rt.model.blocks[layer].value_norms(qkv["v"].host()[0])[None]}
         exact = exact and {name: value[None] for name, value in exact_parts(
             self, layer, *arrays, heads, causal, *exact).items()}   # (hidden, ..., view)
         if not (outputs or next_x):                  # rows or a tile alone: no other attention to compute
@@ -335,6 +300,8 @@ class Layerwise:
             feeds = {name: qkv[name] if len(groups) == 1 else np.ascontiguousarray(qkv[name].array[:, a:b])
                      for name in "qkv"}
             feeds |= {"attention_mask": masks(layer), "heads": mine - a, "top_k": top_k, **extra}
+            if "value_norms" in extra and len(groups) > 1:
+                feeds["value_norms"] = np.ascontiguousarray(extra["value_norms"][:, a:b])
             out = self.run_graph(("attend", outputs, causal), feeds, list(parts), release and n == len(groups) - 1,
                                  keep=("ctx",))
             for name, value in out.items():
@@ -389,7 +356,7 @@ class Layerwise:
         L, H, T = cfg.n_layers, cfg.n_heads, len(enc.ids)
         ids, types = np.array([enc.ids], np.int64), np.array([enc.type_ids], np.int64)
         thumbs = want.resolution if want.resolution and T > want.resolution else 0
-        keys = TextKeys.of(enc)
+        keys = TextKeys.of(enc, cfg)
         kept = kept_rows(keys)
         mask, extra, masks, blocks = self._walk_inputs(T, causal, mask_tokens, keys, thumbs, kept + (
             ("duplicate",) if want.duplicate else ()))
@@ -441,7 +408,7 @@ class Layerwise:
         thumb_layers = {l for l in want.layers if l not in have} if R else set()
         head_layers = set(want.layers) if want.block_outputs() or want.exact() else set()
         steps = _walk(sorted(thumb_layers | head_layers), sorted(base.checkpoints))
-        mask, extra, masks, blocks = self._walk_inputs(T, base.causal, base.mask_tokens, TextKeys.of(enc),
+        mask, extra, masks, blocks = self._walk_inputs(T, base.causal, base.mask_tokens, TextKeys.of(enc, rt.cfg),
                                                        R if thumb_layers else 0,
                                                        ("duplicate",) if want.duplicate else ())
         inputs = rt.feeds(np.array([enc.ids]), np.array([enc.type_ids]), mask, [T], base.inputs["head_mask"],

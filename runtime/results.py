@@ -66,6 +66,7 @@ class AttentionResult(Encoded):
     next_tokens: list[NextToken] | None = None    # decoders with an LM head: top-k after the last token
     token_logprobs: list[float | None] | None = None  # log p(token_i | tokens before it); None for the first
     next_token_logits: np.ndarray | None = None   # [V] logits for the token after the last one
+    value_norms: np.ndarray | None = None         # [L, H, T] ||v_j W_O^h|| of each key (TransformerBlock.value_norms)
 
     def entropy(self) -> np.ndarray:
         """[L, H, T] entropy of each query row, in nats."""

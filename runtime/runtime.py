@@ -210,6 +210,7 @@ class Runtime:
             out = self.model(ids, types if self.model.wtt is not None else None, mask, stages=stages,
                              head_mask=head_mask, head_mean=head_mean, lengths=np.asarray(lengths))
             hidden, attn, st, provider = out.hidden, out.attentions, out.stages, "numpy"
+            norms = out.value_norms
             lm_out = {name: getattr(out, name) for name in lm}
         else:
             sess = self.session(stages, depth=depth)
@@ -217,15 +218,22 @@ class Runtime:
             if depth is not None:    # one output per block, each written into its slice of the stacked attentions
                 feeds = {name: feeds[name] for name in (i.name for i in sess.get_inputs())}
                 attn = np.empty((depth, B, self.cfg.n_heads, T, T), COMPUTE)   # pages of unasked blocks: untouched
-                per_block = [o.name for o in sess.get_outputs()]
+                per_block = [o.name for o in sess.get_outputs() if not o.name.startswith("value_norms.")]
                 kept = set(range(depth) if layers is None else layers)
-                sess.run(per_block, feeds, axes=axes, into={n: attn[i] for i, n in enumerate(per_block) if i in kept},
-                         drop=[n for i, n in enumerate(per_block) if i not in kept])
+                norm_names = [f"value_norms.{i}" for i in sorted(kept)] if len(sess.get_outputs()) > depth else []
+                got = sess.run(per_block + norm_names, feeds, axes=axes,
+                               into={n: attn[i] for i, n in enumerate(per_block) if i in kept},
+                               drop=[n for i, n in enumerate(per_block) if i not in kept])
+                norms = None
+                if norm_names:            # the asked blocks' value norms; the others' rows left zero, never read
+                    norms = np.zeros((depth, B, self.cfg.n_heads, T), COMPUTE)
+                    norms[sorted(kept)] = np.stack(got[len(per_block):])
                 hidden, lm_out, st = None, {}, None
             else:
-                names = ["hidden", "attentions"] + lm + (list(T_.STAGES) if stages else [])
+                names = ["hidden", "attentions"] + lm + (list(T_.STAGES) if stages else []) + [
+                    o.name for o in sess.get_outputs() if o.name == "value_norms"]
                 outs = dict(zip(names, sess.run(names, feeds, axes=axes)))
-                hidden, attn = outs.pop("hidden"), outs.pop("attentions")
+                hidden, attn, norms = outs.pop("hidden"), outs.pop("attentions"), outs.pop("value_norms", None)
                 lm_out = {name: outs.pop(name) for name in lm}
                 st = outs if stages else None
             provider = sess.get_providers()[0]
@@ -240,7 +248,8 @@ class Runtime:
             results.append(AttentionResult(
                 self.spec.id, engine, provider, causal, e, np.ascontiguousarray(attn[:, b, :, :n, :n]),
                 None if hidden is None else np.ascontiguousarray(hidden[b, :n]), mask[b, 0, :n, :n].copy(),
-                sorted(set(mask_tokens[b])) if mask_tokens and mask_tokens[b] else [], s, seconds))
+                sorted(set(mask_tokens[b])) if mask_tokens and mask_tokens[b] else [], s, seconds,
+                value_norms=None if norms is None else np.ascontiguousarray(norms[:, b, :, :n])))
             if lm_out:
                 results[-1].next_token_logits = np.ascontiguousarray(lm_out["next_token_logits"][b])
                 results[-1].next_tokens = self.vocabulary.top_tokens(lm_out["next_token_logits"][b], top_k)

@@ -39,7 +39,7 @@ def test_attention_equals_runtime(client, runtimes):
     np.testing.assert_allclose(att, ref.attentions, atol=1e-6, rtol=0)
     assert j["layers"] == list(range(6)) and j["heads"] == list(range(12))
     assert j["provider"] == PROVIDERS[0] and j["truncated"] is False
-    assert set(j["summary"]) == set(stats.HEAD_STATS) | set(stats.PAIR_STATS)   # a pair: cross-sentence mass too
+    assert set(j["summary"]) == set(stats.HEAD_STATS) | set(stats.PAIR_STATS) | set(stats.RUN_STATS)   # a pair's too
     np.testing.assert_allclose(j["summary"]["first_token_mass"], ref.attentions[..., 0].mean(-1), atol=1e-6)
 
 
@@ -201,7 +201,7 @@ def test_models_onnx_and_health(client):
     assert r.status_code == 200 and r.content[:2] == b"\x08\x08"  # ir_version 8, the first protobuf field
     import onnx
     graph = onnx.load_from_string(r.content).graph
-    assert [o.name for o in graph.output] == ["hidden", "attentions"]
+    assert [o.name for o in graph.output] == ["hidden", "attentions", "value_norms"]   # and each key's ||v_j W_O^h||
     assert client.get("/healthz").json()["models"] == dict.fromkeys(["minilm", "tiny-gpt",
                                                                       "induction"], PROVIDERS[0])
 

@@ -71,7 +71,7 @@ def test_precision_rounds_every_float_of_the_answer(client, path, body):
         assert v == round(v, 3) or abs(v) > 1e37, (where, v)   # the mask's float32 minimum is exempt
     assert seen > 50
     if "text_pair" in body:
-        assert set(j["summary"]) == set(stats.HEAD_STATS) | set(stats.PAIR_STATS)
+        assert set(j["summary"]) == set(stats.HEAD_STATS) | set(stats.PAIR_STATS) | set(stats.RUN_STATS)
 
 
 # ---- special tokens -------------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def test_a_request_for_one_layer_fetches_that_layer_alone():
     """What a run hands back is what the answer holds (issue 38): a request for layer 3 of MiniLM runs the graph cut
     after block 3, whose four blocks each write their attention; the three not asked are left where the session
     computes (scratch memory here, device memory on a GPU), so the bytes the session wrapper counts as fetched are
-    one layer's [H, T, T] float32 matrices, exactly."""
+    one layer's [H, T, T] float32 matrices and its [H, T] value norms, exactly."""
     app = create_app(Settings(models=["minilm"], default_model="minilm"))
     with TestClient(app) as c:
         rt = app.state.service.runtimes["minilm"]
@@ -101,6 +101,6 @@ def test_a_request_for_one_layer_fetches_that_layer_alone():
         j = from_binary(r.content)
         T, H = len(j["tokens"]), rt.cfg.n_heads
         assert 4 in rt.open_depths() and j["layers"] == [3]   # every depth is opened at start (Runtime.prepare)
-        assert fetched() - before == H * T * T * 4
+        assert fetched() - before == H * T * T * 4 + H * T * 4      # and its keys' value norms [H, T] (summaries)
         full = rt.forward([rt.encode(text)])[0].attentions                  # the whole graph, every layer fetched
         np.testing.assert_array_equal(j["attention"][0], full[3])

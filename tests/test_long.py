@@ -86,6 +86,9 @@ def test_layerwise_run_equals_the_stacked_graph(runtimes, model_id, causal, opti
     np.testing.assert_allclose(thumbs, thumbnails.downsample(A, 7), atol=ATOL, rtol=0)
     assert_rows_equal(res, got)
     assert_rows_equal(res, A, atol=5e-5)
+    keys = stats.TextKeys.of(full.encoding, rt.cfg, full.value_norms[:, order])   # the stacked graph's norms
+    for name in ("local", "value_weighted_first"):                                 # the run's rows, fused too
+        np.testing.assert_allclose(res.rows[name], stats.ROWS[name].numpy(A, keys), atol=5e-5, rtol=1e-5, err_msg=name)
     np.testing.assert_array_equal(res.visible, stats.visible_keys(full.mask))
     np.testing.assert_allclose(stats.normalize_entropy(res.rows["entropy"], res.visible),
                                stats.row_stats(A, full.mask)["normalized_entropy"], atol=ATOL)

@@ -89,10 +89,13 @@ def test_blocked_rows_equal_float64_and_the_stacked_graph(runtimes, model_id, n,
     lw = Layerwise(rt, group_mb=0.1, graphs=rt.layerwise())
     assert len(query_blocks(T, True, 0, 0.1 * 2**20)) > 4
     res = lw.forward(enc, want=Want(layers, heads, top_k=4))
-    for name in ("entropy", "first", "previous", "distance"):
-        np.testing.assert_allclose(res.rows[name], stats.ROWS[name].numpy(full.attentions), rtol=0,
+    keys = stats.TextKeys.of(enc, rt.cfg, full.value_norms)         # the stacked graph's value norms [L, H, T]
+    for name in ("entropy", "first", "previous", "distance", "local", "value_weighted_first"):
+        np.testing.assert_allclose(res.rows[name], stats.ROWS[name].numpy(full.attentions, keys), rtol=0,
                                    atol=(50 if name == "entropy" else T if name == "distance" else 1) * ATOL,
                                    err_msg=name)
+    local = [l for l in range(rt.cfg.n_layers) if rt.model.blocks[l].window]   # Gemma 3's: every key in the window
+    assert not local or (np.abs(res.rows["local"][local] - 1).max() < ATOL and res.rows["local"].min() < 0.99)
     assert res.next_tokens[0].id == full.next_tokens[0].id
     assert len(tokenwise(lw, T)) > 4 and len(tokenwise(lw, T, final=True)) > 4     # per-token graphs in runs too
     np.testing.assert_allclose(res.hidden, full.hidden, atol=ATOL * np.abs(full.hidden).max(), rtol=0)

@@ -218,7 +218,8 @@ def test_onnx_file_is_valid_with_dynamic_axes(runtimes, model_id, stages):
 
     outputs = {v.name: dims(v) for v in proto.graph.output}
     lm = list(LM_OUTPUTS) if rt.cfg.lm_head else []
-    assert list(outputs) == ["hidden"] + lm + ["attentions"] + (list(STAGES) if stages else [])
+    assert list(outputs) == ["hidden"] + lm + ["attentions"] + (list(STAGES) if stages else []) + ["value_norms"]
+    assert outputs["value_norms"] == ["layers", "batch", "heads", "tokens"]     # each key's ||v_j W_O^h||
     assert outputs["hidden"] == ["batch", "tokens", rt.cfg.d_model]
     assert outputs["attentions"][1] == "batch" and outputs["attentions"][3:] == ["tokens", "tokens"]
     for name in STAGES if stages else ():

@@ -156,12 +156,13 @@ def test_each_statistic_is_defined_once(tmp_path):
     pair_only = {n for n, s in STATISTICS.items() if s.needs == "pair"}
     text_only = {n for n, s in STATISTICS.items() if s.needs == "text"}
     corpus = {n for n, s in STATISTICS.items() if s.needs == "corpus"}       # the corpus job's and the atlas' only
-    assert registry == single | pair_only | text_only | corpus and text_only and pair_only and corpus
+    run = {n for n, s in STATISTICS.items() if s.needs == "run"}             # the API's, with the run's value norms
+    assert registry == single | pair_only | text_only | corpus | run and text_only and pair_only and corpus and run
     with TestClient(create_app(Settings(models=["minilm", "tiny-gpt"]))) as c:
         one = c.post("/api/attention", json={"text": "The cat sat, on the mat.", "include": ["summary", "scores"]})
         pair = c.post("/api/attention", json={"text": "The cat sat.", "text_pair": "It slept.", "include": ["summary"]})
         boot = boot_block(c)
-    assert set(one.json()["summary"]) == single and set(pair.json()["summary"]) == single | pair_only
+    assert set(one.json()["summary"]) == single | run and set(pair.json()["summary"]) == single | pair_only | run
     assert set(one.json()["scores"]) == set(SCORES)
     assert [s["id"] for s in boot["stats"] if not s["score"]] == list(STATISTICS)
     assert [s["id"] for s in boot["stats"] if s["score"]] == list(SCORES)
@@ -217,11 +218,13 @@ def test_every_row_is_the_same_in_numpy_and_inside_the_graph(causal):
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((1, H, T, dh)).astype(np.float32) * 3 for _ in range(3))
     mask = (causal_mask(T) if causal else np.zeros((T, T), np.float32))[None, None]
-    keys = TextKeys(rng.random(T) < 0.3, [-1, 0, 0, 0, 0, -1, 1, 1, 1, 1, -1], list(rng.integers(0, 4, T)))
+    norms = (rng.random((H, T)) * 3 + 0.1).astype(np.float32)                # each key's ||v_j W_O^h||, spread
+    keys = TextKeys(rng.random(T) < 0.3, [-1, 0, 0, 0, 0, -1, 1, 1, 1, 1, -1], list(rng.integers(0, 4, T)), window=4,
+                    value_norms=norms)
     outputs = tuple(GRAPH_ROWS)                  # every row but a corpus's own may be asked of the graph
     assert set(ROWS) - set(GRAPH_ROWS) <= {STATISTICS[name].row for name in CORPUS_STATS}
-    feeds = {"q": q, "k": k, "v": v, "attention_mask": mask, "heads": np.arange(H),
-             key_input("punctuation"): keys.punctuation.astype(np.float32)}
+    feeds = {"q": q, "k": k, "v": v, "attention_mask": mask, "heads": np.arange(H), "value_norms": norms[None],
+             key_input("punctuation"): keys.punctuation.astype(np.float32), "local_window": np.array([4])}
     feeds |= {key_input(s): keys.mask(s, T).astype(np.float32) for s in ("other_sentence", "same_token_before")}
     sess = open_session(build_attend(Transformer(cfg), outputs, causal).SerializeToString(), PROVIDERS, 0)
     got = dict(zip(outputs, sess.run(list(outputs), {i.name: feeds[i.name] for i in sess.get_inputs()})))

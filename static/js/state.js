@@ -50,6 +50,7 @@ const FIELDS = [
   ["job", "", "str"], ["x_stat", "mean_entropy", "str"], ["y_stat", "induction_mass", "str"], ["y_min", 0, "num"],
   ["example", 0, "int"], ["decoder_text", "", "str"], ["attention", "cross", "attention"],
   ["kv_policy", "h2o", ["streaming", "h2o", "snapkv"]], ["kv_budget", 16, "int"], ["kv_steps", 8, "int"],   // views/cache.js
+  ["retrieval", false, "bool"],                                                                   // views/model.js
 ];
 const ALWAYS = new Set(["model", "text", "view", "layer", "head"]);   // written even when default
 let defaults = Object.fromEntries(FIELDS.map(([k, d]) => [k, d]));

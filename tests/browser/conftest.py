@@ -63,6 +63,34 @@ def live_server_gemma3():
         yield url
 
 
+def tiny_llama(folder: Path, heads: int = 1, positions: int = 32768, peaked: bool = False) -> Path:
+    """A random Llama-shaped checkpoint folder (2 layers, `heads` heads of 16 dimensions sharing one key/value head,
+    d_model 32, an LM head tied to the embeddings, the mistral-style byte-level tokenizer of tests/test_checkpoints.py,
+    max_position_embeddings `positions`): a model whose runs take seconds at any length the page asks. peaked: q and
+    k drawn N(0, 1), so each row's weight goes mostly to one key."""
+    import torch
+    import transformers
+
+    from ..test_checkpoints import save_tokenizer, widen
+
+    folder.mkdir()
+    vocab = save_tokenizer("mistral", folder)
+    config = transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=1,
+        head_dim=16, intermediate_size=64, max_position_embeddings=positions, tie_word_embeddings=True,
+        rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1, rope_parameters=dict(rope_type="default", rope_theta=10000.0))
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    widen(model, seed=48)
+    if peaked:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+                    proj.weight.mul_(1.0 / 0.3)          # q and k N(0, 1): peaked rows
+    model.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture
 def api(live_server):
     """POST /api/attention (JSON) with the page's defaults; returns the decoded answer."""

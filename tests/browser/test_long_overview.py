@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from playwright.sync_api import expect
 
-from .conftest import plot_point, wait_drawn
+from .conftest import plot_point, tiny_llama, wait_drawn
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 TOKENS = 32_000
@@ -35,27 +35,7 @@ new MutationObserver(() => {
 
 @pytest.fixture(scope="module")
 def long_folder(tmp_path_factory):
-    import torch
-    import transformers
-
-    from ..test_checkpoints import save_tokenizer, widen
-
-    folder = tmp_path_factory.mktemp("long32k") / "long"
-    folder.mkdir()
-    vocab = save_tokenizer("mistral", folder)
-    config = transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=1, num_key_value_heads=1,
-        head_dim=16, intermediate_size=64, max_position_embeddings=32768, tie_word_embeddings=True, rms_norm_eps=1e-5,
-        bos_token_id=0, eos_token_id=1, rope_parameters=dict(rope_type="default", rope_theta=10000.0))
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    widen(model, seed=48)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
-                proj.weight.mul_(1.0 / 0.3)          # q and k N(0, 1): peaked rows
-    model.save_pretrained(folder)
-    return folder
+    return tiny_llama(tmp_path_factory.mktemp("long32k") / "long", peaked=True)
 
 
 @pytest.fixture(scope="module")

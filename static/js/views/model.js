@@ -4,6 +4,7 @@
 import { h, part, replace, tokenLabel } from "../dom.js";
 import { localWindow, maskRule, ownMask, subMatrix, visibleTokens } from "../matrix.js";
 import { colourRange, exactString, fmt, fmtExact, FRAME_LINE, LABEL_INK, LUT, lutIndex, MASKED_RGB, PAPER } from "../scale.js";
+import { can } from "../boot.js";
 import { toggledHead } from "../state.js";
 
 export const title = "Model view";
@@ -14,16 +15,25 @@ export const help = "Every head of every layer at once: rows are layers, columns
   "click it (or focus it and press Enter) to open it in the head view. Shift+click (or K) knocks a head out: every " +
   "view then shows the model without it, and the next-token panel what changed.";
 
-// Each head's numbers under its thumbnail, where the run's summary has them (issue 48): its attention-sink mass (the
-// average weight on the first token), and the local-window, retrieval and value-weighted numbers once the API's summary
-// gives them (under the keys named here; it does not yet).
-const GRID_NUMBERS = [["first_token_mass", "sink"], ["local_mass", "local"], ["retrieval_score", "retrieval"],
-  ["value_sink_mass", "value-weighted sink"]];
+// Each head's numbers under its thumbnail (issue 48), those the answers hold: from the run's summary (the API's
+// statistics, analysis/statistics.py) its attention-sink mass (the average weight on the first token), local-window
+// mass and value-weighted first-token mass (how much of what the head writes comes from that token); and, once the
+// retrieval box is ticked, its retrieval score from POST /api/retrieval's needle probe. [key, label, what it is]
+const GRID_NUMBERS = [["first_token_mass", "sink", "first-token (sink) mass"],
+  ["local_mass", "local", "local-window mass"],
+  ["value_weighted_first_token_mass", "value-weighted sink", "value-weighted first-token mass"],
+  ["retrieval", "retrieval", "retrieval score (needle probe on the bundled haystack, every head kept)"]];
+// The probe the grid asks for: the model's own, on the bundled haystack and with every head kept (none of the run's
+// text, masks or knocked-out heads, which the retrieval endpoint does not take), one draw of control heads.
+const PROBE = { text: undefined, text_pair: undefined, decoder_text: undefined, causal: undefined,
+  mask_tokens: undefined, ablate: undefined, ablation: undefined, controls: 1, soft: true };
+const probeable = (info) => Boolean(info?.predictions) && can(info, "retrieval");
 
 export const RESOLUTION = 64;    // 2048 tokens: blocks of 32 (the model-view request of docs/long-inputs.md)
 
-export function requests() {
-  return [{ endpoint: "attention", include: ["attention"], resolution: RESOLUTION, dtype: "float16" }];
+export function requests(st, info) {
+  return [{ endpoint: "attention", include: ["attention"], resolution: RESOLUTION, dtype: "float16" },
+    ...(st?.retrieval && probeable(info) ? [{ endpoint: "retrieval", ...PROBE }] : [])];
 }
 
 /** Paint rows (number[][], null = masked) into a canvas on a colour range; masked cells stay white. */
@@ -106,10 +116,19 @@ export function onResize(container) {
   if (scroller && cue) showCue(scroller, cue);
 }
 
-export function render(container, { meta, results: [ans] }, st, ctx) {
+export function render(container, { meta, results: [ans, probe] }, st, ctx) {
   const L = ans.layers.length, H = ans.heads.length, T = meta.tokens.length;
   const blocked = Boolean(ans.blocks);
   const shape = cellsOf(ans, meta, st, ctx.info);
+  const scores = probe && !probe.error ? probe.scores : null;          // [layer][head], all of them
+  const number = (k, l, hd) => (k === "retrieval" ? scores?.[l]?.[hd] : meta.summary?.[k]?.[l]?.[hd]);
+
+  const controls = part(container, "controls", "div", { class: "view-controls" });
+  replace(controls, probeable(ctx.info) && h("label", { class: "check" },
+    h("input", { type: "checkbox", id: "grid-retrieval", checked: st.retrieval,
+      onchange: (e) => ctx.go({ retrieval: e.target.checked }) }),
+    " Retrieval scores under each head (runs the needle-in-a-haystack probe on the bundled haystack)"),
+  probe?.error && h("span", { class: "hint", "data-part": "probe-error", text: ` The probe was refused: ${probe.error.message}` }));
 
   const note = part(container, "note", "p", { class: "note" });
   const width = blocked ? T / ans.blocks.length : 1;
@@ -158,7 +177,7 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
       canvases.push({ canvas, l, hd, li, hi, rows, max });
       const current = l === st.layer && hd === st.head;
       const out = knocked.has(`${l}.${hd}`);
-      const nums = GRID_NUMBERS.filter(([k]) => meta.summary?.[k]?.[l]?.[hd] !== undefined);
+      const nums = GRID_NUMBERS.filter(([k]) => number(k, l, hd) !== undefined && number(k, l, hd) !== null);
       items.push(h("div", { class: "thumb-cell" }, h("a", {
         class: "thumb" + (current ? " current" : "") + (out ? " ablated" : ""),
         href: ctx.href({ view: "head", layer: l, head: hd }), title: out ? "knocked out (shift+click or K restores it)" : null,
@@ -180,8 +199,10 @@ export function render(container, { meta, results: [ans] }, st, ctx) {
           ctx.go({ ablate: toggledHead(st.ablate, l, hd) });
         },
       }, canvas), nums.length ? h("span", { class: "thumb-nums", "data-layer": l, "data-head": hd,
-        title: nums.map(([k, name]) => `${name}: ${fmtExact(meta.summary[k][l][hd])}`).join("; "),
-        text: nums.map(([k, name]) => `${name} ${fmt(meta.summary[k][l][hd], 2)}`).join(" · ") }) : null));
+        title: nums.map(([k, , what]) => `${what}: ${fmtExact(number(k, l, hd))}`).join("; "),
+        text: nums.map(([k, name]) => `${name} ${fmt(number(k, l, hd), 2)}`).join(" · "),
+        ...Object.fromEntries(nums.map(([k]) => [`data-${k.replaceAll("_", "-")}`, exactString(number(k, l, hd))])) })
+        : null));
     });
   });
   replace(grid, items);
