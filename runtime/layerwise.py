@@ -274,8 +274,9 @@ class Layerwise:
         else:
             qkv = by_tokens(self, "block_in", {"x": x}, list("qkv"), chunks, layer, release)
             arrays = exact and tuple(qkv[n].host() for n in "qkv")
-        if VALUE_ROW in outputs and blocks is None:  # each key's value norm [1, H, T] (a block's: BlockedLayer.run)
-            extra = extra | {"value_norms": self.rt.model.blocks[layer].value_norms(qkv["v"].host()[0])[None]}
+        if VALUE_ROW in outputs and blocks is None:  # each key's value norm [1, H, T] (a block's: BlockedLayer.run);
+            v = qkv["v"].array if qkv["v"].array is not None else qkv["v"].host()   # the CPU's v is host memory
+            extra = extra | {"value_norms": self.rt.model.blocks[layer].value_norms(v[0])[None]}
         exact = exact and {name: value[None] for name, value in exact_parts(
             self, layer, *arrays, heads, causal, *exact).items()}   # (hidden, ..., view)
         if not (outputs or next_x):                  # rows or a tile alone: no other attention to compute

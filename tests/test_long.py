@@ -124,7 +124,7 @@ def test_kept_run_holds_no_full_matrices(runtimes):
     """What a run keeps grows as L H T and T D, never as L H T^2."""
     rt = runtimes["minilm"]
     L, H = rt.cfg.n_layers, rt.cfg.n_heads
-    res = rt.layerwise().forward(rt.encode(TEXT * 3), want=Want(resolution=16))
+    res = rt.layerwise().forward(rt.encode(TEXT * 4), want=Want(resolution=16))
     T = len(res.tokens)
     assert T > 150
     biggest = max(int(np.prod(a.shape)) for a in [*res.rows.values(), *res.checkpoints.values(),
