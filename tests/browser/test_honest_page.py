@@ -125,15 +125,31 @@ def test_long_text_was_cut_silently(tab, live_server):
     assert tab.errors == []
 
 
+# every text the run's progress label shows, in turn (installed before the page's scripts run)
+PROGRESS_LABELS_JS = """
+window.progressLabels = [];
+new MutationObserver(() => {
+  const t = document.getElementById("run-progress-label")?.textContent;
+  if (t && window.progressLabels.at(-1) !== t) window.progressLabels.push(t);
+}).observe(document, { subtree: true, childList: true, characterData: true });
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("server,model,title,reads", [
     ("live_server_smollm2", "smollm2", "SmolLM2-135M-Instruct", 8_192), ("live_server_gemma3", "gemma3", "Gemma 3 270M", 32_768)])
 def test_long_text_read_whole_says_so(tab, request, server, model, title, reads):
-    """The same 3,000 words on the zoo models that read all of it (SmolLM2 8,192 tokens, Gemma 3 32,768): the banner says
-    on screen that all of it was read, how many tokens that is, and how many the model reads (one long run each)."""
+    """The same 3,000 words on the zoo models that read all of it (SmolLM2 8,192 tokens, Gemma 3 32,768): before the
+    long run the bar says about how many tokens and how long, then layer by layer with the time left (the issue: 40 s
+    behind a bar with no estimate); the banner says on screen that all of it was read, how many tokens that is, and
+    how many the model reads (one long run each)."""
     base = request.getfixturevalue(server)
+    tab.add_init_script(PROGRESS_LABELS_JS)
     tab.goto(base + "/?" + urlencode({"model": model, "text": ARTICLE}))
     wait_drawn(tab, None, timeout=600_000)
+    labels = tab.evaluate("window.progressLabels")
+    assert any(re.fullmatch(r"Running .+ on about [\d,]+ tokens: about \d+ (s|min \d+ s)( and .+)?…", t) for t in labels), labels
+    assert any(re.fullmatch(r"Running the model: layer \d+ of \d+ · about \d+ (s|min \d+ s) left", t) for t in labels), labels
     note = tab.locator("#length-note")
     expect(note).to_be_visible()
     read, total = int(note.get_attribute("data-read")), int(note.get_attribute("data-total"))
