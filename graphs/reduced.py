@@ -29,8 +29,9 @@ REDUCED = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}   #
 PRODUCTS = ("MatMul", "Gemm")
 # The run's own inputs that are patterns, not data: a product with one of them (or anything made only of them, of
 # constants and of shapes) is a reduction, kept in float32. Every other float input (weights, activations, caches)
-# is data.
-PATTERNS = ("attention_mask", "head_mask", "head_mean", "pool")
+# is data. value_norms (a layer-by-layer attend graph's input: each key's ||v_j W_O^h||, fed to the value-weighted
+# statistic's row, analysis/statistics.py) feeds a statistic alone: its product with the weights is a reduction.
+PATTERNS = ("attention_mask", "head_mask", "head_mean", "pool", "value_norms")
 SHAPES = ("Shape", "Size")
 
 
