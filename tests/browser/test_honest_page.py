@@ -125,12 +125,15 @@ def test_long_text_was_cut_silently(tab, live_server):
     assert tab.errors == []
 
 
-# every text the run's progress label shows, in turn (installed before the page's scripts run)
+# every text the status line and the run's progress label show, in turn (installed before the page's scripts run;
+# the bar itself appears only after PROGRESS_AFTER_MS, and a fast first layer replaces its estimate before then)
 PROGRESS_LABELS_JS = """
 window.progressLabels = [];
 new MutationObserver(() => {
-  const t = document.getElementById("run-progress-label")?.textContent;
-  if (t && window.progressLabels.at(-1) !== t) window.progressLabels.push(t);
+  for (const id of ["status", "run-progress-label"]) {
+    const t = document.getElementById(id)?.textContent;
+    if (t && !window.progressLabels.includes(t)) window.progressLabels.push(t);
+  }
 }).observe(document, { subtree: true, childList: true, characterData: true });
 """
 
@@ -140,7 +143,7 @@ new MutationObserver(() => {
     ("live_server_smollm2", "smollm2", "SmolLM2-135M-Instruct", 8_192), ("live_server_gemma3", "gemma3", "Gemma 3 270M", 32_768)])
 def test_long_text_read_whole_says_so(tab, request, server, model, title, reads):
     """The same 3,000 words on the zoo models that read all of it (SmolLM2 8,192 tokens, Gemma 3 32,768): before the
-    long run the bar says about how many tokens and how long, then layer by layer with the time left (the issue: 40 s
+    long run the page says about how many tokens and how long, then layer by layer with the time left (the issue: 40 s
     behind a bar with no estimate); the banner says on screen that all of it was read, how many tokens that is, and
     how many the model reads (one long run each)."""
     base = request.getfixturevalue(server)
