@@ -103,7 +103,8 @@ def _reductions(g: Graph, st: dict[str, str], outputs, causal: bool, block: bool
     """ctx and the reductions.OUTPUTS asked of the probabilities of an attention's stages st (steps.attend's); values:
     the keys' value norms where this graph computes them (else an input, Reductions.value_weighted)."""
     T = g.slice(g.op("Shape", st["q"]), 2, 3, 0, hint="T")
-    r = Reductions(g, st["attentions"], st["masked"], T, causal, needed_columns(outputs, causal), block, values)
+    r = Reductions(g, st["attentions"], st["masked"], T, causal, needed_columns(outputs, causal, values is None), block,
+                   values)
     return {"ctx": st["ctx"]} | reduce(r, outputs)
 
 

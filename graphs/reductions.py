@@ -101,7 +101,7 @@ class Reductions:
         g, T = self.g, self.T
         if self.block:
             return self._at(g.op("Add", self._query_ints(), g.const(np.array([offset]))))
-        flat = self._once("flat", lambda: g.op("Reshape", self.probs, g.const(np.array([0, 0, -1]))))  # [B, h, T*T]
+        flat = self._flat()
         TT = self._once("TT", lambda: g.op("Mul", T, T))
         if offset >= 0:
             start = g.const(np.array([offset]))
@@ -120,11 +120,24 @@ class Reductions:
         return g.op("ReduceSum", g.op("Mul", self.probs, self._apart()), self.last_axis, keepdims=0)
 
     def local(self) -> str:
-        """sum_j p_ij over |i - j| < w, the window w an input (local_window [1]: statistics.local_window)."""
-        g = self.g
-        w = g.cast_float(g.input("local_window", INT, [1]))
-        near = g.cast_float(g.op("Less", self._apart(), w))                                         # [Tq, Tk]
-        return g.op("ReduceSum", g.op("Mul", self.probs, near), self.last_axis, keepdims=0)
+        """sum_j p_ij over |i - j| < w, the window w an input (local_window [1]: statistics.local_window): the band
+        of each query's keys i - w < j < i + w (under a causal mask j <= i) gathered from the flattened p, [Tq, 2w - 1]
+        numbers a query and not its whole row (a full pass over p costs as much as a row, bench/long_input.py); a
+        band key outside the text (or a block's keys) is read clipped and multiplied by 0."""
+        g, zero, one = self.g, self.g.const(np.array([0])), self.g.const(np.array([1]))
+        w = g.input("local_window", INT, [1])
+        Tk, k0 = (self.Tk, self.k0) if self.block else (self.T, zero)
+        last = zero if self.causal else g.op("Sub", w, one)
+        offsets = g.op("Range", g.op("Squeeze", g.op("Sub", one, w), zero), g.op("Squeeze", g.op("Add", last, one), zero),
+                       g.const(np.int64(1)))                                                        # [W]
+        rel = g.op("Add", g.op("Unsqueeze", g.op("Sub", self._query_ints(), k0), one),
+                   g.op("Unsqueeze", offsets, zero))                                                # [Tq, W] key - k0
+        inside = g.cast_float(g.op("And", g.op("GreaterOrEqual", rel, zero), g.op("Less", rel, Tk)))
+        rel = g.op("Min", g.op("Max", rel, zero), g.op("Sub", Tk, one))
+        rows = g.op("Range", g.const(np.int64(0)), g.op("Squeeze", self.T, zero), g.const(np.int64(1)))
+        flat = self._flat()
+        band = g.op("Gather", flat, g.op("Add", g.op("Mul", g.op("Unsqueeze", rows, one), Tk), rel), axis=2)
+        return g.op("ReduceSum", g.op("Mul", band, inside), self.last_axis, keepdims=0)              # [B, h, Tq]
 
     def value_weighted(self, key: int) -> str:
         """p_i,key n_key / sum_j p_ij n_j, n the keys' value norms ||v_j W_O^h|| [B, h, Tk] (`values`: computed in
@@ -135,7 +148,8 @@ class Reductions:
         g = self.g
         n = self.values or g.input("value_norms", FLOAT, ["batch", "heads", "tokens"])
         three = g.const(np.array([3]))
-        total = g.op("Squeeze", g.op("MatMul", self.probs, g.op("Unsqueeze", n, three)), three)   # [B, h, Tq]
+        total = (self._part("value_norms") if "value_norms" in self.columns else
+                 g.op("Squeeze", g.op("MatMul", self.probs, g.op("Unsqueeze", n, three)), three))   # [B, h, Tq]
         return g.op("Div", g.op("Mul", self.column(0), g.op("Gather", n, g.const(np.array([0])), axis=2)), total)
 
     def marked(self, keyset: str) -> str:
@@ -161,7 +175,7 @@ class Reductions:
                                    g.op("Less", rel, self.Tk)))
         rel = g.op("Min", g.op("Max", rel, g.const(np.array([0]))), g.op("Sub", self.Tk, g.const(np.array([1]))))
         rows = g.op("Range", g.const(np.int64(0)), g.op("Squeeze", self.T, g.const(np.array([0]))), g.const(np.int64(1)))
-        flat = self._once("flat_block", lambda: g.op("Reshape", self.probs, g.const(np.array([0, 0, -1]))))
+        flat = self._flat()
         picked = g.op("Gather", flat, g.op("Add", g.op("Mul", rows, self.Tk), rel), axis=2)         # [B, h, Tq]
         return g.op("Mul", picked, inside)
 
@@ -194,6 +208,10 @@ class Reductions:
         return weights, keys
 
     # ---- shared intermediates ------------------------------------------------------------------------------------
+    def _flat(self) -> str:
+        """p flattened per head, [B, h, Tq * Tk]: entry (i, j) at i Tk + j."""
+        return self._once("flat", lambda: self.g.op("Reshape", self.probs, self.g.const(np.array([0, 0, -1]))))
+
     def _top(self) -> str:
         return self._once("top", lambda: self.g.op("ReduceMax", self.probs, axes=[-1], keepdims=1))   # [B, h, T, 1]
 
@@ -220,10 +238,11 @@ class Reductions:
         return self._once("query_positions", lambda: self.g.cast_float(self._query_ints()))
 
     def _query_ints(self) -> str:
-        """A block's query positions, int64 [Tq]."""
+        """The queries' positions, int64 [Tq] (a block's from q0)."""
         g, zero = self.g, self.g.const(np.array([0]))
-        return self._once("query_ints", lambda: g.op("Range", g.op("Squeeze", self.q0, zero), g.op(
-            "Squeeze", g.op("Add", self.q0, self.T), zero), g.const(np.int64(1))))
+        q0 = self.q0 if self.block else zero
+        return self._once("query_ints", lambda: g.op("Range", g.op("Squeeze", q0, zero), g.op(
+            "Squeeze", g.op("Add", q0, self.T), zero), g.const(np.int64(1))))
 
     def _part(self, column: str) -> str:
         """probs times one of `columns`, from the one product of them all: [B, h, T, R] for the pool, [B, h, T]
@@ -234,8 +253,12 @@ class Reductions:
             make = {"pool": lambda: g.input("pool_keys" if self.block else "pool", FLOAT, ["tokens", "cells"]),
                     "positions": lambda: g.op("Unsqueeze", self._positions(), one),
                     "punctuation": lambda: g.op("Unsqueeze", g.input(key_input("punctuation"), FLOAT, ["tokens"]), one)}
-            parts = [make[c]() for c in self.columns]
-            self._product = g.op("MatMul", self.probs, parts[0] if n == 1 else g.op("Concat", *parts, axis=1))
+            parts = [make[c]() for c in self.columns if c != "value_norms"]
+            if "value_norms" in self.columns:     # one key vector per head: each shared one repeated per head
+                norms = g.op("Unsqueeze", g.input("value_norms", FLOAT, ["batch", "heads", "tokens"]),
+                             g.const(np.array([3])))                                               # [B, h, Tk, 1]
+                parts = [g.op("Expand", part, g.op("Shape", norms)) for part in parts] + [norms]
+            self._product = g.op("MatMul", self.probs, parts[0] if n == 1 else g.op("Concat", *parts, axis=-1))
         if column == "pool":
             return self._product if n == 1 else g.slice(self._product, 0, 1 - n, 3)
         k = self.columns.index(column)
@@ -243,8 +266,11 @@ class Reductions:
         return g.op("Squeeze", part, g.const(np.array([3])))
 
 
-def needed_columns(outputs, causal: bool) -> tuple[str, ...]:
-    """The key vectors the shared product must hold for these outputs: the pool first, then the vectors."""
+def needed_columns(outputs, causal: bool, norms_input: bool = True) -> tuple[str, ...]:
+    """The key vectors the shared product must hold for these outputs: the pool first, then the vectors; the value
+    norms last when they are an input (norms_input: else the graph computes them, and their product is the model's
+    data, graphs/reduced.py) and no pool is asked (the pool is shared by the heads: [Tk, R] copied per head would
+    cost more than the pass it saves)."""
     columns = []
     if "thumbnail" in outputs:
         columns.append("pool")
@@ -252,6 +278,8 @@ def needed_columns(outputs, causal: bool) -> tuple[str, ...]:
         columns.append("positions")
     if "punctuation" in outputs:
         columns.append("punctuation")
+    if VALUE_ROW in outputs and norms_input and "pool" not in columns:
+        columns.append("value_norms")
     return tuple(columns)
 
 
