@@ -44,29 +44,20 @@ run: setup
 export: setup
 	$(VENV)/bin/attnscope export
 
-# The suite runs in four pytest processes. A process keeps its session fixtures (SmolLM2 in-process and behind a
-# live server, transformers' reference) and the allocator keeps its peak: in one process the whole suite was killed
-# for memory (~21 of 24 GB). 1 and 2 run at the same time (a test waits on a server, a browser or a subprocess for
-# much of its time, so one process leaves a core idle; their logs are printed when both end): 1 the browser tests and
-# tests/test_[a-e]*, 2 tests/test_[f-z]* (about as long). 3, alone: the tests that hold a time to a bound
-# (latencies, timeouts, a request during a job, cancels), bounds that assume no other run beside them. 4, alone: the
-# tests marked own_process (Gemma 3 270M read twice, ~15 GB at its peak), collected from the files that name the
-# mark. pytest exits 5 when it collected nothing: a failure here.
-TIMED   := tests/test_hardening.py tests/test_hostile.py tests/test_security.py tests/test_reliability.py \
-           tests/test_mcp.py tests/test_atlas.py tests/test_startup.py tests/browser/test_loading.py \
-           tests/browser/test_progress.py tests/browser/test_long_input.py
-PART1   := $(filter-out $(TIMED),$(wildcard tests/browser/test_*.py tests/test_[a-e]*.py))
-PART2   := $(filter-out $(TIMED),$(wildcard tests/test_[f-z]*.py))
+# The suite runs in three pytest processes, one after the other, so that what one holds is given back before the
+# next starts: a process keeps its session fixtures (SmolLM2 in-process and behind a live server, transformers'
+# reference) and the allocator keeps its peak, and in one process the last clean-clone runs were killed for memory
+# (~21 of 24 GB). 1: the browser tests and tests/test_[a-g]*; 2: tests/test_[h-z]*; 3: the tests marked own_process
+# (Gemma 3 270M read twice, ~15 GB at its peak), collected from the files that name the mark (collecting all ~1,400
+# tests to keep 18 took 15-25 s). pytest exits 5 when it collected nothing: a failure here. The parts run one after
+# the other: the suite keeps both cores busy (run side by side, parts 1 and 2 took 954 s against ~970 s in turn).
+SUITE   := "tests/browser tests/test_[a-g]*.py" "tests/test_[h-z]*.py"
 OWN     := $(shell grep -l own_process tests/test_*.py tests/browser/test_*.py)
-PYTEST  := $(PY) -m pytest -q -p no:cacheprovider
 test: setup-test chromium
-	@rc=0; logs=$$(mktemp -d); check() { [ $$1 -ne 5 ] || echo "ERROR: no tests were collected in $$2"; \
-	  [ $$1 -eq 0 ] || rc=1; }; \
-	$(PYTEST) -m "not own_process" $(PART1) >$$logs/1 2>&1 & one=$$!; \
-	$(PYTEST) -m "not own_process" $(PART2) >$$logs/2 2>&1 & two=$$!; \
-	wait $$one; r1=$$?; wait $$two; r2=$$?; cat $$logs/1; check $$r1 "part 1"; cat $$logs/2; check $$r2 "part 2"; \
-	rm -rf $$logs; $(PYTEST) -m "not own_process" $(TIMED); check $$? "the timed tests"; \
-	$(PYTEST) -m own_process $(OWN); check $$? "the own_process tests"; exit $$rc
+	@rc=0; for part in $(SUITE); do $(PY) -m pytest -q -m "not own_process" $$part; r=$$?; \
+	  [ $$r -ne 5 ] || echo "ERROR: no tests were collected in $$part"; [ $$r -eq 0 ] || rc=1; done; \
+	$(PY) -m pytest -q -m own_process $(OWN); r=$$?; [ $$r -ne 5 ] || echo "ERROR: no own_process tests"; \
+	[ $$r -eq 0 ] || rc=1; exit $$rc
 
 bench: setup-test
 	$(PY) bench/forward.py

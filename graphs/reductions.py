@@ -86,13 +86,15 @@ class Reductions:
         return g.op("Squeeze", g.op("Neg", g.op("Add", spread, g.op("Log", self._top()))), self.last_axis)
 
     def column(self, key: int) -> str:
-        """p[:, key] for every query (key -1: the last)."""
-        if self.block:
-            g = self.g
-            at = g.const(np.array([key])) if key >= 0 else g.op("Sub", self.total, g.const(np.array([1])))
-            return self._at(g.op("Expand", at, self.T))
-        end = key + 1 if key >= 0 else LAST
-        return self.g.op("Squeeze", self.g.slice(self.probs, key, end, 3), self.g.const(np.array([3])))
+        """p[:, key] for every query (key -1: the last); made once (the first key's column serves two rows)."""
+        def make():
+            if self.block:
+                g = self.g
+                at = g.const(np.array([key])) if key >= 0 else g.op("Sub", self.total, g.const(np.array([1])))
+                return self._at(g.op("Expand", at, self.T))
+            end = key + 1 if key >= 0 else LAST
+            return self.g.op("Squeeze", self.g.slice(self.probs, key, end, 3), self.g.const(np.array([3])))
+        return self._once(("column", key), make)
 
     def diagonal(self, offset: int) -> str:
         """p[i, i + offset] for the queries that have that key: a strided slice of the flattened p, whose (i, i + d)

@@ -8,12 +8,6 @@ from urllib.parse import urlencode
 
 import httpx
 import pytest
-from playwright.sync_api import expect
-
-# What a page shows is asserted here, not how fast (bench/browser.py and bench/first_screen.py time the page, and the
-# tests that hold a latency to a bound run alone: the Makefile's TIMED): `make test` runs a second pytest process
-# beside this one, so a view that draws in 2 s alone may take 6, past playwright's default 5 s.
-expect.set_options(timeout=20_000)
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
