@@ -78,14 +78,20 @@ class Blocks:
                       self.block)
 
     def dequantize(self) -> np.ndarray:
-        """The weight in float32 [N, K]: scale * (code - zero point) (+ offset), in gguf's order of operations."""
+        """The weight in float32 [N, K]: scale * (code - zero point) (+ offset), in gguf's order of operations. The
+        codes are unpacked straight into that one float32 [N, K] array and the rest is done there in place (a model's
+        start de-quantises every weight: unpack's stack, its copy and the temporaries made Gemma 3's 1.6-1.9 s)."""
         N, K = self.shape
-        nb = K // self.block
-        codes = unpack(self.codes.reshape(N, -1), self.bits, K).reshape(N, nb, self.block)
-        zero = unpack(self.zero_points, self.bits, nb)[:, :, None]
-        w = self.scales[:, :, None] * (codes.astype(COMPUTE) - zero.astype(COMPUTE))
+        nb, per, mask = K // self.block, 8 // self.bits, np.uint8((1 << self.bits) - 1)
+        codes = self.codes.reshape(N, -1)
+        w = np.empty((N, codes.shape[1], per), COMPUTE)
+        for i in range(per):                                           # value i of each byte, low first (unpack)
+            w[..., i] = codes if per == 1 else (codes >> np.uint8(self.bits * i)) & mask
+        w = w.reshape(N, nb, self.block)
+        w -= unpack(self.zero_points, self.bits, nb).astype(COMPUTE)[:, :, None]
+        w *= self.scales[:, :, None]
         if self.offsets is not None:
-            w = w + self.offsets[:, :, None]
+            w += self.offsets[:, :, None]
         return w.reshape(N, K)
 
     # the NumPy reference's reads (model/precision.widen, W[rows], np.asarray(W)): de-quantised, only what is read
