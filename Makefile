@@ -50,7 +50,7 @@ export: setup
 # (~21 of 24 GB). 1: the browser tests and tests/test_[a-g]*; 2: tests/test_[h-z]*; 3: the tests marked own_process
 # (Gemma 3 270M read twice, ~15 GB at its peak), collected from the files that name the mark (collecting all ~1,400
 # tests to keep 18 took 15-25 s). pytest exits 5 when it collected nothing: a failure here. The parts run one after
-# the other: the suite keeps both cores busy (run side by side, parts 1 and 2 took 954 s against ~970 s in turn).
+# the other: run side by side, parts 1 and 2 took 954 s against ~970 s in turn (both cores 100 % busy throughout).
 SUITE   := "tests/browser tests/test_[a-g]*.py" "tests/test_[h-z]*.py"
 OWN     := $(shell grep -l own_process tests/test_*.py tests/browser/test_*.py)
 test: setup-test chromium
