@@ -408,6 +408,20 @@ def checkpoint_spacing(cfg, T: int, every: int, budget_bytes: float) -> int:
     return max(every, math.ceil(cfg.n_layers / max(fit, 1)))
 
 
+def kept_layers(n_layers: int, every: int, asked=()) -> set[int]:
+    """The layers whose input x a walk keeps: every `every`-th (checkpoint_spacing), except that an asked layer takes
+    the place of the spaced one below it, so that the layers a request looked at answer later questions (rows, a
+    tile: a zoom into what was drawn) from their own input, q, k and v alone, and not by running the layers between
+    again (Gemma 3 at 30,000 tokens: 2.75 s for layer 5 from layer 4's input). As many as the spacing keeps: the
+    same memory. Layer 0 is always kept (every walk starts there)."""
+    kept = set(range(0, n_layers, every))
+    for layer in sorted(set(asked)):
+        below = layer - layer % every
+        if layer not in kept and below in kept and below != 0 and below not in asked:
+            kept = kept - {below} | {layer}
+    return kept
+
+
 def _walk(needed: list[int], checkpoints: list[int]) -> list[tuple[int, bool]]:
     """The blocks to run to reach every layer in `needed`: (layer, start from its checkpoint). Goes on from the layer
     before when no checkpoint lies between; a checkpoint, when reached, is always used (it holds the first run's x)."""

@@ -47,7 +47,8 @@ from ..model.weights import block_layouts
 from .results import Encoded, Encoding, NextToken
 from ..sources.store import release
 from .blocks import (VALUE_ROW, BlockedLayer, _walk, blocked, by_tokens, checkpoint_spacing, exact_parts,  # noqa: F401
-                     exact_qkv, final_parts, head_groups, hidden_keys, run_axes, tokenwise, unread_inputs, visible_counts)
+                     exact_qkv, final_parts, head_groups, hidden_keys, kept_layers, run_axes, tokenwise, unread_inputs,
+                     visible_counts)
 from .options import GROUP_MB
 from .sessions import Session
 from .tensors import Held, hold
@@ -367,8 +368,9 @@ class Layerwise:
         checkpoints, thumbnails, asked = {}, {}, Asked(tuple(want.heads))
         with self.busy:
             x = self.run_graph("embed", inputs, ["x"], release=True, keep=("x",))["x"]
+            keep_at = kept_layers(L, self.every, want.layers)
             for layer in range(L):
-                if layer % self.every == 0:
+                if layer in keep_at:
                     checkpoints[layer] = x          # stays where it is: the next block writes a new x
                 heads = want.heads if layer in want.layers else ()
                 out = self._block(layer, x, inputs, outputs, causal, extra, masks, heads, want.top_k,

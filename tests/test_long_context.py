@@ -116,11 +116,26 @@ def test_blocked_rows_equal_float64_and_the_stacked_graph(runtimes, model_id, n,
             assert not rows[:, 1, :queries[1] - 511].any() and rows[:, 1, queries[1] - 511:queries[1] + 1].all()
 
 
+def test_the_asked_layers_inputs_are_kept_in_place_of_the_spaced_ones():
+    """A walk keeps as many inputs as its spacing allows, the asked layers' first: rows and tiles asked later of a
+    layer the request looked at need no block run again (Gemma 3 at 30,000 tokens, every 4th kept: layer 5's rows
+    took 2.75 s from layer 4's input, bench/long_context.py). Layer 0 stays; an asked layer never gives its place."""
+    from attnscope.runtime.blocks import kept_layers
+    assert kept_layers(18, 4, ()) == {0, 4, 8, 12, 16}
+    assert kept_layers(18, 4, (0, 5, 8, 17)) == {0, 5, 8, 12, 17}           # the bench's request on Gemma 3
+    assert kept_layers(18, 4, (5, 6)) == {0, 5, 8, 12, 16}                  # 6 walks from 5
+    assert kept_layers(18, 4, (2,)) == {0, 4, 8, 12, 16}                    # layer 0 always
+    assert kept_layers(18, 1, (5,)) == set(range(18))
+    assert all(len(kept_layers(32, e, asked)) == len(range(0, 32, e))       # never more than the spacing keeps
+               for e in (2, 3, 6, 16) for asked in ((), (1, 7, 31), tuple(range(32))))
+
+
 def test_spaced_checkpoints_keep_rows_and_tiles_exact(runtimes):
     """A long run keeps its checkpoints as a server spaces them (runtime/blocks.checkpoint_spacing: at 32,768 tokens
     l1b keeps one in 16 layers, bench/long_context.py): rows and a tile of a layer between checkpoints, asked after the
     run, walk to it from the nearest checkpoint below (blocks of queries, per-token graphs in runs of tokens) and are
-    bit for bit the rows the run computed in its pass, and within ATOL of a run that kept every layer's."""
+    bit for bit the rows the run computed in its pass, and within ATOL of a run that kept every layer's; an asked
+    layer's input is kept in place of the spaced one below it (kept_layers), and its rows come from there."""
     from bench.long_context import server_spacing
 
     class L1B:                                             # Llama 3.2 1B's stream: 16 layers of 2048 floats a token
@@ -133,12 +148,14 @@ def test_spaced_checkpoints_keep_rows_and_tiles_exact(runtimes):
     T, H, layer = len(enc.ids), rt.cfg.n_heads, 6
     heads, queries, tile = (0, H - 1), (0, 200, T - 1), ((150, 260), (100, 230))
     spaced = Layerwise(rt, checkpoint_every=4, group_mb=0.1, graphs=rt.layerwise())
-    want = Want((layer,), heads, queries=queries, tile=tile)
+    want = Want((layer, layer + 1), heads, queries=queries, tile=tile)
     res = spaced.forward(enc, want=want)
-    assert sorted(res.checkpoints) == list(range(0, rt.cfg.n_layers, 4)) and len(tokenwise(spaced, T)) > 1
-    later = spaced.recompute(res, want)                    # blocks 4, 5, 6 from layer 4's checkpoint
-    np.testing.assert_array_equal(later.asked.rows[layer], res.asked.rows[layer])
-    np.testing.assert_array_equal(later.asked.tile[layer], res.asked.tile[layer])
+    # every 4th layer's input, but the asked layer 6 takes the place of layer 4 (kept_layers): as many, the same memory
+    assert sorted(res.checkpoints) == sorted({0, layer} | set(range(8, rt.cfg.n_layers, 4))) and len(tokenwise(spaced, T)) > 1
+    later = spaced.recompute(res, want)                    # layer 6 from its own input, layer 7 runs block 6 again
+    for at in (layer, layer + 1):
+        np.testing.assert_array_equal(later.asked.rows[at], res.asked.rows[at])
+        np.testing.assert_array_equal(later.asked.tile[at], res.asked.tile[at])
     every = Layerwise(rt, group_mb=0.1, graphs=rt.layerwise()).forward(enc, want=want)
     np.testing.assert_allclose(later.asked.rows[layer], every.asked.rows[layer], atol=ATOL, rtol=0)
     np.testing.assert_array_equal(later.asked.tile[layer][:, 200 - 150], later.asked.rows[layer][:, 1, 100:230])
