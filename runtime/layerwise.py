@@ -402,7 +402,8 @@ class Layerwise:
 
     def recompute(self, base: LayerwiseResult, want: Want, progress: Progress | None = None) -> LayerwiseResult:
         """`base` with what `want` asks that it lacks: the asked heads' parts (as result.asked) and thumbnails at
-        a new resolution, computed from the checkpoints (at most checkpoint_every blocks per asked layer)."""
+        a new resolution, computed from the checkpoints (an asked layer's own input, blocks.kept_layers; else at most
+        2 checkpoint_every - 1 blocks from the one below)."""
         t0 = time.perf_counter()
         rt, enc = self.rt, base.encoding
         T = len(enc.ids)
