@@ -11,6 +11,8 @@ l1b (5 GB) and ours are held at once.
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +28,95 @@ pytestmark = [pytest.mark.own_process, pytest.mark.slow]
 TOKENS = 512                                      # the attention parity's text, BOS included
 
 
+def gone(folder: Path) -> None:
+    """Each checkpoint here is GBs (l1b: 7.4 GB, both folders; l8b's first layers: 3.3 GB; the T5: 1.1 GB): deleted
+    when its tests are done, not left for pytest's basetemp rotation, so the module never holds more than one model's
+    files on a disk shared with everything else the run writes (one CI run failed with "No space left on device")."""
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def l8b_cut(tmp_path_factory) -> Iterator[Path]:
+    """Llama 3.1 8B's shapes (4096 wide, 32 heads over 8 key/value heads of 128, 14336 MLP, untied 128256-token
+    head), its first two layers: the same weights as the full checkpoint's."""
+    root = tmp_path_factory.mktemp("l8b")
+    yield llama(root / "l8b-2", "l8b", "bfloat16", layers=2)
+    gone(root)
+
+
+def test_l8b_first_layers_equal_transformers(l8b_cut):
+    from transformers import LlamaForCausalLM
+
+    with serving({"l8b-2": l8b_cut}) as c:
+        a = c.post("/api/attention", json={"model": "l8b-2", "text": text(127), "include": ["attention"]},
+                   headers={"Accept": BINARY})
+        assert a.status_code == 200, a.text[:300]
+        ours = from_binary(a.content)
+    hf = LlamaForCausalLM.from_pretrained(l8b_cut, dtype=torch.float32, attn_implementation="eager")
+    with torch.inference_mode():
+        ref = torch.stack(hf(torch.tensor([ours["token_ids"]]), output_attentions=True).attentions)[:, 0].numpy()
+    assert ref.max(-1).mean() >= 0.5
+    np.testing.assert_allclose(ours["attention"], ref, atol=1e-4, rtol=0)
+
+
+@pytest.fixture
+def t5_big(tmp_path_factory) -> Iterator[Path]:
+    """A T5 (gated-gelu, relative position buckets, tied embeddings) over 2 GB in float32: tests/test_encdec.py's
+    tiny T5 (d_model 64, weights drawn wide: peaked attention) with an 8.8M-token vocabulary (its shared embedding
+    alone is 2.25 GB; the tokenizer uses the first ids), saved in bf16 (1.1 GB)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+    from transformers.initialization import no_init_weights
+
+    from .test_checkpoints import widen
+    from .test_encdec import save_tokenizer
+
+    root = tmp_path_factory.mktemp("t5big")
+    folder = root / "t5"
+    folder.mkdir()
+    save_tokenizer("t5", folder)
+    cfg = T5Config(vocab_size=8_800_000, d_model=64, d_kv=16, d_ff=96, num_layers=2, num_heads=4,
+                   feed_forward_proj="gated-gelu", tie_word_embeddings=True, decoder_start_token_id=0, pad_token_id=0,
+                   eos_token_id=1, relative_attention_num_buckets=8, relative_attention_max_distance=20)
+    with no_init_weights():                            # widen() draws every weight: transformers' init (~40 s) skipped
+        model = T5ForConditionalGeneration(cfg)
+    model.tie_weights()                                # which that init also does: one shared embedding, not four
+    widen(model, seed=0)
+    model.to(torch.bfloat16).save_pretrained(folder)
+    yield folder
+    gone(root)
+
+
+def test_an_encoder_decoder_over_2_gb_equals_transformers(t5_big):
+    """The encoder-decoder graph, the last graph kind, on a model over 2 GB in float32: its three attentions and the
+    next token equal transformers eager in float32 on the widened weights."""
+    from .test_encdec import DECODER_TEXT, TEXT, reference
+
+    with serving({"t5": t5_big}) as c:
+        caps = c.get("/api/models").json()[0]["capabilities"]
+        r = c.post("/api/attention", json={"model": "t5", "text": TEXT, "decoder_text": DECODER_TEXT,
+                                           "include": ["attention", "predictions"]})
+    assert r.status_code == 200, r.text[:300]
+    assert caps["dtype"] == "bfloat16" and caps["parameters"] * 4 > 2 * 10**9
+    r = r.json()
+    src, tgt, out = reference(t5_big, TEXT, DECODER_TEXT)
+    assert r["token_ids"] == src and r["decoder_token_ids"] == tgt
+    for ours, theirs in ((r["attention"], out.encoder_attentions), (r["decoder_attention"], out.decoder_attentions),
+                         (r["cross_attention"], out.cross_attentions)):
+        theirs = torch.stack(theirs)[:, 0].numpy()
+        assert theirs.max(-1).mean() >= 0.5
+        np.testing.assert_allclose(np.asarray(ours, np.float32), theirs, atol=1e-4, rtol=0)
+    p = torch.softmax(out.logits[0, -1].double(), -1).numpy()
+    assert r["next_tokens"][0]["id"] == int(p.argmax())
+    for t in r["next_tokens"]:
+        assert abs(t["prob"] - p[t["id"]]) < 1e-4
+
+
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory) -> dict[str, Path]:
+def folders(tmp_path_factory) -> Iterator[dict[str, Path]]:
     root = tmp_path_factory.mktemp("big")
     bf16 = llama(root / "l1b-bf16", "l1b", "bfloat16")
-    return {"l1b-bf16": bf16, "l1b-f32": widened(bf16, root / "l1b-f32")}
+    yield {"l1b-bf16": bf16, "l1b-f32": widened(bf16, root / "l1b-f32")}
+    gone(root)
 
 
 @pytest.fixture(scope="module")
@@ -166,75 +252,3 @@ def test_l1b_layer_by_layer_equals_the_whole_graph(folders):
     with serving({"l1b-f32": folders["l1b-f32"]}) as c:
         whole = c.post("/api/attention", json=body | {"model": "l1b-f32"}).json()
     np.testing.assert_allclose(lw["attention"], whole["attention"], atol=2e-6)
-
-
-@pytest.fixture(scope="module")
-def l8b_cut(tmp_path_factory) -> Path:
-    """Llama 3.1 8B's shapes (4096 wide, 32 heads over 8 key/value heads of 128, 14336 MLP, untied 128256-token
-    head), its first two layers: the same weights as the full checkpoint's."""
-    return llama(tmp_path_factory.mktemp("l8b") / "l8b-2", "l8b", "bfloat16", layers=2)
-
-
-def test_l8b_first_layers_equal_transformers(l8b_cut):
-    from transformers import LlamaForCausalLM
-
-    with serving({"l8b-2": l8b_cut}) as c:
-        a = c.post("/api/attention", json={"model": "l8b-2", "text": text(127), "include": ["attention"]},
-                   headers={"Accept": BINARY})
-        assert a.status_code == 200, a.text[:300]
-        ours = from_binary(a.content)
-    hf = LlamaForCausalLM.from_pretrained(l8b_cut, dtype=torch.float32, attn_implementation="eager")
-    with torch.inference_mode():
-        ref = torch.stack(hf(torch.tensor([ours["token_ids"]]), output_attentions=True).attentions)[:, 0].numpy()
-    assert ref.max(-1).mean() >= 0.5
-    np.testing.assert_allclose(ours["attention"], ref, atol=1e-4, rtol=0)
-
-
-@pytest.fixture(scope="module")
-def t5_big(tmp_path_factory) -> Path:
-    """A T5 (gated-gelu, relative position buckets, tied embeddings) over 2 GB in float32: tests/test_encdec.py's
-    tiny T5 (d_model 64, weights drawn wide: peaked attention) with an 8.8M-token vocabulary (its shared embedding
-    alone is 2.25 GB; the tokenizer uses the first ids), saved in bf16 (1.1 GB)."""
-    from transformers import T5Config, T5ForConditionalGeneration
-    from transformers.initialization import no_init_weights
-
-    from .test_checkpoints import widen
-    from .test_encdec import save_tokenizer
-
-    folder = tmp_path_factory.mktemp("t5big") / "t5"
-    folder.mkdir()
-    save_tokenizer("t5", folder)
-    cfg = T5Config(vocab_size=8_800_000, d_model=64, d_kv=16, d_ff=96, num_layers=2, num_heads=4,
-                   feed_forward_proj="gated-gelu", tie_word_embeddings=True, decoder_start_token_id=0, pad_token_id=0,
-                   eos_token_id=1, relative_attention_num_buckets=8, relative_attention_max_distance=20)
-    with no_init_weights():                            # widen() draws every weight: transformers' init (~40 s) skipped
-        model = T5ForConditionalGeneration(cfg)
-    model.tie_weights()                                # which that init also does: one shared embedding, not four
-    widen(model, seed=0)
-    model.to(torch.bfloat16).save_pretrained(folder)
-    return folder
-
-
-def test_an_encoder_decoder_over_2_gb_equals_transformers(t5_big):
-    """The encoder-decoder graph, the last graph kind, on a model over 2 GB in float32: its three attentions and the
-    next token equal transformers eager in float32 on the widened weights."""
-    from .test_encdec import DECODER_TEXT, TEXT, reference
-
-    with serving({"t5": t5_big}) as c:
-        caps = c.get("/api/models").json()[0]["capabilities"]
-        r = c.post("/api/attention", json={"model": "t5", "text": TEXT, "decoder_text": DECODER_TEXT,
-                                           "include": ["attention", "predictions"]})
-    assert r.status_code == 200, r.text[:300]
-    assert caps["dtype"] == "bfloat16" and caps["parameters"] * 4 > 2 * 10**9
-    r = r.json()
-    src, tgt, out = reference(t5_big, TEXT, DECODER_TEXT)
-    assert r["token_ids"] == src and r["decoder_token_ids"] == tgt
-    for ours, theirs in ((r["attention"], out.encoder_attentions), (r["decoder_attention"], out.decoder_attentions),
-                         (r["cross_attention"], out.cross_attentions)):
-        theirs = torch.stack(theirs)[:, 0].numpy()
-        assert theirs.max(-1).mean() >= 0.5
-        np.testing.assert_allclose(np.asarray(ours, np.float32), theirs, atol=1e-4, rtol=0)
-    p = torch.softmax(out.logits[0, -1].double(), -1).numpy()
-    assert r["next_tokens"][0]["id"] == int(p.argmax())
-    for t in r["next_tokens"]:
-        assert abs(t["prob"] - p[t["id"]]) < 1e-4
