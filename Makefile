@@ -44,18 +44,24 @@ run: setup
 export: setup
 	$(VENV)/bin/attnscope export
 
-# The suite runs in three pytest processes, one after the other, so that what one holds is given back before the
-# next starts: a process keeps its session fixtures (SmolLM2 in-process and behind a live server, transformers'
-# reference) and the allocator keeps its peak, and in one process the last clean-clone runs were killed for memory
-# (~21 of 24 GB). 1: the browser tests and tests/test_[a-g]*; 2: tests/test_[h-z]*; 3: the tests marked own_process
-# (Gemma 3 270M read twice, ~15 GB at its peak), collected from the files that name the mark (collecting all ~1,400
-# tests to keep 18 took 15-25 s). pytest exits 5 when it collected nothing: a failure here. The parts run one after
-# the other: run side by side, parts 1 and 2 took 954 s against ~970 s in turn (both cores 100 % busy throughout).
-SUITE   := "tests/browser tests/test_[a-g]*.py" "tests/test_[h-z]*.py"
+# The suite runs in three pytest processes. The first two run side by side, each pinned to a core of its own (taskset;
+# one after the other on a 1-core machine), and each logs to test-artifacts/part-N.log, printed when both are done:
+# 1: the browser tests and tests/test_[a-e,g]*; 2: tests/test_f* and tests/test_[h-z]* (~9 minutes of tests each).
+# Pinned, every pool follows its core (onnxruntime's intra-op threads, torch's and OpenBLAS's: one thread each), so
+# no thread spins on the core the other part is using; unpinned, the two parts side by side took as long as one after
+# the other (954 s against ~970 s, both cores 100 % busy). 3: the tests marked own_process (Gemma 3 270M read twice,
+# ~15 GB at its peak; the big-model checkpoints, GBs on disk), alone on both cores once the others have given back
+# what they held, collected from the files that name the mark. pytest exits 5 when it collected nothing: a failure.
+PARTS   := "tests/browser tests/test_[a-e]*.py tests/test_g*.py" "tests/test_f*.py tests/test_[h-z]*.py"
 OWN     := $(shell grep -l own_process tests/test_*.py tests/browser/test_*.py)
 test: setup-test chromium
-	@rc=0; for part in $(SUITE); do $(PY) -m pytest -q -m "not own_process" $$part; r=$$?; \
-	  [ $$r -ne 5 ] || echo "ERROR: no tests were collected in $$part"; [ $$r -eq 0 ] || rc=1; done; \
+	@mkdir -p test-artifacts; n=$$(nproc); i=0; for part in $(PARTS); do \
+	  log=test-artifacts/part-$$i.log; echo "part $$i: $$part (core $$((i % n)), log $$log)"; \
+	  ( taskset -c $$((i % n)) $(PY) -m pytest -q -m "not own_process" $$part > $$log 2>&1; \
+	    echo $$? > test-artifacts/part-$$i.rc ) & [ $$n -gt 1 ] || wait; i=$$((i + 1)); done; wait; \
+	rc=0; i=0; for part in $(PARTS); do r=$$(cat test-artifacts/part-$$i.rc); echo "==== part $$i: exit $$r"; \
+	  cat test-artifacts/part-$$i.log; [ $$r -ne 5 ] || echo "ERROR: no tests were collected in part $$i"; \
+	  [ $$r -eq 0 ] || rc=1; i=$$((i + 1)); done; \
 	$(PY) -m pytest -q -m own_process $(OWN); r=$$?; [ $$r -ne 5 ] || echo "ERROR: no own_process tests"; \
 	[ $$r -eq 0 ] || rc=1; exit $$rc
 
