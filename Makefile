@@ -46,13 +46,14 @@ export: setup
 
 # The suite runs in three pytest processes. The first two run side by side, each pinned to a core of its own (taskset;
 # one after the other on a 1-core machine), and each logs to test-artifacts/part-N.log, printed when both are done:
-# 1: the browser tests and tests/test_[a-e,g]*; 2: tests/test_f* and tests/test_[h-z]* (~9 minutes of tests each).
-# Pinned, every pool follows its core (onnxruntime's intra-op threads, torch's and OpenBLAS's: one thread each), so
-# no thread spins on the core the other part is using; unpinned, the two parts side by side took as long as one after
-# the other (954 s against ~970 s, both cores 100 % busy). 3: the tests marked own_process (Gemma 3 270M read twice,
-# ~15 GB at its peak; the big-model checkpoints, GBs on disk), alone on both cores once the others have given back
-# what they held, collected from the files that name the mark. pytest exits 5 when it collected nothing: a failure.
-PARTS   := "tests/browser tests/test_[a-e]*.py tests/test_g*.py" "tests/test_f*.py tests/test_[h-z]*.py"
+# 0: the browser tests and tests/test_[abeg]*; 1: tests/test_[cdf]* and tests/test_[h-z]*. Pinned, every pool follows
+# its core (onnxruntime's intra-op threads, torch's and OpenBLAS's: one thread each), so no thread spins on the core
+# the other part is using: the two parts took 706 s and 568 s side by side (split 0: browser + [a-e,g]) against
+# ~1,110 s one after the other, where unpinned, side by side, they had taken 954 s (both cores 100 % busy). 2: the
+# tests marked own_process (Gemma 3 270M read twice, ~15 GB at its peak; the big-model checkpoints, up to ~11 GB on
+# disk), alone on both cores once the others have given back what they held, collected from the files that name the
+# mark. pytest exits 5 when it collected nothing: a failure here.
+PARTS   := "tests/browser tests/test_[abeg]*.py" "tests/test_[cdf]*.py tests/test_[h-z]*.py"
 OWN     := $(shell grep -l own_process tests/test_*.py tests/browser/test_*.py)
 test: setup-test chromium
 	@mkdir -p test-artifacts; n=$$(nproc); i=0; for part in $(PARTS); do \
