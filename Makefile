@@ -48,8 +48,8 @@ export: setup
 # one after the other on a 1-core machine), and each logs to test-artifacts/part-N.log, printed when both are done:
 # 0: the browser tests and tests/test_[abeg]*; 1: tests/test_[cdf]* and tests/test_[h-z]*. Pinned, every pool follows
 # its core (onnxruntime's intra-op threads, torch's and OpenBLAS's: one thread each), so no thread spins on the core
-# the other part is using: the two parts took 706 s and 568 s side by side (split 0: browser + [a-e,g]) against
-# ~1,110 s one after the other, where unpinned, side by side, they had taken 954 s (both cores 100 % busy). 2: the
+# the other part is using: side by side they took 670 s and 647 s (the whole run: 15.3 min) against ~1,110 s one
+# after the other (22.3 min), where unpinned, side by side, they had taken 954 s (both cores 100 % busy). 2: the
 # tests marked own_process (Gemma 3 270M read twice, ~15 GB at its peak; the big-model checkpoints, up to ~11 GB on
 # disk), alone on both cores once the others have given back what they held, collected from the files that name the
 # mark. pytest exits 5 when it collected nothing: a failure here.
