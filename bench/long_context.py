@@ -163,10 +163,9 @@ def reference_rows(model_id: str, ids, layers, queries, block: int = 256, model=
     """transformers' model from the same GGUF in float64, its attention computed one block of queries at a time
     (RECIPES.md 15: no [T, T]; each block over the keys its queries may see), keeping the rows of `queries` at
     `layers` ({layer: [H, Q, T]}), and the next-token logits at the last position [V]. model: transformers' reading
-    of the file already loaded (its attention is replaced); None: read here. tests/test_long_context.py holds a long
-    run to it at a short length."""
+    of the file already loaded (its attention is replaced); None: tests/references.hf_from_gguf's.
+    tests/test_long_context.py holds a long run to it at a short length."""
     import torch
-    import transformers
     from transformers import AttentionInterface
 
     from attnscope.sources import zoo
@@ -203,9 +202,8 @@ def reference_rows(model_id: str, ids, layers, queries, block: int = 256, model=
 
     AttentionInterface.register("rows", rows)
     if model is None:
-        path = zoo.gemma3_path(None, CACHE) if model_id == "gemma3" else zoo.smollm2_path(None)
-        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                                  dtype=torch.float32)
+        from tests.references import hf_from_gguf             # the suite's reading, kept in the cache after the first
+        model = hf_from_gguf(zoo.gemma3_path(None, CACHE) if model_id == "gemma3" else zoo.smollm2_path(None), CACHE)
     model.set_attn_implementation("rows")
     model = model.eval().double()
     with torch.inference_mode():
