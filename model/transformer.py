@@ -318,14 +318,22 @@ class TransformerBlock:
         (Q's columns orthonormal), ||W_h v_j|| = ||R v_j||: a [dh, dh] product a key, not [dh, D] (D / dh times less
         work, and as exact: Q is an isometry). `tokens` keys at a time: memory [tokens, dh], whatever T. Mirrored by
         graphs/steps.value_norms (the [dh, D] product, in the graph)."""
-        v, W = np.asarray(v), widen(self.attn.out_projection()[0])               # W_O [D, H * dh], widened once
-        dh, out = v.shape[-1], np.empty(v.shape[:-1], COMPUTE)
+        v = np.asarray(v)
+        out, R_t = np.empty(v.shape[:-1], COMPUTE), self._value_r(v.shape[-1])                   # R_t [H, dh, dh]
         for h in range(v.shape[-3]):
-            R = np.linalg.qr(W[:, h * dh:(h + 1) * dh].astype(np.float64), mode="r")   # [dh, dh]
-            R_t = np.ascontiguousarray(R.T, COMPUTE)
             for a in range(0, v.shape[-2], tokens):
-                out[..., h, a:a + tokens] = np.linalg.norm(v[..., h, a:a + tokens, :] @ R_t, axis=-1)
+                out[..., h, a:a + tokens] = np.linalg.norm(v[..., h, a:a + tokens, :] @ R_t[h], axis=-1)
         return out
+
+    def _value_r(self, dh: int) -> np.ndarray:
+        """[H, dh, dh] each head's R transposed, from the QR of its columns of W_O [D, H * dh] (in float64): made once
+        per W_O, not at every walk's every layer (a W_O given anew, as a loaded checkpoint's, is factored anew)."""
+        W = self.attn.out_projection()[0]
+        if getattr(self, "_r", (None,))[0] is not W:
+            Wf = widen(W).astype(np.float64)                                                 # [D, H * dh]
+            R = [np.linalg.qr(Wf[:, h * dh:(h + 1) * dh], mode="r") for h in range(W.shape[1] // dh)]
+            self._r = (W, np.ascontiguousarray(np.stack(R).transpose(0, 2, 1), COMPUTE))
+        return self._r[1]
 
 
 @dataclass
