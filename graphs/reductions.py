@@ -123,23 +123,16 @@ class Reductions:
 
     def local(self) -> str:
         """sum_j p_ij over |i - j| < w, the window w an input (local_window [1]: statistics.local_window): the band
-        of each query's keys i - w < j < i + w (under a causal mask j <= i) gathered from the flattened p, [Tq, 2w - 1]
-        numbers a query and not its whole row (a full pass over p costs as much as a row, bench/long_input.py); a
-        band key outside the text (or a block's keys) is read clipped and multiplied by 0."""
+        of each query's keys i - w < j < i + w (under a causal mask j <= i), [Tq, 2w - 1] numbers a query gathered
+        from the flattened p (_at) and not its whole row (a full pass over p costs as much as a row,
+        bench/long_input.py)."""
         g, zero, one = self.g, self.g.const(np.array([0])), self.g.const(np.array([1]))
         w = g.input("local_window", INT, [1])
-        Tk, k0 = (self.Tk, self.k0) if self.block else (self.T, zero)
         last = zero if self.causal else g.op("Sub", w, one)
         offsets = g.op("Range", g.op("Squeeze", g.op("Sub", one, w), zero), g.op("Squeeze", g.op("Add", last, one), zero),
                        g.const(np.int64(1)))                                                        # [W]
-        rel = g.op("Add", g.op("Unsqueeze", g.op("Sub", self._query_ints(), k0), one),
-                   g.op("Unsqueeze", offsets, zero))                                                # [Tq, W] key - k0
-        inside = g.cast_float(g.op("And", g.op("GreaterOrEqual", rel, zero), g.op("Less", rel, Tk)))
-        rel = g.op("Min", g.op("Max", rel, zero), g.op("Sub", Tk, one))
-        rows = g.op("Range", g.const(np.int64(0)), g.op("Squeeze", self.T, zero), g.const(np.int64(1)))
-        flat = self._flat()
-        band = g.op("Gather", flat, g.op("Add", g.op("Mul", g.op("Unsqueeze", rows, one), Tk), rel), axis=2)
-        return g.op("ReduceSum", g.op("Mul", band, inside), self.last_axis, keepdims=0)              # [B, h, Tq]
+        band = g.op("Add", g.op("Unsqueeze", self._query_ints(), one), g.op("Unsqueeze", offsets, zero))  # [Tq, W]
+        return g.op("ReduceSum", self._at(band, band=True), self.last_axis, keepdims=0)              # [B, h, Tq]
 
     def value_weighted(self, key: int) -> str:
         """p_i,key n_key / sum_j p_ij n_j, n the keys' value norms ||v_j W_O^h|| [B, h, Tk] (`values`: computed in
@@ -168,17 +161,22 @@ class Reductions:
         pool = self.g.input("pool", FLOAT, ["tokens", "cells"])
         return self.g.op("MatMul", self.g.op("Transpose", pool, perm=[1, 0]), self._part("pool"))
 
-    def _at(self, keys: str) -> str:
-        """A block's p[i, keys[i]] for each query i (keys [Tq] int64, positions in the text): 0 where that key is
-        outside the block's keys (so hidden from the query: its weight is 0 in the whole text's p too)."""
-        g = self.g
-        rel = g.op("Sub", keys, self.k0)
-        inside = g.cast_float(g.op("And", g.op("GreaterOrEqual", rel, g.const(np.array([0]))),
-                                   g.op("Less", rel, self.Tk)))
-        rel = g.op("Min", g.op("Max", rel, g.const(np.array([0]))), g.op("Sub", self.Tk, g.const(np.array([1]))))
-        rows = g.op("Range", g.const(np.int64(0)), g.op("Squeeze", self.T, g.const(np.array([0]))), g.const(np.int64(1)))
-        flat = self._flat()
-        picked = g.op("Gather", flat, g.op("Add", g.op("Mul", rows, self.Tk), rel), axis=2)         # [B, h, Tq]
+    def _at(self, keys: str, band: bool = False) -> str:
+        """p[i, keys[i]] of each query i, keys positions in the text: [Tq] (one key a query) -> [B, h, Tq], or with
+        `band` [Tq, W] (W keys a query) -> [B, h, Tq, W]; gathered from the flattened p (a block's: its queries'
+        rows, its keys from k0), 0 where a key is outside p's keys (read clipped, then multiplied by 0: a key before
+        the text or after it, or outside a block's keys, hidden from the query, whose weight is 0 in the whole text's
+        p too)."""
+        g, zero, one = self.g, self.g.const(np.array([0])), self.g.const(np.array([1]))
+        Tk, k0 = (self.Tk, self.k0) if self.block else (self.T, zero)
+        rel = g.op("Sub", keys, k0)
+        inside = g.cast_float(g.op("And", g.op("GreaterOrEqual", rel, zero), g.op("Less", rel, Tk)))
+        rel = g.op("Min", g.op("Max", rel, zero), g.op("Sub", Tk, one))
+        rows = g.op("Mul", g.op("Range", g.const(np.int64(0)), g.op("Squeeze", self.T, zero), g.const(np.int64(1))),
+                    Tk)                                                         # [Tq]: each query's row in the flat p
+        if band:
+            rows = g.op("Unsqueeze", rows, one)                                                       # [Tq, 1]
+        picked = g.op("Gather", self._flat(), g.op("Add", rows, rel), axis=2)
         return g.op("Mul", picked, inside)
 
     def thumbnail_even(self) -> str:
