@@ -41,6 +41,7 @@ ANSWER = " marmalade sunrise"
 DEPTHS = (0.1, 0.5, 0.9)
 HAYSTACK_TOKENS = 512        # the bundled haystack's length by default (or what the model reads, if less)
 MAX_TOP = 32
+NO_ROWS = Want(rows=False)   # the knockout walks read the answer's log-prob alone
 Depth = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False, strict=True)]   # JSON numbers only: no true/false
 
 
@@ -228,7 +229,7 @@ def find(rt: Runtime, lw, probes: list[Placed], top: int, draws: int, seed: int,
 
     progress(0, total)
     scores, weights, logprobs = np.zeros((D, L, H)), np.zeros((D, L, H)), np.zeros(D)
-    every = Want(tuple(range(L)), tuple(range(H)), top_k=1)
+    every = Want(tuple(range(L)), tuple(range(H)), top_k=1, rows=False)      # no walk here reads the kept rows
     for d, p in enumerate(probes):
         r = lw.forward(p.encoding, want=every)
         q = np.asarray(p.answer) - 1                                  # the queries that predict the answer's tokens
@@ -245,7 +246,7 @@ def find(rt: Runtime, lw, probes: list[Placed], top: int, draws: int, seed: int,
     for n, heads in enumerate([chosen, *drawn]):
         keep, mean = head_masks(heads, "zero", L, H)
         for d, p in enumerate(probes):
-            knocked[n, d] = answer_logprob(lw.forward(p.encoding, head_mask=keep, head_mean=mean), p)
+            knocked[n, d] = answer_logprob(lw.forward(p.encoding, head_mask=keep, head_mean=mean, want=NO_ROWS), p)
             step()
     return Found(scores, weights, logprobs, chosen, drawn, knocked, time.perf_counter() - t0,
                  probes[0].encoding.tokens)

@@ -359,7 +359,7 @@ class Layerwise:
         ids, types = np.array([enc.ids], np.int64), np.array([enc.type_ids], np.int64)
         thumbs = want.resolution if want.resolution and T > want.resolution else 0
         keys = TextKeys.of(enc, cfg)
-        kept = kept_rows(keys)
+        kept = kept_rows(keys) if want.rows else ()
         mask, extra, masks, blocks = self._walk_inputs(T, causal, mask_tokens, keys, thumbs, kept + (
             ("duplicate",) if want.duplicate else ()))
         inputs = rt.feeds(ids, types, mask, [T], head_mask, head_mean)     # validated; head masks [1, L, H]

@@ -11,7 +11,8 @@ import numpy as np
 class Want:
     """What leaves the device for a request, on either path (issue 38): for `layers` x `heads`, the full
     probabilities (attention), their top_k keys per query, or the per-query duplicate-token mass (head scores); and
-    thumbnails of every head of `layers` at `resolution` (0: none); beyond the rows every layer-by-layer run keeps.
+    thumbnails of every head of `layers` at `resolution` (0: none); beyond the rows every layer-by-layer run keeps
+    (rows: unless told not to).
     ends: the run's final hidden states and LM outputs; without them the stacked graph stops after the last of
     `layers` and hands back those blocks' attentions alone (Runtime.depth_of; a walk always goes to the end, its
     checkpoints serving later requests)."""
@@ -26,6 +27,8 @@ class Want:
     tile: tuple[tuple[int, int], tuple[int, int]] | None = None   # ([qa, qb), [kc, kd)): a tile of those heads
     view: str = "weights"                              # the rows' and tile's: runtime/blocks.VIEWS
     logprobs: bool = True                              # every token's log-prob: the LM head at every position
+    rows: bool = True                                  # the rows a walk keeps for every head (False: none, for a
+                                                       # caller that reads only what it asked, as the retrieval finder)
 
     def exact(self) -> bool:
         """Whether it asks rows or a tile: recomputed exactly from q, k, v (runtime/blocks.exact_parts)."""

@@ -104,3 +104,25 @@ def test_the_needle_goes_to_a_sentence_start_and_the_controls_avoid_the_top_head
         drawn = controls(top, 3, 4, np.random.default_rng(seed))
         assert drawn[0] == (1, 3) and [l for l, _ in drawn[1:]] == [0, 0] and drawn[1] != drawn[2]
     assert len({tuple(controls([(5, 0)], 9, 9, np.random.default_rng([0, n]))) for n in range(8)}) > 1
+
+
+def test_a_walk_that_keeps_no_rows_answers_the_same_bits(runtimes):
+    """The finder's walks read only what they ask (Want(rows=False)): every head's top key and weight, and with heads
+    knocked out the tokens' log-probs, bit for bit those of a walk that keeps every head's rows, which it has none of
+    (SmolLM2's retrieval answer took 18.0 s with the rows and 7.8 s without, same answer)."""
+    from attnscope.runtime.interventions import head_masks
+    from attnscope.runtime.layerwise import Want
+
+    rt = runtimes["smollm2"]
+    lw, enc = rt.layerwise(), rt.encode("The gate opens at dawn. Which gate opens at dawn? The gate " * 6)
+    L, H = rt.cfg.n_layers, rt.cfg.n_heads
+    every = Want(tuple(range(L)), tuple(range(H)), top_k=1)
+    a, b = lw.forward(enc, want=every), lw.forward(enc, want=Want(every.layers, every.heads, top_k=1, rows=False))
+    assert a.rows and not b.rows
+    for layer in range(L):
+        np.testing.assert_array_equal(a.asked.top_keys[layer], b.asked.top_keys[layer])
+        np.testing.assert_array_equal(a.asked.top_weights[layer], b.asked.top_weights[layer])
+    assert a.token_logprobs == b.token_logprobs
+    keep, mean = head_masks([(18, 6), (17, 3)], "zero", L, H)
+    kept, bare = (lw.forward(enc, head_mask=keep, head_mean=mean, want=w) for w in (Want(), Want(rows=False)))
+    assert kept.rows and not bare.rows and kept.token_logprobs == bare.token_logprobs != a.token_logprobs
