@@ -31,6 +31,7 @@ from ..graphs.reductions import VALUE_ROW
 from ..model.precision import COMPUTE, MASKED
 from ..model.transformer import LM_OUTPUTS, VOCAB_CHUNK
 from .errors import InputError
+from .options import one_blas_thread
 from .tensors import Held, hold
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ class BlockedLayer:
             out["top_weights"] = np.zeros((1, n, T, k_top), COMPUTE)
             out["top_keys"] = np.zeros((1, n, T, k_top), np.int64)
         which = ("attend_block", graph_outputs, self.causal)
-        norms = self.lw.rt.model.blocks[self.layer].value_norms(v[0]) if VALUE_ROW in outputs else None   # [H, T]
+        norms = value_norms(self.lw.rt, self.layer, v[0]) if VALUE_ROW in outputs else None   # [H, T]
         for q0, q1, k0, k1 in self.blocks:
             feeds = {"attention_mask": block_mask(q0, q1, k0, k1, self.causal, self.window, self.hidden),
                      "offsets": np.array([q0, k0], np.int64), "total": np.array([T], np.int64),
@@ -210,6 +211,13 @@ class BlockedLayer:
                 out[o] = out[o][..., 1:] if offset < 0 else out[o][..., :-1]
         out["ctx"] = ctx
         return out
+
+
+def value_norms(rt, layer: int, v: np.ndarray) -> np.ndarray:
+    """Layer `layer`'s value norms of one text's values v [H, T, dh] -> [H, T] (TransformerBlock.value_norms): NumPy
+    products between two of the walk's onnxruntime runs, on one BLAS thread (options.one_blas_thread)."""
+    with one_blas_thread():
+        return rt.model.blocks[layer].value_norms(v)
 
 
 def hidden_keys(T: int, mask_tokens) -> np.ndarray | None:
@@ -342,7 +350,7 @@ def exact_parts(lw, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, hea
     T, heads = q.shape[2], [int(h) for h in heads]
     window = lw.rt.model.blocks[layer].window or 0
     which = ("weights_block", ("attention",), causal)         # the weights alone: no ctx, no reductions
-    norms = lw.rt.model.blocks[layer].value_norms(v[0]) if view == "value_weighted" else None
+    norms = value_norms(lw.rt, layer, v[0]) if view == "value_weighted" else None
     out = {}
 
     def block(q0, q1, k0, k1, h):

@@ -48,7 +48,7 @@ from .results import Encoded, Encoding, NextToken
 from ..sources.store import release
 from .blocks import (VALUE_ROW, BlockedLayer, _walk, blocked, by_tokens, checkpoint_spacing, exact_parts,  # noqa: F401
                      exact_qkv, final_parts, head_groups, hidden_keys, kept_layers, run_axes, tokenwise, unread_inputs,
-                     visible_counts)
+                     value_norms, visible_counts)
 from .options import GROUP_MB
 from .sessions import Session
 from .tensors import Held, hold
@@ -277,7 +277,7 @@ class Layerwise:
             arrays = exact and tuple(qkv[n].host() for n in "qkv")
         if VALUE_ROW in outputs and blocks is None:  # each key's value norm [1, H, T] (a block's: BlockedLayer.run);
             v = qkv["v"].array if qkv["v"].array is not None else qkv["v"].host()   # the CPU's v is host memory
-            extra = extra | {"value_norms": self.rt.model.blocks[layer].value_norms(v[0])[None]}
+            extra = extra | {"value_norms": value_norms(self.rt, layer, v[0])[None]}
         exact = exact and {name: value[None] for name, value in exact_parts(
             self, layer, *arrays, heads, causal, *exact).items()}   # (hidden, ..., view)
         if not (outputs or next_x):                  # rows or a tile alone: no other attention to compute

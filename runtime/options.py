@@ -186,6 +186,20 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
 
 
 @functools.cache
+def _blas():
+    from threadpoolctl import ThreadpoolController     # after NumPy's import: it finds the BLAS NumPy loaded
+    return ThreadpoolController()
+
+
+def one_blas_thread():
+    """A context in which NumPy's BLAS runs on one thread: for a product between two onnxruntime runs of a walk.
+    OpenBLAS's threads spin after a product (tens of ms) on the cores onnxruntime's pool needs next: SmolLM2's walk
+    of 561 tokens took 1.28 s with the value norms' products on two threads and 0.56 s on one (runtime/blocks.py
+    value_norms). ~6 us a use."""
+    return _blas().limit(limits=1, user_api="blas")
+
+
+@functools.cache
 def release_arena():
     """Run options that give a session's memory arena back to the OS at the end of the run."""
     import onnxruntime as ort
