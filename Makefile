@@ -32,9 +32,9 @@ setup: $(VENV)/.installed
 setup-test: $(VENV)/.installed-test
 
 # what the tests run besides Python: chromium (browser tests), curl (the README's examples), setpriv from util-linux
-# (as root, the read-only-cache test runs the server as nobody)
+# (as root, the read-only-cache test runs the server as nobody), taskset from util-linux too (make test pins its parts)
 chromium:
-	@for cmd in chromium:chromium curl:curl setpriv:util-linux; do command -v $${cmd%%:*} >/dev/null || \
+	@for cmd in chromium:chromium curl:curl setpriv:util-linux taskset:util-linux; do command -v $${cmd%%:*} >/dev/null || \
 	  missing="$$missing $${cmd#*:}"; done; [ -z "$$missing" ] || { $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; }
 
