@@ -103,7 +103,7 @@ def serving(folders: dict[str, Path], **settings):
     from attnscope.app.settings import Settings
 
     entries = [f"{name}={path}" for name, path in folders.items()]
-    with TestClient(create_app(Settings(models=entries, cache=CACHE, threads=0, **settings))) as c:
+    with TestClient(create_app(Settings(models=entries, cache=CACHE, **settings))) as c:
         yield c
 
 

@@ -501,7 +501,7 @@ def test_gguf_file_is_the_zoo_smollm2(runtimes):
     assert (spec.id, spec.source, spec.architecture, spec.kind, spec.max_tokens) == ("smol", "gguf", "llama", "decoder",
                                                                                      8192)   # its context_length
     assert "9 heads (3 key/value heads), d_model 576" in spec.description
-    rt = Runtime(spec, cache_dir=CACHE, threads=0)
+    rt = Runtime(spec, cache_dir=CACHE)
     assert rt.cache_key() == runtimes["smollm2"].cache_key()
     res = rt("The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy", engine="numpy")
     assert res.next_tokens[0].token == "␣dog" and res.next_tokens[0].prob > 0.9

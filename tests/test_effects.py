@@ -43,7 +43,7 @@ def smollm2(runtimes):
 def gpt2(tmp_path_factory):
     """A GPT-2 checkpoint (LayerNorm, biases everywhere, learned positions) served by us and read by transformers."""
     folder = build_checkpoint("gpt2", tmp_path_factory.mktemp("effects") / "gpt2")
-    rt = Runtime(resolve(f"gpt2={folder}", cache=CACHE), cache_dir=CACHE, threads=0)
+    rt = Runtime(resolve(f"gpt2={folder}", cache=CACHE), cache_dir=CACHE)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager",
                                                            dtype=torch.float32).eval()
     return rt, hf, folder

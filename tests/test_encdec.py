@@ -318,7 +318,7 @@ def test_decoder_self_attention_steps_with_t5_position_bias(folders, client):
 def test_steps_options_of_encoder_decoders_refused_elsewhere():
     from fastapi.testclient import TestClient
 
-    with TestClient(create_app(Settings(models=["tiny-gpt"], cache=CACHE, threads=0))) as c:
+    with TestClient(create_app(Settings(models=["tiny-gpt"], cache=CACHE))) as c:
         r = c.post("/api/stages", json={"model": "tiny-gpt", "text": TEXT, "layer": 0, "head": 0,
                                         "attention": "cross"})
     assert r.status_code == 422 and r.json()["detail"] == ("attention is for encoder-decoders (T5, BART, Marian); "

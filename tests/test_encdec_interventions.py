@@ -33,7 +33,7 @@ def runtimes(tmp_path_factory):
     out = {}
     for family in FAMILIES:
         folder = build(family, root / family)
-        rt = EncoderDecoderRuntime(resolve(f"{family}={folder}"), cache_dir=root / "cache", threads=0)
+        rt = EncoderDecoderRuntime(resolve(f"{family}={folder}"), cache_dir=root / "cache")
         model = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder, attn_implementation="eager",
                                                                    dtype=torch.float32).eval()
         out[family] = rt, model

@@ -313,7 +313,7 @@ def test_a_gemma3_folder_serves_its_text_model(folders, client, tmp_path):
                load_file(src / "model.safetensors").items()}
     weights["model.vision_tower.vision_model.embeddings.patch_embedding.weight"] = np.ones((4, 3), np.float32)
     save_file(weights, folder / "model.safetensors")
-    settings = Settings(models=[f"g3={folder}"], cache=CACHE, threads=0)
+    settings = Settings(models=[f"g3={folder}"], cache=CACHE)
     with TestClient(create_app(settings)) as c:
         info = c.get("/api/models").json()[0]
         assert (info["architecture"], info["local_layers"], info["sliding_window"]) == ("gemma3", [0], WINDOW)
@@ -331,7 +331,7 @@ def test_gemma3_global_rope_scaling_matches_transformers(folders, tmp_path):
     tok = transformers.AutoTokenizer.from_pretrained(folder)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager",
                                                               dtype=torch.float32).eval()
-    service = AttentionService(Settings(models=[f"g3s={folder}"], cache=CACHE, threads=0))
+    service = AttentionService(Settings(models=[f"g3s={folder}"], cache=CACHE))
     service.load()
     rt = service.runtimes["g3s"]
     assert rt.cfg.rope_scaling is not None and rt.cfg.rope_scaling.kind == "linear" and rt.cfg.rope_local_theta == 50.0

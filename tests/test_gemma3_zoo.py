@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.own_process]   # ~10 GB at its peak:
 
 @pytest.fixture(scope="module")
 def gemma3():
-    return Runtime(zoo.get("gemma3"), cache_dir=CACHE, threads=0)
+    return Runtime(zoo.get("gemma3"), cache_dir=CACHE)
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,7 @@ def checkpoint(request, tmp_path_factory):
     """A checkpoint (GPT-2: learned positions, LayerNorm, biases; Llama: RoPE, one key/value head, untied) served by
     us and read by transformers."""
     folder = build_checkpoint(request.param, tmp_path_factory.mktemp("generate") / request.param)
-    rt = Runtime(resolve(f"{request.param}={folder}", cache=CACHE), cache_dir=CACHE, threads=0)
+    rt = Runtime(resolve(f"{request.param}={folder}", cache=CACHE), cache_dir=CACHE)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager",
                                                            dtype=torch.float32).eval()
     return rt, hf

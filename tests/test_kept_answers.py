@@ -14,7 +14,7 @@ def serving(**settings):
 
     from attnscope.app.main import create_app
     from attnscope.app.settings import Settings
-    return TestClient(create_app(Settings(models=["tiny-gpt"], cache=CACHE, threads=0, **settings)))
+    return TestClient(create_app(Settings(models=["tiny-gpt"], cache=CACHE, **settings)))
 
 TEXT = " ".join(["the cat sat on the mat and the dog slept"] * 30)
 BODY = {"model": "tiny-gpt", "text": TEXT, "include": ["attention", "summary"], "resolution": 16, "dtype": "float16"}

@@ -120,7 +120,7 @@ def test_streaming_equals_transformers_with_the_keys_masked(runtimes, hf_smollm2
 def qwen2(tmp_path_factory):
     """A Qwen2 checkpoint with wide random weights (peaked attention): 2 key/value heads, q/k/v biases, bfloat16."""
     folder = build_checkpoint("qwen2", tmp_path_factory.mktemp("kv") / "qwen2")
-    return Runtime(resolve(f"qwen2={folder}", cache=CACHE), cache_dir=CACHE, threads=0)
+    return Runtime(resolve(f"qwen2={folder}", cache=CACHE), cache_dir=CACHE)
 
 
 H2O_ = H2O(budget=12, recent=4)

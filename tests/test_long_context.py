@@ -171,7 +171,7 @@ PEAK = textwrap.dedent("""
     from attnscope.runtime.layerwise import ROWS
     from attnscope.sources import zoo
     T, cache = int(sys.argv[1]), Path(sys.argv[2])
-    rt = Runtime(zoo.get("gemma3"), cache_dir=cache, threads=0)
+    rt = Runtime(zoo.get("gemma3"), cache_dir=cache)
     lw = rt.layerwise()
     ctypes.CDLL("libc.so.6").malloc_trim(0)               # loading's freed temporaries back to the system first
     open("/proc/self/clear_refs", "w").write("5")          # the peak from here on: not loading's (de-quantising)

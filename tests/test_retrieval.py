@@ -88,7 +88,7 @@ def test_gemma3_retrieval_heads():
     from attnscope.runtime import Runtime
     from attnscope.sources import zoo
 
-    check(serve({"gemma3": Runtime(zoo.get("gemma3"), cache_dir=CACHE, threads=0)}), "gemma3")
+    check(serve({"gemma3": Runtime(zoo.get("gemma3"), cache_dir=CACHE)}), "gemma3")
 
 
 def test_the_needle_goes_to_a_sentence_start_and_the_controls_avoid_the_top_heads():

@@ -319,7 +319,7 @@ def rows_past(folder, ids: list[int], start: int, plain: bool = False):
 def test_llama32_is_served_past_8192_positions(llama32):
     """Through the app (ATTNSCOPE_MAX_TOKENS=l32=8300, layer by layer): each query's 4 heaviest keys and their
     weights, and every token's log-probability, against transformers at positions 8192..8299."""
-    settings = Settings(models=[f"l32={llama32}"], max_tokens={"l32": LONG}, cache=CACHE, threads=0)
+    settings = Settings(models=[f"l32={llama32}"], max_tokens={"l32": LONG}, cache=CACHE)
     with TestClient(create_app(settings)) as client:
         info = client.get("/api/models").json()[0]
         assert (info["max_tokens"], info["max_positions"]) == (LONG, 131072)   # its own (MAX_POSITIONS: 131072)
