@@ -219,6 +219,8 @@ class TransformerBlock:
     like the causal mask: part of the model's own mask, on that layer only.
     """
 
+    _r: tuple = (None, None)    # (W_O, its heads' R transposed): value_norms' factors, made once per W_O (_value_r)
+
     def __init__(self, cfg: TransformerConfig, rng, rope=None, window: int = 0):
         self.norm_first, self.output_norms, self.parallel_residual = cfg.norm_first, cfg.output_norms, \
             cfg.parallel_residual
@@ -329,7 +331,7 @@ class TransformerBlock:
         """[H, dh, dh] each head's R transposed, from the QR of its columns of W_O [D, H * dh] (in float64): made once
         per W_O, not at every walk's every layer (a W_O given anew, as a loaded checkpoint's, is factored anew)."""
         W = self.attn.out_projection()[0]
-        if getattr(self, "_r", (None,))[0] is not W:
+        if self._r[0] is not W:
             Wf = widen(W).astype(np.float64)                                                 # [D, H * dh]
             R = [np.linalg.qr(Wf[:, h * dh:(h + 1) * dh], mode="r") for h in range(W.shape[1] // dh)]
             self._r = (W, np.ascontiguousarray(np.stack(R).transpose(0, 2, 1), COMPUTE))
