@@ -147,10 +147,11 @@ PLOT_BOX_JS = """() => {
 SMALL_SCREEN = {"width": 1280, "height": 720}
 
 
-def assert_plot_seen(page, visible: float = 200) -> dict:
+def assert_plot_seen(page, visible: float = 200, box: dict | None = None) -> dict:
     """At least `visible` px of the active view's picture on screen, however far the page is scrolled (clicking
-    Generate scrolls the page to it: the side panel scrolls with the page, issue 51)."""
-    box = page.evaluate(PLOT_BOX_JS)
+    Generate scrolls the page to it: the side panel scrolls with the page, issue 51); box: PLOT_BOX_JS's answer
+    measured earlier in the page (default: measured now)."""
+    box = page.evaluate(PLOT_BOX_JS) if box is None else box
     assert box is not None and min(box["bottom"], box["viewport"]) - max(box["top"], 0) >= visible, box
     return box
 
