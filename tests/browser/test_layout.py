@@ -57,12 +57,13 @@ def test_view_on_screen_after_load_and_model_switch(page: Page, live_server, con
 
 
 # once the Generate panel says it is running with at least 3 new tokens: the picture's box (PLOT_BOX_JS) then, kept
-# in window.whileGenerating. A MutationObserver runs after every change of the panel's state, however busy the page.
+# in window.whileGenerating.box (null: no picture, which assert_plot_seen reports). A MutationObserver runs after every
+# change of the panel's state, however busy the page.
 MEASURE_WHILE_GENERATING_JS = f"""() => {{
   const panel = document.getElementById('generate');
   new MutationObserver((_, observer) => {{
     if (panel.dataset.state !== 'running' || Number(panel.dataset.tokens) < 3) return;
-    window.whileGenerating = ({PLOT_BOX_JS})();
+    window.whileGenerating = {{ box: ({PLOT_BOX_JS})() }};
     observer.disconnect();
   }}).observe(panel, {{ attributes: true, attributeFilter: ['data-state', 'data-tokens'] }});
 }}"""
@@ -79,7 +80,7 @@ def test_view_on_screen_while_generating(page: Page, live_server_smollm2, consol
     # here can miss that moment altogether on a busy core (seen: the main thread drew from 4 tokens to the end)
     page.evaluate(MEASURE_WHILE_GENERATING_JS)
     page.locator("#gen-run").click()     # the page scrolls to it (the side panel scrolls with the page: issue 51)
-    box = page.wait_for_function("() => window.whileGenerating", timeout=60_000).json_value()
+    box = page.wait_for_function("() => window.whileGenerating", timeout=60_000).json_value()["box"]
     assert_plot_seen(page, box=box)      # the head view grows where it is seen: still 200 px of it on screen
     screenshot(page, "layout-generating", full_page=False)
     expect(page.locator("#generate")).to_have_attribute("data-state", "done", timeout=60_000)
