@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from playwright.sync_api import Page, expect
 
-from .conftest import EXAMPLE, PLOT_BOX_JS, SMALL_SCREEN, assert_plot_on_screen, assert_plot_seen, screenshot, wait_drawn
+from .conftest import (EXAMPLE, PLOT_BOX_JS, SMALL_SCREEN, assert_plot_on_screen, assert_plot_seen, screenshot,
+                       wait_drawn)
 
 pytestmark = pytest.mark.browser
 TEXT = "When Mary and John went to the store, John gave a drink to"
