@@ -10,6 +10,8 @@ runtime/sessions.py's Session opens every session through open_session; runtime/
 from __future__ import annotations
 
 import functools
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
@@ -191,12 +193,21 @@ def _blas():
     return ThreadpoolController()
 
 
+_ONE_BLAS_THREAD = threading.Lock()
+
+
+@contextmanager
 def one_blas_thread():
     """A context in which NumPy's BLAS runs on one thread: for a product between two onnxruntime runs of a walk.
     OpenBLAS's threads spin after a product (tens of ms) on the cores onnxruntime's pool needs next: SmolLM2's walk
     of 561 tokens took 1.28 s with the value norms' products on two threads and 0.56 s on one (runtime/blocks.py
-    value_norms). ~6 us a use."""
-    return _blas().limit(limits=1, user_api="blas")
+    value_norms). ~6 us a use.
+    The limit is the process's (OpenBLAS has one pool), so one thread at a time holds it: threadpoolctl lets only the
+    thread that set it change it until that thread's context ends, and the contexts of two walks that overlapped
+    each read the other's limit as the one to put back, leaving the process's BLAS on one thread for good. A walk's
+    norms wait at most for another walk's products of one layer."""
+    with _ONE_BLAS_THREAD, _blas().limit(limits=1, user_api="blas"):
+        yield
 
 
 @functools.cache
