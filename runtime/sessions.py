@@ -2,9 +2,9 @@
 
 Every session the app opens is a `Session` (opened by `open_session`'s options): the served graphs (the stacked one,
 its cut and teaching-stages variants), the decoding step, an encoder-decoder's graph and the small graphs of a
-layer-by-layer run. No graph holds a weight (graphs/builder.py): each reads the model's arrays as inputs, and
-`Weights` binds them at every run, as OrtValues over the arrays' own memory (views of the weight store, made once:
-nothing is copied). What differs between sessions is stated where they are opened.
+layer-by-layer run. No graph holds a weight (graphs/builder.py): each reads the model's arrays as inputs, bound at
+every run as OrtValues over the arrays' own memory (views of the weight store, made once by `Weights` and looked up
+once by each session: nothing is copied). What differs between sessions is stated where they are opened.
 
     weights = Weights(model)
     sess = Session(graph, providers, threads, weights)
@@ -62,6 +62,7 @@ class Session:
         self.inputs = {i.name for i in self.ort.get_inputs()}
         self.bound = sorted(n for n in self.inputs if weights is not None and weights.binds(n))
         self.wide = {i.name for i in self.ort.get_inputs() if i.name in self.bound and i.type == "tensor(float)"}
+        self._binds: dict[int | None, tuple[list, list[str]]] = {}    # layer -> the weights' binding (`_weights`)
         self.declared = {o.name: o for o in self.ort.get_outputs()}
         self.device = device_of(providers)
         self.fetched = 0                              # bytes of outputs handed back by this session's runs
@@ -110,6 +111,18 @@ class Session:
         with SCRATCH.lend([max(int(np.prod(s)) for s in shapes.values())]) as buffer:
             yield {n: buffer[:int(np.prod(s))].reshape(s) for n, s in shapes.items()}
 
+    def _weights(self, layer: int | None) -> tuple[list, list[str]]:
+        """What a run binds of the model's arrays (of layer `layer`, in a layer graph): the OrtValues that stay as they
+        are, looked up on the first run and kept by the session (Weights makes each once and never replaces it), and
+        the names of the bfloat16 or float16 arrays a float32 input widens, which Weights gives per run (a widened
+        copy is kept only while `Weights.widening` lasts)."""
+        binds = self._binds.get(layer)
+        if binds is None:
+            w = self.weights
+            widened = [n for n in self.bound if n in self.wide and w.array(n, layer).dtype != COMPUTE]
+            binds = self._binds[layer] = ([(n, w.value(n, layer)) for n in self.bound if n not in widened], widened)
+        return binds
+
     def _run(self, names, feeds, layer, axes, into, release, unread: dict, keep: set) -> list:
         binding, own, axes, held = self.ort.io_binding(), dict(into or {}), axes or {}, {}
         for key, value in feeds.items():
@@ -118,8 +131,11 @@ class Session:
                     binding.bind_ortvalue_input(key, value.value)
                 else:
                     binding.bind_cpu_input(key, np.ascontiguousarray(value))
-        for name in self.bound:
-            binding.bind_ortvalue_input(name, self.weights.value(name, layer, name in self.wide))
+        kept, widened = self._weights(layer)
+        for name, value in kept:
+            binding.bind_ortvalue_input(name, value)
+        for name in widened:
+            binding.bind_ortvalue_input(name, self.weights.value(name, layer, True))
         for name in names:
             out = self.declared[name]
             shape = [d if isinstance(d, int) else axes.get(d) for d in (out.shape or [None])]
