@@ -65,7 +65,8 @@ class Capabilities:
 
     @property
     def arena(self) -> bool:
-        """Sessions keep memory arenas (small models): a big model's runs allocate as they go and give it back."""
+        """Its stacked sessions keep memory arenas (small models): a big model's runs allocate as they go and give it
+        back (the layer-by-layer sessions keep one either way: runtime/layerwise.Layerwise.session)."""
         return self.stored_bytes <= SMALL
 
     def allows(self, feature: str) -> bool:
