@@ -14,11 +14,18 @@ written tensor by tensor so that 16 GB never sit in memory). The requests:
        layer-by-layer run's checkpoints).
 Targets (issue 36): l1b peak RSS <= 7 GB from bf16, <= 11 GB from f32; a warm start <= 20 s; l8b <= 120 s for both
 requests, peak RSS <= 21 GB.
+Each model's first request is also a share of the FLOP bound (issue 49): 2 x its multiplied parameters (every weight
+matrix but the token embedding) x the text's tokens, at this machine's sgemm rate measured in this run (NumPy,
+4096^3 float32, between the requests, while the server idles: the median). l8b's summaries are asked for three more
+fresh texts (the result cache never answers) and their median is the share: the first run also reads the weights'
+pages from disk.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,8 +33,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.checkpoints import llama, text, widened  # noqa: E402
-from bench.common import CACHE, free_port, wait_until_up  # noqa: E402
+from bench.checkpoints import SHAPES, llama, tensors, text, widened  # noqa: E402
+from bench.common import CACHE, free_port, sgemm_gflops, wait_until_up  # noqa: E402
 
 BINARY = "application/vnd.attnscope.tensors"
 
@@ -93,21 +100,39 @@ def measure(name: str, folder: Path, cache: Path) -> dict:
         out |= {"dtype": caps["dtype"], "weights_gb": caps["weights_bytes"] / 2**30,
                 "runs": "whole" if caps["features"]["stacked"] else "layer by layer",
                 "rss_after_start_gb": rss_gb(proc.pid)}
+        rates = [sgemm_gflops(4096, 3)]
         if name.startswith("l8b"):
             t = text(127)
             out["summaries_s"] = post(url, {"model": name, "text": t, "include": ["summary"]})
+            rates.append(sgemm_gflops(4096, 3))
             out["layer0_attention_s"] = post(url, {"model": name, "text": t, "layers": [0], "include": ["attention"]},
                                              binary=True)
+            again = []
+            for i in range(1, 4):                  # fresh texts of the same length: the pages read, the cache unused
+                again.append(post(url, {"model": name, "text": text(127 + 7 * i)[7 * i:], "include": ["summary"]}))
+                rates.append(sgemm_gflops(4096, 3))
+            out["summaries_again_s"] = statistics.median(again)
+            first, tokens = out["summaries_again_s"], 128
         else:
             t = text(511)
             out["summaries_layer0_s"] = post(url, {"model": name, "text": t, "layers": [0],
                                                    "include": ["attention", "summary", "predictions"]}, binary=True)
+            rates.append(sgemm_gflops(4096, 3))
             out["four_layers_s"] = post(url, {"model": name, "text": t, "layers": [0, 1, 2, 3],
                                               "include": ["attention"]}, binary=True)
+            first, tokens = out["summaries_layer0_s"], 512
         out["peak_rss_gb"] = hwm_gb(proc.pid)
     finally:
         stop(proc)
+    out["sgemm_gflops"] = statistics.median(rates)
+    out["flop_bound_s"] = 2 * multiplied(name.split("-")[0]) * tokens / (out["sgemm_gflops"] * 1e9)
+    out["share_of_flop_bound"] = out["flop_bound_s"] / first
     return out
+
+
+def multiplied(shape: str) -> int:
+    """The parameters a forward multiplies by: every weight matrix but the token embedding (a lookup)."""
+    return sum(math.prod(s) for n, s in tensors(SHAPES[shape]).items() if len(s) == 2 and "embed_tokens" not in n)
 
 
 def main() -> None:
