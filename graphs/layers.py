@@ -30,14 +30,18 @@ def build_embed(model: Transformer) -> onnx.ModelProto:
     return model_proto(g, token_inputs(model) + g.inputs, out, "attnscope-embed")
 
 
-def build_final(model: Transformer, lm: bool = True) -> onnx.ModelProto:
-    """The final norm and LM head as a graph: x, input_ids, lengths -> hidden (and LM outputs); lm False: the final
-    norm alone, x -> hidden (the LM head's nodes pruned)."""
+def build_final(model: Transformer, which: str = "final") -> onnx.ModelProto:
+    """The final norm and LM head as a graph: x, input_ids, lengths -> hidden and the LM outputs ("final"); the final
+    norm alone, x -> hidden ("final_norm"); or the next-token logits alone ("final_logits": a text's last position,
+    runtime/blocks.final_parts). Pruned to those outputs: a graph runs every node it holds, and the log-prob's
+    chunks would keep each widened chunk of a bfloat16 LM head alive until the last (2.2 GB for Llama 3's 128k
+    vocabulary, faulted in at every request)."""
     g = Graph(identities(arrays(model)))
     final(g, model, "x", g.param(model.wte, "wte") if model.cfg.lm_head and model.lm_head is None else "")
     inputs = [helper.make_tensor_value_info("x", FLOAT, ["batch", "tokens", model.cfg.d_model]),
               *token_inputs(model)[:1], helper.make_tensor_value_info("lengths", INT, ["batch"])]
-    outputs = final_outputs(model.cfg) if lm else final_outputs(model.cfg)[:1]
+    outputs = final_outputs(model.cfg)
+    outputs = {"final": outputs, "final_norm": outputs[:1], "final_logits": outputs[1:2]}[which]
     return pruned(model_proto(g, inputs + g.inputs, outputs, "attnscope-final"))
 
 
@@ -160,14 +164,14 @@ def build_layer(model: Transformer, outputs, causal: bool, layer: int = 0) -> on
 
 
 def build(model: Transformer, which, layer: int = 0) -> onnx.ModelProto:
-    """The layer-by-layer graph runtime/layerwise.Layerwise.session names `which`: "embed", "final", "final_norm", a
-    BLOCK_HALVES name, or ("attend" | "attend_block" | "weights_block" | "layer", outputs, causal) (weights_block:
-    an attend_block without ctx); a graph binding a block's weights (`weighted`) built from block `layer`, for the
-    blocks of its layout."""
+    """The layer-by-layer graph runtime/layerwise.Layerwise.session names `which`: "embed", "final", "final_norm",
+    "final_logits", a BLOCK_HALVES name, or ("attend" | "attend_block" | "weights_block" | "layer", outputs, causal)
+    (weights_block: an attend_block without ctx); a graph binding a block's weights (`weighted`) built from block
+    `layer`, for the blocks of its layout."""
     if which == "embed":
         return build_embed(model)
-    if which in ("final", "final_norm"):              # final_norm: without the LM head (runtime/blocks.final_parts)
-        return build_final(model, which == "final")
+    if which in ("final", "final_norm", "final_logits"):     # runtime/blocks.final_parts
+        return build_final(model, which)
     if which in BLOCK_HALVES:                          # wide_: bfloat16 or float16 weights bound widened once
         return build_block_halves(model, which.startswith("wide_"), layer,
                                   "kv" if which.endswith("_kv") else "qkv")[which.endswith("out")]

@@ -298,7 +298,7 @@ def final_parts(lw, x, inputs: dict, chunks, logprobs: bool) -> dict:
     T = x.shape[1]
     last = {"x": cut(x, T - 1, T, 1), "input_ids": inputs["input_ids"][:, T - 1:],
             "lengths": np.array([1], np.int64)}
-    return out | lw.run_graph("final", last, ["next_token_logits"], release=True)
+    return out | lw.run_graph("final_logits", last, ["next_token_logits"], release=True)
 
 
 def cut(value, a: int, b: int, axis: int) -> np.ndarray:

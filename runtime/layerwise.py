@@ -9,6 +9,7 @@ a text. Here the same model runs as a chain of graphs, the steps of the stacked 
                attend       q, k, v of a group of heads -> their ctx and reductions       layers.build_attend
                block out    x, ctx -> the next x                                          layers.build_block_halves
     final                   x -> hidden, next-token logits, token log-probs               layers.build_final
+                            (or the final norm's hidden, then the last position's logits alone)
 
 The weights are graph inputs, so one small graph serves every layer: layer i binds its own arrays (views of the
 weight store, runtime/tensors.Weights; nothing is exported or copied per layer). The attention graph returns, instead
@@ -191,7 +192,8 @@ class Layerwise:
                       for thumbnail in ((), ("thumbnail",))]
         exact += [("weights_block", ("attention",), c) for c in (causal, not causal)]   # rows and tiles asked later
         wide = ["wide_block_in", "wide_block_out"] if self.rt.capabilities.precision.storage != "float32" else []
-        return ["embed", "block_in", "block_kv", "block_out", *wide, "final", "final_norm",
+        logits = ["final_logits"] if self.rt.cfg.lm_head else []          # an encoder has no LM head
+        return ["embed", "block_in", "block_kv", "block_out", *wide, "final", "final_norm", *logits,
                 *dict.fromkeys(exact + supersets)]
 
     def open(self, step: Callable[[int, int], None] | None = None) -> None:
