@@ -46,7 +46,7 @@ from ..graphs.layers import weighted
 from ..graphs.reductions import key_input
 from ..model.weights import block_layouts
 from .results import Encoded, Encoding, NextToken
-from ..sources.store import release
+from ..sources.store import read, release
 from .blocks import (VALUE_ROW, BlockedLayer, _walk, blocked, by_tokens, checkpoint_spacing, exact_parts,  # noqa: F401
                      exact_qkv, final_parts, head_groups, hidden_keys, kept_layers, run_axes, tokenwise, unread_inputs,
                      value_norms, visible_counts)
@@ -123,6 +123,7 @@ class Layerwise:
         self.fused &= not any(hasattr(b.attn.out_projection()[0], "dequantize") for b in rt.model.blocks)  # no
         #            value norms in a graph where W_O is kept in quantised blocks (graphs/steps.value_norms)
         self.layouts = block_layouts(rt.model)    # layer -> the first layer of its layout (its graphs' key)
+        self._reader: threading.Thread | None = None   # reading the next layer's weights (read_ahead)
         if graphs is not None:
             self._sessions, self._lock, self.busy = graphs._sessions, graphs._lock, graphs.busy
             self.opened = graphs.opened
@@ -149,11 +150,9 @@ class Layerwise:
         has run (a server's start), the open graph that serves it: an attend or layer graph not opened then is served
         by the superset opened for it (`superset`), so no run builds a graph. A graph binding a block's weights serves
         one layout (model/weights.block_layouts): `layer`'s; layer None opens every layout's and returns layer 0's.
-        Sessions take turns: none keeps a planned memory block. Each keeps a memory arena, a big model's too (unlike
-        its stacked sessions, Capabilities.arena): the layers of a walk ask it for the same buffers, a bfloat16
-        block's widened weights among them, and a walk's last step gives it back (release). Without it every layer's
-        widened weights were fresh pages: Llama 3.1 8B's shape in bf16, all heads' summaries at 128 tokens, took 5.4
-        million page faults and 11 s of the kernel's time a request (bench/big_models.py: 19.8 s, 10.5 s with it)."""
+        Sessions take turns: none keeps a planned memory block. Each keeps a memory arena, a big model's too: a walk's
+        layers ask it for the same buffers (a bf16 block's widened weights: fresh pages without it, 5.4 million page
+        faults in an 8B request), and a walk's last step gives it back (release)."""
         if weighted(which) and layer is None:
             for first in sorted(set(self.layouts)):
                 self.session(which, first)
@@ -325,14 +324,30 @@ class Layerwise:
 
     def done_with(self, layer: int | None) -> None:
         """A model too big to run whole (Capabilities.release) gives a layer's weight pages back once the walk is
-        done with it (layer None: the embedding and the final norm and LM head), so that a run holds about one
-        layer's weights at a time (sources/store.release: the pages stay on disk and, memory allowing, in the page
-        cache; the next run reads them again)."""
+        done with it (None: the others), so that a run holds about two layers' weights at a time (sources/store.release:
+        they stay on disk and, memory allowing, in the page cache; the next run reads them again)."""
+        if self.rt.capabilities.release:
+            if layer is None and self._reader is not None:
+                self._reader.join()                  # read ahead and done with: nothing maps them again after
+            release(self._arrays(layer))
+
+    def read_ahead(self, layer: int | None) -> None:
+        """A model too big to run whole (Capabilities.release) reads layer `layer`'s weights (None: the others) from
+        disk in a thread of its own while the walk computes the layer before (sources/store.read): an 8B bf16
+        request from a cold page cache, 19 s without, 11-12 s with it (8-9 s from the page cache)."""
         if not self.rt.capabilities.release:
             return
+        if self._reader is not None:
+            self._reader.join()                      # one layer ahead at most: about two layers' pages mapped
+        self._reader = threading.Thread(target=read, args=(self._arrays(layer),), daemon=True,
+                                        name="attnscope-read-ahead")
+        self._reader.start()
+
+    def _arrays(self, layer: int | None) -> list[np.ndarray]:
+        """Layer `layer`'s arrays, or (None) the model's others: the embedding, the final norm and the LM head."""
         w = self.rt.weights
-        release(w.layer(layer).values() if layer is not None else
-                [a for name, a in w.named.items() if not name.startswith("blocks.")])
+        return list(w.layer(layer).values()) if layer is not None else \
+            [a for name, a in w.named.items() if not name.startswith("blocks.")]
 
     def _walk_inputs(self, T: int, causal: bool, mask_tokens, keys: TextKeys, thumbs: int, rows):
         """What a walk's attention reads besides q, k, v: (the run's mask [1, 1, T, T], the attend graphs' other
@@ -379,6 +394,7 @@ class Layerwise:
                 if layer in keep_at:
                     checkpoints[layer] = x          # stays where it is: the next block writes a new x
                 heads = want.heads if layer in want.layers else ()
+                self.read_ahead(layer + 1 if layer + 1 < L else None)
                 out = self._block(layer, x, inputs, outputs, causal, extra, masks, heads, want.top_k,
                                   release=layer == L - 1, blocks=blocks, exact=heads and _exact(want, T, mask_tokens))
                 x = out.pop("x_next")

@@ -43,3 +43,28 @@ def test_patching_a_bfloat16_model_widens_each_layer_once(tmp_path, monkeypatch)
     cast = patch(rt, clean, corrupt, metric, batch=4)
     assert not calls
     assert np.array_equal(wide.patched, cast.patched) and np.ptp(wide.patched) > 0
+
+
+def test_a_model_too_big_to_run_whole_reads_each_layer_ahead(tmp_path, monkeypatch):
+    """A model whose weights pass the memory budget's share walks layer by layer, giving each layer's pages back
+    after it; while it computes a layer, a thread of its own reads the next layer's weights (the last layer: the
+    embedding, final norm and LM head) from disk (runtime/layerwise.Layerwise.read_ahead). The walk's numbers are the
+    stacked run's; each layer is read ahead once, in order, and the reader is done when the walk is."""
+    from attnscope.runtime import layerwise
+    from attnscope.sources import store
+
+    folder = llama(tmp_path / "smol", "smol", "bfloat16", layers=3)
+    whole = Runtime(resolve(f"smol={folder}", cache=CACHE), cache_dir=CACHE)
+    big = Runtime(resolve(f"smol={folder}", cache=CACHE), cache_dir=CACHE, memory_mb=100)   # 78 MB of weights
+    assert whole.capabilities.stacked and not big.capabilities.stacked and big.capabilities.release
+    read = []
+    monkeypatch.setattr(layerwise, "read", lambda arrays: read.append(arrays) or store.read(arrays))
+    enc = big.encode("Mary and John went to the store; John gave a drink to")
+    walk = big.layerwise()
+    res = walk.forward(enc)
+    [stacked] = whole.forward([enc])
+    np.testing.assert_allclose(res.hidden, stacked.hidden, rtol=0, atol=1e-5 * np.abs(stacked.hidden).max())
+    others = [a for name, a in big.weights.named.items() if not name.startswith("blocks.")]
+    expected = [list(big.weights.layer(1).values()), list(big.weights.layer(2).values()), others]
+    assert [[id(a) for a in arrays] for arrays in read] == [[id(a) for a in arrays] for arrays in expected]
+    assert not walk._reader.is_alive()
