@@ -323,24 +323,24 @@ class Layerwise:
         return out
 
     def done_with(self, layer: int | None) -> None:
-        """A model too big to run whole (Capabilities.release) gives a layer's weight pages back once the walk is
-        done with it (None: the others), so that a run holds about two layers' weights at a time (sources/store.release:
-        they stay on disk and, memory allowing, in the page cache; the next run reads them again)."""
+        """A model too big to run whole (Capabilities.release) gives a layer's weight pages back when the walk is done
+        with it (None: the others): a run maps about two layers' weights at a time (sources/store.release)."""
         if self.rt.capabilities.release:
             if layer is None and self._reader is not None:
                 self._reader.join()                  # read ahead and done with: nothing maps them again after
             release(self._arrays(layer))
 
     def read_ahead(self, layer: int | None) -> None:
-        """A model too big to run whole (Capabilities.release) reads layer `layer`'s weights (None: the others) from
-        disk in a thread of its own while the walk computes the layer before (sources/store.read): an 8B bf16
-        request from a cold page cache, 19 s without, 11-12 s with it (8-9 s from the page cache)."""
+        """A model too big to run whole (Capabilities.release) reads layer `layer`'s weights (None: the final step's,
+        the embedding only where it is the LM head) from disk in a thread of its own while the walk computes the
+        layer before (sources/store.read): an 8B bf16 request from a cold page cache, 19 s -> 11-12 s."""
         if not self.rt.capabilities.release:
             return
         if self._reader is not None:
             self._reader.join()                      # one layer ahead at most: about two layers' pages mapped
-        self._reader = threading.Thread(target=read, args=(self._arrays(layer),), daemon=True,
-                                        name="attnscope-read-ahead")
+        untied = layer is None and "lm_head.weight" in self.rt.weights.named
+        arrays = [a for a in self._arrays(layer) if not (untied and a is self.rt.weights.named.get("wte"))]
+        self._reader = threading.Thread(target=read, args=(arrays,), daemon=True, name="attnscope-read-ahead")
         self._reader.start()
 
     def _arrays(self, layer: int | None) -> list[np.ndarray]:
