@@ -331,15 +331,15 @@ class Layerwise:
             release(self._arrays(layer))
 
     def read_ahead(self, layer: int | None) -> None:
-        """A model too big to run whole (Capabilities.release) reads layer `layer`'s weights (None: the final step's,
-        the embedding only where it is the LM head) from disk in a thread of its own while the walk computes the
-        layer before (sources/store.read): an 8B bf16 request from a cold page cache, 19 s -> 11-12 s."""
+        """A model too big to run whole (Capabilities.release) reads layer `layer`'s weights (None: those the final
+        graph binds, not an untied embedding) from disk in a thread of its own while the walk computes the layer
+        before (sources/store.read): an 8B bf16 request from a cold page cache, 19 s -> 11-12 s."""
         if not self.rt.capabilities.release:
             return
         if self._reader is not None:
             self._reader.join()                      # one layer ahead at most: about two layers' pages mapped
-        untied = layer is None and "lm_head.weight" in self.rt.weights.named
-        arrays = [a for a in self._arrays(layer) if not (untied and a is self.rt.weights.named.get("wte"))]
+        arrays = self._arrays(layer) if layer is not None else \
+            [self.rt.weights.array(name) for name in self.session("final").bound]
         self._reader = threading.Thread(target=read, args=(arrays,), daemon=True, name="attnscope-read-ahead")
         self._reader.start()
 
