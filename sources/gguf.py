@@ -357,10 +357,12 @@ def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) ->
 
 
 # A GGUF model whose float32 weights come to at most this keeps them de-quantised in memory (once, at load; the cache
-# holds the blocks, never a float32 copy): onnxruntime's CPU MatMulNBits is slower than a float32 MatMul (SmolLM2's
-# summaries at 128 tokens 3.8x: bench/quantized.py), and a small model's float32 copy costs little. A bigger one
-# multiplies its blocks (an 8B Q4_K_M: 6 GB in blocks against 32 GB). tests/test_gguf_blocks.py serves the zoo's so.
-F32_IN_MEMORY_BYTES = 2 << 30
+# holds the blocks, never a float32 copy). 0: every GGUF model, the zoo's too, is served from its blocks: 4-bit codes
+# go to MatMulNBits with float zero points (its exact kernel: it de-quantises a block at a time and multiplies in
+# float32) and centred zero points (sources/gguf_blocks._centred), so the blocks' products are as exact as float32
+# weights', at 1.3-1.4x their time for a quarter to a fifth of their memory (SmolLM2, Gemma 3: bench/quantized.py,
+# which sets this to compare).
+F32_IN_MEMORY_BYTES = 0
 
 
 def in_memory(sd: dict, limit: int | None = None) -> dict:

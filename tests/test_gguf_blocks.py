@@ -108,16 +108,15 @@ def test_reading_rows_and_columns_dequantises_only_them():
 
 
 @pytest.mark.parametrize("model_id", ["smollm2", "gemma3"])
-def test_zoo_gguf_models_are_served_from_their_blocks(model_id, tmp_path, monkeypatch):
-    """Loaded in their blocks (every projection a Blocks), with no float32 copy of the weights in the cache folder, and
-    a process that has loaded the model and answered once holds less memory than the float32 weights alone. (Models
-    this small keep float32 in memory by default, sources/gguf.F32_IN_MEMORY_BYTES, for speed: here it is 0, as for a
-    model too big for that.)"""
+def test_zoo_gguf_models_are_served_from_their_blocks(model_id, tmp_path):
+    """Loaded in their blocks by default (every projection a Blocks), with no float32 copy of the weights in the cache
+    folder, and a process that has loaded the model and answered once holds less memory than the float32 weights
+    alone. The blocks with offsets (SmolLM2's Q4_1, Gemma 3's Q4_K) have their zero points centred: each offset is
+    within a step (a scale) of zero, so the product by the codes is the size of the product by the weight, not
+    twice it (sources/gguf_blocks._centred)."""
+    from attnscope.model.quantized import unpack
     from attnscope.model.weights import state_dict
-    from attnscope.sources import gguf as gguf_source
     from attnscope.sources import zoo
-
-    monkeypatch.setattr(gguf_source, "F32_IN_MEMORY_BYTES", 0)
 
     from .conftest import CACHE
 
@@ -132,9 +131,11 @@ def test_zoo_gguf_models_are_served_from_their_blocks(model_id, tmp_path, monkey
     from attnscope.sources.safetensors import read_header
     floats = sum(t.end - t.start for p in cached for t in read_header(p).values() if t.dtype == "F32")
     assert cached and quantised and floats < f32_bytes / 4          # scales, offsets and norms only
+    offset = [sd[n] for n in quantised if sd[n].offsets is not None]
+    assert offset and all(np.all(np.abs(w.offsets) <= np.abs(w.scales)) for w in offset)
+    assert all(np.any(unpack(w.zero_points, w.bits, w.scales.shape[1]) > 0) for w in offset)
 
     script = (f"import resource, numpy as np; from attnscope.runtime.runtime import Runtime; "
-              f"import attnscope.sources.gguf as g; g.F32_IN_MEMORY_BYTES = 0; "
               f"from attnscope.sources import zoo; rt = Runtime(zoo.get({model_id!r}), cache_dir={str(CACHE)!r}); "
               f"rt.run('The quick brown fox jumps over the lazy dog.'); "
               f"print(int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0]) * 1024)")
@@ -157,10 +158,11 @@ def test_layer_by_layer_runs_serve_layers_of_different_block_formats(monkeypatch
     from .conftest import CACHE
 
     text = "The quick brown fox jumps over the lazy dog, and the dog sleeps on."
+    monkeypatch.setattr(gguf_source, "F32_IN_MEMORY_BYTES", 1 << 40)          # every weight de-quantised at load
     f32 = Runtime(zoo.get("gemma3"), cache_dir=CACHE)
     ref = f32(text)
     del f32
-    monkeypatch.setattr(gguf_source, "F32_IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(gguf_source, "F32_IN_MEMORY_BYTES", 0)                # the default: the blocks
     rt = Runtime(zoo.get("gemma3"), cache_dir=CACHE)
     assert isinstance(rt.model.blocks[0].mlp.down.weight, Blocks)
     layouts = sorted(set(Layerwise(rt).layouts))
