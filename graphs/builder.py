@@ -100,7 +100,7 @@ class Graph:
 
     def op(self, op_type: str, *inputs: str, hint: str | None = None, out: str | None = None, **attrs) -> str:
         out = out or self.name(hint or op_type.lower())
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], **attrs))
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=out, **attrs))   # named as its output
         return out
 
     def slice(self, x: str, start, end, axis: int, hint: str | None = None) -> str:
@@ -125,20 +125,23 @@ class Graph:
         [K / block, N]. Codes under 8 bits get their zero points as floats (exact: small integers), which selects
         onnxruntime's kernel that de-quantises a block at a time and multiplies in float32 (as exact as a float32
         MatMul, and faster than its integer-zero-point kernel here: SmolLM2's summaries 482 -> 241 ms); on the CPU
-        it takes no float zero points for 8-bit codes."""
+        it takes no float zero points for 8-bit codes. Unpacking them reads only graph inputs: onnxruntime runs it
+        just before the product (tests/test_gguf_blocks.py), so one product's float zero points are alive at a time."""
         blocks, parts = self.blocks[W]
         (N, K), nb = blocks.shape, blocks.shape[1] // blocks.block
-        inputs = [parts[p] for p in ("codes", "scales", "zero_points")]
-        if rows is not None:
-            inputs, N = [self.slice(i, rows[0], rows[1], 0) for i in inputs], min(rows[1], N) - rows[0]
-        codes, scales, zero = inputs
-        if blocks.bits < 8:
-            zero = self.slice(self._unpacked(zero, blocks.bits, 1, [-1]), 0, nb, -1)      # [N, nb] float: the exact kernel
-        y = self.op("MatMulNBits", x, codes, scales, self.op("Reshape", zero, self.const(np.array([-1]))),
+        part = lambda p: parts[p] if rows is None else self.slice(parts[p], rows[0], rows[1], 0)   # noqa: E731
+        N = N if rows is None else min(rows[1], N) - rows[0]
+        flat = self.const(np.array([-1]))
+        if blocks.bits < 8:                            # [N * nb] float: the exact kernel's zero points
+            zero = self.op("Reshape", self.slice(self._unpacked(part("zero_points"), blocks.bits, 1, [-1]), 0, nb, -1),
+                           flat)
+        else:
+            zero = self.op("Reshape", part("zero_points"), flat)
+        y = self.op("MatMulNBits", x, part("codes"), part("scales"), zero,
                     domain="com.microsoft", K=K, N=N, bits=blocks.bits, block_size=blocks.block, accuracy_level=0)
         if "offsets" not in parts:
             return y
-        offsets = parts["offsets"] if rows is None else self.slice(parts["offsets"], rows[0], rows[1], 0)
+        offsets = part("offsets")
         lead = self.slice(self.op("Shape", x), 0, -1, 0)
         sums = self.op("ReduceSum", self.op("Reshape", x, self.op("Concat", lead, self.const(np.array([nb, -1])),
                                                                          axis=0)),

@@ -24,7 +24,7 @@ from ..model.weights import state_dict
 
 SHARE = 0.45            # of the memory budget one model's weights may take and still run whole (or in NumPy)
 SMALL = 1 << 30         # weights up to this many bytes keep onnxruntime's memory arenas (faster; an arena keeps its
-#                         peak for good, which for a big model is GBs of widened weights)
+#                         peak for good, which for a big model is GBs of widened weights: Capabilities.arena)
 SIZE = ("stacked", "numpy", "circuits", "importance", "stages")   # what the weights' size and the work allow here
 # What the model's kind and family allow: summary (what /api/attention computes from one stack's run besides its
 # attention: the registry's statistics, scores, entropy, thumbnails, masks, ablations), lens (/api/lens), why
@@ -65,9 +65,15 @@ class Capabilities:
 
     @property
     def arena(self) -> bool:
-        """Its stacked sessions keep memory arenas (small models): a big model's runs allocate as they go and give it
-        back (the layer-by-layer sessions keep one either way: runtime/layerwise.Layerwise.session)."""
-        return self.stored_bytes <= SMALL
+        """Its stacked sessions keep memory arenas: a small model's, and a big one's whose runs convert no weight (its
+        weights stored and multiplied in float32, or multiplied in their blocks: MatMulNBits de-quantises one product's
+        weight at a time). An arena keeps its peak for good, which for a big model whose weights a run widens
+        (bfloat16, float16) or narrows (a reduced compute type) is GBs of converted weights: those runs allocate as they
+        go and give it back. Without an arena every buffer of a run comes from the C allocator, whose heap outgrew the
+        arena's peak (an 8B Q4_K_M served whole: peak RSS 7.1-7.4 GB without, 6.2-6.6 GB with, at the same speed:
+        bench/quantized.py --l8b). The layer-by-layer sessions keep one either way
+        (runtime/layerwise.Layerwise.session)."""
+        return self.stored_bytes <= SMALL or (self.precision.storage == "float32" and not self.precision.reduced)
 
     def allows(self, feature: str) -> bool:
         return feature not in self.reasons and feature not in self.short

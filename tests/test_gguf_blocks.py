@@ -217,6 +217,67 @@ def test_a_random_q4_k_m_llama_file_equals_transformers(tmp_path, monkeypatch):
     np.testing.assert_allclose(lw.next_token_logits, logits, atol=1e-4, rtol=0)
 
 
+def test_a_run_unpacks_each_zero_point_just_before_its_product(tmp_path):
+    """4-bit codes' zero points go to MatMulNBits as floats (graphs/builder.Graph.times), unpacked in the graph by
+    nodes that read only graph inputs. onnxruntime might run such nodes first of all (its order is a walk back from
+    the outputs: a graph made so runs them at the start, and every layer's float zero points are alive at once, an
+    8B's ~0.9 GB); in our graphs each chain runs after the product run before its own, so one product's are alive at
+    a time. Checked on onnxruntime's own profile of a run of the stacked graph (node names are their outputs')."""
+    import json
+
+    import onnxruntime as ort
+
+    from attnscope.graphs.stacked import build_graph
+    from attnscope.model.weights import arrays
+    from attnscope.runtime.runtime import Runtime
+    from attnscope.sources import resolve
+
+    from bench.checkpoints import llama_gguf, text
+
+    rt = Runtime(resolve(f"tiny={llama_gguf(tmp_path / 'tiny.gguf', 'tiny')}", cache=tmp_path), cache_dir=tmp_path)
+    proto = build_graph(rt.model, attentions=False)
+    made = {o: n for n in proto.graph.node for o in n.output}
+    given = {i.name for i in proto.graph.input} | {i.name for i in proto.graph.initializer}
+
+    def chain(name: str) -> list[str] | None:
+        """The nodes that make `name` from graph inputs and constants alone; None if it reads an activation."""
+        node, nodes = made[name], [made[name].name]
+        for i in node.input:
+            if i not in given:
+                up = chain(i) if i in made else None
+                if up is None:
+                    return None
+                nodes += up
+        return nodes
+
+    chains = {n.name: chain(n.input[3]) for n in proto.graph.node if n.op_type == "MatMulNBits"}
+    chains = {p: c for p, c in chains.items() if c and any(made_op == "Cast" for made_op in
+                                                           (n.op_type for n in proto.graph.node if n.name in c))}
+    assert len(chains) >= 5 * rt.cfg.n_layers                     # q, k, o, gate, up at least: Q4_K
+
+    so = ort.SessionOptions()
+    so.enable_profiling, so.profile_file_prefix, so.log_severity_level = True, str(tmp_path / "profile"), 3
+    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    enc = rt.encode(text(30))
+    T = len(enc.ids)
+    feeds = rt.feeds(np.array([enc.ids]), None, rt.build_mask([T], causal=True), [T])
+    named = arrays(rt.model)
+    for i in sess.get_inputs():
+        if i.name not in feeds:
+            base, _, part = i.name.rpartition(".")
+            feeds[i.name] = named[base].parts()[part] if isinstance(named.get(base), Blocks) else named[i.name]
+    sess.run(None, feeds)
+    with open(sess.end_profiling()) as f:
+        ran = [e["name"][:-len("_kernel_time")] for e in json.load(f)
+               if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    at = {name: i for i, name in enumerate(ran)}
+    products = [name for name in ran if name in made and made[name].op_type == "MatMulNBits"]
+    for before, product in zip(products, products[1:]):
+        if product in chains:
+            first = min(at[n] for n in chains[product] if n in at)
+            assert first > at[before], f"{product}'s zero points were unpacked before {before} ran"
+
+
 def test_the_blocks_cache_is_written_one_tensor_at_a_time(tmp_path):
     """sources/safetensors.write_streamed (the GGUF cache's writer): arrays of mixed item sizes and odd lengths, given
     one at a time, read back equal by the safetensors package and by our reader, each aligned to its item size (so
