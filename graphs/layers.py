@@ -158,7 +158,7 @@ def build_layer(model: Transformer, outputs, causal: bool, layer: int = 0) -> on
     T = g.slice(g.op("Shape", "x"), 1, 2, 0, hint="T")
     x_next, st = transformer_block(g, model.blocks[layer], cfg, "block", "x", "attention_mask", "head_mask",
                                    "head_mean", position_weights(g, T), rope_tables(g, model, T, layer=layer))
-    values = value_norms(g, model.blocks[layer].attn, cfg, "block.attn", st["v"]) if VALUE_ROW in outputs else None
+    values = value_norms(g, model.blocks[layer], cfg, "block.attn", st["v"]) if VALUE_ROW in outputs else None
     made = _reductions(g, st, outputs, causal, values=values) | {"x_next": x_next}
     return pruned(model_proto(g, g.inputs, _outputs(g, made, ("x_next",) + tuple(outputs)), "attnscope-layer"))
 

@@ -103,11 +103,19 @@ def reduced_products(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def _types(proto: onnx.ModelProto) -> dict[str, int]:
-    """Each tensor's ONNX element type (onnx's shape inference; graph inputs and initializers at least)."""
+    """Each tensor's ONNX element type (onnx's shape inference; graph inputs and initializers at least). onnx knows
+    no com.microsoft op: a MatMulNBits' output (a product by quantised blocks) is declared float, its input's type,
+    so that inference carries on past it."""
+    declared = onnx.ModelProto()
+    declared.CopyFrom(proto)
+    known = {v.name for v in declared.graph.value_info}
+    declared.graph.value_info.extend(helper.make_tensor_value_info(n.output[0], TensorProto.FLOAT, None)
+                                     for n in proto.graph.node
+                                     if n.op_type == "MatMulNBits" and n.output[0] not in known)
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto)
+        inferred = onnx.shape_inference.infer_shapes(declared)
     except Exception:  # noqa: BLE001 - a graph onnx cannot infer: its declared types only
-        inferred = proto
+        inferred = declared
     g = inferred.graph
     types = {t.name: t.data_type for t in g.initializer}
     for v in [*g.input, *g.value_info, *g.output]:

@@ -8,7 +8,7 @@ Outputs: hidden [B, T, D], attentions [L, B, H, T, T]; with an LM head also next
          (after each text's last token) and token_logprobs [B, T]; with stages=True also the teaching
          intermediates (transformer.STAGES): x [L, B, T, D], q, k, v, ctx [L, B, H, T, d_head] and
          scores, scaled, masked [L, B, H, T, T]; with the attentions, each key's value norms ||v_j W_O^h||
-         value_norms [L, B, H, T] (TransformerBlock.value_norms; not where W_O is kept in quantised blocks).
+         value_norms [L, B, H, T] (TransformerBlock.value_norms).
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def build_graph(model: Transformer, stages: bool = False, progress=None, attenti
                                   None if tables is None else ropes[id(tables[0])])
         for name in collected:
             collected[name].append(st[name])
-        norms.append(value_norms(g, block.attn, cfg, f"blocks.{i}.attn", st["v"]))
+        norms.append(value_norms(g, block, cfg, f"blocks.{i}.attn", st["v"]))
         if progress:
             progress(1)
     if depth is None:
@@ -66,12 +66,11 @@ def build_graph(model: Transformer, stages: bool = False, progress=None, attenti
     if depth:   # each block's probabilities are an output of their own, in layer order: the runtime binds them to the
         outputs = [helper.make_tensor_value_info(t, FLOAT, Ls[1:] + ["tokens"])   # slices of one [depth, B, H, T,
                    for t in collected["attentions"]]                        # T] buffer, no copy
-        if None not in norms:                                               # and their value norms, "value_norms.i"
-            outputs += [helper.make_tensor_value_info(g.op("Identity", n, out=f"value_norms.{i}"), FLOAT, Ls[1:])
-                        for i, n in enumerate(norms)]
+        outputs += [helper.make_tensor_value_info(g.op("Identity", n, out=f"value_norms.{i}"), FLOAT, Ls[1:])
+                    for i, n in enumerate(norms)]                           # and their value norms, "value_norms.i"
         return pruned(model_proto(g, inputs + g.inputs, outputs, "attnscope"))
     axis0 = g.const(np.array([0]), "axis0")
-    if attentions and None not in norms:
+    if attentions:
         collected["value_norms"] = norms
     names = (("attentions",) if attentions else ()) + (STAGES if stages else ()) + tuple(
         n for n in ("value_norms",) if n in collected)

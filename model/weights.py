@@ -61,7 +61,21 @@ def arrays(model) -> dict[str, np.ndarray]:
     for names, tables in ((ROPE, getattr(model, "rope", None)), (ROPE_LOCAL, getattr(model, "rope_local", None))):
         if tables is not None:
             out |= dict(zip(names, tables))
+    for i in range(len(getattr(model, "blocks", ()))):
+        r = value_r(model, i)
+        if r is not None:
+            out[f"blocks.{i}.attn.value_r"] = r
     return out
+
+
+def value_r(model, layer: int) -> np.ndarray | None:
+    """Block `layer`'s heads' R^T [H, dh, dh] (TransformerBlock._value_r) where its W_O is kept in quantised blocks,
+    which have no head's columns to read: the value norms' factors a graph reads (graphs/steps.value_norms), made once
+    at load (a [dh, dh] product a key, and exact: ||R v|| = ||W_h v||); None for any other block."""
+    block = model.blocks[layer]
+    if not hasattr(block, "_value_r") or not isinstance(block.attn.out_projection()[0], Blocks):
+        return None
+    return block._value_r(model.cfg.d_head)
 
 
 def block_arrays(model: Transformer, layer: int) -> dict[str, np.ndarray]:
@@ -71,6 +85,9 @@ def block_arrays(model: Transformer, layer: int) -> dict[str, np.ndarray]:
     prefix = f"blocks.{layer}."
     out = {"block." + name[len(prefix):]: value for name, value in expand(state_dict(model)).items()
            if name.startswith(prefix)}
+    r = value_r(model, layer)
+    if r is not None:
+        out["block.attn.value_r"] = r
     tables = model.rope_for(layer)
     return out if tables is None else out | dict(zip(ROPE, tables))
 

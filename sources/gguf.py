@@ -356,12 +356,10 @@ def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) ->
     return load_state_dict(Transformer(cfg, seed=None), in_memory(sd))
 
 
-# A GGUF model whose float32 weights come to at most this keeps them de-quantised in memory (once, at load; the cache
-# holds the blocks, never a float32 copy). 0: every GGUF model, the zoo's too, is served from its blocks: 4-bit codes
-# go to MatMulNBits with float zero points (its exact kernel: it de-quantises a block at a time and multiplies in
-# float32) and centred zero points (sources/gguf_blocks._centred), so the blocks' products are as exact as float32
-# weights', at 1.3-1.4x their time for a quarter to a fifth of their memory (SmolLM2, Gemma 3: bench/quantized.py,
-# which sets this to compare).
+# A GGUF model whose float32 weights come to at most this is de-quantised in memory at load (the cache holds only
+# blocks). 0: every GGUF model is served from its blocks, as exact as float32 weights (centred zero points,
+# MatMulNBits' float32 kernel: graphs/builder.Graph.times) at 1.3-1.4x their time in a fifth of their memory
+# (bench/quantized.py, which sets this to compare).
 F32_IN_MEMORY_BYTES = 0
 
 
