@@ -205,6 +205,7 @@ def main():
     if args.l8b:
         return l8b(args.folder, args.memory_mb, args.shape, args.warm)
     from attnscope.sources import zoo
+    from attnscope.sources.gguf import F32_IN_MEMORY_BYTES
 
     gflops = sgemm_gflops(4096, 3)
     print(f"sgemm (NumPy, 4096^3 float32): {gflops:.0f} GFLOP/s")
@@ -226,7 +227,8 @@ def main():
         print(f"  summaries of all heads, {warm['tokens']} tokens: {warm['summaries_s'] * 1e3:.0f} ms (first request "
               f"{warm['first_s'] * 1e3:.0f} ms); FLOP bound {bound * 1e3:.1f} ms: {bound / warm['summaries_s']:.0%} "
               f"of it")
-        print(f"  the same de-quantised to float32 in memory at load (sources/gguf.F32_IN_MEMORY_BYTES): RSS after "
+        print(f"  the same de-quantised to float32 in memory at load (the default for float32 weights <= "
+              f"{F32_IN_MEMORY_BYTES / 2**30:.0f} GiB): RSS after "
               f"requests {mb(dense['rss_after'])}, summaries {dense['summaries_s'] * 1e3:.0f} ms: "
               f"{bound / dense['summaries_s']:.0%} of the FLOP bound; the blocks take "
               f"{warm['summaries_s'] / dense['summaries_s']:.2f}x as long")

@@ -108,15 +108,19 @@ def test_reading_rows_and_columns_dequantises_only_them():
 
 
 @pytest.mark.parametrize("model_id", ["smollm2", "gemma3"])
-def test_zoo_gguf_models_are_served_from_their_blocks(model_id, tmp_path):
-    """Loaded in their blocks by default (every projection a Blocks), with no float32 copy of the weights in the cache
-    folder, and a process that has loaded the model and answered once holds less memory than the float32 weights
-    alone. The blocks with offsets (SmolLM2's Q4_1, Gemma 3's Q4_K) have their zero points centred: each offset is
-    within a step (a scale) of zero, so the product by the codes is the size of the product by the weight, not
-    twice it (sources/gguf_blocks._centred)."""
+def test_zoo_gguf_models_are_served_from_their_blocks(model_id, tmp_path, monkeypatch):
+    """Loaded in their blocks (every projection a Blocks), with no float32 copy of the weights in the cache folder, and
+    a process that has loaded the model and answered once holds less memory than the float32 weights alone. (Models
+    this small keep float32 in memory by default, sources/gguf.F32_IN_MEMORY_BYTES, for speed: here it is 0, as for a
+    model too big for that.) The blocks with offsets (SmolLM2's Q4_1, Gemma 3's Q4_K) have their zero points
+    centred: each offset is within a step (a scale) of zero, so the product by the codes is the size of the product
+    by the weight, not twice it (sources/gguf_blocks._centred)."""
     from attnscope.model.quantized import unpack
     from attnscope.model.weights import state_dict
+    from attnscope.sources import gguf as gguf_source
     from attnscope.sources import zoo
+
+    monkeypatch.setattr(gguf_source, "F32_IN_MEMORY_BYTES", 0)
 
     from .conftest import CACHE
 
@@ -136,6 +140,7 @@ def test_zoo_gguf_models_are_served_from_their_blocks(model_id, tmp_path):
     assert all(np.any(unpack(w.zero_points, w.bits, w.scales.shape[1]) > 0) for w in offset)
 
     script = (f"import resource, numpy as np; from attnscope.runtime.runtime import Runtime; "
+              f"import attnscope.sources.gguf as g; g.F32_IN_MEMORY_BYTES = 0; "
               f"from attnscope.sources import zoo; rt = Runtime(zoo.get({model_id!r}), cache_dir={str(CACHE)!r}); "
               f"rt.run('The quick brown fox jumps over the lazy dog.'); "
               f"print(int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0]) * 1024)")
@@ -162,7 +167,7 @@ def test_layer_by_layer_runs_serve_layers_of_different_block_formats(monkeypatch
     f32 = Runtime(zoo.get("gemma3"), cache_dir=CACHE)
     ref = f32(text)
     del f32
-    monkeypatch.setattr(gguf_source, "F32_IN_MEMORY_BYTES", 0)                # the default: the blocks
+    monkeypatch.setattr(gguf_source, "F32_IN_MEMORY_BYTES", 0)                # the blocks
     rt = Runtime(zoo.get("gemma3"), cache_dir=CACHE)
     assert isinstance(rt.model.blocks[0].mlp.down.weight, Blocks)
     layouts = sorted(set(Layerwise(rt).layouts))
@@ -206,6 +211,9 @@ def test_a_random_q4_k_m_llama_file_equals_transformers(tmp_path, monkeypatch):
 
     ref = dequantised_llama(path, SHAPES["tiny"])
     with torch.no_grad():
+        values: list = []                                     # each layer's v_proj output [1, T, Hkv * dh]
+        for layer in ref.model.layers:
+            layer.self_attn.v_proj.register_forward_hook(lambda m, a, o: values.append(o.numpy()))
         out = ref(torch.tensor([enc.ids]), output_attentions=True)
     want = np.stack([a[0].numpy() for a in out.attentions])                      # [L, H, T, T]
     assert want.max(-1).mean() >= 0.5                                             # peaked: the check means something
@@ -215,9 +223,22 @@ def test_a_random_q4_k_m_llama_file_equals_transformers(tmp_path, monkeypatch):
     logits = out.logits[0, -1].numpy()
     np.testing.assert_allclose(res.next_token_logits, logits, atol=1e-4, rtol=0)
     np.testing.assert_allclose(lw.next_token_logits, logits, atol=1e-4, rtol=0)
+    # W_O in blocks: the graph's value norms from each head's R (model/weights.value_r) equal ||W_h v|| in float64
+    dh, T = rt.cfg.d_head, len(enc.ids)
+    for layer in range(L):
+        W = np.asarray(rt.model.blocks[layer].attn.out_projection()[0], np.float64)       # [D, H * dh]
+        heads = W.reshape(W.shape[0], H, dh).transpose(1, 0, 2)                            # [H, D, dh]
+        v = values[layer][0].astype(np.float64).reshape(T, -1, dh).transpose(1, 0, 2)     # [Hkv, T, dh]
+        vl = np.repeat(v, H // v.shape[0], axis=0)                                        # [H, T, dh]
+        want_norms = np.linalg.norm(np.einsum("hdk,htk->htd", heads, vl), axis=-1)        # [H, T]
+        np.testing.assert_allclose(res.value_norms[layer], want_norms, rtol=1e-4, atol=1e-5)
+    # the float16 mode opens a graph of blocks (its products by blocks stay float32) and agrees with float32
+    half = Runtime(resolve(f"tiny={path}", cache=tmp_path), cache_dir=tmp_path, compute_dtype="float16")(text(60))
+    assert half.next_tokens[0].id == res.next_tokens[0].id
+    assert np.abs(half.attentions - res.attentions).max() < 0.05
 
 
-def test_a_run_unpacks_each_zero_point_just_before_its_product(tmp_path):
+def test_a_run_unpacks_each_zero_point_just_before_its_product(tmp_path, monkeypatch):
     """4-bit codes' zero points go to MatMulNBits as floats (graphs/builder.Graph.times), unpacked in the graph by
     nodes that read only graph inputs. onnxruntime might run such nodes first of all (its order is a walk back from
     the outputs: a graph made so runs them at the start, and every layer's float zero points are alive at once, an
@@ -234,6 +255,9 @@ def test_a_run_unpacks_each_zero_point_just_before_its_product(tmp_path):
 
     from bench.checkpoints import llama_gguf, text
 
+    from attnscope.sources import gguf as gguf_source
+
+    monkeypatch.setattr(gguf_source, "F32_IN_MEMORY_BYTES", 0)                # served from its blocks
     rt = Runtime(resolve(f"tiny={llama_gguf(tmp_path / 'tiny.gguf', 'tiny')}", cache=tmp_path), cache_dir=tmp_path)
     proto = build_graph(rt.model, attentions=False)
     made = {o: n for n in proto.graph.node for o in n.output}
