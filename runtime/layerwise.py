@@ -120,8 +120,6 @@ class Layerwise:
             raise ValueError(f"checkpoint_every must be >= 1; got {checkpoint_every}")
         self.rt, self.every, self.group_mb = rt, int(checkpoint_every), float(group_mb)
         self.fused = rt.weights.device != "cpu" if fused is None else bool(fused)
-        self.fused &= not any(hasattr(b.attn.out_projection()[0], "dequantize") for b in rt.model.blocks)  # no
-        #            value norms in a graph where W_O is kept in quantised blocks (graphs/steps.value_norms)
         self.layouts = block_layouts(rt.model)    # layer -> the first layer of its layout (its graphs' key)
         self._reader: threading.Thread | None = None   # reading the next layer's weights (read_ahead)
         if graphs is not None:

@@ -220,14 +220,12 @@ class Runtime:
                 attn = np.empty((depth, B, self.cfg.n_heads, T, T), COMPUTE)   # pages of unasked blocks: untouched
                 per_block = [o.name for o in sess.get_outputs() if not o.name.startswith("value_norms.")]
                 kept = set(range(depth) if layers is None else layers)
-                norm_names = [f"value_norms.{i}" for i in sorted(kept)] if len(sess.get_outputs()) > depth else []
+                norm_names = [f"value_norms.{i}" for i in sorted(kept)]
                 got = sess.run(per_block + norm_names, feeds, axes=axes,
                                into={n: attn[i] for i, n in enumerate(per_block) if i in kept},
                                drop=[n for i, n in enumerate(per_block) if i not in kept])
-                norms = None
-                if norm_names:            # the asked blocks' value norms; the others' rows left zero, never read
-                    norms = np.zeros((depth, B, self.cfg.n_heads, T), COMPUTE)
-                    norms[sorted(kept)] = np.stack(got[len(per_block):])
+                norms = np.zeros((depth, B, self.cfg.n_heads, T), COMPUTE)   # the asked blocks' value norms; the
+                norms[sorted(kept)] = np.stack(got[len(per_block):])        # others' rows left zero, never read
                 hidden, lm_out, st = None, {}, None
             else:
                 names = ["hidden", "attentions"] + lm + (list(T_.STAGES) if stages else []) + [

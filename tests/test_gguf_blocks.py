@@ -249,13 +249,12 @@ def test_a_run_unpacks_each_zero_point_just_before_its_product(tmp_path, monkeyp
     import onnxruntime as ort
 
     from attnscope.graphs.stacked import build_graph
-    from attnscope.model.weights import arrays
     from attnscope.runtime.runtime import Runtime
+    from attnscope.sources import gguf as gguf_source
     from attnscope.sources import resolve
 
     from bench.checkpoints import llama_gguf, text
-
-    from attnscope.sources import gguf as gguf_source
+    from bench.common import session_feeds
 
     monkeypatch.setattr(gguf_source, "F32_IN_MEMORY_BYTES", 0)                # served from its blocks
     rt = Runtime(resolve(f"tiny={llama_gguf(tmp_path / 'tiny.gguf', 'tiny')}", cache=tmp_path), cache_dir=tmp_path)
@@ -275,22 +274,13 @@ def test_a_run_unpacks_each_zero_point_just_before_its_product(tmp_path, monkeyp
         return nodes
 
     chains = {n.name: chain(n.input[3]) for n in proto.graph.node if n.op_type == "MatMulNBits"}
-    chains = {p: c for p, c in chains.items() if c and any(made_op == "Cast" for made_op in
-                                                           (n.op_type for n in proto.graph.node if n.name in c))}
+    chains = {p: c for p, c in chains.items() if c and any(made[n].op_type == "Cast" for n in c)}   # float ones
     assert len(chains) >= 5 * rt.cfg.n_layers                     # q, k, o, gate, up at least: Q4_K
 
     so = ort.SessionOptions()
     so.enable_profiling, so.profile_file_prefix, so.log_severity_level = True, str(tmp_path / "profile"), 3
-    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    enc = rt.encode(text(30))
-    T = len(enc.ids)
-    feeds = rt.feeds(np.array([enc.ids]), None, rt.build_mask([T], causal=True), [T])
-    named = arrays(rt.model)
-    for i in sess.get_inputs():
-        if i.name not in feeds:
-            base, _, part = i.name.rpartition(".")
-            feeds[i.name] = named[base].parts()[part] if isinstance(named.get(base), Blocks) else named[i.name]
-    sess.run(None, feeds)
+    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=default_providers())
+    sess.run(None, session_feeds(rt, rt.encode(text(30)), sess))
     with open(sess.end_profiling()) as f:
         ran = [e["name"][:-len("_kernel_time")] for e in json.load(f)
                if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
