@@ -8,7 +8,10 @@ No graph holds a weight. Every model array a graph reads (weights, position tabl
 model names it (runtime/binding.py binds the model's arrays to those names at every run: views of the weight store,
 sources/store.py), in the type it is stored in; a narrower one is widened to the compute type by a Cast where it is
 used (model/precision.py). So a graph is a few hundred kB whatever the model's size (protobuf stops at 2 GB), every
-variant of a model's graph reads the same weights, and onnxruntime never folds them into copies of its own.
+variant of a model's graph reads the same weights, and onnxruntime never folds them into copies of its own. One
+exception: a packed graph (Graph's `packed`: a small model's decoding step) names its quantised weights' parts in
+its metadata (`initialized`), and its session opens them as initializers over the same memory, which onnxruntime
+prepacks (runtime/options.open_session).
 """
 from __future__ import annotations
 
@@ -39,12 +42,14 @@ class Graph:
     names: each model array's name by its identity (id(array) -> name: runtime/binding.py's names), so that a graph
     input is named as the model names the array it reads, whatever graph reads it."""
 
-    def __init__(self, names: dict[int, str] | None = None, wide: bool = False):
+    def __init__(self, names: dict[int, str] | None = None, wide: bool = False, packed: bool = False):
         """wide: the model's narrower float arrays (bfloat16, float16) are read as compute-type inputs, no Cast: a
         run binds their widened copies (runtime/tensors.Weights.widening: widened once per layer per run, where a
-        run multiplies by the same layer's weights many times)."""
+        run multiplies by the same layer's weights many times).
+        packed: the quantised weights' parts are opened as initializers that onnxruntime prepacks (`times`; the
+        graph says so, `initialized`), not bound at each run."""
         self.nodes, self.inits, self._n = [], [], 0
-        self.names, self.wide = names or {}, wide
+        self.names, self.wide, self.packed = names or {}, wide, packed
         self.inputs: list[onnx.ValueInfoProto] = []   # the model arrays' graph inputs...
         self.feeds: dict[str, np.ndarray] = {}         # ...and the arrays that feed them
         self._widened: dict[str, str] = {}             # a narrow input -> its Cast to the compute type
@@ -132,6 +137,8 @@ class Graph:
         part = lambda p: parts[p] if rows is None else self.slice(parts[p], rows[0], rows[1], 0)   # noqa: E731
         N = N if rows is None else min(rows[1], N) - rows[0]
         flat = self.const(np.array([-1]))
+        if self.packed:
+            return self._times_packed(x, blocks, part, N)
         if blocks.bits < 8:                            # [N * nb] float: the exact kernel's zero points
             zero = self.op("Reshape", self.slice(self._unpacked(part("zero_points"), blocks.bits, 1, [-1]), 0, nb, -1),
                            flat)
@@ -139,14 +146,50 @@ class Graph:
             zero = self.op("Reshape", part("zero_points"), flat)
         y = self.op("MatMulNBits", x, part("codes"), part("scales"), zero,
                     domain="com.microsoft", K=K, N=N, bits=blocks.bits, block_size=blocks.block, accuracy_level=0)
-        if "offsets" not in parts:
-            return y
-        offsets = part("offsets")
+        return y if "offsets" not in parts else self._plus_offsets(y, x, nb, part("offsets"))
+
+    def _plus_offsets(self, y: str, x: str, nb: int, offsets: str) -> str:
+        """y + the offsets' share of x @ W^T: the sums of x over each of the nb blocks times offsets [N, nb]."""
         lead = self.slice(self.op("Shape", x), 0, -1, 0)
         sums = self.op("ReduceSum", self.op("Reshape", x, self.op("Concat", lead, self.const(np.array([nb, -1])),
                                                                          axis=0)),
                        self.const(np.array([-1])), keepdims=0)                       # [.., K / block]
         return self.op("Add", y, self.op("MatMul", sums, self.op("Transpose", offsets, perm=[1, 0])))
+
+    def _times_packed(self, x: str, blocks: Blocks, part, N: int) -> str:
+        """`times` in a packed graph: MatMulNBits on codes, scales and uint8 zero points that are initializers, which
+        onnxruntime prepacks once (a fused de-quantise-and-multiply: a SmolLM2 decoding step's [1, 576] @ [576, 1536]
+        0.04 ms, against 0.06 for float32 and 0.56 for the same codes bound as inputs, bench/matmulnbits.py). Its CPU
+        kernel prepacks only 4-bit codes, so 8-bit codes [N, nb, block] are read as the 4-bit codes of a [N, 2K]
+        weight in blocks of 2 * block, the same bytes: code = 16 hi + lo, both nibbles with one zero point m per block,
+        against x' = (x_0, 16 x_0, x_1, 16 x_1, ...), which makes x' @ W'^T = x @ (s (code - 17 m))^T; the offsets
+        s (17 m - z) (+ the format's own) add the rest, as a format's offsets do. m = round(z / 17) keeps both nibbles'
+        terms the size of the weight (a 5-bit code has hi 0 or 1: with m = 8 each term would be ~8x the weight and
+        the sum would lose 3 bits). Every part being an initializer, onnxruntime folds m and the offsets once, when
+        the session opens."""
+        (_, K), nb, flat = blocks.shape, blocks.shape[1] // blocks.block, self.const(np.array([-1]))
+        offsets = part("offsets") if blocks.offsets is not None else None
+        if blocks.bits < 8:
+            y = self.op("MatMulNBits", x, part("codes"), part("scales"), self.op("Reshape", part("zero_points"), flat),
+                        domain="com.microsoft", K=K, N=N, bits=blocks.bits, block_size=blocks.block,
+                        accuracy_level=0)
+            return y if offsets is None else self._plus_offsets(y, x, nb, offsets)
+        zero = self.op("Cast", part("zero_points"), to=FLOAT)                                  # [N, nb]
+        m = self.op("Floor", self.op("Add", self.op("Mul", zero, self.const(scalar(1 / 17))), self.const(scalar(0.5))))
+        rest = self.op("Mul", part("scales"), self.op("Sub", self.op("Mul", m, self.const(scalar(17.0))), zero))
+        offsets = rest if offsets is None else self.op("Add", offsets, rest)
+        pairs = self.op("Reshape", self.op("Pad", m, self.const(np.array([0, 0, 0, nb % 2]))),
+                        self.const(np.array([0, -1, 2])))                                      # [N, ceil(nb/2), 2]
+        low, high = (self.op("Gather", pairs, self.const(np.array(i)), axis=2) for i in (0, 1))
+        packed = self.op("Cast", self.op("Add", low, self.op("Mul", high, self.const(scalar(16.0)))), to=onnx.TensorProto.UINT8)
+        lead = self.slice(self.op("Shape", x), 0, -1, 0)
+        nibbles = [self.op("Unsqueeze", v, self.const(np.array([-1]))) for v in (x, self.op(
+            "Mul", x, self.const(scalar(16.0))))]
+        wide = self.op("Reshape", self.op("Concat", *nibbles, axis=-1), self.op(
+            "Concat", lead, self.const(np.array([2 * K])), axis=0))                            # x' [.., 2K]
+        y = self.op("MatMulNBits", wide, part("codes"), part("scales"), self.op("Reshape", packed, flat),
+                    domain="com.microsoft", K=2 * K, N=N, bits=4, block_size=2 * blocks.block, accuracy_level=0)
+        return self._plus_offsets(y, x, nb, offsets)
 
     def gather(self, W: str, index: str) -> str:
         """W[index] in the compute type (an embedding lookup, a row per token): a Gather, widened after it (only the
@@ -249,7 +292,19 @@ def model_proto(g: Graph, inputs: list, outputs: list, name: str) -> onnx.ModelP
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), *domains],
                               producer_name="attnscope", doc_string="attnscope: attention, exactly")
     proto.ir_version = IR_VERSION
+    if g.packed and g.blocks:
+        parts = sorted(name for _, named in g.blocks.values() for name in named.values())
+        helper.set_model_props(proto, {PACKED: " ".join(parts)})
     return proto
+
+
+PACKED = "attnscope.packed"   # a packed graph's metadata: the quantised weights' part inputs, opened as initializers
+
+
+def initialized(proto: onnx.ModelProto) -> list[str]:
+    """The inputs a session opens as initializers (Graph's `packed`): the graph's quantised weights' parts."""
+    said = next((p.value.split() for p in proto.metadata_props if p.key == PACKED), [])
+    return [i.name for i in proto.graph.input if i.name in set(said)]
 
 
 def pruned(proto: onnx.ModelProto) -> onnx.ModelProto:

@@ -12,8 +12,11 @@ Outputs: next_token_logits [B, V] after the last new token, attentions [L, B, H,
          present.{l}.key and present.{l}.value [B, Hkv, P+t, d_head]
 The weights are graph inputs, as in every graph (graphs/builder.py), bound at each step from the weight store (with
 them as initializers onnxruntime packed each matrix once, 27 ms a SmolLM2 token against 31-32 with them as inputs,
-bench/generate.py; weights outside the graph are what lets an 8B model load at all). Built on first use into the
-graph cache (graphs/cache.py).
+bench/generate.py; weights outside the graph are what lets an 8B model load at all). Quantised weights that come to
+at most PACKED_BYTES are the exception: MatMulNBits de-quantises a bound input whole at every run, so the session
+opens them as initializers that onnxruntime prepacks (builder.Graph's packed; still not in the graph file): from
+their blocks SmolLM2 took 96 ms a token bound, 16 packed (24 from float32 weights), Gemma 3 235 and 30 (40).
+Built on first use into the graph cache (graphs/cache.py).
 """
 from __future__ import annotations
 
@@ -22,7 +25,8 @@ import onnx
 from onnx import helper
 
 from ..model.transformer import Transformer
-from ..model.weights import arrays, identities
+from ..model.quantized import Blocks
+from ..model.weights import arrays, identities, state_dict
 from ..model.precision import MASKED
 from .builder import FLOAT, INT, Graph, model_proto, pruned, save_checked
 from .steps import embed, logits, rope_tables, sliding_window_mask, transformer_block
@@ -33,12 +37,24 @@ def cache_names(layer: int) -> tuple[str, str, str, str]:
     return f"past.{layer}.key", f"past.{layer}.value", f"present.{layer}.key", f"present.{layer}.value"
 
 
+# A model whose quantised weights come to at most this many bytes decodes with them as initializers that onnxruntime
+# prepacks (builder.Graph's packed: a decoding step multiplies one token by every weight, and MatMulNBits de-quantises
+# a bound input whole at every run). Bigger ones bind them at each step: a prepacked copy would double their memory.
+PACKED_BYTES = 1 << 30
+
+
+def packs(model: Transformer) -> bool:
+    """Whether the decoding graph reads `model`'s quantised weights as prepacked initializers (PACKED_BYTES)."""
+    quantised = [w.nbytes for w in state_dict(model).values() if isinstance(w, Blocks)]
+    return bool(quantised) and sum(quantised) <= PACKED_BYTES
+
+
 def build_decode(model: Transformer) -> onnx.ModelProto:
     """decoding.decode (model/decoding.py) as a graph, step for step."""
     cfg, f = model.cfg, FLOAT
     if not (cfg.causal and cfg.lm_head):
         raise ValueError("decoding needs a decoder with an LM head (a causal model that predicts the next token)")
-    g = Graph(identities(arrays(model)))
+    g = Graph(identities(arrays(model)), packed=packs(model))
     cache = ["batch", cfg.n_kv_heads, "past", cfg.d_head]
     inputs = [helper.make_tensor_value_info("input_ids", INT, ["batch", "tokens"])]
     for layer in range(cfg.n_layers):

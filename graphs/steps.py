@@ -358,9 +358,12 @@ def _times_rows(g: Graph, x: str, W: str, v: int, V: int) -> str:
 
 def logits(g: Graph, model: Transformer, x: str, W: str) -> str:
     """transformer.logits: x @ W^T [..., V], soft-capped where the model caps. A W stored narrower is widened
-    VOCAB_CHUNK rows at a time (never whole in the compute type); a float32 one is read in one MatMul."""
+    VOCAB_CHUNK rows at a time (never whole in the compute type); a float32 one is read in one MatMul, and so is a
+    quantised one in a packed graph (prepacked, it is never de-quantised whole; sliced, each chunk would be a copy)."""
     V = model.cfg.vocab_size
-    if W not in g.blocks and g.feeds[W].dtype == COMPUTE:
+    if W in g.blocks and g.packed:
+        y = g.times(x, W)
+    elif W not in g.blocks and g.feeds[W].dtype == COMPUTE:
         y = g.op("MatMul", x, g.op("Transpose", W))
     else:
         y = g.op("Concat", *[_times_rows(g, x, W, v, V) for v in range(0, V, VOCAB_CHUNK)], axis=-1)

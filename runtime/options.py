@@ -144,8 +144,13 @@ def out_of_memory(error: BaseException, device: str) -> OutOfMemory | None:
 
 
 def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *, arena: bool = True,
-                 mem_pattern: bool = True, compute_dtype: str = "float32"):
+                 mem_pattern: bool = True, compute_dtype: str = "float32", initial=None):
     """An onnxruntime session on a graph file or a serialised graph.
+
+    initial: name -> the OrtValue of a model array, for the inputs a packed graph opens as initializers
+    (graphs/builder.initialized: its quantised weights' parts, which onnxruntime then prepacks); given only where they
+    live on the CPU. The OrtValues are the caller's, over the weights' own memory: nothing is copied but what
+    onnxruntime packs.
 
     compute_dtype: what the matrix products run in (model/precision.py): "float32" opens the graph as it is;
     "float16" and "bfloat16" open its reduced form (graphs/reduced.py, made here, so every graph gets it);
@@ -178,13 +183,35 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
     so.log_severity_level = 3
     if _SHARED:                   # share_arena: one capped arena for every session
         so.add_session_config_entry("session.use_env_allocators", "1")
-    if compute_dtype in ("float16", "bfloat16"):
+    if compute_dtype in ("float16", "bfloat16") or initial is not None:
         import onnx
+        from ..graphs.builder import initialized
         from ..graphs.reduced import reduce_products
         proto = onnx.load(str(graph)) if isinstance(graph, Path) else onnx.load_from_string(graph)
-        graph = reduce_products(proto, compute_dtype).SerializeToString()
+        names = initialized(proto) if initial is not None else []
+        if compute_dtype in ("float16", "bfloat16"):
+            proto = reduce_products(proto, compute_dtype)
+        if names:
+            _as_initializers(proto, names)
+            so.add_external_initializers(names, [initial(n) for n in names])
+        if names or compute_dtype in ("float16", "bfloat16"):          # else the graph opens as it is
+            graph = proto.SerializeToString()
     return ort.InferenceSession(str(graph) if isinstance(graph, Path) else graph, so,
                                 providers=provider_options(providers, compute_dtype))
+
+
+def _as_initializers(proto, names: list[str]) -> None:
+    """Graph inputs `names` -> initializers whose data the session is given (SessionOptions.add_external_initializers):
+    each declared by type and shape, its data "in memory"."""
+    from onnx import TensorProto
+    inputs = {i.name: i for i in proto.graph.input}
+    for name in names:
+        kind = inputs[name].type.tensor_type
+        t = TensorProto(name=name, data_type=kind.elem_type, dims=[d.dim_value for d in kind.shape.dim],
+                        data_location=TensorProto.EXTERNAL)
+        t.external_data.add(key="location", value="in-memory")
+        proto.graph.initializer.append(t)
+        proto.graph.input.remove(inputs[name])
 
 
 @functools.cache

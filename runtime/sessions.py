@@ -56,7 +56,8 @@ class Session:
     def __init__(self, graph: Path | bytes, providers: Sequence[str], threads: int, weights: Weights | None = None,
                  **options):
         """options: open_session's (arena, mem_pattern, compute_dtype)."""
-        self.ort = open_session(graph, providers, threads, **options)
+        initial = weights.value if weights is not None and device_of(providers) == "cpu" else None
+        self.ort = open_session(graph, providers, threads, initial=initial, **options)
         self.arena = options.get("arena", True)      # a run's `release` shrinks the arena: none to shrink without
         self.weights = weights
         self.inputs = {i.name for i in self.ort.get_inputs()}

@@ -356,11 +356,11 @@ def load_gguf(path, cache: str | Path | None = None, desc: str | None = None) ->
     return load_state_dict(Transformer(cfg, seed=None), in_memory(sd))
 
 
-# A GGUF model whose float32 weights come to at most this is de-quantised in memory at load (the cache holds only
-# blocks). Blocks are as exact as float32 weights (centred zero points, MatMulNBits' float32 kernel: graphs/builder
-# Graph.times) in a fifth of their memory, but SmolLM2's summaries take 1.4x as long and its generation tests 2.35x (each
-# decoding step de-quantises every weight): a small model keeps float32 (bench/quantized.py sets this to compare).
-F32_IN_MEMORY_BYTES = 2 << 30
+# A GGUF model whose float32 weights come to at most this would be de-quantised in memory at load (the cache holds only
+# blocks): 0, every model is served from its blocks, as exact as float32 weights (centred zero points, MatMulNBits'
+# float32 kernel: graphs/builder Graph.times) in a fifth of their memory; generation reads them prepacked
+# (graphs/decoding.packs). bench/quantized.py sets it to compare the two.
+F32_IN_MEMORY_BYTES = 0
 
 
 def in_memory(sd: dict, limit: int | None = None) -> dict:
