@@ -3,7 +3,10 @@
   - the cache's size on disk next to the GGUF file's and the float32 weights' (the cache holds no float32 copy);
   - the RSS after a warm load and after the first request, and the peak (VmHWM), next to the float32 weights;
   - the time of all heads' summaries at 128 tokens (median of 3 fresh texts) and its ratio to the FLOP bound:
-    2 x parameters x 128 tokens at this machine's sgemm rate, measured in the same run (NumPy, 4096 x 4096 float32).
+    2 x parameters x 128 tokens at this machine's sgemm rate, measured in the same run (NumPy, 4096 x 4096 float32);
+  - greedy generation's time a token (32 tokens, after a first generation that opens the decoding session: its
+    time is printed too) and the RSS after it;
+and the same in a process that de-quantises every weight to float32 at load, with the blocks' ratios to it.
 
     python bench/quantized.py                      # smollm2 gemma3
     python bench/quantized.py --models smollm2
@@ -67,9 +70,19 @@ for i in range(4):                                           # a fresh text each
     t = time.perf_counter()
     m.attention(text=text, include=["summary"])
     times.append(time.perf_counter() - t)
-print(json.dumps(dict(load_s=load_s, rss_load=rss_load, rss_after=status('VmRSS:'), hwm=status('VmHWM:'),
+rss_after = status('VmRSS:')
+from attnscope.runtime.generation import Generator, Sampling
+ids = rt.encode("The history of the printing press begins with").ids
+steps = []
+for tokens in (1, 32):                                       # the first opens the decoding session
+    t = time.perf_counter()
+    for _ in Generator(rt, ids, Sampling(greedy=True), tokens):
+        pass
+    steps.append((time.perf_counter() - t) / tokens)
+print(json.dumps(dict(load_s=load_s, rss_load=rss_load, rss_after=rss_after, hwm=status('VmHWM:'),
                       params=params, tokens=n, summaries_s=statistics.median(times[1:]), first_s=times[0],
-                      quantised=sum(isinstance(w, Blocks) for w in sd.values()), tensors=len(sd))))
+                      quantised=sum(isinstance(w, Blocks) for w in sd.values()), tensors=len(sd),
+                      first_generation_s=steps[0], token_s=steps[1], rss_generated=status('VmRSS:'))))
 """
 
 
@@ -205,7 +218,6 @@ def main():
     if args.l8b:
         return l8b(args.folder, args.memory_mb, args.shape, args.warm)
     from attnscope.sources import zoo
-    from attnscope.sources.gguf import F32_IN_MEMORY_BYTES
 
     gflops = sgemm_gflops(4096, 3)
     print(f"sgemm (NumPy, 4096^3 float32): {gflops:.0f} GFLOP/s")
@@ -227,11 +239,14 @@ def main():
         print(f"  summaries of all heads, {warm['tokens']} tokens: {warm['summaries_s'] * 1e3:.0f} ms (first request "
               f"{warm['first_s'] * 1e3:.0f} ms); FLOP bound {bound * 1e3:.1f} ms: {bound / warm['summaries_s']:.0%} "
               f"of it")
-        print(f"  the same de-quantised to float32 in memory at load (the default for float32 weights <= "
-              f"{F32_IN_MEMORY_BYTES / 2**30:.0f} GiB): RSS after "
-              f"requests {mb(dense['rss_after'])}, summaries {dense['summaries_s'] * 1e3:.0f} ms: "
-              f"{bound / dense['summaries_s']:.0%} of the FLOP bound; the blocks take "
-              f"{warm['summaries_s'] / dense['summaries_s']:.2f}x as long")
+        print(f"  greedy generation: {warm['token_s'] * 1e3:.1f} ms a token (32 tokens; the first generation, "
+              f"which opens the decoding session, {warm['first_generation_s']:.2f} s), RSS after it "
+              f"{mb(warm['rss_generated'])}")
+        print(f"  the same de-quantised to float32 in memory at load: RSS after requests {mb(dense['rss_after'])}, "
+              f"summaries {dense['summaries_s'] * 1e3:.0f} ms: {bound / dense['summaries_s']:.0%} of the FLOP bound; "
+              f"the blocks take {warm['summaries_s'] / dense['summaries_s']:.2f}x as long; generation "
+              f"{dense['token_s'] * 1e3:.1f} ms a token: the blocks take {warm['token_s'] / dense['token_s']:.2f}x as "
+              f"long; RSS after it {mb(dense['rss_generated'])}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ answer) records each call into a function of the package. Printed: the files and
 the request *entered* each file, i.e. a call from another of the package's files into it (a file entered five
 times is one the request bounces back into; a coroutine counts once, not at every resumption; a helper called once
 per token counts once per token), and by how many distinct calls (caller -> callee) it is entered. The model is loaded and warmed first; the traced request uses a text
-the server has not seen, so it runs the model rather than answering from the cache.
+the server has not seen, so it runs the model rather than answering from the cache. The app computes no circuits in the
+background (`precompute_mb` 0), which the hook would otherwise count as the request's work.
 """
 from __future__ import annotations
 
@@ -49,7 +50,9 @@ def main() -> int:
             return False
         top = path.relative_to(pkg).parts[0]
         return not top.startswith(".") and top not in ("tests", "bench")
-    app = create_app(Settings(models=[args.model], default_model=args.model))
+    # no circuits computed in the background at start (precompute_mb 0): the hook traces every thread, and a
+    # model's weight products still under way would be counted as the request's
+    app = create_app(Settings(models=[args.model], default_model=args.model, precompute_mb=0))
     body = {"model": args.model, **json.loads(args.body)}
     calls: list[tuple[str, str, str | None, str | None]] = []    # (file, function, caller's file, caller)
     tracing = threading.Event()
