@@ -192,22 +192,23 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
         if compute_dtype in ("float16", "bfloat16"):
             proto = reduce_products(proto, compute_dtype)
         if names:
-            _as_initializers(proto, names)
-            so.add_external_initializers(names, [initial(n) for n in names])
+            values = [initial(n) for n in names]
+            _as_initializers(proto, dict(zip(names, values)))
+            so.add_external_initializers(names, values)
         if names or compute_dtype in ("float16", "bfloat16"):          # else the graph opens as it is
             graph = proto.SerializeToString()
     return ort.InferenceSession(str(graph) if isinstance(graph, Path) else graph, so,
                                 providers=provider_options(providers, compute_dtype))
 
 
-def _as_initializers(proto, names: list[str]) -> None:
-    """Graph inputs `names` -> initializers whose data the session is given (SessionOptions.add_external_initializers):
-    each declared by type and shape, its data "in memory"."""
+def _as_initializers(proto, values: dict) -> None:
+    """Graph inputs named as `values` (name -> OrtValue) -> initializers whose data the session is given
+    (SessionOptions.add_external_initializers): each declared by its input's type and its value's shape, its data
+    "in memory"."""
     from onnx import TensorProto
     inputs = {i.name: i for i in proto.graph.input}
-    for name in names:
-        kind = inputs[name].type.tensor_type
-        t = TensorProto(name=name, data_type=kind.elem_type, dims=[d.dim_value for d in kind.shape.dim],
+    for name, value in values.items():
+        t = TensorProto(name=name, data_type=inputs[name].type.tensor_type.elem_type, dims=value.shape(),
                         data_location=TensorProto.EXTERNAL)
         t.external_data.add(key="location", value="in-memory")
         proto.graph.initializer.append(t)
