@@ -50,6 +50,7 @@ class Graph:
         graph says so, `initialized`), not bound at each run."""
         self.nodes, self.inits, self._n = [], [], 0
         self.names, self.wide, self.packed = names or {}, wide, packed
+        self.initialized: set[str] = set()             # a packed graph's inputs its session opens as initializers
         self.inputs: list[onnx.ValueInfoProto] = []   # the model arrays' graph inputs...
         self.feeds: dict[str, np.ndarray] = {}         # ...and the arrays that feed them
         self._widened: dict[str, str] = {}             # a narrow input -> its Cast to the compute type
@@ -134,6 +135,8 @@ class Graph:
         just before the product (tests/test_gguf_blocks.py), so one product's float zero points are alive at a time."""
         blocks, parts = self.blocks[W]
         (N, K), nb = blocks.shape, blocks.shape[1] // blocks.block
+        if self.packed:                 # its own initializers: the parts as bound inputs serve any other reader
+            parts = {p: self._initial(name, blocks.parts()[p]) for p, name in parts.items()}
         part = lambda p: parts[p] if rows is None else self.slice(parts[p], rows[0], rows[1], 0)   # noqa: E731
         N = N if rows is None else min(rows[1], N) - rows[0]
         flat = self.const(np.array([-1]))
@@ -147,6 +150,16 @@ class Graph:
         y = self.op("MatMulNBits", x, part("codes"), part("scales"), zero,
                     domain="com.microsoft", K=K, N=N, bits=blocks.bits, block_size=blocks.block, accuracy_level=0)
         return y if "offsets" not in parts else self._plus_offsets(y, x, nb, part("offsets"))
+
+    def _initial(self, name: str, value: np.ndarray) -> str:
+        """A model array's input `name` as an initializer of a packed graph, under a name of its own (PACKED_SUFFIX)
+        that its session opens over the same array (`initialized`, runtime/options.open_session). Only the products
+        read it; an embedding lookup of the same codes (a tied LM head) reads the bound input. With one name for
+        both, opening Gemma 3's decoding session took 440-520 MB more memory; with two, 220-300 MB."""
+        initial = name + PACKED_SUFFIX
+        self.input(initial, onnx_type(value.dtype), list(value.shape))
+        self.initialized.add(initial)
+        return initial
 
     def _plus_offsets(self, y: str, x: str, nb: int, offsets: str) -> str:
         """y + the offsets' share of x @ W^T: the sums of x over each of the nb blocks times offsets [N, nb]."""
@@ -292,19 +305,20 @@ def model_proto(g: Graph, inputs: list, outputs: list, name: str) -> onnx.ModelP
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), *domains],
                               producer_name="attnscope", doc_string="attnscope: attention, exactly")
     proto.ir_version = IR_VERSION
-    if g.packed and g.blocks:
-        parts = sorted(name for _, named in g.blocks.values() for name in named.values())
-        helper.set_model_props(proto, {PACKED: " ".join(parts)})
+    if g.initialized:
+        helper.set_model_props(proto, {PACKED: " ".join(sorted(g.initialized))})
     return proto
 
 
-PACKED = "attnscope.packed"   # a packed graph's metadata: the quantised weights' part inputs, opened as initializers
+PACKED = "attnscope.packed"   # a packed graph's metadata: the inputs its session opens as initializers...
+PACKED_SUFFIX = ".packed"     # ...each a model array's name and this
 
 
-def initialized(proto: onnx.ModelProto) -> list[str]:
-    """The inputs a session opens as initializers (Graph's `packed`): the graph's quantised weights' parts."""
-    said = next((p.value.split() for p in proto.metadata_props if p.key == PACKED), [])
-    return [i.name for i in proto.graph.input if i.name in set(said)]
+def initialized(proto: onnx.ModelProto) -> dict[str, str]:
+    """The inputs a session opens as initializers (Graph's `packed`: the quantised weights' parts its products read),
+    each with the name of the model array it is."""
+    said = set(next((p.value.split() for p in proto.metadata_props if p.key == PACKED), []))
+    return {i.name: i.name.removesuffix(PACKED_SUFFIX) for i in proto.graph.input if i.name in said}
 
 
 def pruned(proto: onnx.ModelProto) -> onnx.ModelProto:

@@ -147,7 +147,7 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
                  mem_pattern: bool = True, compute_dtype: str = "float32", initial=None):
     """An onnxruntime session on a graph file or a serialised graph.
 
-    initial: name -> the OrtValue of a model array, for the inputs a packed graph opens as initializers
+    initial: a model array's name -> its OrtValue, for the inputs a packed graph opens as initializers
     (graphs/builder.initialized: its quantised weights' parts, which onnxruntime then prepacks); given only where they
     live on the CPU. The OrtValues are the caller's, over the weights' own memory: nothing is copied but what
     onnxruntime packs.
@@ -188,13 +188,13 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
         from ..graphs.builder import initialized
         from ..graphs.reduced import reduce_products
         proto = onnx.load(str(graph)) if isinstance(graph, Path) else onnx.load_from_string(graph)
-        names = initialized(proto) if initial is not None else []
+        names = initialized(proto) if initial is not None else {}
         if compute_dtype in ("float16", "bfloat16"):
             proto = reduce_products(proto, compute_dtype)
         if names:
-            values = [initial(n) for n in names]
-            _as_initializers(proto, dict(zip(names, values)))
-            so.add_external_initializers(names, values)
+            values = {name: initial(array) for name, array in names.items()}
+            _as_initializers(proto, values)
+            so.add_external_initializers(list(values), list(values.values()))
         if names or compute_dtype in ("float16", "bfloat16"):          # else the graph opens as it is
             graph = proto.SerializeToString()
     return ort.InferenceSession(str(graph) if isinstance(graph, Path) else graph, so,

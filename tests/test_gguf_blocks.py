@@ -17,12 +17,13 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
 from onnx import helper
 
 import gguf  # noqa: E402 - installed by the set-up (a dependency): never skipped
 
-from attnscope.graphs.builder import FLOAT, INT, Graph, model_proto  # noqa: E402
+from attnscope.graphs.builder import FLOAT, INT, Graph, initialized, model_proto  # noqa: E402
 from attnscope.model.quantized import Blocks, expand  # noqa: E402
 from attnscope.model.weights import identities  # noqa: E402
 from attnscope.runtime.options import default_providers, open_session  # noqa: E402
@@ -97,7 +98,6 @@ def test_a_packed_graph_multiplies_prepacked_blocks_as_exactly(name):
     Measured here: 2.5e-7 to 1.1e-6 of max |y|, at most 0.5 % of the plain product's bound 2 K eps |x| |W|; and at
     most 4x the error of the same blocks bound as inputs (measured: the same for 4-bit codes, 0.5-1.7x for 8-bit;
     one zero point 8 for every block, as first written, made Q5_0's 14x)."""
-    from attnscope.graphs.builder import initialized
     from attnscope.runtime.tensors import ort_value
 
     kind = gguf.GGMLQuantizationType[name]
@@ -112,13 +112,13 @@ def test_a_packed_graph_multiplies_prepacked_blocks_as_exactly(name):
                             helper.make_tensor_value_info("ids", INT, ["B", "T"])] + g.inputs,
                         [helper.make_tensor_value_info("y", FLOAT, ["M", "N"]),
                          helper.make_tensor_value_info("rows", FLOAT, ["B", "T", K])], "packed_test")
-    assert sorted(initialized(proto)) == sorted(feeds)                       # every part an initializer
+    assert sorted(initialized(proto).values()) == sorted(feeds)     # every part an initializer of the product's
     sess = open_session(proto.SerializeToString(), default_providers(), 2,
                         initial=lambda n: ort_value(feeds[n], "cpu"))
-    assert sorted(i.name for i in sess.get_inputs()) == ["ids", "x"]
+    assert sorted(i.name for i in sess.get_inputs()) == sorted(["ids", "x", *feeds])   # the lookup's: bound
     x = np.random.default_rng(5).standard_normal((5, K)).astype(np.float32)
     ids = np.array([[3, 0, 23, 3], [7, 7, 1, 12]])
-    y, rows = sess.run(None, {"x": x, "ids": ids})
+    y, rows = sess.run(None, {"x": x, "ids": ids, **feeds})
     exact = x.astype(np.float64) @ ref.astype(np.float64).T
     per = lambda a: np.repeat(np.abs(a.astype(np.float64)), w.block, axis=1)           # noqa: E731 - per value
     terms = np.abs(ref.astype(np.float64)) + 48 * per(w.scales) + (0 if w.offsets is None else per(w.offsets))
@@ -191,8 +191,9 @@ def test_zoo_gguf_models_are_served_from_their_blocks(model_id):
 
 
 def test_generation_multiplies_the_blocks_prepacked(runtimes):
-    """SmolLM2's decoding step (graphs/decoding.packs: its blocks come to ~110 MB) reads every quantised part as an
-    initializer, none bound at a step, 8-bit (the Q8_0 embedding and LM head) and 4-bit alike; a server's start
+    """SmolLM2's decoding step (graphs/decoding.packs: its blocks come to ~110 MB) multiplies by every quantised
+    weight as initializers, 8-bit (the Q8_0 tied LM head) and 4-bit alike (its embedding lookup reads the embedding's
+    parts bound, as every graph does); a server's start
     builds that graph but leaves its session to the first generation; and its greedy tokens and logits are the NumPy
     reference's (which de-quantises)."""
     from attnscope.graphs.decoding import packs
@@ -206,11 +207,13 @@ def test_generation_multiplies_the_blocks_prepacked(runtimes):
     rt.prepare()
     assert "decode" not in rt._sessions                        # built, not opened
     ids = rt.encode("The history of the printing press begins with").ids
-    onnx, ref = (Generator(rt, ids, Sampling(greedy=True), 6, engine=engine) for engine in ("onnx", "numpy"))
-    pairs = list(zip(onnx, ref))
+    graph, ref = (Generator(rt, ids, Sampling(greedy=True), 6, engine=engine) for engine in ("onnx", "numpy"))
+    pairs = list(zip(graph, ref))
     decode = rt._sessions["decode"]
-    assert not parts & decode.inputs and not parts & set(decode.bound)
-    assert onnx.new_ids == ref.new_ids and len(pairs) == 6
+    assert set(initialized(onnx.load(str(rt.graphs.path(decode=True)))).values()) == parts   # every product's
+    assert not any(n.endswith(".packed") for n in decode.inputs)              # opened as initializers, not bound
+    assert parts & set(decode.bound) == {n for n in parts if n.startswith("wte.")}   # the embedding lookup's
+    assert graph.new_ids == ref.new_ids and len(pairs) == 6
     assert all(a.probability == pytest.approx(b.probability, abs=1e-5) for a, b in pairs)
 
 
