@@ -30,6 +30,7 @@ OPSET = 17
 IR_VERSION = 8  # the IR version of opset 17; onnx 1.23 would write 14, which onnxruntime 1.31 refuses
 FLOAT = helper.np_dtype_to_tensor_dtype(COMPUTE)   # the compute type's ONNX type (activations, masks, outputs)
 INT = helper.np_dtype_to_tensor_dtype(INDEX)       # token ids, positions, lengths
+UINT8 = onnx.TensorProto.UINT8                      # quantised codes and zero points
 
 
 def onnx_type(dtype) -> int:
@@ -194,7 +195,7 @@ class Graph:
         pairs = self.op("Reshape", self.op("Pad", m, self.const(np.array([0, 0, 0, nb % 2]))),
                         self.const(np.array([0, -1, 2])))                                      # [N, ceil(nb/2), 2]
         low, high = (self.op("Gather", pairs, self.const(np.array(i)), axis=2) for i in (0, 1))
-        packed = self.op("Cast", self.op("Add", low, self.op("Mul", high, self.const(scalar(16.0)))), to=onnx.TensorProto.UINT8)
+        packed = self.op("Cast", self.op("Add", low, self.op("Mul", high, self.const(scalar(16.0)))), to=UINT8)
         lead = self.slice(self.op("Shape", x), 0, -1, 0)
         nibbles = [self.op("Unsqueeze", v, self.const(np.array([-1]))) for v in (x, self.op(
             "Mul", x, self.const(scalar(16.0))))]
@@ -316,7 +317,8 @@ PACKED_SUFFIX = ".packed"     # ...each a model array's name and this
 
 def initialized(proto: onnx.ModelProto) -> dict[str, str]:
     """The inputs a session opens as initializers (Graph's `packed`: the quantised weights' parts its products read),
-    each with the name of the model array it is."""
+    each with the name of the model array it is. Where they are not (a GPU's session), they are bound as any model
+    array is, under that name (runtime/tensors.Weights)."""
     said = set(next((p.value.split() for p in proto.metadata_props if p.key == PACKED), []))
     return {i.name: i.name.removesuffix(PACKED_SUFFIX) for i in proto.graph.input if i.name in said}
 

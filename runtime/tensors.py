@@ -12,6 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..graphs.builder import PACKED_SUFFIX
 from ..model.precision import COMPUTE, INDEX, widen
 from ..model.weights import ROPE, arrays, block_arrays
 
@@ -56,9 +57,13 @@ class Weights:
 
     def binds(self, name: str) -> bool:
         """Whether a graph input of this name is one of the model's arrays (not a run's own input)."""
+        name = name.removesuffix(PACKED_SUFFIX)
         return name in self.named or name.startswith("block.") or name in ROPE
 
     def array(self, name: str, layer: int | None = None) -> np.ndarray:
+        """The array bound to input `name`: a packed graph's initializer-to-be (graphs/builder.initialized) is the
+        array it names, where its session binds it instead (on a GPU)."""
+        name = name.removesuffix(PACKED_SUFFIX)
         if layer is not None and (name.startswith("block.") or name in ROPE):
             return self.layer(layer)[name]
         if name.startswith("block."):

@@ -95,6 +95,7 @@ def test_a_packed_graph_multiplies_prepacked_blocks_as_exactly(name):
     |x| (|W| + |o| + 48 s) (code = 16 hi + lo and zero point z against m = round(z / 17): |lo - m| + 16 |hi - m| <=
     |code - z| + 8.5 + 30, and the offsets that bring the sum back, s |17 m - z| + |o|), and the lookup is exact.
     Rows of 7 blocks of 32 values (an odd count: 8-bit zero points are packed two a byte) or 3 super-blocks of 256.
+    Opened without initializers (a GPU's session), the same graph binds every part and gives the same product.
     Measured here: 2.5e-7 to 1.1e-6 of max |y|, at most 0.5 % of the plain product's bound 2 K eps |x| |W|; and at
     most 4x the error of the same blocks bound as inputs (measured: the same for 4-bit codes, 0.5-1.7x for 8-bit;
     one zero point 8 for every block, as first written, made Q5_0's 14x)."""
@@ -124,6 +125,10 @@ def test_a_packed_graph_multiplies_prepacked_blocks_as_exactly(name):
     terms = np.abs(ref.astype(np.float64)) + 48 * per(w.scales) + (0 if w.offsets is None else per(w.offsets))
     assert np.all(np.abs(y - exact) <= 4 * K * EPS * (np.abs(x).astype(np.float64) @ terms.T) + 1e-30)
     assert np.array_equal(rows, ref[ids])
+    gpu = open_session(proto.SerializeToString(), default_providers(), 2)     # no initializers given (a GPU's):
+    names = initialized(proto)                                                # every part bound, by its array's name
+    bound_too = gpu.run(["y"], {"x": x, "ids": ids, **feeds, **{n: feeds[a] for n, a in names.items()}})[0]
+    assert np.abs(bound_too - exact).max() <= 4 * np.abs(y - exact).max() + 1e-30
     plain, bound = product_graph(w)                                   # the same blocks bound as inputs
     unpacked = plain.run(["y"], {"x": x, "ids": ids, **bound})[0]
     assert np.abs(y - exact).max() <= 4 * np.abs(unpacked - exact).max()
@@ -213,6 +218,8 @@ def test_generation_multiplies_the_blocks_prepacked(runtimes):
     assert set(initialized(onnx.load(str(rt.graphs.path(decode=True)))).values()) == parts   # every product's
     assert not any(n.endswith(".packed") for n in decode.inputs)              # opened as initializers, not bound
     assert parts & set(decode.bound) == {n for n in parts if n.startswith("wte.")}   # the embedding lookup's
+    assert all(rt.weights.binds(n) and rt.weights.array(n) is rt.weights.array(n.removesuffix(".packed"))
+               for n in initialized(onnx.load(str(rt.graphs.path(decode=True)))))  # bound where not initializers
     assert graph.new_ids == ref.new_ids and len(pairs) == 6
     assert all(a.probability == pytest.approx(b.probability, abs=1e-5) for a, b in pairs)
 
