@@ -2,14 +2,16 @@
 layer's shape, x [T, K] @ W[N, K]^T, in one run (sgemm measured in the same run), for each of
   - float32 MatMul, W a graph input (what attnscope's graphs do: weights are bound, never in the graph) and W an
     initializer (onnxruntime may prepack it);
-  - MatMulNBits with 4-bit codes in blocks of 32 (Q4_K's layout) and 8-bit codes in blocks of 16 (Q6_K's), codes as
-    graph inputs and as initializers (prepacked), at accuracy_level 0 (float32 arithmetic: exact to float32 rounding,
-    attnscope's only mode) and 4 (x quantised to int8 per block: faster where the CPU has int8 dot products, not
-    exact: its error is printed against float64, next to level 0's);
+  - MatMulNBits with 4-bit codes in blocks of 32 (Q4_K's layout) and 8-bit codes in blocks of 16 (Q6_K's), codes
+    as graph inputs (4-bit also with float zero points: what attnscope's bound products use) and as initializers
+    (prepacked: a packed decoding graph's, graphs/decoding.packs), at accuracy_level 0 (float32 arithmetic: exact
+    to float32 rounding, attnscope's only mode) and 4 (x quantised to int8 per block: faster where the CPU has int8
+    dot products, not exact: its error is printed against float64, next to level 0's);
 and prints ms, GFLOP/s and the ratio to the float32 MatMul with W as an input.
 
     python bench/matmulnbits.py                  # T 128, K 4096, N 14336 (ffn_up's shape)
     python bench/matmulnbits.py --tokens 512 --k 4096 --n 4096
+    python bench/matmulnbits.py --tokens 1 --k 576 --n 1536 --repeats 50   # a SmolLM2 decoding step's MLP product
 """
 from __future__ import annotations
 
@@ -51,12 +53,15 @@ def float_case(w: np.ndarray, as_input: bool):
 
 
 def nbits_case(codes, scales, zero, K, N, bits, block, level, as_input: bool):
+    """zero: packed uint8 zero points, or float32 ones (one per block: the kernel attnscope's bound 4-bit products
+    use, graphs/builder.Graph.times)."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", K])
     node = helper.make_node("MatMulNBits", ["x", "codes", "scales", "zero"], ["y"], domain="com.microsoft", K=K, N=N,
                             bits=bits, block_size=block, accuracy_level=level)
     arrays = {"codes": codes, "scales": scales.reshape(-1), "zero": zero.reshape(-1)}
     if as_input:
-        kinds = {"codes": TensorProto.UINT8, "scales": TensorProto.FLOAT, "zero": TensorProto.UINT8}
+        kinds = {"codes": TensorProto.UINT8, "scales": TensorProto.FLOAT,
+                 "zero": TensorProto.FLOAT if zero.dtype == np.float32 else TensorProto.UINT8}
         return session([node], [x] + [helper.make_tensor_value_info(n, kinds[n], list(a.shape))
                                       for n, a in arrays.items()], []), arrays
     return session([node], [x], [numpy_helper.from_array(a, n) for n, a in arrays.items()]), {}
@@ -87,7 +92,7 @@ def main():
         err = float(np.abs(y - exact).max() / np.abs(exact).max())
         rows[name] = ms
         base = rows.get("float32 MatMul, W an input", ms)
-        print(f"  {name:<52} {ms:8.1f} ms {flop / ms / 1e6:6.0f} GFLOP/s {base / ms:5.2f}x the float32 input's speed; "
+        print(f"  {name:<52} {ms:8.3f} ms {flop / ms / 1e6:6.0f} GFLOP/s {base / ms:5.2f}x the float32 input's speed; "
               f"error {err:.1e} of max |y|", flush=True)
 
     w = (rng.standard_normal((N, K)) * 0.02).astype(np.float32)
@@ -105,6 +110,10 @@ def main():
         wq = Blocks(codes, scales, zero, None, bits, block).dequantize()
         exact = x.astype(np.float64) @ wq.astype(np.float64).T
         del wq
+        if bits == 4:                 # float zero points, bound: attnscope's served graphs
+            time(f"MatMulNBits 4-bit block {block}, level 0, inputs, float zp",
+                 *nbits_case(codes, scales, np.full((N, nb), zero_value, np.float32), K, N, bits, block, 0, True),
+                 exact)
         for level in (0, 4):
             for as_input in (True, False):
                 time(f"MatMulNBits {bits}-bit block {block}, level {level}, codes {'inputs' if as_input else 'inits'}",

@@ -173,9 +173,9 @@ class Graph:
     def _times_packed(self, x: str, blocks: Blocks, part, N: int) -> str:
         """`times` in a packed graph: MatMulNBits on codes, scales and uint8 zero points that are initializers, which
         onnxruntime prepacks once (a fused de-quantise-and-multiply: a SmolLM2 decoding step's [1, 576] @ [576, 1536]
-        0.04 ms, against 0.06 for float32 and 0.56 for the same codes bound as inputs, bench/matmulnbits.py). Its CPU
-        kernel prepacks only 4-bit codes, so 8-bit codes [N, nb, block] are read as the 4-bit codes of a [N, 2K]
-        weight in blocks of 2 * block, the same bytes: code = 16 hi + lo, both nibbles with one zero point m per block,
+        at 1.3-1.75x the speed of a float32 MatMul, the same codes bound as inputs at 0.05-0.08x:
+        `bench/matmulnbits.py --tokens 1 --k 576 --n 1536`). Its CPU kernel prepacks only 4-bit codes, so 8-bit codes
+        [N, nb, block] are read as the 4-bit codes of a [N, 2K] weight in blocks of 2 * block, the same bytes: code = 16 hi + lo, both nibbles with one zero point m per block,
         against x' = (x_0, 16 x_0, x_1, 16 x_1, ...), which makes x' @ W'^T = x @ (s (code - 17 m))^T; the offsets
         s (17 m - z) (+ the format's own) add the rest, as a format's offsets do. m = round(z / 17) keeps both nibbles'
         terms the size of the weight (a 5-bit code has hi 0 or 1: with m = 8 each term would be ~8x the weight and
