@@ -133,22 +133,25 @@ class Graph:
         onnxruntime's kernel that de-quantises a block at a time and multiplies in float32 (as exact as a float32
         MatMul, and faster than its integer-zero-point kernel here: SmolLM2's summaries 482 -> 241 ms); on the CPU
         it takes no float zero points for 8-bit codes. Unpacking them reads only graph inputs: onnxruntime runs it
-        just before the product (tests/test_gguf_blocks.py), so one product's float zero points are alive at a time."""
+        just before the product (tests/test_gguf_blocks.py), so one product's float zero points are alive at a time.
+        In a packed graph the parts are initializers with uint8 zero points, which onnxruntime prepacks once: a fused
+        de-quantise-and-multiply, a SmolLM2 decoding step's [1, 576] @ [576, 1536] at 1.3-1.75x the speed of a float32
+        MatMul, the same codes bound at 0.05-0.08x (`bench/matmulnbits.py --tokens 1 --k 576 --n 1536`); 8-bit codes
+        as 4-bit halves (`_times_nibbles`)."""
         blocks, parts = self.blocks[W]
         (N, K), nb = blocks.shape, blocks.shape[1] // blocks.block
         if self.packed:                 # its own initializers: the parts as bound inputs serve any other reader
             parts = {p: self._initial(name, blocks.parts()[p]) for p, name in parts.items()}
         part = lambda p: parts[p] if rows is None else self.slice(parts[p], rows[0], rows[1], 0)   # noqa: E731
         N = N if rows is None else min(rows[1], N) - rows[0]
+        if self.packed and blocks.bits == 8:
+            return self._times_nibbles(x, blocks, part, N)
+        if blocks.bits < 8 and not self.packed:        # [N * nb] float: the exact kernel's zero points
+            zero = self.slice(self._unpacked(part("zero_points"), blocks.bits, 1, [-1]), 0, nb, -1)
+        else:                                          # uint8 as stored: 8-bit codes', or a packed graph's
+            zero = part("zero_points")
         flat = self.const(np.array([-1]))
-        if self.packed:
-            return self._times_packed(x, blocks, part, N)
-        if blocks.bits < 8:                            # [N * nb] float: the exact kernel's zero points
-            zero = self.op("Reshape", self.slice(self._unpacked(part("zero_points"), blocks.bits, 1, [-1]), 0, nb, -1),
-                           flat)
-        else:
-            zero = self.op("Reshape", part("zero_points"), flat)
-        y = self.op("MatMulNBits", x, part("codes"), part("scales"), zero,
+        y = self.op("MatMulNBits", x, part("codes"), part("scales"), self.op("Reshape", zero, flat),
                     domain="com.microsoft", K=K, N=N, bits=blocks.bits, block_size=blocks.block, accuracy_level=0)
         return y if "offsets" not in parts else self._plus_offsets(y, x, nb, part("offsets"))
 
@@ -170,24 +173,16 @@ class Graph:
                        self.const(np.array([-1])), keepdims=0)                       # [.., K / block]
         return self.op("Add", y, self.op("MatMul", sums, self.op("Transpose", offsets, perm=[1, 0])))
 
-    def _times_packed(self, x: str, blocks: Blocks, part, N: int) -> str:
-        """`times` in a packed graph: MatMulNBits on codes, scales and uint8 zero points that are initializers, which
-        onnxruntime prepacks once (a fused de-quantise-and-multiply: a SmolLM2 decoding step's [1, 576] @ [576, 1536]
-        at 1.3-1.75x the speed of a float32 MatMul, the same codes bound as inputs at 0.05-0.08x:
-        `bench/matmulnbits.py --tokens 1 --k 576 --n 1536`). Its CPU kernel prepacks only 4-bit codes, so 8-bit codes
-        [N, nb, block] are read as the 4-bit codes of a [N, 2K] weight in blocks of 2 * block, the same bytes: code = 16 hi + lo, both nibbles with one zero point m per block,
-        against x' = (x_0, 16 x_0, x_1, 16 x_1, ...), which makes x' @ W'^T = x @ (s (code - 17 m))^T; the offsets
-        s (17 m - z) (+ the format's own) add the rest, as a format's offsets do. m = round(z / 17) keeps both nibbles'
-        terms the size of the weight (a 5-bit code has hi 0 or 1: with m = 8 each term would be ~8x the weight and
-        the sum would lose 3 bits). Every part being an initializer, onnxruntime folds m and the offsets once, when
-        the session opens."""
+    def _times_nibbles(self, x: str, blocks: Blocks, part, N: int) -> str:
+        """`times` for 8-bit codes in a packed graph. onnxruntime's CPU kernel prepacks only 4-bit codes, so 8-bit
+        codes [N, nb, block] are read as the 4-bit codes of a [N, 2K] weight in blocks of 2 * block, the same bytes:
+        code = 16 hi + lo, both nibbles with one zero point m per block, against x' = (x_0, 16 x_0, x_1, 16 x_1, ...),
+        which makes x' @ W'^T = x @ (s (code - 17 m))^T; the offsets s (17 m - z) (+ the format's own) add the rest,
+        as a format's offsets do. m = round(z / 17) keeps both nibbles' terms the size of the weight (a 5-bit code has
+        hi 0 or 1: with m = 8 each term would be ~8x the weight and the sum would lose 3 bits). Every part being an
+        initializer, onnxruntime folds m and the offsets once, when the session opens."""
         (_, K), nb, flat = blocks.shape, blocks.shape[1] // blocks.block, self.const(np.array([-1]))
         offsets = part("offsets") if blocks.offsets is not None else None
-        if blocks.bits < 8:
-            y = self.op("MatMulNBits", x, part("codes"), part("scales"), self.op("Reshape", part("zero_points"), flat),
-                        domain="com.microsoft", K=K, N=N, bits=blocks.bits, block_size=blocks.block,
-                        accuracy_level=0)
-            return y if offsets is None else self._plus_offsets(y, x, nb, offsets)
         zero = self.op("Cast", part("zero_points"), to=FLOAT)                                  # [N, nb]
         m = self.op("Floor", self.op("Add", self.op("Mul", zero, self.const(scalar(1 / 17))), self.const(scalar(0.5))))
         rest = self.op("Mul", part("scales"), self.op("Sub", self.op("Mul", m, self.const(scalar(17.0))), zero))

@@ -286,7 +286,8 @@ class Runtime:
         if sess is not None:  # the common case takes no lock: building the other graph can take seconds
             return sess
         with self._lock:
-            options = dict(arena=self.capabilities.arena and not stages, compute_dtype=self.compute_dtype)
+            options = dict(arena=self.capabilities.arena and not stages, compute_dtype=self.compute_dtype,
+                           packed=decode and packs(self.model))
             if depth and which not in self._sessions:
                 self._sessions[which] = Session(self.graphs.stopping(depth), self.providers, self.threads,
                                                 self.weights, **options)

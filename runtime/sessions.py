@@ -54,9 +54,11 @@ class Session:
     output read back (`Held.host`): what leaves the device is what the answer holds (issue 38)."""
 
     def __init__(self, graph: Path | bytes, providers: Sequence[str], threads: int, weights: Weights | None = None,
-                 **options):
-        """options: open_session's (arena, mem_pattern, compute_dtype)."""
-        initial = weights.value if weights is not None and device_of(providers) == "cpu" else None
+                 packed: bool = False, **options):
+        """packed: the graph is a packed one (graphs/builder.Graph's packed: graphs/decoding.packs), whose quantised
+        weights' parts are opened as initializers where they live on the CPU (else bound like any weight);
+        options: open_session's (arena, mem_pattern, compute_dtype)."""
+        initial = weights.value if packed and weights is not None and device_of(providers) == "cpu" else None
         self.ort = open_session(graph, providers, threads, initial=initial, **options)
         self.arena = options.get("arena", True)      # a run's `release` shrinks the arena: none to shrink without
         self.weights = weights

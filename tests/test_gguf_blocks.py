@@ -90,7 +90,7 @@ def test_blocks_equal_gguf_dequantisation(name):
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_a_packed_graph_multiplies_prepacked_blocks_as_exactly(name):
     """A packed graph (the decoding step's, graphs/decoding.packs) opens the parts as initializers that onnxruntime
-    prepacks, 8-bit codes read as the 4-bit codes of a weight twice as wide (graphs/builder Graph._times_packed):
+    prepacks, 8-bit codes read as the 4-bit codes of a weight twice as wide (graphs/builder Graph._times_nibbles):
     the product agrees with float64 within float32's bound for its 2K-term sum, whose terms are at most
     |x| (|W| + |o| + 48 s) (code = 16 hi + lo and zero point z against m = round(z / 17): |lo - m| + 16 |hi - m| <=
     |code - z| + 8.5 + 30, and the offsets that bring the sum back, s |17 m - z| + |o|), and the lookup is exact.
