@@ -189,14 +189,15 @@ def l8b(folder: Path, memory_mb: float, shape: str = "l8b", warm: bool = False) 
         median = statistics.median(r["times"][1:])
         print(f"  sgemm (NumPy, 4096^3 float32) around the requests: "
               f"{', '.join(f'{g:.0f}' for g in r['rates'])} GFLOP/s, median {gflops:.0f}", flush=True)
-        gb = lambda b: f"{b / 2**30:.2f} GB"   # noqa: E731
+        gb = lambda b: f"{b / 2**30:.2f} GiB = {b / 1e9:.2f} GB"   # noqa: E731 - both units: the issue's GB is 1e9
         print(f"  {start} load {r['load_s']:.0f} s (peak RSS {gb(r['hwm_load'])}, RSS {gb(r['rss_load'])}); run "
               f"{'whole' if r['whole'] else 'layer by layer'}, {r['layouts']} layer layouts; summaries of all heads, "
               f"{r['tokens']} tokens: {median:.1f} s (first {r['times'][0]:.1f} s; all "
               f"{', '.join(f'{t:.1f}' for t in r['times'])}); FLOP bound {bound:.1f} s "
               f"({r['multiplied'] / 1e9:.2f}e9 multiplied parameters): {bound / median:.0%} of it; peak RSS "
               f"{gb(r['hwm'])}", flush=True)
-    print(f"  blocks cache {sum(f.stat().st_size for f in cache.glob('*.safetensors')) / 2**30:.2f} GiB", flush=True)
+    size = sum(f.stat().st_size for f in cache.glob('*.safetensors'))
+    print(f"  blocks cache {size / 2**30:.2f} GiB = {size / 1e9:.2f} GB", flush=True)
     if warm:
         return
     c = run(L8B_CHECK, path, cache, shape)

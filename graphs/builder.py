@@ -150,10 +150,47 @@ class Graph:
             zero = self.slice(self._unpacked(part("zero_points"), blocks.bits, 1, [-1]), 0, nb, -1)
         else:                                          # uint8 as stored: 8-bit codes', or a packed graph's
             zero = part("zero_points")
-        flat = self.const(np.array([-1]))
-        y = self.op("MatMulNBits", x, part("codes"), part("scales"), self.op("Reshape", zero, flat),
+        after = None if self.packed else x
+        flat, scales = self.const(np.array([-1])), self._scales(blocks, part, after)
+        y = self.op("MatMulNBits", x, part("codes"), scales, self.op("Reshape", zero, flat),
                     domain="com.microsoft", K=K, N=N, bits=blocks.bits, block_size=blocks.block, accuracy_level=0)
-        return y if "offsets" not in parts else self._plus_offsets(y, x, nb, part("offsets"))
+        return self._plus_offsets(y, x, nb, self._offsets(blocks, part, scales, after)) if blocks.has_offsets else y
+
+    def _scales(self, blocks: Blocks, part, after: str | None = None) -> str:
+        """A quantised weight's scales [.., nb] (part(name): the input holding that part, or rows of it): as stored,
+        or multiplied out of their factors, as model/quantized.Blocks.scales does (after: `_multiplied`'s)."""
+        if blocks.factors is None:
+            return part("scales")
+        return self._multiplied(part("super_scales"), part("sub_scales"), blocks, after)
+
+    def _after(self, a: str, x: str) -> str:
+        """a, made no sooner than x is: a Reshape of a to its own shape and x's, sliced empty. onnxruntime runs nodes
+        that read only graph inputs where it likes, and ran every product's scales first (an 8B's stacked run: ~0.4
+        GB more at its peak); read after the product's input, each product's are alive only around it. Not in a
+        packed graph, whose scales onnxruntime multiplies out once, at the session's start, to prepack them."""
+        none = self.slice(self.op("Shape", x), 0, 0, 0)                                   # [0] int64
+        return self.op("Reshape", a, self.op("Concat", self.op("Shape", a), none, axis=0))
+
+    def _offsets(self, blocks: Blocks, part, scales: str, after: str | None = None) -> str:
+        """Its offsets [.., nb]: as stored, or their factors multiplied out plus scales * zero points, as
+        Blocks.offsets does (the same float32 operations in the same order)."""
+        if blocks.factors is None:
+            return part("offsets")
+        nb = blocks.shape[1] // blocks.block
+        zero = self.slice(self._unpacked(part("zero_points"), blocks.bits, 1, [-1]), 0, nb, -1)
+        raw = self._multiplied(part("super_offsets"), part("sub_offsets"), blocks, after)
+        return self.op("Add", raw, self.op("Mul", scales, zero))
+
+    def _multiplied(self, sup: str, sub: str, blocks: Blocks, after: str | None = None) -> str:
+        """model/quantized.multiplied: each super-block's float32 sup [.., S] times its sub-blocks' integers sub
+        [.., nb] -> [.., nb]; after: computed no sooner than that tensor is (`_after`)."""
+        nb, S = blocks.shape[1] // blocks.block, blocks.factors["super_scales"].shape[1]
+        sub = sub if after is None else self._after(sub, after)
+        lead = self.slice(self.op("Shape", sub), 0, -1, 0)
+        grouped = self.op("Reshape", self.op("Cast", sub, to=FLOAT), self.op(
+            "Concat", lead, self.const(np.array([S, nb // S])), axis=0))                   # [.., S, nb / S]
+        product = self.op("Mul", self.op("Unsqueeze", sup, self.const(np.array([-1]))), grouped)
+        return self.op("Reshape", product, self.op("Concat", lead, self.const(np.array([nb])), axis=0))
 
     def _initial(self, name: str, value: np.ndarray) -> str:
         """A model array's input `name` as an initializer of a packed graph, under a name of its own (PACKED_SUFFIX)
@@ -182,10 +219,11 @@ class Graph:
         hi 0 or 1: with m = 8 each term would be ~8x the weight and the sum would lose 3 bits). Every part being an
         initializer, onnxruntime folds m and the offsets once, when the session opens."""
         (_, K), nb, flat = blocks.shape, blocks.shape[1] // blocks.block, self.const(np.array([-1]))
-        offsets = part("offsets") if blocks.offsets is not None else None
+        scales = self._scales(blocks, part)
+        offsets = self._offsets(blocks, part, scales) if blocks.has_offsets else None
         zero = self.op("Cast", part("zero_points"), to=FLOAT)                                  # [N, nb]
         m = self.op("Floor", self.op("Add", self.op("Mul", zero, self.const(scalar(1 / 17))), self.const(scalar(0.5))))
-        rest = self.op("Mul", part("scales"), self.op("Sub", self.op("Mul", m, self.const(scalar(17.0))), zero))
+        rest = self.op("Mul", scales, self.op("Sub", self.op("Mul", m, self.const(scalar(17.0))), zero))
         offsets = rest if offsets is None else self.op("Add", offsets, rest)
         pairs = self.op("Reshape", self.op("Pad", m, self.const(np.array([0, 0, 0, nb % 2]))),
                         self.const(np.array([0, -1, 2])))                                      # [N, ceil(nb/2), 2]
@@ -196,7 +234,7 @@ class Graph:
             "Mul", x, self.const(scalar(16.0))))]
         wide = self.op("Reshape", self.op("Concat", *nibbles, axis=-1), self.op(
             "Concat", lead, self.const(np.array([2 * K])), axis=0))                            # x' [.., 2K]
-        y = self.op("MatMulNBits", wide, part("codes"), part("scales"), self.op("Reshape", packed, flat),
+        y = self.op("MatMulNBits", wide, part("codes"), scales, self.op("Reshape", packed, flat),
                     domain="com.microsoft", K=2 * K, N=N, bits=4, block_size=2 * blocks.block, accuracy_level=0)
         return self._plus_offsets(y, x, nb, offsets)
 
@@ -211,9 +249,11 @@ class Graph:
         codes = self._unpacked(rows["codes"], bits, 2, [nb, blocks.block])               # [.., nb, block]
         zero = self._unpacked(rows["zero_points"], bits, 1, [-1])                         # [.., >= nb]
         zero = self.op("Unsqueeze", self.slice(zero, 0, nb, -1), self.const(np.array([-1])))
-        w = self.op("Mul", self.op("Unsqueeze", rows["scales"], self.const(np.array([-1]))), self.op("Sub", codes, zero))
-        if "offsets" in rows:
-            w = self.op("Add", w, self.op("Unsqueeze", rows["offsets"], self.const(np.array([-1]))))
+        scales = self._scales(blocks, rows.get)
+        w = self.op("Mul", self.op("Unsqueeze", scales, self.const(np.array([-1]))), self.op("Sub", codes, zero))
+        if blocks.has_offsets:
+            offsets = self._offsets(blocks, rows.get, scales)
+            w = self.op("Add", w, self.op("Unsqueeze", offsets, self.const(np.array([-1]))))
         lead = self.slice(self.op("Shape", w), 0, -2, 0)
         return self.op("Reshape", w, self.op("Concat", lead, self.const(np.array([K])), axis=0))
 

@@ -94,7 +94,7 @@ def block_arrays(model: Transformer, layer: int) -> dict[str, np.ndarray]:
 
 def block_layouts(model: Transformer) -> list[int]:
     """For each block, the first block whose arrays have the same layout: each weight's name, type and shape, and a
-    quantised one's bits, block size and offsets. A layer graph (graphs/layers.py) declares its inputs' shapes and a
+    quantised one's bits, block size, offsets and factored scales. A layer graph (graphs/layers.py) declares its inputs' shapes and a
     MatMulNBits' bits and block size from the block it is built from, so blocks of one layout share a graph and
     another layout needs its own (Gemma 3's Q4_K_M file holds some layers' mlp.down in Q4_K, others' in Q6_K)."""
     layouts, first = {}, []
@@ -102,7 +102,7 @@ def block_layouts(model: Transformer) -> list[int]:
     for i in range(len(getattr(model, "blocks", ()))):
         prefix = f"blocks.{i}."
         key = tuple((name[len(prefix):], str(w.dtype), tuple(w.shape))
-                    + ((w.bits, w.block, w.offsets is not None) if isinstance(w, Blocks) else ())
+                    + ((w.bits, w.block, w.has_offsets, w.factors is not None) if isinstance(w, Blocks) else ())
                     for name, w in sd.items() if name.startswith(prefix))
         first.append(layouts.setdefault(key, i))
     return first

@@ -42,7 +42,7 @@ from .store import mapped, release
 from .spec import MAX_POSITIONS, Generation
 from .tokens import bytes_to_unicode
 from ..model.precision import scalar
-from ..model.quantized import PARTS, Blocks, expand
+from ..model.quantized import FACTORS, PARTS, Blocks, expand
 from ..model.transformer import Transformer, TransformerConfig
 from ..model.weights import load_state_dict
 
@@ -225,9 +225,7 @@ def read_tensor_of(t: GGUFTensor) -> np.ndarray | Blocks:
 def _rows_unpermuted(w, n_heads: int):
     """unpermute on a weight's rows, in its blocks for a quantised one (rows are independent of the blocks along K)."""
     if isinstance(w, Blocks):
-        p = w.parts()
-        return Blocks(*(None if p.get(k) is None else np.ascontiguousarray(unpermute(p[k], n_heads)) for k in PARTS),
-                      w.bits, w.block)
+        return w.map(lambda a: np.ascontiguousarray(unpermute(a, n_heads)))
     return unpermute(w, n_heads)
 
 
@@ -310,9 +308,10 @@ def file_config(path, cache: str | Path | None = None) -> TransformerConfig:
 def _from_cache(cached: Path, quantised: dict[str, list[int]]) -> dict[str, np.ndarray | Blocks]:
     """The weights load_gguf cached, each a view of the mapped file: quantised ones (`quantised`: name -> [bits,
     block]) put together from their parts ("<name>.codes", ...)."""
-    views = {name: mapped(t.path).view(t.start, t.end, np.uint8 if t.dtype == "U8" else DTYPES[t.dtype], t.shape)
+    kinds = DTYPES | {"U8": np.dtype(np.uint8), "I8": np.dtype(np.int8)}          # quantised parts' types too
+    views = {name: mapped(t.path).view(t.start, t.end, kinds[t.dtype], t.shape)
              for name, t in read_header(cached).items()}
-    sd = {name: Blocks(*(views.pop(f"{name}.{part}", None) for part in PARTS), bits, block)
+    sd = {name: Blocks.of({part: views.pop(f"{name}.{part}", None) for part in PARTS + FACTORS}, bits, block)
           for name, (bits, block) in quantised.items()}
     return sd | views
 

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..model.precision import COMPUTE
-from ..model.quantized import Blocks, pack
+from ..model.quantized import FACTORS, Blocks, multiplied, pack
 
 ONE, ZERO = np.float16(1).tobytes(), b"\0\0"   # a float16 1 and 0, little-endian
 
@@ -40,10 +40,12 @@ class Format(NamedTuple):
     unit: dict               # byte range -> bytes: scale 1, min 0 (the probe for codes)
     step: dict               # every code at zero point + 1, mins 0 (the probe for scales)
     base: dict               # every code at the zero point (the probe for offsets)
+    d: int | None            # a K-quant's super-block: the byte where its float16 scale d is (and its min dmin)
+    dmin: int | None
 
 
-def _f(bits, block, zero, offsets, unit, step, base=None):
-    return Format(bits, block, zero, offsets, unit, step, base or {})
+def _f(bits, block, zero, offsets, unit, step, base=None, d=None, dmin=None):
+    return Format(bits, block, zero, offsets, unit, step, base or {}, d, dmin)
 
 
 FORMATS = {   # byte ranges within one block of the format (gguf.GGML_QUANT_SIZES), gguf's layouts
@@ -54,14 +56,16 @@ FORMATS = {   # byte ranges within one block of the format (gguf.GGML_QUANT_SIZE
                {(4, 8): b"\0", (8, 24): b"\0"}),
     "Q8_0": _f(8, 32, 128, False, {(0, 2): ONE}, {(2, 34): b"\x01"}),
     "Q2_K": _f(2, 16, 0, True, {(0, 16): b"\x01", (80, 82): ONE, (82, 84): ZERO},
-               {(16, 80): b"\x55", (82, 84): ZERO}, {(16, 80): b"\0"}),
+               {(16, 80): b"\x55", (82, 84): ZERO}, {(16, 80): b"\0"}, d=80, dmin=82),
     "Q3_K": _f(4, 16, 4, False, {(96, 104): b"\x11", (104, 108): b"\xaa", (108, 110): ONE},
-               {(0, 32): b"\xff", (32, 96): b"\x55"}),
+               {(0, 32): b"\xff", (32, 96): b"\x55"}, d=108),
     "Q4_K": _f(4, 32, 0, True, {(0, 2): ONE, (2, 4): ZERO, (4, 8): b"\x01", (8, 12): b"\0", (12, 16): b"\x01"},
-               {(2, 4): ZERO, (16, 144): b"\x11"}, {(16, 144): b"\0"}),
+               {(2, 4): ZERO, (16, 144): b"\x11"}, {(16, 144): b"\0"}, d=0, dmin=2),
     "Q5_K": _f(8, 32, 0, True, {(0, 2): ONE, (2, 4): ZERO, (4, 8): b"\x01", (8, 12): b"\0", (12, 16): b"\x01"},
-               {(2, 4): ZERO, (16, 48): b"\0", (48, 176): b"\x11"}, {(16, 48): b"\0", (48, 176): b"\0"}),
-    "Q6_K": _f(8, 16, 32, False, {(192, 208): b"\x01", (208, 210): ONE}, {(0, 128): b"\x11", (128, 192): b"\xaa"}),
+               {(2, 4): ZERO, (16, 48): b"\0", (48, 176): b"\x11"}, {(16, 48): b"\0", (48, 176): b"\0"},
+               d=0, dmin=2),
+    "Q6_K": _f(8, 16, 32, False, {(192, 208): b"\x01", (208, 210): ONE}, {(0, 128): b"\x11", (128, 192): b"\xaa"},
+               d=208),
 }
 CHUNK = 1 << 22   # values de-quantised per probe at a time (16 MB of float32): memory stays flat for any tensor
 
@@ -84,7 +88,9 @@ def _probe(blocks: np.ndarray, patch: dict, kind) -> np.ndarray:
 
 def to_blocks(data: np.ndarray, kind) -> Blocks | None:
     """A GGUF tensor's bytes (GGUFFile's view: [N, row bytes]) as Blocks with N rows, or None for a format they
-    cannot express. Rows are read CHUNK values at a time."""
+    cannot express. Rows are read CHUNK values at a time. A K-quant's scales (and offsets) are kept factored
+    (model/quantized.py: a float32 per super-block, its float16 d or -dmin, times an int8 per sub-block) where every
+    block's factors give gguf's values bit for bit (`_factored`, `_centred`), else as a float32 per sub-block."""
     import gguf
 
     fmt = FORMATS.get(kind.name)
@@ -99,29 +105,77 @@ def to_blocks(data: np.ndarray, kind) -> Blocks | None:
     scales = np.empty((N, nb), COMPUTE)
     offsets = np.empty((N, nb), COMPUTE) if fmt.offsets else None
     zero = np.full((N, nb), fmt.zero, np.uint8)
+    factors = None if fmt.d is None else {      # a float32 per super-block (gguf's block), an int8 per sub-block
+        name: np.empty((N, n_gguf), COMPUTE) if name.startswith("super") else np.empty((N, nb), np.int8)
+        for name in FACTORS[:4 if fmt.offsets else 2]}
     step = max(1, CHUNK // K)
     for r in range(0, N, step):
-        part = np.ascontiguousarray(data[r:r + step])
+        part, rows = np.ascontiguousarray(data[r:r + step]), slice(r, r + step)
         q = (_probe(part, fmt.unit, kind) + COMPUTE.type(fmt.zero)).reshape(len(part), nb, fmt.block)   # codes
-        codes[r:r + step] = pack(q.astype(np.uint8), fmt.bits)
-        scales[r:r + step] = _probe(part, fmt.step, kind)[:, ::fmt.block]
+        codes[rows] = pack(q.astype(np.uint8), fmt.bits)
+        scales[rows] = _probe(part, fmt.step, kind)[:, ::fmt.block]
+        if factors is not None:
+            factors = _factored(factors, rows, "scales", scales[rows], _half(part, fmt.d), bits=True)
         if offsets is not None:
-            zero[r:r + step], offsets[r:r + step] = _centred(q, scales[r:r + step],
-                                                             _probe(part, fmt.base, kind)[:, ::fmt.block], fmt.bits)
+            o, raw = _probe(part, fmt.base, kind)[:, ::fmt.block], None
+            if factors is not None:
+                factors = _factored(factors, rows, "offsets", o, -_half(part, fmt.dmin), bits=False)
+            if factors is not None:
+                raw = multiplied(factors["super_offsets"][rows], factors["sub_offsets"][rows])
+            zero[rows], offsets[rows], exact = _centred(q, scales[rows], o, fmt.bits, raw)
+            if not exact:                    # the tensor keeps float32 offsets: these rows' own, as _centred says
+                factors = None
+                zero[rows], offsets[rows], _ = _centred(q, scales[rows], o, fmt.bits)
+    if factors is not None:
+        return Blocks(codes, None, pack(zero, fmt.bits), None, fmt.bits, fmt.block, factors)
     return Blocks(codes, scales, pack(zero, fmt.bits), offsets, fmt.bits, fmt.block)
 
 
-def _centred(q: np.ndarray, s: np.ndarray, o: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+def _half(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The float16 at byte `at` of each block [rows, n_blocks, type_size] -> float32 [rows, n_blocks]."""
+    return np.ascontiguousarray(blocks[..., at:at + 2]).view(np.float16)[..., 0].astype(COMPUTE)
+
+
+def _factored(factors: dict, rows: slice, what: str, values: np.ndarray, sup: np.ndarray, bits: bool) -> dict | None:
+    """Rows `rows` of a tensor's `what` (scales or offsets) [n, nb] as sup [n, S] times int8 sub-block integers, written
+    into `factors`; None (the tensor keeps its float32 ones) where an integer is out of range or the product is not
+    `values`: bit for bit for scales, in value for offsets (their zeros' signs are checked where they are used, as the
+    de-quantised values, by `_centred`)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        i = np.nan_to_num(np.rint(values / np.repeat(sup, values.shape[1] // sup.shape[1], axis=1)),
+                          nan=0.0, posinf=0.0, neginf=0.0)
+    if i.size and (i.min() < -128 or i.max() > 127):
+        return None
+    i = i.astype(np.int8)
+    got = multiplied(sup, i)
+    if not (np.array_equal(got.view(np.uint32), values.view(np.uint32)) if bits else np.array_equal(got, values)):
+        return None
+    factors[f"super_{what}"][rows], factors[f"sub_{what}"][rows] = sup, i
+    return factors
+
+
+def _centred(q: np.ndarray, s: np.ndarray, o: np.ndarray, bits: int,
+             raw: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, bool]:
     """Codes q [n, nb, block] with zero point 0, scales s and offsets o [n, nb] -> a zero point z per block near -o / s
     and the offset o + s * z, so that s * (q - z) + (o + s * z) is each of gguf's values s * q + o bit for bit.
     Centred so, the product by the codes is about as large as the product by the weight: with z = 0 the two parts
     (codes, offsets) were each about twice the answer with opposite signs, and MatMulNBits' rounding error with them
     (SmolLM2's attention, NumPy against onnxruntime, 9.7e-6 -> ~5e-6, as float32 weights give). A block where moving
     the offset would not give gguf's bits keeps z = 0 (each product s * (q - z) is exact: a float16 scale, at most
-    6 more bits from a K-quant's sub-block scale, times a code of at most 8 bits)."""
+    6 more bits from a K-quant's sub-block scale, times a code of at most 8 bits).
+    raw: the offsets as their factors give them (model/quantized.Blocks.offsets: raw + s * z, z = 0 included), equal
+    to o in value; returned last: whether every block gives gguf's bits so (without raw: True, a block that would not
+    keeping o itself)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.clip(np.nan_to_num(np.rint(-o / s), nan=0.0, posinf=0.0, neginf=0.0), 0, 2 ** bits - 1).astype(COMPUTE)
-    moved = o + s * z
-    centred, gguf = s[..., None] * (q - z[..., None]) + moved[..., None], s[..., None] * q + o[..., None]
-    exact = (centred.view(np.uint32) == gguf.view(np.uint32)).all(-1)           # bit for bit: a zero's sign too
-    return np.where(exact, z, 0).astype(np.uint8), np.where(exact, moved, o)
+    base = o if raw is None else raw
+    gguf = s[..., None] * q + o[..., None]
+
+    def exact(z):                # bit for bit: a zero's sign too
+        centred = s[..., None] * (q - z[..., None]) + (base + s * z)[..., None]
+        return (centred.view(np.uint32) == gguf.view(np.uint32)).all(-1)
+    moved = exact(z)
+    z = np.where(moved, z, 0).astype(COMPUTE)
+    if raw is None:
+        return z.astype(np.uint8), np.where(moved, o + s * z, o), True
+    return z.astype(np.uint8), raw + s * z, bool((moved | exact(np.zeros_like(z))).all())

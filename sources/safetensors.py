@@ -98,7 +98,7 @@ def write_streamed(path: Path, named, metadata) -> None:
     it, widest items first, so that every tensor starts aligned to its item size and the data has no holes."""
     import shutil
 
-    names = {dtype: name for name, dtype in DTYPES.items()} | {np.dtype(np.uint8): "U8"}
+    names = {dtype: name for name, dtype in DTYPES.items()} | {np.dtype(np.uint8): "U8", np.dtype(np.int8): "I8"}
     sides, entries = {}, {}
     try:
         for name, a in named:

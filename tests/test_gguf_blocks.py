@@ -71,6 +71,7 @@ def test_blocks_equal_gguf_dequantisation(name):
     ref = gguf.quants.dequantize(data, kind)                                  # [24, 512] float32
     w = to_blocks(data, kind)
     assert w.shape == ref.shape and w.bits == FORMATS[name].bits
+    assert (w.factors is not None) == name.endswith("_K")    # a K-quant's scales kept factored (model/quantized.py)
     assert np.array_equal(w.dequantize().view(np.uint32), ref.view(np.uint32))   # the NumPy reference, bit for bit
 
     sess, feeds = product_graph(w)
@@ -312,12 +313,14 @@ def test_a_random_q4_k_m_llama_file_equals_transformers(tmp_path, monkeypatch):
     assert np.abs(half.attentions - res.attentions).max() < 0.05
 
 
-def test_a_run_unpacks_each_zero_point_just_before_its_product(tmp_path, monkeypatch):
-    """4-bit codes' zero points go to MatMulNBits as floats (graphs/builder.Graph.times), unpacked in the graph by
-    nodes that read only graph inputs. onnxruntime might run such nodes first of all (its order is a walk back from
-    the outputs: a graph made so runs them at the start, and every layer's float zero points are alive at once, an
-    8B's ~0.9 GB); in our graphs each chain runs after the product run before its own, so one product's are alive at
-    a time. Checked on onnxruntime's own profile of a run of the stacked graph (node names are their outputs')."""
+def test_a_run_unpacks_each_zero_point_and_scale_just_before_its_product(tmp_path, monkeypatch):
+    """4-bit codes' zero points go to MatMulNBits as floats (graphs/builder.Graph.times), unpacked in the graph from
+    graph inputs, and a K-quant's scales and offsets are multiplied out of their factors there (model/quantized.py).
+    onnxruntime may run a node that reads only graph inputs first of all: it did so for the factored scales, and
+    every layer's were alive at once (an 8B's stacked run: ~0.4 GB more at its peak), so they are read after the
+    product's input (Graph._after). Checked on onnxruntime's own profile of a run of the stacked graph (node names
+    are their outputs'): each Cast that starts a product's float zero points or scales runs after the product before
+    it."""
     import json
 
     import onnxruntime as ort
@@ -332,23 +335,24 @@ def test_a_run_unpacks_each_zero_point_just_before_its_product(tmp_path, monkeyp
 
     monkeypatch.setattr(gguf_source, "F32_IN_MEMORY_BYTES", 0)                # served from its blocks
     rt = Runtime(resolve(f"tiny={llama_gguf(tmp_path / 'tiny.gguf', 'tiny')}", cache=tmp_path), cache_dir=tmp_path)
+    from attnscope.model.weights import state_dict
+    assert any(isinstance(w, Blocks) and w.factors is not None for w in state_dict(rt.model).values())   # Q4_K
     proto = build_graph(rt.model, attentions=False)
     made = {o: n for n in proto.graph.node for o in n.output}
     given = {i.name for i in proto.graph.input} | {i.name for i in proto.graph.initializer}
 
-    def chain(name: str) -> list[str] | None:
-        """The nodes that make `name` from graph inputs and constants alone; None if it reads an activation."""
-        node, nodes = made[name], [made[name].name]
-        for i in node.input:
-            if i not in given:
-                up = chain(i) if i in made else None
-                if up is None:
-                    return None
-                nodes += up
-        return nodes
+    def casts(name: str, depth: int = 12) -> set[str]:
+        """The Casts of a graph input (or of a Reshape of one: Graph._after) within `depth` nodes above `name`."""
+        node = made.get(name)
+        if node is None or depth == 0:
+            return set()
+        source = node.input[0] if node.input else None
+        if node.op_type == "Cast" and (source in given or source in made and made[source].input[0] in given):
+            return {node.name}
+        return set().union(*(casts(i, depth - 1) for i in node.input))
 
-    chains = {n.name: chain(n.input[3]) for n in proto.graph.node if n.op_type == "MatMulNBits"}
-    chains = {p: c for p, c in chains.items() if c and any(made[n].op_type == "Cast" for n in c)}   # float ones
+    chains = {n.name: casts(n.input[2]) | casts(n.input[3]) for n in proto.graph.node if n.op_type == "MatMulNBits"}
+    chains = {p: c for p, c in chains.items() if c}
     assert len(chains) >= 5 * rt.cfg.n_layers                     # q, k, o, gate, up at least: Q4_K
 
     so = ort.SessionOptions()
@@ -361,9 +365,8 @@ def test_a_run_unpacks_each_zero_point_just_before_its_product(tmp_path, monkeyp
     at = {name: i for i, name in enumerate(ran)}
     products = [name for name in ran if name in made and made[name].op_type == "MatMulNBits"]
     for before, product in zip(products, products[1:]):
-        if product in chains:
-            first = min(at[n] for n in chains[product] if n in at)
-            assert first > at[before], f"{product}'s zero points were unpacked before {before} ran"
+        early = sorted(n for n in chains.get(product, ()) if n in at and at[n] < at[before])
+        assert not early, f"{product}'s zero points or scales ({early}) were made before {before} ran"
 
 
 def test_the_blocks_cache_is_written_one_tensor_at_a_time(tmp_path):
