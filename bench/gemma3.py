@@ -58,7 +58,7 @@ def first_start(threads: int) -> None:
         for name, seconds in steps:
             print(f"  {name:<55} {seconds:7.1f} s")
         print(f"  {'total':<55} {total:7.1f} s\nsecond start (the same cache): {second:.1f} s; cache on disk: "
-              f"{sum(p.stat().st_size for p in cache.rglob('*') if p.is_file()) / 2**30:.2f} GB", flush=True)
+              f"{sum(p.stat().st_size for p in cache.rglob('*') if p.is_file()) / 2**30:.2f} GiB", flush=True)
         again = None
         zoo.gemma3_path.cache_clear()
 

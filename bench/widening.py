@@ -79,7 +79,7 @@ def main():
             runs[name].append(r)
             print(f"l1b {name} ({r['storage']}): patching {r['rows']} heads on a {r['tokens']}-token pair: "
                   f"{r['second']:.1f} s wall, {r['cpu']:.1f} s CPU (first request {r['first']:.1f} s), peak RSS "
-                  f"{r['hwm'] / 2**30:.1f} GB", flush=True)
+                  f"{r["hwm"] / 2**30:.1f} GiB", flush=True)
     diff = max(abs(a - b) for a, b in zip(runs["f32"][0]["patched"], runs["bf16"][0]["patched"]))
     print(f"largest difference of the first 8 patched metrics, bf16 vs f32: {diff:.2e}")
     best = {name: (min(r["second"] for r in rs), min(r["cpu"] for r in rs)) for name, rs in runs.items()}
