@@ -40,7 +40,7 @@ BINARY = "application/vnd.attnscope.tensors"
 
 
 def hwm_gb(pid: int) -> float:
-    """The process's peak resident memory (VmHWM), GB."""
+    """The process's peak resident memory (VmHWM) in GiB (2**30 bytes), as every "_gb" key here is."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 2**20
