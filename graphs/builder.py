@@ -146,7 +146,8 @@ class Graph:
         N = N if rows is None else min(rows[1], N) - rows[0]
         if self.packed and blocks.bits == 8:
             return self._times_nibbles(x, blocks, part, N)
-        if blocks.bits < 8 and not self.packed:        # [N * nb] float: the exact kernel's zero points
+        floats = blocks.bits < 8 and not self.packed
+        if floats:                                     # [N, nb] float: the exact kernel's zero points
             zero = self.slice(self._unpacked(part("zero_points"), blocks.bits, 1, [-1]), 0, nb, -1)
         else:                                          # uint8 as stored: 8-bit codes', or a packed graph's
             zero = part("zero_points")
@@ -154,7 +155,9 @@ class Graph:
         flat, scales = self.const(np.array([-1])), self._scales(blocks, part, after)
         y = self.op("MatMulNBits", x, part("codes"), scales, self.op("Reshape", zero, flat),
                     domain="com.microsoft", K=K, N=N, bits=blocks.bits, block_size=blocks.block, accuracy_level=0)
-        return self._plus_offsets(y, x, nb, self._offsets(blocks, part, scales, after)) if blocks.has_offsets else y
+        if not blocks.has_offsets:
+            return y
+        return self._plus_offsets(y, x, nb, self._offsets(blocks, part, scales, zero if floats else None, after))
 
     def _scales(self, blocks: Blocks, part, after: str | None = None) -> str:
         """A quantised weight's scales [.., nb] (part(name): the input holding that part, or rows of it): as stored,
@@ -171,13 +174,15 @@ class Graph:
         none = self.slice(self.op("Shape", x), 0, 0, 0)                                   # [0] int64
         return self.op("Reshape", a, self.op("Concat", self.op("Shape", a), none, axis=0))
 
-    def _offsets(self, blocks: Blocks, part, scales: str, after: str | None = None) -> str:
+    def _offsets(self, blocks: Blocks, part, scales: str, zero: str | None = None, after: str | None = None) -> str:
         """Its offsets [.., nb]: as stored, or their factors multiplied out plus scales * zero points, as
-        Blocks.offsets does (the same float32 operations in the same order)."""
+        Blocks.offsets does (the same float32 operations in the same order); zero: the float zero points [.., nb]
+        where the caller has made them (else unpacked here)."""
         if blocks.factors is None:
             return part("offsets")
         nb = blocks.shape[1] // blocks.block
-        zero = self.slice(self._unpacked(part("zero_points"), blocks.bits, 1, [-1]), 0, nb, -1)
+        if zero is None:
+            zero = self.slice(self._unpacked(part("zero_points"), blocks.bits, 1, [-1]), 0, nb, -1)
         raw = self._multiplied(part("super_offsets"), part("sub_offsets"), blocks, after)
         return self.op("Add", raw, self.op("Mul", scales, zero))
 
@@ -219,9 +224,8 @@ class Graph:
         hi 0 or 1: with m = 8 each term would be ~8x the weight and the sum would lose 3 bits). Every part being an
         initializer, onnxruntime folds m and the offsets once, when the session opens."""
         (_, K), nb, flat = blocks.shape, blocks.shape[1] // blocks.block, self.const(np.array([-1]))
-        scales = self._scales(blocks, part)
-        offsets = self._offsets(blocks, part, scales) if blocks.has_offsets else None
-        zero = self.op("Cast", part("zero_points"), to=FLOAT)                                  # [N, nb]
+        scales, zero = self._scales(blocks, part), self.op("Cast", part("zero_points"), to=FLOAT)   # [N, nb]
+        offsets = self._offsets(blocks, part, scales, zero) if blocks.has_offsets else None
         m = self.op("Floor", self.op("Add", self.op("Mul", zero, self.const(scalar(1 / 17))), self.const(scalar(0.5))))
         rest = self.op("Mul", scales, self.op("Sub", self.op("Mul", m, self.const(scalar(17.0))), zero))
         offsets = rest if offsets is None else self.op("Add", offsets, rest)
@@ -244,16 +248,15 @@ class Graph:
         if W not in self.blocks:
             return self.widen(self.op("Gather", W, index), of=W)
         blocks, parts = self.blocks[W]
-        (N, K), nb, bits = blocks.shape, blocks.shape[1] // blocks.block, blocks.bits
+        (_, K), nb, bits = blocks.shape, blocks.shape[1] // blocks.block, blocks.bits
         rows = {p: self.op("Gather", name, index) for p, name in parts.items()}
         codes = self._unpacked(rows["codes"], bits, 2, [nb, blocks.block])               # [.., nb, block]
-        zero = self._unpacked(rows["zero_points"], bits, 1, [-1])                         # [.., >= nb]
-        zero = self.op("Unsqueeze", self.slice(zero, 0, nb, -1), self.const(np.array([-1])))
-        scales = self._scales(blocks, rows.get)
-        w = self.op("Mul", self.op("Unsqueeze", scales, self.const(np.array([-1]))), self.op("Sub", codes, zero))
+        zero = self.slice(self._unpacked(rows["zero_points"], bits, 1, [-1]), 0, nb, -1)    # [.., nb]
+        scales, last = self._scales(blocks, rows.get), self.const(np.array([-1]))
+        w = self.op("Mul", self.op("Unsqueeze", scales, last), self.op("Sub", codes, self.op("Unsqueeze", zero, last)))
         if blocks.has_offsets:
-            offsets = self._offsets(blocks, rows.get, scales)
-            w = self.op("Add", w, self.op("Unsqueeze", offsets, self.const(np.array([-1]))))
+            offsets = self._offsets(blocks, rows.get, scales, zero)
+            w = self.op("Add", w, self.op("Unsqueeze", offsets, last))
         lead = self.slice(self.op("Shape", w), 0, -2, 0)
         return self.op("Reshape", w, self.op("Concat", lead, self.const(np.array([K])), axis=0))
 

@@ -103,8 +103,13 @@ class Blocks:
         """float32 [N, K / block] or None: as stored, or its factors multiplied out, plus scales * zero points."""
         if self.factors is None or not self.has_offsets:
             return self._offsets
-        raw = multiplied(self.factors["super_offsets"], self.factors["sub_offsets"])
-        return raw + self.scales * unpack(self.zero_points, self.bits, raw.shape[1], COMPUTE)
+        return self._offsets_of(self.scales, unpack(self.zero_points, self.bits, self.codes.shape[1], COMPUTE))
+
+    def _offsets_of(self, scales: np.ndarray, zero: np.ndarray) -> np.ndarray:
+        """The offsets, given the scales and the float zero points [N, K / block] a caller has already made."""
+        if self.factors is None:
+            return self._offsets
+        return multiplied(self.factors["super_offsets"], self.factors["sub_offsets"]) + scales * zero
 
     @property
     def size(self) -> int:
@@ -131,10 +136,11 @@ class Blocks:
         N, K = self.shape
         nb = K // self.block
         w = unpack(self.codes.reshape(N, -1), self.bits, K, COMPUTE).reshape(N, nb, self.block)
-        w -= unpack(self.zero_points, self.bits, nb, COMPUTE)[:, :, None]
-        w *= self.scales[:, :, None]
+        zero, scales = unpack(self.zero_points, self.bits, nb, COMPUTE), self.scales   # each made once
+        w -= zero[:, :, None]
+        w *= scales[:, :, None]
         if self.has_offsets:
-            w += self.offsets[:, :, None]
+            w += self._offsets_of(scales, zero)[:, :, None]
         return w.reshape(N, K)
 
     # the NumPy reference's reads (model/precision.widen, W[rows], np.asarray(W)): de-quantised, only what is read

@@ -94,9 +94,10 @@ def block_arrays(model: Transformer, layer: int) -> dict[str, np.ndarray]:
 
 def block_layouts(model: Transformer) -> list[int]:
     """For each block, the first block whose arrays have the same layout: each weight's name, type and shape, and a
-    quantised one's bits, block size, offsets and factored scales. A layer graph (graphs/layers.py) declares its inputs' shapes and a
-    MatMulNBits' bits and block size from the block it is built from, so blocks of one layout share a graph and
-    another layout needs its own (Gemma 3's Q4_K_M file holds some layers' mlp.down in Q4_K, others' in Q6_K)."""
+    quantised one's bits, block size, offsets and factored scales. A layer graph (graphs/layers.py) declares its
+    inputs' shapes and a MatMulNBits' bits and block size from the block it is built from, so blocks of one layout
+    share a graph and another layout needs its own (Gemma 3's Q4_K_M file holds some layers' mlp.down in Q4_K,
+    others' in Q6_K)."""
     layouts, first = {}, []
     sd = state_dict(model)
     for i in range(len(getattr(model, "blocks", ()))):

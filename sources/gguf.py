@@ -37,7 +37,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .gguf_blocks import expressible, to_blocks
-from .safetensors import DTYPES, read_header, write_streamed
+from .safetensors import DTYPES, INTEGERS, read_header, write_streamed
 from .store import mapped, release
 from .spec import MAX_POSITIONS, Generation
 from .tokens import bytes_to_unicode
@@ -308,8 +308,7 @@ def file_config(path, cache: str | Path | None = None) -> TransformerConfig:
 def _from_cache(cached: Path, quantised: dict[str, list[int]]) -> dict[str, np.ndarray | Blocks]:
     """The weights load_gguf cached, each a view of the mapped file: quantised ones (`quantised`: name -> [bits,
     block]) put together from their parts ("<name>.codes", ...)."""
-    kinds = DTYPES | {"U8": np.dtype(np.uint8), "I8": np.dtype(np.int8)}          # quantised parts' types too
-    views = {name: mapped(t.path).view(t.start, t.end, kinds[t.dtype], t.shape)
+    views = {name: mapped(t.path).view(t.start, t.end, (DTYPES | INTEGERS)[t.dtype], t.shape)
              for name, t in read_header(cached).items()}
     sd = {name: Blocks.of({part: views.pop(f"{name}.{part}", None) for part in PARTS + FACTORS}, bits, block)
           for name, (bits, block) in quantised.items()}

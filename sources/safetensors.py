@@ -21,6 +21,7 @@ from .store import mapped
 # the types a weight may be stored in (model/precision.py's storage types), by their safetensors names; float64 is
 # read too, and narrowed to the compute type (no checkpoint we know stores weights so)
 DTYPES = {"F32": STORAGE["float32"], "F16": STORAGE["float16"], "BF16": STORAGE["bfloat16"], "F64": np.dtype("<f8")}
+INTEGERS = {"U8": np.dtype(np.uint8), "I8": np.dtype(np.int8)}   # the GGUF cache's quantised parts (codes, factors)
 
 
 class Tensor(NamedTuple):
@@ -98,7 +99,7 @@ def write_streamed(path: Path, named, metadata) -> None:
     it, widest items first, so that every tensor starts aligned to its item size and the data has no holes."""
     import shutil
 
-    names = {dtype: name for name, dtype in DTYPES.items()} | {np.dtype(np.uint8): "U8", np.dtype(np.int8): "I8"}
+    names = {dtype: name for name, dtype in (DTYPES | INTEGERS).items()}
     sides, entries = {}, {}
     try:
         for name, a in named:
