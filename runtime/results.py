@@ -3,6 +3,7 @@ text's layer-by-layer run keeps less, runtime/layerwise.py's LayerwiseResult).""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -78,6 +79,8 @@ class AttentionResult(Encoded):
 
 
 ARRAY_HEADER = 112   # an ndarray object without its data (sys.getsizeof of an empty view)
+SCALARS = (str, bytes, int, float, bool, type(None))
+SCALAR_TYPES = {str, bytes, int, float, bool, type(None)}
 
 
 def root(a: np.ndarray) -> np.ndarray:
@@ -85,6 +88,21 @@ def root(a: np.ndarray) -> np.ndarray:
     while isinstance(a.base, np.ndarray):
         a = a.base
     return a
+
+
+def _scalars(x: list | tuple) -> list | None:
+    """The items of a list (or tuple) of scalars, or of tuples of scalars, with those tuples: what footprint counts
+    in C, each item by its size without the identity check (a shared small int counted each time: an over-count of a
+    few bytes, never an under-count), where walking an encoding item by item took 0.8 ms of every answer. None: a
+    list of anything else, walked."""
+    kinds = set(map(type, x))
+    if kinds <= SCALAR_TYPES:
+        return list(x)
+    if kinds == {tuple}:
+        items = list(itertools.chain.from_iterable(x))
+        if set(map(type, items)) <= SCALAR_TYPES:
+            return list(x) + items
+    return None
 
 
 def footprint(obj) -> int:
@@ -123,7 +141,10 @@ def footprint(obj) -> int:
                 total += x.nbytes
             continue
         total += sys.getsizeof(x)
-        if isinstance(x, (str, bytes, int, float, bool, type(None))):
+        if isinstance(x, SCALARS):
+            continue
+        if isinstance(x, (list, tuple)) and (flat := _scalars(x)) is not None:   # an encoding's ids, tokens, offsets
+            total += sum(map(sys.getsizeof, flat))
             continue
         if isinstance(x, dict):
             stack.extend(x.keys())
