@@ -30,6 +30,7 @@ from .schemas import EXAMPLE_TEXT, Effect, Index, Matrix, NextToken, RunOptions,
 
 UP_TO_LAYER = {"attention", "entropy", "summary", "scores"}   # of the asked layers alone: Runtime.depth_of
 PROBE_TOKENS = 50   # the induction probe: this many random tokens, repeated once
+LIGHT_CELLS, LIGHT_BYTES = 1 << 18, 1 << 20   # Plan.light: probabilities read, bytes sent (built on the event loop)
 
 
 class AttentionRequest(RunOptions, exact.ExactRequest):
@@ -135,6 +136,11 @@ class AttentionPlan(Plan):
 
     def payload(self, computed: Computed) -> dict:
         return payload(self, computed)
+
+    @property
+    def light(self) -> bool:   # MiniLM's last layer at 128 tokens: 196,608 cells, ~1.5 ms (bench/answer.py)
+        return (len(self.layers) * len(self.heads) * len(self.encoding.ids) ** 2 <= LIGHT_CELLS
+                and self.size <= LIGHT_BYTES and not self.extras and "rollout" not in self.request.include)
 
 
 def attention_size(req: AttentionRequest, layers: int, heads: int, T: int, binary: bool) -> tuple[int, int]:
@@ -331,7 +337,7 @@ def layerwise_payload(plan, computed) -> dict:
         elif req.resolution and T > req.resolution:
             pictures = r.thumbnails[req.resolution]
             out["attention"] = np.stack([pictures[layer][heads] for layer in layers])
-            out["blocks"] = blocks(T, req.resolution)
+            out["blocks"] = thumbnails.block_ranges(T, req.resolution)
         else:
             out["attention"] = np.stack([r.asked.attention[layer] for layer in layers])
     out |= exact.from_run(req, r.asked, layers)
@@ -357,7 +363,7 @@ def payload(plan, computed) -> dict:
             out["top_keys"], out["top_weights"] = thumbnails.top_keys(probs, req.top_k)
         elif req.resolution and T > req.resolution:
             out["attention"] = thumbnails.downsample(probs, req.resolution).astype(np.float32)
-            out["blocks"] = blocks(T, req.resolution)
+            out["blocks"] = thumbnails.block_ranges(T, req.resolution)
         else:
             out["attention"] = probs
     out |= exact.from_matrices(req, probs)
@@ -393,12 +399,6 @@ def _row_statistics(plan, rows: dict, keys: stats.TextKeys, visible: np.ndarray,
     if "scores" in req.include:
         out["scores"] = scores(plan, head_scores.scores_of(rows, keys), computed.extra["probe"])
     return out
-
-
-def blocks(T: int, resolution: int) -> list[list[int]]:
-    """[start, end) token range of each thumbnail row/column block (thumbnails.block_edges)."""
-    edges = thumbnails.block_edges(T, resolution)
-    return [[int(a), int(b)] for a, b in zip(edges[:-1], edges[1:])]
 
 
 def _outputs(plan, computed) -> dict:

@@ -156,6 +156,12 @@ class Plan:
     def precision(self) -> int | None:
         return getattr(self.request, "precision", None)
 
+    @property
+    def light(self) -> bool:
+        """Whether its payload and encoding take a millisecond or two: then they are built on the event loop, where
+        a worker thread's two hand-offs would be a fair share of the answer (app/sending.py). None is, by default."""
+        return False
+
     def progress(self, runner: Runner) -> RunProgress | None:
         """What a progress stream shows while the plan runs (None: nothing to show)."""
         return None

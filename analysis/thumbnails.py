@@ -13,6 +13,12 @@ def block_edges(T: int, size: int) -> np.ndarray:
     return np.linspace(0, T, min(size, T) + 1).astype(int)
 
 
+def block_ranges(T: int, size: int) -> list[list[int]]:
+    """[start, end) token range of each thumbnail row/column block (block_edges), as the API lists them."""
+    edges = block_edges(T, size)
+    return [[int(a), int(b)] for a, b in zip(edges[:-1], edges[1:])]
+
+
 def pooling_matrix(T: int, size: int) -> np.ndarray:
     """[T, R] with 1/|block r| on block r's tokens: pool^T p pool is downsample(p, size) as two matrix products
     (how a layer-by-layer run pools inside the graph). The identity when T <= size, as downsample leaves p alone."""

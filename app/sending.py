@@ -1,4 +1,5 @@
-"""Sending answers: the one place for the sending budget, the encoding in worker threads and streaming.
+"""Sending answers: the one place for the sending budget, the encoding (in worker threads, a light plan's on the event
+loop) and streaming.
 
     return await sending.respond(request, plan, runner, if_none_match, started)    # JSON or binary, buffers
     return sending.stream(plan, runner, started, minimal)                          # NDJSON progress, then the answer
@@ -83,7 +84,8 @@ def _cast(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
 def encode(plan: Plan, computed: Computed, started: float) -> list:
     """Payload (pure functions) -> wire form, as a list of buffers. Runs in a worker thread, in pieces that each
     hold the GIL briefly: statistics and serialisation of a long text take up to a second, and the event loop
-    must stay free. timing_ms is written last, so its total covers the serialisation."""
+    must stay free (a light plan's, a millisecond or two, on the event loop: Sending._encode). timing_ms is written
+    last, so its total covers the serialisation."""
     body = rounded(plan.payload(computed), plan.precision)
 
     def timing() -> dict:
@@ -129,6 +131,10 @@ class Sending:
         return self._render
 
     async def _encode(self, plan: Plan, computed: Computed, started: float) -> list:
+        """In a worker thread, unless the plan is light (Plan.light): built on the event loop, MiniLM's last-layer
+        answer took 1 ms less of its ~33 (the hand-offs to the thread and back, bench/answer.py)."""
+        if plan.light:
+            return encode(plan, computed, started)
         return await anyio.to_thread.run_sync(encode, plan, computed, started, limiter=self.render_slots())
 
     async def respond(self, request: Request, plan: Plan, runner: Runner, if_none_match: str | None,

@@ -447,6 +447,43 @@ def test_preferring_layerwise_walks_when_the_stacked_run_would_fetch_every_layer
         assert ran > L * H * T * T * 4 > 2 * walked, kind
 
 
+def test_a_light_answer_is_built_on_the_event_loop_and_a_heavy_one_in_a_worker_thread():
+    """Plan.light: MiniLM's last layer at 128 tokens (196,608 probabilities) is built on the event loop, saving two
+    thread hand-offs of a ~30 ms answer; more probabilities read (two layers; every layer's summaries), rollout or a
+    second run (an ablation's effect) keep it in a worker thread, so that the event loop stays free."""
+    import threading
+
+    from attnscope.app import sending
+    from attnscope.analyses.attention import AttentionRequest
+
+    svc = service()
+    text = TEXT * 2
+    plans = {name: svc.plans.attention(AttentionRequest(text=text, **fields), True) for name, fields in {
+        "last layer": {"layers": [5]}, "two layers": {"layers": [4, 5]}, "summaries": {"include": ["summary"]},
+        "rollout": {"layers": [5], "include": ["attention", "rollout"]},
+        "effect": {"layers": [5], "ablate": [[0, 1]], "include": ["attention", "effect"]}}.items()}
+    assert len(plans["last layer"].encoding.ids) == 128
+    assert {name: plan.light for name, plan in plans.items()} == {
+        "last layer": True, "two layers": False, "summaries": False, "rollout": False, "effect": False}
+    built_in = []                        # the thread that ran sending.encode
+
+    async def on_loop(plan) -> bool:
+        """Whether the plan's answer was built in the event loop's own thread."""
+        computed = await plan.compute(svc.runner)
+        body = await svc.sending._encode(plan, computed, 0.0)
+        layers = from_binary(b"".join(bytes(b) for b in body))["attention"].shape[0]
+        assert layers == len(plan.layers)
+        return built_in[-1] == threading.get_ident()
+
+    real = sending.encode
+    sending.encode = lambda *args: (built_in.append(threading.get_ident()), real(*args))[1]
+    try:
+        assert run_in_fresh_loop(on_loop(plans["last layer"])) is True
+        assert run_in_fresh_loop(on_loop(plans["two layers"])) is False
+    finally:
+        sending.encode = real
+
+
 def test_cache_and_checkpoints_follow_the_settings():
     from attnscope.analyses.attention import AttentionRequest
 
