@@ -319,7 +319,7 @@ class TransformerBlock:
         the norms of value-weighted attention (Kobayashi et al. 2020). With head_output's columns W_h [D, dh] and
         R [dh, dh] such that W_h^T W_h = R^T R (_value_r), ||W_h v_j|| = ||R v_j||: a [dh, dh] product a key, not
         [dh, D] (D / dh times less work, and as exact). `tokens` keys at a time: memory [tokens, dh], whatever T.
-        Mirrored by graphs/steps.value_norms (the [dh, D] product, in the graph)."""
+        Mirrored by graphs/steps.value_norms (the same product, in the graph)."""
         v = np.asarray(v)
         out, R_t = np.empty(v.shape[:-1], COMPUTE), self._value_r(v.shape[-1])                   # R_t [H, dh, dh]
         for h in range(v.shape[-3]):

@@ -69,13 +69,11 @@ def arrays(model) -> dict[str, np.ndarray]:
 
 
 def value_r(model, layer: int) -> np.ndarray | None:
-    """Block `layer`'s heads' R^T [H, dh, dh] (TransformerBlock._value_r) where its W_O is kept in quantised blocks,
-    which have no head's columns to read: the value norms' factors a graph reads (graphs/steps.value_norms), made once
-    at load (a [dh, dh] product a key, and exact: ||R v|| = ||W_h v||); None for any other block."""
+    """Block `layer`'s heads' R^T [H, dh, dh] (TransformerBlock._value_r): the value norms' factors a graph reads
+    (graphs/steps.value_norms), made once at load: ||R v|| = ||W_h v||, a [dh, dh] product a key where W_h's is
+    [dh, D] (and W_O kept in quantised blocks has no head's columns to read); None for a block without value norms."""
     block = model.blocks[layer]
-    if not hasattr(block, "_value_r") or not isinstance(block.attn.out_projection()[0], Blocks):
-        return None
-    return block._value_r(model.cfg.d_head)
+    return block._value_r(model.cfg.d_head) if hasattr(block, "_value_r") else None
 
 
 def block_arrays(model: Transformer, layer: int) -> dict[str, np.ndarray]:
