@@ -159,7 +159,7 @@ class Plan:
     @property
     def light(self) -> bool:
         """Whether its payload and encoding take a millisecond or two: then they are built on the event loop, where
-        a worker thread's two hand-offs would be a fair share of the answer (app/sending.py). None is, by default."""
+        a worker thread's two hand-offs would be a fair share of the answer (app/sending.py). False by default."""
         return False
 
     def progress(self, runner: Runner) -> RunProgress | None:

@@ -16,6 +16,7 @@ from .errors import CorpusError
 
 FORMATS = ("text", "jsonl", "csv", "tsv", "parquet")
 MAX_CHARS = 20_000        # longer texts are skipped (--max-chars); as the API's limit for the zoo's short models
+HEADER_BYTES = 1 << 20    # a CSV header read before pyarrow is (_csv_header)
 
 
 @dataclass
@@ -179,10 +180,28 @@ def _read_parquet(path: Path, column: str, given: bool, max_chars: int) -> Itera
     return rows()
 
 
+def _csv_header(path: Path, delimiter: str) -> list[str] | None:
+    """The header's column names, read by the standard library's csv from the first line (1 MB at most); None where
+    that line is not the whole header (longer, or a quoted newline) or cannot be read: pyarrow's reader decides then."""
+    import csv as text_csv
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
+            line = fh.readline(HEADER_BYTES)
+        names = next(text_csv.reader([line], delimiter=delimiter, strict=True), [])
+    except (OSError, text_csv.Error):
+        return None
+    return names if len(line) < HEADER_BYTES or line.endswith(("\n", "\r")) else None
+
+
 def _read_csv(path: Path, column: str, given: bool, max_chars: int,
               delimiter: str) -> Iterator[tuple[int, str] | Problem]:
     """CSV/TSV rows. A row with the wrong number of fields is refused (CorpusError naming its line): skipping it
-    would shift the row numbers that every later problem is reported with."""
+    would shift the row numbers that every later problem is reported with. A missing column is refused before pyarrow
+    is imported: its thread pools, torn down as the process exits, now and then abort it (apache/arrow#34314; the CLI's
+    refusal exited -6 instead of 2 under load)."""
+    names = _csv_header(path, delimiter)
+    if names is not None and column not in names:
+        raise _missing(column, path, names, given)
     import pyarrow as pa
     from pyarrow import csv
     malformed: list[str] = []
@@ -199,9 +218,7 @@ def _read_csv(path: Path, column: str, given: bool, max_chars: int,
                               read_options=csv.ReadOptions(block_size=1 << 22, use_threads=False))
     except Exception as e:  # noqa: BLE001 - pyarrow's errors
         if "include_columns" in str(e) or "does not exist" in str(e):
-            with open(path, "rb") as fh:
-                header = fh.readline().decode("utf-8", "replace").strip().split(delimiter)
-            raise _missing(column, path, [h.strip('"') for h in header], given) from None
+            raise _missing(column, path, names or [], given) from None
         raise CorpusError(f"cannot read {path} as CSV: {str(e).splitlines()[0]}") from None
 
     def rows():

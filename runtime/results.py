@@ -80,7 +80,7 @@ class AttentionResult(Encoded):
 
 ARRAY_HEADER = 112   # an ndarray object without its data (sys.getsizeof of an empty view)
 SCALARS = (str, bytes, int, float, bool, type(None))
-SCALAR_TYPES = {str, bytes, int, float, bool, type(None)}
+SCALAR_TYPES = frozenset(SCALARS)      # exact types (footprint's lists of scalars): a NumPy scalar is walked
 
 
 def root(a: np.ndarray) -> np.ndarray:
