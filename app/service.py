@@ -119,7 +119,8 @@ class AttentionService:
         self.states[model_id] = "loading its weights and tokenizer"
         try:
             kind = EncoderDecoderRuntime if spec.kind == "encoder-decoder" else Runtime
-            options = {} if kind is EncoderDecoderRuntime else {"stacked_mb": st.layerwise_mb}
+            options = {} if kind is EncoderDecoderRuntime else {"stacked_mb": st.layerwise_mb,
+                                                                "prepack_mb": st.prepack_mb}
             rt = kind(spec, providers=st.providers or None, threads=st.threads, cache_dir=st.cache,
                       stop_early_mb=st.stop_early_mb, memory_mb=st.memory_mb, work_tflop=st.work_tflop,
                       compute_dtype=st.compute_dtype, **options)

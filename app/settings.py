@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from ..model.precision import COMPUTE_DTYPES
 from ..runtime.capabilities import STACKED_MB, WORK_TFLOP, memory_total
 from ..runtime.options import GROUP_MB, cores
+from ..runtime.tensors import PREPACK_MB
 from ..sources import split_entry
 
 CHARS_PER_TOKEN = 10     # the derived character limit allows this many characters for each token a model reads:
@@ -139,6 +140,11 @@ class Settings(BaseSettings):
     stop_early_mb: float = Field(default=1024, ge=0, description="a request for the first layers runs a graph cut "
                                  "after them (1, 2, 4, ... blocks), each opened on first use and kept (graphs hold no "
                                  "weights: a cut graph costs only its runs' memory); 0: every run goes to the end")
+    prepack_mb: float = Field(default=PREPACK_MB, ge=0, description="how much of a model's float32 product weights "
+                              "its served graph and cut graphs open as initializers, all graphs together, which "
+                              "onnxruntime prepacks for its matrix products (a copy per graph: MiniLM's five graphs "
+                              "take 109 MB; its forward is ~10 % faster); a graph whose copies would pass it binds them "
+                              "at every run, as a bigger model's do; 0: none")
     # big models (runtime/capabilities.py): what each model's size allows, decided when it loads
     memory_mb: float = Field(default_factory=lambda: memory_total() * 0.85 / 2**20, gt=0, description="the server's "
                              "memory budget: a model whose weights pass 45 % of it runs layer by layer (each layer's "

@@ -3,13 +3,16 @@
     .venv/bin/python bench/answer.py [--model minilm] [--tokens 128] [--repeats 15]
 
 1. Interleaved, with a fresh text for every call (the server's result cache never answers): a raw forward (this
-   process's own onnxruntime session on the server's graph file, every output, `sess.run` alone) twice, once with
-   onnxruntime's default session options and once with the app's (runtime/options.open_session), then the binary
-   answer from a real server (`attnscope serve`) for the first layer and for the last, each through the project's own
-   client (attnscope.Client: the standard library's http.client, the answer read into one buffer) and through httpx
-   (a general-purpose client: ~0.5-1.5 ms more per answer here). Printed: the medians and
-   each answer's ratio to each raw forward; the median of each round's own ratio (answer over the default raw forward
-   of the same round: a slow spell of a shared VM moves both); and, from the answer's timing_ms, the run and the
+   process's own onnxruntime session on the server's graph file, every output, `sess.run` alone) three times: with
+   onnxruntime's default session options and the model's arrays fed as inputs; with the app's options
+   (runtime/options.open_session), fed; and with the app's options and the float32 product weights opened as
+   initializers, which onnxruntime prepacks, as the server's graphs open them within ATTNSCOPE_PREPACK_MB (the
+   fastest plain forward of the graph, and the one whose kernels the server's run shares: the ratio to it is what the
+   answer adds). Then the binary answer from a real server (`attnscope serve`) for the first layer and for the last,
+   each through the project's own client (attnscope.Client: the standard library's http.client, the answer read into
+   one buffer) and through httpx (a general-purpose client: ~0.5-1.5 ms more per answer here). Printed: the medians
+   and each answer's ratio to each raw forward; the median of each round's own ratio (answer over the prepacked raw
+   forward of the same round: a slow spell of a shared VM moves both); and, from the answer's timing_ms, the run and the
    server's time from parsing to encoding, so what the answer adds is split into the server's part and the rest
    (loopback, the event loop before and after, the client). A request for the first layers runs a graph cut after them
    (Runtime.depth_for): the first layer's answer is under the whole model's forward; the last layer needs every
@@ -17,7 +20,7 @@
 2. The same answers split by stage, in this process, with the server's own functions (analyses/attention.py, app/sending.py):
    plan (validate, tokenise), run (the forward), payload (statistics), encode (the binary form); HTTP is the
    end-to-end time less their sum (the request and answer on loopback, the event loop, the client's parsing).
-Both raw sessions and the server's take turns on the cores: the server's threads spin only while a run is under way
+The raw sessions and the server's take turns on the cores: the server's threads spin only while a run is under way
 (open_session), and the default session's spinning ends long before the next call (each call waits 50 ms first).
 On a shared 2-core VM the raw forward's median moves between runs of this script (10-18 ms seen for MiniLM at 128
 tokens, either session), far more than the answer's does: compare ratios within one run, and run it a few times.
@@ -64,8 +67,11 @@ def main(argv=None) -> None:
     rt = runtime(args.model)
     L = rt.cfg.n_layers
     import onnxruntime as ort
-    raws = {"app": open_session(rt.onnx_path(), ["CPUExecutionProvider"], rt.threads),   # the whole model, every
-            "default": ort.InferenceSession(str(rt.onnx_path()), providers=["CPUExecutionProvider"])}   # output
+    path = rt.onnx_path()                                              # the whole model, every output
+    raws = {"default": ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]),
+            "app": open_session(path, ["CPUExecutionProvider"], rt.threads),
+            "prepacked": open_session(path, ["CPUExecutionProvider"], rt.threads, initial=rt.weights.value,
+                                      prepack=lambda names: names)}
     seeds = iter(range(10**6))
 
     def raw_forward(raw):
@@ -93,7 +99,7 @@ def main(argv=None) -> None:
 
         answers = {(layer, via): (lambda layer=layer, via=via: answer(layer, via))
                    for via in ("client", "httpx") for layer in (0, L - 1)}
-        calls = {"default": lambda: raw_forward(raws["default"]), "app": lambda: raw_forward(raws["app"])} | answers
+        calls = {name: (lambda raw=raw: raw_forward(raw)) for name, raw in raws.items()} | answers
         for _ in range(3):                      # warm-up: sessions opened (the cut graphs too), arenas sized
             for call in calls.values():
                 call()
@@ -108,16 +114,18 @@ def main(argv=None) -> None:
         api.close()
         ms = {name: statistics.median(t) * 1000 for name, t in times.items()}
         print(f"{rt.spec.title}, ~{args.tokens} tokens, {args.repeats} interleaved rounds, fresh texts, medians; "
-              f"ratios: to the raw forward with onnxruntime's default options / with the app's, and the median of "
-              f"each round's own ratio to the default one:")
-        print(f"  raw onnxruntime forward, whole model, default options   {ms['default']:7.1f} ms")
-        print(f"  raw onnxruntime forward, whole model, the app's options {ms['app']:7.1f} ms")
+              f"ratios: to each raw forward, and the median of each round's own ratio to the prepacked one:")
+        labels = {"default": "onnxruntime's default options, weights fed", "app": "the app's options, weights fed",
+                  "prepacked": "the app's options, product weights prepacked (as served)"}
+        for name, label in labels.items():
+            print(f"  raw forward, whole model, {label:<58}{ms[name]:7.1f} ms")
+        print(f"  {'':<55}{'':>10}   {' / '.join(raws)}")
         for (layer, via) in answers:
             name = (layer, via)
-            paired = statistics.median(a / b for a, b in zip(times[name], times["default"]))
+            paired = statistics.median(a / b for a, b in zip(times[name], times["prepacked"]))
             label = f"API answer, layer {layer} (binary), {'attnscope.Client' if via == 'client' else 'httpx'}"
-            print(f"  {label:<55}{ms[name]:7.1f} ms   {ms[name] / ms['default']:.2f}x / {ms[name] / ms['app']:.2f}x"
-                  f"   (each round: {paired:.2f}x)")
+            ratios = " / ".join(f"{ms[name] / ms[raw]:.2f}x" for raw in raws)
+            print(f"  {label:<55}{ms[name]:7.1f} ms   {ratios}   (each round: {paired:.2f}x)")
         for layer, rows in inside.items():
             run, total = (statistics.median(v) for v in zip(*rows))
             print(f"  layer {layer}: in the server, the run {run:.1f} ms of {total:.1f} ms from parsing to encoding")

@@ -36,7 +36,7 @@ from .layerwise import Layerwise, Want
 from .options import GROUP_MB, check_compute_dtype, check_providers, default_providers, device_of, open_session
 from .results import AttentionResult, Encoding, Engine, NextToken
 from .sessions import Session
-from .tensors import Weights
+from .tensors import PREPACK_MB, Weights
 from .tokenizing import Vocabulary
 
 DEFAULT_CACHE = Path.home() / ".cache" / "attnscope"
@@ -48,7 +48,8 @@ class Runtime:
 
     def __init__(self, spec: ModelSpec, providers: Sequence[str] | None = None, threads: int = 0,
                  cache_dir: str | Path = DEFAULT_CACHE, stop_early_mb: float = 0, memory_mb: float | None = None,
-                 work_tflop: float = WORK_TFLOP, compute_dtype: str = "float32", stacked_mb: float = STACKED_MB):
+                 work_tflop: float = WORK_TFLOP, compute_dtype: str = "float32", stacked_mb: float = STACKED_MB,
+                 prepack_mb: float = PREPACK_MB):
         """stop_early_mb: what the graphs that stop early (depth_for) may hold; 0: runs always go to the end.
         memory_mb: the memory budget its capabilities are decided against (None: 85 % of this machine's);
         work_tflop: what one request's analysis may cost (runtime/capabilities.py); compute_dtype: what the matrix
@@ -57,7 +58,9 @@ class Runtime:
         answer, its error against float32 measured by bench/precision.py and bench/gpu.py.
         stacked_mb: the most a stacked run's attention output may hold (the planner's ATTNSCOPE_LAYERWISE_MB, whose
         default it shares: a Runtime made outside the app prices its features as the server does): with the token
-        limit, the longest text the stages graph runs, which its capability is priced at; 0: the token limit."""
+        limit, the longest text the stages graph runs, which its capability is priced at; 0: the token limit.
+        prepack_mb: how much of its float32 product weights the served graph and its cut graphs may open as
+        initializers that onnxruntime prepacks, all sessions together (a copy each: Weights.prepacks); 0: none."""
         self.spec = spec
         self.cache_dir = Path(cache_dir)
         self.providers = list(providers) if providers else default_providers()
@@ -70,6 +73,7 @@ class Runtime:
         self.generation = spec.load_generation(self.cache_dir) if self.cfg.lm_head else None   # end-of-text ids, chat template
         self.graphs = GraphCache(self.cache_dir, spec.id, self.model)
         self.weights = Weights(self.model, device_of(self.providers))   # bound by every session's runs
+        self.weights.prepack_bytes = int(prepack_mb * 2**20)
         memory = memory_total() * 0.85 if memory_mb is None else memory_mb * 2**20
         tokens = spec.max_tokens
         if stacked_mb:
@@ -136,17 +140,18 @@ class Runtime:
         (the causal first token would otherwise have none and its row would be undefined).
         """
         B, T = len(lengths), max(lengths)
-        keep = np.arange(T)[None, :] < np.asarray(lengths)[:, None]                 # [B, T]
-        masked_out = np.zeros((B, 1, T, T), bool)                                # True: hidden from that query
+        hidden = np.zeros((B, 1, T, T), bool)                                    # True: hidden from that query
         for b, keys in enumerate(mask_tokens or ()):
             for j in keys or ():
                 if not 0 <= j < lengths[b]:
                     raise InputError(f"mask_tokens index {j} is out of range: this text has {lengths[b]} tokens "
                                      f"(0..{lengths[b] - 1})")
-                masked_out[b, 0, :, j] = True
-        masked_out &= ~np.eye(T, dtype=bool)
-        mask = M.combine(M.padding_mask(keep), M.causal_mask(T)[None, None] if causal else None, masked_out)
-        return np.ascontiguousarray(np.broadcast_to(mask, (B, 1, T, T)))
+                hidden[b, 0, :, j] = True
+        hidden &= ~np.eye(T, dtype=bool)
+        hidden |= (np.arange(T)[None, :] >= np.asarray(lengths)[:, None])[:, None, None, :]       # padding keys
+        if causal:
+            hidden |= np.triu(np.ones((T, T), bool), k=1)                                    # the future
+        return M.to_additive(hidden)      # one pass (M.combine's sum of three float masks took 0.2 ms at 128 tokens)
 
     # ---- running ----------------------------------------------------------------------------
     def feeds(self, ids: np.ndarray, types: np.ndarray, mask: np.ndarray, lengths: Sequence[int],
@@ -287,7 +292,8 @@ class Runtime:
             return sess
         with self._lock:
             options = dict(arena=self.capabilities.arena and not stages, compute_dtype=self.compute_dtype,
-                           packed=decode and packs(self.model))
+                           packed=decode and packs(self.model),
+                           prepack=not stages and not decode and self.compute_dtype == "float32")
             if depth and which not in self._sessions:
                 self._sessions[which] = Session(self.graphs.stopping(depth), self.providers, self.threads,
                                                 self.weights, **options)

@@ -23,6 +23,7 @@ runtime/tensors.py's (Weights, Held, the scratch memory).
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,16 +55,20 @@ class Session:
     output read back (`Held.host`): what leaves the device is what the answer holds (issue 38)."""
 
     def __init__(self, graph: Path | bytes, providers: Sequence[str], threads: int, weights: Weights | None = None,
-                 packed: bool = False, **options):
+                 packed: bool = False, prepack: bool = False, **options):
         """packed: the graph is a packed one (graphs/builder.Graph's packed: graphs/decoding.packs), whose quantised
-        weights' parts are opened as initializers where they live on the CPU (else bound like any weight);
-        options: open_session's (arena, mem_pattern, compute_dtype)."""
-        initial = weights.value if packed and weights is not None and device_of(providers) == "cpu" else None
-        self.ort = open_session(graph, providers, threads, initial=initial, **options)
+        weights' parts are opened as initializers where they live on the CPU (else bound like any weight); prepack: a
+        stacked graph whose float32 product weights are opened as initializers too, which onnxruntime prepacks, as far
+        as the model's budget goes (Weights.prepacks); options: open_session's (arena, mem_pattern, compute_dtype)."""
+        cpu = weights is not None and device_of(providers) == "cpu"
+        initial = weights.value if cpu and (packed or prepack) else None
+        self.ort = open_session(graph, providers, threads, initial=initial,
+                                prepack=weights.prepacks if cpu and prepack else None, **options)
         self.arena = options.get("arena", True)      # a run's `release` shrinks the arena: none to shrink without
         self.weights = weights
         self.inputs = {i.name for i in self.ort.get_inputs()}
         self.bound = sorted(n for n in self.inputs if weights is not None and weights.binds(n))
+        self._own_inputs = [i for i in self.ort.get_inputs() if i.name not in self.bound]   # asked at every run
         self.wide = {i.name for i in self.ort.get_inputs() if i.name in self.bound and i.type == "tensor(float)"}
         self._binds: dict[int | None, tuple[list, list[str]]] = {}    # layer -> the weights' binding (`_weights`)
         self.declared = {o.name: o for o in self.ort.get_outputs()}
@@ -83,10 +88,10 @@ class Session:
 
     def get_inputs(self):
         """The run's own inputs (the model's arrays are bound, not fed)."""
-        return [i for i in self.ort.get_inputs() if i.name not in self.bound]
+        return list(self._own_inputs)
 
     def get_outputs(self):
-        return self.ort.get_outputs()
+        return list(self.declared.values())
 
     def run(self, names: list[str] | None, feeds: dict[str, np.ndarray], *, layer: int | None = None,
             axes: dict[str, int] | None = None, into: dict[str, np.ndarray] | None = None,
@@ -111,8 +116,8 @@ class Session:
             yield dict.fromkeys(drop, self.device)
             return
         shapes = {n: [d if isinstance(d, int) else axes[d] for d in self.declared[n].shape] for n in drop}
-        with SCRATCH.lend([max(int(np.prod(s)) for s in shapes.values())]) as buffer:
-            yield {n: buffer[:int(np.prod(s))].reshape(s) for n, s in shapes.items()}
+        with SCRATCH.lend([max(map(math.prod, shapes.values()))]) as buffer:
+            yield {n: buffer[:math.prod(s)].reshape(s) for n, s in shapes.items()}
 
     def _weights(self, layer: int | None) -> tuple[list, list[str]]:
         """What a run binds of the model's arrays (of layer `layer`, in a layer graph): the OrtValues that stay as they

@@ -6,6 +6,7 @@ over the arrays' own memory or copied to the GPU once), tensors left where a ses
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from contextlib import contextmanager
 from typing import Sequence
@@ -29,6 +30,9 @@ def _itemsize(data_type: str) -> int:
     return np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.DataType.Value(data_type[7:-1].upper()))).itemsize
 
 
+PREPACK_MB = 128   # a model's float32 product weights its stacked sessions may prepack, all together (Weights.prepacks)
+
+
 class Weights:
     """A model's arrays as sessions bind them, by graph-input name (model/weights.arrays; the layer graphs' "block.*"
     and RoPE names through block_arrays, for the layer a run names): each an OrtValue over the array's own memory,
@@ -48,6 +52,7 @@ class Weights:
         self._lock = threading.Lock()
         self._wide: dict[tuple[str, int | None], object] = {}   # widened copies kept for the runs `widening` spans
         self._wide_bytes, self._widening, self._budget = 0, 0, 0
+        self.prepack_bytes, self.prepacked = 0, 0       # what sessions may prepack (bytes), and have (prepacks)
 
     def layer(self, layer: int) -> dict[str, np.ndarray]:
         """Layer `layer`'s arrays under the layer graphs' names."""
@@ -88,6 +93,21 @@ class Weights:
                         v = self._placed[id(a)] = ort_value(a, self.device)
                     self._values[key] = v
         return v
+
+    def prepacks(self, names: list[str]) -> list[str]:
+        """Which of a stacked graph's float32 product weights its session opens as initializers, which onnxruntime
+        prepacks (runtime/options.open_session's prepack): all of them while the copies fit what is left of
+        `prepack_bytes` (each counted at its array's size: onnxruntime's packed copy is about as big), none past it.
+        On the CPU only: a GPU's session reads the weights placed there."""
+        arrays = [self.array(n) for n in names]
+        if self.device != "cpu" or any(a.dtype != COMPUTE for a in arrays):
+            return []
+        need = sum(a.nbytes for a in arrays)
+        with self._lock:
+            if self.prepacked + need > self.prepack_bytes:
+                return []
+            self.prepacked += need
+        return list(names)
 
     @contextmanager
     def widening(self, budget_bytes: int):
@@ -207,7 +227,7 @@ class Scratch:
     @contextmanager
     def lend(self, shape: Sequence[int], dtype=COMPUTE):
         """A [shape] array of undefined contents, the caller's until the block ends."""
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         with self._lock:
             buffer = self._free.pop() if self._free else np.empty(0, np.uint8)
         if buffer.nbytes < nbytes:

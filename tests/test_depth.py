@@ -10,6 +10,7 @@ from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
 from attnscope.app.wire import BINARY, from_binary
 from attnscope.runtime.layerwise import Want
+from tests.test_runtime import ATOL                 # NumPy vs ONNX in float32: what two orders of a sum differ by
 
 TEXTS = {"minilm": "The animal didn't cross the street because it was too tired. It was late, and the road was wide.",
          "smollm2": "Mr and Mrs Dursley, of number four, Privet Drive, were proud to say that they were perfectly "
@@ -105,3 +106,39 @@ def test_a_request_for_one_layer_fetches_that_layer_alone():
         assert fetched() - before == H * T * T * 4 + H * T * 4      # and its keys' value norms [H, T] (summaries)
         full = rt.forward([rt.encode(text)])[0].attentions                  # the whole graph, every layer fetched
         np.testing.assert_array_equal(j["attention"][0], full[3])
+
+
+
+def test_small_models_prepack_their_product_weights_within_the_budget(runtimes):
+    """A model's float32 product weights (what Graph.linear multiplies by, and the value norms' R) are opened as
+    initializers, which onnxruntime prepacks, by the served graph and its cut graphs while their copies fit
+    ATTNSCOPE_PREPACK_MB (Weights.prepacks: all or nothing per graph, in the order the graphs open); past it a graph
+    binds them at every run as a big model's does. The answers are the bound graph's, within float32 rounding (the
+    packed products sum in another order: 1-2e-6 of MiniLM's attention here, bounded as the engines' parity is)."""
+    import onnx
+
+    from attnscope.runtime import Runtime
+    from attnscope.runtime.options import product_weights
+
+    spec, cache, text = runtimes["minilm"].spec, runtimes["minilm"].cache_dir, TEXTS["minilm"]
+    bound = Runtime(spec, cache_dir=cache, stop_early_mb=1024, prepack_mb=0)
+    packed = Runtime(spec, cache_dir=cache, stop_early_mb=1024)                 # the default budget: every graph
+    small = Runtime(spec, cache_dir=cache, stop_early_mb=1024, prepack_mb=20)   # the cut after block 0 only
+    enc = bound.encode(text)
+    product = {f"blocks.{i}.{w}" for i in range(6) for w in ("attn.in_proj_weight", "attn.out_proj.weight",
+                                                             "mlp.fc.weight", "mlp.proj.weight", "attn.value_r")}
+    assert product <= set(bound.session().bound) and bound.weights.prepacked == 0
+    whole = bound.forward([enc])[0]
+    for rt in (packed, small):
+        [first] = rt.forward([enc], want=Want((0,), ends=False))          # the graph cut after block 0 opens first
+        [got] = rt.forward([enc])
+        np.testing.assert_allclose(first.attentions[0], whole.attentions[0], rtol=0, atol=ATOL)
+        np.testing.assert_allclose(got.attentions, whole.attentions, rtol=0, atol=ATOL)
+        np.testing.assert_allclose(got.hidden, whole.hidden, rtol=0, atol=ATOL * np.abs(whole.hidden).max())
+        block0 = {n for n in product if n.startswith("blocks.0.")}
+        assert not block0 & set(rt.session(depth=1).bound)                 # prepacked: no longer a bound input
+        assert not product & set(rt.session().bound) if rt is packed else product <= set(rt.session().bound)
+        cut = product_weights(onnx.load_from_string(rt.graphs.stopping(1)))   # block 0's q, k, v and R: 1.8 MB
+        if rt is small:
+            assert rt.weights.prepacked == sum(rt.weights.array(n).nbytes for n in cut)
+        assert 0 < rt.weights.prepacked <= rt.weights.prepack_bytes
