@@ -102,8 +102,8 @@ class Entropy(Row):
 
 @dataclass(frozen=True)
 class MaxWeight(Row):
-    def numpy(self, p, keys=NO_KEYS):
-        return p.max(axis=-1)
+    def numpy(self, p, keys=NO_KEYS):      # the largest weight read where argmax (SIMD) finds it: p.max(-1) over rows
+        return np.take_along_axis(p, p.argmax(axis=-1)[..., None], -1)[..., 0]   # of 128 took 3x as long; a NaN too
 
     def reduce(self, r):
         return r.max_weight()
