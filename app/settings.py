@@ -144,7 +144,8 @@ class Settings(BaseSettings):
                               "its served graph and cut graphs open as initializers, all graphs together, which "
                               "onnxruntime prepacks for its matrix products (a copy per graph: MiniLM's five graphs "
                               "take 109 MB; its forward is ~10 % faster); a graph whose copies would pass it binds them "
-                              "at every run, as a bigger model's do; 0: none")
+                              "at every run, as a bigger model's do; 0: none. Not under ATTNSCOPE_ARENA_MB: a session that prepacks runs "
+                              "outside the capped arena")
     # big models (runtime/capabilities.py): what each model's size allows, decided when it loads
     memory_mb: float = Field(default_factory=lambda: memory_total() * 0.85 / 2**20, gt=0, description="the server's "
                              "memory budget: a model whose weights pass 45 % of it runs layer by layer (each layer's "

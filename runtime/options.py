@@ -153,7 +153,8 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
     onnxruntime packs. prepack (with `initial`): given the float32 weights the graph's products read (product_weights),
     the names of those to open as initializers as well, which onnxruntime then prepacks for its sgemm (the caller
     decides, within its budget: Weights.prepacks). MiniLM's forward at 128 tokens took 25.1 ms with them bound, 22.4
-    with them prepacked, for one more copy of them in memory per session (bench/answer.py).
+    with them prepacked, for one more copy of them in memory per session (bench/answer.py). Not under a capped arena
+    (share_arena): a session with one prepacked initializer runs outside the shared arena, past its cap.
 
     compute_dtype: what the matrix products run in (model/precision.py): "float32" opens the graph as it is;
     "float16" and "bfloat16" open its reduced form (graphs/reduced.py, made here, so every graph gets it);
@@ -192,7 +193,7 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
         from ..graphs.reduced import reduce_products
         proto = onnx.load(str(graph)) if isinstance(graph, Path) else onnx.load_from_string(graph)
         names = initialized(proto) if initial is not None else {}
-        if initial is not None and prepack is not None:
+        if initial is not None and prepack is not None and device_of(providers) not in _SHARED:
             names |= {name: name for name in prepack(product_weights(proto))}
         if compute_dtype in ("float16", "bfloat16"):
             proto = reduce_products(proto, compute_dtype)
