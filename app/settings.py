@@ -156,7 +156,8 @@ class Settings(BaseSettings):
                                    "once for their tensors, all sessions together, on the device they run on (the "
                                    "GPU's memory with the CUDA provider, besides the weights): a run that needs more is "
                                    "answered 507 naming this limit, and the next request runs; default: no cap (a run "
-                                   "takes what the device has)")
+                                   "takes what the device has). Under a cap no weight is prepacked (a session that "
+                                   "prepacks runs outside the capped arena): every weight is bound at every run")
     work_tflop: float = Field(default=WORK_TFLOP, gt=0, description="what one request's analysis may cost, in "
                               "TFLOP: weight-space circuits and importance over every head are refused (422) for "
                               "models where they would cost more")

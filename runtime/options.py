@@ -153,8 +153,9 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
     onnxruntime packs. prepack (with `initial`): given the float32 weights the graph's products read (product_weights),
     the names of those to open as initializers as well, which onnxruntime then prepacks for its sgemm (the caller
     decides, within its budget: Weights.prepacks). MiniLM's forward at 128 tokens took 25.1 ms with them bound, 22.4
-    with them prepacked, for one more copy of them in memory per session (bench/answer.py). Not under a capped arena
-    (share_arena): a session with one prepacked initializer runs outside the shared arena, past its cap.
+    with them prepacked, for one more copy of them in memory per session (bench/answer.py). Neither under a capped
+    arena (share_arena): a session with one prepacked initializer runs outside the shared arena, past its cap (a
+    300-token SmolLM2 prompt ran through the packed decoding graph under a 1 MB cap); its weights are then bound.
 
     compute_dtype: what the matrix products run in (model/precision.py): "float32" opens the graph as it is;
     "float16" and "bfloat16" open its reduced form (graphs/reduced.py, made here, so every graph gets it);
@@ -187,13 +188,15 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
     so.log_severity_level = 3
     if _SHARED:                   # share_arena: one capped arena for every session
         so.add_session_config_entry("session.use_env_allocators", "1")
+    if device_of(providers) in _SHARED:   # under a capped arena (share_arena) every weight is bound: onnxruntime runs
+        initial = None                    # a session with one prepacked initializer outside the shared arena
     if compute_dtype in ("float16", "bfloat16") or initial is not None:
         import onnx
         from ..graphs.builder import initialized
         from ..graphs.reduced import reduce_products
         proto = onnx.load(str(graph)) if isinstance(graph, Path) else onnx.load_from_string(graph)
         names = initialized(proto) if initial is not None else {}
-        if initial is not None and prepack is not None and device_of(providers) not in _SHARED:
+        if initial is not None and prepack is not None:
             names |= {name: name for name in prepack(product_weights(proto))}
         if compute_dtype in ("float16", "bfloat16"):
             proto = reduce_products(proto, compute_dtype)

@@ -225,6 +225,34 @@ def test_generation_multiplies_the_blocks_prepacked(runtimes):
     assert all(a.probability == pytest.approx(b.probability, abs=1e-5) for a, b in pairs)
 
 
+
+def test_under_a_capped_arena_nothing_is_prepacked_and_a_run_past_the_cap_is_refused():
+    """onnxruntime runs a session that prepacks an initializer outside the shared arena (runtime/options.share_arena),
+    so under ATTNSCOPE_ARENA_MB every session binds its weights: SmolLM2's packed decoding step and MiniLM's served
+    graph (which prepack them without a cap) then hold their runs to the cap, and a prompt past it is refused
+    (OutOfMemory, the server's 507) where it ran through the packed step at 1 MB. In a process of its own: the cap is
+    process-wide."""
+    from .conftest import CACHE
+
+    script = (f"import numpy as np; from attnscope.runtime.sessions import open_helpers; open_helpers(1); "
+              f"from attnscope.runtime.runtime import Runtime; from attnscope.runtime.errors import OutOfMemory; "
+              f"from attnscope.runtime.generation import Generator, Sampling; from attnscope.sources import zoo\n"
+              f"for name in ('smollm2', 'minilm'):\n"
+              f"    rt = Runtime(zoo.get(name), cache_dir={str(CACHE)!r}); ids = rt.encode(' '.join(['word'] * 300)).ids\n"
+              f"    try:\n"
+              f"        list(Generator(rt, ids, Sampling(greedy=True), 1)) if name == 'smollm2' else rt.run('word ' * 300)\n"
+              f"        print(name, 'ran')\n"
+              f"    except OutOfMemory as e:\n"
+              f"        sess = rt._sessions['decode' if name == 'smollm2' else False]\n"
+              f"        print(name, 'refused', rt.weights.prepacked, sum(n.endswith('.packed') for n in sess.bound), "
+              f"len(sess.bound))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    gguf, small = (line.split() for line in out.stdout.splitlines()[-2:])    # name, refused, prepacked bytes,
+    assert gguf[:2] == ["smollm2", "refused"] and int(gguf[3]) > 0, out.stdout  # bound parts of blocks, bound arrays
+    assert small[:2] == ["minilm", "refused"] and small[2] == "0" and int(small[4]) > 80, out.stdout   # every one
+
+
 def test_layer_by_layer_runs_serve_layers_of_different_block_formats(monkeypatch):
     """Gemma 3's Q4_K_M file holds mlp.down in Q4_K in some layers and in Q6_K in others (other bits and block
     sizes): a layer-by-layer run in blocks builds one layer graph per layout (model/weights.block_layouts), the three
