@@ -139,7 +139,8 @@ class Settings(BaseSettings):
                                       "GROUP_MB)")
     stop_early_mb: float = Field(default=1024, ge=0, description="a request for the first layers runs a graph cut "
                                  "after them (1, 2, 4, ... blocks), each opened on first use and kept (graphs hold no "
-                                 "weights: a cut graph costs only its runs' memory); 0: every run goes to the end")
+                                 "weights: a cut graph costs only its runs' memory, and a small model's prepacked copies, "
+                                 "ATTNSCOPE_PREPACK_MB); 0: every run goes to the end")
     prepack_mb: float = Field(default=PREPACK_MB, ge=0, description="how much of a model's float32 product weights "
                               "its served graph and cut graphs open as initializers, all graphs together, which "
                               "onnxruntime prepacks for its matrix products (a copy per graph: MiniLM's five graphs "

@@ -319,7 +319,8 @@ class Runtime:
         each opened once and kept: ~log2 L of them), or all L (the last block's attention still needs no values, MLP,
         final norm, LM head or stacking copy); None: the whole model's graph (stop_early_mb 0 turns cut graphs off,
         and a model too big to run whole has none). A cut graph holds no weights (they are bound at each run), so the
-        graphs cost no more than their runs' own memory."""
+        graphs cost no more than their runs' own memory, and a small model's prepacked copies of what each multiplies
+        by, within ATTNSCOPE_PREPACK_MB (Weights.prepacks)."""
         if self.stop_early_mb <= 0 or not self.capabilities.stacked:
             return None
         return min(1 << last_layer.bit_length(), self.cfg.n_layers)

@@ -4,7 +4,10 @@ Every session the app opens is a `Session` (opened by `open_session`'s options):
 its cut and teaching-stages variants), the decoding step, an encoder-decoder's graph and the small graphs of a
 layer-by-layer run. No graph holds a weight (graphs/builder.py): each reads the model's arrays as inputs, bound at
 every run as OrtValues over the arrays' own memory (views of the weight store, made once by `Weights` and looked up
-once by each session: nothing is copied). What differs between sessions is stated where they are opened.
+once by each session: nothing is copied). Where a session opens some of them as initializers instead, which
+onnxruntime prepacks (a small model's float32 product weights within ATTNSCOPE_PREPACK_MB, a GGUF model's decoding
+step's blocks; never under a capped arena), they are still the model's arrays, given to the session over their own
+memory, and onnxruntime keeps its packed copy. What differs between sessions is stated where they are opened.
 
     weights = Weights(model)
     sess = Session(graph, providers, threads, weights)
