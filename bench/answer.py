@@ -6,7 +6,7 @@
    process's own onnxruntime session on the server's graph file, every output, `sess.run` alone) three times: with
    onnxruntime's default session options and the model's arrays fed as inputs; with the app's options
    (runtime/options.open_session), fed; and with the app's options and the float32 product weights opened as
-   initializers, which onnxruntime prepacks, as the server's graphs open them within ATTNSCOPE_PREPACK_MB (the
+   initializers, which onnxruntime prepacks, and its other weights with them, as the server's graphs open them within ATTNSCOPE_PREPACK_MB (the
    fastest plain forward of the graph, and the one whose kernels the server's run shares: the ratio to it is what the
    answer adds). Then the binary answer from a real server (`attnscope serve`) for the first layer and for the last,
    each through the project's own client (attnscope.Client: the standard library's http.client, the answer read into
@@ -65,13 +65,14 @@ def main(argv=None) -> None:
     from attnscope.runtime.options import open_session
 
     rt = runtime(args.model)
+    rt.weights.prepack_bytes = 1 << 40    # its whole graph prepacked, whatever ATTNSCOPE_PREPACK_MB lets the server do
     L = rt.cfg.n_layers
     import onnxruntime as ort
     path = rt.onnx_path()                                              # the whole model, every output
     raws = {"default": ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]),
             "app": open_session(path, ["CPUExecutionProvider"], rt.threads),
             "prepacked": open_session(path, ["CPUExecutionProvider"], rt.threads, initial=rt.weights.value,
-                                      prepack=lambda names: names)}
+                                      prepack=rt.weights.prepacks)}       # the server's rule (Weights.prepacks)
     seeds = iter(range(10**6))
 
     def raw_forward(raw):

@@ -150,10 +150,12 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
     initial: a model array's name -> its OrtValue, for the inputs a packed graph opens as initializers
     (graphs/builder.initialized: its quantised weights' parts, which onnxruntime then prepacks); given only where they
     live on the CPU. The OrtValues are the caller's, over the weights' own memory: nothing is copied but what
-    onnxruntime packs. prepack (with `initial`): given the float32 weights the graph's products read (product_weights),
-    the names of those to open as initializers as well, which onnxruntime then prepacks for its sgemm (the caller
+    onnxruntime packs. prepack (with `initial`): given the float32 weights the graph's products read (product_weights)
+    and its other float32 inputs, the names of those to open as initializers as well: product weights, which
+    onnxruntime then prepacks for its sgemm, and with them the other weights, which it reads in place (the caller
     decides, within its budget: Weights.prepacks). MiniLM's forward at 128 tokens took 25.1 ms with them bound, 22.4
-    with them prepacked, for one more copy of them in memory per session (bench/answer.py). Neither under a capped
+    with them prepacked, for one more copy of them in memory per session (bench/answer.py); with the rest opened too
+    a run binds none of MiniLM's 53 other weights (~0.2 ms of Python a run). Neither under a capped
     arena (share_arena): a session with one prepacked initializer runs outside the shared arena, past its cap (a
     300-token SmolLM2 prompt ran through the packed decoding graph under a 1 MB cap); its weights are then bound.
 
@@ -197,7 +199,10 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
         proto = onnx.load(str(graph)) if isinstance(graph, Path) else onnx.load_from_string(graph)
         names = initialized(proto) if initial is not None else {}
         if initial is not None and prepack is not None:
-            names |= {name: name for name in prepack(product_weights(proto))}
+            products = set(product_weights(proto))
+            names |= {name: name for name in prepack(sorted(products), [i.name for i in proto.graph.input if
+                                                      i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+                                                      and i.name not in products])}
         if compute_dtype in ("float16", "bfloat16"):
             proto = reduce_products(proto, compute_dtype)
         if names:

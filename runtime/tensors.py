@@ -31,6 +31,7 @@ def _itemsize(data_type: str) -> int:
 
 
 PREPACK_MB = 128   # a model's float32 product weights its stacked sessions may prepack, all together (Weights.prepacks)
+IN_PLACE = 1 << 16  # bytes: a weight this small is opened as an initializer even where onnxruntime copies it (unaligned)
 
 
 class Weights:
@@ -94,12 +95,14 @@ class Weights:
                     self._values[key] = v
         return v
 
-    def prepacks(self, names: list[str]) -> list[str]:
-        """Which of a stacked graph's float32 product weights its session opens as initializers, which onnxruntime
-        prepacks (runtime/options.open_session's prepack): all of them while the copies fit what is left of
-        `prepack_bytes` (each counted at its array's size: onnxruntime's packed copy is about as big), none past it.
-        On the CPU only: a GPU's session reads the weights placed there."""
-        arrays = [self.array(n) for n in names]
+    def prepacks(self, products: list[str], others: Sequence[str] = ()) -> list[str]:
+        """Which of a stacked graph's float32 inputs its session opens as initializers (runtime/options.open_session's
+        prepack): its product weights, which onnxruntime prepacks, all of them while the copies fit what is left of
+        `prepack_bytes` (each counted at its array's size: onnxruntime's packed copy is about as big), none past it;
+        and with them the model's float32 arrays among `others` (norms, biases, embeddings), those onnxruntime reads
+        in place: 64-byte aligned ones, and small ones (it copies the others: MiniLM's word embeddings, 47 MB at an
+        offset of 24 in its file, stay bound). On the CPU only: a GPU's session reads the weights placed there."""
+        arrays = [self.array(n) for n in products]
         if self.device != "cpu" or any(a.dtype != COMPUTE for a in arrays):
             return []
         need = sum(a.nbytes for a in arrays)
@@ -107,7 +110,8 @@ class Weights:
             if self.prepacked + need > self.prepack_bytes:
                 return []
             self.prepacked += need
-        return list(names)
+        return list(products) + [n for n in others if n in self.named and self.named[n].dtype == COMPUTE
+                                 and (self.named[n].ctypes.data % 64 == 0 or self.named[n].nbytes <= IN_PLACE)]
 
     @contextmanager
     def widening(self, budget_bytes: int):
