@@ -90,6 +90,15 @@ def root(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def one_block(block: np.ndarray, depth: int) -> np.ndarray:
+    """A run to `depth` blocks that kept one block's probabilities [H, T, T], as the [depth, H, T, T] such a run
+    gives (Runtime.forward): every slice is that block, over its memory (the unasked blocks' slices are undefined),
+    read-only. Its footprint is the block's."""
+    out = np.ndarray((depth, *block.shape), block.dtype, buffer=block, strides=(0, *block.strides))
+    out.flags.writeable = False
+    return out
+
+
 def _scalars(x: list | tuple) -> list[list] | None:
     """The items of a list (or tuple) of scalars, or of tuples of scalars, and the scalars in those tuples: what
     footprint counts in C (_sizes), each item by its size without the identity check (a shared small int counted each
