@@ -16,6 +16,7 @@ from __future__ import annotations
 import http.client
 import json
 import mmap
+import os
 import socket
 import threading
 import time
@@ -66,26 +67,77 @@ def _refused(resp) -> ApiError:
     return ApiError(resp.status, detail)
 
 
+class _Watchdog:
+    """One daemon thread that shuts the socket of every call whose deadline passes (_Deadline), for the whole process:
+    a thread started per call (threading.Timer) cost ~0.5 ms of every answer after an idle pause (a thread made, and
+    woken again to end). Arming a deadline later than the one the thread sleeps towards, and disarming one, wake
+    nothing: the thread wakes when its time comes, fires what is due and sleeps towards the next deadline."""
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        self._armed: dict[object, tuple[float, object]] = {}    # token -> (end, callback)
+        self._wake = float("inf")                               # when the thread next wakes (monotonic)
+        self._thread: threading.Thread | None = None
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:      # a child process has no such thread: it starts its own
+        self._changed, self._armed, self._wake, self._thread = threading.Condition(), {}, float("inf"), None
+
+    def arm(self, end: float, fire) -> object:
+        token = object()
+        with self._changed:
+            self._armed[token] = (end, fire)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="attnscope-client-deadlines", daemon=True)
+                self._thread.start()
+            elif end < self._wake:
+                self._changed.notify()
+        return token
+
+    def disarm(self, token) -> None:
+        with self._changed:
+            self._armed.pop(token, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                now = time.monotonic()
+                due = [self._armed.pop(t)[1] for t, (end, _) in list(self._armed.items()) if end <= now]
+                if not due:
+                    self._wake = min((end for end, _ in self._armed.values()), default=float("inf"))
+                    self._changed.wait(None if self._wake == float("inf") else self._wake - now)
+                    continue
+            for fire in due:
+                fire()
+
+
+_WATCHDOG = _Watchdog()
+
+
 class _Deadline:
     """A call's total time: when it passes, the connection's socket is shut, so that whatever read is under way ends
-    (a socket timeout bounds each read, not the call: a server sending a byte a second never trips it)."""
+    (a socket timeout bounds each read, not the call: a server sending a byte a second never trips it). The
+    process's one _Watchdog thread keeps the time."""
 
     def __init__(self, seconds: float):
         self.seconds, self.end, self.passed = seconds, time.monotonic() + seconds, False
-        self._timer = None
+        self._token = None
+        self.sock: socket.socket | None = None     # the request's socket (an answer with Connection: close reads
+        #                                            it after http.client has set conn.sock to None)
 
     def left(self) -> float:
         return max(0.001, self.end - time.monotonic())
 
     def arm(self, conn: http.client.HTTPConnection) -> None:
         self.disarm()
-        self._timer = threading.Timer(self.left(), self._fire, args=(conn,))
-        self._timer.daemon = True
-        self._timer.start()
+        self._token = _WATCHDOG.arm(self.end, lambda: self._fire(conn))
 
     def _fire(self, conn) -> None:
+        if self._token is None:           # disarmed as it came due: the call is over
+            return
         self.passed = True
-        sock = conn.sock
+        sock = conn.sock or self.sock
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -93,8 +145,9 @@ class _Deadline:
                 pass
 
     def disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        if self._token is not None:
+            _WATCHDOG.disarm(self._token)
+            self._token = None
 
     def error(self) -> ApiError:
         return ApiError(0, f"no complete answer within the client's timeout of {self.seconds:g} s "
@@ -127,6 +180,7 @@ class Client(Analyses):
             try:
                 conn.request(method, path, None if body is None else json.dumps(body),
                              {"Content-Type": "application/json", "Accept": accept})
+                deadline.sock = conn.sock         # the answer's reader keeps it once the connection lets it go
                 resp = conn.getresponse()
                 sent = True
                 if resp.status not in (200, 202, 204):

@@ -37,3 +37,43 @@ def test_client_large_answer_on_huge_page_buffer(live_server):
     ref = httpx.post(f"{live_server}/api/attention", json={"text": text, "layers": [5], "heads": [11]}).json()
     np.testing.assert_array_equal(ans["attention"][5, 11], np.array(ref["attention"][0][0], np.float32))
     np.testing.assert_allclose(ans["attention"].sum(-1), 1.0, atol=1e-6)
+
+
+def test_a_call_that_outlasts_its_timeout_ends_and_the_next_call_is_timed_afresh():
+    """The client's timeout bounds a whole call, not each read: a server that sends its answer a byte at a time
+    (each read well within the socket timeout) is cut off when the call's time is up (the client's one deadline
+    thread shuts the socket, the answer's own once `Connection: close` took it from the connection), with status 0;
+    the next call, to a prompt server, gets its own full time."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    slow = threading.Event()
+
+    def serve():
+        for _ in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                body = b'{"models": []}'
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+                try:
+                    for i in range(len(body)):
+                        conn.sendall(body[i:i + 1])
+                        if slow.is_set():
+                            time.sleep(0.2)      # 14 bytes: 2.8 s, each read 0.2 s apart
+                except OSError:                  # the client has gone
+                    pass
+    threading.Thread(target=serve, daemon=True).start()
+    api = Client(f"http://127.0.0.1:{port}", timeout=1.0)
+    slow.set()
+    t0 = time.monotonic()
+    with pytest.raises(ApiError, match="within the client's timeout of 1 s") as e:
+        api._json("GET", "/api/models")
+    assert e.value.status == 0 and 0.9 < time.monotonic() - t0 < 2.0
+    slow.clear()
+    assert api._json("GET", "/api/models") == {"models": []}      # armed afresh, not cut off by the last deadline
+    listener.close()
