@@ -62,7 +62,8 @@ class Session:
         """packed: the graph is a packed one (graphs/builder.Graph's packed: graphs/decoding.packs), whose quantised
         weights' parts are opened as initializers where they live on the CPU (else bound like any weight); prepack: a
         stacked graph whose float32 product weights are opened as initializers too, which onnxruntime prepacks, as far
-        as the model's budget goes (Weights.prepacks); options: open_session's (arena, mem_pattern, compute_dtype)."""
+        as the model's budget goes, and its other float32 weights with them (Weights.prepacks); options:
+        open_session's (arena, mem_pattern, compute_dtype)."""
         cpu = weights is not None and device_of(providers) == "cpu"
         initial = weights.value if cpu and (packed or prepack) else None
         self.ort = open_session(graph, providers, threads, initial=initial,
