@@ -88,6 +88,8 @@ def test_a_request_for_one_layer_fetches_that_layer_alone():
     after block 3, whose four blocks each write their attention; the three not asked are left where the session
     computes (scratch memory here, device memory on a GPU), so the bytes the session wrapper counts as fetched are
     one layer's [H, T, T] float32 matrices and its [H, T] value norms, exactly."""
+    from attnscope.runtime.results import footprint
+
     app = create_app(Settings(models=["minilm"], default_model="minilm"))
     with TestClient(app) as c:
         rt = app.state.service.runtimes["minilm"]
@@ -104,6 +106,9 @@ def test_a_request_for_one_layer_fetches_that_layer_alone():
         T, H = len(j["tokens"]), rt.cfg.n_heads
         assert 4 in rt.open_depths() and j["layers"] == [3]   # every depth is opened at start (Runtime.prepare)
         assert fetched() - before == H * T * T * 4 + H * T * 4      # and its keys' value norms [H, T] (summaries)
+        [kept] = [r for r, _ in app.state.service.runner.cache._items.values() if getattr(r, "tokens", 0) == j["tokens"]]
+        assert kept.attentions.shape[:2] == (4, H) and not kept.attentions.flags.writeable   # results.one_block: the
+        assert footprint(kept.attentions) < 2 * H * T * T * 4        # cached result holds one block's memory, not four
         full = rt.forward([rt.encode(text)])[0].attentions                  # the whole graph, every layer fetched
         np.testing.assert_array_equal(j["attention"][0], full[3])
 
