@@ -151,11 +151,11 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
     (graphs/builder.initialized: its quantised weights' parts, which onnxruntime then prepacks); given only where they
     live on the CPU. The OrtValues are the caller's, over the weights' own memory: nothing is copied but what
     onnxruntime packs. prepack (with `initial`): given the float32 weights the graph's products read (product_weights)
-    and its other float32 inputs, the names of those to open as initializers as well: product weights, which
-    onnxruntime then prepacks for its sgemm, and with them the other weights, which it reads in place (the caller
-    decides, within its budget: Weights.prepacks). MiniLM's forward at 128 tokens took 25.1 ms with them bound, 22.4
-    with them prepacked, for one more copy of them in memory per session (bench/answer.py); with the rest opened too
-    a run binds none of MiniLM's 53 other weights (~0.2 ms of Python a run). Neither under a capped
+    and the float32 inputs no product reads (unmultiplied), the names of those to open as initializers as well:
+    product weights, which onnxruntime then prepacks for its sgemm, and with them other weights, which it reads in
+    place (the caller decides, within its budget: Weights.prepacks). MiniLM's forward at 128 tokens took 25.1 ms with
+    them bound, 22.4 with them prepacked, for one more copy of them in memory per session (bench/answer.py); with the
+    others opened too a run binds 2 of MiniLM's 53 other weights (~0.15 ms less Python a run). Neither under a capped
     arena (share_arena): a session with one prepacked initializer runs outside the shared arena, past its cap (a
     300-token SmolLM2 prompt ran through the packed decoding graph under a 1 MB cap); its weights are then bound.
 
@@ -199,10 +199,7 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
         proto = onnx.load(str(graph)) if isinstance(graph, Path) else onnx.load_from_string(graph)
         names = initialized(proto) if initial is not None else {}
         if initial is not None and prepack is not None:
-            products = set(product_weights(proto))
-            names |= {name: name for name in prepack(sorted(products), [i.name for i in proto.graph.input if
-                                                      i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
-                                                      and i.name not in products])}
+            names |= {name: name for name in prepack(product_weights(proto), unmultiplied(proto))}
         if compute_dtype in ("float16", "bfloat16"):
             proto = reduce_products(proto, compute_dtype)
         if names:
@@ -218,17 +215,37 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
 def product_weights(proto) -> list[str]:
     """The float32 graph inputs a MatMul multiplies by, directly or through a Transpose (graphs/builder.Graph.linear's
     x @ W^T): those whose prepacked copy speeds a run."""
-    from onnx import TensorProto
+    readers = _readers(proto)
+
+    def multiplied(name: str) -> bool:
+        return all(n.op_type in PRODUCTS or (n.op_type == "Transpose" and all(
+            m.op_type in PRODUCTS for m in readers.get(n.output[0], ()))) for n in readers[name])
+    return [name for name in _float_inputs(proto) if name in readers and multiplied(name)]
+
+
+def unmultiplied(proto) -> list[str]:
+    """The float32 graph inputs no product reads (norms, biases, an untied embedding): opened with the product
+    weights, a session reads them in place. One that a product reads as well (a tied embedding: Gather, and the LM
+    head's Transpose and MatMul) is left out: onnxruntime would fold its Transpose into a copy."""
+    readers = _readers(proto)
+    return [name for name in _float_inputs(proto) if name in readers
+            and not any(n.op_type in PRODUCTS or n.op_type == "Transpose" for n in readers[name])]
+
+
+PRODUCTS = ("MatMul", "Gemm")
+
+
+def _readers(proto) -> dict[str, list]:
     readers: dict[str, list] = {}
     for node in proto.graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)
+    return readers
 
-    def multiplied(name: str) -> bool:
-        return all(n.op_type in ("MatMul", "Gemm") or (n.op_type == "Transpose" and all(
-            m.op_type in ("MatMul", "Gemm") for m in readers.get(n.output[0], ()))) for n in readers[name])
-    return [i.name for i in proto.graph.input
-            if i.type.tensor_type.elem_type == TensorProto.FLOAT and i.name in readers and multiplied(i.name)]
+
+def _float_inputs(proto) -> list[str]:
+    from onnx import TensorProto
+    return [i.name for i in proto.graph.input if i.type.tensor_type.elem_type == TensorProto.FLOAT]
 
 
 def _as_initializers(proto, values: dict) -> None:

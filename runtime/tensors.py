@@ -99,10 +99,10 @@ class Weights:
         """Which of a stacked graph's float32 inputs its session opens as initializers (runtime/options.open_session's
         prepack): its product weights, which onnxruntime prepacks, all of them while the copies fit what is left of
         `prepack_bytes` (each counted at its array's size: onnxruntime's packed copy is about as big), none past it;
-        and with them the model's float32 arrays among `others` (norms, biases, embeddings), those onnxruntime reads
-        in place: 64-byte aligned ones, and small ones (it copies the others: MiniLM's word embeddings, 47 MB at an
-        offset of 24 in its file, stay bound, as do its position embeddings). On the CPU only: a GPU's session reads
-        the weights placed there."""
+        and with them the model's float32 arrays among `others` (options.unmultiplied: norms, biases, an untied
+        embedding), those onnxruntime reads in place: 64-byte aligned ones, and small ones (it copies the others:
+        MiniLM's word embeddings, 47 MB at an offset of 24 in its file, stay bound, as do its position embeddings).
+        On the CPU only: a GPU's session reads the weights placed there."""
         arrays = [self.array(n) for n in products]
         if self.device != "cpu" or any(a.dtype != COMPUTE for a in arrays):
             return []

@@ -83,6 +83,28 @@ def test_graphs_that_stop_early_hold_no_weights_and_can_be_turned_off(runtimes):
     assert [off.depth_for(layer) for layer in range(4)] == [None] * 4
 
 
+def test_a_weight_a_product_reads_too_stays_bound():
+    """What a prepacking graph opens besides its product weights (runtime/options.unmultiplied) is what no product
+    reads: a tied embedding, a Gather's table and the LM head's Transpose and MatMul at once, is neither prepacked nor
+    opened in place (onnxruntime would fold its Transpose into a copy of it); a bias is opened."""
+    from onnx import TensorProto, helper
+
+    from attnscope.runtime.options import product_weights, unmultiplied
+
+    def tensor(name, kind, shape):
+        return helper.make_tensor_value_info(name, kind, shape)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["wte", "ids"], ["x"]), helper.make_node("Transpose", ["wte"], ["wt"], perm=[1, 0]),
+         helper.make_node("MatMul", ["x", "wt"], ["logits"]), helper.make_node("Add", ["x", "bias"], ["y"]),
+         helper.make_node("MatMul", ["x", "w"], ["z"])], "tied",
+        [tensor("wte", TensorProto.FLOAT, [10, 4]), tensor("ids", TensorProto.INT64, [3]),
+         tensor("bias", TensorProto.FLOAT, [4]), tensor("w", TensorProto.FLOAT, [4, 4])],
+        [tensor("logits", TensorProto.FLOAT, [3, 10]), tensor("y", TensorProto.FLOAT, [3, 4]),
+         tensor("z", TensorProto.FLOAT, [3, 4])])
+    proto = helper.make_model(graph)
+    assert product_weights(proto) == ["w"] and unmultiplied(proto) == ["bias"]
+
+
 def test_a_request_for_one_layer_fetches_that_layer_alone():
     """What a run hands back is what the answer holds (issue 38): a request for layer 3 of MiniLM runs the graph cut
     after block 3, whose four blocks each write their attention; the three not asked are left where the session
