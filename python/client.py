@@ -109,7 +109,10 @@ class _Watchdog:
                     self._changed.wait(None if self._wake == float("inf") else self._wake - now)
                     continue
             for fire in due:
-                fire()
+                try:
+                    fire()
+                except Exception:  # noqa: BLE001 - one call's shutdown going wrong must not stop every later deadline
+                    pass
 
 
 _WATCHDOG = _Watchdog()
