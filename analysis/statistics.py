@@ -15,10 +15,10 @@ the page's list of statistics all read the tables below; tests hold the two form
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from ..model.masks import MASKED
 from .keysets import induction_targets, is_punctuation, same_token_keys, sentences  # noqa: F401 (the registry's)
@@ -111,25 +111,10 @@ class MaxWeight(Row):
 
 
 def _distances(T: int, dtype: np.dtype, window: int = 0) -> np.ndarray:
-    """[T, T] |i - j| (window > 0: whether |i - j| < window, 1 or 0) in dtype, read-only; up to CACHED_T tokens made
-    once per length (32 us of a 128-token answer's statistics), longer ones each time (a small part of their work)."""
-    return _cached_distances(T, dtype, window) if T <= CACHED_T else _made_distances(T, dtype, window)
-
-
-CACHED_T = 512     # _distances kept for texts up to this long: the 8 last asked, 16 MB at most (float64)
-
-
-@functools.lru_cache(maxsize=8)
-def _cached_distances(T: int, dtype: np.dtype, window: int) -> np.ndarray:
-    return _made_distances(T, dtype, window)
-
-
-def _made_distances(T: int, dtype: np.dtype, window: int) -> np.ndarray:
-    idx = np.arange(T)
-    d = np.abs(idx[:, None] - idx[None, :])
-    out = (d < window if window else d).astype(dtype)
-    out.flags.writeable = False
-    return out
+    """[T, T] |i - j| (window > 0: whether |i - j| < window, 1 or 0) in dtype, as a read-only view of a 2T-1 band
+    (row i is band[T-1-i : 2T-1-i], as Runtime.build_mask's mask): no [T, T] array is made for it, at any length."""
+    band = np.abs(np.arange(1 - T, T))
+    return sliding_window_view((band < window if window else band).astype(dtype), T)[::-1]
 
 
 @dataclass(frozen=True)
