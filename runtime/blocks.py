@@ -146,6 +146,16 @@ class BlockedLayer:
         """The thumbnail cells tokens a..b-1 touch."""
         return int(np.searchsorted(self.edges, a, "right") - 1), int(np.searchsorted(self.edges, b - 1, "right"))
 
+    def cell_keys(self, k0: int, k1: int, c: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """The attend_block graph's cell_keys and cell_weights [d - c, S] for keys k0..k1-1 over cells c..d-1
+        (graphs/reductions.Reductions._cells): each cell's keys in the block as offsets from k0, padded to the most
+        any cell has there, and 1/|cell| (the pooling matrix's weight, whole cell) on them, 0 on the padding."""
+        first, end = np.maximum(self.edges[c:d], k0), np.minimum(self.edges[c + 1:d + 1], k1)
+        keys = first[:, None] + np.arange(int((end - first).max()))[None, :]
+        inside = keys < end[:, None]
+        weights = np.where(inside, self.pool[self.edges[c:d], np.arange(c, d)][:, None], 0).astype(COMPUTE)
+        return np.where(inside, keys - k0, 0), weights
+
     def run(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, outputs: tuple[str, ...], heads=(), top_k: int = 0,
             ) -> dict[str, np.ndarray]:
         """q, k, v [1, H, T, dh] -> ctx [1, H, T, dh] and each of `outputs` for the whole text: rows [1, H, T]
@@ -181,7 +191,7 @@ class BlockedLayer:
             if thumb:
                 (a, b), (c, d) = self.cells(q0, q1), self.cells(k0, k1)
                 feeds["pool"] = np.ascontiguousarray(self.pool[q0:q1, a:b])
-                feeds["pool_keys"] = np.ascontiguousarray(self.pool[k0:k1, c:d])
+                feeds["cell_keys"], feeds["cell_weights"] = self.cell_keys(k0, k1, c, d)
             for h in range(H):
                 asked = h in heads
                 feeds |= {"q": q[:, h:h + 1, q0:q1], "k": k[:, h:h + 1, k0:k1], "v": v[:, h:h + 1, k0:k1],

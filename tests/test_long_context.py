@@ -16,6 +16,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from attnscope.analysis import thumbnails
 from attnscope.runtime.blocks import block_mask, key_range, query_blocks, tokenwise
 from attnscope.runtime.layerwise import Layerwise, Want
 from attnscope.sources import zoo
@@ -88,8 +89,14 @@ def test_blocked_rows_equal_float64_and_the_stacked_graph(runtimes, model_id, n,
     [full] = rt.forward([enc])                                      # [L, H, T, T]
     lw = Layerwise(rt, group_mb=0.1, graphs=rt.layerwise())
     assert len(query_blocks(T, True, 0, 0.1 * 2**20)) > 4
-    res = lw.forward(enc, want=Want(layers, heads, top_k=4))
+    res = lw.forward(enc, want=Want(layers, heads, top_k=4, resolution=7))
     keys = stats.TextKeys.of(enc, rt.cfg, full.value_norms)         # the stacked graph's value norms [L, H, T]
+    # the blocks' thumbnails (their keys pooled by cells, Reductions._cells): 7 cells of ~60-100 keys (a block's
+    # causal edge inside a cell), and, recomputed, 256 cells (of 2 or 3 keys at 700 tokens, of 1 or 2 at 400)
+    for R, walk in ((7, res), (256, lw.recompute(res, Want(layers, (0,), resolution=256)))):
+        for layer in layers:
+            np.testing.assert_allclose(walk.thumbnails[R][layer], thumbnails.downsample(full.attentions[layer], R),
+                                       atol=ATOL, rtol=0, err_msg=f"{R} cells, layer {layer}")
     for name in ("entropy", "first", "previous", "distance", "local", "value_weighted_first"):
         np.testing.assert_allclose(res.rows[name], stats.ROWS[name].numpy(full.attentions, keys), rtol=0,
                                    atol=(50 if name == "entropy" else T if name == "distance" else 1) * ATOL,
