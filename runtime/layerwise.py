@@ -184,7 +184,8 @@ class Layerwise:
         if self.fused:                  # the walk's blocks as one graph each (interventions still run the three)
             exact += [("layer", *which[1:]) for which in exact[:5]]
             supersets += [("layer", *which[1:]) for which in supersets]
-        exact += [("attend_block", ROWS, causal), ("attend_block", ROWS + ("thumbnail",), causal)]   # a long text's
+        exact += [("attend_block", ROWS, causal), ("attend_block", ROWS + ("thumbnail",), causal),   # a long text's,
+                  ("attend_block", ("thumbnail",), causal)]   # and its head view's overview (a head's block means)
         supersets += [superset(("attend_block", thumbnail, c)) for c in (causal, not causal)
                       for thumbnail in ((), ("thumbnail",))]
         exact += [("weights_block", ("attention",), c) for c in (causal, not causal)]   # rows and tiles asked later
