@@ -107,8 +107,8 @@ def _reductions(g: Graph, st: dict[str, str], outputs, causal: bool, block: bool
     """ctx and the reductions.OUTPUTS asked of the probabilities of an attention's stages st (steps.attend's); values:
     the keys' value norms where this graph computes them (else an input, Reductions.value_weighted)."""
     T = g.slice(g.op("Shape", st["q"]), 2, 3, 0, hint="T")
-    r = Reductions(g, st["attentions"], st["masked"], T, causal, needed_columns(outputs, causal, values is None, block),
-                   block, values)
+    r = Reductions(g, st["attentions"], st["masked"], T, causal, needed_columns(outputs, causal, values is None), block,
+                   values)
     return {"ctx": st["ctx"]} | reduce(r, outputs)
 
 
@@ -130,7 +130,7 @@ def build_attend(model: Transformer, outputs, causal: bool, block: bool = False,
     cfg, g = model.cfg, Graph()
     _check(outputs)
     if block and "thumbnail_even" in outputs:
-        raise ValueError("a block of queries pools with the general thumbnail (pool, cell_keys and cell_weights)")
+        raise ValueError("a block of queries pools with the general thumbnail (pool and pool_keys, or cell_keys)")
     for name in "qkv":
         g.input(name, FLOAT, ["batch", "heads", "queries" if block and name == "q" else "tokens", cfg.d_head])
     g.input("attention_mask", FLOAT, ["batch", "mask_heads", "queries" if block else "tokens", "tokens"])

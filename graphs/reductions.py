@@ -7,8 +7,8 @@ so that a layer-by-layer run keeps these and never p itself:
     a block of queries (`block`: runtime/blocks.py): p is [B, h, Tq, Tk], the rows of queries q0.. over keys k0..
                  (input offsets [2] = q0, k0; input total [1] = T); every row is that of the whole text's p (a key
                  outside the block has weight 0 for these queries), the thumbnail a part to add (pool [Tq, Rq]: the
-                 pooling matrix's rows and cells these queries touch; cell_keys and cell_weights [Rk, S]: the keys of
-                 each cell these keys touch, gathered and summed, not a product by a [Tk, Rk] pooling matrix)
+                 pooling matrix's rows and cells these queries touch; pool_keys [Tk, Rk], its rows and cells these
+                 keys touch, or for many cells cell_keys and cell_weights [Rk, S]: each cell's keys, gathered)
     attention    the probabilities of the heads asked (input heads [n], indices in this group) [B, n, T, T]
     top_weights  the k largest weights of each row of those heads (input top_k [1]) [B, n, T, k]
     top_keys     their key indices [B, n, T, k]
@@ -159,16 +159,19 @@ class Reductions:
     # ---- thumbnails ----------------------------------------------------------------------------------------------
     def thumbnail(self) -> str:
         """analysis.thumbnails.downsample: block means, pool^T p pool (pool[t, r] = 1/|block r| on block r's tokens).
-        A block of queries pools its keys by cells (_cells), not by the product p pool_keys."""
-        pool = self.g.input("pool", FLOAT, ["tokens", "cells"])
-        return self.g.op("MatMul", self.g.op("Transpose", pool, perm=[1, 0]),
-                         self._cells() if self.block else self._part("pool"))
+        A block of queries pools its keys either way, as the run feeds it (runtime/blocks.py CELLS_GATHERED): by the
+        product with pool_keys [Tk, Rk] (then cell_keys is [0, 1]) or by cells (_cells; then pool_keys is [Tk, 0])."""
+        g = self.g
+        pool = g.input("pool", FLOAT, ["tokens", "cells"])
+        keys = g.op("Concat", self._part("pool"), self._cells(), axis=-1) if self.block else self._part("pool")
+        return g.op("MatMul", g.op("Transpose", pool, perm=[1, 0]), keys)
 
     def _cells(self) -> str:
         """A block's p pool over its keys, [B, h, Tq, Rk]: each cell's keys gathered (input cell_keys [Rk, S], offsets
         from k0; a cell of fewer than S keys in the block padded) and summed, each times 1/|cell| (input cell_weights
-        [Rk, S], 0 on the padding). A product by the pooling matrix's [Tk, Rk] rows costs 2 Rk FLOP per weight (a
-        32k-token text drawn at 512 cells: ~1 TFLOP a head); this costs three passes over the block."""
+        [Rk, S], 0 on the padding). A product by the pooling matrix's [Tk, Rk] rows costs 2 Rk FLOP per weight and a
+        [Tk, Rk] copy per block (a 32k-token text drawn at 512 cells: ~1 TFLOP a head); this costs three passes over
+        the block, more than the product of a few cells."""
         g = self.g
         keys = g.input("cell_keys", INT, ["cells", "cell_size"])
         weights = g.input("cell_weights", FLOAT, ["cells", "cell_size"])
@@ -264,7 +267,7 @@ class Reductions:
         g, n = self.g, len(self.columns)
         if self._product is None:
             one = g.const(np.array([1]))
-            make = {"pool": lambda: g.input("pool", FLOAT, ["tokens", "cells"]),
+            make = {"pool": lambda: g.input("pool_keys" if self.block else "pool", FLOAT, ["tokens", "cells"]),
                     "positions": lambda: g.op("Unsqueeze", self._positions(), one),
                     "punctuation": lambda: g.op("Unsqueeze", g.input(key_input("punctuation"), FLOAT, ["tokens"]), one)}
             parts = [make[c]() for c in self.columns if c != "value_norms"]
@@ -280,20 +283,19 @@ class Reductions:
         return g.op("Squeeze", part, g.const(np.array([3])))
 
 
-def needed_columns(outputs, causal: bool, norms_input: bool = True, block: bool = False) -> tuple[str, ...]:
-    """The key vectors the shared product must hold for these outputs: the pool first (a whole text's: a block's
-    keys are pooled by cells, Reductions._cells), then the vectors; the value norms last when they are an input
-    (norms_input: else the graph computes them, and their product is the model's data, graphs/reduced.py) and no
-    thumbnail is asked (the pool is shared by the heads: [Tk, R] copied per head would cost more than the pass it
-    saves)."""
+def needed_columns(outputs, causal: bool, norms_input: bool = True) -> tuple[str, ...]:
+    """The key vectors the shared product must hold for these outputs: the pool first, then the vectors; the value
+    norms last when they are an input (norms_input: else the graph computes them, and their product is the model's
+    data, graphs/reduced.py) and no pool is asked (the pool is shared by the heads: [Tk, R] copied per head would
+    cost more than the pass it saves)."""
     columns = []
-    if "thumbnail" in outputs and not block:
+    if "thumbnail" in outputs:
         columns.append("pool")
     if "distance" in outputs and causal:
         columns.append("positions")
     if "punctuation" in outputs:
         columns.append("punctuation")
-    if VALUE_ROW in outputs and norms_input and "thumbnail" not in outputs:
+    if VALUE_ROW in outputs and norms_input and "pool" not in columns:
         columns.append("value_norms")
     return tuple(columns)
 

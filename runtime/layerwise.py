@@ -236,8 +236,8 @@ class Layerwise:
             tq, tk = feeds["q"].shape[2], feeds["k"].shape[2]
             neutral = {"heads": np.zeros(0, np.int64), "top_k": np.ones(1, np.int64), "local_window": np.ones(1, np.int64),
                        "value_norms": np.ones((1, 1, tk), COMPUTE),
-                       "pool": np.zeros((tq, 1), COMPUTE), "cell_keys": np.zeros((1, 1), np.int64),
-                       "cell_weights": np.zeros((1, 1), COMPUTE),
+                       "pool": np.zeros((tq, 1), COMPUTE), "pool_keys": np.zeros((tk, 1), COMPUTE),
+                       "cell_keys": np.zeros((0, 1), np.int64), "cell_weights": np.zeros((0, 1), COMPUTE),
                        "keys_punctuation": np.zeros(tk, COMPUTE)}
             feeds = feeds | {n: neutral.get(n, np.zeros((tq, tk), COMPUTE)) for n in missing}
         return self.session(which).run(outputs, feeds, into=None if ctx is None else {"ctx": ctx})

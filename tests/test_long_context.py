@@ -91,9 +91,10 @@ def test_blocked_rows_equal_float64_and_the_stacked_graph(runtimes, model_id, n,
     assert len(query_blocks(T, True, 0, 0.1 * 2**20)) > 4
     res = lw.forward(enc, want=Want(layers, heads, top_k=4, resolution=7))
     keys = stats.TextKeys.of(enc, rt.cfg, full.value_norms)         # the stacked graph's value norms [L, H, T]
-    # the blocks' thumbnails (their keys pooled by cells, Reductions._cells): 7 cells of ~60-100 keys (a block's
-    # causal edge inside a cell), and, recomputed, 256 cells (of 2 or 3 keys at 700 tokens, of 1 or 2 at 400)
-    for R, walk in ((7, res), (256, lw.recompute(res, Want(layers, (0,), resolution=256)))):
+    # the blocks' thumbnails: 7 cells of ~60-100 keys (a block's causal edge inside a cell), and, recomputed, 300
+    # cells (of 2 or 3 keys at 700 tokens, of 1 or 2 at 400), the first blocks' keys pooled by the product with the
+    # pooling matrix, the later ones' (over CELLS_GATHERED cells) by gathering each cell's keys
+    for R, walk in ((7, res), (300, lw.recompute(res, Want(layers, (0,), resolution=300)))):
         for layer in layers:
             np.testing.assert_allclose(walk.thumbnails[R][layer], thumbnails.downsample(full.attentions[layer], R),
                                        atol=ATOL, rtol=0, err_msg=f"{R} cells, layer {layer}")
