@@ -19,8 +19,9 @@ global layer's every head, and a 256 x 256 tile.
 l1b: a random checkpoint of Llama 3.2 1B's exact shape in bfloat16 (bench/checkpoints.llama, written once into
 ATTNSCOPE_CACHE/checkpoints/l1b-bfloat16, 2.5 GB), its byte tokenizer reading the same English words.
 pool TFLOP: the overview's pooling products (pool_flop), which the work leaves out; +pool: the fraction with them.
-With 64-wide heads at resolution 512 they are more than the attention's own work (l1b at 32k: ~190 TFLOP against a
-134 TFLOP forward): --resolution 0 measures the summaries alone.
+With 64-wide heads at resolution 512 they were more than the attention's own work (l1b at 32k: ~190 TFLOP against a
+134 TFLOP forward) until a block over more than 256 cells gathered its keys by cells instead (runtime/blocks.py
+CELLS_GATHERED): --resolution 0 measures the summaries alone.
 --reference: transformers' Gemma 3 from the same GGUF in float64, its attention replaced (RECIPES.md 15) by one that
 computes the same rows one block of queries at a time (no [T, T]), logits at the last position only: the largest
 difference of the rows and whether the next-token top-1 agrees. Not a test.
@@ -67,12 +68,13 @@ def server_spacing(cfg, T: int) -> int:
 
 
 def pool_flop(rt, T: int, R: int, group_mb: float) -> float:
-    """The overview's pooling in a run's attend graphs (graphs/reductions.py thumbnail: each block's probabilities
-    times the pooling columns of the cells its keys touch, [Tq, Tk] x [Tk, d - c], then the cells of its queries
-    times that): work forward_flop does not count. At resolution 512 on 64-wide heads it is ~4x the attention's own
-    (2 R against 4 d_head FLOP a visible query-key pair)."""
+    """The overview's pooling products in a run's attend graphs (graphs/reductions.py thumbnail: each block's
+    probabilities times the pooling columns of the cells its keys touch, [Tq, Tk] x [Tk, d - c], then the cells of its
+    queries times that): work forward_flop does not count. A block over more than CELLS_GATHERED cells gathers each
+    cell's keys instead (no product: only its queries' cells count); with the product alone, at resolution 512 on
+    64-wide heads it was ~4x the attention's own work (2 R against 4 d_head FLOP a visible query-key pair)."""
     from attnscope.analysis.thumbnails import block_edges
-    from attnscope.runtime.blocks import blocked, query_blocks
+    from attnscope.runtime.blocks import CELLS_GATHERED, blocked, query_blocks
     if not R or T <= R:
         return 0.0
     edges, cfg = np.asarray(block_edges(T, R)), rt.cfg
@@ -80,11 +82,12 @@ def pool_flop(rt, T: int, R: int, group_mb: float) -> float:
     total = 0
     for layer in range(cfg.n_layers):
         window = rt.model.blocks[layer].window or 0
-        plan = (query_blocks(T, cfg.causal, window, group_mb * 2**20) if blocked(T, group_mb * 2**20)
-                else [(0, T, 0, T)])
+        split = blocked(T, group_mb * 2**20)
+        plan = query_blocks(T, cfg.causal, window, group_mb * 2**20) if split else [(0, T, 0, T)]
         for q0, q1, k0, k1 in plan:
             (a, b), (c, d) = cells(q0, q1), cells(k0, k1)
-            total += 2 * (q1 - q0) * (d - c) * ((k1 - k0) + (b - a))
+            keys = 0 if split and d - c > CELLS_GATHERED else k1 - k0
+            total += 2 * (q1 - q0) * (d - c) * (keys + (b - a))
     return float(total * cfg.n_heads)
 
 
