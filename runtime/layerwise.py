@@ -47,9 +47,9 @@ from ..graphs.reductions import key_input
 from ..model.weights import block_layouts
 from .results import Encoded, Encoding, NextToken
 from ..sources.store import read, release
-from .blocks import (VALUE_ROW, BlockedLayer, _walk, blocked, by_tokens, checkpoint_spacing, exact_parts,  # noqa: F401
-                     exact_qkv, final_parts, head_groups, hidden_keys, kept_layers, run_axes, tokenwise, unread_inputs,
-                     value_norms, visible_counts)
+from .blocks import (NO_CELLS, VALUE_ROW, BlockedLayer, _walk, blocked, by_tokens, checkpoint_spacing,  # noqa: F401
+                     exact_parts, exact_qkv, final_parts, head_groups, hidden_keys, kept_layers, run_axes, tokenwise,
+                     unread_inputs, value_norms, visible_counts)
 from .options import GROUP_MB
 from .sessions import Session
 from .tensors import Held, hold
@@ -237,7 +237,7 @@ class Layerwise:
             neutral = {"heads": np.zeros(0, np.int64), "top_k": np.ones(1, np.int64), "local_window": np.ones(1, np.int64),
                        "value_norms": np.ones((1, 1, tk), COMPUTE),
                        "pool": np.zeros((tq, 1), COMPUTE), "pool_keys": np.zeros((tk, 1), COMPUTE),
-                       "cell_keys": np.zeros((0, 1), np.int64), "cell_weights": np.zeros((0, 1), COMPUTE),
+                       **dict(zip(("cell_keys", "cell_weights"), NO_CELLS)),
                        "keys_punctuation": np.zeros(tk, COMPUTE)}
             feeds = feeds | {n: neutral.get(n, np.zeros((tq, tk), COMPUTE)) for n in missing}
         return self.session(which).run(outputs, feeds, into=None if ctx is None else {"ctx": ctx})
