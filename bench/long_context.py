@@ -6,6 +6,7 @@ after it (exact rows, a tile), each length in a fresh process.
     .venv/bin/python bench/long_context.py --models gemma3 --lengths 30000   # the 30,000-token request
     .venv/bin/python bench/long_context.py --models gemma3 --lengths 30000 --reference   # + float64 rows (minutes)
     .venv/bin/python bench/long_context.py --models l1b --lengths 32768 --resolution 0   # 134 TFLOP: tens of min
+    .venv/bin/python bench/long_context.py --models smollm2 --lengths 4096 --denormals both  # runs keeping denormals
 
 Each run is the issue's request on the model's runtime (runtime/layerwise.py, what POST /api/attention runs for a
 long text): every head's rows (the summaries), every head's overview at resolution 512, and the full rows of 6
@@ -126,6 +127,8 @@ def child(model_id: str, T: int, out: Path | None) -> None:
     from attnscope.runtime.layerwise import Want
     from bench.common import CACHE
 
+    from attnscope.runtime import options
+    options.FLUSH_DENORMALS = os.environ.get("DENORMALS", "flushed") == "flushed"
     rt = Runtime(spec_of(model_id), cache_dir=CACHE, threads=int(os.environ.get("THREADS", "2")))
     every = server_spacing(rt.cfg, T)
     lw = rt.layerwise(checkpoint_every=every)
@@ -223,6 +226,9 @@ def main() -> None:
                     "the summaries alone): its pooling is a [Tq, Tk] x [Tk, R] product per block, which the work "
                     "column does not count")
     ap.add_argument("--reference", action="store_true", help="float64 rows from transformers (minutes at 30k)")
+    ap.add_argument("--denormals", choices=("flushed", "kept", "both"), default="flushed",
+                    help="flushed: as served (runtime/options.py FLUSH_DENORMALS); kept: runs that keep them; both: "
+                         "each run twice, kept then flushed, and the time's ratio")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--save", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -234,9 +240,12 @@ def main() -> None:
     os.environ["THREADS"], os.environ["RESOLUTION"] = str(args.threads), str(args.resolution)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     print(f"load: {os.getloadavg()[0]:.2f} (1 min), {args.threads} threads, overview at resolution {args.resolution}")
-    print(f"{'model':8} {'tokens':>7} {'time s':>8} {'TFLOP':>7} {'sgemm GF/s':>10} {'of bound':>8} {'peak GB':>8} "
-          f"{'rows s':>7} {'tile s':>7} {'every':>5} {'pool TFLOP':>10} {'+pool':>6}")
-    for model_id, T in runs:
+    print(f"{'model':8} {'tokens':>7} {'denormals':>9} {'time s':>8} {'TFLOP':>7} {'sgemm GF/s':>10} {'of bound':>8} "
+          f"{'peak GB':>8} {'rows s':>7} {'tile s':>7} {'every':>5} {'pool TFLOP':>10} {'+pool':>6}")
+    arms = ("kept", "flushed") if args.denormals == "both" else (args.denormals,)
+    times: dict[tuple, float] = {}
+    for model_id, T, arm in ((m, T, arm) for m, T in runs for arm in arms):
+        os.environ["DENORMALS"] = arm
         rate = sgemm_rate(args.threads)
         with tempfile.TemporaryDirectory() as tmp:
             saved = Path(tmp) / "rows.npz"
@@ -247,10 +256,14 @@ def main() -> None:
                 print(f"{model_id} {T}: failed\n{out.stderr[-3000:]}")
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"{model_id:8} {T:>7} {r['seconds']:>8.1f} {r['flop'] / 1e12:>7.2f} {rate / 1e9:>10.0f} "
+            print(f"{model_id:8} {T:>7} {arm:>9} {r['seconds']:>8.1f} {r['flop'] / 1e12:>7.2f} {rate / 1e9:>10.0f} "
                   f"{r['flop'] / r['seconds'] / rate:>8.0%} {r['peak'] / 2**30:>8.2f} {r['rows_s']:>7.2f} "
                   f"{r['tile_s']:>7.2f} {r['every']:>5} {r['pool'] / 1e12:>10.2f} "
                   f"{(r['flop'] + r['pool']) / r['seconds'] / rate:>6.0%}", flush=True)
+            times[model_id, T, arm] = r["seconds"]
+            if arm == "flushed" and (model_id, T, "kept") in times:
+                print(f"  flushing denormals: {times[model_id, T, 'kept'] / r['seconds']:.2f}x faster "
+                      f"(rows s and tile s above: the questions after the run)", flush=True)
             if args.reference:
                 diff, top = reference(model_id, saved)
                 print(f"  float64 reference: rows within {diff:.2e}, next-token top-1 {'equal' if top else 'DIFFERS'}")

@@ -35,7 +35,8 @@ from typing import Sequence
 import numpy as np
 
 from ..model.precision import COMPUTE, INDEX
-from .options import default_providers, device_of, open_session, out_of_memory, release_arena, share_arena
+from .options import (default_providers, denormals_flushed, device_of, open_session, out_of_memory, release_arena,
+                      share_arena)
 from .tensors import SCRATCH, Held, Weights, empty
 
 _DTYPES = {"tensor(float)": COMPUTE, "tensor(float16)": np.dtype(np.float16), "tensor(int64)": INDEX}
@@ -103,9 +104,10 @@ class Session:
         names = list(self.declared) if names is None else list(names)
         try:
             if drop:
-                with self._unread(drop, axes or {}) as unread:
+                with self._unread(drop, axes or {}) as unread, denormals_flushed():
                     return self._run(names, feeds, layer, axes, into, release, unread, set(keep))
-            return self._run(names, feeds, layer, axes, into, release, {}, set(keep))
+            with denormals_flushed():
+                return self._run(names, feeds, layer, axes, into, release, {}, set(keep))
         except Exception as e:  # noqa: BLE001 - onnxruntime raises its own error types
             refused = out_of_memory(e, self.device)
             if refused is not None:        # this run alone: what it allocated is back in the arena for the next
@@ -227,4 +229,5 @@ def to_float16(a: np.ndarray) -> np.ndarray:
     """float32 -> float16, bit for bit what numpy gives, but through onnxruntime's Cast: numpy takes a slow path
     for results below float16's normal range, and a quarter of attention weights land there (358 ms vs 2-13 ms
     for 512 tokens x 72 heads)."""
-    return _cast_session().run(None, {"x": np.ascontiguousarray(a, COMPUTE)})[0]
+    with denormals_flushed():
+        return _cast_session().run(None, {"x": np.ascontiguousarray(a, COMPUTE)})[0]
