@@ -2,8 +2,11 @@
 its bfloat16 folder and from its float32 copy, in one run (issue 49: bf16 <= 1.3x f32). A patching request's batches
 read every layer again; from bf16 the blocks' weights are widened once per layer for the request
 (runtime/tensors.Weights.widening), not at each run. --cast also times bf16 the old way (a Cast in every run).
+--gguf: the zoo's SmolLM2 (GGUF Q4_1 blocks) instead, its blocks de-quantised once per weight for the request
+(runtime/capabilities.Capabilities.widened) against the blocks' own products in every run (MatMulNBits).
 
     python bench/widening.py [--folder DIR] [--cast]
+    python bench/widening.py --gguf [--rounds 2]
 
 Each model runs in a process of its own (its RSS is its own); each patches twice, the second timed (the first opens
 its graphs and sizes its arenas). The folders are written once (l1b: 2.5 GB bf16 + 4.9 GB f32).
@@ -14,7 +17,6 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -29,18 +31,17 @@ from attnscope.runtime import interventions
 from attnscope.runtime.patching import patch
 from attnscope.runtime.runtime import Runtime
 from attnscope.sources import resolve
-from bench.checkpoints import text
-folder, cache, cast = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-if cast:                                                   # the old way: the Cast in each run
+model, cache, cast, texts = sys.argv[1], sys.argv[2], sys.argv[3] == "1", json.loads(sys.argv[5])
+if cast:                                   # the old way: the Cast (or the blocks' products) in each run
     init = interventions.Interventions.__init__
     def narrow(self, *a, **k):
         init(self, *a, **k)
         self.wide = ""
     interventions.Interventions.__init__ = narrow
-rt = Runtime(resolve(f"m={folder}", cache=cache), cache_dir=cache)
-t = text(13)
-clean, corrupt = rt.encode(t), rt.encode(t[:-1] + ("a" if t[-1] != "a" else "b"))
-metric = Metric(clean.ids[-1], corrupt.ids[-1])
+rt = Runtime(resolve(model, cache=cache), cache_dir=cache)
+clean, corrupt = (rt.encode(t) for t in texts)
+at = next(i for i, (a, b) in enumerate(zip(clean.ids, corrupt.ids)) if a != b)   # where the texts differ
+metric = Metric(clean.ids[at], corrupt.ids[at])
 times, cpu = [], []
 for _ in range(2):
     t0, c0 = time.perf_counter(), time.process_time()
@@ -54,9 +55,10 @@ print(json.dumps(dict(tokens=len(clean.ids), rows=int(r.patched.size), first=tim
 """
 
 
-def child(folder: Path, cast: bool) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(folder), str(CACHE), "1" if cast else "0",
-                          str(Path(__file__).resolve().parents[1])], capture_output=True, text=True, timeout=3600)
+def child(model: str, cast: bool, texts: list[str]) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, model, str(CACHE), "1" if cast else "0",
+                          str(Path(__file__).resolve().parents[1]), json.dumps(texts)], capture_output=True, text=True,
+                         timeout=3600)
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -66,26 +68,36 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--folder", type=Path, default=CACHE / "checkpoints")
     ap.add_argument("--cast", action="store_true", help="also time bf16 with a Cast in every run (the old way)")
+    ap.add_argument("--gguf", action="store_true", help="SmolLM2's GGUF blocks: de-quantised once against MatMulNBits "
+                    "in every run")
     ap.add_argument("--rounds", type=int, default=1, help="f32 then bf16 (then the Cast) this many times, alternated "
                     "(a shared machine's load changes between them)")
     args = ap.parse_args()
-    bf16 = llama(args.folder / "l1b-bf16", "l1b", "bfloat16")
-    f32 = widened(bf16, args.folder / "l1b-f32")
-    kinds = {"f32": (f32, False), "bf16": (bf16, False)} | ({"bf16, Cast each run": (bf16, True)} if args.cast else {})
-    runs: dict[str, list[dict]] = {name: [] for name in kinds}
+    if args.gguf:
+        name, kinds = "smollm2", {"blocks in every run": ("smollm2", True), "de-quantised once": ("smollm2", False)}
+        texts = [f"When Mary and John went to the store, {who} gave a drink to" for who in ("John", "Mary")]
+    else:
+        bf16 = llama(args.folder / "l1b-bf16", "l1b", "bfloat16")
+        f32 = widened(bf16, args.folder / "l1b-f32")
+        name, kinds = "l1b", {"f32": (f"m={f32}", False), "bf16": (f"m={bf16}", False)} | (
+            {"bf16, Cast each run": (f"m={bf16}", True)} if args.cast else {})
+        t = text(13)                                       # 14 tokens of l1b's byte tokenizer
+        texts = [t, t[:-1] + ("a" if t[-1] != "a" else "b")]
+    runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
     for _ in range(args.rounds):
-        for name, (folder, cast) in kinds.items():
-            r = child(folder, cast)
-            runs[name].append(r)
-            print(f"l1b {name} ({r['storage']}): patching {r['rows']} heads on a {r['tokens']}-token pair: "
+        for kind, (model, cast) in kinds.items():
+            r = child(model, cast, texts)
+            runs[kind].append(r)
+            print(f"{name} {kind} ({r['storage']}): patching {r['rows']} heads on a {r['tokens']}-token pair: "
                   f"{r['second']:.1f} s wall, {r['cpu']:.1f} s CPU (first request {r['first']:.1f} s), peak RSS "
-                  f"{r["hwm"] / 2**30:.1f} GiB", flush=True)
-    diff = max(abs(a - b) for a, b in zip(runs["f32"][0]["patched"], runs["bf16"][0]["patched"]))
-    print(f"largest difference of the first 8 patched metrics, bf16 vs f32: {diff:.2e}")
-    best = {name: (min(r["second"] for r in rs), min(r["cpu"] for r in rs)) for name, rs in runs.items()}
-    for name in list(kinds)[1:]:
-        print(f"{name} / f32, best of {args.rounds}: {best[name][0] / best['f32'][0]:.2f}x wall, "
-              f"{best[name][1] / best['f32'][1]:.2f}x CPU (target <= 1.3x)")
+                  f"{r['hwm'] / 2**30:.1f} GiB", flush=True)
+    first, *others = kinds
+    diff = max(abs(a - b) for a, b in zip(runs[first][0]["patched"], runs[others[0]][0]["patched"]))
+    print(f"largest difference of the first 8 patched metrics, {others[0]} vs {first}: {diff:.2e}")
+    best = {kind: (min(r["second"] for r in rs), min(r["cpu"] for r in rs)) for kind, rs in runs.items()}
+    for kind in others:
+        print(f"{kind} / {first}, best of {args.rounds}: {best[kind][0] / best[first][0]:.2f}x wall, "
+              f"{best[kind][1] / best[first][1]:.2f}x CPU" + ("" if args.gguf else " (target <= 1.3x)"))
 
 
 if __name__ == "__main__":

@@ -44,9 +44,10 @@ class Graph:
     input is named as the model names the array it reads, whatever graph reads it."""
 
     def __init__(self, names: dict[int, str] | None = None, wide: bool = False, packed: bool = False):
-        """wide: the model's narrower float arrays (bfloat16, float16) are read as compute-type inputs, no Cast: a
-        run binds their widened copies (runtime/tensors.Weights.widening: widened once per layer per run, where a
-        run multiplies by the same layer's weights many times).
+        """wide: the model's narrower float arrays (bfloat16, float16) and its quantised weights
+        (model/quantized.Blocks) are read whole as compute-type inputs, no Cast and no MatMulNBits: a run binds their
+        widened (de-quantised) copies (runtime/tensors.Weights.widening: widened once per layer for all the runs of
+        a request that multiplies by the same layers' weights many times: runtime/capabilities.Capabilities.widened).
         packed: the quantised weights' parts are opened as initializers that onnxruntime prepacks (`times`; the
         graph says so, `initialized`), not bound at each run."""
         self.nodes, self.inits, self._n = [], [], 0
@@ -70,13 +71,16 @@ class Graph:
         """A model array (a weight, a position table): a graph input named as `names` names it (else `hint`), in its
         stored type, fed at every run (runtime/binding.py). Returns its name as stored: `widen` it for arithmetic,
         after a Gather or Slice where only part of it is read."""
-        if isinstance(value, Blocks):                  # each part an input "<name>.<part>"; the name stands for them
+        if isinstance(value, Blocks) and not self.wide:   # each part an input "<name>.<part>"; the name stands for them
             parts = {part: self.param(a, f"{hint}.{part}") for part, a in value.parts().items()}
             name = parts["codes"].rsplit(".", 1)[0]
             self.blocks.setdefault(name, (value, parts))
             return name
-        value = np.asarray(value)
-        name = self.names.get(id(value), hint)
+        if isinstance(value, Blocks):                  # wide: one float input, bound de-quantised, named as its parts
+            name = self.names.get(id(value.codes), f"{hint}.codes").rsplit(".", 1)[0]
+        else:
+            value = np.asarray(value)
+            name = self.names.get(id(value), hint)
         if name not in self.feeds:
             kind = FLOAT if self.wide and value.dtype in STORAGE.values() else onnx_type(value.dtype)
             self.inputs.append(helper.make_tensor_value_info(name, kind, list(value.shape)))
@@ -118,8 +122,9 @@ class Graph:
     def linear(self, x: str, weight: np.ndarray, bias: np.ndarray | None, hint: str) -> str:
         """x @ W^T + b, as functional.linear. Weights arrive [out, in] as stored (widened first where narrower):
         onnxruntime folds the Transpose into the MatMul (FusedMatMul transB), so nothing is copied per run. A
-        quantised weight (model/quantized.Blocks) is multiplied in its blocks (`times`)."""
-        if isinstance(weight, Blocks):
+        quantised weight (model/quantized.Blocks) is multiplied in its blocks (`times`); a wide graph's as a float
+        one."""
+        if isinstance(weight, Blocks) and not self.wide:
             y = self.times(x, self.param(weight, hint + ".weight"))
         else:
             y = self.op("MatMul", x, self.op("Transpose", self.weight(weight, hint + ".weight"), perm=[1, 0]), hint=hint)

@@ -53,6 +53,11 @@ def widen(weight: np.ndarray) -> np.ndarray:
     return weight if weight.dtype == COMPUTE else weight.astype(COMPUTE)
 
 
+def narrow(weight) -> bool:
+    """Whether `widen` copies this stored weight: one narrower than the compute type, or kept in quantised blocks."""
+    return hasattr(weight, "dequantize") or weight.dtype != COMPUTE
+
+
 def storage_name(dtype) -> str:
     """'float32', 'bfloat16' or 'float16' for a weight's dtype; ValueError for any other."""
     for name, d in STORAGE.items():

@@ -75,6 +75,19 @@ class Capabilities:
         (runtime/layerwise.Layerwise.session)."""
         return self.stored_bytes <= SMALL or (self.precision.storage == "float32" and not self.precision.reduced)
 
+    @property
+    def widened(self) -> bool:
+        """Whether runs that multiply by every layer's weights many times (a patching request's batches of rows,
+        runtime/interventions.py) run the layer graphs' wide forms, which read each weight whole in float32, widened
+        once per layer for all of them (runtime/tensors.Weights.widening): a model stored in bfloat16 or float16, and
+        one kept in quantised blocks whose float32 weights fit the budget beside its own. MatMulNBits, the blocks'
+        product, de-quantises its weight a block at a time in every run: a SmolLM2 Q4_1 product of 126 rows (9 heads'
+        rows of a 14-token pair) took 9.9 ms against 3.1 ms with float32 weights (bench/matmulnbits.py --tokens 126
+        --k 576 --n 1536, one core), and the blocks' products were 9.5 s of patching its 270 heads' 13 s."""
+        if self.precision.storage != "float32":
+            return True
+        return self.stored_bytes < self.compute_bytes <= SHARE * self.memory_bytes - self.stored_bytes
+
     def allows(self, feature: str) -> bool:
         return feature not in self.reasons and feature not in self.short
 

@@ -123,9 +123,10 @@ class Interventions:
         whose first edits are at different layers, run from the earliest (the others' unedited layers computed
         again, in the batch); default: on a GPU."""
         self.rt, self.lw = rt, rt.layerwise()
-        # a model stored narrower than float32 runs its blocks' wide graphs: each layer's weights widened once for
-        # the runs `widening` spans (every batch of rows reads every layer again), not at each run
-        self.wide = "wide_" if rt.capabilities.precision.storage != "float32" else ""
+        # a model stored narrower than float32 (or in quantised blocks, where their float32 copies fit) runs its blocks'
+        # wide graphs: each layer's weights widened once for the runs `widening` spans (every batch of rows reads
+        # every layer again), not at each run (Capabilities.widened)
+        self.wide = "wide_" if rt.capabilities.widened else ""
         self.batch = int(batch) if rt.weights.device == "cpu" else max(int(batch), GPU_BATCH)
         self.merge = rt.weights.device != "cpu" if merge is None else bool(merge)
 

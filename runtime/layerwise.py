@@ -189,7 +189,7 @@ class Layerwise:
         supersets += [superset(("attend_block", thumbnail, c)) for c in (causal, not causal)
                       for thumbnail in ((), ("thumbnail",))]
         exact += [("weights_block", ("attention",), c) for c in (causal, not causal)]   # rows and tiles asked later
-        wide = ["wide_block_in", "wide_block_out"] if self.rt.capabilities.precision.storage != "float32" else []
+        wide = ["wide_block_in", "wide_block_out"] if self.rt.capabilities.widened else []
         logits = ["final_logits"] if self.rt.cfg.lm_head else []          # an encoder has no LM head
         return ["embed", "block_in", "block_kv", "block_out", *wide, "final", "final_norm", *logits,
                 *dict.fromkeys(exact + supersets)]

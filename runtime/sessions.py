@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..model.precision import COMPUTE, INDEX
+from ..model.precision import COMPUTE, INDEX, narrow
 from .options import (default_providers, denormals_flushed, device_of, open_session, out_of_memory, release_arena,
                       share_arena)
 from .tensors import SCRATCH, Held, Weights, empty
@@ -128,12 +128,12 @@ class Session:
     def _weights(self, layer: int | None) -> tuple[list, list[str]]:
         """What a run binds of the model's arrays (of layer `layer`, in a layer graph): the OrtValues that stay as they
         are, looked up on the first run and kept by the session (Weights makes each once and never replaces it), and
-        the names of the bfloat16 or float16 arrays a float32 input widens, which Weights gives per run (a widened
-        copy is kept only while `Weights.widening` lasts)."""
+        the names of the bfloat16, float16 or quantised arrays a float32 input widens, which Weights gives per run (a
+        widened copy is kept only while `Weights.widening` lasts)."""
         binds = self._binds.get(layer)
         if binds is None:
             w = self.weights
-            widened = [n for n in self.bound if n in self.wide and w.array(n, layer).dtype != COMPUTE]
+            widened = [n for n in self.bound if n in self.wide and narrow(w.array(n, layer))]
             binds = self._binds[layer] = ([(n, w.value(n, layer)) for n in self.bound if n not in widened], widened)
         return binds
 

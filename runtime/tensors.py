@@ -14,8 +14,9 @@ from typing import Sequence
 import numpy as np
 
 from ..graphs.builder import PACKED_SUFFIX
-from ..model.precision import COMPUTE, INDEX, widen
-from ..model.weights import ROPE, arrays, block_arrays
+from ..model.precision import COMPUTE, INDEX, narrow, widen
+from ..model.quantized import Blocks
+from ..model.weights import ROPE, arrays, block_arrays, state_dict
 
 
 def ort_nbytes(value) -> int:
@@ -48,6 +49,7 @@ class Weights:
         self.model, self.device = model, device
         self.named = arrays(model)
         self._layers: dict[int, dict[str, np.ndarray]] = {}
+        self._quantised: dict[int, dict] = {}
         self._values: dict[tuple[str, int | None], object] = {}
         self._placed: dict[int, object] = {}          # id(array) -> its OrtValue (the model keeps the arrays alive)
         self._lock = threading.Lock()
@@ -61,6 +63,15 @@ class Weights:
             self._layers[layer] = block_arrays(self.model, layer)
         return self._layers[layer]
 
+    def quantised(self, layer: int) -> dict:
+        """Layer `layer`'s quantised weights whole (model/quantized.Blocks), under the layer graphs' names: what a
+        wide graph reads as one float input each (the other graphs bind their parts, `layer`)."""
+        if layer not in self._quantised:
+            prefix = f"blocks.{layer}."
+            self._quantised[layer] = {"block." + name[len(prefix):]: w for name, w in state_dict(self.model).items()
+                                      if name.startswith(prefix) and isinstance(w, Blocks)}
+        return self._quantised[layer]
+
     def binds(self, name: str) -> bool:
         """Whether a graph input of this name is one of the model's arrays (not a run's own input)."""
         name = name.removesuffix(PACKED_SUFFIX)
@@ -68,20 +79,22 @@ class Weights:
 
     def array(self, name: str, layer: int | None = None) -> np.ndarray:
         """The array bound to input `name`: a packed graph's initializer-to-be (graphs/builder.initialized) is the
-        array it names, where its session binds it instead (on a GPU)."""
+        array it names, where its session binds it instead (on a GPU); a wide graph's quantised weight, read whole,
+        is its Blocks (model/quantized.py), which `value` binds de-quantised."""
         name = name.removesuffix(PACKED_SUFFIX)
         if layer is not None and (name.startswith("block.") or name in ROPE):
-            return self.layer(layer)[name]
+            arrays = self.layer(layer)
+            return arrays[name] if name in arrays else self.quantised(layer)[name]
         if name.startswith("block."):
             raise ValueError(f"{name} is a layer graph's weight: name the layer whose weights to bind")
         return self.named[name]
 
     def value(self, name: str, layer: int | None = None, wide: bool = False):
         """The OrtValue bound to input `name` (of layer `layer` in a layer graph); wide: a bfloat16 or float16 array
-        widened to float32 (graphs/builder.Graph's `wide` inputs): kept while `widening` spans the runs, as its
-        budget allows, else made for this run alone."""
+        widened to float32, or a quantised weight de-quantised (graphs/builder.Graph's `wide` inputs): kept while
+        `widening` spans the runs, as its budget allows, else made for this run alone."""
         key = (name, layer if name.startswith("block.") or name in ROPE else None)
-        if wide and self.array(*key).dtype != COMPUTE:
+        if wide and narrow(self.array(*key)):
             return self._widened(key)
         v = self._values.get(key)
         if v is None:

@@ -1,7 +1,8 @@
 """bfloat16 weights widened once per layer per run (issue 49): a patching request's batches read every layer again,
 and the blocks' wide graphs bind float32 copies made once each (runtime/tensors.Weights.widening), instead of a Cast
 of each weight in every run. The answer is the narrow graphs' own (widening is exact either way), and each of the
-blocks' bfloat16 arrays is widened exactly once in the whole request.
+blocks' bfloat16 arrays is widened exactly once in the whole request. A model kept in quantised blocks is
+de-quantised the same way, once a weight, where its float32 weights fit the budget.
 """
 from __future__ import annotations
 
@@ -68,3 +69,41 @@ def test_a_model_too_big_to_run_whole_reads_each_layer_ahead(tmp_path, monkeypat
     expected = [list(big.weights.layer(1).values()), list(big.weights.layer(2).values()), final]
     assert [sorted(map(id, arrays)) for arrays in read] == [sorted(map(id, arrays)) for arrays in expected]
     assert not walk._reader.is_alive()
+
+
+def test_patching_a_quantised_model_dequantises_each_weight_once_where_float32_fits(runtimes, monkeypatch):
+    """The zoo's SmolLM2 (GGUF Q4_1 blocks): a patching request's runs read each quantised weight whole, de-quantised
+    once for the request (gguf's own de-quantisation: model/quantized.Blocks.dequantize), where MatMulNBits had
+    de-quantised it a block at a time in every run (runtime/capabilities.Capabilities.widened). The patched runs
+    equal the blocks' products' to float32 rounding; a budget too small for the float32 copies keeps the blocks."""
+    from attnscope.model.quantized import Blocks
+    from attnscope.runtime.patching import rows_of
+
+    rt = runtimes["smollm2"]
+    assert rt.capabilities.precision.storage == "float32" and rt.capabilities.widened
+    clean, corrupt = rt.encode("When Mary and John went to the store, John gave a drink to"), \
+        rt.encode("When Mary and John went to the store, Mary gave a drink to")
+    metric = Metric(rt.encode(" Mary").ids[0], rt.encode(" John").ids[0])
+    calls = []
+    real = tensors.widen
+    monkeypatch.setattr(tensors, "widen", lambda a: calls.append(a) or real(a))
+
+    def patched(wide: bool) -> np.ndarray:
+        iv = interventions.Interventions(rt)
+        iv.wide = "wide_" if wide else ""
+        with iv.widening():
+            base, source = iv.trace(corrupt), iv.trace(clean)
+            rows, _ = rows_of("head_output", False, source, rt.cfg.n_layers, rt.cfg.n_heads)
+            return iv.run(base, rows[::7], "logits", metric=metric)["metric"]      # 39 rows over every layer
+
+    wide = patched(True)
+    quantised = [w for layer in range(rt.cfg.n_layers) for w in rt.weights.quantised(layer).values()]
+    assert quantised and all(isinstance(w, Blocks) for w in quantised)
+    assert sorted(map(id, calls)) == sorted(map(id, quantised))    # each once, for 2 traces and 39 patched rows
+    calls.clear()
+    blocks = patched(False)
+    assert not calls and np.ptp(blocks) > 0.5
+    np.testing.assert_allclose(wide, blocks, rtol=0, atol=2e-5 * np.abs(blocks).max())   # measured: 3e-6 of it
+    small = Runtime(resolve("smollm2", cache=CACHE), cache_dir=CACHE, memory_mb=1000)
+    assert small.capabilities.compute_bytes > 0.45 * small.capabilities.memory_bytes - small.capabilities.stored_bytes
+    assert not small.capabilities.widened
