@@ -127,8 +127,8 @@ def child(model_id: str, T: int, out: Path | None) -> None:
     from attnscope.runtime.layerwise import Want
     from bench.common import CACHE
 
-    from attnscope.runtime import options
-    options.FLUSH_DENORMALS = os.environ.get("DENORMALS", "flushed") == "flushed"
+    from attnscope.runtime import sessions
+    sessions.FLUSH_DENORMALS = os.environ.get("DENORMALS", "flushed") == "flushed"
     rt = Runtime(spec_of(model_id), cache_dir=CACHE, threads=int(os.environ.get("THREADS", "2")))
     every = server_spacing(rt.cfg, T)
     lw = rt.layerwise(checkpoint_every=every)
@@ -227,7 +227,7 @@ def main() -> None:
                     "column does not count")
     ap.add_argument("--reference", action="store_true", help="float64 rows from transformers (minutes at 30k)")
     ap.add_argument("--denormals", choices=("flushed", "kept", "both"), default="flushed",
-                    help="flushed: as served (runtime/options.py FLUSH_DENORMALS); kept: runs that keep them; both: "
+                    help="flushed: as served (runtime/sessions.py FLUSH_DENORMALS); kept: runs that keep them; both: "
                          "each run twice, kept then flushed, and the time's ratio")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--save", type=Path, help=argparse.SUPPRESS)

@@ -4,8 +4,6 @@ shares when the server caps it, and what onnxruntime's allocation failures mean 
     check_providers(providers); check_compute_dtype("float16", providers)     # a bad option: ValueError, at start
     share_arena(arena_mb, providers)                                            # before any session opens
     ort_session = open_session(graph, providers, threads, compute_dtype="float16")
-    with denormals_flushed():                                                   # around every run (Session.run)
-        ort_session.run_with_iobinding(binding)
 
 runtime/sessions.py's Session opens every session through open_session; runtime/tensors.py holds what its runs bind.
 """
@@ -146,7 +144,8 @@ def out_of_memory(error: BaseException, device: str) -> OutOfMemory | None:
 
 
 def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *, arena: bool = True,
-                 mem_pattern: bool = True, compute_dtype: str = "float32", initial=None, prepack=None):
+                 mem_pattern: bool = True, compute_dtype: str = "float32", initial=None, prepack=None,
+                 flush_denormals: bool = False):
     """An onnxruntime session on a graph file or a serialised graph.
 
     initial: a model array's name -> its OrtValue, for the inputs a packed graph opens as initializers
@@ -161,6 +160,8 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
     arena (share_arena): a session with one prepacked initializer runs outside the shared arena, past its cap (a
     300-token SmolLM2 prompt ran through the packed decoding graph under a 1 MB cap); its weights are then bound.
 
+    flush_denormals: its pool's threads flush float32 denormals to zero (runtime/sessions.py denormals_flushed,
+    which a caller that asks it opens the session inside of: onnxruntime flushes the opening thread's for good).
     compute_dtype: what the matrix products run in (model/precision.py): "float32" opens the graph as it is;
     "float16" and "bfloat16" open its reduced form (graphs/reduced.py, made here, so every graph gets it);
     "tf32" asks the CUDA provider for it (provider_options).
@@ -187,7 +188,7 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
     so.enable_mem_pattern = mem_pattern
     so.add_session_config_entry("session.intra_op.allow_spinning", "1")
     so.add_session_config_entry("session.force_spinning_stop", "1")
-    if FLUSH_DENORMALS:                                                  # its pool's threads (denormals_flushed)
+    if flush_denormals:                   # its pool's threads flush them (runtime/sessions.py denormals_flushed)
         so.add_session_config_entry("session.set_denormal_as_zero", "1")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = threads or cores()
@@ -212,9 +213,8 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
             so.add_external_initializers(list(values), list(values.values()))
         if names or compute_dtype in ("float16", "bfloat16"):          # else the graph opens as it is
             graph = proto.SerializeToString()
-    with environment_kept():
-        return ort.InferenceSession(str(graph) if isinstance(graph, Path) else graph, so,
-                                    providers=provider_options(providers, compute_dtype))
+    return ort.InferenceSession(str(graph) if isinstance(graph, Path) else graph, so,
+                                providers=provider_options(providers, compute_dtype))
 
 
 def product_weights(proto) -> list[str]:
@@ -288,98 +288,6 @@ def one_blas_thread():
     norms wait at most for another walk's products of one layer."""
     with _ONE_BLAS_THREAD, _blas().limit(limits=1, user_api="blas"):
         yield
-
-
-# Denormals. A float32 below 2^-126 (1.2e-38) is a denormal, and arithmetic on one costs x86 cores ~100 times a
-# normal number's. A head's attention weights land there wherever a score is 87-104 below its row's largest: a very
-# peaked head's do by the million. A block of 1408 x 1408 queries and keys of such a head (softmax, weighted values,
-# pooling; one core) took 35 ms where an unpeaked one took 11, and 7 ms with the flush; the page's first request on
-# a 32,000-token text, every head of the peaked 2-layer model of tests/browser/test_long_overview.py with its
-# statistics and thumbnails, 47 s -> 7.7 s on one core. The zoo's models at 4,096 tokens have few such weights and
-# run as fast either way (bench/long_context.py --denormals both). So every run flushes them to zero, as inference
-# engines commonly do: onnxruntime's own option for its pool's threads, and the thread that calls the run, set for
-# the run's duration (denormals_flushed). A weight under 1.2e-38 becomes 0: below what any statistic, a float32 sum
-# of a row or the float16 the page is sent (its smallest 6e-8, kept: the cast's float16 subnormals are not flushed)
-# can tell from 0.
-FLUSH_DENORMALS = True          # False: runs keep them (bench/long_context.py --denormals kept, to measure the flush)
-_MXCSR_FLUSH = 0x8040           # x86's MXCSR: flush-to-zero (bit 15) and denormals-are-zero (bit 6)
-_MXCSR_AT = 28                  # its offset in fenv_t, glibc's and musl's on x86-64 alike
-
-
-@functools.cache
-def _libm():
-    """The C library's floating-point environment calls, where this process can set MXCSR through them (Linux on
-    x86-64), checked once: a denormal times 1 in NumPy is 0 with the flush set, itself with it cleared. None
-    elsewhere: runs then keep denormals (slower on a peaked head, the same numbers to float32's precision)."""
-    import ctypes
-    import ctypes.util
-    import platform
-    import sys
-
-    import numpy as np
-    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return None
-    try:
-        libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-        tiny = np.full(4, 1e-39, np.float32)
-        saved = _set_flush(libm, True)
-        try:
-            flushed = not (tiny * np.float32(1)).any()
-            _set_flush(libm, False)
-            kept = bool((tiny * np.float32(1)).all())
-        finally:
-            libm.fesetenv(saved)
-        return libm if flushed and kept else None
-    except (OSError, AttributeError):
-        return None
-
-
-def _set_flush(libm, on: bool):
-    """Set (or clear) this thread's flush-to-zero and denormals-are-zero; returns the environment to put back."""
-    import ctypes
-    saved = (ctypes.c_uint8 * 64)()          # fenv_t is 32 bytes on x86-64: room to spare
-    if libm.fegetenv(saved) != 0:
-        raise OSError("fegetenv failed")
-    env = (ctypes.c_uint8 * 64).from_buffer_copy(saved)
-    mxcsr = int.from_bytes(bytes(env[_MXCSR_AT:_MXCSR_AT + 4]), "little")
-    mxcsr = mxcsr | _MXCSR_FLUSH if on else mxcsr & ~_MXCSR_FLUSH
-    env[_MXCSR_AT:_MXCSR_AT + 4] = list(mxcsr.to_bytes(4, "little"))
-    if libm.fesetenv(env) != 0:
-        raise OSError("fesetenv failed")
-    return saved
-
-
-@contextmanager
-def denormals_flushed():
-    """A context in which this thread flushes denormals to zero (the note above); the thread's own environment is
-    back at its end. ~3 us a use."""
-    libm = _libm() if FLUSH_DENORMALS else None
-    if libm is None:
-        yield
-        return
-    saved = _set_flush(libm, True)
-    try:
-        yield
-    finally:
-        libm.fesetenv(saved)
-
-
-@contextmanager
-def environment_kept():
-    """A context whose end puts back this thread's floating-point environment: onnxruntime sets flush-to-zero on the
-    thread that opens the process's first session, for good, when that session asks the flush (open_session); the
-    thread is the caller's (a notebook's, the server's event loop), whose NumPy must keep its denormals."""
-    import ctypes
-    libm = _libm()
-    if libm is None:
-        yield
-        return
-    saved = (ctypes.c_uint8 * 64)()
-    libm.fegetenv(saved)
-    try:
-        yield
-    finally:
-        libm.fesetenv(saved)
 
 
 @functools.cache

@@ -18,7 +18,8 @@ memory, and onnxruntime keeps its packed copy. What differs between sessions is 
 What leaves the device is what the caller asks for as NumPy: outputs it keeps (`keep`) stay where the session
 computes, as `Held` tensors the next run reads in place (on a GPU: device memory; on the CPU: NumPy buffers, the same
 binding calls), and `Session.fetched` counts the bytes that come to the host (tests/test_long.py holds a long run
-and a generation to exactly what their answers hold).
+and a generation to exactly what their answers hold). Every run flushes float32 denormals to zero
+(`denormals_flushed`, the note above it).
 
 Opened with runtime/options.py's open_session (providers, options, the shared arena); what its runs bind and keep is
 runtime/tensors.py's (Weights, Held, the scratch memory).
@@ -35,11 +36,102 @@ from typing import Sequence
 import numpy as np
 
 from ..model.precision import COMPUTE, INDEX, narrow
-from .options import (default_providers, denormals_flushed, device_of, open_session, out_of_memory, release_arena,
-                      share_arena)
+from .options import default_providers, device_of, open_session, out_of_memory, release_arena, share_arena
 from .tensors import SCRATCH, Held, Weights, empty
 
 _DTYPES = {"tensor(float)": COMPUTE, "tensor(float16)": np.dtype(np.float16), "tensor(int64)": INDEX}
+
+
+# Denormals. A float32 below 2^-126 (1.2e-38) is a denormal, and arithmetic on one costs x86 cores ~100 times a
+# normal number's. A head's attention weights land there wherever a score is 87-104 below its row's largest: a very
+# peaked head's do by the million. A block of 1408 x 1408 queries and keys of such a head (softmax, weighted values,
+# pooling; one core) took 35 ms where an unpeaked one took 11, and 7 ms with the flush; the page's first request on
+# a 32,000-token text, every head of the peaked 2-layer model of tests/browser/test_long_overview.py with its
+# statistics and thumbnails, 47 s -> 7.7 s on one core. The zoo's models at 4,096 tokens have few such weights and
+# run as fast either way (bench/long_context.py --denormals both). So every run flushes them to zero, as inference
+# engines commonly do: onnxruntime's own option for its pool's threads, and the thread that calls the run, set for
+# the run's duration (denormals_flushed). A weight under 1.2e-38 becomes 0: below what any statistic, a float32 sum
+# of a row or the float16 the page is sent (its smallest 6e-8, kept: the cast's float16 subnormals are not flushed)
+# can tell from 0.
+FLUSH_DENORMALS = True          # False: runs keep them (bench/long_context.py --denormals kept, to measure the flush)
+_MXCSR_FLUSH = 0x8040           # x86's MXCSR: flush-to-zero (bit 15) and denormals-are-zero (bit 6)
+_MXCSR_AT = 28                  # its offset in fenv_t, glibc's and musl's on x86-64 alike
+
+
+@functools.cache
+def _libm():
+    """The C library's floating-point environment calls, where this process can set MXCSR through them (Linux on
+    x86-64), checked once: a denormal times 1 in NumPy is 0 with the flush set, itself with it cleared. None
+    elsewhere: runs then keep denormals (slower on a peaked head, the same numbers to float32's precision)."""
+    import ctypes
+    import ctypes.util
+    import platform
+    import sys
+
+    import numpy as np
+    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    try:
+        libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+        tiny = np.full(4, 1e-39, np.float32)
+        saved = _set_flush(libm, True)
+        try:
+            flushed = not (tiny * np.float32(1)).any()
+            _set_flush(libm, False)
+            kept = bool((tiny * np.float32(1)).all())
+        finally:
+            libm.fesetenv(saved)
+        return libm if flushed and kept else None
+    except (OSError, AttributeError):
+        return None
+
+
+def _set_flush(libm, on: bool):
+    """Set (or clear) this thread's flush-to-zero and denormals-are-zero; returns the environment to put back."""
+    import ctypes
+    saved = (ctypes.c_uint8 * 64)()          # fenv_t is 32 bytes on x86-64: room to spare
+    if libm.fegetenv(saved) != 0:
+        raise OSError("fegetenv failed")
+    env = (ctypes.c_uint8 * 64).from_buffer_copy(saved)
+    mxcsr = int.from_bytes(bytes(env[_MXCSR_AT:_MXCSR_AT + 4]), "little")
+    mxcsr = mxcsr | _MXCSR_FLUSH if on else mxcsr & ~_MXCSR_FLUSH
+    env[_MXCSR_AT:_MXCSR_AT + 4] = list(mxcsr.to_bytes(4, "little"))
+    if libm.fesetenv(env) != 0:
+        raise OSError("fesetenv failed")
+    return saved
+
+
+@contextmanager
+def denormals_flushed():
+    """A context in which this thread flushes denormals to zero (the note above); the thread's own environment is
+    back at its end. ~3 us a use."""
+    libm = _libm() if FLUSH_DENORMALS else None
+    if libm is None:
+        yield
+        return
+    saved = _set_flush(libm, True)
+    try:
+        yield
+    finally:
+        libm.fesetenv(saved)
+
+
+@contextmanager
+def environment_kept():
+    """A context whose end puts back this thread's floating-point environment: onnxruntime sets flush-to-zero on the
+    thread that opens the process's first session, for good, when that session asks the flush (open_session); the
+    thread is the caller's (a notebook's, the server's event loop), whose NumPy must keep its denormals."""
+    import ctypes
+    libm = _libm()
+    if libm is None:
+        yield
+        return
+    saved = (ctypes.c_uint8 * 64)()
+    libm.fegetenv(saved)
+    try:
+        yield
+    finally:
+        libm.fesetenv(saved)
 
 
 class Session:
@@ -67,8 +159,9 @@ class Session:
         open_session's (arena, mem_pattern, compute_dtype)."""
         cpu = weights is not None and device_of(providers) == "cpu"
         initial = weights.value if cpu and (packed or prepack) else None
-        self.ort = open_session(graph, providers, threads, initial=initial,
-                                prepack=weights.prepacks if cpu and prepack else None, **options)
+        with environment_kept():
+            self.ort = open_session(graph, providers, threads, initial=initial, flush_denormals=FLUSH_DENORMALS,
+                                    prepack=weights.prepacks if cpu and prepack else None, **options)
         self.arena = options.get("arena", True)      # a run's `release` shrinks the arena: none to shrink without
         self.weights = weights
         self.inputs = {i.name for i in self.ort.get_inputs()}
@@ -215,7 +308,9 @@ def _cast_session():
     g.op("Cast", "x", to=TensorProto.FLOAT16, out="y")
     proto = model_proto(g, [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
                         [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)], "to_float16")
-    return open_session(proto.SerializeToString(), ["CPUExecutionProvider"], 0, arena=False)
+    with environment_kept():
+        return open_session(proto.SerializeToString(), ["CPUExecutionProvider"], 0, arena=False,
+                            flush_denormals=FLUSH_DENORMALS)
 
 
 def open_helpers(arena_mb: float | None = None, providers: Sequence[str] = ()) -> None:

@@ -1,4 +1,4 @@
-"""Runs flush denormals to zero (runtime/options.py FLUSH_DENORMALS): a peaked head's attention weights below
+"""Runs flush denormals to zero (runtime/sessions.py FLUSH_DENORMALS): a peaked head's attention weights below
 float32's normal range (1.2e-38) come out 0, every other number of the run as it was, and the flush is the runs'
 alone: the thread that runs or opens a session keeps its own floating-point environment for its NumPy."""
 from __future__ import annotations
@@ -10,12 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from attnscope.runtime import options
-from attnscope.runtime.options import denormals_flushed
+from attnscope.runtime import sessions
+from attnscope.runtime.sessions import denormals_flushed
 from attnscope.sources.resolve import resolve
 from tests.conftest import CACHE, ROOT
 
-pytestmark = pytest.mark.skipif(options._libm() is None, reason="the calling thread's flush is set through the C "
+pytestmark = pytest.mark.skipif(sessions._libm() is None, reason="the calling thread's flush is set through the C "
                                 "library's fenv on x86-64 Linux; elsewhere runs keep denormals")
 NORMAL = np.finfo(np.float32).tiny                     # 1.18e-38: below it, a float32 is a denormal
 
@@ -72,7 +72,7 @@ def test_a_peaked_heads_weights_below_the_normal_range_are_zero_and_nothing_else
     folder, text = peaked
     runs = {}
     for flush in (False, True):
-        monkeypatch.setattr(options, "FLUSH_DENORMALS", flush)
+        monkeypatch.setattr(sessions, "FLUSH_DENORMALS", flush)
         rt = Runtime(resolve(f"peaked={folder}", cache=CACHE), cache_dir=CACHE, threads=2)
         [res] = rt.run([text])
         runs[flush] = res
