@@ -26,8 +26,12 @@ runtime/tensors.py's (Weights, Held, the scratch memory).
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import math
+import platform
+import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,42 +67,47 @@ def _libm():
     """The C library's floating-point environment calls, where this process can set MXCSR through them (Linux on
     x86-64), checked once: a denormal times 1 in NumPy is 0 with the flush set, itself with it cleared. None
     elsewhere: runs then keep denormals (slower on a peaked head, the same numbers to float32's precision)."""
-    import ctypes
-    import ctypes.util
-    import platform
-    import sys
-
-    import numpy as np
     if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         return None
     try:
         libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
         tiny = np.full(4, 1e-39, np.float32)
-        saved = _set_flush(libm, True)
-        try:
+        with _kept(libm):
+            _set_flush(libm, True)
             flushed = not (tiny * np.float32(1)).any()
             _set_flush(libm, False)
             kept = bool((tiny * np.float32(1)).all())
-        finally:
-            libm.fesetenv(saved)
         return libm if flushed and kept else None
     except (OSError, AttributeError):
         return None
 
 
-def _set_flush(libm, on: bool):
-    """Set (or clear) this thread's flush-to-zero and denormals-are-zero; returns the environment to put back."""
-    import ctypes
-    saved = (ctypes.c_uint8 * 64)()          # fenv_t is 32 bytes on x86-64: room to spare
-    if libm.fegetenv(saved) != 0:
+def _environment(libm):
+    """This thread's fenv_t (32 bytes on x86-64; room to spare)."""
+    env = (ctypes.c_uint8 * 64)()
+    if libm.fegetenv(env) != 0:
         raise OSError("fegetenv failed")
-    env = (ctypes.c_uint8 * 64).from_buffer_copy(saved)
+    return env
+
+
+def _set_flush(libm, on: bool) -> None:
+    """Set (or clear) this thread's flush-to-zero and denormals-are-zero."""
+    env = _environment(libm)
     mxcsr = int.from_bytes(bytes(env[_MXCSR_AT:_MXCSR_AT + 4]), "little")
     mxcsr = mxcsr | _MXCSR_FLUSH if on else mxcsr & ~_MXCSR_FLUSH
     env[_MXCSR_AT:_MXCSR_AT + 4] = list(mxcsr.to_bytes(4, "little"))
     if libm.fesetenv(env) != 0:
         raise OSError("fesetenv failed")
-    return saved
+
+
+@contextmanager
+def _kept(libm):
+    """This thread's floating-point environment, put back at the context's end."""
+    saved = _environment(libm)
+    try:
+        yield
+    finally:
+        libm.fesetenv(saved)
 
 
 @contextmanager
@@ -109,11 +118,9 @@ def denormals_flushed():
     if libm is None:
         yield
         return
-    saved = _set_flush(libm, True)
-    try:
+    with _kept(libm):
+        _set_flush(libm, True)
         yield
-    finally:
-        libm.fesetenv(saved)
 
 
 @contextmanager
@@ -121,17 +128,12 @@ def environment_kept():
     """A context whose end puts back this thread's floating-point environment: onnxruntime sets flush-to-zero on the
     thread that opens the process's first session, for good, when that session asks the flush (open_session); the
     thread is the caller's (a notebook's, the server's event loop), whose NumPy must keep its denormals."""
-    import ctypes
     libm = _libm()
     if libm is None:
         yield
         return
-    saved = (ctypes.c_uint8 * 64)()
-    libm.fegetenv(saved)
-    try:
+    with _kept(libm):
         yield
-    finally:
-        libm.fesetenv(saved)
 
 
 class Session:
