@@ -318,19 +318,22 @@ def lm_outputs(g: Graph, model: Transformer, W: str) -> None:
     """Transformer.lm_outputs: next_token_logits [B, V] and token_logprobs [B, T] from "hidden".
 
     Never more than [B, T, VOCAB_CHUNK] logits at a time: the target logit is one dot product per
-    token (Gather of W's rows), and the log-sum-exp runs chunk by chunk over the vocabulary."""
+    token (Gather of W's rows), the log-sum-exp runs chunk by chunk over the vocabulary, and each text's
+    next-token logits are its last position's row of those chunks (not a second product with W)."""
     V, cap = model.cfg.vocab_size, model.cfg.final_softcap                                # cap: Gemma 2's, or 0
-    last = g.op("GatherND", "hidden", g.op("Unsqueeze", g.op("Sub", "lengths", g.const(np.int64(1))),
-                                           g.const(np.array([1]))), batch_dims=1)          # [B, D]
-    g.op("Identity", logits(g, model, last, W), out="next_token_logits")                  # [B, V]
+    last = g.op("Unsqueeze", g.op("Sub", "lengths", g.const(np.int64(1))), g.const(np.array([1])))   # [B, 1]
     first = g.slice("input_ids", 0, 1, 1)
     following = g.op("Concat", g.slice("input_ids", 1, np.iinfo(np.int64).max, 1),
                      g.op("Mul", first, g.const(np.int64(0))), axis=1)                     # x_{t+1}, [B, T]
     target = g.op("ReduceSum", g.op("Mul", "hidden", g.gather(W, following)),
                   g.const(np.array([-1])), keepdims=0, hint="target_logit")               # [B, T]
     target = soft_cap(g, target, cap)
-    chunks = [g.logsumexp(soft_cap(g, _times_rows(g, "hidden", W, v, V), cap), 1)
-              for v in range(0, V, VOCAB_CHUNK)]                                          # each [B, T, 1]
+    rows, chunks = [], []
+    for v in range(0, V, VOCAB_CHUNK):
+        z = soft_cap(g, _times_rows(g, "hidden", W, v, V), cap)                          # [B, T, chunk]
+        rows.append(g.op("GatherND", z, last, batch_dims=1))                              # [B, chunk]
+        chunks.append(g.logsumexp(z, 1))                                                  # [B, T, 1]
+    g.op("Concat", *rows, axis=-1, out="next_token_logits")                               # [B, V]
     lse = g.logsumexp(g.op("Concat", *chunks, axis=-1), 0)                                 # [B, T]
     logp_next = g.op("Min", g.op("Sub", target, lse), g.const(scalar(0.0)))
     zero = g.op("Cast", g.op("Mul", first, g.const(np.int64(0))), to=FLOAT)               # [B, 1]

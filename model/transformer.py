@@ -462,13 +462,15 @@ class Transformer:
         """
         W = self.unembedding                                              # [V, D]
         B, T, _ = hidden.shape
-        last = hidden[np.arange(B), lengths - 1]                         # [B, D]
         cap = self.cfg.final_softcap                                      # Gemma 2: logits soft-capped (0: off)
-        next_token_logits = logits(self, last)                            # [B, V]
         following = np.concatenate([input_ids[:, 1:], np.zeros((B, 1), np.int64)], axis=1)   # x_{t+1}, [B, T]
         target = soft_cap(np.einsum("btd,btd->bt", hidden, widen(W[following])), cap)   # logit_t[x_{t+1}], [B, T]
-        lse = np.stack([_logsumexp(soft_cap(hidden @ widen(W[v:v + VOCAB_CHUNK]).T, cap))
-                        for v in range(0, len(W), VOCAB_CHUNK)], axis=-1)   # [B, T, chunks]
+        next_token_logits = np.empty((B, len(W)), hidden.dtype)          # [B, V]: each text's last row of the chunks
+        lse = np.empty((B, T, -(-len(W) // VOCAB_CHUNK)), hidden.dtype)   # [B, T, chunks]
+        for n, v in enumerate(range(0, len(W), VOCAB_CHUNK)):
+            z = soft_cap(hidden @ widen(W[v:v + VOCAB_CHUNK]).T, cap)     # [B, T, chunk]
+            next_token_logits[:, v:v + VOCAB_CHUNK] = z[np.arange(B), lengths - 1]
+            lse[..., n] = _logsumexp(z)
         logp_next = np.minimum(target - _logsumexp(lse), 0.0)             # log p(x_{t+1} | x_<=t), [B, T]
         token_logprobs = np.concatenate([np.zeros((B, 1), COMPUTE), logp_next[:, :-1]], axis=1)
         return next_token_logits, token_logprobs.astype(COMPUTE)
@@ -477,7 +479,8 @@ class Transformer:
 def logits(model: Transformer, x: np.ndarray) -> np.ndarray:
     """Next-token logits of final hidden states x [..., D] (after the final norm): x @ W_U^T [..., V], soft-capped
     where the model caps them (Gemma 2). W_U is read VOCAB_CHUNK rows at a time (each widened once it is read), so a
-    bfloat16 unembedding is never held whole in float32. Every path that reads logits in NumPy calls this."""
+    bfloat16 unembedding is never held whole in float32. Every path that reads logits in NumPy calls this, except
+    lm_outputs, which takes them from its log-sum-exp's chunks."""
     W = model.unembedding                                                 # [V, D]
     out = np.empty(x.shape[:-1] + (len(W),), x.dtype)
     for v in range(0, len(W), VOCAB_CHUNK):
