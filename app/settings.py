@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from ..model.precision import COMPUTE_DTYPES
 from ..runtime.capabilities import STACKED_MB, WORK_TFLOP, memory_total
 from ..runtime.options import GROUP_MB, cores
+from ..runtime.runtime import STOP_EARLY_MB
 from ..runtime.tensors import PREPACK_MB
 from ..sources import split_entry
 
@@ -137,10 +138,10 @@ class Settings(BaseSettings):
                                       "chunks whose attention stays within it; the layer's peak is about three such "
                                       "buffers. Small groups stay near the CPU's cache: faster (runtime/options.py "
                                       "GROUP_MB)")
-    stop_early_mb: float = Field(default=1024, ge=0, description="a request for the first layers runs a graph cut "
-                                 "after them (1, 2, 4, ... blocks), each opened on first use and kept (graphs hold no "
-                                 "weights: a cut graph costs only its runs' memory, and a small model's prepacked copies, "
-                                 "ATTNSCOPE_PREPACK_MB); 0: every run goes to the end")
+    stop_early_mb: float = Field(default=STOP_EARLY_MB, ge=0, description="a request for the first layers runs a "
+                                 "graph cut after them (1, 2, 4, ... blocks), each opened on first use and kept "
+                                 "(graphs hold no weights: a cut graph costs only its runs' memory, and a small "
+                                 "model's prepacked copies, ATTNSCOPE_PREPACK_MB); 0: every run goes to the end")
     prepack_mb: float = Field(default=PREPACK_MB, ge=0, description="how much of a model's float32 product weights "
                               "its served graph and cut graphs open as initializers, all graphs together, which "
                               "onnxruntime prepacks for its matrix products (a copy per graph: MiniLM's five graphs "

@@ -13,6 +13,8 @@ from typing import Callable, Iterable, Iterator, Literal
 
 from ..analysis.statistics import TextKeys
 from ..runtime import DEFAULT_CACHE, InputError, Runtime
+from ..runtime.layerwise import Want
+from ..runtime.runtime import STOP_EARLY_MB
 from ..runtime.options import cores
 from ..sources import get
 from .errors import CorpusError
@@ -68,13 +70,18 @@ def chunks(records: Iterable[tuple[int, str] | Problem], unit: str, size: int = 
 
 
 class ChunkWorker:
-    """One Runtime; turns a chunk into its Sums (and the texts the model refused). Both engines run this."""
+    """One Runtime; turns a chunk into its Sums (and the texts the model refused). Both engines run this. Its runs
+    ask every head's attention and no ends (Want.ends): the graph cut after the last block's attention runs, without
+    that block's values and MLP, the final norm or the LM head (SmolLM2's atlas of 400 texts: 38 -> 30 s), the
+    same attentions bit for bit."""
 
     def __init__(self, model_id: str, threads: int = 1, batch_size: int = BATCH_SIZE, js_rows: int = JS_ROWS,
                  runtime=None, cache_dir=None, examples: ExampleOptions | None = None):
-        self.rt = runtime if runtime is not None else Runtime(get(model_id), threads=threads,
-                                                              cache_dir=cache_dir or DEFAULT_CACHE)
+        self.rt = runtime if runtime is not None else Runtime(get(model_id), threads=threads, cache_dir=cache_dir or
+                                                              DEFAULT_CACHE, stop_early_mb=STOP_EARLY_MB)
         self.batch_size, self.js_rows, self.examples = max(1, batch_size), js_rows, examples
+        cfg = self.rt.cfg
+        self.want = Want(tuple(range(cfg.n_layers)), tuple(range(cfg.n_heads)), ends=False)
 
     def __call__(self, chunk: Chunk) -> tuple[Sums, list[Problem]]:
         cfg = self.rt.cfg
@@ -85,12 +92,12 @@ class ChunkWorker:
         for start in range(0, len(order), self.batch_size):
             batch = order[start:start + self.batch_size]
             try:
-                results = self.rt.run([chunk.texts[k] for k in batch])
+                results = self.rt.run([chunk.texts[k] for k in batch], want=self.want)
             except InputError:                                  # find the text the runtime refuses; keep the rest
                 results = []
                 for k in batch:
                     try:
-                        results += self.rt.run([chunk.texts[k]])
+                        results += self.rt.run([chunk.texts[k]], want=self.want)
                     except InputError as e:
                         problems.append(Problem(chunk.unit, chunk.numbers[k], f"the model refused it ({e})"))
                         results.append(None)

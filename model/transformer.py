@@ -454,33 +454,30 @@ class Transformer:
     def lm_outputs(self, hidden, input_ids, lengths) -> tuple[np.ndarray, np.ndarray]:
         """Next-token logits after each text's last token [B, V], and log p(token_t | tokens < t) [B, T].
 
-        log p(x_t | x_<t) = logit_{t-1}[x_t] - logsumexp_v logit_{t-1}[v]. The log-sum-exp runs over
-        VOCAB_CHUNK vocabulary rows at a time and the target logit is one dot product, so no [T, V]
-        array is ever held (at 4096 tokens and SmolLM2's 49152 words that would be 805 MB).
-        The first token has no context: its entry is 0. Log-probs are clipped at 0 (rounding noise).
-        Mirrored node for node by graphs/steps.lm_outputs.
-        """
-        W = self.unembedding                                              # [V, D]
-        B, T, _ = hidden.shape
+        log p(x_t | x_<t) = logit_{t-1}[x_t] - logsumexp_v logit_{t-1}[v]. The log-sum-exp runs over VOCAB_CHUNK
+        vocabulary rows at a time (each text's next-token logits are its last row of them) and the target logit is one
+        dot product, so no [T, V] array is ever held (at 4096 tokens and SmolLM2's 49152 words: 805 MB). The first
+        token has no context: its entry is 0. Log-probs are clipped at 0 (rounding noise). Mirrored node for node by
+        graphs/steps.lm_outputs."""
+        W, B = self.unembedding, len(hidden)                              # W [V, D]
         cap = self.cfg.final_softcap                                      # Gemma 2: logits soft-capped (0: off)
         following = np.concatenate([input_ids[:, 1:], np.zeros((B, 1), np.int64)], axis=1)   # x_{t+1}, [B, T]
         target = soft_cap(np.einsum("btd,btd->bt", hidden, widen(W[following])), cap)   # logit_t[x_{t+1}], [B, T]
-        next_token_logits = np.empty((B, len(W)), hidden.dtype)          # [B, V]: each text's last row of the chunks
-        lse = np.empty((B, T, -(-len(W) // VOCAB_CHUNK)), hidden.dtype)   # [B, T, chunks]
-        for n, v in enumerate(range(0, len(W), VOCAB_CHUNK)):
+        rows, lse = [], []                                                # per vocabulary chunk
+        for v in range(0, len(W), VOCAB_CHUNK):
             z = soft_cap(hidden @ widen(W[v:v + VOCAB_CHUNK]).T, cap)     # [B, T, chunk]
-            next_token_logits[:, v:v + VOCAB_CHUNK] = z[np.arange(B), lengths - 1]
-            lse[..., n] = _logsumexp(z)
+            rows.append(z[np.arange(B), lengths - 1])                     # each text's last position, [B, chunk]
+            lse.append(_logsumexp(z))                                     # [B, T] (z is its scratch)
+        next_token_logits, lse = np.concatenate(rows, -1), np.stack(lse, -1)   # [B, V], [B, T, chunks]
         logp_next = np.minimum(target - _logsumexp(lse), 0.0)             # log p(x_{t+1} | x_<=t), [B, T]
         token_logprobs = np.concatenate([np.zeros((B, 1), COMPUTE), logp_next[:, :-1]], axis=1)
         return next_token_logits, token_logprobs.astype(COMPUTE)
 
 
 def logits(model: Transformer, x: np.ndarray) -> np.ndarray:
-    """Next-token logits of final hidden states x [..., D] (after the final norm): x @ W_U^T [..., V], soft-capped
-    where the model caps them (Gemma 2). W_U is read VOCAB_CHUNK rows at a time (each widened once it is read), so a
-    bfloat16 unembedding is never held whole in float32. Every path that reads logits in NumPy calls this, except
-    lm_outputs, which takes them from its log-sum-exp's chunks."""
+    """Next-token logits of final hidden states x [..., D] (after the final norm): x @ W_U^T [..., V], soft-capped where
+    the model caps them (Gemma 2), W_U read VOCAB_CHUNK rows at a time (each widened once read: a bfloat16 unembedding
+    is never whole in float32). Every NumPy path reads logits here but lm_outputs (off its log-sum-exp's chunks)."""
     W = model.unembedding                                                 # [V, D]
     out = np.empty(x.shape[:-1] + (len(W),), x.dtype)
     for v in range(0, len(W), VOCAB_CHUNK):

@@ -40,6 +40,7 @@ from .tensors import PREPACK_MB, Weights
 from .tokenizing import Vocabulary
 
 DEFAULT_CACHE = Path.home() / ".cache" / "attnscope"
+STOP_EARLY_MB = 1024   # a server's stop_early_mb (ATTNSCOPE_STOP_EARLY_MB), and a corpus worker's
 log = logging.getLogger("attnscope")
 
 
