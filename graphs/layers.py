@@ -37,7 +37,8 @@ def build_final(model: Transformer, which: str = "final") -> onnx.ModelProto:
     chunks would keep each widened chunk of a bfloat16 LM head alive until the last (2.2 GB for Llama 3's 128k
     vocabulary, faulted in at every request)."""
     g = Graph(identities(arrays(model)))
-    final(g, model, "x", g.param(model.wte, "wte") if model.cfg.lm_head and model.lm_head is None else "")
+    final(g, model, "x", g.param(model.wte, "wte") if model.cfg.lm_head and model.lm_head is None else "",
+          last_only=which == "final_logits")
     inputs = [helper.make_tensor_value_info("x", FLOAT, ["batch", "tokens", model.cfg.d_model]),
               *token_inputs(model)[:1], helper.make_tensor_value_info("lengths", INT, ["batch"])]
     outputs = final_outputs(model.cfg)

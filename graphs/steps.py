@@ -285,13 +285,20 @@ def after_attention(g: Graph, block, cfg, p: str, x: str, a: str, cross=None) ->
     return g.op("Add", x, m) if block.norm_first else g.norm(g.op("Add", x, m), block.ln2, p + ".ln2")
 
 
-def final(g: Graph, model: Transformer, x: str, wte: str) -> None:
-    """The final norm (GPT-2, Llama) -> "hidden"; with an LM head, its outputs too."""
+def final(g: Graph, model: Transformer, x: str, wte: str, last_only: bool = False) -> None:
+    """The final norm (GPT-2, Llama) -> "hidden"; with an LM head, its outputs too (last_only: the next-token logits
+    alone, one product with the unembedding at each text's last position)."""
     if model.ln_f is not None:
         x = g.norm(x, model.ln_f, "ln_f")
     g.op("Identity", x, out="hidden")
     if model.cfg.lm_head:
-        lm_outputs(g, model, wte if model.lm_head is None else g.param(model.lm_head.weight, "lm_head"))
+        W = wte if model.lm_head is None else g.param(model.lm_head.weight, "lm_head")
+        if last_only:
+            last = g.op("GatherND", "hidden", g.op("Unsqueeze", g.op("Sub", "lengths", g.const(np.int64(1))),
+                                                   g.const(np.array([1]))), batch_dims=1)     # [B, D]
+            g.op("Identity", logits(g, model, last, W), out="next_token_logits")              # [B, V]
+        else:
+            lm_outputs(g, model, W)
 
 
 def feed_forward(g: Graph, mlp, h: str, p: str) -> str:

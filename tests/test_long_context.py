@@ -352,3 +352,31 @@ def test_a_run_without_predictions_runs_the_lm_head_at_the_last_position(runtime
     asked = local_smollm2.attention(text, model="smollm2", include=["summary", "predictions"], layers=[0], heads=[0])
     logprobs = asked["token_logprobs"]
     assert len(logprobs) == len(asked["tokens"]) and logprobs[0] is None and all(v <= 0 for v in logprobs[1:])
+
+
+def unembedding_products(proto, W: str) -> int:
+    """How many matrix products of a graph read the unembedding W (its blocks, or rows sliced from it)."""
+    made = {out: node for node in proto.graph.node for out in node.output}
+
+    def reads(name: str, hops: int = 4) -> bool:
+        node = made.get(name)
+        return name.startswith(W) or (node is not None and hops > 0 and any(reads(i, hops - 1) for i in node.input))
+    return sum(n.op_type in ("MatMul", "FusedMatMul", "Gemm", "MatMulNBits") and reads(n.input[1])
+               for n in proto.graph.node)
+
+
+def test_the_lm_head_multiplies_each_vocabulary_chunk_once(runtimes):
+    """SmolLM2 from its GGUF blocks: the served graph and a walk's final graph multiply by the unembedding once per
+    VOCAB_CHUNK rows, each text's next-token logits being its last row of the log-prob's chunks (a second product at
+    the last position de-quantised the whole vocabulary again in every run: 7 times in a 3,250-token Gemma 3 walk,
+    4.7 of its 36 s); the graph of the last position's logits alone (a walk without log-probs) reads it once too."""
+    import onnx
+
+    from attnscope.graphs import layers
+    from attnscope.model.transformer import VOCAB_CHUNK
+    rt = runtimes["smollm2"]
+    chunks = -(-rt.cfg.vocab_size // VOCAB_CHUNK)
+    served = onnx.load(str(rt.onnx_path()), load_external_data=False)
+    assert unembedding_products(served, "wte") == chunks > 1
+    for which in ("final", "final_logits"):
+        assert unembedding_products(layers.build_final(rt.model, which), "wte") == chunks, which
