@@ -14,8 +14,8 @@ from typing import Callable, Iterable, Iterator, Literal
 from ..analysis.statistics import TextKeys
 from ..runtime import DEFAULT_CACHE, InputError, Runtime
 from ..runtime.layerwise import Want
-from ..runtime.runtime import STOP_EARLY_MB
 from ..runtime.options import cores
+from ..runtime.runtime import STOP_EARLY_MB
 from ..sources import get
 from .errors import CorpusError
 from .examples import ExampleOptions, TopExamples
