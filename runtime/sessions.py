@@ -110,11 +110,17 @@ def _kept(libm):
         libm.fesetenv(saved)
 
 
+def flushing() -> bool:
+    """Whether runs flush denormals: FLUSH_DENORMALS, where this thread's environment can be set and put back (_libm).
+    Sessions ask onnxruntime's flush only then: elsewhere it would flush their opener's thread for good."""
+    return FLUSH_DENORMALS and _libm() is not None
+
+
 @contextmanager
 def denormals_flushed():
     """A context in which this thread flushes denormals to zero (the note above); the thread's own environment is
     back at its end. ~3 us a use."""
-    libm = _libm() if FLUSH_DENORMALS else None
+    libm = _libm() if flushing() else None
     if libm is None:
         yield
         return
@@ -162,7 +168,7 @@ class Session:
         cpu = weights is not None and device_of(providers) == "cpu"
         initial = weights.value if cpu and (packed or prepack) else None
         with environment_kept():
-            self.ort = open_session(graph, providers, threads, initial=initial, flush_denormals=FLUSH_DENORMALS,
+            self.ort = open_session(graph, providers, threads, initial=initial, flush_denormals=flushing(),
                                     prepack=weights.prepacks if cpu and prepack else None, **options)
         self.arena = options.get("arena", True)      # a run's `release` shrinks the arena: none to shrink without
         self.weights = weights
@@ -312,7 +318,7 @@ def _cast_session():
                         [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)], "to_float16")
     with environment_kept():
         return open_session(proto.SerializeToString(), ["CPUExecutionProvider"], 0, arena=False,
-                            flush_denormals=FLUSH_DENORMALS)
+                            flush_denormals=flushing())
 
 
 def open_helpers(arena_mb: float | None = None, providers: Sequence[str] = ()) -> None:
