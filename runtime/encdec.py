@@ -118,7 +118,8 @@ class EncoderDecoderRuntime:
                 if self._session is None:
                     check_providers(self.providers)
                     self._session = Session(self.graphs.path(), self.providers, self.threads, self.weights,
-                                            arena=self.capabilities.arena, compute_dtype=self.compute_dtype)
+                                            arena=self.capabilities.arena, compute_dtype=self.compute_dtype,
+                                            optimized=self.graphs.folder)
         return self._session
 
     def cache_key(self) -> str:
@@ -309,7 +310,8 @@ class EncoderDecoderInterventions:
             if getattr(rt, "_edits_session", None) is None:
                 check_providers(rt.providers)
                 rt._edits_session = Session(rt.graphs.path(edits=True), rt.providers, rt.threads, rt.weights,
-                                            arena=rt.capabilities.arena, compute_dtype=rt.compute_dtype)
+                                            arena=rt.capabilities.arena, compute_dtype=rt.compute_dtype,
+                                            optimized=rt.graphs.folder)
         return rt._edits_session
 
     def trace(self, enc: Encoding, dec: Encoding, engine: Engine = "onnx") -> EncoderDecoderTrace:

@@ -165,7 +165,7 @@ class Layerwise:
                 proto = layers.build(self.rt.model, which, key[1] if weighted(which) else 0)
                 self._sessions[key] = Session(proto.SerializeToString(), self.rt.providers, self.rt.threads,
                                               self.rt.weights, mem_pattern=False, arena=True,
-                                              compute_dtype=self.rt.compute_dtype)
+                                              compute_dtype=self.rt.compute_dtype, optimized=self.rt.graphs.folder)
             return self._sessions[key]
 
     def needed(self) -> list[str | tuple]:

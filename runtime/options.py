@@ -10,8 +10,10 @@ runtime/sessions.py's Session opens every session through open_session; runtime/
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Sequence
 
@@ -145,7 +147,7 @@ def out_of_memory(error: BaseException, device: str) -> OutOfMemory | None:
 
 def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *, arena: bool = True,
                  mem_pattern: bool = True, compute_dtype: str = "float32", initial=None, prepack=None,
-                 flush_denormals: bool = False):
+                 flush_denormals: bool = False, optimized: Path | None = None):
     """An onnxruntime session on a graph file or a serialised graph.
 
     initial: a model array's name -> its OrtValue, for the inputs a packed graph opens as initializers
@@ -162,6 +164,8 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
 
     flush_denormals: its pool's threads flush float32 denormals to zero (runtime/sessions.py denormals_flushed,
     which a caller that asks it opens the session inside of: onnxruntime flushes the opening thread's for good).
+    optimized: a folder that keeps the graph as onnxruntime optimizes it (OptimizedGraphs): a later open reads that
+    instead of optimizing again (CPU only; a session given initializers, whose optimized form holds them, optimizes).
     compute_dtype: what the matrix products run in (model/precision.py): "float32" opens the graph as it is;
     "float16" and "bfloat16" open its reduced form (graphs/reduced.py, made here, so every graph gets it);
     "tf32" asks the CUDA provider for it (provider_options).
@@ -183,38 +187,121 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
     8.1-8.8 ms either way (bench/answer.py), and spinning made the layer-by-layer path 1.65x a plain run instead of
     1.20x (bench/long_input.py): its sessions run one after another, each pool spinning against the next."""
     import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.enable_cpu_mem_arena = arena
-    so.enable_mem_pattern = mem_pattern
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1")
-    so.add_session_config_entry("session.force_spinning_stop", "1")
-    if flush_denormals:                   # its pool's threads flush them (runtime/sessions.py denormals_flushed)
-        so.add_session_config_entry("session.set_denormal_as_zero", "1")
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = threads or cores()
-    so.log_severity_level = 3
-    if _SHARED:                   # share_arena: one capped arena for every session
-        so.add_session_config_entry("session.use_env_allocators", "1")
+
+    def options(optimize: bool = True):      # a fresh set for each try: a session's initializers are added to it
+        so = ort.SessionOptions()
+        so.enable_cpu_mem_arena = arena
+        so.enable_mem_pattern = mem_pattern
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1")
+        so.add_session_config_entry("session.force_spinning_stop", "1")
+        if flush_denormals:                   # its pool's threads flush them (runtime/sessions.py denormals_flushed)
+            so.add_session_config_entry("session.set_denormal_as_zero", "1")
+        level = ort.GraphOptimizationLevel
+        so.graph_optimization_level = level.ORT_ENABLE_ALL if optimize else level.ORT_DISABLE_ALL   # a saved form:
+        #                                                                                            optimized already
+        so.intra_op_num_threads = threads or cores()
+        so.log_severity_level = 3
+        if _SHARED:                   # share_arena: one capped arena for every session
+            so.add_session_config_entry("session.use_env_allocators", "1")
+        return so
     if device_of(providers) in _SHARED:   # under a capped arena (share_arena) every weight is bound: onnxruntime runs
         initial = None                    # a session with one prepacked initializer outside the shared arena
-    if compute_dtype in ("float16", "bfloat16") or initial is not None:
-        import onnx
-        from ..graphs.builder import initialized
-        from ..graphs.reduced import reduce_products
-        proto = onnx.load(str(graph)) if isinstance(graph, Path) else onnx.load_from_string(graph)
-        names = initialized(proto) if initial is not None else {}
-        if initial is not None and prepack is not None:
-            names |= {name: name for name in prepack(product_weights(proto), unmultiplied(proto))}
-        if compute_dtype in ("float16", "bfloat16"):
-            proto = reduce_products(proto, compute_dtype)
-        if names:
-            values = {name: initial(array) for name, array in names.items()}
-            _as_initializers(proto, values)
+    kept = OptimizedGraphs(optimized, provider_options(providers, compute_dtype)) \
+        if optimized is not None and device_of(providers) == "cpu" else None
+    providers = provider_options(providers, compute_dtype)
+    if compute_dtype not in ("float16", "bfloat16") and initial is None:        # the graph as it is
+        saved = kept.path(graph) if kept is not None else None
+        if saved is not None:
+            with suppress(Exception):   # onnxruntime's own errors: a saved form that will not open
+                return ort.InferenceSession(str(saved), options(optimize=False), providers=providers)
+        return ort.InferenceSession(str(graph) if isinstance(graph, Path) else graph, options(), providers=providers)
+    import onnx
+
+    from ..graphs.builder import initialized
+    from ..graphs.reduced import reduce_products
+    proto = onnx.load(str(graph)) if isinstance(graph, Path) else onnx.load_from_string(graph)
+    names = initialized(proto) if initial is not None else {}
+    if initial is not None and prepack is not None:
+        names |= {name: name for name in prepack(product_weights(proto), unmultiplied(proto))}
+    if compute_dtype in ("float16", "bfloat16"):
+        proto = reduce_products(proto, compute_dtype)
+    # a packed graph's products are rewritten with its quantised parts in hand (its logits from a saved form made
+    # without them were 2e-6 off, tests/test_optimized_graphs.py): it is optimized at every open
+    saved = kept.path(proto.SerializeToString()) if kept is not None and not initialized(proto) else None
+    for attempt in ([onnx.load(str(saved))] if saved is not None else []) + [proto]:
+        inputs = {i.name for i in attempt.graph.input}     # (an input the optimizer found unread is gone)
+        values = {name: initial(array) for name, array in names.items() if name in inputs}
+        _as_initializers(attempt, values)
+        so = options(optimize=attempt is proto)
+        if values:
             so.add_external_initializers(list(values), list(values.values()))
-        if names or compute_dtype in ("float16", "bfloat16"):          # else the graph opens as it is
-            graph = proto.SerializeToString()
-    return ort.InferenceSession(str(graph) if isinstance(graph, Path) else graph, so,
-                                providers=provider_options(providers, compute_dtype))
+        try:
+            return ort.InferenceSession(attempt.SerializeToString(), so, providers=providers)
+        except Exception:  # noqa: BLE001 - onnxruntime's own errors: a saved form that will not open, the graph again
+            if attempt is proto:
+                raise
+
+
+class OptimizedGraphs:
+    """Graphs as onnxruntime optimizes them (its offline mode), kept in a folder (the graph cache's) under the hash
+    of the graph's bytes, onnxruntime's version and the providers: the first session on a graph optimizes it and
+    saves the result (written whole, then renamed into place, with its checksum beside it, as graphs/cache.py writes
+    graphs); later sessions, in this process or another, open that with optimization off. The optimized form has no
+    weights: a session that opens float32 weights as initializers (prepacked products) adds them to it, as
+    open_session adds them to the graph itself (a packed graph, whose quantised parts change how it is optimized,
+    is optimized at every open). The optimizations are ORT_ENABLE_EXTENDED's
+    (ORT_ENABLE_ALL adds only layout passes for convolutions, and a file saved at ALL may hold this CPU's layouts):
+    every output is the same bit for bit (tests/test_optimized_graphs.py). SmolLM2's stages graph opened in 2.07 s
+    optimizing, 0.41 s from its optimized form; its served graph with its prepacked weights in 2.38 s and 0.45 s (a
+    2-core VM). A folder that cannot be written, or a saved form that fails its checksum or will not open, leaves the
+    session to optimize as before."""
+
+    def __init__(self, folder: Path, providers: list):
+        self.folder, self.providers = Path(folder), providers
+
+    def path(self, graph: Path | bytes) -> Path | None:
+        """The graph's optimized form, made and saved now if it is not yet; None where it cannot be kept."""
+        import onnxruntime as ort
+        data = graph.read_bytes() if isinstance(graph, Path) else graph
+        key = hashlib.sha256(data + repr((ort.__version__, self.providers)).encode()).hexdigest()[:24]
+        saved = self.folder / f"optimized-{key}.onnx"
+        checksum = _checksum(saved)
+        if checksum is not None and checksum == _read(saved.with_name(saved.name + ".sha256")):
+            return saved
+        # this thread's temporary files (graphs/cache.py removes those of processes that are gone)
+        tmp = saved.with_name(f"{saved.stem}-{threading.get_ident()}.onnx.tmp{os.getpid()}")
+        sidecar = tmp.with_name(tmp.name.replace(".onnx.", ".sha256."))
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        so.optimized_model_filepath = str(tmp)
+        so.intra_op_num_threads = 1
+        so.log_severity_level = 3
+        try:
+            tmp.touch()
+            ort.InferenceSession(data, so, providers=self.providers)     # optimizes and saves; the session is let go
+            sidecar.write_text(f"{_checksum(tmp)}\n")
+            os.replace(tmp, saved)
+            os.replace(sidecar, saved.with_name(saved.name + ".sha256"))
+            return saved
+        except Exception:  # noqa: BLE001 - a folder that cannot be written (or is full), or a graph that will not open
+            return None
+        finally:
+            tmp.unlink(missing_ok=True)
+            sidecar.unlink(missing_ok=True)
+
+
+def _checksum(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
 
 
 def product_weights(proto) -> list[str]:

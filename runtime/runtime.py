@@ -300,7 +300,8 @@ class Runtime:
         with self._lock:
             options = dict(arena=self.capabilities.arena and not stages, compute_dtype=self.compute_dtype,
                            packed=decode and packs(self.model),
-                           prepack=not stages and not decode and self.compute_dtype == "float32")
+                           prepack=not stages and not decode and self.compute_dtype == "float32",
+                           optimized=self.graphs.folder)
             if depth and which not in self._sessions:
                 self._sessions[which] = Session(self.graphs.stopping(depth), self.providers, self.threads,
                                                 self.weights, **options)
