@@ -94,6 +94,19 @@ def hf_greedy_masked(hf, ids: list[int], n: int, hidden, window: int = 0, dtype=
     return tokens, np.stack(rows)
 
 
+class _PlainMaps:
+    """NumPy, for gguf's reader, except that np.memmap gives a plain ndarray view of the mapping: the reader slices it
+    twice per string of the vocabulary, and a memmap's slices cost ~3x a plain array's (Gemma 3's 262,144 tokens:
+    its parse 15.5 s -> 6.1 s; every field and tensor the same)."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def memmap(*args, **kwargs):
+        return np.memmap(*args, **kwargs).view(np.ndarray)
+
+
 def hf_from_gguf(gguf, cache, tokenizer: bool = False):
     """transformers' own reading of a GGUF file (its GGUF loader parses the file with gguf's reader for the config,
     the weights and the tokenizer: ~15 s each on 2 cores, one parse shared here), eager attention, float32: the
@@ -121,7 +134,12 @@ def hf_from_gguf(gguf, cache, tokenizer: bool = False):
     def read_once(file, *args, **kwargs):
         key = (str(file), args, tuple(sorted(kwargs.items())))
         if key not in parsed:
-            parsed[key] = read(file, *args, **kwargs)
+            module, real = gguf_.gguf_reader, gguf_.gguf_reader.np
+            module.np = _PlainMaps()       # the same arrays, parsed 2.5x faster
+            try:
+                parsed[key] = read(file, *args, **kwargs)
+            finally:
+                module.np = real
         return parsed[key]
 
     gguf_.GGUFReader = read_once
