@@ -286,8 +286,9 @@ class OptimizedGraphs:
         except Exception:  # noqa: BLE001 - a folder that cannot be written (or is full), or a graph that will not open
             return None
         finally:
-            tmp.unlink(missing_ok=True)
-            sidecar.unlink(missing_ok=True)
+            for left in (tmp, sidecar):
+                with suppress(OSError):        # (a folder under a file: NotADirectoryError)
+                    left.unlink(missing_ok=True)
 
 
 def _checksum(path: Path) -> str | None:
