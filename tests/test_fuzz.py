@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 import schemathesis
+from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import CHECKS, load_all_checks, max_response_time
 from schemathesis.config import SchemathesisConfig
@@ -65,16 +66,30 @@ CHECKS_ALL = _all_checks()
 # jobs posted while fuzzing are checked and queued, never run (ATTNSCOPE_MAX_JOBS_RUNNING=0), in a folder of their own;
 # generations are bounded at 16 new tokens (ATTNSCOPE_MAX_NEW_TOKENS, which the schema's maximum follows): hypothesis
 # tries the maximum often, and 256 SmolLM2 steps a case made /api/generate a quarter of the in-process fuzzing's time
-ASGI = schemathesis.openapi.from_asgi("/openapi.json", create_app(Settings(max_jobs_running=0, max_new_tokens=16,
-                                                                          jobs_dir=tempfile.mkdtemp())),
-                                      config=SchemathesisConfig.from_dict(CONFIG))
+APP = create_app(Settings(max_jobs_running=0, max_new_tokens=16, jobs_dir=tempfile.mkdtemp()))
+RUNNING = TestClient(APP)      # the app's lifespan, run once for the module (ended by _lifespan): its models loaded,
+RUNNING.__enter__()            # as the per-model request schemas fetched below need
+
+
+async def loaded_once(scope, receive, send):
+    """The app, its lifespan left to this module: schemathesis' ASGI client starts an app's lifespan at a test's first
+    request and ends it at the test's end, and the app's lifespan loads every model: each of the 21 in-process tests
+    loaded the four models again."""
+    if scope["type"] != "lifespan":
+        return await APP(scope, receive, send)
+    while (await receive())["type"] != "lifespan.shutdown":
+        await send({"type": "lifespan.startup.complete"})
+    await send({"type": "lifespan.shutdown.complete"})
+
+
+ASGI = schemathesis.openapi.from_asgi("/openapi.json", loaded_once, config=SchemathesisConfig.from_dict(CONFIG))
 
 
 # ---- in-process ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module", autouse=True)
 def _lifespan():
-    """Load the models for the in-process app (schemathesis' ASGI client does not run the lifespan)."""
-    ASGI.app.state.service.load()
+    yield
+    RUNNING.__exit__(None, None, None)
 
 
 @ASGI.include(path="/api/attention").parametrize()
