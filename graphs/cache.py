@@ -94,7 +94,7 @@ class GraphCache:
         copy is built instead)."""
         self._verified.pop(path, None)
         try:
-            _sidecar(path).unlink(missing_ok=True)
+            sidecar(path).unlink(missing_ok=True)
         except OSError:
             pass
 
@@ -107,10 +107,10 @@ class GraphCache:
         if self._verified.get(path) == stamp:
             return True
         try:
-            expected = _sidecar(path).read_text().strip()
+            expected = sidecar(path).read_text().strip()
         except OSError:
             expected = None
-        if expected != _sha256(path):
+        if expected != sha256(path):
             log.warning("cached graph %s %s; rebuilding", path.name,
                         "has no checksum" if expected is None else "does not match its checksum")
             return False
@@ -126,8 +126,8 @@ class GraphCache:
         else:
             stacked.export(self.model, path, stages=stages, desc=self.model_id)
         tmp = path.with_name(f"{path.name}.sha256.tmp{os.getpid()}")
-        tmp.write_text(_sha256(path) + "\n")
-        os.replace(tmp, _sidecar(path))
+        tmp.write_text(sha256(path) + "\n")
+        os.replace(tmp, sidecar(path))
         st = path.stat()
         self._verified[path] = (st.st_size, st.st_mtime_ns)
 
@@ -138,11 +138,13 @@ class GraphCache:
         return self._scratch
 
 
-def _sidecar(path: Path) -> Path:
+def sidecar(path: Path) -> Path:
+    """Where a cached file's SHA-256 is kept (graphs here, and runtime/options.OptimizedGraphs' optimized forms)."""
     return path.with_name(path.name + ".sha256")
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
+    """A file's SHA-256, read in 4 MB pieces."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):

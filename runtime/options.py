@@ -17,6 +17,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Sequence
 
+from ..graphs.cache import sha256, sidecar
 from .errors import OutOfMemory
 
 
@@ -204,11 +205,11 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
         if _SHARED:                   # share_arena: one capped arena for every session
             so.add_session_config_entry("session.use_env_allocators", "1")
         return so
-    if device_of(providers) in _SHARED:   # under a capped arena (share_arena) every weight is bound: onnxruntime runs
+    device = device_of(providers)
+    if device in _SHARED:                 # under a capped arena (share_arena) every weight is bound: onnxruntime runs
         initial = None                    # a session with one prepacked initializer outside the shared arena
-    kept = OptimizedGraphs(optimized, provider_options(providers, compute_dtype)) \
-        if optimized is not None and device_of(providers) == "cpu" else None
     providers = provider_options(providers, compute_dtype)
+    kept = OptimizedGraphs(optimized, providers) if optimized is not None and device == "cpu" else None
     if compute_dtype not in ("float16", "bfloat16") and initial is None:        # the graph as it is
         saved = kept.path(graph) if kept is not None else None
         if saved is not None:
@@ -220,14 +221,15 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
     from ..graphs.builder import initialized
     from ..graphs.reduced import reduce_products
     proto = onnx.load(str(graph)) if isinstance(graph, Path) else onnx.load_from_string(graph)
-    names = initialized(proto) if initial is not None else {}
+    parts = initialized(proto)           # a packed graph's quantised parts
+    names = dict(parts) if initial is not None else {}
     if initial is not None and prepack is not None:
         names |= {name: name for name in prepack(product_weights(proto), unmultiplied(proto))}
     if compute_dtype in ("float16", "bfloat16"):
         proto = reduce_products(proto, compute_dtype)
     # a packed graph's products are rewritten with its quantised parts in hand (its logits from a saved form made
     # without them were 2e-6 off, tests/test_optimized_graphs.py): it is optimized at every open
-    saved = kept.path(proto.SerializeToString()) if kept is not None and not initialized(proto) else None
+    saved = kept.path(proto.SerializeToString()) if kept is not None and not parts else None
     for attempt in ([onnx.load(str(saved))] if saved is not None else []) + [proto]:
         inputs = {i.name for i in attempt.graph.input}     # (an input the optimizer found unread is gone)
         values = {name: initial(array) for name, array in names.items() if name in inputs}
@@ -265,12 +267,11 @@ class OptimizedGraphs:
         data = graph.read_bytes() if isinstance(graph, Path) else graph
         key = hashlib.sha256(data + repr((ort.__version__, self.providers)).encode()).hexdigest()[:24]
         saved = self.folder / f"optimized-{key}.onnx"
-        checksum = _checksum(saved)
-        if checksum is not None and checksum == _read(saved.with_name(saved.name + ".sha256")):
+        if _intact(saved):
             return saved
         # this thread's temporary files (graphs/cache.py removes those of processes that are gone)
         tmp = saved.with_name(f"{saved.stem}-{threading.get_ident()}.onnx.tmp{os.getpid()}")
-        sidecar = tmp.with_name(tmp.name.replace(".onnx.", ".sha256."))
+        check = tmp.with_name(tmp.name.replace(".onnx.", ".sha256."))
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         so.optimized_model_filepath = str(tmp)
@@ -279,30 +280,24 @@ class OptimizedGraphs:
         try:
             tmp.touch()
             ort.InferenceSession(data, so, providers=self.providers)     # optimizes and saves; the session is let go
-            sidecar.write_text(f"{_checksum(tmp)}\n")
+            check.write_text(f"{sha256(tmp)}\n")
             os.replace(tmp, saved)
-            os.replace(sidecar, saved.with_name(saved.name + ".sha256"))
+            os.replace(check, sidecar(saved))
             return saved
         except Exception:  # noqa: BLE001 - a folder that cannot be written (or is full), or a graph that will not open
             return None
         finally:
-            for left in (tmp, sidecar):
+            for left in (tmp, check):
                 with suppress(OSError):        # (a folder under a file: NotADirectoryError)
                     left.unlink(missing_ok=True)
 
 
-def _checksum(path: Path) -> str | None:
+def _intact(path: Path) -> bool:
+    """Whether a saved form is there and its sidecar holds its SHA-256 (graphs/cache.py's rule for graphs)."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return sidecar(path).read_text().strip() == sha256(path)
     except OSError:
-        return None
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
+        return False
 
 
 def product_weights(proto) -> list[str]:
