@@ -2,6 +2,7 @@
 package's one implementation (model/attention.attention), so that a test comparing the two compares two codes."""
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
 
 import numpy as np
@@ -76,6 +77,8 @@ def hf_greedy_masked(hf, ids: list[int], n: int, hidden, window: int = 0, dtype=
         return {"full_attention": additive(masked), "sliding_attention": additive(masked | (distance >= window))}
 
     seq, tokens, rows, cache = list(ids), [], [], None
+    # the decoding cache's keyword: `cache` from transformers 5.x (`past_key_values`, deprecated there, goes in 5.40)
+    key = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
     with torch.inference_mode():
         for _ in range(n):
             T = len(seq)
@@ -85,8 +88,8 @@ def hf_greedy_masked(hf, ids: list[int], n: int, hidden, window: int = 0, dtype=
             else:
                 new = seq if cache is None else seq[-1:]
                 out = hf(input_ids=torch.tensor([new]), attention_mask=masks(T, slice(T - len(new), T)),
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
-                cache = out.past_key_values
+                         use_cache=True, logits_to_keep=1, **{key: cache})
+                cache = getattr(out, key)
             logits = out.logits[0, -1]
             rows.append(logits.double().numpy())
             tokens.append(int(logits.argmax()))
