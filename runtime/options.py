@@ -229,7 +229,8 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
         proto = reduce_products(proto, compute_dtype)
     # a packed graph's products are rewritten with its quantised parts in hand (its logits from a saved form made
     # without them were 2e-6 off, tests/test_optimized_graphs.py): it is optimized at every open
-    saved = kept.path(proto.SerializeToString()) if kept is not None and not parts else None
+    unchanged = isinstance(graph, Path) and compute_dtype not in ("float16", "bfloat16")   # the file's graph, as it is
+    saved = kept.path(graph if unchanged else proto.SerializeToString()) if kept is not None and not parts else None
     for attempt in ([onnx.load(str(saved))] if saved is not None else []) + [proto]:
         inputs = {i.name for i in attempt.graph.input}     # (an input the optimizer found unread is gone)
         values = {name: initial(array) for name, array in names.items() if name in inputs}
@@ -264,11 +265,11 @@ class OptimizedGraphs:
     def path(self, graph: Path | bytes) -> Path | None:
         """The graph's optimized form, made and saved now if it is not yet; None where it cannot be kept."""
         import onnxruntime as ort
-        data = graph.read_bytes() if isinstance(graph, Path) else graph
-        key = hashlib.sha256(data + repr((ort.__version__, self.providers)).encode()).hexdigest()[:24]
+        key = hashlib.sha256(f"{_digest(graph)} {ort.__version__} {self.providers!r}".encode()).hexdigest()[:24]
         saved = self.folder / f"optimized-{key}.onnx"
         if _intact(saved):
             return saved
+        data = graph.read_bytes() if isinstance(graph, Path) else graph
         # this thread's temporary files (graphs/cache.py removes those of processes that are gone)
         tmp = saved.with_name(f"{saved.stem}-{threading.get_ident()}.onnx.tmp{os.getpid()}")
         check = tmp.with_name(tmp.name.replace(".onnx.", ".sha256."))
@@ -290,6 +291,17 @@ class OptimizedGraphs:
             for left in (tmp, check):
                 with suppress(OSError):        # (a folder under a file: NotADirectoryError)
                     left.unlink(missing_ok=True)
+
+
+def _digest(graph: Path | bytes) -> str:
+    """A graph's SHA-256: a cached graph's from its sidecar (graphs/cache.py checked it against the file as it gave
+    the path: not hashed twice per open), else of its bytes."""
+    if isinstance(graph, bytes):
+        return hashlib.sha256(graph).hexdigest()
+    try:
+        return sidecar(graph).read_text().strip()
+    except OSError:
+        return sha256(graph)
 
 
 def _intact(path: Path) -> bool:
