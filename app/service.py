@@ -61,7 +61,7 @@ class AttentionService:
         now: what a program that embeds the app (a test's TestClient) wants. Whatever stops a model from loading
         becomes one StartupError line naming the fix."""
         specs = self.resolve()
-        open_helpers(self.settings.arena_mb, self.settings.providers)
+        open_helpers(self.settings.arena_mb, self.settings.providers, self.settings.place_threads)
         for spec in specs:
             self._load_one(spec)
         self._all_loaded()
@@ -158,7 +158,7 @@ class AttentionService:
         started = time.perf_counter()
         try:
             # onnxruntime's import, its capped arena and the float16 cast: here, not before the port opens
-            open_helpers(self.settings.arena_mb, self.settings.providers)
+            open_helpers(self.settings.arena_mb, self.settings.providers, self.settings.place_threads)
             for spec in specs:
                 self._load_one(spec)
             self._all_loaded()

@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     providers: CSV = Field(default=[], description="onnxruntime execution providers in "
                                                       "order of preference; empty = CUDA if present, then CPU")
     threads: int = Field(default=0, ge=0, description="onnxruntime intra-op threads per session; 0 = one per core")
+    place_threads: bool = Field(default=True, description="place the threads of a session that takes every "
+                                "core: onnxruntime's pool one on each core but the first, the thread that calls a run "
+                                "on the first (runtime/options.placement); false: the scheduler places them")
     compute_dtype: Literal[COMPUTE_DTYPES] = Field(default="float32", description="what the models' matrix products "
                                                    "run in: float32 (exact), or a fast mode, labelled in every "
                                                    "answer: float16 (CPU or CUDA provider), bfloat16 or tf32 (CUDA "

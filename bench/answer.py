@@ -5,21 +5,24 @@
 1. Interleaved, with a fresh text for every call (the server's result cache never answers): a raw forward (this
    process's own onnxruntime session on the server's graph file, every output, `sess.run` alone) three times: with
    onnxruntime's default session options and the model's arrays fed as inputs; with the app's options
-   (runtime/options.open_session), fed; and with the app's options and the float32 product weights opened as
-   initializers, which onnxruntime prepacks, and its other weights with them, as the server's graphs open them within ATTNSCOPE_PREPACK_MB (the
-   fastest plain forward of the graph, and the one whose kernels the server's run shares: the ratio to it is what the
-   answer adds). Then the binary answer from a real server (`attnscope serve`) for the first layer and for the last,
-   each through the project's own client (attnscope.Client: the standard library's http.client, the answer read into
-   one buffer) and through httpx (a general-purpose client: ~0.5-1.5 ms more per answer here). Printed: the medians
-   and each answer's ratio to each raw forward; the median of each round's own ratio (answer over the prepacked raw
-   forward of the same round: a slow spell of a shared VM moves both); and, from the answer's timing_ms, the run and the
-   server's time from parsing to encoding, so what the answer adds is split into the server's part and the rest
-   (loopback, the event loop before and after, the client). A request for the first layers runs a graph cut after them
-   (Runtime.depth_for): the first layer's answer is under the whole model's forward; the last layer needs every
-   block, so its ratio is what the answer adds to the forward.
-2. The same answers split by stage, in this process, with the server's own functions (analyses/attention.py, app/sending.py):
-   plan (validate, tokenise), run (the forward), payload (statistics), encode (the binary form); HTTP is the
-   end-to-end time less their sum (the request and answer on loopback, the event loop, the client's parsing).
+   (runtime/options.open_session, its threads placed as the server's are: options.placement), fed; and with the app's
+   options and the float32 product weights opened as initializers, which onnxruntime prepacks, and its other weights
+   with them, as the server's graphs open them within ATTNSCOPE_PREPACK_MB (the fastest plain forward of the graph,
+   and the one whose kernels the server's run shares: the ratio to it is what the answer adds). Then the binary
+   answer from a real server (`attnscope serve`) for the first layer and for the last, each through the project's own
+   client (attnscope.Client: the standard library's http.client, the answer read into one buffer) and through httpx
+   (a general-purpose client: ~0.5-1.5 ms more per answer here), and through the project's client from a second
+   server whose threads the scheduler places (ATTNSCOPE_PLACE_THREADS=0: runtime/options.placement says what placing
+   them changed). Printed: the medians and each answer's ratio to each raw forward; the median of each round's own
+   ratio (answer over the prepacked raw forward of the same round: a slow spell of a shared VM moves both); and, from
+   the answer's timing_ms, the run and the server's time from parsing to encoding, so what the answer adds is split
+   into the server's part and the rest (loopback, the event loop before and after, the client). A request for the
+   first layers runs a graph cut after them (Runtime.depth_for): the first layer's answer is under the whole model's
+   forward; the last layer needs every block, so its ratio is what the answer adds to the forward.
+2. The same answers split by stage, in this process, with the server's own functions (analyses/attention.py,
+   app/sending.py): plan (validate, tokenise), run (the forward), payload (statistics), encode (the binary form);
+   HTTP is the end-to-end time less their sum (the request and answer on loopback, the event loop, the client's
+   parsing).
 The raw sessions and the server's take turns on the cores: the server's threads spin only while a run is under way
 (open_session), and the default session's spinning ends long before the next call (each call waits 50 ms first).
 On a shared 2-core VM the raw forward's median moves between runs of this script (10-18 ms seen for MiniLM at 128
@@ -62,44 +65,48 @@ def main(argv=None) -> None:
                          "to stop running")
     args = ap.parse_args(argv)
 
-    from attnscope.runtime.options import open_session
+    from attnscope.runtime.options import on_core, open_session, placement
 
     rt = runtime(args.model)
     rt.weights.prepack_bytes = 1 << 40    # its whole graph prepacked, whatever ATTNSCOPE_PREPACK_MB lets the server do
     L = rt.cfg.n_layers
     import onnxruntime as ort
     path = rt.onnx_path()                                              # the whole model, every output
+    caller, pool = placement(rt.threads)         # the app's sessions' threads, as runtime/sessions.Session places them
     raws = {"default": ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]),
-            "app": open_session(path, ["CPUExecutionProvider"], rt.threads),
+            "app": open_session(path, ["CPUExecutionProvider"], rt.threads, pool=pool),
             "prepacked": open_session(path, ["CPUExecutionProvider"], rt.threads, initial=rt.weights.value,
-                                      prepack=rt.weights.prepacks)}       # the server's rule (Weights.prepacks)
+                                      prepack=rt.weights.prepacks, pool=pool)}   # the server's rule: Weights.prepacks
     seeds = iter(range(10**6))
 
     def raw_forward(raw):
         feeds = session_feeds(rt, rt.encode(fresh_text(rt, args.tokens, next(seeds))), raw)
-        t0 = time.perf_counter()
-        raw.run(None, feeds)
-        return time.perf_counter() - t0
+        with on_core(caller if raw is not raws["default"] else None):
+            t0 = time.perf_counter()
+            raw.run(None, feeds)
+            return time.perf_counter() - t0
 
-    inside = {0: [], L - 1: []}      # the answer's own timing_ms: (the run, the server's time from parsing to encoding)
-    with server({"ATTNSCOPE_MODELS": args.model}) as (url, _), httpx.Client(base_url=url, timeout=120) as http:
-        api = Client(url)
+    # the answer's own timing_ms, (the run, the server's time from parsing to encoding), by server
+    inside = {(layer, placed): [] for layer in (0, L - 1) for placed in (True, False)}
+    with server({"ATTNSCOPE_MODELS": args.model}) as (url, _), httpx.Client(base_url=url, timeout=120) as http, \
+            server({"ATTNSCOPE_MODELS": args.model, "ATTNSCOPE_PLACE_THREADS": "0"}) as (unplaced, _):
+        api, api_unplaced = Client(url), Client(unplaced)
 
         def answer(layer: int, via: str):
             body = {"model": args.model, "text": fresh_text(rt, args.tokens, next(seeds)), "layers": [layer]}
             t0 = time.perf_counter()
-            if via == "client":
-                got = api.attention(body.pop("text"), **body)
+            if via != "httpx":
+                got = (api if via == "client" else api_unplaced).attention(body.pop("text"), **body)
             else:
                 r = http.post("/api/attention", json=body, headers={"Accept": BINARY})
                 r.raise_for_status()
                 got = from_binary(r.content)
             elapsed = time.perf_counter() - t0
-            inside[layer].append((got["timing_ms"]["model"], got["timing_ms"]["total"]))
+            inside[layer, via != "unplaced"].append((got["timing_ms"]["model"], got["timing_ms"]["total"]))
             return elapsed
 
         answers = {(layer, via): (lambda layer=layer, via=via: answer(layer, via))
-                   for via in ("client", "httpx") for layer in (0, L - 1)}
+                   for via in ("client", "httpx", "unplaced") for layer in (0, L - 1)}
         calls = {name: (lambda raw=raw: raw_forward(raw)) for name, raw in raws.items()} | answers
         for _ in range(3):                      # warm-up: sessions opened (the cut graphs too), arenas sized
             for call in calls.values():
@@ -113,6 +120,7 @@ def main(argv=None) -> None:
                 wait_until_idle(args.wait_quiet)
                 times[name].append(call())
         api.close()
+        api_unplaced.close()
         ms = {name: statistics.median(t) * 1000 for name, t in times.items()}
         print(f"{rt.spec.title}, ~{args.tokens} tokens, {args.repeats} interleaved rounds, fresh texts, medians; "
               f"ratios: to each raw forward, and the median of each round's own ratio to the prepacked one:")
@@ -120,16 +128,18 @@ def main(argv=None) -> None:
                   "prepacked": "the app's options, product weights prepacked (as served)"}
         for name, label in labels.items():
             print(f"  raw forward, whole model, {label:<58}{ms[name]:7.1f} ms")
-        print(f"  {'':<55}{'':>10}   {' / '.join(raws)}")
+        print(f"  {'':<58}{'':>10}   {' / '.join(raws)}")
         for (layer, via) in answers:
             name = (layer, via)
             paired = statistics.median(a / b for a, b in zip(times[name], times["prepacked"]))
-            label = f"API answer, layer {layer} (binary), {'attnscope.Client' if via == 'client' else 'httpx'}"
+            label = f"API answer, layer {layer} (binary), " + {"client": "attnscope.Client", "httpx": "httpx",
+                                                                "unplaced": "attnscope.Client, unplaced"}[via]
             ratios = " / ".join(f"{ms[name] / ms[raw]:.2f}x" for raw in raws)
-            print(f"  {label:<55}{ms[name]:7.1f} ms   {ratios}   (each round: {paired:.2f}x)")
-        for layer, rows in inside.items():
+            print(f"  {label:<58}{ms[name]:7.1f} ms   {ratios}   (each round: {paired:.2f}x)")
+        for (layer, placed), rows in inside.items():
             run, total = (statistics.median(v) for v in zip(*rows))
-            print(f"  layer {layer}: in the server, the run {run:.1f} ms of {total:.1f} ms from parsing to encoding")
+            print(f"  layer {layer}: in the {'' if placed else 'unplaced '}server, the run {run:.1f} ms of {total:.1f} "
+                  f"ms from parsing to encoding")
         e2e = {layer: ms[(layer, "client")] for layer in (0, L - 1)}
     stages(args, rt, e2e, seeds)
 

@@ -28,15 +28,65 @@ from .errors import OutOfMemory
 # 1.14x, 1.16-1.26x and 1.43x (512 tokens, where 9 heads take 9.4 MB: 1.29x both); a 2000-token prompt's prefill
 # 3.0-6.8 s in 256 MB chunks, 1.8-1.9 s in 8 MB ones.
 GROUP_MB = 8
+PLACE_THREADS = True   # False: sessions opened from then on leave their threads to the scheduler (placement;
+#                        ATTNSCOPE_PLACE_THREADS, set by runtime/sessions.open_helpers)
 
 
 def cores() -> int:
     """CPU cores this process may use (its affinity mask, not the machine's count)."""
-    import os
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def placement(threads: int, allowed: Sequence[int] | None = None) -> tuple[int | None, tuple[int, ...]]:
+    """Where the threads of a session that takes every core this process may use (`allowed`: its affinity mask) run
+    (threads in all, 0 = one per core): the thread that calls a run on the first core, for the run's duration
+    (on_core), and onnxruntime's pool threads one on each of the others (open_session's `pool`). (None, ()) with one
+    thread, with fewer threads than cores (processes that share the machine: corpus workers with cores // workers
+    threads each would all be placed on the same first cores), or no affinity to set (not Linux): the scheduler
+    places them.
+
+    Unplaced, the scheduler put the pool's thread on the core of the thread that woke it whenever the other core was
+    busy at that moment (the server's event loop handing the request over, the client reading the last answer): the
+    two threads then shared one core, the waiting one spinning out its time slice, while the other core sat idle for
+    4-8 ms before the scheduler moved either (both had just run: it keeps such threads where they are). perf's
+    sched_switch trace on a 2-core VM: MiniLM's layer-5 run took 15 ms, or 20-23 ms when its threads so shared a core,
+    in 30-40 % of a server's runs. Placed, the server's runs in bench/answer.py's order took 15.3-17.2 ms (medians of
+    four runs of it) against 20.5-21.8 unplaced, and the layer-0 run 1.4-1.6 against 2.2-5.5 ms; run in a process
+    of their own, placed or not took the same time (SmolLM2 at 512 tokens, stacked and layer by layer). onnxruntime's
+    own pinning (threads left at 0) pins the pool but not the caller, which could land on a pool thread's core: a
+    server so pinned answered in 19-23 ms, unpinned 15.5 (earlier, the same VM)."""
+    try:
+        allowed = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
+    except AttributeError:  # not Linux
+        return None, ()
+    if not PLACE_THREADS:
+        return None, ()
+    n = threads or len(allowed)
+    if n < 2 or n != len(allowed):
+        return None, ()
+    return allowed[0], tuple(allowed[1:n])
+
+
+@contextmanager
+def on_core(core: int | None):
+    """This thread kept on `core` for the context (a run's caller: placement), its own mask back at the end; None,
+    or a core it may not be moved to: left where it is."""
+    moved = False
+    if core is not None:
+        before = os.sched_getaffinity(0)
+        try:
+            os.sched_setaffinity(0, {core})
+            moved = True
+        except OSError:
+            pass
+    try:
+        yield
+    finally:
+        if moved:
+            os.sched_setaffinity(0, before)
 
 
 def default_providers() -> list[str]:
@@ -148,7 +198,7 @@ def out_of_memory(error: BaseException, device: str) -> OutOfMemory | None:
 
 def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *, arena: bool = True,
                  mem_pattern: bool = True, compute_dtype: str = "float32", initial=None, prepack=None,
-                 flush_denormals: bool = False, optimized: Path | None = None):
+                 flush_denormals: bool = False, optimized: Path | None = None, pool: Sequence[int] = ()):
     """An onnxruntime session on a graph file or a serialised graph.
 
     initial: a model array's name -> its OrtValue, for the inputs a packed graph opens as initializers
@@ -174,11 +224,9 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
     arena: keep a memory arena (an arena keeps its peak for good; a run without one gets fresh pages every time:
     1.8-3x slower at 512 tokens). mem_pattern: plan one block per run (the layer-by-layer graphs turn it off: its
     block is ~1.6x the run's own peak).
-    Threads: `threads` intra-op threads, 0 = one per core this process may use, given as a number: left at 0,
-    onnxruntime pins its pool's threads to cores, and processes that each pin theirs (a server, its job workers, a
-    client on the same machine) share those cores. bench/answer.py on a 2-core VM: MiniLM's layer-5 answer took
-    19-23 ms from a server with pinned threads, 15.5 ms unpinned; a raw forward with onnxruntime's default options
-    next to the pinned server took 17 ms, next to the unpinned one 11.
+    Threads: `threads` intra-op threads, 0 = one per core this process may use, given as a number (left at 0,
+    onnxruntime would pin its pool's threads itself, not the caller's: placement). pool: the cores of the pool's
+    threads, one each (placement's: Session places the runs' callers to match); none given, they are unpinned.
     The threads spin while a run is under way (a parallel section starts without waking a sleeping thread) and stop
     the moment it ends (session.force_spinning_stop), so they never take the cores that the server's event loop and
     serialisation need next, nor those of the next session (bench/session_memory.py, the "run" rows). Measured
@@ -201,6 +249,8 @@ def open_session(graph: Path | bytes, providers: Sequence[str], threads: int, *,
         so.graph_optimization_level = level.ORT_ENABLE_ALL if optimize else level.ORT_DISABLE_ALL   # a saved form:
         #                                                                                            optimized already
         so.intra_op_num_threads = threads or cores()
+        if pool:                  # placement's: onnxruntime numbers the cores from 1
+            so.add_session_config_entry("session.intra_op_thread_affinities", ";".join(str(c + 1) for c in pool))
         so.log_severity_level = 3
         if _SHARED:                   # share_arena: one capped arena for every session
             so.add_session_config_entry("session.use_env_allocators", "1")

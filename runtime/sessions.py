@@ -40,7 +40,9 @@ from typing import Sequence
 import numpy as np
 
 from ..model.precision import COMPUTE, INDEX, narrow
-from .options import default_providers, device_of, open_session, out_of_memory, release_arena, share_arena
+from . import options
+from .options import (default_providers, device_of, on_core, open_session, out_of_memory, placement, release_arena,
+                      share_arena)
 from .tensors import SCRATCH, Held, Weights, empty
 
 _DTYPES = {"tensor(float)": COMPUTE, "tensor(float16)": np.dtype(np.float16), "tensor(int64)": INDEX}
@@ -167,9 +169,11 @@ class Session:
         open_session's (arena, mem_pattern, compute_dtype)."""
         cpu = weights is not None and device_of(providers) == "cpu"
         initial = weights.value if cpu and (packed or prepack) else None
+        # the pool's threads one on each core but the first, where the runs' callers go (options.placement)
+        self.caller, pool = placement(threads) if device_of(providers) == "cpu" else (None, ())
         with environment_kept():
             self.ort = open_session(graph, providers, threads, initial=initial, flush_denormals=flushing(),
-                                    prepack=weights.prepacks if cpu and prepack else None, **options)
+                                    prepack=weights.prepacks if cpu and prepack else None, pool=pool, **options)
         self.arena = options.get("arena", True)      # a run's `release` shrinks the arena: none to shrink without
         self.weights = weights
         self.inputs = {i.name for i in self.ort.get_inputs()}
@@ -204,10 +208,10 @@ class Session:
             release: bool = False, drop: Sequence[str] = (), keep: Sequence[str] = ()) -> list:
         names = list(self.declared) if names is None else list(names)
         try:
-            if drop:
-                with self._unread(drop, axes or {}) as unread, denormals_flushed():
-                    return self._run(names, feeds, layer, axes, into, release, unread, set(keep))
-            with denormals_flushed():
+            with on_core(self.caller), denormals_flushed():
+                if drop:
+                    with self._unread(drop, axes or {}) as unread:
+                        return self._run(names, feeds, layer, axes, into, release, unread, set(keep))
                 return self._run(names, feeds, layer, axes, into, release, {}, set(keep))
         except Exception as e:  # noqa: BLE001 - onnxruntime raises its own error types
             refused = out_of_memory(e, self.device)
@@ -321,9 +325,11 @@ def _cast_session():
                             flush_denormals=flushing())
 
 
-def open_helpers(arena_mb: float | None = None, providers: Sequence[str] = ()) -> None:
-    """Set up what the process's sessions share: the capped arena (share_arena, before any session opens), and the
-    helper graphs (the float16 cast), opened now so that no request builds one."""
+def open_helpers(arena_mb: float | None = None, providers: Sequence[str] = (), place_threads: bool = True) -> None:
+    """Set up what the process's sessions share: the capped arena (share_arena, before any session opens), whether
+    they place their threads (options.PLACE_THREADS), and the helper graphs (the float16 cast), opened now so that no
+    request builds one."""
+    options.PLACE_THREADS = place_threads
     share_arena(arena_mb, providers or default_providers())
     _cast_session()
 
