@@ -28,8 +28,7 @@ from .errors import OutOfMemory
 # 1.14x, 1.16-1.26x and 1.43x (512 tokens, where 9 heads take 9.4 MB: 1.29x both); a 2000-token prompt's prefill
 # 3.0-6.8 s in 256 MB chunks, 1.8-1.9 s in 8 MB ones.
 GROUP_MB = 8
-PLACE_THREADS = True   # False: sessions opened from then on leave their threads to the scheduler (placement;
-#                        ATTNSCOPE_PLACE_THREADS, set by runtime/sessions.open_helpers)
+PLACE_THREADS = True   # False: sessions opened from then on leave their threads to the scheduler (set_placement)
 
 
 def cores() -> int:
@@ -68,6 +67,13 @@ def placement(threads: int, allowed: Sequence[int] | None = None) -> tuple[int |
     if n < 2 or n != len(allowed):
         return None, ()
     return allowed[0], tuple(allowed[1:n])
+
+
+def set_placement(on: bool) -> None:
+    """Whether sessions opened from now on place their threads (ATTNSCOPE_PLACE_THREADS: runtime/sessions.open_helpers
+    sets it as a server starts)."""
+    global PLACE_THREADS
+    PLACE_THREADS = on
 
 
 @contextmanager

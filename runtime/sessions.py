@@ -40,9 +40,8 @@ from typing import Sequence
 import numpy as np
 
 from ..model.precision import COMPUTE, INDEX, narrow
-from . import options
 from .options import (default_providers, device_of, on_core, open_session, out_of_memory, placement, release_arena,
-                      share_arena)
+                      set_placement, share_arena)
 from .tensors import SCRATCH, Held, Weights, empty
 
 _DTYPES = {"tensor(float)": COMPUTE, "tensor(float16)": np.dtype(np.float16), "tensor(int64)": INDEX}
@@ -327,9 +326,9 @@ def _cast_session():
 
 def open_helpers(arena_mb: float | None = None, providers: Sequence[str] = (), place_threads: bool = True) -> None:
     """Set up what the process's sessions share: the capped arena (share_arena, before any session opens), whether
-    they place their threads (options.PLACE_THREADS), and the helper graphs (the float16 cast), opened now so that no
-    request builds one."""
-    options.PLACE_THREADS = place_threads
+    they place their threads (set_placement), and the helper graphs (the float16 cast), opened now so that no request
+    builds one."""
+    set_placement(place_threads)
     share_arena(arena_mb, providers or default_providers())
     _cast_session()
 

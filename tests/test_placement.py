@@ -53,16 +53,9 @@ def test_on_core_holds_the_thread_there_and_gives_its_cores_back():
     assert os.sched_getaffinity(0) == own                        # another thread's mask never moved this one's
 
 
-# A process of its own on the first two cores of the machine (a test part may hold one): a Session on a small graph,
-# its threads' cores as /proc shows them (onnxruntime's pool, and the threads NumPy and onnxruntime start on import),
-# and the caller's cores as they are when onnxruntime's run starts and after it.
-SESSION = r"""
-import json, os, threading
-import numpy as np
-from onnx import TensorProto, helper
-from attnscope.graphs.builder import Graph, model_proto
-from attnscope.runtime.sessions import Session
-
+# The first two cores of the machine for a process of its own (a test part may hold one), as the scripts below start.
+TWO_CORES = r"""
+import os
 online = sorted(os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)))
 cores = []
 for cpu in online:                          # the first two cores this process may be moved to
@@ -74,6 +67,18 @@ for cpu in online:                          # the first two cores this process m
     if len(cores) == 2:
         break
 os.sched_setaffinity(0, set(cores))
+"""
+
+# A process of its own on the first two cores of the machine (a test part may hold one): a Session on a small graph,
+# its threads' cores as /proc shows them (onnxruntime's pool, and the threads NumPy and onnxruntime start on import),
+# and the caller's cores as they are when onnxruntime's run starts and after it.
+SESSION = TWO_CORES + r"""
+import json, threading
+import numpy as np
+from onnx import TensorProto, helper
+from attnscope.graphs.builder import Graph, model_proto
+from attnscope.runtime.sessions import Session
+
 g = Graph()
 g.op("MatMul", "x", "x", out="y")
 value = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [256, 256])
@@ -110,3 +115,25 @@ def test_a_session_places_its_pool_and_its_runs_caller():
         assert got["caller"] == cores[0] and pinned == [str(cores[1])] and got["seen"] == [[cores[0]]]
     else:                            # a one-core machine: one thread, nothing placed
         assert got["caller"] is None and got["seen"] == [cores]
+
+
+# A server's sessions as ATTNSCOPE_PLACE_THREADS has them (Settings.place_threads), after an answer.
+APP = TWO_CORES + r"""
+import json, sys
+from fastapi.testclient import TestClient
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+
+with TestClient(create_app(Settings(models=["tiny-gpt"], place_threads=sys.argv[1] == "true"))) as c:
+    c.post("/api/attention", json={"model": "tiny-gpt", "text": "The cat sat on the mat"}).raise_for_status()
+    sessions = c.app.state.service.runtimes["tiny-gpt"]._sessions.values()
+    print(json.dumps({"cores": cores, "callers": sorted({s.caller for s in sessions}, key=str)}))
+"""
+
+
+@pytest.mark.parametrize("placed", ["true", "false"])
+def test_the_setting_places_a_servers_sessions_or_leaves_them(placed):
+    got = json.loads(subprocess.run([sys.executable, "-c", APP, placed], check=True, cwd=ROOT, capture_output=True,
+                                    text=True).stdout.strip().splitlines()[-1])
+    two = len(got["cores"]) == 2
+    assert got["callers"] == ([got["cores"][0]] if placed == "true" and two else [None])
