@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from attnscope.runtime.options import on_core, placement
-from tests.conftest import ROOT
+from tests.conftest import DEVICE, PROVIDERS, ROOT
 
 
 @pytest.mark.parametrize("threads, allowed, placed", [
@@ -70,10 +70,10 @@ os.sched_setaffinity(0, set(cores))
 """
 
 # A process of its own on the first two cores of the machine (a test part may hold one): a Session on a small graph,
-# its threads' cores as /proc shows them (onnxruntime's pool, and the threads NumPy and onnxruntime start on import),
-# and the caller's cores as they are when onnxruntime's run starts and after it.
+# on the suite's providers (argv[1]), its threads' cores as /proc shows them (onnxruntime's pool, and the threads NumPy
+# and onnxruntime start on import), and the caller's cores as they are when onnxruntime's run starts and after it.
 SESSION = TWO_CORES + r"""
-import json, threading
+import json, sys, threading
 import numpy as np
 from onnx import TensorProto, helper
 from attnscope.graphs.builder import Graph, model_proto
@@ -83,7 +83,7 @@ g = Graph()
 g.op("MatMul", "x", "x", out="y")
 value = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [256, 256])
 graph = model_proto(g, [value("x")], [value("y")], "square").SerializeToString()
-sess = Session(graph, ["CPUExecutionProvider"], 0)
+sess = Session(graph, json.loads(sys.argv[1]), 0)
 seen = []
 run = sess.ort.run_with_iobinding
 sess.ort.run_with_iobinding = lambda *a: (seen.append(sorted(os.sched_getaffinity(0))), run(*a))[1]
@@ -97,7 +97,9 @@ threads = []
 for t in os.listdir("/proc/self/task"):         # every thread but this one (the worker may be on its way out)
     try:
         if int(t) != os.getpid():
-            threads.append(open(f"/proc/self/task/{t}/status").read().split("Cpus_allowed_list:")[1].split()[0])
+            listed = open(f"/proc/self/task/{t}/status").read().split("Cpus_allowed_list:")[1].split()[0]
+            threads.append(sorted(c for part in listed.split(",") for a, _, b in [part.partition("-")]
+                                  for c in range(int(a), int(b or a) + 1)))
     except FileNotFoundError:
         pass
 print(json.dumps({"cores": cores, "caller": sess.caller, "threads": threads, "seen": seen, "after": after,
@@ -106,15 +108,15 @@ print(json.dumps({"cores": cores, "caller": sess.caller, "threads": threads, "se
 
 
 def test_a_session_places_its_pool_and_its_runs_caller():
-    got = json.loads(subprocess.run([sys.executable, "-c", SESSION], check=True, cwd=ROOT, capture_output=True,
-                                    text=True).stdout.strip().splitlines()[-1])
+    got = json.loads(subprocess.run([sys.executable, "-c", SESSION, json.dumps(PROVIDERS)], check=True, cwd=ROOT,
+                                    capture_output=True, text=True).stdout.strip().splitlines()[-1])
     cores = got["cores"]
     assert got["right"] and got["after"] == cores            # the run's answer, and the caller's cores given back
-    pinned = sorted(t for t in got["threads"] if "-" not in t and "," not in t)   # threads held on one core
-    if len(cores) == 2:              # two threads on two cores: the pool's one on the second, the caller on the first
-        assert got["caller"] == cores[0] and pinned == [str(cores[1])] and got["seen"] == [[cores[0]]]
-    else:                            # a one-core machine: one thread, nothing placed
-        assert got["caller"] is None and got["seen"] == [cores]
+    pinned = sorted(t for t in got["threads"] if t != cores)        # threads held on fewer cores than the process
+    if len(cores) == 2 and DEVICE == "cpu":    # two threads on two cores: the pool's on the second, the caller first
+        assert got["caller"] == cores[0] and pinned == [[cores[1]]] and got["seen"] == [[cores[0]]]
+    else:                            # one core, or a GPU's session (its CPU threads are the scheduler's): none placed
+        assert got["caller"] is None and pinned == [] and got["seen"] == [cores]
 
 
 # A server's sessions as ATTNSCOPE_PLACE_THREADS has them (Settings.place_threads), after an answer.
@@ -135,5 +137,5 @@ with TestClient(create_app(Settings(models=["tiny-gpt"], place_threads=sys.argv[
 def test_the_setting_places_a_servers_sessions_or_leaves_them(placed):
     got = json.loads(subprocess.run([sys.executable, "-c", APP, placed], check=True, cwd=ROOT, capture_output=True,
                                     text=True).stdout.strip().splitlines()[-1])
-    two = len(got["cores"]) == 2
-    assert got["callers"] == ([got["cores"][0]] if placed == "true" and two else [None])
+    placing = placed == "true" and len(got["cores"]) == 2 and DEVICE == "cpu"      # a GPU's sessions: never
+    assert got["callers"] == ([got["cores"][0]] if placing else [None])
