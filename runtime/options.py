@@ -57,11 +57,11 @@ def placement(threads: int, allowed: Sequence[int] | None = None) -> tuple[int |
     of their own, placed or not took the same time (SmolLM2 at 512 tokens, stacked and layer by layer). onnxruntime's
     own pinning (threads left at 0) pins the pool but not the caller, which could land on a pool thread's core: a
     server so pinned answered in 19-23 ms, unpinned 15.5 (earlier, the same VM)."""
+    if not PLACE_THREADS:
+        return None, ()
     try:
         allowed = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
     except AttributeError:  # not Linux
-        return None, ()
-    if not PLACE_THREADS:
         return None, ()
     n = threads or len(allowed)
     if n < 2 or n != len(allowed):

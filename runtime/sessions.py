@@ -166,10 +166,11 @@ class Session:
         stacked graph whose float32 product weights are opened as initializers too, which onnxruntime prepacks, as far
         as the model's budget goes, and its other float32 weights with them (Weights.prepacks); options:
         open_session's (arena, mem_pattern, compute_dtype)."""
-        cpu = weights is not None and device_of(providers) == "cpu"
+        on_cpu = device_of(providers) == "cpu"
+        cpu = weights is not None and on_cpu
         initial = weights.value if cpu and (packed or prepack) else None
         # the pool's threads one on each core but the first, where the runs' callers go (options.placement)
-        self.caller, pool = placement(threads) if device_of(providers) == "cpu" else (None, ())
+        self.caller, pool = placement(threads) if on_cpu else (None, ())
         with environment_kept():
             self.ort = open_session(graph, providers, threads, initial=initial, flush_denormals=flushing(),
                                     prepack=weights.prepacks if cpu and prepack else None, pool=pool, **options)
