@@ -8,7 +8,8 @@
    (runtime/options.open_session, its threads placed as the server's are: options.placement), fed; and with the app's
    options and the float32 product weights opened as initializers, which onnxruntime prepacks, and its other weights
    with them, as the server's graphs open them within ATTNSCOPE_PREPACK_MB (the fastest plain forward of the graph,
-   and the one whose kernels the server's run shares: the ratio to it is what the answer adds). Then the binary
+   and the one whose kernels the server's run shares: the ratio to it is what the answer adds), and the same with
+   its threads left to the scheduler (placing them must not flatter the ratio). Then the binary
    answer from a real server (`attnscope serve`) for the first layer and for the last, each through the project's own
    client (attnscope.Client: the standard library's http.client, the answer read into one buffer) and through httpx
    (a general-purpose client: ~0.5-1.5 ms more per answer here), and through the project's client from a second
@@ -76,12 +77,14 @@ def main(argv=None) -> None:
     raws = {"default": ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]),
             "app": open_session(path, ["CPUExecutionProvider"], rt.threads, pool=pool),
             "prepacked": open_session(path, ["CPUExecutionProvider"], rt.threads, initial=rt.weights.value,
-                                      prepack=rt.weights.prepacks, pool=pool)}   # the server's rule: Weights.prepacks
+                                      prepack=rt.weights.prepacks, pool=pool),   # the server's rule: Weights.prepacks
+            "unplaced": open_session(path, ["CPUExecutionProvider"], rt.threads, initial=rt.weights.value,
+                                     prepack=rt.weights.prepacks)}       # the same, its threads the scheduler's
     seeds = iter(range(10**6))
 
     def raw_forward(raw):
         feeds = session_feeds(rt, rt.encode(fresh_text(rt, args.tokens, next(seeds))), raw)
-        with on_core(caller if raw is not raws["default"] else None):
+        with on_core(caller if raw in (raws["app"], raws["prepacked"]) else None):
             t0 = time.perf_counter()
             raw.run(None, feeds)
             return time.perf_counter() - t0
@@ -125,7 +128,8 @@ def main(argv=None) -> None:
         print(f"{rt.spec.title}, ~{args.tokens} tokens, {args.repeats} interleaved rounds, fresh texts, medians; "
               f"ratios: to each raw forward, and the median of each round's own ratio to the prepacked one:")
         labels = {"default": "onnxruntime's default options, weights fed", "app": "the app's options, weights fed",
-                  "prepacked": "the app's options, product weights prepacked (as served)"}
+                  "prepacked": "the app's options, product weights prepacked (as served)",
+                  "unplaced": "the same, threads left to the scheduler"}
         for name, label in labels.items():
             print(f"  raw forward, whole model, {label:<58}{ms[name]:7.1f} ms")
         print(f"  {'':<58}{'':>10}   {' / '.join(raws)}")
