@@ -36,7 +36,7 @@ from .layerwise import Layerwise, Want
 from .options import GROUP_MB, check_compute_dtype, check_providers, default_providers, device_of, open_session
 from .results import AttentionResult, Encoding, Engine, NextToken, one_block
 from .sessions import Session
-from .tensors import PREPACK_MB, Weights
+from .tensors import PREPACK_MB, RESERVE, Weights
 from .tokenizing import Vocabulary
 
 DEFAULT_CACHE = Path.home() / ".cache" / "attnscope"
@@ -165,7 +165,10 @@ class Runtime:
         if self.model.wtt is not None:
             feeds["token_type_ids"] = types
         for name, value, default in (("head_mask", head_mask, 1.0), ("head_mean", head_mean, 0.0)):
-            value = np.full((B, L, H), default, COMPUTE) if value is None else np.asarray(value, COMPUTE)
+            if value is None:
+                feeds[name] = np.full((B, L, H), default, COMPUTE)
+                continue
+            value = np.asarray(value, COMPUTE)
             if value.ndim != 3 or value.shape[1:] != (L, H) or value.shape[0] not in (1, B):
                 raise InputError(f"{name} must be [texts, layers, heads] = [{B}, {L}, {H}]; got shape {value.shape}")
             feeds[name] = np.ascontiguousarray(np.broadcast_to(value, (B, L, H)))
@@ -228,14 +231,15 @@ class Runtime:
                 kept = set(range(depth) if layers is None else layers)
                 # pages of unasked blocks: untouched; one asked block: its own buffer, every slice of a [depth, ...]
                 # view (one_block), so no fresh mapping of every block's size is faulted in (176 faults, 0.37 ms)
-                attn = np.empty((1 if len(kept) == 1 else depth, B, self.cfg.n_heads, T, T), COMPUTE)
+                attn = RESERVE.take((1 if len(kept) == 1 else depth, B, self.cfg.n_heads, T, T), COMPUTE)
                 per_block = [o.name for o in sess.get_outputs() if not o.name.startswith("value_norms.")]
-                norm_names = [f"value_norms.{i}" for i in sorted(kept)]
-                got = sess.run(per_block + norm_names, feeds, axes=axes,
-                               into={n: attn[0 if len(kept) == 1 else i] for i, n in enumerate(per_block) if i in kept},
-                               drop=[n for i, n in enumerate(per_block) if i not in kept])
-                norms = np.zeros((depth, B, self.cfg.n_heads, T), COMPUTE)   # the asked blocks' value norms; the
-                norms[sorted(kept)] = np.stack(got[len(per_block):])        # others' rows left zero, never read
+                # the asked blocks' attention and value norms written in place (the other blocks' norms stay 0,
+                # never read), so the session fetches nothing of its own
+                norms = np.zeros((depth, B, self.cfg.n_heads, T), COMPUTE)
+                into = {n: attn[0 if len(kept) == 1 else i] for i, n in enumerate(per_block) if i in kept}
+                into |= {f"value_norms.{i}": norms[i] for i in sorted(kept)}
+                sess.run(per_block + [n for n in into if n not in per_block], feeds, axes=axes, into=into,
+                         drop=[n for i, n in enumerate(per_block) if i not in kept])
                 hidden, lm_out, st = None, {}, None
             else:
                 names = ["hidden", "attentions"] + lm + (list(T_.STAGES) if stages else []) + [

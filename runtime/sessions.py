@@ -42,7 +42,7 @@ import numpy as np
 from ..model.precision import COMPUTE, INDEX, narrow
 from .options import (default_providers, device_of, on_core, open_session, out_of_memory, placement, release_arena,
                       set_placement, share_arena)
-from .tensors import SCRATCH, Held, Weights, empty
+from .tensors import RESERVE, SCRATCH, Held, Weights, empty
 
 _DTYPES = {"tensor(float)": COMPUTE, "tensor(float16)": np.dtype(np.float16), "tensor(int64)": INDEX}
 
@@ -208,7 +208,7 @@ class Session:
             release: bool = False, drop: Sequence[str] = (), keep: Sequence[str] = ()) -> list:
         names = list(self.declared) if names is None else list(names)
         try:
-            with on_core(self.caller), denormals_flushed():
+            with RESERVE.running(), on_core(self.caller), denormals_flushed():
                 if drop:
                     with self._unread(drop, axes or {}) as unread:
                         return self._run(names, feeds, layer, axes, into, release, unread, set(keep))
@@ -276,7 +276,7 @@ class Session:
             elif None in shape or dtype is None:
                 binding.bind_output(name, "cpu")
             else:
-                own[name] = np.empty(shape, dtype)
+                own[name] = RESERVE.take(shape, dtype)         # faulted in already, where the reserve has it
                 binding.bind_output(name, "cpu", 0, dtype, shape, own[name].ctypes.data)
         options = release_arena() if release and self.arena else None
         try:
@@ -297,9 +297,10 @@ class Session:
             outs = [None if n in unread else into[n] if into and n in into else
                     values[n] if n in keep else np.array(values[n].numpy()) for n in names]
         else:
-            values = dict(zip(names, binding.get_outputs()))
-            outs = [None if n in unread else held.get(n, values[n]) if n in keep else own[n] if n in own else
-                    np.array(values[n].numpy()) for n in names]
+            fetch = any(n not in unread and n not in held and (n in keep or n not in own) for n in names)
+            values = dict(zip(names, binding.get_outputs())) if fetch else {}   # none to fetch: all in our buffers
+            outs = [None if n in unread else held[n] if n in held else values[n] if n in keep else own[n] if n in own
+                    else np.array(values[n].numpy()) for n in names]
         outs = [Held(o, o.numpy() if self.device == "cpu" else None, self) if n in keep and not isinstance(o, Held)
                 else o for n, o in zip(names, outs)]      # kept outputs onnxruntime had to size itself
         with self._count:

@@ -1,13 +1,16 @@
 """The tensors onnxruntime sessions bind (runtime/sessions.py): the model's arrays as OrtValues (`Weights`, made once,
 over the arrays' own memory or copied to the GPU once), tensors left where a session computes for a later run (`Held`,
-`hold`, `empty`), an OrtValue's size where it lives (`ort_nbytes`), and the scratch memory for outputs nobody reads
-(`SCRATCH`).
+`hold`, `empty`), an OrtValue's size where it lives (`ort_nbytes`), the scratch memory for outputs nobody reads
+(`SCRATCH`), and the memory faulted in ahead of the outputs a run hands back (`RESERVE`).
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
+import os
 import threading
+import time
 from contextlib import contextmanager
 from typing import Sequence
 
@@ -258,3 +261,96 @@ class Scratch:
 
 
 SCRATCH = Scratch()
+
+
+class Reserve:
+    """Memory for the outputs a run hands back (its result, kept by the server's cache), faulted in before the run.
+    A fresh array's pages are faulted in one by one by the first writes: onnxruntime's threads, in the middle of the
+    run, both taking the process's memory lock (MiniLM's last-layer answer at 128 tokens: 192 faults, its run ~0.5 ms
+    longer on a 2-core VM, bench/answer.py). `take` hands out a buffer written through beforehand, when one of the
+    size is ready (else np.empty's, as without the reserve). A thread of the reserve's own writes the next ones while
+    the cores are idle: when no run is under way (`running`) and none has ended for QUIET seconds, so it takes no
+    core from a run or from the answer being built; under a load that leaves no such pause it writes nothing. It keeps
+    one buffer for each of the last few sizes taken (MAX_KINDS), each of MIN_BYTES or more, MAX_BYTES in all. A buffer
+    is the size rounded up to one of eight classes per power of two, so texts a few tokens apart share one; an output
+    is a view of it and holds it (the result cache charges the buffer: at most 1/8 more than the output)."""
+
+    MIN_BYTES, MAX_BYTES, MAX_KINDS, QUIET = 1 << 18, 32 << 20, 4, 0.01
+
+    def __init__(self):
+        self._forked()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:        # a forked child (a corpus worker) has no such thread: it starts its own
+        self._ready: dict[int, np.ndarray] = {}       # size class -> a buffer written through
+        self._wanted: list[int] = []                  # the classes taken lately, the latest last
+        self._runs, self._ended = 0, 0.0              # runs under way; when the last one ended (time.monotonic)
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def size_class(nbytes: int) -> int:
+        step = max(1 << 12, 1 << max(nbytes.bit_length() - 4, 0))      # eight classes per power of two, pages
+        return -(-nbytes // step) * step
+
+    def take(self, shape: Sequence[int], dtype) -> np.ndarray:
+        """An uninitialised [shape] array (np.empty's), over memory faulted in already when the reserve has it."""
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if not self.MIN_BYTES <= nbytes <= self.MAX_BYTES:
+            return np.empty(shape, dtype)
+        kind = self.size_class(nbytes)
+        with self._changed:
+            buffer = self._ready.pop(kind, None)
+            if kind in self._wanted:
+                self._wanted.remove(kind)
+            self._wanted = self._wanted[1 - self.MAX_KINDS:] + [kind]
+        if buffer is None:
+            return np.empty(shape, dtype)
+        return buffer[:nbytes].view(dtype).reshape(shape)
+
+    @contextmanager
+    def running(self):
+        """A run under way (Session.run): the reserve writes nothing until it is over (and QUIET after)."""
+        with self._changed:
+            self._runs += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._fill, name="attnscope-reserve", daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._runs -= 1
+                self._ended = time.monotonic()
+                self._changed.notify()
+
+    def _missing(self) -> int | None:
+        """The latest class taken that has no buffer ready, within MAX_BYTES (ready ones of older classes go)."""
+        for kind in [k for k in self._ready if k not in self._wanted]:
+            del self._ready[kind]
+        budget = self.MAX_BYTES - sum(self._ready)
+        return next((k for k in reversed(self._wanted) if k not in self._ready and k <= budget), None)
+
+    def _next(self) -> int:
+        """Waits until a buffer is missing and the cores have been idle QUIET seconds; its size class."""
+        with self._changed:
+            while True:
+                kind = self._missing()
+                wait = None if kind is None or self._runs else self._ended + self.QUIET - time.monotonic()
+                if wait is not None and wait <= 0:
+                    return kind
+                self._changed.wait(wait)
+
+    def _fill(self) -> None:
+        while True:
+            kind = self._next()
+            buffer = np.empty(kind, np.uint8)
+            ctypes.memset(buffer.ctypes.data, 0, kind)         # faulted in here, without the GIL (a ctypes call)
+            with self._changed:
+                if kind in self._wanted:
+                    self._ready[kind] = buffer
+
+
+RESERVE = Reserve()
