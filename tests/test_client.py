@@ -77,3 +77,30 @@ def test_a_call_that_outlasts_its_timeout_ends_and_the_next_call_is_timed_afresh
     slow.clear()
     assert api._json("GET", "/api/models") == {"models": []}      # armed afresh, not cut off by the last deadline
     listener.close()
+
+
+def test_a_request_leaves_in_one_write():
+    """python/client._Connection: a request's head and body go out in one write (http.client sends them apart, and
+    the head alone woke the server); a chunked body goes as http.client sends it."""
+    import socket
+
+    from attnscope.python.client import _Connection
+
+    class Recording(socket.socket):
+        def sendall(self, data, *args):
+            self.sent.append(bytes(data))
+            return super().sendall(data, *args)
+
+    ours, peer = socket.socketpair()
+    sock = Recording(fileno=ours.detach())
+    sock.sent = []
+    conn = _Connection("127.0.0.1", 1)
+    conn.sock = sock
+    body = b'{"model": "minilm", "text": "two words"}'
+    conn.request("POST", "/api/attention", body, {"Content-Type": "application/json"})
+    assert len(sock.sent) == 1 and sock.sent[0].startswith(b"POST /api/attention HTTP/1.1\r\n")
+    head, sent_body = sock.sent[0].split(b"\r\n\r\n", 1)
+    assert sent_body == body and b"Content-Length: %d" % len(body) in head
+    assert peer.recv(1 << 16) == sock.sent[0]
+    conn.close()
+    peer.close()
