@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import inspect
 import os
 import sys
 from contextlib import asynccontextmanager
@@ -50,6 +51,12 @@ def _return_big_frees_to_the_os() -> None:
         pass
 
 
+# No OpenTelemetry spans, metrics or logs (FastAPI's own, where its version has them): an offline tool exports
+# nothing, and the checks for a configured provider took 0.2 ms of every answer (bench/answer.py, paired A/B).
+_NO_TELEMETRY = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+                 if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
+
+
 def create_app(settings: Settings | None = None, background: bool = False) -> FastAPI:
     """The app. background=False: it loads every model before it answers (a program that embeds it, a test's
     TestClient); True: it answers at once, /healthz and the page saying which models are still loading, while they
@@ -71,7 +78,8 @@ def create_app(settings: Settings | None = None, background: bool = False) -> Fa
         app.state.service.close()
 
     app = FastAPI(title="attnscope", version=__version__, description=DESCRIPTION, lifespan=lifespan,
-                  docs_url=None, redoc_url=None)  # /docs is ours: same Swagger UI, without the CDN (app/pages.py)
+                  docs_url=None, redoc_url=None,  # /docs is ours: same Swagger UI, without the CDN (app/pages.py)
+                  **_NO_TELEMETRY)
     app.state.service = AttentionService(settings)
     generic_openapi = app.openapi
 
