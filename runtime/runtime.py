@@ -227,12 +227,12 @@ class Runtime:
             sess = self.session(stages, depth=depth)
             axes = {"batch": B, "tokens": T, "layers": self.cfg.n_layers, "heads": self.cfg.n_heads}
             if depth is not None:    # one output per block, each written into its slice of the stacked attentions
-                feeds = {name: feeds[name] for name in (i.name for i in sess.get_inputs())}
+                feeds = {name: feeds[name] for name in sess.input_names}
                 kept = set(range(depth) if layers is None else layers)
                 # pages of unasked blocks: untouched; one asked block: its own buffer, every slice of a [depth, ...]
                 # view (one_block), so no fresh mapping of every block's size is faulted in (176 faults, 0.37 ms)
                 attn = RESERVE.take((1 if len(kept) == 1 else depth, B, self.cfg.n_heads, T, T), COMPUTE)
-                per_block = [o.name for o in sess.get_outputs() if not o.name.startswith("value_norms.")]
+                per_block = [n for n in sess.declared if not n.startswith("value_norms.")]
                 # the asked blocks' attention and value norms written in place (the other blocks' norms stay 0,
                 # never read), so the session fetches nothing of its own
                 norms = np.zeros((depth, B, self.cfg.n_heads, T), COMPUTE)
@@ -243,7 +243,7 @@ class Runtime:
                 hidden, lm_out, st = None, {}, None
             else:
                 names = ["hidden", "attentions"] + lm + (list(T_.STAGES) if stages else []) + [
-                    o.name for o in sess.get_outputs() if o.name == "value_norms"]
+                    n for n in sess.declared if n == "value_norms"]
                 outs = dict(zip(names, sess.run(names, feeds, axes=axes)))
                 hidden, attn, norms = outs.pop("hidden"), outs.pop("attentions"), outs.pop("value_norms", None)
                 lm_out = {name: outs.pop(name) for name in lm}
