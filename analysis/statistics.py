@@ -15,6 +15,7 @@ the page's list of statistics all read the tables below; tests hold the two form
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,9 +111,11 @@ class MaxWeight(Row):
         return r.max_weight()
 
 
+@functools.lru_cache(maxsize=16)
 def _distances(T: int, dtype: np.dtype, window: int = 0) -> np.ndarray:
     """[T, T] |i - j| (window > 0: whether |i - j| < window, 1 or 0) in dtype, as a read-only view of a 2T-1 band
-    (row i is band[T-1-i : 2T-1-i], as Runtime.build_mask's mask): no [T, T] array is made for it, at any length."""
+    (row i is band[T-1-i : 2T-1-i], as Runtime.build_mask's mask): no [T, T] array is made for it, at any length;
+    the last few lengths' kept (a few kB each)."""
     band = np.abs(np.arange(1 - T, T))
     return sliding_window_view((band < window if window else band).astype(dtype), T)[::-1]
 
