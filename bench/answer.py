@@ -15,7 +15,8 @@
    (a general-purpose client: ~0.5-1.5 ms more per answer here), and through the project's client from a second
    server whose threads the scheduler places (ATTNSCOPE_PLACE_THREADS=0: runtime/options.placement says what placing
    them changed). Printed: the medians and each answer's ratio to each raw forward; the median of each round's own
-   ratio (answer over the prepacked raw forward of the same round: a slow spell of a shared VM moves both); and, from
+   ratio (answer over the prepacked raw forward of the same round: a slow spell of a shared VM moves both), with its
+quartiles; and, from
    the answer's timing_ms, the run and the server's time from parsing to encoding, so what the answer adds is split
    into the server's part and the rest (loopback, the event loop before and after, the client). A request for the
    first layers runs a graph cut after them (Runtime.depth_for): the first layer's answer is under the whole model's
@@ -135,11 +136,12 @@ def main(argv=None) -> None:
         print(f"  {'':<58}{'':>10}   {' / '.join(raws)}")
         for (layer, via) in answers:
             name = (layer, via)
-            paired = statistics.median(a / b for a, b in zip(times[name], times["prepacked"]))
+            rounds = [a / b for a, b in zip(times[name], times["prepacked"])]
+            q1, paired, q3 = statistics.quantiles(rounds, n=4) if len(rounds) > 1 else rounds * 3
             label = f"API answer, layer {layer} (binary), " + {"client": "attnscope.Client", "httpx": "httpx",
                                                                 "unplaced": "attnscope.Client, unplaced"}[via]
             ratios = " / ".join(f"{ms[name] / ms[raw]:.2f}x" for raw in raws)
-            print(f"  {label:<58}{ms[name]:7.1f} ms   {ratios}   (each round: {paired:.2f}x)")
+            print(f"  {label:<58}{ms[name]:7.1f} ms   {ratios}   (each round: {paired:.2f}x, {q1:.2f}-{q3:.2f}x)")
         for (layer, placed), rows in inside.items():
             run, total = (statistics.median(v) for v in zip(*rows))
             print(f"  layer {layer}: in the {'' if placed else 'unplaced '}server, the run {run:.1f} ms of {total:.1f} "
