@@ -52,7 +52,7 @@ def _return_big_frees_to_the_os() -> None:
 
 
 # No OpenTelemetry spans, metrics or logs (FastAPI's own, where its version has them): an offline tool exports
-# nothing, and the checks for a configured provider took 0.2 ms of every answer (bench/answer.py, paired A/B).
+# nothing, and the checks for a configured provider took 0.2 ms of every answer (bench/ab.py).
 _NO_TELEMETRY = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
                  if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
 

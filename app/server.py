@@ -18,8 +18,6 @@ protocol below adds, per connection:
   -> 400 (a page elsewhere cannot reach a local server through DNS rebinding). IP literals pass when the
   server listens on every address (0.0.0.0 or ::): rebinding needs a name.
 
-It also sends what an answer writes within one turn of the event loop as one write (_Coalesced).
-
 Refusals are JSON {"detail": ...} with the app's security headers, and close the connection. Why uvicorn
 and not another server: see README "Serving" (measured with bench/slowloris.py and bench/load.py).
 """
@@ -110,52 +108,6 @@ def _refusal(status: int, detail: str) -> bytes:
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
-class _Coalesced:
-    """A connection's transport whose writes within one turn of the event loop go out together, at its end (one
-    writev), up to HOLD bytes. uvicorn writes an answer's head as soon as the app starts the answer, then each part
-    of its body: the head alone woke the client, which on a machine whose cores it shares with the server often ran
-    on the event loop's core at once, the rest of the answer waiting its turn (the head's write took 0.35 ms of
-    MiniLM's last-layer answer at 128 tokens, bench/answer.py). Held, the head and the body leave together. A write
-    past HOLD sends what is held and itself at once: uvicorn's flow control then paces a big answer as before."""
-
-    HOLD = 1 << 20   # sending.SLICE: a connection holds at most this much besides the transport's own buffer
-
-    def __init__(self, transport, loop):
-        self._transport, self._loop = transport, loop
-        self._held: list = []
-        self._size = 0
-
-    def write(self, data) -> None:
-        if self._size + len(data) > self.HOLD:
-            self.flush()
-            self._transport.write(data)
-            return
-        if not self._held:
-            self._loop.call_soon(self.flush)
-        self._held.append(data)
-        self._size += len(data)
-
-    def writelines(self, pieces) -> None:
-        for data in pieces:
-            self.write(data)
-
-    def flush(self) -> None:
-        held, self._held, self._size = self._held, [], 0
-        if held and not self._transport.is_closing():
-            self._transport.writelines(held)
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def abort(self) -> None:
-        self._held, self._size = [], 0
-        self._transport.abort()
-
-    def __getattr__(self, name):        # the rest is the transport's own (pause_reading, is_closing, ...)
-        return getattr(self._transport, name)
-
-
 class _Refused(Exception):
     """Raised from a parser callback to stop parsing; the refusal is already chosen."""
 
@@ -166,7 +118,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     limits: Limits
 
     def connection_made(self, transport) -> None:
-        super().connection_made(_Coalesced(transport, self.loop))
+        super().connection_made(transport)
         self._since = time.monotonic()
         self._phase = "idle"              # idle -> head -> body -> answer -> idle (keep-alive)
         self._refusal: tuple[int, str] | None = None

@@ -266,8 +266,8 @@ SCRATCH = Scratch()
 class Reserve:
     """Memory for the outputs a run hands back (its result, kept by the server's cache), faulted in before the run.
     A fresh array's pages are faulted in one by one by the first writes: onnxruntime's threads, in the middle of the
-    run, both taking the process's memory lock (MiniLM's last-layer answer at 128 tokens: 192 faults, its run ~0.5 ms
-    longer on a 2-core VM, bench/answer.py). `take` hands out a buffer written through beforehand, when one of the
+    run, both taking the process's memory lock (MiniLM's last-layer answer at 128 tokens: 192 faults, its run 0.2-0.5
+    ms longer on a 2-core VM: bench/ab.py). `take` hands out a buffer written through beforehand, when one of the
     size is ready (else np.empty's, as without the reserve). A thread of the reserve's own writes the next ones while
     the cores are idle: when no run is under way (`running`) and none has ended for QUIET seconds, so it takes no
     core from a run or from the answer being built; under a load that leaves no such pause it writes nothing. It keeps

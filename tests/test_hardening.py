@@ -193,47 +193,6 @@ def test_connection_cap_closes_the_oldest_waiting_and_slow_readers_are_dropped(s
 
 
 # ---- the JSON form in pieces; Accept; numbers; timing --------------------------------------------------------
-def test_writes_within_one_turn_of_the_event_loop_leave_together():
-    """app/server._Coalesced, over a real uvloop transport: an answer's head and body, written in one turn of the
-    event loop, reach the peer together at its end; a write past HOLD sends what is held and itself at once; closing
-    sends what is held first."""
-    import asyncio
-
-    import uvloop
-
-    from attnscope.app.server import _Coalesced
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        ours, peer = socket.socketpair()
-        peer.setblocking(False)
-        transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, ours)
-        t = _Coalesced(transport, loop)
-        t.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n")
-        with pytest.raises(BlockingIOError):             # held until the turn ends
-            peer.recv(1 << 16)
-        t.write(memoryview(b"body"))
-        await asyncio.sleep(0.05)
-        assert peer.recv(1 << 16) == b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nbody"
-        t.write(b"head")
-        t.write(bytes(t.HOLD))                          # past HOLD: out now, the held head first
-        assert peer.recv(4) == b"head"
-        got = 0
-        while got < t.HOLD:
-            await asyncio.sleep(0.01)
-            try:
-                got += len(peer.recv(1 << 20))
-            except BlockingIOError:
-                pass
-        t.write(b"last")
-        t.close()                                        # held bytes go first
-        await asyncio.sleep(0.05)
-        assert peer.recv(1 << 16) == b"last" and peer.recv(1 << 16) == b""
-        peer.close()
-
-    uvloop.run(main())
-
-
 def test_json_pieces_are_the_json_form_byte_for_byte():
     rng = np.random.default_rng(0)
     big = rng.random((3, 4, 200, 200), dtype=np.float32)
