@@ -324,7 +324,8 @@ class Reserve:
             with self._changed:
                 self._runs -= 1
                 self._ended = time.monotonic()
-                self._changed.notify()
+                if self._missing() is not None:      # the thread sleeps unless there is something to write: a run
+                    self._changed.notify()           # of many's small runs wake nothing
 
     def _missing(self) -> int | None:
         """The latest class taken that has no buffer ready, within MAX_BYTES (ready ones of older classes go)."""
