@@ -34,20 +34,21 @@ class Vocabulary:
         if pair is not None and not pair.strip():
             raise InputError("text_pair is blank: leave it out or give at least one non-blank character")
         enc = self.tokenizer.encode(text, pair)
+        # each of the Encoding's lists is made anew, from Rust, at every read: read once
+        ids, marks, segments, offsets, pieces, over = (enc.ids, enc.special_tokens_mask, enc.sequence_ids, enc.offsets,
+                                                       enc.tokens, enc.overflowing)
         # special: added by the tokenizer ([CLS], [SEP]), or typed into the text; an [UNK] standing for real text
         # (an emoji) is not special: its span is not the token's own string
         own = (text, pair or "")
         special = [bool(m) or (i in self._typed and own[s or 0][a:b] == tok) for m, i, s, (a, b), tok in
-                   zip(enc.special_tokens_mask, enc.ids, enc.sequence_ids, enc.offsets, enc.tokens)]
-        punctuation = [not sp and is_punctuation(own[s or 0][a:b])
-                       for sp, s, (a, b) in zip(special, enc.sequence_ids, enc.offsets)]
-        tokens = [readable(t) for t in enc.tokens] if self.byte_level else enc.tokens
+                   zip(marks, ids, segments, offsets, pieces)]
+        punctuation = [not sp and is_punctuation(own[s or 0][a:b]) for sp, s, (a, b) in zip(special, segments, offsets)]
+        tokens = [readable(t) for t in pieces] if self.byte_level else pieces
         # a cut single text: every token of it, from the overflowing pieces the tokenizer made in the same pass (each
-        # with the template's special tokens again: counted once)
-        whole = (sum(enc.special_tokens_mask) + sum(len(x.ids) - sum(x.special_tokens_mask) for x in [enc, *enc.overflowing])
-                 if enc.overflowing and pair is None else None)
-        return Encoding(enc.ids, enc.type_ids, tokens, [tuple(o) for o in enc.offsets], special,
-                        [-1 if s is None else s for s in enc.sequence_ids], bool(enc.overflowing), punctuation, whole)
+        # with the template's special tokens again: counted once, in the first piece)
+        whole = len(ids) + sum(len(x.ids) - sum(x.special_tokens_mask) for x in over) if over and pair is None else None
+        return Encoding(ids, enc.type_ids, tokens, [tuple(o) for o in offsets], special,
+                        [-1 if s is None else s for s in segments], bool(over), punctuation, whole)
 
     def encode_ids(self, ids: Sequence[int]) -> Encoding:
         """An Encoding of token ids given directly (a probe of random tokens, say): no text, no offsets."""
