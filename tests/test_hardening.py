@@ -3,8 +3,9 @@
 Against the real server (`attnscope serve`, started by bench.common.server with default settings): slow
 clients of three kinds are closed within their timeouts while /healthz stays prompt; request-line, header and
 Host limits answer 414/431/400. On dedicated servers: the open-connection cap, the send timeout, and a
-read-only graph cache. In process: the JSON form written in pieces, Accept quality values, huge and
-fractional numbers, timing_ms covering serialisation, and the graph cache's temporary files and checksum.
+read-only graph cache. In process: an answer of known length in one write, the JSON form written in pieces,
+Accept quality values, huge and fractional numbers, timing_ms covering serialisation, and the graph cache's
+temporary files and checksum.
 """
 from __future__ import annotations
 
@@ -125,6 +126,81 @@ def test_host_allow_list_rules():
     assert everywhere.host_allowed(b"192.168.1.20:8000") and everywhere.host_allowed(b"[fe80::1]")
     assert not everywhere.host_allowed(b"rebind.example")
     assert Limits.from_settings(Settings(allowed_hosts=["*"]), "127.0.0.1").host_allowed(b"anything.example")
+
+
+def test_an_answer_of_known_length_leaves_in_one_write():
+    """app/server._OneWrite: uvicorn writes an answer's head, then each piece of its body; an answer with a
+    Content-Length goes to the socket in one writev, head and pieces; a chunked stream's pieces, and the answer to a
+    HEAD request, go as they are written. uvicorn's own protocol with ours over it, on a real socket; the transport
+    is recorded where it meets the socket."""
+    import asyncio
+
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    from attnscope.app.server import protocol
+
+    pieces = [b"a" * 10, b"b" * 200_000, b"c" * 30]
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        known = scope["path"] == "/known"
+        head = [(b"content-length", str(sum(map(len, pieces))).encode())] if known else []
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        for i, piece in enumerate(pieces):
+            await send({"type": "http.response.body", "body": piece, "more_body": i < len(pieces) - 1})
+
+    calls = []
+
+    class Recorded:                    # the connection's transport, each call recorded, then done
+        def __init__(self, transport):
+            self._transport = transport
+
+        def write(self, data):
+            calls.append(("write", [bytes(data)]))
+            self._transport.write(data)
+
+        def writelines(self, items):
+            calls.append(("writelines", [bytes(d) for d in items]))
+            self._transport.writelines(items)
+
+        def __getattr__(self, name):
+            return getattr(self._transport, name)
+
+    limits = Limits.from_settings(Settings(), "127.0.0.1")
+
+    class Proto(protocol(limits)):
+        def connection_made(self, transport):
+            super().connection_made(Recorded(transport))
+
+    async def exchange(method: str, path: str) -> bytes:
+        config, state = Config(app=app, lifespan="off"), ServerState()
+        server = await asyncio.get_running_loop().create_server(
+            lambda: Proto(config=config, server_state=state, app_state={}), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        got = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        server.close()
+        return got
+
+    got = asyncio.run(exchange("GET", "/known"))
+    assert [kind for kind, _ in calls] == ["writelines"]             # one write: head, then the three pieces
+    head, *body = calls[0][1]
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n") and body == pieces
+    assert got == b"".join(calls[0][1])
+
+    calls.clear()
+    got = asyncio.run(exchange("GET", "/chunked"))                 # a stream: each piece as it is written
+    assert [kind for kind, _ in calls] == ["write"] * 4 and b"transfer-encoding: chunked" in calls[0][1][0]
+    assert got.endswith(b"0\r\n\r\n") and all(piece in got for piece in pieces)
+
+    calls.clear()
+    got = asyncio.run(exchange("HEAD", "/known"))                  # no body goes out: the head at once
+    assert [kind for kind, _ in calls] == ["write"] and got == calls[0][1][0]
+    assert b"content-length: 200040" in got
 
 
 @pytest.fixture
