@@ -181,11 +181,10 @@ class Session:
         self._own_inputs = [i for i in self.ort.get_inputs() if i.name not in self.bound]   # asked at every run
         self.wide = {i.name for i in self.ort.get_inputs() if i.name in self.bound and i.type == "tensor(float)"}
         self._binds: dict[int | None, tuple[list, list[str]]] = {}    # layer -> the weights' binding (`_weights`)
-        self.declared = {o.name: o for o in self.ort.get_outputs()}
         self.input_names = [i.name for i in self._own_inputs]
-        # each output's declared shape (its named axes by name) and NumPy dtype, read once: each read of a NodeArg
-        # calls into onnxruntime
-        self._outputs = {o.name: (list(o.shape or []), _DTYPES.get(o.type)) for o in self.ort.get_outputs()}
+        # each output's declared shape (its named axes by name) and NumPy dtype, in the graph's order, read once: each
+        # read of a NodeArg calls into onnxruntime
+        self.declared = {o.name: (list(o.shape or []), _DTYPES.get(o.type)) for o in self.ort.get_outputs()}
         self.device = device_of(providers)
         self.fetched = 0                              # bytes of outputs handed back by this session's runs
         self.runs = 0                                 # runs made (on a GPU each costs a launch and a synchronisation)
@@ -203,9 +202,6 @@ class Session:
     def get_inputs(self):
         """The run's own inputs (the model's arrays are bound, not fed)."""
         return list(self._own_inputs)
-
-    def get_outputs(self):
-        return list(self.declared.values())
 
     def run(self, names: list[str] | None, feeds: dict[str, np.ndarray], *, layer: int | None = None,
             axes: dict[str, int] | None = None, into: dict[str, np.ndarray] | None = None,
@@ -230,7 +226,7 @@ class Session:
         if self.device != "cpu":
             yield dict.fromkeys(drop, self.device)
             return
-        shapes = {n: [d if isinstance(d, int) else axes[d] for d in self._outputs[n][0]] for n in drop}
+        shapes = {n: [d if isinstance(d, int) else axes[d] for d in self.declared[n][0]] for n in drop}
         with SCRATCH.lend([max(map(math.prod, shapes.values()))]) as buffer:
             yield {n: buffer[:math.prod(s)].reshape(s) for n, s in shapes.items()}
 
@@ -260,7 +256,7 @@ class Session:
         for name in widened:
             binding.bind_ortvalue_input(name, self.weights.value(name, layer, True))
         for name in names:
-            declared, dtype = self._outputs[name]
+            declared, dtype = self.declared[name]
             shape = [d if isinstance(d, int) else axes.get(d) for d in (declared or [None])]
             if name in keep:                 # on the device: on a GPU from the session's memory arena; on the CPU in
                 if self.device == "cpu" and None not in shape and dtype is not None:     # a NumPy buffer of its own
