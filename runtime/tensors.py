@@ -306,6 +306,8 @@ class Reserve:
             if kind in self._wanted:
                 self._wanted.remove(kind)
             self._wanted = self._wanted[1 - self.MAX_KINDS:] + [kind]
+            for old in [k for k in self._ready if k not in self._wanted]:    # ready ones of classes no longer wanted
+                del self._ready[old]
         if buffer is None:
             return np.empty(shape, dtype)
         return buffer[:nbytes].view(dtype).reshape(shape)
@@ -328,9 +330,7 @@ class Reserve:
                     self._changed.notify()           # of many's small runs wake nothing
 
     def _missing(self) -> int | None:
-        """The latest class taken that has no buffer ready, within MAX_BYTES (ready ones of older classes go)."""
-        for kind in [k for k in self._ready if k not in self._wanted]:
-            del self._ready[kind]
+        """The latest class taken that has no buffer ready, within MAX_BYTES."""
         budget = self.MAX_BYTES - sum(self._ready)
         return next((k for k in reversed(self._wanted) if k not in self._ready and k <= budget), None)
 
