@@ -133,16 +133,19 @@ class _OneWrite:
                 and self._size + len(data) <= self.HOLD:
             self._held.append(data)
             self._size += len(data)
-        elif self._held:
-            held, self._held, self._size = self._held + [data], [], 0
-            self._transport.writelines(held)
         else:
-            self._transport.write(data)
+            self._flush(data)
+
+    def _flush(self, data=None) -> None:
+        """What is held, then `data`, in one write."""
+        pieces, self._held, self._size = self._held + ([] if data is None else [data]), [], 0
+        if len(pieces) == 1:
+            self._transport.write(pieces[0])
+        elif pieces:
+            self._transport.writelines(pieces)
 
     def close(self) -> None:         # an answer cut short (the app failed): what is held goes first
-        if self._held:
-            held, self._held, self._size = self._held, [], 0
-            self._transport.writelines(held)
+        self._flush()
         self._transport.close()
 
     def abort(self) -> None:
