@@ -23,11 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnscope.python.client import Client  # noqa: E402
 from bench.answer import fresh_text  # noqa: E402
-from bench.common import ROOT, runtime, server  # noqa: E402
-
-
-def quartiles(values: list[float]) -> tuple[float, float, float]:
-    return tuple(statistics.quantiles(values, n=4)) if len(values) > 1 else (values[0],) * 3
+from bench.common import ROOT, quartiles, runtime, server  # noqa: E402
 
 
 def main(argv=None) -> None:

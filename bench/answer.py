@@ -16,11 +16,11 @@
    server whose threads the scheduler places (ATTNSCOPE_PLACE_THREADS=0: runtime/options.placement says what placing
    them changed). Printed: the medians and each answer's ratio to each raw forward; the median of each round's own
    ratio (answer over the prepacked raw forward of the same round: a slow spell of a shared VM moves both), with its
-quartiles; and, from
-   the answer's timing_ms, the run and the server's time from parsing to encoding, so what the answer adds is split
-   into the server's part and the rest (loopback, the event loop before and after, the client). A request for the
-   first layers runs a graph cut after them (Runtime.depth_for): the first layer's answer is under the whole model's
-   forward; the last layer needs every block, so its ratio is what the answer adds to the forward.
+   quartiles; and, from the answer's timing_ms, the run and the server's time from parsing to encoding, so what the
+   answer adds is split into the server's part and the rest (loopback, the event loop before and after, the
+   client). A request for the first layers runs a graph cut after them (Runtime.depth_for): the first layer's answer
+   is under the whole model's forward; the last layer needs every block, so its ratio is what the answer adds to the
+   forward.
 2. The same answers split by stage, in this process, with the server's own functions (analyses/attention.py,
    app/sending.py): plan (validate, tokenise), run (the forward), payload (statistics), encode (the binary form);
    HTTP is the end-to-end time less their sum (the request and answer on loopback, the event loop, the client's
@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 
 from attnscope.python.client import Client  # noqa: E402
 from attnscope.app.wire import BINARY, from_binary  # noqa: E402
-from bench.common import WORDS, runtime, server, session_feeds, wait_until_idle  # noqa: E402
+from bench.common import WORDS, quartiles, runtime, server, session_feeds, wait_until_idle  # noqa: E402
 
 
 def fresh_text(rt, n: int, seed: int) -> str:
@@ -137,7 +137,7 @@ def main(argv=None) -> None:
         for (layer, via) in answers:
             name = (layer, via)
             rounds = [a / b for a, b in zip(times[name], times["prepacked"])]
-            q1, paired, q3 = statistics.quantiles(rounds, n=4) if len(rounds) > 1 else rounds * 3
+            q1, paired, q3 = quartiles(rounds)
             label = f"API answer, layer {layer} (binary), " + {"client": "attnscope.Client", "httpx": "httpx",
                                                                 "unplaced": "attnscope.Client, unplaced"}[via]
             ratios = " / ".join(f"{ms[name] / ms[raw]:.2f}x" for raw in raws)

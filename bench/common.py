@@ -46,6 +46,11 @@ def median_ms(fn, repeats: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """The first quartile, the median and the third quartile (one value: itself three times)."""
+    return tuple(statistics.quantiles(values, n=4)) if len(values) > 1 else (values[0],) * 3
+
+
 def wait_until_idle(limit: float) -> None:
     """Wait (at most `limit` seconds) until this process is the only one runnable (/proc/loadavg)."""
     deadline = time.monotonic() + limit
